@@ -1,0 +1,34 @@
+"""Resource limits for every reader, in one place.
+
+Going over a limit is a read problem (a finding), never a hang, a crash or an unbounded allocation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps that bound the work and memory a scan may spend on one input."""
+
+    # safetensors' own MAX_HEADER_SIZE (safetensors/src/tensor.rs): larger headers are rejected by the library.
+    safetensors_header_bytes: int = 100_000_000
+    # JSON files (trainer_state.json with a long log_history can reach tens of MB).
+    json_bytes: int = 256_000_000
+    # A pickle stream (data.pkl, .metadata, raw pickles). Real optimizer.pt pickles of 70B models are a few MB.
+    pickle_bytes: int = 512_000_000
+    pickle_opcodes: int = 20_000_000
+    pickle_memo_entries: int = 5_000_000
+    # Depth of nested containers / stack while walking a pickle or JSON value.
+    nesting_depth: int = 500
+    # Entries in one zip central directory.
+    zip_entries: int = 1_000_000
+    # Text files we read whole (`latest`).
+    text_bytes: int = 4096
+    # Directory walk: depth and number of entries before discovery stops and reports.
+    dir_depth: int = 64
+    dir_entries: int = 2_000_000
+
+
+DEFAULT_LIMITS = Limits()

@@ -1,0 +1,321 @@
+"""Frozen facts about what is on disk: files, checkpoints, runs. No I/O happens in this module.
+
+Readers produce the file-level values (``SafetensorsFacts``, ``TorchFacts`` ...); discovery groups them into
+``Checkpoint`` and ``Run``; rules and reports consume the result. Everything here is a value.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Union
+
+# ---------------------------------------------------------------------------------------------------------------
+# Read problems
+
+
+class ProblemKind(str, enum.Enum):
+    """Why a file (or path) could not be read, or read only in part. Rules map these to finding codes."""
+
+    UNREADABLE = "unreadable"  # permission denied, I/O error, vanished while scanning
+    EMPTY = "empty"  # zero bytes where content is required
+    TRUNCATED = "truncated"  # the file ends before its own structure says it should
+    MALFORMED = "malformed"  # structure violates the format (bad header, bad offsets, broken zip ...)
+    INVALID_JSON = "invalid-json"  # not parseable JSON, or duplicate keys; message carries line/column
+    MALFORMED_PICKLE = "malformed-pickle"  # a pickle stream that is truncated, inconsistent or built to confuse
+    LIMIT = "limit"  # a resource limit was reached; the file was not fully analysed
+    SYMLINK_LOOP = "symlink-loop"
+    LINK_ESCAPES_ROOT = "link-escapes-root"
+    BAD_NAME = "bad-name"  # a name that is not valid UTF-8
+    SPECIAL_FILE = "special-file"  # FIFO, socket or device: never opened
+
+
+@dataclass(frozen=True, slots=True)
+class ReadProblem:
+    """One thing a reader or the walk could not accept, with a human reason (the numbers that prove it)."""
+
+    kind: ProblemKind
+    message: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Values rebuilt from pickles (never by running them)
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRef:
+    """A global the pickle imports (``GLOBAL``/``STACK_GLOBAL``/``INST``/``OBJ``), e.g. ``collections.OrderedDict``."""
+
+    module: str
+    name: str
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A tensor as ``torch._utils._rebuild_tensor_v2`` / ``_rebuild_parameter`` would build it, without its data.
+
+    ``dtype`` uses safetensors' dtype codes (``F32``, ``BF16``, ``U8`` ...), so tensors from both formats compare.
+    ``storage_nbytes`` is the size of the storage record in the archive (None when the record is absent).
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    storage_key: str
+    storage_numel: int
+    location: str
+    storage_nbytes: int | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Opaque:
+    """A value the walk did not rebuild: a call to ``func`` (REDUCE/NEWOBJ/INST/OBJ) with its arguments,
+    plus the state a BUILD applied. Never called. ``func`` is None when the callee was not a resolvable global."""
+
+    func: GlobalRef | None
+    args: Any = ()
+    state: Any = None
+
+
+# A pickled value: None, bool, int, float, complex, str, bytes, list, tuple, dict, set/frozenset,
+# GlobalRef (a class or function mentioned but not called), TensorRef, or Opaque.
+PickleValue = Any
+
+
+@dataclass(frozen=True, slots=True)
+class PickleFacts:
+    """What a static walk of one pickle stream found."""
+
+    protocol: int
+    value: PickleValue
+    globals: tuple[GlobalRef, ...]  # every global imported, in first-seen order, deduplicated
+    calls: tuple[GlobalRef, ...]  # globals the stream calls (REDUCE/NEWOBJ/INST/OBJ targets), deduplicated
+    opcodes: int
+    persistent_ids: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-format file facts
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor in a weights file: name, safetensors dtype code, shape and the bytes it spans."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class SafetensorsFacts:
+    """The parsed header of a ``.safetensors`` file."""
+
+    header_bytes: int
+    metadata: dict[str, str] | None
+    tensors: tuple[TensorInfo, ...]
+    data_bytes: int  # end of the last tensor's data, as the header declares it
+
+
+@dataclass(frozen=True, slots=True)
+class ZipMember:
+    """One entry of a zip central directory."""
+
+    name: str
+    offset: int  # offset of the local header
+    compressed_size: int
+    size: int
+    method: int  # 0 = stored (what torch writes)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchFacts:
+    """A file written by ``torch.save`` (zip or legacy format): its members and the static walk of its pickle.
+
+    ``tensors`` flattens every ``TensorRef`` reachable from the top-level value under a dotted path
+    (``state.0.exp_avg``, ``model.layer.weight``) so rules can count and compare them.
+    """
+
+    format: str  # "zip" or "legacy"
+    prefix: str  # the archive's top-level folder ("optimizer", "archive" ...); "" for legacy
+    members: tuple[ZipMember, ...]
+    pickle: PickleFacts | None
+    tensors: tuple[tuple[str, TensorRef], ...]
+    byteorder: str = "little"
+
+
+@dataclass(frozen=True, slots=True)
+class JsonFacts:
+    """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TextFacts:
+    """A small text file read whole (DeepSpeed's ``latest``)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DcpStorageRef:
+    """Where ``torch.distributed.checkpoint`` metadata says one item's bytes live."""
+
+    fqn: str
+    relative_path: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class DcpMetadataFacts:
+    """A DCP ``.metadata`` pickle, walked statically: the keys it describes and the byte ranges it references."""
+
+    pickle: PickleFacts
+    keys: tuple[str, ...]
+    storage: tuple[DcpStorageRef, ...]
+
+
+FileContent = Union[SafetensorsFacts, TorchFacts, PickleFacts, JsonFacts, TextFacts, DcpMetadataFacts]
+
+
+class FileKind(str, enum.Enum):
+    """What a file is, decided by its content first and its name second."""
+
+    SAFETENSORS = "safetensors"
+    TORCH_ZIP = "torch-zip"
+    TORCH_LEGACY = "torch-legacy"
+    PICKLE = "pickle"
+    DCP_METADATA = "dcp-metadata"
+    DCP_DATA = "dcp-data"
+    JSON = "json"
+    TEXT = "text"
+    EMPTY = "empty"
+    OTHER = "other"  # not a format we read (README.md, tokenizer files ...)
+    SPECIAL = "special"  # FIFO, socket, device: never opened
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutcome:
+    """What a reader returns: the facts it could establish (maybe None) and the problems it met."""
+
+    content: FileContent | None
+    problems: tuple[ReadProblem, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    """One file under the scan root. ``path`` is relative to the root, with ``/`` separators."""
+
+    path: str
+    size: int
+    mtime: float
+    kind: FileKind
+    content: FileContent | None = None
+    problems: tuple[ReadProblem, ...] = ()
+    is_link: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints and runs
+
+
+class FolderRole(str, enum.Enum):
+    """How the Trainer sees a folder."""
+
+    CHECKPOINT = "checkpoint"  # matches get_last_checkpoint's ``^checkpoint-(\\d+)$``
+    TEMP = "temp"  # ``tmp-checkpoint-N`` (transformers 4.36-4.38 staging) and similar partial folders
+    OTHER = "other"  # ``checkpoint-15.bak``, ``checkpoint_30`` ...: invisible to resume, seen by rotation
+    MODEL = "model"  # a save_pretrained folder, the run's own root files, or a checkpoint given directly
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A folder of training state. ``files`` holds every file under it (recursively), paths relative to the root."""
+
+    path: str
+    role: FolderRole
+    step: int | None  # from the folder name (CHECKPOINT role only)
+    files: tuple[FileFacts, ...]
+    mtime: float = 0.0  # newest mtime among the folder and its files
+
+    def file(self, relname: str) -> FileFacts | None:
+        """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
+        want = relname if self.path in ("", ".") else f"{self.path}/{relname}"
+        for f in self.files:
+            if f.path == want:
+                return f
+        return None
+
+    def relname(self, f: FileFacts) -> str:
+        """``f``'s path relative to this checkpoint folder."""
+        if self.path in ("", "."):
+            return f.path
+        return f.path[len(self.path) + 1 :]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """An output_dir: the checkpoints in it and what ``resume_from_checkpoint=True`` would pick.
+
+    ``standalone`` is True when the scan was pointed at a single checkpoint or model folder: nothing would pick it
+    by itself, the user passes it as ``resume_from_checkpoint=path``.
+    """
+
+    path: str
+    checkpoints: tuple[Checkpoint, ...]
+    resume_pick: str | None
+    standalone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PathProblem:
+    """A problem with a path itself (a link, a loop, a permission error), found by discovery."""
+
+    path: str
+    problem: ReadProblem
+    target: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """Everything one scan root holds, as discovered and read."""
+
+    root: str  # the root as the user gave it
+    runs: tuple[Run, ...]
+    loose_files: tuple[FileFacts, ...] = ()  # files that belong to no checkpoint (still read and checked)
+    path_problems: tuple[PathProblem, ...] = ()
+    files_seen: int = 0
+
+    def all_files(self) -> tuple[FileFacts, ...]:
+        out: list[FileFacts] = []
+        for run in self.runs:
+            for ck in run.checkpoints:
+                out.extend(ck.files)
+        out.extend(self.loose_files)
+        return tuple(out)
