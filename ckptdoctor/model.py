@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 # ---------------------------------------------------------------------------------------------------------------
 # Read problems
@@ -197,7 +197,7 @@ class DcpMetadataFacts:
     storage: tuple[DcpStorageRef, ...]
 
 
-FileContent = Union[SafetensorsFacts, TorchFacts, PickleFacts, JsonFacts, TextFacts, DcpMetadataFacts]
+FileContent = SafetensorsFacts | TorchFacts | PickleFacts | JsonFacts | TextFacts | DcpMetadataFacts
 
 
 class FileKind(str, enum.Enum):

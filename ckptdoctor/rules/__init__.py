@@ -1,0 +1,145 @@
+"""The rule registry and engine: rules are pure functions of a ``Tree`` that yield hits; the engine makes findings.
+
+A rule is registered with ``@rule(code, name, severity)``; its docstring is its user-facing document, with the
+sections What it does / Why is this bad? / Example / Fix safety / References.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ckptdoctor.findings import Finding, FixPlan, Severity
+from ckptdoctor.model import Tree
+
+DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """What a rule function yields: where, why, and optionally a severity for this hit and a fix plan."""
+
+    path: str
+    message: str
+    severity: Severity | None = None
+    fix: FixPlan | None = None
+
+
+RuleFunc = Callable[[Tree], Iterable[Hit]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One registered rule: stable code and name, default severity, its document and its check."""
+
+    code: str
+    name: str
+    severity: Severity
+    func: RuleFunc = field(compare=False, repr=False)
+    doc: str = ""
+    fixable: bool = False
+    deep_only: bool = False
+
+    @property
+    def summary(self) -> str:
+        """The first line of the document."""
+        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+
+
+_REGISTRY: dict[str, Rule] = {}
+
+# Modules that register rules when imported. Kept explicit so the registry's content never depends on import order.
+RULE_MODULES = (
+    "ckptdoctor.rules.files",
+    "ckptdoctor.rules.discovery",
+    "ckptdoctor.rules.weights",
+    "ckptdoctor.rules.adapters",
+    "ckptdoctor.rules.training",
+    "ckptdoctor.rules.distributed",
+    "ckptdoctor.rules.security",
+)
+
+
+def rule(
+    code: str, name: str, severity: Severity, *, fixable: bool = False, deep_only: bool = False
+) -> Callable[[RuleFunc], RuleFunc]:
+    """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename."""
+
+    def register(func: RuleFunc) -> RuleFunc:
+        if code in _REGISTRY:
+            raise ValueError(f"rule {code} registered twice")
+        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fixable, deep_only)
+        return func
+
+    return register
+
+
+def _load() -> None:
+    for mod in RULE_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:  # a family not written yet is simply absent
+            if exc.name != mod:
+                raise
+
+
+def all_rules() -> list[Rule]:
+    """Every registered rule, sorted by code."""
+    _load()
+    return [_REGISTRY[c] for c in sorted(_REGISTRY)]
+
+
+def get_rule(code_or_name: str) -> Rule | None:
+    """Look a rule up by code (``CKD201``) or name (``stub-weights-shadow-adapter``)."""
+    _load()
+    key = code_or_name.strip()
+    if key.upper() in _REGISTRY:
+        return _REGISTRY[key.upper()]
+    for r in _REGISTRY.values():
+        if r.name == key.lower():
+            return r
+    return None
+
+
+def _matches(code: str, patterns: Sequence[str]) -> bool:
+    return any(code.startswith(p.strip().upper()) for p in patterns if p.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which rules run and at what severity: ``--select``/``--ignore`` by code or prefix, plus overrides."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    severity: Mapping[str, Severity] = field(default_factory=dict)
+    deep: bool = False
+
+    def enabled(self, r: Rule) -> bool:
+        if r.deep_only and not self.deep:
+            return False
+        if self.select and not _matches(r.code, self.select):
+            return False
+        return not _matches(r.code, self.ignore)
+
+
+def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
+    """Apply every enabled rule to ``tree``; findings are deduplicated and sorted deterministically.
+
+    A rule that raises is itself a bug; it is reported as an internal error finding instead of aborting the scan.
+    """
+    selection = selection or Selection()
+    found: dict[tuple[str, str, str], Finding] = {}
+    for r in all_rules():
+        if not selection.enabled(r):
+            continue
+        default = selection.severity.get(r.code, r.severity)
+        try:
+            hits: Iterator[Hit] | Iterable[Hit] = list(r.func(tree))
+        except Exception as exc:  # defence in depth: one broken rule must not hide the others' findings
+            hits = [Hit(".", f"internal error in rule {r.code}: {type(exc).__name__}: {exc}", Severity.ERROR)]
+        for h in hits:
+            sev = selection.severity.get(r.code, h.severity or default)
+            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root)
+            found.setdefault((r.code, h.path, h.message), f)
+    return sorted(found.values(), key=Finding.sort_key)

@@ -1,0 +1,189 @@
+"""The ``ckptdoctor`` command line: scan | inspect | rules | explain.
+
+stdout carries the report (and nothing else with ``--format json``); stderr carries progress and usage errors.
+Exit codes: 0 clean, 1 findings at or above ``--fail-on``, 2 usage error or unreadable root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from ckptdoctor import __version__
+
+_EPILOG_SCAN = """\b
+Examples:
+  ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
+  ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
+  ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
+  ckptdoctor scan --select CKD2 --fail-on warning model/
+
+\b
+Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error or missing root.
+Rules can also be chosen in [tool.ckptdoctor] of pyproject.toml or .ckptdoctor.toml at the scan root:
+  select = ["CKD1", "CKD2"]   ignore = ["CKD602"]   fail-on = "warning"   [severity] CKD404 = "warning"
+"""
+
+
+class UsageProblem(click.ClickException):
+    """A usage error or unusable input: printed without a traceback, exit code 2 (findings use 1)."""
+
+    exit_code = 2
+
+
+def _split_codes(values: Sequence[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        out.extend(p.strip().upper() for p in v.split(",") if p.strip())
+    return tuple(out)
+
+
+def _check_codes(codes: Sequence[str], option: str) -> None:
+    from ckptdoctor.rules import all_rules
+
+    known = [r.code for r in all_rules()]
+    for c in codes:
+        if not c.startswith("CKD") or not any(k.startswith(c) for k in known):
+            raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)")
+
+
+def _use_color(stream: Any) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "-V", "--version", prog_name="ckptdoctor")
+def main() -> None:
+    """An fsck for training checkpoints: find what would make a resume go silently wrong.
+
+    Reading never executes: pickles are walked opcode by opcode, never loaded, and only headers are read.
+    Start with `ckptdoctor scan OUTPUT_DIR`; `ckptdoctor rules` lists what is checked.
+    """
+
+
+@main.command(epilog=_EPILOG_SCAN)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=True, dir_okay=True))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "info", "never"]),
+    default=None,
+    help="Exit 1 when a finding has this severity or worse.  [default: error]",
+)
+@click.option(
+    "--select", multiple=True, metavar="CODES", help="Only these rules (codes or prefixes, e.g. CKD2,CKD601)."
+)
+@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (codes or prefixes).")
+@click.option("--no-config", is_flag=True, help="Ignore [tool.ckptdoctor] / .ckptdoctor.toml settings.")
+def scan(
+    paths: tuple[str, ...],
+    fmt: str,
+    fail_on: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    no_config: bool,
+) -> None:
+    """Check checkpoint folders or files and report hazards for a resume.
+
+    PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
+    a folder of many runs, or a single file. Nothing is loaded, executed or written.
+    """
+    from ckptdoctor.config import Config, ConfigError, load_config
+    from ckptdoctor.findings import Severity
+    from ckptdoctor.report import render_json, render_text
+    from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import scan as run_scan
+
+    sel_codes, ign_codes = _split_codes(select), _split_codes(ignore)
+    _check_codes(sel_codes, "--select")
+    _check_codes(ign_codes, "--ignore")
+    try:
+        cfg = Config() if no_config else load_config(paths[0])
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+    severity: dict[str, Severity] = dict(cfg.severity)
+    selection = Selection(
+        select=sel_codes or cfg.select,
+        ignore=ign_codes + cfg.ignore,
+        severity=severity,
+    )
+    report = run_scan(list(paths), selection=selection)
+    if fmt == "json":
+        click.echo(render_json(report))
+    else:
+        click.echo(render_text(report, color=_use_color(sys.stdout)))
+    sys.exit(report.exit_code(fail_on or cfg.fail_on or "error"))
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def inspect(file: str, fmt: str) -> None:
+    """Show what the readers see in one FILE: tensors, or a pickle's plain values and imported globals.
+
+    Nothing is loaded or executed: safetensors headers are parsed, pickles are walked statically.
+    """
+    from ckptdoctor.inspect import inspect_file, render_inspect_text
+
+    data = inspect_file(file)
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, allow_nan=False, default=str))
+    else:
+        click.echo(render_inspect_text(data))
+
+
+@main.command(name="rules")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def rules_cmd(fmt: str) -> None:
+    """List every rule: code, name, default severity, and whether ckptdoctor can fix it."""
+    from ckptdoctor.rules import all_rules
+
+    rules = all_rules()
+    if fmt == "json":
+        data = [
+            {"code": r.code, "name": r.name, "severity": r.severity.value, "fixable": r.fixable,
+             "deep_only": r.deep_only, "summary": r.summary}
+            for r in rules
+        ]
+        click.echo(json.dumps(data, indent=2))
+        return
+    from tabulate import tabulate
+
+    rows = [[r.code, r.name, r.severity.value, "yes" if r.fixable else "", r.summary] for r in rules]
+    click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
+
+
+@main.command()
+@click.argument("rule")
+def explain(rule: str) -> None:
+    """Print a rule's document (by code, e.g. CKD201, or by name)."""
+    from ckptdoctor.rules import get_rule
+
+    r = get_rule(rule)
+    if r is None:
+        raise UsageProblem(f"no rule {rule!r} (see `ckptdoctor rules`)")
+    import inspect as _inspect
+
+    header = f"{r.code} {r.name} ({r.severity.value}{', fixable' if r.fixable else ''})"
+    click.echo(header)
+    click.echo("=" * len(header))
+    click.echo(_inspect.cleandoc(r.doc))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,139 @@
+"""``ckptdoctor inspect``: what the readers see in one file, as plain data for a table or JSON."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from ckptdoctor.model import (
+    DcpMetadataFacts,
+    FileFacts,
+    GlobalRef,
+    JsonFacts,
+    Opaque,
+    PickleFacts,
+    SafetensorsFacts,
+    TensorRef,
+    TextFacts,
+    TorchFacts,
+)
+
+MAX_ITEMS = 200  # per container, so a 625-int RNG state or a 1e6-entry optimizer stays readable
+MAX_DEPTH = 40
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """A pickled value as JSON-able data: tensors, globals and opaque calls become tagged objects."""
+    if depth > MAX_DEPTH:
+        return {"...": "nested deeper than shown"}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": len(value)}
+    if isinstance(value, complex):
+        return {"complex": [value.real, value.imag]}
+    if isinstance(value, TensorRef):
+        return {"tensor": value.dtype, "shape": list(value.shape), "storage": value.storage_key}
+    if isinstance(value, GlobalRef):
+        return {"global": value.dotted}
+    if isinstance(value, Opaque):
+        out: dict[str, Any] = {"call": value.func.dotted if value.func else None}
+        if value.args not in ((), None):
+            out["args"] = plain(value.args, depth + 1)
+        if value.state is not None:
+            out["state"] = plain(value.state, depth + 1)
+        return out
+    if isinstance(value, dict):
+        items = list(value.items())
+        d = {str(k) if not isinstance(k, str) else k: plain(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            d["..."] = f"{len(items) - MAX_ITEMS} more entries"
+        return d
+    if isinstance(value, (list, tuple, set, frozenset)):
+        seq = list(value)
+        lst = [plain(v, depth + 1) for v in seq[:MAX_ITEMS]]
+        if len(seq) > MAX_ITEMS:
+            lst.append(f"... {len(seq) - MAX_ITEMS} more items")
+        return lst
+    return repr(value)
+
+
+def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
+    if pf is None:
+        return {}
+    return {
+        "protocol": pf.protocol,
+        "opcodes": pf.opcodes,
+        "globals": [g.dotted for g in pf.globals],
+        "calls": [g.dotted for g in pf.calls],
+        "value": plain(pf.value),
+    }
+
+
+def describe(facts: FileFacts) -> dict[str, Any]:
+    """Plain data describing one file's facts and read problems."""
+    out: dict[str, Any] = {"path": facts.path, "kind": facts.kind.value, "bytes": facts.size}
+    c = facts.content
+    if isinstance(c, SafetensorsFacts):
+        out["metadata"] = c.metadata
+        out["tensors"] = [
+            {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes} for t in c.tensors
+        ]
+    elif isinstance(c, TorchFacts):
+        out["format"] = c.format
+        out["members"] = len(c.members)
+        out["tensors"] = [
+            {"name": n, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.storage_nbytes} for n, t in c.tensors
+        ]
+        out.update(_pickle_part(c.pickle))
+    elif isinstance(c, DcpMetadataFacts):
+        out["keys"] = list(c.keys)
+        out["storage"] = [
+            {"fqn": s.fqn, "file": s.relative_path, "offset": s.offset, "length": s.length} for s in c.storage
+        ]
+        out.update(_pickle_part(c.pickle))
+    elif isinstance(c, PickleFacts):
+        out.update(_pickle_part(c))
+    elif isinstance(c, JsonFacts):
+        out["value"] = plain(c.value)
+    elif isinstance(c, TextFacts):
+        out["text"] = c.text
+    out["problems"] = [{"kind": p.kind.value, "message": p.message} for p in facts.problems]
+    return out
+
+
+def inspect_file(path: str) -> dict[str, Any]:
+    """Read one file with the scan's readers (nothing executed) and describe it."""
+    from ckptdoctor.readers import read_file
+
+    st = os.stat(path)
+    return describe(read_file(os.path.abspath(path), os.path.basename(path), st))
+
+
+def render_inspect_text(data: dict[str, Any]) -> str:
+    """The description as a short header, a tensor table or the pickle's globals and values, then problems."""
+    import json
+
+    from tabulate import tabulate
+
+    lines = [f"{data['path']}: {data['kind']}, {data['bytes']:,} bytes"]
+    tensors = data.get("tensors")
+    if tensors:
+        rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", t["bytes"]] for t in tensors]
+        lines.append(tabulate(rows, headers=["tensor", "dtype", "shape", "bytes"], tablefmt="simple"))
+    elif tensors is not None:
+        lines.append("no tensors")
+    if "globals" in data:
+        lines.append("globals imported: " + (", ".join(data["globals"]) or "none"))
+        lines.append("globals called:   " + (", ".join(data["calls"]) or "none"))
+    for key in ("metadata", "keys", "value", "text"):
+        if key in data and data[key] is not None and not (key == "value" and tensors):
+            lines.append(f"{key}:")
+            lines.append(json.dumps(data[key], indent=2, default=str)[:20000])
+    if data["problems"]:
+        lines.append("problems:")
+        lines.extend(f"  [{p['kind']}] {p['message']}" for p in data["problems"])
+    return "\n".join(lines)

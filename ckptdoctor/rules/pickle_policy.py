@@ -1,0 +1,150 @@
+"""Which pickle globals genuine checkpoint files import (allowed), and which can run code (dangerous).
+
+The allowlist holds what torch, transformers, accelerate, peft, numpy and DeepSpeed really write (ANATOMY §1.7,
+§1.9, §4, §5, and the files our tests generate with those libraries). A global matches an entry exactly, or a
+``module.*`` entry by module prefix.
+"""
+
+from __future__ import annotations
+
+from ckptdoctor.model import GlobalRef
+
+ALLOWED: frozenset[str] = frozenset(
+    {
+        # containers and codecs
+        "collections.OrderedDict",
+        "collections.Counter",
+        "collections.defaultdict",
+        "_codecs.encode",
+        "builtins.set",
+        "builtins.frozenset",
+        "builtins.bytearray",
+        "builtins.complex",
+        "builtins.slice",
+        "builtins.float",
+        "builtins.int",
+        "builtins.str",
+        "builtins.list",
+        "builtins.dict",
+        "builtins.tuple",
+        "builtins.bool",
+        "builtins.object",
+        "copyreg._reconstructor",
+        "enum.Enum",
+        # torch tensors, storages, dtypes
+        "torch._utils._rebuild_tensor",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_parameter",
+        "torch._utils._rebuild_parameter_with_state",
+        "torch._utils._rebuild_qtensor",
+        "torch._utils._rebuild_sparse_tensor",
+        "torch._utils._rebuild_wrapper_subclass",
+        "torch._utils._rebuild_device_tensor_from_numpy",
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.nn.parameter.Parameter",
+        "torch.Tensor",
+        "torch.Size",
+        "torch.device",
+        "torch.serialization._get_layout",
+        "torch.storage.UntypedStorage",
+        "torch.storage.TypedStorage",
+        "torch.per_tensor_affine",
+        "torch.per_channel_affine",
+        # numpy (rng_state*.pth)
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar",
+        "numpy._core.multiarray.scalar",
+        "numpy.dtype",
+        "numpy.ndarray",
+        "numpy.dtypes.*",
+        # torch.distributed.checkpoint .metadata
+        "torch.distributed.checkpoint.metadata.*",
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        "torch.distributed.checkpoint.planner.*",
+        "pathlib.PosixPath",
+        "pathlib.WindowsPath",
+        "pathlib.PurePosixPath",
+        "pathlib.PureWindowsPath",
+        # transformers / accelerate objects inside training_args.bin
+        "transformers.training_args.TrainingArguments",
+        "transformers.training_args.OptimizerNames",
+        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+        "transformers.trainer_utils.*",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
+        "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+        "transformers.debug_utils.DebugOption",
+        "accelerate.state.PartialState",
+        "accelerate.utils.dataclasses.*",
+        "trl.trainer.sft_config.SFTConfig",
+        # DeepSpeed states
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.utils.tensor_fragment.fragment_address",
+        # ckptdoctor's own reference trainer writes its args dataclass
+        "ckptdoctor.reference.train.*",
+    }
+)
+
+# torch dtype objects (torch.float32 ...) and legacy storage classes (torch.FloatStorage ...) are plain data.
+_TORCH_DATA_SUFFIXES = ("Storage",)
+_TORCH_DTYPES = frozenset(
+    {
+        "float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int64", "int32", "int16", "int8",
+        "uint8", "uint16", "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "qint8", "quint8", "qint32", "quint4x2", "half",
+        "float", "double", "long", "int", "short", "cfloat", "cdouble", "strided", "sparse_coo", "channels_last",
+        "contiguous_format", "preserve_format",
+    }
+)
+
+# Modules and callables that execute code, spawn processes, touch the file system or the network, or load more
+# pickles. Any global in these is dangerous whether or not the analysis sees it called.
+DANGEROUS_MODULES: frozenset[str] = frozenset(
+    {
+        "os", "posix", "nt", "subprocess", "sys", "importlib", "runpy", "pty", "socket", "webbrowser", "shutil",
+        "code", "codeop", "marshal", "pickle", "_pickle", "cPickle", "dill", "ctypes", "multiprocessing",
+        "asyncio", "signal", "tempfile", "glob", "zipimport", "pdb", "bdb", "timeit", "trace", "profile",
+        "cProfile", "http", "urllib", "requests", "ftplib", "smtplib", "telnetlib", "commands", "popen2",
+        "platform", "torch.hub", "torch.jit", "torch._dynamo", "torch.utils.cpp_extension", "numpy.f2py",
+        "numpy.testing", "joblib", "cloudpickle", "builtins.__import__",
+    }
+)
+DANGEROUS_GLOBALS: frozenset[str] = frozenset(
+    {
+        "builtins.eval", "builtins.exec", "builtins.compile", "builtins.open", "builtins.getattr",
+        "builtins.setattr", "builtins.delattr", "builtins.__import__", "builtins.input", "builtins.breakpoint",
+        "builtins.globals", "builtins.locals", "builtins.vars", "builtins.apply", "builtins.execfile",
+        "builtins.memoryview", "builtins.type", "builtins.super", "builtins.help", "__builtin__.eval",
+        "__builtin__.exec", "__builtin__.getattr", "__builtin__.open", "__builtin__.__import__",
+        "operator.methodcaller", "operator.attrgetter", "operator.itemgetter", "operator.call",
+        "functools.partial", "functools.reduce", "types.CodeType", "types.FunctionType", "types.MethodType",
+        "types.ModuleType", "types.LambdaType", "pathlib.Path", "pathlib.PosixPath.write_text",
+        "pathlib.Path.write_bytes", "pathlib.Path.write_text", "numpy.load", "numpy.lib.npyio.load",
+        "numpy.fromfile", "numpy.ctypeslib.load_library", "torch.load", "torch.from_file",
+        "torch.serialization.load", "torch._C._jit_pass", "base64.b64decode", "base64.decodebytes",
+        "codecs.decode", "_codecs.decode",
+    }
+)
+
+
+def is_allowed(g: GlobalRef) -> bool:
+    """True when ``g`` is something genuine checkpoint files import."""
+    dotted = g.dotted
+    if dotted in ALLOWED:
+        return True
+    if g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES):
+        return True
+    parts = g.module.split(".")
+    return any(".".join(parts[:i]) + ".*" in ALLOWED for i in range(1, len(parts) + 1))
+
+
+def is_dangerous(g: GlobalRef) -> bool:
+    """True when ``g`` can execute code, reach the OS or the network, or load further pickles."""
+    dotted = g.dotted
+    if dotted in DANGEROUS_GLOBALS:
+        return True
+    parts = g.module.split(".")
+    return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))

@@ -1,0 +1,118 @@
+"""Security rules: pickles that would run code when loaded, unknown globals, links that leave the scan root."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ckptdoctor.findings import Severity
+from ckptdoctor.model import DcpMetadataFacts, FileFacts, PickleFacts, ProblemKind, TorchFacts, Tree
+from ckptdoctor.rules import Hit, rule
+from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
+
+
+def _pickle(f: FileFacts) -> PickleFacts | None:
+    c = f.content
+    if isinstance(c, PickleFacts):
+        return c
+    if isinstance(c, (TorchFacts, DcpMetadataFacts)):
+        return c.pickle
+    return None
+
+
+@rule("CKD601", "unsafe-pickle-global", Severity.ERROR)
+def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
+    """A pickle imports a callable that can run code, or calls a global the analysis does not know.
+
+    ## What it does
+    Walks every pickle statically (never loading it) and lists the globals it imports and calls. Reports globals
+    that execute code or reach the operating system (`os.system`, `posix.system`, `subprocess`, `builtins.eval` /
+    `exec` / `getattr` / `__import__`, `importlib`, `operator.methodcaller` / `attrgetter`, `functools.partial`,
+    `runpy`, `pty`, `socket`, `torch.load`, `numpy.load` ...), and any call of a global outside the allowlist.
+
+    ## Why is this bad?
+    `pickle.load` calls these while reading: loading the file runs the attacker's code with your credentials.
+    `torch.distributed.checkpoint` reads `.metadata` with plain `pickle.load`; DeepSpeed loads its states with
+    `weights_only=False`; `training_args.bin` can only be loaded with `weights_only=False`.
+
+    ## Example
+    A `pytorch_model.bin` whose `data.pkl` starts with `GLOBAL posix system` + `REDUCE`.
+
+    ## Fix safety
+    No automatic fix. Do not load the file. Obtain the checkpoint from a trusted source.
+
+    ## References
+    `torch/_weights_only_unpickler.py`; `torch/distributed/checkpoint/filesystem.py` (`read_metadata`);
+    trailofbits/fickling; mmaitre314/picklescan.
+    """
+    for f in tree.all_files():
+        pf = _pickle(f)
+        if pf is None:
+            continue
+        called = set(pf.calls)
+        bad = [g.dotted for g in pf.globals if is_dangerous(g)]
+        bad += [g.dotted for g in pf.calls if not is_allowed(g) and not is_dangerous(g)]
+        unresolved = [p for p in f.problems if p.kind == ProblemKind.MALFORMED_PICKLE]
+        if bad:
+            names = ", ".join(f"`{n}`" for n in dict.fromkeys(bad))
+            verb = "calls" if any(g.dotted in bad for g in called) else "imports"
+            yield Hit(f.path, f"pickle {verb} {names}: loading this file can run code")
+        elif unresolved and any(not is_allowed(g) for g in pf.globals):
+            yield Hit(f.path, "pickle could not be fully analysed and imports globals outside the allowlist")
+
+
+@rule("CKD602", "unknown-pickle-global", Severity.WARNING)
+def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
+    """A pickle imports a global outside the allowlist that is not known to be dangerous.
+
+    ## What it does
+    Compares every imported global with an allowlist built from what torch, transformers, accelerate, peft, numpy
+    and DeepSpeed really write, and reports the others (globals that are called are CKD601).
+
+    ## Why is this bad?
+    An unknown class is imported (and its module executed) by `pickle.load`, and `weights_only=True` loads refuse
+    it. It often means a custom class in a checkpoint that will not load elsewhere; sometimes it is a payload.
+
+    ## Example
+    `optimizer.pt` from a third-party optimizer that stores `mylib.schedules.WarmupState` objects.
+
+    ## Fix safety
+    No automatic fix. Check where the class comes from; if it is yours, this is informational.
+
+    ## References
+    `torch/_weights_only_unpickler.py` (`_get_allowed_globals`); ANATOMY of genuine files' globals.
+    """
+    for f in tree.all_files():
+        pf = _pickle(f)
+        if pf is None:
+            continue
+        called = set(pf.calls)
+        unknown = [g.dotted for g in pf.globals if not is_allowed(g) and not is_dangerous(g) and g not in called]
+        if unknown:
+            names = ", ".join(f"`{n}`" for n in unknown)
+            yield Hit(f.path, f"pickle imports {names}, outside the allowlist of globals genuine checkpoints use")
+
+
+@rule("CKD604", "link-escapes-root", Severity.WARNING)
+def link_escapes_root(tree: Tree) -> Iterator[Hit]:
+    """A symbolic link inside the scanned folder points outside it.
+
+    ## What it does
+    Reports links whose target resolves outside the scan root. ckptdoctor does not follow them.
+
+    ## Why is this bad?
+    The Trainer follows the link and loads whatever is there now: a checkpoint that looks self-contained depends on
+    a path that may change, vanish, or be writable by someone else. Copies of the folder lose the target.
+
+    ## Example
+    `checkpoint-8/model.safetensors -> /mnt/shared/other-run/model.safetensors`.
+
+    ## Fix safety
+    No automatic fix: replace the link with the file it points to, if that is what you mean to keep.
+
+    ## References
+    `os.path.isdir`/`open` in `trainer_utils.get_last_checkpoint` and `_load_from_checkpoint` follow links.
+    """
+    for pp in tree.path_problems:
+        if pp.problem.kind == ProblemKind.LINK_ESCAPES_ROOT:
+            target = f" (-> `{pp.target}`)" if pp.target else ""
+            yield Hit(pp.path, f"{pp.problem.message}{target}")

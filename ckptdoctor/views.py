@@ -1,0 +1,372 @@
+"""Typed views of a checkpoint's facts: trainer state, scheduler, optimizer, adapter config, shard index, weights.
+
+Pure functions over the model (no I/O): they interpret the plain values the readers rebuilt, the way transformers
+and torch would, so rules, reports and the gate share one reading of each file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ckptdoctor.model import (
+    Checkpoint,
+    FileFacts,
+    JsonFacts,
+    Opaque,
+    SafetensorsFacts,
+    TensorInfo,
+    TorchFacts,
+)
+
+# transformers' _load_from_checkpoint candidates (trainer.py; ANATOMY §2.3)
+SAFE_WEIGHTS = "model.safetensors"
+BIN_WEIGHTS = "pytorch_model.bin"
+SAFE_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+ADAPTER_SAFE = "adapter_model.safetensors"
+ADAPTER_BIN = "adapter_model.bin"
+ADAPTER_CONFIG = "adapter_config.json"
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+SCHEDULER = "scheduler.pt"
+FULL_WEIGHT_FILES = (SAFE_WEIGHTS, BIN_WEIGHTS)
+WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEIGHTS, SAFE_INDEX)
+
+
+def _json(f: FileFacts | None) -> Any:
+    if f is not None and isinstance(f.content, JsonFacts):
+        return f.content.value
+    return None
+
+
+def _torch_value(f: FileFacts | None) -> Any:
+    if f is not None and isinstance(f.content, TorchFacts) and f.content.pickle is not None:
+        return f.content.pickle.value
+    return None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trainer_state.json
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerStateView:
+    """The fields of ``trainer_state.json`` that resume and ckptdoctor's rules depend on."""
+
+    global_step: int | None
+    max_steps: int | None
+    num_train_epochs: float | None
+    epoch: float | None
+    log_history: tuple[dict[str, Any], ...]
+    best_model_checkpoint: str | None
+    best_metric: float | None
+    train_batch_size: int | None
+    save_steps: int | None
+    logging_steps: int | None
+    raw: dict[str, Any]
+
+    def learning_rates(self) -> list[tuple[int, float]]:
+        """``(step, learning_rate)`` pairs from log_history, in file order."""
+        out: list[tuple[int, float]] = []
+        for entry in self.log_history:
+            step, lr = _int(entry.get("step")), _num(entry.get("learning_rate"))
+            if step is not None and lr is not None:
+                out.append((step, lr))
+        return out
+
+    def losses(self) -> list[tuple[int, float]]:
+        """``(step, loss)`` pairs from log_history."""
+        out: list[tuple[int, float]] = []
+        for entry in self.log_history:
+            step, loss = _int(entry.get("step")), _num(entry.get("loss"))
+            if step is not None and loss is not None:
+                out.append((step, loss))
+        return out
+
+
+def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
+    """The checkpoint's trainer state, or None when the file is absent or not a JSON object."""
+    value = _json(ck.file(TRAINER_STATE))
+    if not isinstance(value, dict):
+        return None
+    hist = value.get("log_history")
+    history = tuple(e for e in hist if isinstance(e, dict)) if isinstance(hist, list) else ()
+    best = value.get("best_model_checkpoint")
+    return TrainerStateView(
+        global_step=_int(value.get("global_step")),
+        max_steps=_int(value.get("max_steps")),
+        num_train_epochs=_num(value.get("num_train_epochs")),
+        epoch=_num(value.get("epoch")),
+        log_history=history,
+        best_model_checkpoint=best if isinstance(best, str) else None,
+        best_metric=_num(value.get("best_metric")),
+        train_batch_size=_int(value.get("train_batch_size")),
+        save_steps=_int(value.get("save_steps")),
+        logging_steps=_int(value.get("logging_steps")),
+        raw=value,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scheduler.pt / optimizer.pt
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """``LambdaLR.state_dict()`` as saved in ``scheduler.pt`` (ANATOMY §1.5)."""
+
+    last_epoch: int | None
+    base_lrs: tuple[float, ...]
+    last_lr: tuple[float, ...]
+    step_count: int | None
+
+
+def _floats(v: Any) -> tuple[float, ...]:
+    if isinstance(v, (list, tuple)):
+        out = [_num(x) for x in v]
+        return tuple(x for x in out if x is not None)
+    return ()
+
+
+def _state_dict(v: Any) -> dict[Any, Any] | None:
+    if isinstance(v, dict):
+        return v
+    if isinstance(v, Opaque) and isinstance(v.state, dict):
+        return v.state
+    return None
+
+
+def scheduler_state(ck: Checkpoint) -> SchedulerView | None:
+    """The scheduler state, or None when ``scheduler.pt`` is absent or holds no state dict."""
+    d = _state_dict(_torch_value(ck.file(SCHEDULER)))
+    if d is None:
+        return None
+    return SchedulerView(
+        last_epoch=_int(d.get("last_epoch")),
+        base_lrs=_floats(d.get("base_lrs")),
+        last_lr=_floats(d.get("_last_lr")),
+        step_count=_int(d.get("_step_count")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroupView:
+    """One optimizer param group: its LRs and the parameter indices it owns."""
+
+    lr: float | None
+    initial_lr: float | None
+    params: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerView:
+    """``Optimizer.state_dict()`` as saved in ``optimizer.pt``: groups and per-parameter state tensor shapes."""
+
+    groups: tuple[ParamGroupView, ...]
+    state_shapes: dict[int, dict[str, tuple[int, ...]]]
+    steps: dict[int, float]
+
+    @property
+    def param_count(self) -> int:
+        return sum(len(g.params) for g in self.groups)
+
+
+def optimizer_file(ck: Checkpoint) -> FileFacts | None:
+    """``optimizer.pt`` or ``optimizer.bin``, whichever exists (the Trainer accepts both)."""
+    for name in OPTIMIZER_FILES:
+        f = ck.file(name)
+        if f is not None:
+            return f
+    return None
+
+
+def optimizer_state(ck: Checkpoint) -> OptimizerView | None:
+    """The optimizer state, or None when the file is absent or unreadable."""
+    d = _state_dict(_torch_value(optimizer_file(ck)))
+    if d is None:
+        return None
+    groups: list[ParamGroupView] = []
+    raw_groups = d.get("param_groups")
+    if isinstance(raw_groups, list):
+        for g in raw_groups:
+            if isinstance(g, dict):
+                params = g.get("params")
+                idx = tuple(p for p in params if isinstance(p, int)) if isinstance(params, list) else ()
+                groups.append(ParamGroupView(_num(g.get("lr")), _num(g.get("initial_lr")), idx))
+    shapes: dict[int, dict[str, tuple[int, ...]]] = {}
+    steps: dict[int, float] = {}
+    raw_state = d.get("state")
+    if isinstance(raw_state, dict):
+        for k, v in raw_state.items():
+            if not isinstance(k, int) or not isinstance(v, dict):
+                continue
+            per: dict[str, tuple[int, ...]] = {}
+            for name, t in v.items():
+                shape = getattr(t, "shape", None)
+                if isinstance(name, str) and isinstance(shape, tuple):
+                    per[name] = shape
+                if name == "step":
+                    s = _num(t)
+                    if s is not None:
+                        steps[k] = s
+            shapes[k] = per
+    return OptimizerView(tuple(groups), shapes, steps)
+
+
+def checkpoint_lr(ck: Checkpoint) -> float | None:
+    """The LR the checkpoint holds: scheduler ``_last_lr[0]``, else optimizer group 0 ``lr``, else the last logged LR.
+
+    This is the LR the first resumed optimizer step would use (it is restored into the optimizer).
+    """
+    sched = scheduler_state(ck)
+    if sched is not None and sched.last_lr:
+        return sched.last_lr[0]
+    opt = optimizer_state(ck)
+    if opt is not None and opt.groups and opt.groups[0].lr is not None:
+        return opt.groups[0].lr
+    ts = trainer_state(ck)
+    if ts is not None:
+        lrs = ts.learning_rates()
+        if lrs:
+            return lrs[-1][1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights
+
+
+def tensors_of(f: FileFacts | None) -> tuple[TensorInfo, ...] | None:
+    """Tensors a weights file holds (safetensors header or torch state dict), or None when unreadable."""
+    if f is None:
+        return None
+    c = f.content
+    if isinstance(c, SafetensorsFacts):
+        return c.tensors
+    if isinstance(c, TorchFacts):
+        return tuple(
+            TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors
+        )
+    return None
+
+
+_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2}
+
+
+def _itemsize(dtype: str) -> int:
+    return _ITEMSIZE.get(dtype, 1)
+
+
+def is_fsdp(ck: Checkpoint) -> bool:
+    """transformers' ``is_fsdp_ckpt``: a sub-folder whose name contains ``pytorch_model_fsdp``, or that file."""
+    for f in ck.files:
+        rel = ck.relname(f)
+        head = rel.split("/", 1)[0]
+        if "/" in rel and "pytorch_model_fsdp" in head:
+            return True
+        if rel == "pytorch_model_fsdp.bin":
+            return True
+    return False
+
+
+def is_deepspeed(ck: Checkpoint) -> bool:
+    """A DeepSpeed checkpoint: a ``global_step*/`` folder with model or optimizer states."""
+    return any(ck.relname(f).startswith("global_step") and "/" in ck.relname(f) for f in ck.files)
+
+
+def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
+    """Sub-folders holding adapter weights (extra named adapters), as transformers detects them."""
+    out = set()
+    for f in ck.files:
+        parts = ck.relname(f).split("/")
+        if len(parts) == 2 and parts[1] in (ADAPTER_SAFE, ADAPTER_BIN):
+            out.add(parts[0])
+    return tuple(sorted(out))
+
+
+def has_adapter(ck: Checkpoint) -> bool:
+    return ck.file(ADAPTER_SAFE) is not None or ck.file(ADAPTER_BIN) is not None or bool(adapter_subdirs(ck))
+
+
+def weights_branch(ck: Checkpoint) -> str:
+    """Which loader a resume would use, in transformers 5.x ``_load_from_checkpoint`` order (ANATOMY §2.3).
+
+    ``fsdp`` and ``deepspeed`` assume the resume runs under that backend; ``adapter`` assumes a PeftModel (adapter
+    files on disk are our evidence of that); ``none`` is "Can't find a valid checkpoint".
+    """
+    if is_deepspeed(ck):
+        return "deepspeed"
+    if is_fsdp(ck):
+        return "fsdp"
+    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None:
+        return "full"
+    if has_adapter(ck):
+        return "adapter"
+    if ck.file(SAFE_INDEX) is not None or ck.file(BIN_INDEX) is not None:
+        return "sharded"
+    return "none"
+
+
+def loaded_weight_file(ck: Checkpoint) -> FileFacts | None:
+    """The single full-weights file branch A would load: ``model.safetensors`` first, else ``pytorch_model.bin``."""
+    return ck.file(SAFE_WEIGHTS) or ck.file(BIN_WEIGHTS)
+
+
+def kinds(ck: Checkpoint) -> list[str]:
+    """Short labels of what the checkpoint holds, for tables and JSON (weights forms first, then state files)."""
+    out: list[str] = []
+    if is_fsdp(ck):
+        out.append("fsdp")
+    if is_deepspeed(ck):
+        out.append("deepspeed")
+    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None:
+        out.append("full")
+    if ck.file(SAFE_INDEX) is not None or ck.file(BIN_INDEX) is not None:
+        out.append("sharded")
+    if has_adapter(ck):
+        out.append("adapter")
+    if optimizer_file(ck) is not None:
+        out.append("optimizer")
+    if ck.file(SCHEDULER) is not None:
+        out.append("scheduler")
+    if ck.file(TRAINER_STATE) is not None:
+        out.append("trainer-state")
+    return out
+
+
+def tensor_count(ck: Checkpoint) -> int | None:
+    """Tensors in the weights a resume would load (all weight and adapter files), None when none are readable."""
+    total: int | None = None
+    for f in ck.files:
+        rel = ck.relname(f)
+        base = rel.rsplit("/", 1)[-1]
+        is_weights = base in FULL_WEIGHT_FILES or base in (ADAPTER_SAFE, ADAPTER_BIN)
+        is_shard = (base.startswith("model-") and base.endswith(".safetensors")) or (
+            base.startswith("pytorch_model-") and base.endswith(".bin")
+        )
+        if not (is_weights or is_shard):
+            continue
+        ts = tensors_of(f)
+        if ts is not None:
+            total = (total or 0) + len(ts)
+    return total
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
