@@ -156,8 +156,14 @@ def rules_cmd(fmt: str) -> None:
     rules = all_rules()
     if fmt == "json":
         data = [
-            {"code": r.code, "name": r.name, "severity": r.severity.value, "fixable": r.fixable,
-             "deep_only": r.deep_only, "summary": r.summary}
+            {
+                "code": r.code,
+                "name": r.name,
+                "severity": r.severity.value,
+                "fixable": r.fixable,
+                "deep_only": r.deep_only,
+                "summary": r.summary,
+            }
             for r in rules
         ]
         click.echo(json.dumps(data, indent=2))

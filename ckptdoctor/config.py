@@ -48,7 +48,7 @@ def _parse(table: Any, src: str) -> Config:
     sev: dict[str, Severity] = {}
     raw_sev = table.get("severity", {})
     if not isinstance(raw_sev, dict):
-        raise ConfigError(f"{src}: `severity` must be a table of CODE = \"error|warning|info\"")
+        raise ConfigError(f'{src}: `severity` must be a table of CODE = "error|warning|info"')
     for code, level in raw_sev.items():
         try:
             sev[str(code).upper()] = Severity(str(level).lower())

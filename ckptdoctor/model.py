@@ -311,6 +311,7 @@ class Tree:
     loose_files: tuple[FileFacts, ...] = ()  # files that belong to no checkpoint (still read and checked)
     path_problems: tuple[PathProblem, ...] = ()
     files_seen: int = 0
+    abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +68,8 @@ def scan(
     findings: list[Finding] = []
     for p in paths:
         tree = discover(p, limits)
+        if not tree.abs_root:
+            tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
         trees.append(tree)
         findings.extend(scan_tree(tree, sel))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)

@@ -260,9 +260,7 @@ def tensors_of(f: FileFacts | None) -> tuple[TensorInfo, ...] | None:
     if isinstance(c, SafetensorsFacts):
         return c.tensors
     if isinstance(c, TorchFacts):
-        return tuple(
-            TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors
-        )
+        return tuple(TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors)
     return None
 
 

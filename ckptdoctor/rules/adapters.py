@@ -1,0 +1,155 @@
+"""Adapter rules: an adapter's weights against its `adapter_config.json`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ckptdoctor import views
+from ckptdoctor.findings import Severity
+from ckptdoctor.model import Checkpoint, FolderRole, JsonFacts, TensorInfo, Tree
+from ckptdoctor.rules import Hit, rule
+
+_LORA_RE = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
+
+
+def _adapter_dirs(ck: Checkpoint) -> list[str]:
+    """Relative folders (``""`` for the checkpoint itself) that hold adapter weights."""
+    out = [""] if (ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)) else []
+    return out + list(views.adapter_subdirs(ck))
+
+
+def _join(d: str, name: str) -> str:
+    return f"{d}/{name}" if d else name
+
+
+def _adapter_config(ck: Checkpoint, d: str) -> tuple[str, Any, str | None]:
+    rel = _join(d, views.ADAPTER_CONFIG)
+    f = ck.file(rel)
+    if f is None:
+        return rel, None, f"adapter weights in `{ck.path}/{d or '.'}` but no `{views.ADAPTER_CONFIG}`"
+    if not isinstance(f.content, JsonFacts):
+        reason = f.problems[0].message if f.problems else "unreadable"
+        return rel, None, f"`{rel}` cannot be read: {reason}"
+    return rel, f.content.value, None
+
+
+def validate_adapter_config(cfg: Any) -> list[str]:
+    """What PEFT would reject in an adapter config (PEFT only requires `peft_type`; LoRA needs a valid r)."""
+    if not isinstance(cfg, dict):
+        return ["is not a JSON object"]
+    problems = []
+    if not isinstance(cfg.get("peft_type"), str):
+        problems.append("has no `peft_type`")
+    if cfg.get("peft_type") == "LORA":
+        r = cfg.get("r")
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            problems.append(f"`r` must be a positive integer, not {r!r}")
+        tm = cfg.get("target_modules")
+        if tm is not None and not isinstance(tm, (str, list)):
+            problems.append("`target_modules` must be a list or a regex string")
+    return problems
+
+
+@rule("CKD301", "adapter-config-invalid", Severity.ERROR)
+def adapter_config_invalid(tree: Tree) -> Iterator[Hit]:
+    """Adapter weights without a readable, valid `adapter_config.json`.
+
+    ## What it does
+    Checks each folder holding `adapter_model.*` for an `adapter_config.json` that parses and that PEFT accepts
+    (`peft_type`; for LoRA a positive `r`).
+
+    ## Why is this bad?
+    A resume into an existing PeftModel does not read the config and goes on, but `PeftModel.from_pretrained` of
+    the checkpoint fails: the adapter cannot be deployed, evaluated or merged.
+
+    ## Example
+    A copy script that transferred `*.safetensors` only.
+
+    ## Fix safety
+    No automatic fix: copy the config from the run that trained the adapter.
+
+    ## References
+    `src/peft/config.py` (`PeftConfig.from_pretrained`, `MIN_EXPECTED_CONFIG_KEYS`).
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            for d in _adapter_dirs(ck):
+                rel, cfg, problem = _adapter_config(ck, d)
+                path = f"{ck.path}/{rel}" if ck.path not in ("", ".") else rel
+                if problem is not None:
+                    yield Hit(path if "no `" not in problem else (f"{ck.path}/{d}" if d else ck.path), problem)
+                    continue
+                bad = validate_adapter_config(cfg)
+                if bad:
+                    yield Hit(path, f"`{rel}` " + "; ".join(bad))
+
+
+def _targets_match(target_modules: Any, module: str) -> bool:
+    if isinstance(target_modules, str):
+        return re.fullmatch(target_modules, module) is not None
+    if isinstance(target_modules, list):
+        last = module.rsplit(".", 1)[-1]
+        return any(module == t or module.endswith("." + t) or last == t for t in target_modules if isinstance(t, str))
+    return True
+
+
+def adapter_mismatches(cfg: dict[str, Any], tensors: tuple[TensorInfo, ...]) -> list[str]:
+    """Disagreements between a LoRA config and the tensors: rank, and modules outside `target_modules`."""
+    out: list[str] = []
+    r = cfg.get("r")
+    rank_pattern = cfg.get("rank_pattern") or {}
+    tm = cfg.get("target_modules")
+    bad_modules: list[str] = []
+    for t in tensors:
+        m = _LORA_RE.match(t.name)
+        if m is None or len(t.shape) != 2:
+            continue
+        module, ab = m.group("module"), m.group("ab")
+        rank = t.shape[0] if ab == "A" else t.shape[1]
+        if isinstance(r, int) and not rank_pattern and rank != r:
+            out.append(f"r is {r} but `{t.name}` has rank {rank}")
+        if tm is not None and not _targets_match(tm, module) and module not in bad_modules:
+            bad_modules.append(module)
+    if bad_modules:
+        out.append(f"{len(bad_modules)} adapted module(s) are not in target_modules {tm!r} (e.g. `{bad_modules[0]}`)")
+    return out
+
+
+@rule("CKD302", "adapter-config-mismatch", Severity.ERROR)
+def adapter_config_mismatch(tree: Tree) -> Iterator[Hit]:
+    """The adapter config's `r` or `target_modules` disagree with the adapter tensors.
+
+    ## What it does
+    Compares LoRA `r` with the rank of every `lora_A`/`lora_B` matrix, and the adapted module names with
+    `target_modules`.
+
+    ## Why is this bad?
+    `PeftModel.from_pretrained` builds the adapter from the config and then loads the tensors: a rank mismatch
+    fails with a size error; modules outside `target_modules` are silently dropped.
+
+    ## Example
+    `adapter_config.json` from a run with `r=8` copied next to weights trained with `r=16`.
+
+    ## Fix safety
+    No automatic fix: restore the config that belongs to these weights.
+
+    ## References
+    `src/peft/tuners/lora/model.py`; `src/peft/utils/save_and_load.py` `set_peft_model_state_dict`.
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role not in (FolderRole.CHECKPOINT, FolderRole.MODEL):
+                continue
+            for d in _adapter_dirs(ck):
+                _, cfg, problem = _adapter_config(ck, d)
+                if problem is not None or not isinstance(cfg, dict) or validate_adapter_config(cfg):
+                    continue
+                f = ck.file(_join(d, views.ADAPTER_SAFE)) or ck.file(_join(d, views.ADAPTER_BIN))
+                tensors = views.tensors_of(f)
+                if f is None or not tensors or cfg.get("peft_type") != "LORA":
+                    continue
+                problems = adapter_mismatches(cfg, tensors)
+                if problems:
+                    yield Hit(f.path, "; ".join(problems[:3]))

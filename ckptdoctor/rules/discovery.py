@@ -1,0 +1,343 @@
+"""Discovery and resume-selection rules: which checkpoint a resume would pick, and whether it should."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+
+from ckptdoctor import views
+from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Tree
+from ckptdoctor.rules import Hit, rule
+
+JIT_SENTINEL = "checkpoint-is-incomplete.txt"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t > 0 else "unknown time"
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def history_divergence(older: views.TrainerStateView, newer: views.TrainerStateView) -> str | None:
+    """Where two trainer states stop telling the same story, or None when ``older``'s history is a prefix of
+    ``newer``'s (as for two checkpoints of one run). Compares loss and learning_rate at the steps both logged."""
+    by_step: dict[int, dict[str, object]] = {}
+    for e in newer.log_history:
+        step = e.get("step")
+        if isinstance(step, int):
+            by_step.setdefault(step, {}).update(e)
+    for e in older.log_history:
+        step = e.get("step")
+        if not isinstance(step, int) or step not in by_step:
+            continue
+        other = by_step[step]
+        for key in ("loss", "learning_rate"):
+            a, b = e.get(key), other.get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not _close(float(a), float(b)):
+                return f"log_history diverges at step {step} ({key} {a:.6g} vs {b:.6g})"
+    return None
+
+
+def run_identity_difference(a: views.TrainerStateView, b: views.TrainerStateView) -> str | None:
+    """A difference in the run-level settings two checkpoints of one run share (max_steps, epochs, batch size)."""
+    for label, x, y in (
+        ("max_steps", a.max_steps, b.max_steps),
+        ("num_train_epochs", a.num_train_epochs, b.num_train_epochs),
+        ("train_batch_size", a.train_batch_size, b.train_batch_size),
+    ):
+        if x is not None and y is not None and x != y:
+            return f"{label} {x:g} vs {y:g}"
+    return None
+
+
+def _picked(run: Run) -> Checkpoint | None:
+    for ck in run.checkpoints:
+        if ck.path == run.resume_pick:
+            return ck
+    return None
+
+
+def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | None:
+    """When resume's pick belongs to an older run: (the newest checkpoint, the stale ones, the evidence)."""
+    pick = _picked(run)
+    if pick is None:
+        return None
+    candidates = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda c: c.mtime)
+    if newest is pick or newest.mtime <= pick.mtime + 1.0:
+        return None
+    ts_new, ts_pick = views.trainer_state(newest), views.trainer_state(pick)
+    if ts_new is None or ts_pick is None:
+        return None
+    why = run_identity_difference(ts_new, ts_pick) or history_divergence(ts_new, ts_pick)
+    if why is None:
+        return None
+    assert newest.step is not None
+    stale = [
+        c
+        for c in candidates
+        if c.step is not None
+        and c.step > newest.step
+        and c.mtime < newest.mtime
+        and (ts := views.trainer_state(c)) is not None
+        and (run_identity_difference(ts_new, ts) or history_divergence(ts_new, ts)) is not None
+    ]
+    return newest, stale or [pick], why
+
+
+@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fixable=True)
+def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
+    """The checkpoint `resume_from_checkpoint=True` would pick belongs to an older run than the newest checkpoints.
+
+    ## What it does
+    Compares the highest-numbered `checkpoint-N` (what `get_last_checkpoint` returns) with the most recently
+    written checkpoint of the folder. When the newest one was written later but tells another story (different
+    `max_steps` / `num_train_epochs` / batch size, or a `log_history` that diverges at a step both logged), the
+    pick is left over from an earlier run.
+
+    ## Why is this bad?
+    A second run started in the same `output_dir` restarts numbering and overwrites the lower folders, but leaves
+    the first run's higher ones. `get_last_checkpoint` picks by number only, so the resume loads the old run's
+    weights and step: it trains zero steps (`global_step` > `max_steps`) or continues the wrong run, with no warning.
+
+    ## Example
+    Run A saved `checkpoint-4/8/12`; run B (new settings, same folder) saved `checkpoint-4/8`. Resuming B picks
+    A's `checkpoint-12`.
+
+    ## Fix safety
+    Unsafe: quarantines the stale checkpoints (moved, not deleted; `ckptdoctor undo` restores them). It is a
+    judgement about which run you mean to continue, so it only runs with `--unsafe-fixes`.
+
+    ## References
+    `src/transformers/trainer_utils.py` `get_last_checkpoint`; ANATOMY "Stale higher checkpoint".
+    """
+    for run in tree.runs:
+        found = stale_checkpoints(run)
+        if found is None:
+            continue
+        newest, stale, why = found
+        pick = _picked(run)
+        assert pick is not None
+        names = ", ".join(f"`{c.path}`" for c in stale)
+        msg = (
+            f"resume_from_checkpoint=True picks `{pick.path}` (written {_when(pick.mtime)}), but the newest "
+            f"checkpoint `{newest.path}` (written {_when(newest.mtime)}) belongs to another run: {why}"
+        )
+        plan = FixPlan(
+            f"Quarantine the stale checkpoints {names}",
+            Applicability.UNSAFE,
+            tuple(FixOp(OpKind.QUARANTINE, c.path) for c in stale),
+        )
+        yield Hit(pick.path, msg, fix=plan)
+
+
+def torn_evidence(ck: Checkpoint) -> list[str]:
+    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files."""
+    out: list[str] = []
+    has_state = ck.file(views.TRAINER_STATE) is not None
+    if not has_state:
+        present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
+        out.append(
+            "no `trainer_state.json` (the Trainer writes it last)"
+            + (f"; it holds {', '.join(f'`{p}`' for p in present[:6])}" if present else "; the folder is empty")
+        )
+    if ck.file(JIT_SENTINEL) is not None:
+        out.append(f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)")
+    dcp_dirs = {ck.relname(f).rsplit("/", 1)[0] for f in ck.files if f.kind == FileKind.DCP_DATA}
+    for d in sorted(dcp_dirs):
+        if ck.file(f"{d}/.metadata") is None:
+            out.append(f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)")
+    for f in ck.files:
+        rel = ck.relname(f)
+        if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
+            out.append(f"`{rel}` is empty (0 bytes)")
+        elif any(p.kind == ProblemKind.TRUNCATED for p in f.problems):
+            out.append(f"`{rel}` is truncated")
+    return out
+
+
+@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fixable=True)
+def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
+    """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
+
+    ## What it does
+    Flags checkpoint folders without `trainer_state.json` (the Trainer writes it last), with the JIT sentinel
+    `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files. It is an
+    error when `resume_from_checkpoint=True` would pick the folder, a warning otherwise.
+
+    ## Why is this bad?
+    `get_last_checkpoint` checks nothing but the folder name, so a torn save is picked: resume fails with
+    `FileNotFoundError: .../trainer_state.json` or `SafetensorError`, or silently resumes half a state.
+
+    ## Example
+    The job was preempted while saving `checkpoint-1500/`: weights and `optimizer.pt` are there, `rng_state.pth`
+    and `trainer_state.json` are not.
+
+    ## Fix safety
+    Safe: the folder is quarantined (moved into `.ckptdoctor/quarantine/`, restorable with `ckptdoctor undo`), so
+    resume picks the last complete checkpoint.
+
+    ## References
+    `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`);
+    `trainer_utils.get_last_checkpoint`.
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role not in (FolderRole.CHECKPOINT,):
+                continue
+            evidence = torn_evidence(ck)
+            if not evidence:
+                continue
+            picked = run.resume_pick == ck.path or run.standalone
+            sev = Severity.ERROR if picked else Severity.WARNING
+            lead = "resume_from_checkpoint=True picks this interrupted save: " if run.resume_pick == ck.path else ""
+            plan = FixPlan(f"Quarantine `{ck.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ck.path),))
+            yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
+
+
+@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fixable=True)
+def leftover_temp_checkpoint(tree: Tree) -> Iterator[Hit]:
+    """A `tmp-checkpoint-N` staging folder (or similar) was left behind.
+
+    ## What it does
+    Reports staging folders that transformers 4.36-4.38 wrote before renaming them to `checkpoint-N`.
+
+    ## Why is this bad?
+    The save that made it never finished. Resume ignores the folder, but it holds a partial copy of the state and
+    misleads anyone picking a checkpoint by hand; it also uses disk.
+
+    ## Example
+    `tmp-checkpoint-600/` next to `checkpoint-500/` after a crash during the save at step 600.
+
+    ## Fix safety
+    Safe: the folder is quarantined, not deleted.
+
+    ## References
+    transformers 4.36-4.38 `Trainer._save_checkpoint` (staging and `os.rename`).
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role == FolderRole.TEMP:
+                plan = FixPlan(f"Quarantine `{ck.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ck.path),))
+                yield Hit(ck.path, f"`{ck.path}` is a leftover staging folder of an unfinished save", fix=plan)
+
+
+@rule("CKD104", "step-mismatch", Severity.WARNING)
+def step_mismatch(tree: Tree) -> Iterator[Hit]:
+    """A checkpoint folder's number differs from the `global_step` in its `trainer_state.json`.
+
+    ## What it does
+    Compares `checkpoint-N`'s N with `trainer_state.json`'s `global_step`.
+
+    ## Why is this bad?
+    Resume selects by the folder number but continues from `global_step`, and names new folders by it: a renamed
+    or copied folder makes resume pick one step and continue from another, and later saves overwrite other folders.
+
+    ## Example
+    `checkpoint-1000/` renamed by hand from `checkpoint-800/`.
+
+    ## Fix safety
+    No automatic fix: rename the folder to match `global_step` if that is what it holds.
+
+    ## References
+    `trainer_utils.get_last_checkpoint`; `Trainer._save_checkpoint` (folder name from `state.global_step`).
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            ts = views.trainer_state(ck)
+            if ck.role != FolderRole.CHECKPOINT or ck.step is None or ts is None or ts.global_step is None:
+                continue
+            if ts.global_step != ck.step:
+                yield Hit(
+                    ck.path,
+                    f"folder says step {ck.step} but `trainer_state.json` has global_step {ts.global_step}",
+                )
+
+
+def _best_target(tree: Tree, run: Run, best: str) -> Checkpoint | None:
+    name = re.split(r"[\\/]", best.rstrip("/\\"))[-1]
+    for ck in run.checkpoints:
+        if ck.path.rsplit("/", 1)[-1] == name and ck.role == FolderRole.CHECKPOINT:
+            return ck
+    return None
+
+
+@rule("CKD105", "best-checkpoint-missing", Severity.WARNING)
+def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
+    """`best_model_checkpoint` names a folder that does not exist in this run.
+
+    ## What it does
+    Reads `best_model_checkpoint` from each `trainer_state.json` and checks the folder it names is a checkpoint of
+    the same run (an absolute path from another machine counts as missing).
+
+    ## Why is this bad?
+    transformers 5 drops the value on resume with a warning but keeps `best_metric`, so no later evaluation can
+    become the best and `load_best_model_at_end` loads nothing; transformers 4 keeps the stale path and, with
+    `save_total_limit=1`, fails at the end of training in `os.path.samefile`.
+
+    ## Example
+    `"best_model_checkpoint": "/home/alice/runs/x/checkpoint-400"` in a run copied to another machine, or a best
+    checkpoint deleted to save space.
+
+    ## Fix safety
+    Reported only for now; the rewrite to this run's folder (or null) comes with the fixer.
+
+    ## References
+    `Trainer._init_training_state` (T5), `trainer_utils.rotate_checkpoints`, `Trainer._load_best_model`.
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            ts = views.trainer_state(ck)
+            if ts is None or not ts.best_model_checkpoint:
+                continue
+            best = ts.best_model_checkpoint
+            target = _best_target(tree, run, best)
+            if target is None:
+                yield Hit(
+                    ck.path + "/trainer_state.json" if ck.path != "." else "trainer_state.json",
+                    f"best_model_checkpoint `{best}` names a folder that does not exist in this run",
+                )
+            elif os.path.isabs(best) and tree.abs_root and not best.startswith(tree.abs_root):
+                yield Hit(
+                    ck.path + "/trainer_state.json" if ck.path != "." else "trainer_state.json",
+                    f"best_model_checkpoint `{best}` is an absolute path outside this folder "
+                    f"(another machine or a moved run); the same checkpoint here is `{target.path}`",
+                )
+
+
+@rule("CKD106", "no-resumable-checkpoint", Severity.ERROR)
+def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
+    """A checkpoint folder holds none of the weight files the Trainer looks for.
+
+    ## What it does
+    Checks each `checkpoint-N` for `model.safetensors`, `pytorch_model.bin`, their shard indexes, adapter files
+    (also in sub-folders), an FSDP folder or a DeepSpeed `global_step*/` folder.
+
+    ## Why is this bad?
+    Resuming from it raises `ValueError: Can't find a valid checkpoint at ...`, and when it is the highest-numbered
+    folder, `resume_from_checkpoint=True` always picks it.
+
+    ## Example
+    A checkpoint whose weights were deleted to save space, keeping only `optimizer.pt`.
+
+    ## Fix safety
+    No automatic fix; restore the weights or quarantine the folder.
+
+    ## References
+    `src/transformers/trainer.py` `_load_from_checkpoint`.
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role != FolderRole.CHECKPOINT or not ck.files:
+                continue
+            if views.weights_branch(ck) == "none":
+                picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""
+                yield Hit(ck.path, f'no weights file a resume could load{picked} ("Can\'t find a valid checkpoint")')

@@ -1,0 +1,315 @@
+"""Training-state rules: trainer_state.json, optimizer and scheduler, RNG, and the LR history."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Iterator
+
+from ckptdoctor import views
+from ckptdoctor.findings import Severity
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Opaque, TorchFacts, Tree
+from ckptdoctor.rules import Hit, rule
+
+_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+_DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
+_DS_RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+# Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).
+REQUIRED_STATE_FIELDS = ("global_step", "max_steps", "log_history")
+
+
+def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role in (FolderRole.CHECKPOINT, FolderRole.MODEL):
+                yield ck, run.resume_pick == ck.path or run.standalone
+
+
+@rule("CKD401", "lr-schedule-finished", Severity.INFO)
+def lr_schedule_finished(tree: Tree) -> Iterator[Hit]:
+    """The checkpoint ends a finished schedule: `global_step >= max_steps` and the stored LR is 0.
+
+    ## What it does
+    Reads `global_step` / `max_steps` from `trainer_state.json` and the LR stored in `scheduler.pt` /
+    `optimizer.pt`.
+
+    ## Why is this bad?
+    Resuming with the same arguments trains nothing, silently. With more epochs, the first resumed step runs at
+    LR 0 (restored from the optimizer) and the schedule then continues mid-way along a *new* decay, not from the
+    start. A fresh Trainer on these weights instead jumps back to the initial LR. Each is a surprise if unplanned.
+
+    ## Example
+    The last `checkpoint-N` of every finished run with the default linear schedule.
+
+    ## Fix safety
+    No fix: this is information. Use `ckptdoctor gate` to see the LRs a planned resume would use.
+
+    ## References
+    `src/transformers/optimization.py` (schedules end at 0); `Trainer._load_optimizer_and_scheduler`; ANATOMY §2.6.
+    """
+    for ck, _ in _checkpoints(tree):
+        ts = views.trainer_state(ck)
+        if ts is None or ts.global_step is None or not ts.max_steps or ts.global_step < ts.max_steps:
+            continue
+        lr = views.checkpoint_lr(ck)
+        if lr == 0.0:
+            yield Hit(
+                ck.path,
+                f"schedule finished: global_step {ts.global_step} of max_steps {ts.max_steps} with LR 0; resuming with "
+                "the same arguments trains nothing, with more epochs the first step runs at LR 0",
+            )
+
+
+@rule("CKD402", "trainer-state-invalid", Severity.ERROR)
+def trainer_state_invalid(tree: Tree) -> Iterator[Hit]:
+    """`trainer_state.json` is not valid JSON, or lacks fields a resume needs.
+
+    ## What it does
+    Parses `trainer_state.json` strictly (duplicate keys rejected) and checks `global_step`, `max_steps` and
+    `log_history` are present with the right types, and `train_batch_size` is not null.
+
+    ## Why is this bad?
+    `train()` loads the file unconditionally: invalid JSON raises `JSONDecodeError`; a null `train_batch_size` raises
+    `TypeError` in `compare_trainer_and_checkpoint_args`; a missing `global_step` silently restarts at step 0.
+
+    ## Example
+    A state file cut off by a crash (it is written in place with `open(..., "w")`).
+
+    ## Fix safety
+    No automatic fix: restore it from a copy, or quarantine the checkpoint and resume from the previous one.
+
+    ## References
+    `src/transformers/trainer_callback.py` `TrainerState.load_from_json`;
+    `trainer_utils.compare_trainer_and_checkpoint_args`.
+    """
+    for ck, _ in _checkpoints(tree):
+        f = ck.file(views.TRAINER_STATE)
+        if f is None:
+            continue
+        if not isinstance(f.content, JsonFacts):
+            reasons = [p.message for p in f.problems] or ["it is empty" if f.kind == FileKind.EMPTY else "unreadable"]
+            yield Hit(f.path, "not valid JSON: " + "; ".join(reasons))
+            continue
+        value = f.content.value
+        if not isinstance(value, dict):
+            yield Hit(f.path, "is not a JSON object")
+            continue
+        problems = [f"no `{k}`" for k in REQUIRED_STATE_FIELDS if k not in value]
+        for key in ("global_step", "max_steps"):
+            v = value.get(key)
+            if key in value and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                problems.append(f"`{key}` is {v!r}, not a non-negative integer")
+        if "log_history" in value and not isinstance(value.get("log_history"), list):
+            problems.append("`log_history` is not a list")
+        if "train_batch_size" in value and value["train_batch_size"] is None:
+            problems.append("`train_batch_size` is null (transformers >= 4.40 raises TypeError on resume)")
+        if problems:
+            yield Hit(f.path, "; ".join(problems))
+
+
+def _has_optimizer(ck: Checkpoint) -> bool:
+    """transformers' test: `optimizer.pt`/`optimizer.bin`, or any sub-folder whose name contains `optimizer`."""
+    if views.optimizer_file(ck) is not None:
+        return True
+    return any("/" in ck.relname(f) and "optimizer" in ck.relname(f).split("/", 1)[0] for f in ck.files)
+
+
+@rule("CKD403", "optimizer-state-incomplete", Severity.WARNING)
+def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
+    """Only one of the optimizer and scheduler files exists, so a resume silently restores neither.
+
+    ## What it does
+    Checks that optimizer state (`optimizer.pt`, `optimizer.bin` or an `optimizer*` folder) and `scheduler.pt` are
+    both present or both absent.
+
+    ## Why is this bad?
+    `Trainer._load_optimizer_and_scheduler` restores them only when both exist, and otherwise skips both without a
+    log line: fresh Adam moments and a schedule restarted at step 0 (warm-up again) while `global_step` continues.
+
+    ## Example
+    `scheduler.pt` removed by a cleanup script that kept `optimizer.pt`.
+
+    ## Fix safety
+    No automatic fix: restore the missing file, or accept a restarted schedule knowingly.
+
+    ## References
+    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`; ANATOMY H25.
+    """
+    for ck, _ in _checkpoints(tree):
+        if views.is_deepspeed(ck) or ck.file(views.TRAINER_STATE) is None:
+            continue
+        opt, sched = _has_optimizer(ck), ck.file(views.SCHEDULER) is not None
+        if opt != sched:
+            have, missing = ("optimizer state", "`scheduler.pt`") if opt else ("`scheduler.pt`", "optimizer state")
+            yield Hit(ck.path, f"has {have} but no {missing}: a resume restores neither and restarts the LR schedule")
+
+
+def saved_world_size(ck: Checkpoint) -> int | None:
+    """How many ranks wrote the checkpoint, from FSDP `.distcp` files or DeepSpeed optimizer partitions."""
+    ranks: set[int] = set()
+    for f in ck.files:
+        m = _DCP_RANK_RE.match(f.name) or _DS_RANK_RE.search(f.name)
+        if m:
+            ranks.add(int(m.group(1)))
+    return max(ranks) + 1 if ranks else None
+
+
+@rule("CKD404", "rng-state-missing", Severity.INFO)
+def rng_state_missing(tree: Tree) -> Iterator[Hit]:
+    """No RNG state, or fewer per-rank RNG files than the ranks that saved the checkpoint.
+
+    ## What it does
+    Looks for `rng_state.pth` (one process) or `rng_state_{rank}.pth` (one per rank) in checkpoints that hold
+    optimizer state (a `save_only_model` checkpoint never has RNG files).
+
+    ## Why is this bad?
+    The resume logs one INFO line and goes on with fresh random state: dropout masks and data order differ from the
+    uninterrupted run, so the resumed losses are not reproducible.
+
+    ## Example
+    A 4-rank FSDP checkpoint holding `rng_state_0.pth` to `rng_state_2.pth` only.
+
+    ## Fix safety
+    No fix: the state is gone; resume works, just not bit-for-bit.
+
+    ## References
+    `src/transformers/trainer.py` `_load_rng_state`.
+    """
+    for ck, _ in _checkpoints(tree):
+        if not _has_optimizer(ck) and not views.is_deepspeed(ck) and not views.is_fsdp(ck):
+            continue
+        if ck.file(views.TRAINER_STATE) is None:
+            continue  # a torn save: CKD102 says more
+        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := _RNG_RE.match(f.name))}
+        world = saved_world_size(ck)
+        if not ranks:
+            yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")
+        elif world is not None and world > 1:
+            missing = sorted(set(range(world)) - ranks)
+            if missing:
+                names = ", ".join(f"`rng_state_{r}.pth`" for r in missing)
+                yield Hit(ck.path, f"saved by {world} ranks but {names} {'is' if len(missing) == 1 else 'are'} missing")
+
+
+def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
+    """The shapes of the tensors a resume would train: the root adapter's, else the full weights'."""
+    branch = views.weights_branch(ck)
+    if branch == "adapter":
+        f = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
+    elif branch == "full":
+        f = views.loaded_weight_file(ck)
+    else:
+        return None
+    ts = views.tensors_of(f)
+    if f is None or ts is None:
+        return None
+    return branch, [t.shape for t in ts]
+
+
+@rule("CKD405", "optimizer-param-mismatch", Severity.ERROR)
+def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
+    """The optimizer state's parameters disagree with the trainable tensors the checkpoint holds.
+
+    ## What it does
+    Compares `optimizer.pt`'s parameter count and per-parameter state shapes (`exp_avg`) with the adapter tensors
+    (LoRA) or the full weights.
+
+    ## Why is this bad?
+    `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,
+    the overlapping tensors load and the old Adam moments are applied to other parameters; fused AdamW does not
+    even check shapes (observed silent stepping, then heap corruption).
+
+    ## Example
+    Resuming a run after adding `v_proj` to `target_modules`: the adapter has 8 matrices, the optimizer 4.
+
+    ## Fix safety
+    No automatic fix: resume without optimizer state knowingly, or restore the original adapter config.
+
+    ## References
+    `torch/optim/optimizer.py` `load_state_dict`; ANATOMY H27.
+    """
+    for ck, _ in _checkpoints(tree):
+        opt = views.optimizer_state(ck)
+        trainable = _trainable_shapes(ck)
+        if opt is None or trainable is None or not opt.groups:
+            continue
+        branch, shapes = trainable
+        problems: list[str] = []
+        count = opt.param_count
+        if branch == "adapter" and count != len(shapes):
+            problems.append(f"the optimizer holds {count:,} parameters but the adapter {len(shapes):,} tensors")
+        elif branch == "full" and count > len(shapes):
+            problems.append(f"the optimizer holds {count:,} parameters but the weights only {len(shapes):,} tensors")
+        state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
+        available = Counter(shapes)
+        extra = state_shapes - available
+        if extra:
+            shape, n = next(iter(extra.items()))
+            problems.append(
+                f"{sum(extra.values()):,} optimizer states have shapes no trainable tensor has "
+                f"(e.g. {list(shape)} x{n})"
+            )
+        if problems:
+            f = views.optimizer_file(ck)
+            yield Hit(f.path if f else ck.path, "; ".join(problems))
+
+
+def _scheduler_type(ck: Checkpoint) -> str | None:
+    f = ck.file("training_args.bin")
+    if f is None or f.content is None:
+        return None
+    c = f.content
+    if not isinstance(c, TorchFacts) or c.pickle is None:
+        return None
+    v = c.pickle.value
+    state = v.state if isinstance(v, Opaque) else v
+    if isinstance(state, dict):
+        t = state.get("lr_scheduler_type")
+        if isinstance(t, str):
+            return t
+        if isinstance(t, Opaque) and t.args and isinstance(t.args, tuple) and isinstance(t.args[0], str):
+            return t.args[0]
+    return None
+
+
+@rule("CKD406", "lr-jump-in-history", Severity.WARNING)
+def lr_jump_in_history(tree: Tree) -> Iterator[Hit]:
+    """The logged learning rate jumps up after it had started to decay: a resume restarted the schedule.
+
+    ## What it does
+    Scans `log_history`'s `learning_rate` values of the newest checkpoint of each run for an increase after the
+    decay began (warm-up increases are fine; `cosine_with_restarts` runs are skipped).
+
+    ## Why is this bad?
+    A jump means a previous resume rebuilt the schedule: a missing `scheduler.pt`, changed `max_steps` or warm-up,
+    or a fresh Trainer on old weights. The run did not train with the schedule you configured.
+
+    ## Example
+    LR 2.1e-5 at step 900, 5.0e-5 at step 920 after a resume without `scheduler.pt`.
+
+    ## Fix safety
+    No fix: the history is what happened. Use `ckptdoctor gate` before the next resume.
+
+    ## References
+    `Trainer._load_optimizer_and_scheduler`, `Trainer.create_scheduler`; ANATOMY §2.6, H25, H26.
+    """
+    for run in tree.runs:
+        cks = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
+        if not cks:
+            continue
+        ck = max(cks, key=lambda c: c.step or 0)
+        ts = views.trainer_state(ck)
+        if ts is None or _scheduler_type(ck) == "cosine_with_restarts":
+            continue
+        lrs = ts.learning_rates()
+        decaying = False
+        for (s0, a), (s1, b) in itertools.pairwise(lrs):
+            if b < a * (1 - 1e-9):
+                decaying = True
+            elif decaying and b > a * 1.05 + 1e-15:
+                yield Hit(
+                    ck.path + "/trainer_state.json" if ck.path not in ("", ".") else "trainer_state.json",
+                    f"learning_rate jumps from {a:.3g} at step {s0} to {b:.3g} at step {s1} after decay had begun",
+                )
+                break
