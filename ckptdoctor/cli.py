@@ -148,12 +148,25 @@ def inspect(file: str, fmt: str) -> None:
 
 
 @main.command(name="rules")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="markdown prints the table the README embeds.",
+)
 def rules_cmd(fmt: str) -> None:
-    """List every rule: code, name, default severity, and whether ckptdoctor can fix it."""
-    from ckptdoctor.rules import all_rules
+    """List every rule: code, name, default severity, and whether ckptdoctor can fix it.
+
+    `ckptdoctor explain CODE` prints a rule's full document.
+    """
+    from ckptdoctor.rules import all_rules, rules_markdown
 
     rules = all_rules()
+    if fmt == "markdown":
+        click.echo(rules_markdown())
+        return
     if fmt == "json":
         data = [
             {

@@ -43,8 +43,9 @@ class Rule:
 
     @property
     def summary(self) -> str:
-        """The first line of the document."""
-        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+        """The first paragraph of the document, on one line."""
+        para = self.doc.strip().split("\n\n", 1)[0]
+        return " ".join(line.strip() for line in para.splitlines())
 
 
 _REGISTRY: dict[str, Rule] = {}
@@ -143,3 +144,13 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
             f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root)
             found.setdefault((r.code, h.path, h.message), f)
     return sorted(found.values(), key=Finding.sort_key)
+
+
+def rules_markdown() -> str:
+    """The rule catalog as the Markdown table embedded in the README (kept in sync by a test)."""
+    lines = ["| code | name | severity | fix | what it finds |", "| --- | --- | --- | --- | --- |"]
+    for r in all_rules():
+        fix = "yes" if r.fixable else ""
+        deep = " (`--deep`)" if r.deep_only else ""
+        lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {fix} | {r.summary}{deep} |")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""The rule registry: every rule documented with the fixed sections, codes and names stable and well-formed."""
+
+from __future__ import annotations
+
+import re
+
+from ckptdoctor.rules import DOC_SECTIONS, all_rules, get_rule
+
+
+def test_every_rule_has_a_document_with_all_sections() -> None:
+    for r in all_rules():
+        assert r.summary, f"{r.code} has no summary line"
+        for section in DOC_SECTIONS:
+            assert f"## {section}" in r.doc, f"{r.code} doc lacks '## {section}'"
+
+
+def test_codes_and_names_are_well_formed_and_unique() -> None:
+    rules = all_rules()
+    assert len({r.code for r in rules}) == len(rules)
+    assert len({r.name for r in rules}) == len(rules)
+    for r in rules:
+        assert re.fullmatch(r"CKD\d{3}", r.code), r.code
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", r.name), r.name
+
+
+def test_catalog_codes_are_the_contract() -> None:
+    expected = {
+        "CKD001": "unreadable-path",
+        "CKD101": "stale-checkpoint-selected",
+        "CKD102": "incomplete-checkpoint",
+        "CKD103": "leftover-temp-checkpoint",
+        "CKD104": "step-mismatch",
+        "CKD105": "best-checkpoint-missing",
+        "CKD106": "no-resumable-checkpoint",
+        "CKD201": "stub-weights-shadow-adapter",
+        "CKD202": "corrupt-safetensors",
+        "CKD203": "corrupt-torch-archive",
+        "CKD204": "missing-shard",
+        "CKD205": "shard-index-mismatch",
+        "CKD206": "conflicting-weights-files",
+        "CKD207": "prefixed-state-dict-keys",
+        "CKD208": "config-shape-mismatch",
+        "CKD210": "empty-weights-file",
+        "CKD301": "adapter-config-invalid",
+        "CKD302": "adapter-config-mismatch",
+        "CKD401": "lr-schedule-finished",
+        "CKD402": "trainer-state-invalid",
+        "CKD403": "optimizer-state-incomplete",
+        "CKD404": "rng-state-missing",
+        "CKD405": "optimizer-param-mismatch",
+        "CKD406": "lr-jump-in-history",
+        "CKD501": "fsdp-shard-missing",
+        "CKD502": "deepspeed-partition-missing",
+        "CKD503": "deepspeed-latest-dangling",
+        "CKD601": "unsafe-pickle-global",
+        "CKD602": "unknown-pickle-global",
+        "CKD603": "malformed-pickle",
+        "CKD604": "link-escapes-root",
+    }
+    got = {r.code: r.name for r in all_rules()}
+    for code, name in expected.items():
+        assert got.get(code) == name, code
+
+
+def test_lookup_by_code_or_name() -> None:
+    r = get_rule("ckd201")
+    assert r is not None and r.name == "stub-weights-shadow-adapter"
+    assert get_rule("stub-weights-shadow-adapter") is r
+    assert get_rule("CKD999") is None
