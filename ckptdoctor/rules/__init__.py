@@ -40,6 +40,7 @@ class Rule:
     doc: str = ""
     fixable: bool = False
     deep_only: bool = False
+    gate_only: bool = False  # emitted by `ckptdoctor gate` (needs the planned resume), documented here
 
     @property
     def summary(self) -> str:
@@ -59,18 +60,25 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
+    "ckptdoctor.rules.gate",
 )
 
 
 def rule(
-    code: str, name: str, severity: Severity, *, fixable: bool = False, deep_only: bool = False
+    code: str,
+    name: str,
+    severity: Severity,
+    *,
+    fixable: bool = False,
+    deep_only: bool = False,
+    gate_only: bool = False,
 ) -> Callable[[RuleFunc], RuleFunc]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename."""
 
     def register(func: RuleFunc) -> RuleFunc:
         if code in _REGISTRY:
             raise ValueError(f"rule {code} registered twice")
-        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fixable, deep_only)
+        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fixable, deep_only, gate_only)
         return func
 
     return register
@@ -117,6 +125,8 @@ class Selection:
     deep: bool = False
 
     def enabled(self, r: Rule) -> bool:
+        if r.gate_only:
+            return False
         if r.deep_only and not self.deep:
             return False
         if self.select and not _matches(r.code, self.select):
@@ -151,6 +161,6 @@ def rules_markdown() -> str:
     lines = ["| code | name | severity | fix | what it finds |", "| --- | --- | --- | --- | --- |"]
     for r in all_rules():
         fix = "yes" if r.fixable else ""
-        deep = " (`--deep`)" if r.deep_only else ""
+        deep = " (`--deep`)" if r.deep_only else " (`gate`)" if r.gate_only else ""
         lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {fix} | {r.summary}{deep} |")
     return "\n".join(lines)

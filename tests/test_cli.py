@@ -1,0 +1,179 @@
+"""The command line: exit codes, the JSON contract, text output, configuration, and the light import path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckptdoctor.cli import main
+from tests.builders import make_run
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_run(tmp_path_factory.mktemp("healthy") / "out")
+
+
+def _check_schema(doc: dict) -> None:
+    assert doc["schema"] == "ckptdoctor.report/1"
+    assert isinstance(doc["version"], str)
+    assert all(isinstance(r, str) for r in doc["roots"])
+    for run_ in doc["runs"]:
+        assert isinstance(run_["path"], str)
+        assert run_["resume_pick"] is None or isinstance(run_["resume_pick"], str)
+        for ck in run_["checkpoints"]:
+            assert set(ck) >= {"path", "step", "global_step", "max_steps", "kinds", "files", "bytes", "tensors",
+                               "learning_rate"}
+            assert isinstance(ck["kinds"], list)
+            assert isinstance(ck["files"], int) and isinstance(ck["bytes"], int)
+            for key in ("step", "global_step", "max_steps", "tensors"):
+                assert ck[key] is None or isinstance(ck[key], int)
+            assert ck["learning_rate"] is None or isinstance(ck["learning_rate"], float)
+    for f in doc["findings"]:
+        assert set(f) >= {"rule", "name", "severity", "path", "message", "fix"}
+        assert f["severity"] in ("error", "warning", "info")
+        assert "\\" not in f["path"]
+        assert f["fix"] is None or f["fix"]["applicability"] in ("safe", "unsafe", "manual")
+    s = doc["summary"]
+    assert set(s) >= {"error", "warning", "info", "files", "seconds"}
+
+
+def test_healthy_run_is_clean_and_json_is_the_contract(healthy: Path) -> None:
+    code, out = run("scan", "--format", "json", str(healthy))
+    doc = json.loads(out)  # nothing but the document on stdout
+    _check_schema(doc)
+    assert code == 0, doc["findings"]
+    assert doc["findings"] == []
+    (r,) = doc["runs"]
+    assert r["resume_pick"] == "checkpoint-4"
+    ck4 = next(c for c in r["checkpoints"] if c["path"] == "checkpoint-4")
+    assert ck4["step"] == 4 and ck4["global_step"] == 4 and ck4["max_steps"] == 8
+    assert "full" in ck4["kinds"] and ck4["tensors"] == 3
+    assert ck4["learning_rate"] == pytest.approx(1e-3 * 4 / 8)
+
+
+def test_text_output_has_table_and_summary_without_color(healthy: Path) -> None:
+    code, out = run("scan", str(healthy), env={"NO_COLOR": "1"})
+    assert code == 0
+    assert "checkpoint-4" in out and "resume picks" in out
+    assert out.strip().splitlines()[-1].startswith("No problems found in")
+    assert "\x1b[" not in out
+
+
+def test_missing_root_is_a_usage_error(tmp_path: Path) -> None:
+    code, _ = run("scan", str(tmp_path / "nope"))
+    assert code == 2
+
+
+def test_corrupt_file_is_a_finding_not_a_crash(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "out", steps=(2,))
+    st = root / "checkpoint-2" / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-10])
+    code, out = run("scan", "--format", "json", str(root))
+    doc = json.loads(out)
+    assert code == 1
+    assert any(f["rule"] == "CKD202" and f["path"] == "checkpoint-2/model.safetensors" for f in doc["findings"])
+    code, _ = run("scan", "--fail-on", "never", str(root))
+    assert code == 0
+    code, out = run("scan", "--format", "json", "--ignore", "CKD2,CKD102", str(root))
+    assert not [f for f in json.loads(out)["findings"] if f["rule"].startswith("CKD2")]
+
+
+def test_unknown_rule_code_is_a_usage_error(healthy: Path) -> None:
+    code, out = run("scan", "--select", "XYZ", str(healthy))
+    assert code == 2 and "XYZ" in out
+
+
+def test_config_file_selects_rules(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "out", steps=(2,))
+    (root / "checkpoint-2" / "model.safetensors").write_bytes(b"")
+    (root / ".ckptdoctor.toml").write_text('ignore = ["CKD202", "CKD102"]\n')
+    code, out = run("scan", "--format", "json", str(root))
+    assert code == 0, out
+    code, _ = run("scan", "--no-config", str(root))
+    assert code == 1
+    (root / ".ckptdoctor.toml").write_text('ignore = 3\n')
+    code, out = run("scan", str(root))
+    assert code == 2 and "ignore" in out
+
+
+def test_pyproject_table_and_severity_override(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "out", steps=(2,))
+    (root / "checkpoint-2" / "model.safetensors").write_bytes(b"")
+    (root / "pyproject.toml").write_text('[tool.ckptdoctor]\n[tool.ckptdoctor.severity]\nCKD202 = "info"\nCKD102 = "info"\n')
+    code, out = run("scan", "--format", "json", str(root))
+    sev = {f["rule"]: f["severity"] for f in json.loads(out)["findings"]}
+    assert sev.get("CKD202") == "info" and code == 0
+
+
+def test_scan_path_never_imports_torch_peft_numpy(healthy: Path) -> None:
+    code = (
+        "import sys, runpy\n"
+        "from ckptdoctor.cli import main\n"
+        "try:\n"
+        f"    main(['scan', '--format', 'json', {str(healthy)!r}])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "bad = [m for m in ('torch', 'peft', 'numpy', 'safetensors', 'transformers') if m in sys.modules]\n"
+        "print('IMPORTED', bad, file=sys.stderr)\n"
+        "sys.exit(3 if bad else 0)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_python_dash_m_and_version() -> None:
+    p = subprocess.run([sys.executable, "-m", "ckptdoctor", "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and "ckptdoctor" in p.stdout
+
+
+def test_inspect_safetensors_and_pickle(healthy: Path) -> None:
+    code, out = run("inspect", "--format", "json", str(healthy / "checkpoint-4" / "model.safetensors"))
+    doc = json.loads(out)
+    assert code == 0 and doc["kind"] == "safetensors" and len(doc["tensors"]) == 3
+    code, out = run("inspect", "--format", "json", str(healthy / "checkpoint-4" / "scheduler.pt"))
+    doc = json.loads(out)
+    assert doc["kind"] == "torch-zip" and doc["value"]["last_epoch"] == 4
+    code, out = run("inspect", str(healthy / "checkpoint-4" / "optimizer.pt"))
+    assert "param_groups" in out
+
+
+def test_rules_and_explain() -> None:
+    code, out = run("rules", "--format", "json")
+    assert code == 0 and any(r["code"] == "CKD201" for r in json.loads(out))
+    code, out = run("explain", "CKD201")
+    assert code == 0 and "## Why is this bad?" in out
+    code, _ = run("explain", "nope")
+    assert code == 2
+
+
+def test_readme_rule_table_and_test_command_are_current() -> None:
+    from ckptdoctor.rules import rules_markdown
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    start, end = "<!-- rules:start -->\n", "<!-- rules:end -->"
+    table = readme.split(start, 1)[1].split(end, 1)[0].strip()
+    assert table == rules_markdown(), "README rule table is stale: paste `ckptdoctor rules --format markdown`"
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    command = ci.strip().splitlines()[-1]
+    assert command in readme, "README must show the exact test command .ci/run runs"
+
+
+def test_report_paths_use_forward_slashes(healthy: Path) -> None:
+    code, out = run("scan", "--format", "json", str(healthy))
+    for r in json.loads(out)["runs"]:
+        for ck in r["checkpoints"]:
+            assert os.sep == "/" or "\\" not in ck["path"]
