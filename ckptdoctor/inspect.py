@@ -113,6 +113,11 @@ def inspect_file(path: str) -> dict[str, Any]:
     return describe(read_file(os.path.abspath(path), os.path.basename(path), st))
 
 
+def _only_tensors(value: Any) -> bool:
+    """A plain state dict (every value a tensor) is already shown by the tensor table."""
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, dict) and "tensor" in v for v in value.values())
+
+
 def render_inspect_text(data: dict[str, Any]) -> str:
     """The description as a short header, a tensor table or the pickle's globals and values, then problems."""
     import json
@@ -130,7 +135,7 @@ def render_inspect_text(data: dict[str, Any]) -> str:
         lines.append("globals imported: " + (", ".join(data["globals"]) or "none"))
         lines.append("globals called:   " + (", ".join(data["calls"]) or "none"))
     for key in ("metadata", "keys", "value", "text"):
-        if key in data and data[key] is not None and not (key == "value" and tensors):
+        if key in data and data[key] is not None and not (key == "value" and _only_tensors(data[key])):
             lines.append(f"{key}:")
             lines.append(json.dumps(data[key], indent=2, default=str)[:20000])
     if data["problems"]:
