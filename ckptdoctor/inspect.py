@@ -110,7 +110,7 @@ def inspect_file(path: str) -> dict[str, Any]:
     from ckptdoctor.readers import read_file
 
     st = os.stat(path)
-    return describe(read_file(os.path.abspath(path), os.path.basename(path), st))
+    return describe(read_file(os.path.realpath(path), os.path.basename(path), st))
 
 
 def _only_tensors(value: Any) -> bool:

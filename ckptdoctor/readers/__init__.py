@@ -1,0 +1,163 @@
+"""Reader dispatch: open a file once, sniff its kind and hand it to the reader for that format."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from typing import BinaryIO
+
+from ckptdoctor.limits import DEFAULT_LIMITS, Limits
+from ckptdoctor.model import FileFacts, FileKind, ProblemKind, ReadOutcome, ReadProblem
+from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
+
+Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
+
+# O_NONBLOCK: a FIFO swapped in after the stat cannot block the scan. O_NOFOLLOW: discovery resolves links
+# itself and passes real paths, so a link appearing here was planted after the walk.
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+def read_file(
+    abs_path: str,
+    rel_path: str,
+    st: os.stat_result,
+    limits: Limits = DEFAULT_LIMITS,
+    in_dcp_dir: bool = False,
+) -> FileFacts:
+    """Read one file into ``FileFacts``: never raises, never opens FIFOs, sockets or devices.
+
+    ``abs_path`` is what to open (for a followed link: its resolved target), ``rel_path`` the root-relative
+    path to report and ``st`` its stat (links already followed). ``in_dcp_dir`` tells the sniffer the file sits
+    in a ``torch.distributed.checkpoint`` folder. OS errors become ``UNREADABLE`` problems and any unexpected
+    exception in a reader a ``MALFORMED`` problem naming the bug, so one bad file never stops a scan.
+    """
+    name = rel_path.rsplit("/", 1)[-1]
+    base = FileFacts(path=rel_path, size=st.st_size, mtime=st.st_mtime, kind=FileKind.OTHER)
+    special = _special_problem(st.st_mode)
+    if special is not None:
+        return _with(base, special[0], special[1])
+    try:
+        fd = os.open(abs_path, _OPEN_FLAGS)
+    except OSError as e:
+        return _with(base, FileKind.OTHER, _unreadable(e))
+    try:
+        with os.fdopen(fd, "rb") as f:
+            fst = os.fstat(f.fileno())
+            # The file may have been replaced since the walk's stat: trust what is open now.
+            base = FileFacts(path=rel_path, size=fst.st_size, mtime=fst.st_mtime, kind=FileKind.OTHER)
+            special = _special_problem(fst.st_mode)
+            if special is not None:
+                return _with(base, special[0], special[1])
+            head = f.read(HEAD_BYTES)
+            kind = sniff(head, name, fst.st_size, in_dcp_dir)
+            # EMPTY carries no problem: whether zero bytes is broken depends on the name, which rules judge.
+            if kind not in _READ_KINDS:
+                return FileFacts(rel_path, fst.st_size, fst.st_mtime, kind)
+            return _run_reader(f, base, kind, limits)
+    except OSError as e:
+        return _with(base, base.kind, _unreadable(e))
+    except Exception as e:  # defence in depth: sniffing must not end the scan either
+        return _with(base, base.kind, _bug("sniffer", e))
+
+
+def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) -> FileFacts:
+    """Run the reader for ``kind`` defensively: OS errors are UNREADABLE, anything else a bug (MALFORMED)."""
+    try:
+        reader = _reader_for(kind)
+        f.seek(0)
+        outcome = reader(f, base.size, limits)
+    except OSError as e:
+        return _with(base, kind, _unreadable(e))
+    except Exception as e:  # defence in depth: a reader bug must not end the scan
+        return _with(base, kind, _bug(f"{kind.value} reader", e))
+    if not isinstance(outcome, ReadOutcome):
+        return _with(base, kind, _bug(f"{kind.value} reader", TypeError(f"returned {type(outcome).__name__}")))
+    return FileFacts(base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems))
+
+
+# Kinds read past the sniff head. DCP_DATA, OTHER, EMPTY and SPECIAL are described by their stat alone.
+_READ_KINDS = frozenset(
+    {
+        FileKind.SAFETENSORS,
+        FileKind.TORCH_ZIP,
+        FileKind.TORCH_LEGACY,
+        FileKind.PICKLE,
+        FileKind.DCP_METADATA,
+        FileKind.JSON,
+        FileKind.TEXT,
+    }
+)
+
+
+def _reader_for(kind: FileKind) -> Reader:
+    """The reader for ``kind`` (one of ``_READ_KINDS``), imported on first use."""
+    # Imported here so that this package loads even while a reader module is missing or broken: the ImportError
+    # then becomes a MALFORMED problem on the files of that kind instead of breaking every scan.
+    if kind is FileKind.SAFETENSORS:
+        from ckptdoctor.readers.safetensors import read_safetensors
+
+        return read_safetensors
+    if kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY):
+        from ckptdoctor.readers.torchzip import read_torch
+
+        return read_torch
+    if kind is FileKind.PICKLE:
+        from ckptdoctor.readers.torchzip import read_raw_pickle
+
+        return read_raw_pickle
+    if kind is FileKind.DCP_METADATA:
+        from ckptdoctor.readers.dcp import read_dcp_metadata
+
+        return read_dcp_metadata
+    if kind is FileKind.JSON:
+        from ckptdoctor.readers.jsonfiles import read_json
+
+        return read_json
+    if kind is FileKind.TEXT:
+        from ckptdoctor.readers.deepspeed import read_latest
+
+        return read_latest
+    raise ValueError(f"no reader for {kind.value} files")
+
+
+def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:
+    """Kind and problem for anything that is not a regular file; None for regular files."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return FileKind.OTHER, ReadProblem(ProblemKind.UNREADABLE, "is a directory, expected a file")
+    if stat.S_ISLNK(mode):
+        return FileKind.OTHER, ReadProblem(ProblemKind.UNREADABLE, "symbolic link not followed")
+    what = (
+        "FIFO"
+        if stat.S_ISFIFO(mode)
+        else "socket"
+        if stat.S_ISSOCK(mode)
+        else "device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "special file"
+    )
+    return FileKind.SPECIAL, ReadProblem(ProblemKind.SPECIAL_FILE, f"{what}: not a regular file, never opened")
+
+
+def _unreadable(e: OSError) -> ReadProblem:
+    return ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}")
+
+
+def _bug(where: str, e: Exception) -> ReadProblem:
+    msg = f"internal error in the {where} (a ckptdoctor bug, please report it): {type(e).__name__}: {e}"
+    return ReadProblem(ProblemKind.MALFORMED, msg)
+
+
+def _with(base: FileFacts, kind: FileKind, problem: ReadProblem) -> FileFacts:
+    return FileFacts(base.path, base.size, base.mtime, kind, None, (problem,))
+
+
+__all__ = ["read_file"]

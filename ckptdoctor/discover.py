@@ -1,0 +1,347 @@
+"""Walk a scan root once, read every file's header facts, and group them into runs and checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from ckptdoctor.limits import DEFAULT_LIMITS, Limits
+from ckptdoctor.model import Checkpoint, FileFacts, FolderRole, PathProblem, ProblemKind, ReadProblem, Run, Tree
+from ckptdoctor.readers import read_file
+
+# transformers trainer_utils `_re_checkpoint`, used by get_last_checkpoint (and so by resume_from_checkpoint=True).
+# Kept exactly, Unicode `\d` and `$` before a trailing newline included, so resume_pick agrees with it.
+_RESUME_RE = re.compile(r"^checkpoint\-(\d+)$")
+# Rotation (`sort_checkpoints`) sees any folder whose name holds `checkpoint-<digits>`; so do we when deciding
+# what is a run and which of its folders are checkpoints of some sort.
+_ROTATION_RE = re.compile(r"checkpoint-\d+")
+_TEMP_PREFIX = "tmp-checkpoint-"
+# DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it).
+_DS_TAG_RE = re.compile(r"^global_step\d+$")
+# The fixer's own folder (quarantine, journal): never part of what is scanned.
+_OWN_DIR = ".ckptdoctor"
+
+# Files that make a folder a checkpoint or model folder: weights, adapters, training state, DeepSpeed/DCP pieces.
+# config.json alone is not enough (configs live in many folders that hold no model).
+_CKPT_NAMES = frozenset(
+    {"trainer_state.json", "adapter_config.json", "latest", "checkpoint-is-incomplete.txt", ".metadata"}
+)
+_CKPT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".index.json", ".distcp")
+
+
+@dataclass
+class _Dir:
+    """One walked directory: its files (already read), walked subfolders and the names listing showed as dirs."""
+
+    rel: str
+    name: str  # the raw name (may hold surrogate escapes), as os.listdir would give it
+    mtime: float
+    files: list[FileFacts] = field(default_factory=list)
+    dirs: list[_Dir] = field(default_factory=list)
+    # Every child os.path.isdir would accept (links included, even those not followed): get_last_checkpoint's view.
+    dir_names: list[str] = field(default_factory=list)
+    has_run: bool = False  # this folder or one below it is a run
+
+
+def discover(root: str, limits: Limits = DEFAULT_LIMITS) -> Tree:
+    """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
+
+    Never writes, never follows a link out of the root or around a loop, never opens FIFOs or devices; every
+    path it could not take is a ``PathProblem`` and the walk goes on. Everything is sorted by path.
+    """
+    real_root = os.path.realpath(root)
+    try:
+        st = os.stat(root)
+    except OSError as e:
+        return Tree(root=root, runs=(), path_problems=(_os_problem(".", e),))
+    if not stat.S_ISDIR(st.st_mode):
+        raw = os.path.basename(os.path.abspath(root))
+        name = _display(raw)
+        facts = read_file(real_root, name, st, limits)
+        if os.path.islink(root):
+            facts = dataclasses.replace(facts, is_link=True)
+        problems = () if name == raw else (_bad_name(name, raw),)
+        return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
+
+    walker = _Walker(real_root, limits)
+    top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+    grouper = _Grouper()
+    grouper.visit_root(top, os.path.basename(os.path.abspath(root)))
+    return Tree(
+        root=root,
+        runs=tuple(sorted(grouper.runs, key=lambda r: r.path)),
+        loose_files=tuple(sorted(grouper.loose, key=lambda f: f.path)),
+        path_problems=tuple(sorted(walker.problems, key=lambda p: (p.path, p.problem.kind.value))),
+        files_seen=walker.files_seen,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The walk
+
+
+class _Walker:
+    """Depth-first walk with one stat per entry, reading each file as it is met."""
+
+    def __init__(self, real_root: str, limits: Limits) -> None:
+        self.real_root = real_root
+        self.limits = limits
+        self.problems: list[PathProblem] = []
+        self.files_seen = 0
+        self.entries = 0
+        self.stopped = False
+
+    def walk(
+        self, abs_path: str, rel: str, name: str, st: os.stat_result, depth: int, ancestors: frozenset[tuple[int, int]]
+    ) -> _Dir:
+        """Walk one directory (already known to be one, ``st`` its stat) and everything below it."""
+        node = _Dir(rel=rel, name=name, mtime=st.st_mtime)
+        if self.stopped:
+            return node
+        if depth > self.limits.dir_depth:
+            msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
+            self._problem(rel, ProblemKind.LIMIT, msg)
+            return node
+        ancestors = ancestors | {(st.st_dev, st.st_ino)}
+        entries: list[os.DirEntry[str]] = []
+        try:
+            with os.scandir(abs_path) as it:
+                # Count while listing, so a folder with millions of entries stops at the limit, not in memory.
+                for entry in it:
+                    self.entries += 1
+                    if self.entries > self.limits.dir_entries:
+                        msg = f"more than {self.limits.dir_entries} entries under the root; the walk stopped here"
+                        self._problem(rel, ProblemKind.LIMIT, msg)
+                        self.stopped = True
+                        break
+                    entries.append(entry)
+        except OSError as e:
+            self.problems.append(_os_problem(rel, e))
+            return node
+        entries.sort(key=lambda e: e.name)
+
+        files: list[tuple[str, str, os.stat_result, bool]] = []  # (path to open, rel, stat, is_link)
+        subdirs: list[tuple[str, str, str, os.stat_result]] = []  # (path to walk, rel, raw name, stat)
+        for entry in entries:
+            if entry.name == _OWN_DIR:
+                continue
+            shown = _display(entry.name)
+            crel = shown if rel == "." else f"{rel}/{shown}"
+            if shown != entry.name:
+                self.problems.append(_bad_name(crel, entry.name))
+            found = self._stat(entry, crel)
+            if found is None:
+                continue
+            open_path, est, is_link = found
+            if stat.S_ISDIR(est.st_mode):
+                node.dir_names.append(entry.name)
+                if open_path is not None:
+                    subdirs.append((open_path, crel, entry.name, est))
+            elif open_path is not None:
+                files.append((open_path, crel, est, is_link))
+
+        # torch.distributed.checkpoint folders: `.metadata` is sniffed as DCP metadata only inside one.
+        in_dcp = any(f[1].endswith("/.metadata") or f[1] == ".metadata" or f[1].endswith(".distcp") for f in files)
+        for open_path, crel, est, is_link in files:
+            facts = read_file(open_path, crel, est, self.limits, in_dcp)
+            node.files.append(dataclasses.replace(facts, is_link=True) if is_link else facts)
+            self.files_seen += 1
+        for open_path, crel, raw, est in subdirs:
+            if (est.st_dev, est.st_ino) in ancestors:
+                target = _display(os.path.realpath(open_path))
+                self.problems.append(
+                    PathProblem(crel, ReadProblem(ProblemKind.SYMLINK_LOOP, "leads back to a folder above it"), target)
+                )
+                continue
+            node.dirs.append(self.walk(open_path, crel, raw, est, depth + 1, ancestors))
+        node.has_run = any(_ROTATION_RE.search(n) for n in node.dir_names) or any(d.has_run for d in node.dirs)
+        return node
+
+    def _stat(self, entry: os.DirEntry[str], crel: str) -> tuple[str | None, os.stat_result, bool] | None:
+        """Stat one entry: (path to open or walk, or None when it must not be followed; stat; is_link).
+
+        Returns None (and records why) when the entry cannot be stat'ed at all.
+        """
+        try:
+            if not entry.is_symlink():
+                return entry.path, entry.stat(follow_symlinks=False), False
+            target = os.path.realpath(entry.path)
+            if not self._inside(target):
+                msg = "symbolic link points outside the scan root; not followed"
+                self.problems.append(
+                    PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target))
+                )
+                try:
+                    # Still stat it: get_last_checkpoint follows links, so a linked checkpoint folder counts.
+                    return None, os.stat(entry.path), True
+                except OSError:
+                    return None
+            return target, os.stat(entry.path), True
+        except OSError as e:
+            self.problems.append(_os_problem(crel, e, link=entry.is_symlink()))
+            return None
+
+    def _inside(self, real: str) -> bool:
+        root = self.real_root
+        return real == root or real.startswith(root if root.endswith(os.sep) else root + os.sep)
+
+    def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
+        self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
+
+
+def _os_problem(rel: str, e: OSError, link: bool = False) -> PathProblem:
+    """A PathProblem for an OSError met while listing or stat'ing ``rel``."""
+    if e.errno == errno.ELOOP:
+        return PathProblem(rel, ReadProblem(ProblemKind.SYMLINK_LOOP, "symbolic link loop"))
+    if link and e.errno == errno.ENOENT:
+        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, "broken symbolic link: target does not exist"))
+    return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}"))
+
+
+def _bad_name(rel: str, raw: str) -> PathProblem:
+    return PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, f"name is not valid UTF-8: {os.fsencode(raw)!r}"))
+
+
+def _display(name: str) -> str:
+    """``name`` made printable: bytes that are not UTF-8 (surrogate-escaped by os) shown as ``\\xNN``."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grouping
+
+
+class _Grouper:
+    """Turn walked folders into runs, checkpoints and loose files."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+        self.loose: list[FileFacts] = []
+
+    def visit_root(self, top: _Dir, root_name: str) -> None:
+        """The root may be a run, a single checkpoint/model folder (standalone), or a folder of anything."""
+        if _is_run(top) or not _looks_like_model(top):
+            self.visit(top)
+            return
+        m = _RESUME_RE.search(root_name)
+        role, step = (FolderRole.CHECKPOINT, int(m.group(1))) if m else (FolderRole.MODEL, None)
+        inner = [d for d in top.dirs if not d.has_run]
+        ck = _checkpoint(top, role, step, inner)
+        self.runs.append(Run(path=".", checkpoints=(ck,), resume_pick=None, standalone=True))
+        for d in top.dirs:
+            if d.has_run:
+                self.visit(d)
+
+    def visit(self, node: _Dir) -> None:
+        if not node.has_run:
+            self.loose.extend(_all_files(node))
+            return
+        if not _is_run(node):
+            self.loose.extend(node.files)
+            for d in node.dirs:
+                self.visit(d)
+            return
+        checkpoints: list[Checkpoint] = []
+        others: list[_Dir] = []
+        for d in node.dirs:
+            if _ROTATION_RE.search(d.name):
+                checkpoints.append(_checkpoint(d, *_role(d.name), d.dirs))
+            else:
+                others.append(d)
+        if any(_is_ckpt_file(f.name) for f in node.files):
+            # save_model's final files at the run's top level (plus the subfolders such writers create there).
+            parts = [d for d in others if not d.has_run and _is_model_subfolder(d)]
+            checkpoints.append(_checkpoint(node, FolderRole.MODEL, None, parts))
+            others = [d for d in others if d not in parts]
+        else:
+            self.loose.extend(node.files)
+        for d in others:
+            self.visit(d)
+        self.runs.append(
+            Run(path=node.rel, checkpoints=tuple(sorted(checkpoints, key=lambda c: c.path)), resume_pick=_pick(node))
+        )
+
+
+def _is_run(node: _Dir) -> bool:
+    return any(_ROTATION_RE.search(n) for n in node.dir_names)
+
+
+def _role(name: str) -> tuple[FolderRole, int | None]:
+    m = _RESUME_RE.search(name)
+    if m:
+        return FolderRole.CHECKPOINT, int(m.group(1))
+    if name.startswith(_TEMP_PREFIX):
+        return FolderRole.TEMP, None
+    return FolderRole.OTHER, None
+
+
+def _pick(node: _Dir) -> str | None:
+    """What ``get_last_checkpoint(run)`` returns, relative to the root.
+
+    Ties between names of the same number (``checkpoint-10`` and ``checkpoint-0010``), which the library breaks by
+    os.listdir order, are broken deterministically: the canonical ``checkpoint-<n>`` the Trainer writes, else the
+    name that sorts first.
+    """
+    numbered: list[tuple[int, str]] = []
+    for n in node.dir_names:
+        m = _RESUME_RE.search(n)
+        if m:
+            numbered.append((int(m.group(1)), n))
+    if not numbered:
+        return None
+    top = max(step for step, _ in numbered)
+    tied = sorted(n for step, n in numbered if step == top)
+    canonical = f"checkpoint-{top}"
+    name = _display(canonical if canonical in tied else tied[0])
+    return name if node.rel == "." else f"{node.rel}/{name}"
+
+
+def _is_ckpt_file(name: str) -> bool:
+    lower = name.lower()
+    return lower in _CKPT_NAMES or lower.endswith(_CKPT_SUFFIXES)
+
+
+def _is_model_subfolder(node: _Dir) -> bool:
+    """Subfolders writers put inside a model/checkpoint folder: extra adapters, DeepSpeed tags, DCP folders."""
+    if _DS_TAG_RE.match(node.name):
+        return True
+    names = {f.name for f in node.files}
+    return bool(
+        names & {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", ".metadata"}
+        or any(n.endswith(".distcp") for n in names)
+    )
+
+
+def _looks_like_model(node: _Dir) -> bool:
+    return any(_is_ckpt_file(f.name) for f in node.files) or any(_is_model_subfolder(d) for d in node.dirs)
+
+
+def _all_files(node: _Dir) -> list[FileFacts]:
+    out = list(node.files)
+    for d in node.dirs:
+        out.extend(_all_files(d))
+    return out
+
+
+def _newest(node: _Dir) -> float:
+    return max([node.mtime, *(f.mtime for f in node.files), *(_newest(d) for d in node.dirs)])
+
+
+def _checkpoint(node: _Dir, role: FolderRole, step: int | None, subdirs: list[_Dir]) -> Checkpoint:
+    """A checkpoint of ``node``'s own files plus every file under the given ``subdirs``."""
+    files = list(node.files)
+    mtime = max([node.mtime, *(f.mtime for f in node.files)])
+    for d in subdirs:
+        files.extend(_all_files(d))
+        mtime = max(mtime, _newest(d))
+    return Checkpoint(
+        path=node.rel, role=role, step=step, files=tuple(sorted(files, key=lambda f: f.path)), mtime=mtime
+    )

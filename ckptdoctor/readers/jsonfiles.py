@@ -1,0 +1,146 @@
+"""Read JSON files (trainer_state.json, configs, indexes) strictly: duplicate keys and bad UTF-8 are problems."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import operator
+import re
+from typing import Any, BinaryIO
+
+from ckptdoctor.limits import DEFAULT_LIMITS, Limits
+from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem
+
+# The tokens that matter for structure: strings (skipped whole, escapes included) and punctuation.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]', re.DOTALL)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^{}\[\]]+")
+_DEPTH_STEP = bytes.maketrans(b"{[}]", b"\x02\x02\x00\x00")
+_DEPTH_CHUNK = 1 << 16
+
+
+class _DuplicateKeyError(Exception):
+    """Raised from the object hook to stop parsing at the first duplicated key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def read_bounded(f: BinaryIO, size: int, cap: int, what: str) -> bytes | ReadProblem:
+    """The whole file as bytes, or a LIMIT problem when ``size`` exceeds ``cap`` (nothing is read then)."""
+    if size > cap:
+        return ReadProblem(ProblemKind.LIMIT, f"{what} is {size} bytes, over the {cap}-byte limit; not read")
+    f.seek(0)
+    return f.read(size)
+
+
+def read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
+    """Parse a JSON file the way Python's ``json`` does (NaN/Infinity accepted), rejecting duplicate keys.
+
+    Problems: ``INVALID_JSON`` (syntax, duplicate keys, invalid UTF-8, with line and column), ``LIMIT`` (file too
+    large or nested deeper than ``limits.nesting_depth``), ``EMPTY`` for a zero-byte file.
+    """
+    data = read_bounded(f, size, limits.json_bytes, "JSON file")
+    if isinstance(data, ReadProblem):
+        return ReadOutcome(None, (data,))
+    if not data:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.EMPTY, "JSON file is empty"),))
+    try:
+        # transformers opens JSON with encoding="utf-8": a BOM stays in the text and json rejects it below.
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, col = _line_col_bytes(data, e.start)
+        msg = f"invalid UTF-8 at line {line} column {col} (byte {e.start})"
+        return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, msg),))
+    depth = _max_depth(text, limits.nesting_depth)
+    if depth > limits.nesting_depth:
+        msg = f"JSON nested deeper than the {limits.nesting_depth}-level limit; not parsed"
+        return ReadOutcome(None, (ReadProblem(ProblemKind.LIMIT, msg),))
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError as e:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, _duplicate_message(text, e.key)),))
+    except json.JSONDecodeError as e:
+        msg = f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, msg),))
+    except RecursionError:
+        msg = "JSON nested too deeply for the parser; not parsed"
+        return ReadOutcome(None, (ReadProblem(ProblemKind.LIMIT, msg),))
+    except ValueError as e:
+        # e.g. an integer literal longer than Python's int/str conversion limit.
+        return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, f"invalid JSON: {e}"),))
+    return ReadOutcome(JsonFacts(value))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # Rare path: name the first repeated key.
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return out
+
+
+def _max_depth(text: str, limit: int) -> int:
+    """Deepest ``{``/``[`` nesting outside strings; 0 when it cannot exceed ``limit``. Linear, C-speed loops only."""
+    if text.count("{") + text.count("[") <= limit:
+        return 0  # cannot be deeper than the number of openers
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text)).encode("ascii")
+    # Openers become 2, closers 0: after k brackets the running sum minus k is the depth. Chunked so that a
+    # hostile file of openers stops at the first chunk instead of summing hundreds of megabytes.
+    steps = brackets.translate(_DEPTH_STEP)
+    depth = 0
+    for start in range(0, len(steps), _DEPTH_CHUNK):
+        chunk = steps[start : start + _DEPTH_CHUNK]
+        peak: int = max(map(operator.sub, itertools.accumulate(chunk), range(1, len(chunk) + 1)))
+        if depth + peak > limit:
+            return depth + peak
+        depth += 2 * chunk.count(2) - len(chunk)
+    return depth
+
+
+def _duplicate_message(text: str, key: str) -> str:
+    """Locate the first key repeated inside one object, in text order, and describe it with line and column."""
+    # Per open container: the keys seen so far (None for an array) and whether a key comes next.
+    keys_stack: list[set[str] | None] = []
+    expect_key: list[bool] = []
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok in ("{", "["):
+            keys_stack.append(set() if tok == "{" else None)
+            expect_key.append(tok == "{")
+        elif tok in ("}", "]"):
+            if keys_stack:
+                keys_stack.pop()
+                expect_key.pop()
+        elif tok == ",":
+            if keys_stack and keys_stack[-1] is not None:
+                expect_key[-1] = True
+        elif tok.startswith('"') and keys_stack and expect_key[-1]:
+            expect_key[-1] = False
+            keys = keys_stack[-1]
+            try:
+                name = json.loads(tok)
+            except ValueError:
+                continue
+            if keys is None:
+                continue
+            if name in keys:
+                line, col = _line_col_text(text, m.start())
+                return f"duplicate key {name!r} at line {line} column {col}"
+            keys.add(name)
+    return f"duplicate key {key!r}"
+
+
+def _line_col_text(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _line_col_bytes(data: bytes, pos: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, pos) + 1
+    return line, pos - (data.rfind(b"\n", 0, pos) + 1) + 1
