@@ -45,6 +45,11 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
     }
 
 
+def ordered(run: Run) -> list[Checkpoint]:
+    """Checkpoints in step order (numeric, so checkpoint-12 follows checkpoint-8), then the others by path."""
+    return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
+
+
 def _finding_json(f: Finding) -> dict[str, Any]:
     return {
         "rule": f.rule,
@@ -67,7 +72,7 @@ def to_json(report: Report) -> dict[str, Any]:
                     "root": tree.root,
                     "path": run.path,
                     "resume_pick": run.resume_pick,
-                    "checkpoints": [checkpoint_row(ck) for ck in run.checkpoints],
+                    "checkpoints": [checkpoint_row(ck) for ck in ordered(run)],
                 }
             )
     return {
@@ -142,7 +147,7 @@ def _run_table(tree: Tree, run: Run, findings: list[Finding]) -> str:
     for f in findings:
         by_path.setdefault(f.path, []).append(f)
     rows = []
-    for ck in run.checkpoints:
+    for ck in ordered(run):
         row = checkpoint_row(ck)
         name = ck.path if run.path in ("", ".") else ck.path[len(run.path) + 1 :] or "."
         if ck.role == FolderRole.MODEL and name == ".":

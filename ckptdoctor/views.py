@@ -248,6 +248,25 @@ def checkpoint_lr(ck: Checkpoint) -> float | None:
     return None
 
 
+TRAINING_ARGS = "training_args.bin"
+
+
+def training_args(ck: Checkpoint) -> dict[str, Any] | None:
+    """The fields of ``training_args.bin`` (a pickled ``TrainingArguments``, walked statically), or None.
+
+    Enum members (``SchedulerType('linear')``, ``IntervalStrategy('steps')``) are given as their plain values.
+    """
+    d = _state_dict(_torch_value(ck.file(TRAINING_ARGS)))
+    if d is None:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(k, str):
+            enum_value = isinstance(v, Opaque) and isinstance(v.args, tuple) and len(v.args) == 1
+            out[k] = v.args[0] if enum_value else v
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Weights
 

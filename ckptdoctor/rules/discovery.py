@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ckptdoctor import views
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
@@ -63,34 +65,64 @@ def _picked(run: Run) -> Checkpoint | None:
     return None
 
 
-def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | None:
-    """When resume's pick belongs to an older run: (the newest checkpoint, the stale ones, the evidence)."""
+def _common_steps(a: views.TrainerStateView, b: views.TrainerStateView) -> bool:
+    steps = {e.get("step") for e in a.log_history if "loss" in e or "learning_rate" in e}
+    return any(e.get("step") in steps for e in b.log_history if "loss" in e or "learning_rate" in e)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleVerdict:
+    """Resume's pick belongs to another run than lower-numbered checkpoints of the same folder.
+
+    ``newest`` is the other run's most recent checkpoint, ``stale`` the pick's run's checkpoints above it, ``why``
+    the evidence, and ``certain`` whether file times confirm the other run is the newer one (copies and git
+    checkouts reset times, and then only the disagreement itself is known).
+    """
+
+    newest: Checkpoint
+    stale: tuple[Checkpoint, ...]
+    why: str
+    certain: bool
+
+
+def stale_verdict(run: Run) -> StaleVerdict | None:
+    """Whether ``resume_from_checkpoint=True``'s pick is left over from an older run in the same output_dir."""
     pick = _picked(run)
-    if pick is None:
+    ts_pick = views.trainer_state(pick) if pick is not None else None
+    if pick is None or ts_pick is None or pick.step is None:
         return None
     candidates = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
-    if not candidates:
+    disagree: list[tuple[Checkpoint, str]] = []
+    for c in candidates:
+        ts = views.trainer_state(c)
+        if c is pick or ts is None or c.step is None or c.step >= pick.step:
+            continue
+        why = history_divergence(ts, ts_pick)
+        if why is None and not _common_steps(ts, ts_pick) and c.mtime > pick.mtime + 1.0:
+            why = run_identity_difference(ts, ts_pick)
+        if why is not None:
+            extra = run_identity_difference(ts, ts_pick)
+            disagree.append((c, why + (f"; {extra}" if extra and extra not in why else "")))
+    if not disagree:
         return None
-    newest = max(candidates, key=lambda c: c.mtime)
-    if newest is pick or newest.mtime <= pick.mtime + 1.0:
-        return None
-    ts_new, ts_pick = views.trainer_state(newest), views.trainer_state(pick)
-    if ts_new is None or ts_pick is None:
-        return None
-    why = run_identity_difference(ts_new, ts_pick) or history_divergence(ts_new, ts_pick)
-    if why is None:
-        return None
-    assert newest.step is not None
-    stale = [
+    newest, why = max(disagree, key=lambda cw: (cw[0].mtime, cw[0].step or 0))
+    if pick.mtime > newest.mtime + 1.0:
+        return None  # the pick is the newer run's; the lower folders are an older run's leftovers
+    top = max(c.step or 0 for c, _ in disagree)
+    stale = tuple(
         c
         for c in candidates
-        if c.step is not None
-        and c.step > newest.step
-        and c.mtime < newest.mtime
+        if (c.step or 0) > top
         and (ts := views.trainer_state(c)) is not None
-        and (run_identity_difference(ts_new, ts) or history_divergence(ts_new, ts)) is not None
-    ]
-    return newest, stale or [pick], why
+        and history_divergence(ts, ts_pick) is None
+    )
+    return StaleVerdict(newest, stale or (pick,), why, newest.mtime > pick.mtime + 1.0)
+
+
+def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | None:
+    """When resume's pick belongs to an older run: (the other run's newest checkpoint, the stale ones, evidence)."""
+    v = stale_verdict(run)
+    return None if v is None else (v.newest, list(v.stale), v.why)
 
 
 @rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fixable=True)
@@ -120,22 +152,31 @@ def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer_utils.py` `get_last_checkpoint`; ANATOMY "Stale higher checkpoint".
     """
     for run in tree.runs:
-        found = stale_checkpoints(run)
-        if found is None:
-            continue
-        newest, stale, why = found
+        v = stale_verdict(run)
         pick = _picked(run)
-        assert pick is not None
-        names = ", ".join(f"`{c.path}`" for c in stale)
-        msg = (
-            f"resume_from_checkpoint=True picks `{pick.path}` (written {_when(pick.mtime)}), but the newest "
-            f"checkpoint `{newest.path}` (written {_when(newest.mtime)}) belongs to another run: {why}"
-        )
-        plan = FixPlan(
-            f"Quarantine the stale checkpoints {names}",
-            Applicability.UNSAFE,
-            tuple(FixOp(OpKind.QUARANTINE, c.path) for c in stale),
-        )
+        if v is None or pick is None:
+            continue
+        names = ", ".join(f"`{c.path}`" for c in v.stale)
+        if v.certain:
+            msg = (
+                f"resume_from_checkpoint=True picks `{pick.path}` (written {_when(pick.mtime)}), but the newer "
+                f"checkpoint `{v.newest.path}` (written {_when(v.newest.mtime)}) belongs to another run: {v.why}"
+            )
+            plan = FixPlan(
+                f"Quarantine the stale checkpoints {names}",
+                Applicability.UNSAFE,
+                tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale),
+            )
+        else:
+            msg = (
+                f"resume_from_checkpoint=True picks `{pick.path}`, but `{v.newest.path}` belongs to another run "
+                f"({v.why}); file times cannot tell which run is newer (copied or checked out?)"
+            )
+            plan = FixPlan(
+                f"Decide which run to continue; if it is `{v.newest.path}`'s, quarantine {names}",
+                Applicability.MANUAL,
+                tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale),
+            )
         yield Hit(pick.path, msg, fix=plan)
 
 
@@ -270,7 +311,7 @@ def _best_target(tree: Tree, run: Run, best: str) -> Checkpoint | None:
     return None
 
 
-@rule("CKD105", "best-checkpoint-missing", Severity.WARNING)
+@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fixable=True)
 def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     """`best_model_checkpoint` names a folder that does not exist in this run.
 
@@ -288,7 +329,11 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     checkpoint deleted to save space.
 
     ## Fix safety
-    Reported only for now; the rewrite to this run's folder (or null) comes with the fixer.
+    Safe: `best_model_checkpoint` is rewritten in that `trainer_state.json` (the original kept in quarantine), every
+    other value and the Trainer's formatting (`indent=2`, sorted keys, trailing newline) unchanged. When the named
+    folder is a checkpoint of this run, the new value is its path relative to the run's parent folder
+    (`run/checkpoint-400`), what the Trainer stores for a relative `output_dir` given from there (the `output_dir`
+    the original value was built from cannot be known); otherwise it becomes null, as transformers 5 does on resume.
 
     ## References
     `Trainer._init_training_state` (T5), `trainer_utils.rotate_checkpoints`, `Trainer._load_best_model`.
@@ -300,17 +345,29 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
                 continue
             best = ts.best_model_checkpoint
             target = _best_target(tree, run, best)
+            where = ck.path + "/trainer_state.json" if ck.path != "." else "trainer_state.json"
+            if target is not None and not (
+                os.path.isabs(best) and tree.abs_root and not best.startswith(tree.abs_root)
+            ):
+                continue
+            # The Trainer's value is os.path.join(output_dir, name); relative to the run's parent is the form it
+            # takes for a relative output_dir, the only one that does not depend on this machine's layout.
+            run_name = os.path.basename(tree.abs_root or os.path.abspath(tree.root)) if run.path == "." else (
+                run.path.rsplit("/", 1)[-1]
+            )
+            new = None if target is None else f"{run_name}/{target.path.rsplit('/', 1)[-1]}"
+            # Same layout as TrainerState.save_to_json, so only this value's line changes.
+            text = json.dumps({**ts.raw, "best_model_checkpoint": new}, indent=2, sort_keys=True) + "\n"
+            title = f"Set best_model_checkpoint in `{where}` to " + ("null" if new is None else f"`{new}`")
+            plan = FixPlan(title, Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, where, text),))
             if target is None:
-                yield Hit(
-                    ck.path + "/trainer_state.json" if ck.path != "." else "trainer_state.json",
-                    f"best_model_checkpoint `{best}` names a folder that does not exist in this run",
-                )
-            elif os.path.isabs(best) and tree.abs_root and not best.startswith(tree.abs_root):
-                yield Hit(
-                    ck.path + "/trainer_state.json" if ck.path != "." else "trainer_state.json",
+                msg = f"best_model_checkpoint `{best}` names a folder that does not exist in this run"
+            else:
+                msg = (
                     f"best_model_checkpoint `{best}` is an absolute path outside this folder "
-                    f"(another machine or a moved run); the same checkpoint here is `{target.path}`",
+                    f"(another machine or a moved run); the same checkpoint here is `{target.path}`"
                 )
+            yield Hit(where, msg, fix=plan)
 
 
 @rule("CKD106", "no-resumable-checkpoint", Severity.ERROR)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from ckptdoctor import views
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Opaque, TorchFacts, Tree
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Tree
 from ckptdoctor.rules import Hit, rule
 
 _RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
@@ -193,8 +193,12 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
 
 
 def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
-    """The shapes of the tensors a resume would train: the root adapter's, else the full weights'."""
-    branch = views.weights_branch(ck)
+    """The shapes of the tensors a resume would train: the root adapter's, else the full weights'.
+
+    With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
+    the stub), so the adapter is what the optimizer is compared with.
+    """
+    branch = "adapter" if views.has_adapter(ck) else views.weights_branch(ck)
     if branch == "adapter":
         f = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
     elif branch == "full":
@@ -256,21 +260,9 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
 
 
 def _scheduler_type(ck: Checkpoint) -> str | None:
-    f = ck.file("training_args.bin")
-    if f is None or f.content is None:
-        return None
-    c = f.content
-    if not isinstance(c, TorchFacts) or c.pickle is None:
-        return None
-    v = c.pickle.value
-    state = v.state if isinstance(v, Opaque) else v
-    if isinstance(state, dict):
-        t = state.get("lr_scheduler_type")
-        if isinstance(t, str):
-            return t
-        if isinstance(t, Opaque) and t.args and isinstance(t.args, tuple) and isinstance(t.args[0], str):
-            return t.args[0]
-    return None
+    args = views.training_args(ck)
+    t = args.get("lr_scheduler_type") if args else None
+    return t if isinstance(t, str) else None
 
 
 @rule("CKD406", "lr-jump-in-history", Severity.WARNING)
