@@ -29,7 +29,13 @@ from ckptdoctor.reference.scenarios import (
     stale_higher_second_run,
 )
 from ckptdoctor.reference.train import TinyCausalLM, set_seed, train
+from ckptdoctor.scanner import scan
 from tests.reference_helpers import DEPARTS, TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
+
+
+def found(root: Path) -> set[tuple[str, str]]:
+    """(rule, path) of every finding ckptdoctor's scan reports under ``root``."""
+    return {(f.rule, f.path) for f in scan(str(root)).findings}
 
 
 def test_stub_shadow_resume_departs_and_moving_the_stub_aside_restores_it(tmp_path: Path) -> None:
@@ -43,10 +49,12 @@ def test_stub_shadow_resume_departs_and_moving_the_stub_aside_restores_it(tmp_pa
     assert damaged.optimizer_restored  # ... while the Adam state is: the silent part
     assert max_difference(expected, damaged.losses) > DEPARTS
     # SCAN-FINDING: the stub `pytorch_model.bin` shadows `adapter_model.safetensors` in checkpoint-8.
+    assert ("CKD201", f"checkpoint-{PREEMPT_STEP}/pytorch_model.bin") in found(out)
 
     # FIX: `ckptdoctor fix` moves the stray file aside; here by hand.
     latest = out / f"checkpoint-{PREEMPT_STEP}"
     (latest / "pytorch_model.bin").rename(latest / "pytorch_model.bin.stray")
+    assert not {(rule, path) for rule, path in found(out) if path.startswith(f"checkpoint-{PREEMPT_STEP}/")}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.load_report is not None and cured.load_report.branch == "adapter"
     assert max_difference(expected, cured.losses) <= TOL
@@ -61,9 +69,11 @@ def test_stale_higher_checkpoint_is_picked_and_trains_nothing(tmp_path: Path) ->
     assert damaged.losses == {}  # global_step 12 >= max_steps 10: zero steps, no warning
     assert damaged.global_step == RUN_STEPS
     # SCAN-FINDING: checkpoint-12 belongs to another run (max_steps / learning_rate / log_history disagree).
+    assert ("CKD101", f"checkpoint-{RUN_STEPS}") in found(out)
 
     # FIX: `ckptdoctor fix` moves the stale checkpoint out of the run; here by hand.
     shutil.move(out / f"checkpoint-{RUN_STEPS}", tmp_path / "stale-checkpoint-12")
+    assert "CKD101" not in {rule for rule, _ in found(out)}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.resumed_from is not None and cured.resumed_from.name == f"checkpoint-{PREEMPT_STEP}"
     assert sorted(cured.losses) == [9, 10]
@@ -79,9 +89,11 @@ def test_interrupted_save_crashes_the_resume_and_the_last_complete_checkpoint_re
     with pytest.raises(FileNotFoundError, match=r"trainer_state\.json"):
         resume_copy(out, tmp_path / "damaged", cfg)
     # SCAN-FINDING: checkpoint-8 is incomplete and is the one resume_from_checkpoint=True picks.
+    assert ("CKD102", f"checkpoint-{PREEMPT_STEP}") in found(out)
 
     # FIX: `ckptdoctor fix` moves the torn folder out of get_last_checkpoint's reach; here by hand.
     torn.rename(out / f"incomplete-checkpoint-{PREEMPT_STEP}")
+    assert ("CKD102", f"checkpoint-{PREEMPT_STEP}") not in found(out)
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.resumed_from is not None and cured.resumed_from.name == "checkpoint-4"
     assert sorted(cured.losses) == list(range(5, RUN_STEPS + 1))
@@ -110,9 +122,11 @@ def test_wrong_shard_index_silently_keeps_fresh_tensors_and_a_rebuilt_index_rest
     assert damaged.load_report.missing_keys == [] and damaged.load_report.unexpected_keys == []  # no warning at all
     assert max_difference(uninterrupted_losses(cfg), damaged.losses) > DEPARTS
     # SCAN-FINDING: the index maps tensors to a shard whose header does not hold them.
+    assert ("CKD205", f"checkpoint-{PREEMPT_STEP}/model.safetensors.index.json") in found(out)
 
     # FIX: `ckptdoctor fix` rebuilds the index from the shard headers; here by hand.
     rebuild_index_from_shard_headers(latest)
+    assert not {rule for rule, _ in found(out)} & {"CKD205", "CKD204"}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert max_difference(uninterrupted_losses(cfg), cured.losses) <= TOL
 
@@ -137,6 +151,8 @@ def test_broken_shards_fail_the_resume(tmp_path: Path, name: str, error: type[Ex
     with pytest.raises(error):
         resume_copy(out, tmp_path / "damaged", base_config(out, weights_format="sharded"))
     # SCAN-FINDING: missing shard / truncated shard in checkpoint-8.
+    codes = {rule for rule, path in found(out) if path.startswith(f"checkpoint-{PREEMPT_STEP}")}
+    assert ("CKD204" if name == "sharded-missing-shard" else "CKD202") in codes
 
 
 @pytest.mark.parametrize("name, wrapper, prefix", [("prefixed-keys-compile", "compile", "_orig_mod."),
@@ -150,6 +166,7 @@ def test_prefixed_keys_resume_from_fresh_weights(tmp_path: Path, name: str, wrap
     assert len(report.missing_keys) == len(report.unexpected_keys)
     assert max_difference(uninterrupted_losses(cfg), damaged.losses) > DEPARTS
     # SCAN-FINDING: every key carries the `_orig_mod.` / `module.` prefix.
+    assert ("CKD207", f"checkpoint-{PREEMPT_STEP}/model.safetensors") in found(out)
 
     # FIX (if the fixer offers it): strip the prefix; here by hand.
     weights = out / f"checkpoint-{PREEMPT_STEP}" / "model.safetensors"
@@ -170,6 +187,7 @@ def test_lr_finished_resume_with_more_steps_starts_at_lr_zero_then_jumps(tmp_pat
     assert resumed.learning_rates[9] == 0.0  # the LR stored in optimizer.pt
     assert resumed.learning_rates[10] == pytest.approx(base * (16 - 9) / 16)  # the middle of the new schedule
     # SCAN-FINDING: the latest checkpoint's schedule is finished (LR 0, last_epoch == max_steps).
+    assert ("CKD401", f"checkpoint-{PREEMPT_STEP}") in found(out)
 
 
 def test_optimizer_mismatch_resume_is_silent_and_changes_the_adapter(tmp_path: Path) -> None:
@@ -202,3 +220,4 @@ def test_fsdp_resume_reproduces_and_a_missing_rank_file_fails_it(tmp_path: Path)
     with pytest.raises(RuntimeError, match="FSDP rank"):
         train_fsdp(cfg, resume_from_checkpoint=tmp_path / "run" / "checkpoint-4")
     # SCAN-FINDING: pytorch_model_fsdp_0/.metadata names rank 1's file, which is missing.
+    assert ("CKD501", "checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp") in found(tmp_path / "run")
