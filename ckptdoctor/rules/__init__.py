@@ -61,6 +61,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
     "ckptdoctor.rules.gate",
+    "ckptdoctor.rules.deep",
 )
 
 
