@@ -10,11 +10,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
 from ckptdoctor import __version__
+
+if TYPE_CHECKING:
+    from ckptdoctor.rules import Selection
 
 _EPILOG_SCAN = """\b
 Examples:
@@ -52,6 +55,50 @@ def _check_codes(codes: Sequence[str], option: str) -> None:
             raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)")
 
 
+def resolve_selection(
+    paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
+) -> tuple[Selection, str | None]:
+    """The rule selection from --select/--ignore plus the config file at the first root, and the config's fail-on.
+
+    Shared by every command that runs rules, so they all read options and configuration the same way.
+    """
+    from ckptdoctor.config import Config, ConfigError, load_config
+    from ckptdoctor.rules import Selection
+
+    sel_codes, ign_codes = _split_codes(select), _split_codes(ignore)
+    _check_codes(sel_codes, "--select")
+    _check_codes(ign_codes, "--ignore")
+    try:
+        cfg = Config() if no_config else load_config(paths[0])
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+    selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
+    return selection, cfg.fail_on
+
+
+class LazyGroup(click.Group):
+    """A click group whose heavier subcommands are imported only when used, so start-up stays instant."""
+
+    lazy: ClassVar[dict[str, str]] = {
+        "fix": "ckptdoctor.fix:fix_command",
+        "undo": "ckptdoctor.fix:undo_command",
+        "gate": "ckptdoctor.gate:gate_command",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[cmd_name].split(":")
+            cmd = getattr(importlib.import_module(module), attr)
+            assert isinstance(cmd, click.Command)
+            return cmd
+        return super().get_command(ctx, cmd_name)
+
+
 def _use_color(stream: Any) -> bool:
     if os.environ.get("NO_COLOR"):
         return False
@@ -59,7 +106,7 @@ def _use_color(stream: Any) -> bool:
     return bool(isatty and isatty())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, "-V", "--version", prog_name="ckptdoctor")
 def main() -> None:
     """An fsck for training checkpoints: find what would make a resume go silently wrong.
@@ -103,31 +150,16 @@ def scan(
     PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
     a folder of many runs, or a single file. Nothing is loaded, executed or written.
     """
-    from ckptdoctor.config import Config, ConfigError, load_config
-    from ckptdoctor.findings import Severity
     from ckptdoctor.report import render_json, render_text
-    from ckptdoctor.rules import Selection
     from ckptdoctor.scanner import scan as run_scan
 
-    sel_codes, ign_codes = _split_codes(select), _split_codes(ignore)
-    _check_codes(sel_codes, "--select")
-    _check_codes(ign_codes, "--ignore")
-    try:
-        cfg = Config() if no_config else load_config(paths[0])
-    except ConfigError as exc:
-        raise UsageProblem(str(exc)) from None
-    severity: dict[str, Severity] = dict(cfg.severity)
-    selection = Selection(
-        select=sel_codes or cfg.select,
-        ignore=ign_codes + cfg.ignore,
-        severity=severity,
-    )
+    selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
     report = run_scan(list(paths), selection=selection)
     if fmt == "json":
         click.echo(render_json(report))
     else:
         click.echo(render_text(report, color=_use_color(sys.stdout)))
-    sys.exit(report.exit_code(fail_on or cfg.fail_on or "error"))
+    sys.exit(report.exit_code(fail_on or cfg_fail_on or "error"))
 
 
 @main.command()

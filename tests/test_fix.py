@@ -1,0 +1,506 @@
+"""The fixer: plan, dry run, apply, rescan, undo; each shipped fix's round trip; the refusals (links, outside the
+root, read-only, busy, locked, changed since the fix)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from ckptdoctor import fix as fixmod
+from ckptdoctor.cli import main
+from ckptdoctor.findings import Applicability, Finding, FixOp, FixPlan, OpKind, Severity
+from ckptdoctor.rules import Selection
+from ckptdoctor.scanner import scan
+from tests.builders import make_checkpoint, make_run, trainer_state
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers shared with test_fix_crash.py and test_fix_faults.py
+
+
+def tree_state(root: Path, *, mtimes: bool = True) -> dict[str, tuple[Any, ...]]:
+    """Every entry under ``root`` except ckptdoctor's own folder: type, mode, content hash (and mtime)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not (Path(dirpath) == root and d == ".ckptdoctor"))
+        for name in [*dirs, *files]:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            rel = str(p.relative_to(root))
+            if stat.S_ISLNK(st.st_mode):
+                content = os.readlink(p)
+            elif stat.S_ISREG(st.st_mode):
+                content = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                content = "dir"
+            entry: tuple[Any, ...] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), content)
+            out[rel] = (*entry, st.st_mtime_ns) if mtimes else entry
+    st = root.stat()
+    out["."] = (stat.S_IMODE(st.st_mode), st.st_mtime_ns) if mtimes else (stat.S_IMODE(st.st_mode),)
+    return out
+
+
+def age(root: Path, seconds: float = 3600.0) -> Path:
+    """Move every mtime under ``root`` ``seconds`` into the past, keeping their order (a run not being written)."""
+    paths = [root, *root.rglob("*")]
+    for p in sorted(paths, key=lambda q: -len(q.parts)):
+        st = p.lstat()
+        shift = int(seconds * 1e9)
+        os.utime(p, ns=(st.st_atime_ns - shift, st.st_mtime_ns - shift), follow_symlinks=False)
+    return root
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def codes(root: Path, select: str | None = None) -> list[str]:
+    sel = Selection(select=(select,)) if select else Selection()
+    return [f.rule for f in scan(str(root), selection=sel).findings]
+
+
+def make_lora_checkpoint(folder: Path, step: int = 4, max_steps: int = 8) -> Path:
+    """A LoRA checkpoint written by peft (adapter_model.safetensors + adapter_config.json) plus training state."""
+    from peft import LoraConfig, get_peft_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj = torch.nn.Linear(8, 8)
+            self.v_proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.v_proj(self.q_proj(x))
+
+    model = get_peft_model(Tiny(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model.save_pretrained(str(folder))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps(trainer_state(step, max_steps), indent=2) + "\n")
+    return folder
+
+
+def stub_run(root: Path) -> Path:
+    """CKD201: LoRA checkpoints with a `torch.save({})` stub `pytorch_model.bin` beside the adapter in the last."""
+    for s in (2, 4):
+        make_lora_checkpoint(root / f"checkpoint-{s}", s)
+    torch.save({}, root / "checkpoint-4" / "pytorch_model.bin")
+    os.chmod(root / "checkpoint-4" / "pytorch_model.bin", 0o600)  # an unusual mode, to see it kept
+    return root
+
+
+def sharded_checkpoint(folder: Path, *, wrong: bool) -> Path:
+    """A checkpoint with weights in two safetensors shards and an index (wrong: one tensor mapped to shard 1)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    shards = {
+        "model-00001-of-00002.safetensors": {"embed.weight": torch.randn(16, 8)},
+        "model-00002-of-00002.safetensors": {"head.weight": torch.randn(16, 8), "head.bias": torch.randn(16)},
+    }
+    weight_map: dict[str, str] = {}
+    total = 0
+    for name, tensors in shards.items():
+        save_file(tensors, str(folder / name), metadata={"format": "pt"})
+        for k, v in tensors.items():
+            weight_map[k] = name
+            total += v.numel() * v.element_size()
+    if wrong:
+        weight_map["head.bias"] = "model-00001-of-00002.safetensors"
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (folder / "trainer_state.json").write_text(json.dumps(trainer_state(4, 8), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 16, "hidden_size": 8}))
+    return folder
+
+
+def deepspeed_checkpoint(folder: Path) -> Path:
+    """CKD503: a checkpoint whose DeepSpeed `latest` names `global_step9` while only `global_step8/` exists."""
+    make_checkpoint(folder, 8, 8)
+    tag = folder / "global_step8"
+    tag.mkdir()
+    torch.save({"module": {"w": torch.zeros(2)}}, tag / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {}}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (folder / "latest").write_text("global_step9")
+    return folder
+
+
+def mixed_run(root: Path) -> Path:
+    """One output_dir holding one hazard of each safe fix kind: quarantine file, folder, rewrite JSON and text."""
+    stub_run(root)  # CKD201 in checkpoint-4
+    make_checkpoint(root / "tmp-checkpoint-6", 6)  # CKD103
+    (root / "tmp-checkpoint-6" / "trainer_state.json").unlink()
+    sharded_checkpoint(root / "checkpoint-1", wrong=True)  # CKD205
+    deepspeed_checkpoint(root / "checkpoint-3")  # CKD503
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each scenario built once; tests work on copies."""
+    base = tmp_path_factory.mktemp("built")
+    torn = make_run(base / "torn", (2, 4, 6))
+    (torn / "checkpoint-6" / "trainer_state.json").unlink()
+    temp = make_run(base / "temp", (2, 4))
+    shutil.copytree(temp / "checkpoint-4", temp / "tmp-checkpoint-6")
+    (temp / "tmp-checkpoint-6" / "trainer_state.json").unlink()
+    shard = base / "shard"
+    sharded_checkpoint(shard / "checkpoint-4", wrong=True)
+    make_checkpoint(shard / "checkpoint-2", 2)
+    best = make_run(base / "best", (2, 4))
+    state = json.loads((best / "checkpoint-4" / "trainer_state.json").read_text())
+    state["best_model_checkpoint"] = "/home/alice/runs/best/checkpoint-2"
+    state["best_metric"] = float("nan")  # Python's json writes NaN: the rewrite must keep it
+    (best / "checkpoint-4" / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    gone = make_run(base / "gone", (2, 4))
+    state = json.loads((gone / "checkpoint-4" / "trainer_state.json").read_text())
+    state["best_model_checkpoint"] = "gone/checkpoint-1"
+    (gone / "checkpoint-4" / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    ds = base / "ds"
+    make_checkpoint(ds / "checkpoint-4", 4)
+    deepspeed_checkpoint(ds / "checkpoint-8")
+    stale = make_run(base / "stale", (4, 8, 12), max_steps=12)
+    for s in (4, 8):  # a second run with other settings overwrote 4 and 8 later
+        time.sleep(0.01)
+        shutil.rmtree(stale / f"checkpoint-{s}")
+        make_checkpoint(stale / f"checkpoint-{s}", s, max_steps=10, lr=5e-4)
+    for name in ("stub", "mixed"):
+        (base / name).mkdir()
+    stub_run(base / "stub")
+    mixed_run(base / "mixed")
+    out = {p.name: age(p) for p in base.iterdir()}
+    os.utime(stale / "checkpoint-12", ns=(0, (time.time_ns() - 7200 * 10**9)))  # older than the second run
+    for f in (stale / "checkpoint-12").iterdir():
+        os.utime(f, ns=(0, (time.time_ns() - 7200 * 10**9)))
+    return out
+
+
+def clone(src: Path, dest: Path) -> Path:
+    """A copy of ``src`` with names, contents, modes and every mtime (folders' too) kept."""
+    shutil.copytree(src, dest, symlinks=True)
+    for p in sorted([src, *src.rglob("*")], key=lambda q: -len(q.parts)):
+        st = p.lstat()
+        os.utime(dest / p.relative_to(src), ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    return dest
+
+
+@pytest.fixture
+def copy(built: dict[str, Path], tmp_path: Path) -> Any:
+    def make(name: str) -> Path:
+        return clone(built[name], tmp_path / name)
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round trips: dry run writes nothing; fix -> rescan clean for the rule -> undo -> byte-identical
+
+
+ROUND_TRIPS = [
+    ("stub", "CKD201", ["checkpoint-4/pytorch_model.bin"]),
+    ("torn", "CKD102", ["checkpoint-6"]),
+    ("temp", "CKD103", ["tmp-checkpoint-6"]),
+    ("shard", "CKD205", []),
+    ("best", "CKD105", []),
+    ("gone", "CKD105", []),
+    ("ds", "CKD503", []),
+]
+
+
+@pytest.mark.parametrize(("name", "rule", "moved"), ROUND_TRIPS, ids=[r[0] for r in ROUND_TRIPS])
+def test_round_trip(copy: Any, name: str, rule: str, moved: list[str]) -> None:
+    root = copy(name)
+    assert rule in codes(root), scan(str(root)).findings
+    before = tree_state(root)
+
+    code, out = run_cli("fix", "--dry-run", str(root))
+    assert code == 1, out
+    assert "would " in out and rule in out
+    assert tree_state(root) == before  # names, contents, modes and mtimes
+    assert not (root / ".ckptdoctor").exists()
+
+    code, out = run_cli("fix", "--select", rule, str(root))
+    assert "Fixed 1 problem" in out, out
+    assert rule not in codes(root)
+    for rel in moved:
+        assert not (root / rel).exists()
+        (journal,) = fixmod.load_journals(str(root))
+        kept = root / ".ckptdoctor" / "quarantine" / journal.txid / rel
+        assert kept.exists()
+        assert tree_state(kept, mtimes=False)["."] == before[rel][1:2]  # the mode travels with it
+    # Folders keep their mtimes (the Trainer's rotation orders checkpoints by them).
+    after = tree_state(root)
+    assert all(after[k][-1] == v[-1] for k, v in before.items() if k in after and v[0] == stat.S_IFDIR)
+
+    code, out = run_cli("undo", str(root))
+    assert code == 0, out
+    assert "restored" in out
+    assert tree_state(root) == before
+
+
+def test_mixed_plan_lists_every_operation_with_diffs(copy: Any) -> None:
+    root = copy("mixed")
+    before = tree_state(root)
+    code, out = run_cli("fix", "--dry-run", str(root))
+    assert code == 1
+    assert "would move `checkpoint-4/pytorch_model.bin` to `.ckptdoctor/quarantine/<txid>/" in out
+    assert "would move `tmp-checkpoint-6/` to" in out
+    assert "would rewrite `checkpoint-1/model.safetensors.index.json`: 1 entry changed" in out
+    assert "+    \"head.bias\": \"model-00002-of-00002.safetensors\"," in out
+    assert "would rewrite `checkpoint-3/latest`: `global_step9` -> `global_step8`" in out
+    assert "Would fix 4 problems with 4 operations" in out
+    code, out = run_cli("fix", "--dry-run", "--format", "json", str(root))
+    doc = json.loads(out)
+    assert doc["schema"] == "ckptdoctor.fix/1" and doc["dry_run"] is True
+    kinds = sorted(op["kind"] for op in doc["roots"][0]["operations"])
+    assert kinds == ["quarantine", "quarantine", "rewrite-json", "rewrite-text"]
+    assert tree_state(root) == before and not (root / ".ckptdoctor").exists()
+
+    code, out = run_cli("fix", "--format", "json", str(root))
+    doc = json.loads(out)
+    assert doc["summary"]["fixed"] == 4, out
+    assert not {"CKD201", "CKD103", "CKD205", "CKD503"} & {f["rule"] for f in doc["remaining"]}
+    (j,) = fixmod.load_journals(str(root))
+    assert j.state == "applied" and all(op.status == "done" for op in j.ops)
+    raw = json.loads((root / ".ckptdoctor" / "journal" / f"{j.txid}.json").read_text())
+    assert raw["schema"] == "ckptdoctor.journal/1"
+    for op in raw["ops"]:
+        assert {"size", "sha256"} <= set(op["before"])
+        assert (op["after"] is None) == (op["kind"] == "quarantine")
+    # the original of each rewrite is kept, byte for byte, in the quarantine
+    q = root / ".ckptdoctor" / "quarantine" / j.txid
+    assert (q / "checkpoint-3" / "latest").read_text() == "global_step9"
+    assert (root / "checkpoint-3" / "latest").read_text() == "global_step8"
+
+    code, out = run_cli("fix", "--dry-run", str(root))
+    assert code == 0 and "Nothing to fix." in out
+    code, out = run_cli("undo", "--list", str(root))
+    assert j.txid in out and "applied" in out
+    assert run_cli("undo", str(root))[0] == 0
+    assert tree_state(root) == before
+    code, out = run_cli("undo", str(root))
+    assert code == 2 and "no fix transaction to undo" in out
+
+
+def test_best_model_checkpoint_rewrite_keeps_format_and_values(copy: Any) -> None:
+    root = copy("best")
+    path = root / "checkpoint-4" / "trainer_state.json"
+    old = path.read_text()
+    run_cli("fix", "--select", "CKD105", str(root))
+    new = path.read_text()
+    diff = [ln for ln in zip(old.splitlines(), new.splitlines(), strict=True) if ln[0] != ln[1]]
+    assert diff == [(
+        '  "best_model_checkpoint": "/home/alice/runs/best/checkpoint-2",',
+        '  "best_model_checkpoint": "best/checkpoint-2",',
+    )]
+    assert '"best_metric": NaN' in new and new.endswith("}\n")
+    gone = copy("gone")
+    run_cli("fix", "--select", "CKD105", str(gone))
+    assert json.loads((gone / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"] is None
+
+
+def test_unsafe_fix_needs_the_flag(copy: Any) -> None:
+    root = copy("stale")
+    assert "CKD101" in codes(root)
+    before = tree_state(root)
+    code, out = run_cli("fix", "--select", "CKD101", str(root))
+    assert "skipped [CKD101]" in out and "--unsafe-fixes" in out
+    assert code == 1 and tree_state(root) == before
+    code, out = run_cli("fix", "--select", "CKD101", "--unsafe-fixes", str(root))
+    assert "Fixed 1 problem" in out, out
+    assert not (root / "checkpoint-12").exists()
+    assert scan(str(root)).trees[0].runs[0].resume_pick == "checkpoint-8"
+    run_cli("undo", str(root))
+    assert tree_state(root) == before
+
+
+def test_rewritten_file_keeps_mode_and_undo_restores_it(copy: Any) -> None:
+    root = copy("ds")
+    latest = root / "checkpoint-8" / "latest"
+    os.chmod(latest, 0o640)
+    before = tree_state(root)
+    run_cli("fix", str(root))
+    assert stat.S_IMODE(latest.stat().st_mode) == 0o640
+    assert latest.stat().st_mtime_ns == before["checkpoint-8/latest"][-1]
+    run_cli("undo", str(root))
+    assert tree_state(root) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_undo_refuses_when_a_file_changed_since_the_fix(copy: Any) -> None:
+    root = copy("shard")
+    run_cli("fix", str(root))
+    index = root / "checkpoint-4" / "model.safetensors.index.json"
+    index.write_text(index.read_text().replace("total_size", "total_size_"))
+    edited = tree_state(root)
+    code, out = run_cli("undo", str(root))
+    assert code == 2
+    assert "changed after the fix" in out and "model.safetensors.index.json" in out
+    assert tree_state(root) == edited
+
+
+def test_undo_refuses_when_a_quarantined_path_was_recreated(copy: Any) -> None:
+    root = copy("stub")
+    run_cli("fix", str(root))
+    (root / "checkpoint-4" / "pytorch_model.bin").write_bytes(b"new")
+    code, out = run_cli("undo", str(root))
+    assert code == 2 and "exists again" in out
+    assert (root / "checkpoint-4" / "pytorch_model.bin").read_bytes() == b"new"
+
+
+def test_plans_outside_the_root_or_into_own_folder_are_rejected(copy: Any, tmp_path: Path) -> None:
+    root = copy("stub")
+    (tmp_path / "outside.json").write_text("{}")
+    tree = scan(str(root)).trees[0]
+    bad = [
+        Finding("CKD999", "x", Severity.ERROR, ".", "m",
+                FixPlan("t", Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, "../outside.json", "[]"),))),
+        Finding("CKD999", "x", Severity.ERROR, ".", "m",
+                FixPlan("t", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, "/etc/passwd"),))),
+        Finding("CKD999", "x", Severity.ERROR, ".", "m",
+                FixPlan("t", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ".ckptdoctor/journal"),))),
+        Finding("CKD999", "x", Severity.ERROR, ".", "m",
+                FixPlan("t", Applicability.SAFE, (FixOp(OpKind.REWRITE_TEXT, "checkpoint-4/pytorch_model.bin", "x"),))),
+        Finding("CKD999", "x", Severity.ERROR, ".", "m",
+                FixPlan("t", Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, "checkpoint-4/optimizer.pt", "{}"),))),
+    ]
+    plan = fixmod.plan_root(tree, bad)
+    assert plan.ops == ()
+    reasons = [s.reason for s in plan.skipped]
+    assert "not a path inside the root" in reasons[0] and "not a path inside the root" in reasons[1]
+    assert "ckptdoctor's own" in reasons[2]
+    assert "never rewritten" in reasons[3] and "never rewritten" in reasons[4]
+    assert (tmp_path / "outside.json").read_text() == "{}"
+
+
+def test_never_through_a_symlink(copy: Any) -> None:
+    root = copy("stub")
+    (root / "store").mkdir()
+    os.rename(root / "checkpoint-4", root / "store" / "data")  # not a run: only the link makes it a checkpoint
+    os.symlink("store/data", root / "checkpoint-4")
+    age(root)
+    before = tree_state(root)
+    code, out = run_cli("fix", "--select", "CKD201", str(root))
+    assert code == 1 and "symbolic link" in out, out
+    assert tree_state(root) == before
+
+
+def test_read_only_tree_is_refused(copy: Any) -> None:
+    root = copy("stub")
+    before = tree_state(root)
+    modes = {p: p.stat().st_mode for p in [root, *root.rglob("*")] if p.is_dir()}
+    for p in modes:
+        os.chmod(p, 0o555)
+    try:
+        code, out = run_cli("fix", str(root))
+        assert code == 2 and "read-only" in out and "nothing was changed" in out
+    finally:
+        for p, m in modes.items():
+            os.chmod(p, m)
+    assert tree_state(root, mtimes=False) == {k: v[:-1] if k != "." else v[:1] for k, v in before.items()}
+    assert not (root / ".ckptdoctor").exists()
+
+
+def test_a_run_being_written_is_refused_unless_forced(copy: Any) -> None:
+    root = copy("temp")
+    (root / "tmp-checkpoint-6" / "optimizer.pt").touch()  # the save is still going on
+    before = tree_state(root)
+    code, out = run_cli("fix", str(root))
+    assert code == 2 and "being written" in out and "--force" in out
+    assert tree_state(root) == before and not (root / ".ckptdoctor").exists()
+    code, out = run_cli("fix", "--force", str(root))
+    assert "Fixed 1 problem" in out
+
+
+def test_lock_held_by_a_live_fixer_refuses_and_a_stale_lock_is_taken_over(copy: Any) -> None:
+    root = copy("stub")
+    (root / ".ckptdoctor").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+
+        (root / ".ckptdoctor" / "lock").write_text(f"{holder.pid} {socket.gethostname()} 0\n")
+        before = tree_state(root)
+        code, out = run_cli("fix", str(root))
+        assert code == 2 and f"pid {holder.pid}" in out
+        assert tree_state(root) == before
+        code, out = run_cli("undo", str(root))
+        assert code == 2 and "another ckptdoctor" in out
+    finally:
+        holder.kill()
+        holder.wait()
+    code, out = run_cli("fix", str(root))  # the holder is gone: its lock is stale
+    assert "Fixed 1 problem" in out, out
+    assert not (root / ".ckptdoctor" / "lock").exists()
+
+
+def test_a_file_changed_between_plan_and_apply_is_refused(copy: Any) -> None:
+    root = copy("shard")
+    report = scan(str(root))
+    plan = fixmod.plan_root(report.trees[0], report.findings, root=str(root))
+    assert len(plan.ops) == 1
+    index = root / "checkpoint-4" / "model.safetensors.index.json"
+    index.write_text(index.read_text() + " ")
+    age(root)
+    before = tree_state(root)
+    with pytest.raises(fixmod.FixRefused, match="changed while the fix was planned"):
+        fixmod.apply_plan(plan)
+    assert tree_state(root) == before
+
+
+def test_fix_refuses_files_and_nested_roots(copy: Any) -> None:
+    root = copy("stub")
+    code, out = run_cli("fix", str(root / "checkpoint-4" / "pytorch_model.bin"))
+    assert code == 2 and "not a folder" in out
+    code, out = run_cli("fix", str(root), str(root / "checkpoint-4"))
+    assert code == 2 and "inside" in out
+
+
+def test_discovery_never_sees_the_quarantine(copy: Any) -> None:
+    root = copy("torn")
+    run_cli("fix", str(root))
+    tree = scan(str(root)).trees[0]
+    assert all(".ckptdoctor" not in f.path for f in tree.all_files())
+    assert tree.runs[0].resume_pick == "checkpoint-4"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end with the reference trainer
+
+
+@pytest.mark.slow
+def test_stub_shadow_resume_matches_the_uninterrupted_run_after_fix(tmp_path: Path) -> None:
+    pytest.importorskip("ckptdoctor.reference.scenarios")
+    from ckptdoctor.reference.scenarios import base_config
+    from tests.reference_helpers import TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
+
+    out = age(build_scenario("stub-shadow", tmp_path))
+    before = tree_state(out)
+    assert "CKD201" in codes(out)
+    _, text = run_cli("fix", "--select", "CKD201", str(out))
+    assert "CKD201" not in codes(out), text
+    cfg = base_config(out, use_lora=True)  # how the stub-shadow scenario trains
+    resumed = resume_copy(out, tmp_path / "resumed", cfg)
+    assert max_difference(uninterrupted_losses(cfg), resumed.losses) < TOL
+    run_cli("undo", str(out))
+    assert tree_state(out) == before
