@@ -137,6 +137,20 @@ def main() -> None:
 )
 @click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (codes or prefixes).")
 @click.option("--no-config", is_flag=True, help="Ignore [tool.ckptdoctor] / .ckptdoctor.toml settings.")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1, max=256),
+    default=None,
+    metavar="N",
+    help="Read up to N files at once (helps most on network file systems).  [default: min(8, 2 x CPUs)]",
+)
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also stream all tensor data (in bounded chunks) for NaN/Inf, all-zero tensors and untrained adapters. "
+    "Needs numpy; reads every byte, so it takes as long as reading the files.",
+)
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -144,6 +158,8 @@ def scan(
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     no_config: bool,
+    jobs: int | None,
+    deep: bool,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -154,7 +170,14 @@ def scan(
     from ckptdoctor.scanner import scan as run_scan
 
     selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
-    report = run_scan(list(paths), selection=selection)
+    from ckptdoctor.deep import DeepUnavailable, progress_stream
+
+    try:
+        report = run_scan(
+            list(paths), selection=selection, jobs=jobs, deep=deep, progress=progress_stream() if deep else None
+        )
+    except DeepUnavailable as exc:
+        raise UsageProblem(str(exc)) from None
     if fmt == "json":
         click.echo(render_json(report))
     else:

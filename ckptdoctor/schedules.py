@@ -60,7 +60,9 @@ def _linear(step: int, *, num_warmup_steps: int, num_training_steps: int) -> flo
     return max(0.0, float(num_training_steps - step) / float(max(1, num_training_steps - num_warmup_steps)))
 
 
-def _cosine(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float, min_lr_rate: float) -> float:
+def _cosine(
+    step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float, min_lr_rate: float
+) -> float:
     # transformers defines this lambda twice; the second (min-lr) definition wins, so plain cosine runs it too.
     if step < num_warmup_steps:
         return _warmup(step, num_warmup_steps)

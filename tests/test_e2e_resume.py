@@ -12,6 +12,7 @@ Marked places for the scanner and fixer issues:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from ckptdoctor.fix import fix, undo
 from ckptdoctor.reference.fsdp import train_fsdp
 from ckptdoctor.reference.scenarios import (
     PREEMPT_STEP,
@@ -31,6 +33,22 @@ from ckptdoctor.reference.scenarios import (
 from ckptdoctor.reference.train import TinyCausalLM, set_seed, train
 from ckptdoctor.scanner import scan
 from tests.reference_helpers import DEPARTS, TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
+
+
+def tree_digest(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Names, modes and contents of every file under ``root`` outside ckptdoctor's own folder."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not rel.startswith(".ckptdoctor"):
+            out[rel] = (p.stat().st_mode, p.read_bytes())
+    return out
+
+
+def ckptdoctor_fix(root: Path, *, unsafe: bool = False) -> None:
+    """What the user runs: `ckptdoctor fix` (the run was written seconds ago, hence force)."""
+    result = fix([str(root)], unsafe=unsafe, force=True)
+    assert result.fixed >= 1 and all(t is not None for t in result.txids)
 
 
 def found(root: Path) -> set[tuple[str, str]]:
@@ -51,18 +69,25 @@ def test_stub_shadow_resume_departs_and_moving_the_stub_aside_restores_it(tmp_pa
     # SCAN-FINDING: the stub `pytorch_model.bin` shadows `adapter_model.safetensors` in checkpoint-8.
     assert ("CKD201", f"checkpoint-{PREEMPT_STEP}/pytorch_model.bin") in found(out)
 
-    # FIX: `ckptdoctor fix` moves the stray file aside; here by hand.
-    latest = out / f"checkpoint-{PREEMPT_STEP}"
-    (latest / "pytorch_model.bin").rename(latest / "pytorch_model.bin.stray")
+    # FIX: `ckptdoctor fix` quarantines the stubs; the resume then loads the adapter.
+    before = tree_digest(out)
+    ckptdoctor_fix(out)
     assert not {(rule, path) for rule, path in found(out) if path.startswith(f"checkpoint-{PREEMPT_STEP}/")}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.load_report is not None and cured.load_report.branch == "adapter"
     assert max_difference(expected, cured.losses) <= TOL
+    undo(str(out))  # and `ckptdoctor undo` gives back the tree byte for byte
+    assert tree_digest(out) == before
 
 
 def test_stale_higher_checkpoint_is_picked_and_trains_nothing(tmp_path: Path) -> None:
     out = build_scenario("stale-higher", tmp_path)
     cfg = stale_higher_second_run(out)
+    # The two runs of this scenario are seconds apart; in real life they are hours apart. Age the first run's
+    # leftover so file times tell which run is newer, as they do on a real disk.
+    for p in [out / f"checkpoint-{RUN_STEPS}", *(out / f"checkpoint-{RUN_STEPS}").rglob("*")]:
+        st = p.stat()
+        os.utime(p, (st.st_atime - 3600, st.st_mtime - 3600))
 
     damaged = resume_copy(out, tmp_path / "damaged", cfg)
     assert damaged.resumed_from is not None and damaged.resumed_from.name == f"checkpoint-{RUN_STEPS}"
@@ -71,8 +96,8 @@ def test_stale_higher_checkpoint_is_picked_and_trains_nothing(tmp_path: Path) ->
     # SCAN-FINDING: checkpoint-12 belongs to another run (max_steps / learning_rate / log_history disagree).
     assert ("CKD101", f"checkpoint-{RUN_STEPS}") in found(out)
 
-    # FIX: `ckptdoctor fix` moves the stale checkpoint out of the run; here by hand.
-    shutil.move(out / f"checkpoint-{RUN_STEPS}", tmp_path / "stale-checkpoint-12")
+    # FIX: `ckptdoctor fix --unsafe-fixes` quarantines the stale checkpoint.
+    ckptdoctor_fix(out, unsafe=True)
     assert "CKD101" not in {rule for rule, _ in found(out)}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.resumed_from is not None and cured.resumed_from.name == f"checkpoint-{PREEMPT_STEP}"
@@ -91,8 +116,8 @@ def test_interrupted_save_crashes_the_resume_and_the_last_complete_checkpoint_re
     # SCAN-FINDING: checkpoint-8 is incomplete and is the one resume_from_checkpoint=True picks.
     assert ("CKD102", f"checkpoint-{PREEMPT_STEP}") in found(out)
 
-    # FIX: `ckptdoctor fix` moves the torn folder out of get_last_checkpoint's reach; here by hand.
-    torn.rename(out / f"incomplete-checkpoint-{PREEMPT_STEP}")
+    # FIX: `ckptdoctor fix` quarantines the torn folder, out of get_last_checkpoint's reach.
+    ckptdoctor_fix(out)
     assert ("CKD102", f"checkpoint-{PREEMPT_STEP}") not in found(out)
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert cured.resumed_from is not None and cured.resumed_from.name == "checkpoint-4"
@@ -115,7 +140,6 @@ def rebuild_index_from_shard_headers(folder: Path) -> None:
 def test_wrong_shard_index_silently_keeps_fresh_tensors_and_a_rebuilt_index_restores_it(tmp_path: Path) -> None:
     out = build_scenario("sharded-wrong-index", tmp_path)
     cfg = base_config(out, weights_format="sharded")
-    latest = out / f"checkpoint-{PREEMPT_STEP}"
 
     damaged = resume_copy(out, tmp_path / "damaged", cfg)
     assert damaged.load_report is not None and damaged.load_report.branch == "sharded"
@@ -124,11 +148,14 @@ def test_wrong_shard_index_silently_keeps_fresh_tensors_and_a_rebuilt_index_rest
     # SCAN-FINDING: the index maps tensors to a shard whose header does not hold them.
     assert ("CKD205", f"checkpoint-{PREEMPT_STEP}/model.safetensors.index.json") in found(out)
 
-    # FIX: `ckptdoctor fix` rebuilds the index from the shard headers; here by hand.
-    rebuild_index_from_shard_headers(latest)
+    # FIX: `ckptdoctor fix` rebuilds the index from the shard headers.
+    before = tree_digest(out)
+    ckptdoctor_fix(out)
     assert not {rule for rule, _ in found(out)} & {"CKD205", "CKD204"}
     cured = resume_copy(out, tmp_path / "cured", cfg)
     assert max_difference(uninterrupted_losses(cfg), cured.losses) <= TOL
+    undo(str(out))
+    assert tree_digest(out) == before
 
 
 def test_wrong_index_resume_keeps_the_orphaned_tensor_at_its_initial_value(tmp_path: Path) -> None:

@@ -1,0 +1,780 @@
+"""The pre-resume gate: predict what ``trainer.train(resume_from_checkpoint=...)`` will do, and judge it first.
+
+The prediction follows transformers 5.x's resume path step by step (ANATOMY §2): ``get_last_checkpoint``; the
+weights branch of ``_load_from_checkpoint``; ``TrainerState.load_from_json``; ``set_initial_training_values`` and
+``_init_training_state`` (max_steps, epochs already trained, batches skipped); ``create_scheduler`` for the new
+max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then ``_run_epoch``, whose first optimizer
+step uses the LR restored into the optimizer and whose later steps use ``base_lr * lambda(last_epoch)``.
+Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import click
+
+from ckptdoctor import schedules, views
+from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.model import Checkpoint, Tree
+from ckptdoctor.rules import get_rule
+from ckptdoctor.rules.training import _has_optimizer as has_optimizer_state
+from ckptdoctor.rules.training import saved_world_size
+from ckptdoctor.scanner import FAIL_ON, Report
+
+SCHEMA = "ckptdoctor.gate/1"
+DEFAULT_LR_STEPS = 5
+JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
+LR_RTOL = 1e-9
+# TrainingArguments defaults (transformers 5.23) of the fields the resume arithmetic reads.
+ARG_DEFAULTS: dict[str, Any] = {
+    "num_train_epochs": 3.0,
+    "max_steps": -1,
+    "learning_rate": 5e-5,
+    "lr_scheduler_type": "linear",
+    "warmup_steps": 0.0,
+    "lr_scheduler_kwargs": None,
+    "ignore_data_skip": False,
+}
+SUPERSEDED = ("CKD401",)  # scan rules whose message the gate's exact prediction replaces
+_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+
+
+class GateInputError(ValueError):
+    """The gate cannot predict with what it was given (e.g. steps per epoch cannot be derived): a usage error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How the resume is planned. ``None`` means "as the run was": read from the checkpoint itself.
+
+    Fields carry ``TrainingArguments`` semantics (transformers 5.x): ``max_steps > 0`` overrides
+    ``num_train_epochs``; ``warmup_steps < 1`` is a ratio of max_steps. Planning ``num_train_epochs`` without
+    ``max_steps`` means an epoch-based run (``max_steps=-1``). ``steps_per_epoch`` counts optimizer updates
+    (``ceil(len(train_dataloader) / gradient_accumulation_steps)``).
+    """
+
+    checkpoint: str | None = None
+    num_train_epochs: float | None = None
+    max_steps: int | None = None
+    learning_rate: float | None = None
+    lr_scheduler_type: str | None = None
+    warmup_steps: float | None = None
+    lr_scheduler_kwargs: Mapping[str, Any] | None = None
+    steps_per_epoch: int | None = None
+    world_size: int | None = None
+    ignore_data_skip: bool | None = None
+    lr_steps: int = DEFAULT_LR_STEPS
+    fail_on: str = "error"
+
+
+def plan_from_training_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Planned values from a ``TrainingArguments``-like mapping (``args.to_dict()``, a JSON config file).
+
+    Only the fields the resume arithmetic reads are taken; ``warmup_ratio`` (transformers 4) becomes a
+    ``warmup_steps`` ratio when ``warmup_steps`` is 0.
+    """
+    out: dict[str, Any] = {}
+    for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
+        if _num(args.get(key)) is not None:
+            out[key] = float(args[key])
+    if _int(args.get("max_steps")) is not None:
+        out["max_steps"] = int(args["max_steps"])
+    if isinstance(args.get("lr_scheduler_type"), str):
+        out["lr_scheduler_type"] = args["lr_scheduler_type"]
+    kwargs = _kwargs(args.get("lr_scheduler_kwargs"))
+    if kwargs is not None:
+        out["lr_scheduler_kwargs"] = kwargs
+    if isinstance(args.get("ignore_data_skip"), bool):
+        out["ignore_data_skip"] = args["ignore_data_skip"]
+    ratio = _num(args.get("warmup_ratio"))
+    if ratio and not out.get("warmup_steps") and 0 < ratio < 1:
+        out["warmup_steps"] = ratio
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The arguments the prediction used, and where each came from (planned, training_args.bin, ... default)."""
+
+    num_train_epochs: float
+    max_steps: int  # the argument: > 0 overrides num_train_epochs
+    learning_rate: float
+    lr_scheduler_type: str
+    warmup_steps: float
+    lr_scheduler_kwargs: Mapping[str, Any]
+    ignore_data_skip: bool
+    steps_per_epoch: int | None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """How far the resumed loop runs: ``Trainer.set_initial_training_values`` and ``_init_training_state``."""
+
+    max_steps: int
+    num_train_epochs: int  # the loop's epoch count
+    epochs_trained: int
+    steps_to_train: int
+
+
+def resume_steps(
+    global_step: int, steps_per_epoch: int, max_steps: int, num_train_epochs: float, ignore_data_skip: bool = False
+) -> StepPlan:
+    """The resumed loop's extent, exactly as transformers 5.x computes and runs it.
+
+    ``max_steps`` is the argument (``> 0`` wins over epochs). The loop runs epochs ``epochs_trained ..
+    num_train_epochs - 1``, skipping ``global_step % steps_per_epoch`` updates of the first, and stops after the
+    first step that reaches ``max_steps`` (so a checkpoint at or past the end still trains one step when the loop
+    has updates left, and none when it has not).
+    """
+    upe = steps_per_epoch
+    if max_steps > 0:
+        total = max_steps
+        loop_epochs = max_steps // upe + int(max_steps % upe > 0)
+    else:
+        total = math.ceil(num_train_epochs * upe)
+        loop_epochs = math.ceil(num_train_epochs)
+    epochs_trained = global_step // upe
+    skip = 0 if ignore_data_skip else global_step % upe
+    available = (loop_epochs - epochs_trained) * upe - skip if loop_epochs > epochs_trained else 0
+    steps = min(available, max(total - global_step, 1)) if available > 0 else 0
+    return StepPlan(total, loop_epochs, epochs_trained, steps)
+
+
+def steps_per_epoch_of(ts: views.TrainerStateView) -> int | None:
+    """Optimizer updates per epoch of the run that wrote ``ts``, or None when the state does not pin it down.
+
+    ``epoch`` is ``epochs_done + batches_done / batches_per_epoch``, so ``global_step / epoch`` is exact whenever
+    gradient accumulation divides the epoch; else ``max_steps / num_train_epochs`` of an epoch-based run.
+    """
+    g, ep = ts.global_step, ts.epoch
+    if g and ep and ep > 0:
+        est = g / ep
+        r = round(est)
+        if r >= 1 and abs(est - r) <= 1e-6 * r:
+            return r
+    if ts.max_steps and ts.num_train_epochs and ts.num_train_epochs > 0:
+        ratio = ts.max_steps / ts.num_train_epochs
+        if ratio >= 1 and ratio.is_integer():
+            return int(ratio)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    """The predicted resume and the findings about it. ``lr`` holds the LRs of the first optimizer steps."""
+
+    run: str
+    checkpoint: str | None
+    weights_branch: str
+    start_step: int
+    max_steps: int
+    steps_to_train: int
+    lr: tuple[float, ...]
+    findings: tuple[Finding, ...]
+    settings: Settings | None = None
+    restores_optimizer: bool = False
+    epochs_trained: int = 0
+    num_train_epochs: int = 0
+    warmup_steps: int = 0
+    base_lr: float | None = None
+    fail_on: str = "error"
+
+    @property
+    def failed(self) -> bool:
+        """True when a finding reaches ``fail_on``."""
+        return Report((), self.findings, 0.0).failed(self.fail_on)
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.failed else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented ``ckptdoctor.gate/1`` document (plus ``resolved``: the arguments the prediction used)."""
+        from ckptdoctor.report import _finding_json
+
+        s = self.settings
+        resolved: dict[str, Any] | None = None
+        if s is not None:
+            resolved = {
+                "num_train_epochs": s.num_train_epochs,
+                "max_steps_argument": s.max_steps,
+                "learning_rate": s.learning_rate,
+                "lr_scheduler_type": s.lr_scheduler_type,
+                "warmup_steps_argument": s.warmup_steps,
+                "warmup_steps": self.warmup_steps,
+                "lr_scheduler_kwargs": dict(s.lr_scheduler_kwargs),
+                "steps_per_epoch": s.steps_per_epoch,
+                "epochs_trained": self.epochs_trained,
+                "loop_epochs": self.num_train_epochs,
+                "restores_optimizer_and_scheduler": self.restores_optimizer,
+                "base_lr": self.base_lr,
+                "sources": dict(s.sources),
+            }
+        return {
+            "schema": SCHEMA,
+            "run": self.run,
+            "checkpoint": self.checkpoint,
+            "weights_branch": self.weights_branch,
+            "start_step": self.start_step,
+            "max_steps": self.max_steps,
+            "steps_to_train": self.steps_to_train,
+            "lr": list(self.lr),
+            "verdict": self.verdict,
+            "findings": [_finding_json(f) for f in self.findings],
+            "resolved": resolved,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small readers of plain values
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _kwargs(v: Any) -> dict[str, Any] | None:
+    """``lr_scheduler_kwargs`` as TrainingArguments accepts it: a dict, a JSON object string, or None/empty."""
+    if isinstance(v, str) and v.strip():
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, dict):
+        return {str(k): x for k, x in v.items()}
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=LR_RTOL, abs_tol=0.0)
+
+
+def _in(path: str, folder: str) -> bool:
+    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resolving the planned arguments
+
+
+def resolve(plan: Plan, ck: Checkpoint, ts: views.TrainerStateView | None) -> Settings:
+    """The arguments the resume will run with: planned values first, then the checkpoint's ``training_args.bin``,
+    then ``trainer_state.json`` / ``scheduler.pt``, then transformers' defaults."""
+    args = views.training_args(ck) or {}
+    sources: dict[str, str] = {}
+
+    def pick(name: str, planned: Any, from_args: Any, fallback: tuple[Any, str] | None = None) -> Any:
+        if planned is not None:
+            sources[name] = "planned"
+            return planned
+        if from_args is not None:
+            sources[name] = "training_args.bin"
+            return from_args
+        if fallback is not None and fallback[0] is not None:
+            sources[name] = fallback[1]
+            return fallback[0]
+        sources[name] = "default"
+        return ARG_DEFAULTS[name]
+
+    sched = views.scheduler_state(ck)
+    planned_max = plan.max_steps if plan.max_steps is not None else (-1 if plan.num_train_epochs is not None else None)
+    max_steps = pick("max_steps", planned_max, _int(args.get("max_steps")),
+                     (ts.max_steps if ts else None, "trainer_state.json"))
+    epochs = pick("num_train_epochs", plan.num_train_epochs, _num(args.get("num_train_epochs")),
+                  (ts.num_train_epochs if ts else None, "trainer_state.json"))
+    lr = pick("learning_rate", plan.learning_rate, _num(args.get("learning_rate")),
+              (sched.base_lrs[0] if sched and sched.base_lrs else None, "scheduler.pt"))
+    stype = args.get("lr_scheduler_type")
+    stype = pick("lr_scheduler_type", plan.lr_scheduler_type, stype if isinstance(stype, str) else None)
+    own_warmup = plan_from_training_args(args).get("warmup_steps") if args else None
+    warmup = pick("warmup_steps", plan.warmup_steps, own_warmup)
+    kw = pick("lr_scheduler_kwargs", plan.lr_scheduler_kwargs, _kwargs(args.get("lr_scheduler_kwargs")))
+    skip_flag = args.get("ignore_data_skip")
+    ignore = pick("ignore_data_skip", plan.ignore_data_skip, skip_flag if isinstance(skip_flag, bool) else None)
+    upe = plan.steps_per_epoch
+    sources["steps_per_epoch"] = "planned"
+    if upe is None:
+        upe = steps_per_epoch_of(ts) if ts else None
+        sources["steps_per_epoch"] = "trainer_state.json" if upe is not None else "unknown"
+    return Settings(
+        num_train_epochs=float(epochs),
+        max_steps=int(max_steps),
+        learning_rate=float(lr),
+        lr_scheduler_type=str(stype),
+        warmup_steps=float(warmup),
+        lr_scheduler_kwargs=dict(kw or {}),
+        ignore_data_skip=bool(ignore),
+        steps_per_epoch=upe,
+        sources=sources,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The prediction
+
+
+class _Findings:
+    """Collects gate findings with the registered rule's name and default severity."""
+
+    def __init__(self, root: str, scanned: Sequence[Finding] = ()) -> None:
+        self.root = root
+        self.items: list[Finding] = list(scanned)
+
+    def add(self, code: str, path: str, message: str, severity: Severity | None = None) -> None:
+        r = get_rule(code)
+        assert r is not None, code
+        self.items.append(Finding(r.code, r.name, severity or r.severity, path, message, root=self.root))
+
+    def sorted(self) -> tuple[Finding, ...]:
+        return tuple(sorted(self.items, key=Finding.sort_key))
+
+
+def _in_folder(ck: Checkpoint, name: str) -> str:
+    return name if ck.path in ("", ".") else f"{ck.path}/{name}"
+
+
+def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> str | None:
+    """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing)."""
+    if branch == "none":
+        return "no weights file to load: train() raises ValueError(\"Can't find a valid checkpoint at ...\")"
+    state = ck.file(views.TRAINER_STATE)
+    if state is None:
+        return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
+    if ts is None:
+        return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
+    if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
+        return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
+    if views.is_deepspeed(ck) and ck.file(views.SCHEDULER) is None:
+        return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
+    return None
+
+
+def _first_lr(ck: Checkpoint) -> float | None:
+    """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
+    opt = views.optimizer_state(ck)
+    if opt is not None and opt.groups and opt.groups[0].lr is not None:
+        return opt.groups[0].lr
+    return views.checkpoint_lr(ck)
+
+
+def _base_lr(ck: Checkpoint) -> float | None:
+    """``base_lrs[0]`` that ``LambdaLR.load_state_dict`` restores, else the optimizer's ``initial_lr``."""
+    sched = views.scheduler_state(ck)
+    if sched is not None and sched.base_lrs:
+        return sched.base_lrs[0]
+    opt = views.optimizer_state(ck)
+    if opt is not None and opt.groups:
+        return opt.groups[0].initial_lr
+    return None
+
+
+def _last_used_lr(ts: views.TrainerStateView, step: int) -> tuple[int, float] | None:
+    """The last ``(step, learning_rate)`` logged at or before ``step``: the LR the run last trained with."""
+    logged = [(s, lr) for s, lr in ts.learning_rates() if s <= step]
+    return logged[-1] if logged else None
+
+
+def _rng_ranks(ck: Checkpoint) -> int | None:
+    """Ranks that saved RNG state: 1 for ``rng_state.pth``, else the highest ``rng_state_R.pth`` + 1."""
+    ranks: set[int] = set()
+    for f in ck.files:
+        rel = ck.relname(f)
+        m = _RNG_RE.match(rel)
+        if m:
+            ranks.add(int(m.group(1)) if m.group(1) is not None else -1)
+    if not ranks:
+        return None
+    return 1 if ranks == {-1} else max(ranks) + 1
+
+
+def _world_size(out: _Findings, ck: Checkpoint, planned: int) -> None:
+    saved = saved_world_size(ck)
+    kind = "FSDP/DeepSpeed shards"
+    sev = Severity.ERROR
+    if saved is None:
+        saved, kind, sev = _rng_ranks(ck), "RNG state files", Severity.WARNING
+    if saved is None or saved == planned:
+        return
+    if sev == Severity.ERROR:
+        tail = "the resume fails or must reshard"
+    else:
+        tail = "ranks without their own file continue with fresh random state"
+    out.add("CKD504", ck.path, f"saved by {saved} ranks ({kind}) but planned world size is {planned}: {tail}", sev)
+
+
+def _fmt_lrs(lrs: Sequence[float]) -> str:
+    return ", ".join(f"{x:.4g}" for x in lrs)
+
+
+def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence[Finding] = ()) -> GateResult:
+    """Predict the resume of the run in ``tree`` (or of the checkpoint ``tree`` holds) under ``plan``.
+
+    ``scanned`` are the scan's findings for ``tree``; those about the checkpoint the resume loads are kept.
+    Raises ``GateInputError`` when steps per epoch can neither be read from the checkpoint nor were planned.
+    """
+    run_label = run if run is not None else tree.root
+    root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
+    ck: Checkpoint | None = None
+    if root_run is not None:
+        if root_run.resume_pick is not None:
+            ck = next((c for c in root_run.checkpoints if c.path == root_run.resume_pick), None)
+        elif root_run.standalone and root_run.checkpoints:
+            ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
+    if ck is None:
+        out = _Findings(tree.root)
+        out.add("CKD413", ".", "resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
+                "ValueError(\"No valid checkpoint found in output directory\")")
+        return GateResult(run_label, None, "none", 0, 0, 0, (), out.sorted(), fail_on=plan.fail_on)
+
+    from ckptdoctor.report import display_path
+
+    out = _Findings(tree.root, [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED])
+    label = display_path(tree.root, ck.path)
+    ts = views.trainer_state(ck)
+    branch = views.weights_branch(ck)
+    start = (ts.global_step or 0) if ts is not None else (ck.step or 0)
+    crash = _crash(ck, ts, branch)
+    settings = resolve(plan, ck, ts)
+    if plan.world_size is not None:
+        _world_size(out, ck, plan.world_size)
+    if crash is not None:
+        out.add("CKD413", ck.path, crash)
+        return GateResult(run_label, label, branch, start, 0, 0, (), out.sorted(), settings, fail_on=plan.fail_on)
+    if settings.steps_per_epoch is None:
+        raise GateInputError(
+            f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
+        )
+    steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
+                         settings.ignore_data_skip)
+    restores = views.is_deepspeed(ck) or (has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
+    warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
+    base = _base_lr(ck) if restores else settings.learning_rate
+    result = GateResult(
+        run_label, label, branch, start, steps.max_steps, steps.steps_to_train, (), (), settings, restores,
+        steps.epochs_trained, steps.num_train_epochs, warmup, base, plan.fail_on,
+    )
+    if steps.steps_to_train == 0:
+        span = (
+            f"max_steps {steps.max_steps}" if settings.max_steps > 0
+            else f"{settings.num_train_epochs:g} epochs x {settings.steps_per_epoch} steps = max_steps "
+            f"{steps.max_steps}"
+        )
+        past = " (the checkpoint is past the planned end)" if start > steps.max_steps else ""
+        out.add("CKD407", ck.path, f"resume starts at global_step {start} with {span}{past}: train() returns "
+                "after 0 steps, reporting success")
+    lrs = _predict_lrs(out, ck, ts, settings, steps, warmup, restores, base, plan.lr_steps)
+    return replace(result, lr=lrs, findings=out.sorted())
+
+
+def _predict_lrs(
+    out: _Findings,
+    ck: Checkpoint,
+    ts: views.TrainerStateView | None,
+    s: Settings,
+    steps: StepPlan,
+    warmup: int,
+    restores: bool,
+    base: float | None,
+    lr_steps: int,
+) -> tuple[float, ...]:
+    """The LRs of the first ``lr_steps`` resumed optimizer steps, with the LR findings (CKD408-CKD413)."""
+    start = ts.global_step or 0 if ts is not None else 0
+    try:
+        sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
+                                lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
+    except schedules.ScheduleError as exc:
+        if s.lr_scheduler_type in schedules.METRIC_DRIVEN:
+            out.add("CKD412", ck.path, f"`{s.lr_scheduler_type}`: {exc}")
+        else:
+            out.add("CKD413", ck.path, f"create_scheduler raises: {exc}")
+        return ()
+    n = max(0, min(lr_steps, steps.steps_to_train))
+    sched_state = views.scheduler_state(ck)
+    if not restores:
+        have = "optimizer state" if has_optimizer_state(ck) else ("`scheduler.pt`" if ck.file(views.SCHEDULER) else "")
+        missing = "no `scheduler.pt`" if have == "optimizer state" else (
+            "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
+        lead = f"has {have} but {missing}" if have else f"has {missing}"
+        lr0 = sched.lr(s.learning_rate, 0)
+        out.add("CKD408", ck.path, f"{lead}: the resume restores neither; AdamW restarts from zero moments and the "
+                f"`{s.lr_scheduler_type}` schedule restarts at its step 0 (LR {lr0:.4g}) while global_step continues "
+                f"at {start}")
+    if n == 0:
+        return ()
+    first = _first_lr(ck) if restores else None
+    if restores and (first is None or base is None):
+        out.add("CKD412", ck.path, "cannot read the LR stored in `optimizer.pt` / `scheduler.pt`; LRs not predicted")
+        return ()
+    last_epoch = start
+    if sched_state is not None and sched_state.last_epoch is not None:
+        last_epoch = sched_state.last_epoch
+    try:
+        if restores:
+            assert first is not None and base is not None
+            lrs = [first] + [sched.lr(base, last_epoch + i) for i in range(1, n)]
+        else:
+            lrs = [sched.lr(s.learning_rate, i) for i in range(n)]
+    except ArithmeticError as exc:
+        out.add("CKD413", ck.path, f"the `{s.lr_scheduler_type}` schedule raises {type(exc).__name__} within the first "
+                f"{n} resumed steps")
+        return ()
+    if restores and base is not None and not _close(s.learning_rate, base):
+        src = s.sources.get("learning_rate", "planned")
+        out.add("CKD409", _in_folder(ck, views.SCHEDULER), f"learning_rate {s.learning_rate:g} ({src}) is ignored: "
+                f"the resume restores base LR {base:g} from the checkpoint"
+                + (f"; the first steps run at {_fmt_lrs(lrs)}" if lrs else ""))
+    if lrs and lrs[0] == 0.0:
+        why = "the LR stored in `optimizer.pt`" if restores else "the restarted schedule's warm-up"
+        out.add("CKD410", ck.path, f"the first resumed optimizer step (step {start + 1}) runs at LR 0 ({why})")
+    if ts is not None and lrs:
+        _jump(out, ck, ts, lrs, start, steps.max_steps)
+    return tuple(lrs)
+
+
+def _jump(
+    out: _Findings, ck: Checkpoint, ts: views.TrainerStateView, lrs: list[float], start: int, new_max: int
+) -> None:
+    last = _last_used_lr(ts, start)
+    if last is None or last[1] <= 0:
+        return
+    own_warmup = plan_from_training_args(views.training_args(ck) or {}).get("warmup_steps", 0.0)
+    if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
+        return  # the run was still warming up: a rising LR is its own schedule
+    peak = max(range(len(lrs)), key=lambda i: lrs[i])
+    if lrs[peak] > last[1] * JUMP_FACTOR:
+        was = f" (the run's max_steps was {ts.max_steps}, the resume's is {new_max})" if ts.max_steps != new_max else ""
+        out.add("CKD411", ck.path, f"LR rises from {last[1]:.4g} (logged at step {last[0]}) to {lrs[peak]:.4g} at "
+                f"step {start + 1 + peak}: the resume does not continue the run's schedule{was}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python entry point
+
+
+_PLAN_FIELDS = frozenset(
+    ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs",
+     "steps_per_epoch", "world_size", "ignore_data_skip")
+)
+
+
+def gate(
+    run_dir: str | os.PathLike[str],
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    training_args: Mapping[str, Any] | None = None,
+    lr_steps: int = DEFAULT_LR_STEPS,
+    fail_on: str = "error",
+    **planned: Any,
+) -> GateResult:
+    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
+
+    ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
+    ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
+    ``ignore_data_skip``); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit
+    keywords override. Anything not planned is the run's own. ``checkpoint`` may be a path, or a folder name
+    inside ``run_dir``. Reads only; never imports torch.
+    """
+    unknown = sorted(set(planned) - _PLAN_FIELDS)
+    if unknown:
+        raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
+    if fail_on not in FAIL_ON:
+        raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
+    values = plan_from_training_args(training_args) if training_args else {}
+    values.update({k: v for k, v in planned.items() if v is not None})
+    if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
+        values.pop("max_steps", None)  # epochs planned explicitly: an epoch-based run, whatever the file says
+    target = os.fspath(run_dir)
+    ck_arg: str | None = None
+    if checkpoint is not None:
+        ck_arg = os.fspath(checkpoint)
+        inside = os.path.join(target, ck_arg)
+        target = ck_arg if os.path.isdir(ck_arg) or not os.path.isdir(inside) else inside
+    plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on, **values)
+    from ckptdoctor.scanner import scan
+
+    report = scan(target)
+    return predict(report.trees[0], plan, run=os.fspath(run_dir), scanned=report.findings)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text output
+
+
+def render_text(result: GateResult) -> str:
+    """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
+    from ckptdoctor.report import _plural, display_path
+
+    lines: list[str] = [f"ckptdoctor gate {result.run}"]
+    if result.checkpoint is None:
+        lines.append("  checkpoint       none found")
+    else:
+        lines.append(f"  checkpoint       {result.checkpoint}  (weights: {result.weights_branch})")
+        s = result.settings
+        if s is not None and result.max_steps:
+            end = result.start_step + result.steps_to_train
+            lines.append(
+                f"  steps            global_step {result.start_step} -> {end} of max_steps {result.max_steps}: "
+                f"trains {result.steps_to_train} ({s.steps_per_epoch} steps per epoch, {result.epochs_trained} of "
+                f"{result.num_train_epochs} epochs done)"
+            )
+            state = "restored from the checkpoint" if result.restores_optimizer else "NOT restored (fresh)"
+            base = "?" if result.base_lr is None else f"{result.base_lr:.4g}"
+            lines.append(f"  optimizer        {state}")
+            lines.append(
+                f"  schedule         {s.lr_scheduler_type}, {result.warmup_steps} warm-up steps, base LR {base}"
+            )
+        if result.lr:
+            lines.append(f"  first {len(result.lr)} LRs      " + _fmt_lrs(result.lr))
+    if result.findings:
+        lines.append("")
+        for f in result.findings:
+            lines.append(f"{display_path(f.root, f.path)}: {f.rule} [{f.severity.value}] {f.message}")
+    counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
+    tally = ", ".join(_plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
+    lines.append("")
+    lines.append(f"Verdict: {result.verdict} ({tally}; --fail-on {result.fail_on})")
+    return "\n".join(lines)
+
+
+def summary(result: GateResult) -> str:
+    """One line for CI logs: what the resume will do."""
+    if result.checkpoint is None:
+        return "resume finds no checkpoint"
+    lrs = f"; first LRs {_fmt_lrs(result.lr)}" if result.lr else ""
+    return (
+        f"resume loads {result.checkpoint} ({result.weights_branch}) at step {result.start_step} and trains "
+        f"{result.steps_to_train} of max_steps {result.max_steps}{lrs}; verdict {result.verdict}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+
+_EPILOG = """\b
+Examples:
+  ckptdoctor gate runs/my-run                          # resume with the run's own arguments
+  ckptdoctor gate runs/my-run --num-train-epochs 5     # what will 2 more epochs do?
+  ckptdoctor gate runs/my-run --checkpoint checkpoint-800 --learning-rate 1e-4 --format json
+  ckptdoctor gate runs/my-run --world-size 8 --format github   # in a CI job before the launcher
+
+\b
+Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error.
+"""
+
+
+@click.command("gate", epilog=_EPILOG)
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR) "
+              "instead of the one resume_from_checkpoint=True picks.")
+@click.option("--num-train-epochs", type=float, help="Planned num_train_epochs (an epoch-based run).")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Planned max_steps (overrides epochs).")
+@click.option("--learning-rate", type=float, help="Planned learning_rate.")
+@click.option("--lr-scheduler-type", type=click.Choice([*schedules.SUPPORTED, *schedules.METRIC_DRIVEN]),
+              help="Planned lr_scheduler_type.")
+@click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, e.g. \'{"num_cycles": 2}\'.')
+@click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps (< 1 is a ratio, as in 5.x).")
+@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up ratio.")
+@click.option("--steps-per-epoch", type=click.IntRange(min=1),
+              help="Optimizer steps per epoch of the resumed run.  [default: the checkpoint's]")
+@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on.")
+@click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
+              metavar="FILE.json", help="TrainingArguments as JSON (args.to_json_string()); options override it.")
+@click.option("--lr-steps", type=click.IntRange(min=0), default=DEFAULT_LR_STEPS, show_default=True,
+              help="How many resumed optimizer steps' LRs to predict.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
+              show_default=True, help="json: one ckptdoctor.gate/1 document; sarif: SARIF 2.1.0; github: annotations.")
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
+              help="Fail when a finding has this severity or worse.")
+def gate_command(
+    run_dir: str,
+    checkpoint: str | None,
+    num_train_epochs: float | None,
+    max_steps: int | None,
+    learning_rate: float | None,
+    lr_scheduler_type: str | None,
+    lr_scheduler_kwargs: str | None,
+    warmup_steps: float | None,
+    warmup_ratio: float | None,
+    steps_per_epoch: int | None,
+    world_size: int | None,
+    training_args_file: str | None,
+    lr_steps: int,
+    fmt: str,
+    fail_on: str,
+) -> None:
+    """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
+
+    It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
+    learning rates, following transformers 5.x's resume path. Arguments you do not plan are the run's own (read
+    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    """
+    from ckptdoctor.cli import UsageProblem  # here: cli imports this module when it registers the command
+
+    if num_train_epochs is not None and max_steps is not None:
+        raise UsageProblem("give --num-train-epochs or --max-steps, not both")
+    if warmup_steps is not None and warmup_ratio is not None:
+        raise UsageProblem("give --warmup-steps or --warmup-ratio, not both")
+    kwargs = None
+    if lr_scheduler_kwargs is not None:
+        kwargs = _kwargs(lr_scheduler_kwargs)
+        if kwargs is None and lr_scheduler_kwargs.strip():
+            raise UsageProblem("--lr-scheduler-kwargs must be a JSON object")
+    file_args: dict[str, Any] | None = None
+    if training_args_file is not None:
+        try:
+            with open(training_args_file, encoding="utf-8") as fh:
+                loaded = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise UsageProblem(f"--training-args {training_args_file}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UsageProblem(f"--training-args {training_args_file}: not a JSON object")
+        file_args = loaded
+    if checkpoint is not None and not (os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))):
+        raise UsageProblem(f"--checkpoint {checkpoint}: no such folder (nor in {run_dir})")
+    try:
+        result = gate(
+            run_dir,
+            checkpoint=checkpoint,
+            training_args=file_args,
+            lr_steps=lr_steps,
+            fail_on=fail_on,
+            num_train_epochs=num_train_epochs,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            lr_scheduler_type=lr_scheduler_type,
+            lr_scheduler_kwargs=kwargs,
+            warmup_steps=warmup_steps if warmup_steps is not None else warmup_ratio,
+            steps_per_epoch=steps_per_epoch,
+            world_size=world_size,
+        )
+    except GateInputError as exc:
+        raise UsageProblem(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    elif fmt in ("sarif", "github"):
+        from ckptdoctor import sarif
+
+        if fmt == "sarif":
+            click.echo(sarif.render_sarif(result.findings))
+        else:
+            click.echo(sarif.render_github(result.findings, notice=summary(result)))
+    else:
+        click.echo(render_text(result))
+    sys.exit(result.exit_code)

@@ -1,0 +1,121 @@
+"""Findings as a SARIF 2.1.0 log (for code-scanning upload) or as GitHub Actions workflow annotation lines.
+
+Both renderers take any findings (``scan``'s or ``gate``'s) and describe each rule from the registry, so a result
+links to the rule's full document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from ckptdoctor import __version__
+from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.rules import Rule, get_rule
+
+SARIF_VERSION = "2.1.0"
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+FINGERPRINT_KEY = "ckptdoctor/v1"  # stable across runs: rule + path, never the message or byte offsets
+_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+_GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
+def finding_location(f: Finding) -> str:
+    """The path a reader can open: the root the user gave joined with the finding's path, ``/``-separated."""
+    from ckptdoctor.report import display_path
+
+    return (display_path(f.root, f.path) or ".").replace(os.sep, "/")
+
+
+def _uri(path: str) -> dict[str, str]:
+    """A SARIF artifactLocation: relative paths against ``%SRCROOT%`` (the repository), absolute ones as file URIs."""
+    if os.path.isabs(path):
+        return {"uri": "file://" + urllib.parse.quote(path)}
+    norm = path[2:] if path.startswith("./") else path
+    return {"uri": urllib.parse.quote(norm), "uriBaseId": "%SRCROOT%"}
+
+
+def _descriptor(code: str, rule: Rule | None) -> dict[str, Any]:
+    if rule is None:
+        return {"id": code}
+    doc = inspect.cleandoc(rule.doc)
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": rule.summary},
+        "help": {"text": doc, "markdown": doc},
+        "defaultConfiguration": {"level": _LEVEL[rule.severity]},
+        "properties": {"tags": ["checkpoint", "gate" if rule.gate_only else "scan"]},
+    }
+
+
+def to_sarif(findings: Sequence[Finding]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log with one run: the rules that fired (with their documents) and one result per finding."""
+    codes = sorted({f.rule for f in findings})
+    index = {code: i for i, code in enumerate(codes)}
+    results = []
+    for f in findings:
+        where = finding_location(f)
+        digest = hashlib.sha256(f"{f.rule}\0{f.path}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        results.append(
+            {
+                "ruleId": f.rule,
+                "ruleIndex": index[f.rule],
+                "level": _LEVEL[f.severity],
+                "message": {"text": f.message},
+                "locations": [
+                    {"physicalLocation": {"artifactLocation": _uri(where), "region": {"startLine": 1}}}
+                ],
+                "partialFingerprints": {FINGERPRINT_KEY: digest},
+                **({"properties": {"fix": f.fix.title, "applicability": f.fix.applicability.value}} if f.fix else {}),
+            }
+        )
+    driver = {
+        "name": "ckptdoctor",
+        "version": __version__,
+        "semanticVersion": __version__,
+        "rules": [_descriptor(code, get_rule(code)) for code in codes],
+    }
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": SARIF_VERSION,
+        "runs": [{"tool": {"driver": driver}, "results": results, "columnKind": "unicodeCodePoints"}],
+    }
+
+
+def render_sarif(findings: Sequence[Finding]) -> str:
+    """The SARIF log as strict JSON text."""
+    return json.dumps(to_sarif(findings), indent=2, allow_nan=False)
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(level: str, message: str, *, file: str | None = None, title: str | None = None) -> str:
+    """One workflow command line: ``::error file=...,title=...::message``, escaped as the runner expects."""
+    props = []
+    if file is not None:
+        props.append(f"file={_escape_property(file)}")
+    if title is not None:
+        props.append(f"title={_escape_property(title)}")
+    return f"::{level}{' ' + ','.join(props) if props else ''}::{_escape_data(message)}"
+
+
+def render_github(findings: Sequence[Finding], *, notice: str | None = None) -> str:
+    """GitHub Actions annotations, one line per finding (``notice`` first, as a plain notice line)."""
+    lines = [github_annotation("notice", notice, title="ckptdoctor")] if notice else []
+    for f in findings:
+        title = f"{f.rule} {f.name}"
+        lines.append(github_annotation(_GITHUB_LEVEL[f.severity], f.message, file=finding_location(f), title=title))
+    return "\n".join(lines)
