@@ -231,6 +231,7 @@ def test_optimizer_mismatch_resume_is_silent_and_changes_the_adapter(tmp_path: P
     assert resumed.optimizer_restored
     assert max_difference(uninterrupted_losses(base_config(out, use_lora=True)), resumed.losses) > DEPARTS
     # SCAN-FINDING: checkpoint-12's adapter targets differ from checkpoint-8's within one run.
+    assert ("CKD405", f"checkpoint-{RUN_STEPS}") in found(out)
 
 
 @pytest.mark.slow

@@ -28,7 +28,9 @@ def _adapter_config(ck: Checkpoint, d: str) -> tuple[str, Any, str | None]:
     rel = _join(d, views.ADAPTER_CONFIG)
     f = ck.file(rel)
     if f is None:
-        return rel, None, f"adapter weights in `{ck.path}/{d or '.'}` but no `{views.ADAPTER_CONFIG}`"
+        weights = ck.file(_join(d, views.ADAPTER_SAFE)) or ck.file(_join(d, views.ADAPTER_BIN))
+        what = f"`{weights.path}`" if weights is not None else "adapter weights"
+        return rel, None, f"{what} has no `{views.ADAPTER_CONFIG}` beside it"
     if not isinstance(f.content, JsonFacts):
         reason = f.problems[0].message if f.problems else "unreadable"
         return rel, None, f"`{rel}` cannot be read: {reason}"
@@ -79,7 +81,10 @@ def adapter_config_invalid(tree: Tree) -> Iterator[Hit]:
                 rel, cfg, problem = _adapter_config(ck, d)
                 path = f"{ck.path}/{rel}" if ck.path not in ("", ".") else rel
                 if problem is not None:
-                    yield Hit(path if "no `" not in problem else (f"{ck.path}/{d}" if d else ck.path), problem)
+                    # A missing config is reported at the folder that lacks it, an unreadable one at the file.
+                    missing = ck.file(rel) is None
+                    folder = (_join(ck.path, d) if d else ck.path) if ck.path not in ("", ".") else (d or ".")
+                    yield Hit(folder if missing else path, problem)
                     continue
                 bad = validate_adapter_config(cfg)
                 if bad:
@@ -102,16 +107,25 @@ def adapter_mismatches(cfg: dict[str, Any], tensors: tuple[TensorInfo, ...]) -> 
     rank_pattern = cfg.get("rank_pattern") or {}
     tm = cfg.get("target_modules")
     bad_modules: list[str] = []
+    bad_ranks: list[tuple[str, int]] = []
+    lora = 0
     for t in tensors:
         m = _LORA_RE.match(t.name)
         if m is None or len(t.shape) != 2:
             continue
+        lora += 1
         module, ab = m.group("module"), m.group("ab")
         rank = t.shape[0] if ab == "A" else t.shape[1]
         if isinstance(r, int) and not rank_pattern and rank != r:
-            out.append(f"r is {r} but `{t.name}` has rank {rank}")
+            bad_ranks.append((t.name, rank))
         if tm is not None and not _targets_match(tm, module) and module not in bad_modules:
             bad_modules.append(module)
+    if bad_ranks:
+        ranks = sorted({rank for _, rank in bad_ranks})
+        out.append(
+            f"r is {r} but {len(bad_ranks)} of {lora} LoRA matrices have rank {'/'.join(map(str, ranks))} "
+            f"(e.g. `{bad_ranks[0][0]}`)"
+        )
     if bad_modules:
         out.append(f"{len(bad_modules)} adapted module(s) are not in target_modules {tm!r} (e.g. `{bad_modules[0]}`)")
     return out

@@ -70,6 +70,11 @@ def _common_steps(a: views.TrainerStateView, b: views.TrainerStateView) -> bool:
     return any(e.get("step") in steps for e in b.log_history if "loss" in e or "learning_rate" in e)
 
 
+def same_history(older: views.TrainerStateView, newer: views.TrainerStateView) -> bool:
+    """True when two trainer states logged steps in common and agree on them: two checkpoints of one run."""
+    return _common_steps(older, newer) and history_divergence(older, newer) is None
+
+
 @dataclass(frozen=True, slots=True)
 class StaleVerdict:
     """Resume's pick belongs to another run than lower-numbered checkpoints of the same folder.
@@ -370,6 +375,15 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
             yield Hit(where, msg, fix=plan)
 
 
+def _links_out(tree: Tree, ck: Checkpoint) -> bool:
+    """Whether a link directly inside ``ck`` points outside the scan root (its target is unknown to the scan)."""
+    return any(
+        pp.problem.kind == ProblemKind.LINK_ESCAPES_ROOT
+        and (pp.path.rsplit("/", 1)[0] if "/" in pp.path else ".") == (ck.path or ".")
+        for pp in tree.path_problems
+    )
+
+
 @rule("CKD106", "no-resumable-checkpoint", Severity.ERROR)
 def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder holds none of the weight files the Trainer looks for.
@@ -393,8 +407,8 @@ def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
     """
     for run in tree.runs:
         for ck in run.checkpoints:
-            if ck.role != FolderRole.CHECKPOINT or not ck.files:
-                continue
+            if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck):
+                continue  # a link out of the root is not followed, but a resume follows it (CKD604 reports it)
             if views.weights_branch(ck) == "none":
                 picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""
                 yield Hit(ck.path, f'no weights file a resume could load{picked} ("Can\'t find a valid checkpoint")')

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 from ckptdoctor import views
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Tree
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Run, Tree
 from ckptdoctor.rules import Hit, rule
+from ckptdoctor.rules.discovery import same_history
 
 _RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -211,13 +212,95 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
     return branch, [t.shape for t in ts]
 
 
+def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
+    return ", ".join(f"{list(shape)} x{n}" for shape, n in sorted(shapes.items())[:3])
+
+
+def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
+    """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint."""
+    opt = views.optimizer_state(ck)
+    trainable = _trainable_shapes(ck)
+    if opt is None or trainable is None or not opt.groups:
+        return None
+    branch, shapes = trainable
+    if shapes and all(0 in s for s in shapes):
+        return None  # an empty (ZeRO-3 style) weights file: CKD210 reports it, and nothing is left to compare
+    problems: list[str] = []
+    count = opt.param_count
+    if branch == "adapter" and count != len(shapes):
+        problems.append(f"the optimizer holds {count:,} parameters but the adapter {len(shapes):,} tensors")
+    elif branch == "full" and count > len(shapes):
+        problems.append(f"the optimizer holds {count:,} parameters but the weights only {len(shapes):,} tensors")
+    state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
+    available = Counter(shapes)
+    extra = state_shapes - available
+    if extra:
+        unmatched = available - state_shapes
+        where = "the adapter" if branch == "adapter" else "the weights"
+        problems.append(
+            f"{sum(extra.values()):,} optimizer states have shapes no trainable tensor has ({_shape_list(extra)})"
+            + (f"; {where} has {_shape_list(unmatched)} instead" if unmatched else "")
+        )
+    return "; ".join(problems) or None
+
+
+def _lora_layout(ck: Checkpoint) -> tuple[str, int | None] | None:
+    """The root adapter's ``target_modules`` (as sorted text) and ``r``: what its optimizer state was built for."""
+    f = ck.file(views.ADAPTER_CONFIG)
+    cfg = f.content.value if f is not None and isinstance(f.content, JsonFacts) else None
+    if not isinstance(cfg, dict) or "target_modules" not in cfg:
+        return None
+    tm = cfg["target_modules"]
+    modules = ", ".join(sorted(str(m) for m in tm)) if isinstance(tm, list) else repr(tm)
+    r = cfg.get("r")
+    return f"[{modules}]", r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def _adapter_tensors(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
+    ts = views.tensors_of(ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN))
+    return None if ts is None else frozenset((t.name, t.shape) for t in ts)
+
+
+def _resumed_with_other_adapter(run: Run) -> Iterator[Hit]:
+    """Consecutive checkpoints of one run whose LoRA layout changed: a resume loaded Adam state of other modules.
+
+    The shapes can agree (``q_proj,v_proj`` -> ``k_proj,v_proj``), so no single checkpoint shows the mismatch; the
+    evidence is two checkpoints whose log_history tells one story but whose adapters differ.
+    """
+    cks = sorted(
+        (c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None),
+        key=lambda c: c.step or 0,
+    )
+    for older, newer in itertools.pairwise(cks):
+        a, b = _lora_layout(older), _lora_layout(newer)
+        ts_a, ts_b = views.trainer_state(older), views.trainer_state(newer)
+        if a is None or b is None or a == b or ts_a is None or ts_b is None:
+            continue
+        if not (_has_optimizer(older) and older.file(views.SCHEDULER) is not None):
+            continue  # the Trainer restores the optimizer only when both files exist
+        if _adapter_tensors(older) == _adapter_tensors(newer) or _in_checkpoint_mismatch(newer) is not None:
+            continue  # same tensors under another config (CKD302), or a copied adapter (reported in-checkpoint)
+        if not same_history(ts_a, ts_b):
+            continue  # another run in the same output_dir (CKD101's concern), not a resume of this one
+        (mods_a, r_a), (mods_b, r_b) = a, b
+        yield Hit(
+            newer.path,
+            f"resumed from `{older.path}` with another adapter: its optimizer state was saved for target_modules "
+            f"{mods_a} (r={r_a}) but `{newer.path}` trains {mods_b} (r={r_b}), and log_history continues the same "
+            "run, so the restored Adam moments were applied to other parameters",
+        )
+
+
 @rule("CKD405", "optimizer-param-mismatch", Severity.ERROR)
 def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     """The optimizer state's parameters disagree with the trainable tensors the checkpoint holds.
 
     ## What it does
     Compares `optimizer.pt`'s parameter count and per-parameter state shapes (`exp_avg`) with the adapter tensors
-    (LoRA) or the full weights.
+    (LoRA) or the full weights. Across the checkpoints of one run, it also reports a checkpoint whose adapter
+    (`target_modules` or `r` in `adapter_config.json`) differs from the previous checkpoint's while their
+    `log_history` tells one story: the run was resumed with another adapter, from optimizer state built for the
+    old one.
 
     ## Why is this bad?
     `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,
@@ -225,7 +308,9 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     even check shapes (observed silent stepping, then heap corruption).
 
     ## Example
-    Resuming a run after adding `v_proj` to `target_modules`: the adapter has 8 matrices, the optimizer 4.
+    Resuming a run after replacing `q_proj` with `k_proj` in `target_modules`: the shapes agree, so `k_proj`
+    silently gets `q_proj`'s Adam moments; or an `r=4` adapter copied over an `r=2` one next to the `r=2` run's
+    `optimizer.pt`.
 
     ## Fix safety
     No automatic fix: resume without optimizer state knowingly, or restore the original adapter config.
@@ -234,29 +319,12 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     `torch/optim/optimizer.py` `load_state_dict`; ANATOMY H27.
     """
     for ck, _ in _checkpoints(tree):
-        opt = views.optimizer_state(ck)
-        trainable = _trainable_shapes(ck)
-        if opt is None or trainable is None or not opt.groups:
-            continue
-        branch, shapes = trainable
-        problems: list[str] = []
-        count = opt.param_count
-        if branch == "adapter" and count != len(shapes):
-            problems.append(f"the optimizer holds {count:,} parameters but the adapter {len(shapes):,} tensors")
-        elif branch == "full" and count > len(shapes):
-            problems.append(f"the optimizer holds {count:,} parameters but the weights only {len(shapes):,} tensors")
-        state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
-        available = Counter(shapes)
-        extra = state_shapes - available
-        if extra:
-            shape, n = next(iter(extra.items()))
-            problems.append(
-                f"{sum(extra.values()):,} optimizer states have shapes no trainable tensor has "
-                f"(e.g. {list(shape)} x{n})"
-            )
-        if problems:
+        problem = _in_checkpoint_mismatch(ck)
+        if problem is not None:
             f = views.optimizer_file(ck)
-            yield Hit(f.path if f else ck.path, "; ".join(problems))
+            yield Hit(f.path if f else ck.path, problem)
+    for run in tree.runs:
+        yield from _resumed_with_other_adapter(run)
 
 
 def _scheduler_type(ck: Checkpoint) -> str | None:

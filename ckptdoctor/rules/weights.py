@@ -415,5 +415,5 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
             if f is None or ts is None:
                 continue
             if not ts or all(t.numel == 0 for t in ts):
-                what = "no tensors" if not ts else f"only empty tensors ({len(ts)})"
+                what = "no tensors" if not ts else f"{len(ts):,} tensors, all of them empty"
                 yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): a resume loads nothing")

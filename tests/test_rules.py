@@ -1,0 +1,587 @@
+"""Every scan rule proved on real checkpoints: one where it fires (exact code, path, numbers) and one where it stays
+silent (the nearest healthy variant).
+
+The reference trainer builds each run once per module; a case copies it and changes exactly one thing the way users
+do (delete, copy in, truncate, rename, link, torch.save a payload, edit trainer_state.json ...). ``FIRES`` and
+``SILENT`` are the table; ``test_every_rule_has_a_firing_and_a_silent_case`` fails when a rule is added without
+both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.reference.scenarios import SCENARIOS, base_config, build
+from ckptdoctor.reference.train import train
+from ckptdoctor.rules import all_rules
+from ckptdoctor.scanner import scan
+from tests import payloads
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+CK8 = "checkpoint-8"
+
+Copy = Callable[[str], Path]  # a fresh copy of a named run, to change one thing in
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs trained once per module (reference scenarios plus a few variants), copied per test
+
+
+def _trained(out: Path, **changes: Any) -> None:
+    train(base_config(out, **changes), preempt_after_step=8)
+
+
+def _resumed(out: Path, **changes: Any) -> None:
+    """A run preempted at checkpoint-8 and resumed to the end: checkpoint-12 holds the whole log_history."""
+    _trained(out, **changes)
+    train(base_config(out, **changes), resume_from_checkpoint=True)
+
+
+def _lr_jump(out: Path) -> None:
+    """Resumed after a cleanup deleted checkpoint-8's scheduler.pt: the Trainer restarts the schedule at step 9."""
+    _trained(out)
+    (out / CK8 / "scheduler.pt").unlink()
+    train(base_config(out), resume_from_checkpoint=True)
+
+
+def _fresh_other_adapter(out: Path) -> None:
+    """LoRA run on (q, v) finished, then a fresh run (no resume) on (k, v) in the same output_dir."""
+    train(base_config(out, use_lora=True))
+    _trained(out, use_lora=True, lora_target_modules=("k_proj", "v_proj"))
+
+
+VARIANTS: dict[str, Callable[[Path], None]] = {
+    "full-resumed": _resumed,
+    "lora-resumed": lambda out: _resumed(out, use_lora=True),
+    "lora-r4": lambda out: _trained(out, use_lora=True, lora_r=4),
+    "bin-vocab64": lambda out: _trained(out, weights_format="bin", vocab_size=64),
+    "lr-jump": _lr_jump,
+    "fresh-other-adapter": _fresh_other_adapter,
+}
+# Two gloo processes take seconds to start: FSDP cases use the checked-in output of the `fsdp` scenario.
+CHECKED_IN = {"fsdp"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The pristine run ``name``, built on first use and shared by the module's tests (never modified)."""
+    root = tmp_path_factory.mktemp("runs")
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            if name in CHECKED_IN:
+                cache[name] = FIXTURES / name
+            elif name in VARIANTS:
+                (root / name).mkdir()
+                VARIANTS[name](root / name)
+                cache[name] = root / name
+            else:
+                assert name in SCENARIOS, name
+                cache[name] = build(name, root / name)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture
+def copy(runs: Callable[[str], Path], tmp_path: Path) -> Copy:
+    """A private copy of a run for one test to change."""
+
+    def make(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(runs(name), dst, symlinks=True)
+        return dst
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One change each, the way users (or their tools) make it
+
+
+def edit_json(path: Path, **changes: Any) -> None:
+    """Rewrite a JSON file with some keys changed (a key set to ``...`` is deleted)."""
+    value = json.loads(path.read_text())
+    for k, v in changes.items():
+        if v is ...:
+            del value[k]
+        else:
+            value[k] = v
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def cut(path: Path, keep: int) -> None:
+    """Truncate ``path`` to ``keep`` bytes (negative: drop that many from the end), as a full disk does."""
+    os.truncate(path, keep if keep >= 0 else path.stat().st_size + keep)
+
+
+def zero3_empty(path: Path) -> None:
+    """Re-save a safetensors file as DeepSpeed ZeRO-3 does without gathering: same names, zero-size tensors."""
+    save_file({k: torch.empty(0) for k in load_file(path)}, path, metadata={"format": "pt"})
+
+
+def save_rng(path: Path) -> None:
+    """``rng_state.pth`` as ``Trainer._save_rng_state`` writes it (one process, CPU)."""
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}, path)
+
+
+def deepspeed_layout(ck: Path, tags: tuple[int, ...] = (8,), ranks: tuple[int, ...] = (0, 1), world: int = 2) -> None:
+    """Turn a full checkpoint into what the Trainer writes under DeepSpeed ZeRO-2 with ``world`` ranks.
+
+    ``global_stepN/`` holds ``mp_rank_00_model_states.pt`` and one ``*_optim_states.pt`` partition per rank (real
+    ``torch.save`` files with DeepSpeed's keys), ``latest`` names the newest tag, there is one ``rng_state_R.pth``
+    per rank, and no ``optimizer.pt``/``scheduler.pt`` (DeepSpeed keeps them).
+    """
+    weights = load_file(ck / "model.safetensors")
+    flat = torch.cat([t.flatten() for t in weights.values()])
+    for step in tags:
+        tag = ck / f"global_step{step}"
+        tag.mkdir()
+        torch.save({"module": weights, "dp_world_size": world, "mp_world_size": 1, "global_steps": step,
+                    "ds_version": "0.16.4"}, tag / "mp_rank_00_model_states.pt")
+        for rank, part in enumerate(flat.chunk(world)):
+            if rank in ranks:
+                state = {"zero_stage": 2, "partition_count": world, "loss_scaler": None,
+                         "single_partition_of_fp32_groups": [part.clone()],
+                         "base_optimizer_state": {"state": {0: {"exp_avg": torch.zeros_like(part)}}}}
+                torch.save({"optimizer_state_dict": state, "ds_version": "0.16.4"},
+                           tag / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    (ck / "latest").write_text(f"global_step{max(tags)}")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (ck / name).unlink()
+    for rank in range(world):
+        save_rng(ck / f"rng_state_{rank}.pth")
+
+
+def rewrite_member(path: Path, suffix: str, change: Callable[[bytes], bytes]) -> None:
+    """Rewrite one member of a torch zip archive (the zip itself stays valid)."""
+    with zipfile.ZipFile(path) as z:
+        items = [(info, z.read(info.filename)) for info in z.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for info, data in items:
+            z.writestr(info, change(data) if info.filename.endswith(suffix) else data)
+
+
+class WarmupCallback:
+    """A user's callback class; a reference to it ends up pickled in a callback's state file."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cases. Each builder returns the root to scan.
+
+
+def clean(name: str) -> Callable[[Copy], Path]:
+    return lambda copy: copy(name)
+
+
+def unlinked(name: str, *rels: str) -> Callable[[Copy], Path]:
+    def make(copy: Copy) -> Path:
+        root = copy(name)
+        for rel in rels:
+            (root / rel).unlink()
+        return root
+
+    return make
+
+
+def link_loop(copy: Copy) -> Path:
+    root = copy("clean-full")
+    os.symlink("b.json", root / CK8 / "a.json")
+    os.symlink("a.json", root / CK8 / "b.json")
+    return root
+
+
+def bad_name(copy: Copy) -> Path:
+    """A file copied from a latin-1 file system: its name is not valid UTF-8."""
+    root = copy("clean-full")
+    (Path(os.fsdecode(os.fsencode(root / CK8) + b"/notes-\xe9t\xe9.txt"))).write_text("lr sweep")
+    return root
+
+
+def link_inside(copy: Copy) -> Path:
+    """Deduplicated by hand: checkpoint-8's config.json links to checkpoint-4's (inside the root)."""
+    root = copy("clean-full")
+    (root / CK8 / "config.json").unlink()
+    os.symlink("../checkpoint-4/config.json", root / CK8 / "config.json")
+    return root
+
+
+def link_outside(copy: Copy) -> Path:
+    """The weights moved to shared storage and linked back: the link leaves the scan root."""
+    root = copy("clean-full")
+    outside = root.parent / "shared" / "model.safetensors"
+    outside.parent.mkdir()
+    shutil.move(root / CK8 / "model.safetensors", outside)
+    os.symlink(outside, root / CK8 / "model.safetensors")
+    return root
+
+
+def stale_removed(copy: Copy) -> Path:
+    """stale-higher after the first run's leftover checkpoint-12 was quarantined."""
+    root = copy("stale-higher")
+    shutil.rmtree(root / "checkpoint-12")
+    return root
+
+
+def no_state_in_older(copy: Copy) -> Path:
+    root = copy("clean-full")
+    (root / "checkpoint-4" / "trainer_state.json").unlink()
+    return root
+
+
+def temp_left(copy: Copy) -> Path:
+    """A transformers 4.36-4.38 staging folder: the crash came after the weights of step 12 were written."""
+    root = copy("clean-full")
+    (root / "tmp-checkpoint-12").mkdir()
+    shutil.copy(root / CK8 / "model.safetensors", root / "tmp-checkpoint-12")
+    return root
+
+
+def backup_copy(copy: Copy) -> Path:
+    """A hand-made backup `checkpoint-8.bak`: invisible to resume, not a staging folder."""
+    root = copy("clean-full")
+    shutil.copytree(root / CK8, root / "checkpoint-8.bak")
+    return root
+
+
+def renamed(copy: Copy) -> Path:
+    root = copy("clean-full")
+    os.rename(root / CK8, root / "checkpoint-10")
+    return root
+
+
+def best_elsewhere(copy: Copy) -> Path:
+    """A run copied from another machine: best_model_checkpoint keeps that machine's absolute path."""
+    root = copy("clean-full")
+    edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint="/home/alice/runs/x/checkpoint-4",
+              best_metric=3.1)
+    return root
+
+
+def best_deleted(copy: Copy) -> Path:
+    """The best checkpoint was deleted to save space."""
+    root = copy("clean-full")
+    edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint=str(root / "checkpoint-6"), best_metric=3.1)
+    return root
+
+
+def best_here(copy: Copy) -> Path:
+    """What the Trainer writes for an absolute output_dir: os.path.join(output_dir, 'checkpoint-4')."""
+    root = copy("clean-full")
+    edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint=str(root / "checkpoint-4"), best_metric=3.1)
+    return root
+
+
+def truncated(name: str, rel: str, keep: int) -> Callable[[Copy], Path]:
+    def make(copy: Copy) -> Path:
+        root = copy(name)
+        cut(root / rel, keep)
+        return root
+
+    return make
+
+
+def stray_bin(source: str) -> Callable[[Copy], Path]:
+    """A `pytorch_model.bin` from another run copied next to checkpoint-8's `model.safetensors`."""
+
+    def make(copy: Copy) -> Path:
+        root = copy("clean-full")
+        shutil.copy(copy(source) / CK8 / "pytorch_model.bin", root / CK8)
+        return root
+
+    return make
+
+
+def json_edit(name: str, rel: str, **changes: Any) -> Callable[[Copy], Path]:
+    def make(copy: Copy) -> Path:
+        root = copy(name)
+        edit_json(root / rel, **changes)
+        return root
+
+    return make
+
+
+def emptied(name: str, rel: str) -> Callable[[Copy], Path]:
+    def make(copy: Copy) -> Path:
+        root = copy(name)
+        zero3_empty(root / rel)
+        return root
+
+    return make
+
+
+def r4_over_r2(copy: Copy) -> Path:
+    """An r=4 adapter copied over checkpoint-8's r=2 adapter; optimizer.pt is still the r=2 run's."""
+    root, r4 = copy("clean-lora"), copy("lora-r4")
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copy(r4 / CK8 / name, root / CK8 / name)
+    return root
+
+
+def deepspeed(tags: tuple[int, ...] = (8,), ranks: tuple[int, ...] = (0, 1), drop: str | None = None
+              ) -> Callable[[Copy], Path]:
+    def make(copy: Copy) -> Path:
+        root = copy("clean-full")
+        deepspeed_layout(root / CK8, tags, ranks)
+        if drop:
+            shutil.rmtree(root / CK8 / drop)  # a cleanup script kept the older tag only
+        return root
+
+    return make
+
+
+def malicious_args(copy: Copy) -> Path:
+    """training_args.bin replaced by a torch.save'd object whose unpickling runs a shell command."""
+    root = copy("clean-full")
+    canary = root.parent / "canary"
+    torch.save(payloads._reducer(os.system, (f"touch {canary}",)), root / CK8 / "training_args.bin")
+    return root
+
+
+def callback_state(copy: Copy) -> Path:
+    root = copy("clean-full")
+    torch.save({"callback": WarmupCallback, "step": 8}, root / CK8 / "callback_state.pt")
+    return root
+
+
+def cut_rng_pickle(copy: Copy) -> Path:
+    """rng_state.pth whose data.pkl lost its last 30 bytes inside an intact zip."""
+    root = copy("clean-full")
+    rewrite_member(root / CK8 / "rng_state.pth", "data.pkl", lambda data: data[:-30])
+    return root
+
+
+@dataclass(frozen=True, slots=True)
+class Fires:
+    """Rule ``code`` reports ``path`` with ``severity`` and a message holding every fragment of ``says``."""
+
+    code: str
+    case: str
+    make: Callable[[Copy], Path]
+    path: str
+    severity: Severity
+    says: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Silent:
+    """Rule ``code`` reports nothing on the tree ``make`` builds."""
+
+    code: str
+    case: str
+    make: Callable[[Copy], Path]
+
+
+WARN, ERR, INFO = Severity.WARNING, Severity.ERROR, Severity.INFO
+LORA_Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+
+FIRES: tuple[Fires, ...] = (
+    Fires("CKD001", "symlink-loop", link_loop, f"{CK8}/a.json", WARN, ("symbolic link loop",)),
+    Fires("CKD001", "undecodable-name", bad_name, f"{CK8}/notes-\\xe9t\\xe9.txt", WARN, ("not valid UTF-8",)),
+    Fires("CKD101", "stale-higher", clean("stale-higher"), "checkpoint-12", ERR,
+          ("picks `checkpoint-12`", "`checkpoint-8` belongs to another run", "step 1", "learning_rate 0.02 vs 0.05",
+           "max_steps 10 vs 12")),
+    Fires("CKD102", "interrupted-save", clean("interrupted-save"), CK8, ERR,
+          ("picks this interrupted save", "no `trainer_state.json`", "`optimizer.pt`", "`scheduler.pt`")),
+    Fires("CKD102", "older-without-state", no_state_in_older, "checkpoint-4", WARN, ("no `trainer_state.json`",)),
+    Fires("CKD103", "tmp-checkpoint", temp_left, "tmp-checkpoint-12", WARN, ("`tmp-checkpoint-12`", "staging")),
+    Fires("CKD104", "renamed-folder", renamed, "checkpoint-10", WARN, ("step 10", "global_step 8")),
+    Fires("CKD105", "absolute-best-path", best_elsewhere, f"{CK8}/trainer_state.json", WARN,
+          ("/home/alice/runs/x/checkpoint-4", "`checkpoint-4`")),
+    Fires("CKD105", "best-deleted", best_deleted, f"{CK8}/trainer_state.json", WARN,
+          ("checkpoint-6", "does not exist")),
+    Fires("CKD106", "weights-deleted", unlinked("clean-full", f"{CK8}/model.safetensors"), CK8, ERR,
+          ("no weights file", "resume_from_checkpoint=True picks it", "Can't find a valid checkpoint")),
+    Fires("CKD201", "stub-shadow", clean("stub-shadow"), f"{CK8}/pytorch_model.bin", ERR,
+          ("holds 0 tensors", "1,297 bytes", "instead of `adapter_model.safetensors`", "a stub")),
+    Fires("CKD202", "truncated-shard", clean("sharded-truncated-shard"), f"{CK8}/model-00005-of-00005.safetensors",
+          ERR, ("2,168 bytes", "1,084 (1,084 missing)")),
+    Fires("CKD202", "truncated-weights", truncated("clean-full", f"{CK8}/model.safetensors", -100),
+          f"{CK8}/model.safetensors", ERR, ("100 missing",)),
+    Fires("CKD203", "truncated-optimizer", truncated("clean-full", f"{CK8}/optimizer.pt", 4000),
+          f"{CK8}/optimizer.pt", ERR, ("truncated", "failed finding central directory")),
+    Fires("CKD204", "missing-shard", clean("sharded-missing-shard"), f"{CK8}/model.safetensors.index.json", ERR,
+          ("maps 8 tensors to `model-00002-of-00005.safetensors`", "does not exist")),
+    Fires("CKD205", "wrong-index", clean("sharded-wrong-index"), f"{CK8}/model.safetensors.index.json", ERR,
+          ("`lm_head.weight` to `model-00001-of-00005.safetensors`", "it is in `model-00005-of-00005.safetensors`",
+           "no index entry references it", "total_size")),
+    Fires("CKD206", "bin-of-resized-model", stray_bin("bin-vocab64"), CK8, WARN,
+          ("2 differing full-weight forms", "loads `model.safetensors`", "ignores `pytorch_model.bin`")),
+    Fires("CKD207", "torch-compile-keys", clean("prefixed-keys-compile"), f"{CK8}/model.safetensors", WARN,
+          ("all 21 keys", "`_orig_mod.`")),
+    Fires("CKD207", "ddp-keys", clean("prefixed-keys-ddp"), f"{CK8}/model.safetensors", WARN,
+          ("all 21 keys", "`module.`")),
+    Fires("CKD208", "vocab-edited", json_edit("clean-full", f"{CK8}/config.json", vocab_size=64),
+          f"{CK8}/config.json", WARN, ("vocab_size 64", "`model.embed_tokens.weight` has 32 rows")),
+    Fires("CKD210", "zero3-empty-adapter", emptied("clean-lora", f"{CK8}/adapter_model.safetensors"),
+          f"{CK8}/adapter_model.safetensors", ERR, ("4 tensors, all of them empty", "a resume loads nothing")),
+    Fires("CKD210", "zero3-empty-full", emptied("clean-full", f"{CK8}/model.safetensors"),
+          f"{CK8}/model.safetensors", ERR, ("21 tensors, all of them empty",)),
+    Fires("CKD211", "cut-config", truncated("clean-full", f"{CK8}/config.json", 100), f"{CK8}/config.json", ERR,
+          ("invalid JSON", "line")),
+    Fires("CKD301", "config-not-copied", unlinked("clean-lora", f"{CK8}/adapter_config.json"), CK8, ERR,
+          ("`checkpoint-8/adapter_model.safetensors` has no `adapter_config.json`",)),
+    Fires("CKD301", "aux-config-not-copied", unlinked("lora-second-adapter", f"{CK8}/aux/adapter_config.json"),
+          f"{CK8}/aux", ERR, ("`checkpoint-8/aux/adapter_model.safetensors` has no `adapter_config.json`",)),
+    Fires("CKD302", "r-edited", json_edit("clean-lora", f"{CK8}/adapter_config.json", r=4),
+          f"{CK8}/adapter_model.safetensors", ERR, ("r is 4", "4 of 4 LoRA matrices have rank 2", LORA_Q_A)),
+    Fires("CKD401", "finished-run", clean("lr-finished"), CK8, INFO, ("global_step 8 of max_steps 8", "LR 0")),
+    Fires("CKD402", "no-global-step", json_edit("clean-full", f"{CK8}/trainer_state.json", global_step=...),
+          f"{CK8}/trainer_state.json", ERR, ("no `global_step`",)),
+    Fires("CKD402", "cut-state", truncated("clean-full", f"{CK8}/trainer_state.json", 500),
+          f"{CK8}/trainer_state.json", ERR, ("not valid JSON",)),
+    Fires("CKD403", "scheduler-deleted", unlinked("clean-full", f"{CK8}/scheduler.pt"), CK8, WARN,
+          ("optimizer state but no `scheduler.pt`", "restores neither")),
+    Fires("CKD404", "rng-deleted", unlinked("clean-full", f"{CK8}/rng_state.pth"), CK8, INFO, ("no `rng_state*.pth`",)),
+    Fires("CKD404", "fsdp-rank-rng-deleted", unlinked("fsdp", "checkpoint-4/rng_state_1.pth"), "checkpoint-4", INFO,
+          ("saved by 2 ranks", "`rng_state_1.pth` is missing")),
+    Fires("CKD405", "resumed-with-other-modules", clean("optimizer-mismatch"), "checkpoint-12", ERR,
+          ("resumed from `checkpoint-8`", "[q_proj, v_proj] (r=2)", "trains [k_proj, v_proj] (r=2)")),
+    Fires("CKD405", "r4-adapter-over-r2-optimizer", r4_over_r2, f"{CK8}/optimizer.pt", ERR,
+          ("4 optimizer states", "[2, 16] x2", "[16, 2] x2", "the adapter has [4, 16] x2, [16, 4] x2")),
+    Fires("CKD406", "resumed-without-scheduler", clean("lr-jump"), "checkpoint-12/trainer_state.json", WARN,
+          ("from 0.0208 at step 8 to 0.05 at step 9",)),
+    Fires("CKD501", "fsdp-rank-file-missing", unlinked("fsdp", "checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"),
+          "checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp", ERR, ("references 21 items in `__1_0.distcp`",)),
+    Fires("CKD501", "fsdp-rank-file-short", truncated("fsdp", "checkpoint-4/optimizer_0/__1_0.distcp", 100),
+          "checkpoint-4/optimizer_0/__1_0.distcp", ERR, ("has 100 bytes", "references bytes up to")),
+    Fires("CKD502", "zero-partition-missing", deepspeed(ranks=(0,)), f"{CK8}/global_step8", ERR,
+          ("1 of 2 ZeRO optimizer partitions", "missing rank(s) 1")),
+    Fires("CKD503", "latest-tag-deleted", deepspeed(tags=(4, 8), drop="global_step8"), f"{CK8}/latest", ERR,
+          ("names `global_step8`", "present: global_step4")),
+    Fires("CKD601", "malicious-training-args", malicious_args, f"{CK8}/training_args.bin", ERR,
+          (f"calls `{os.name}.system`", "can run code")),
+    Fires("CKD602", "callback-class", callback_state, f"{CK8}/callback_state.pt", WARN,
+          (f"`{__name__}.WarmupCallback`", "outside the allowlist")),
+    Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
+    Fires("CKD604", "weights-linked-out", link_outside, f"{CK8}/model.safetensors", WARN,
+          ("outside the scan root", "shared/model.safetensors")),
+)
+
+SILENT: tuple[Silent, ...] = (
+    Silent("CKD001", "link-inside-root", link_inside),
+    Silent("CKD101", "stale-quarantined", stale_removed),
+    Silent("CKD101", "clean-full", clean("clean-full")),
+    Silent("CKD102", "clean-full", clean("clean-full")),
+    Silent("CKD102", "sharded", clean("sharded")),
+    Silent("CKD103", "backup-copy", backup_copy),
+    Silent("CKD104", "clean-full", clean("clean-full")),
+    Silent("CKD105", "best-in-this-run", best_here),
+    Silent("CKD106", "weights-linked-out", link_outside),
+    Silent("CKD106", "deepspeed", deepspeed()),
+    Silent("CKD201", "clean-lora", clean("clean-lora")),
+    Silent("CKD201", "lora-second-adapter", clean("lora-second-adapter")),
+    Silent("CKD202", "sharded", clean("sharded")),
+    Silent("CKD203", "clean-bin", clean("clean-bin")),
+    Silent("CKD204", "sharded", clean("sharded")),
+    Silent("CKD205", "sharded", clean("sharded")),
+    Silent("CKD206", "same-weights-as-bin", stray_bin("clean-bin")),
+    Silent("CKD207", "clean-full", clean("clean-full")),
+    Silent("CKD208", "clean-full", clean("clean-full")),
+    Silent("CKD210", "clean-lora", clean("clean-lora")),
+    Silent("CKD211", "clean-full", clean("clean-full")),
+    Silent("CKD301", "lora-second-adapter", clean("lora-second-adapter")),
+    Silent("CKD302", "lora-second-adapter", clean("lora-second-adapter")),
+    Silent("CKD401", "preempted-mid-schedule", clean("clean-full")),
+    Silent("CKD402", "clean-full", clean("clean-full")),
+    Silent("CKD403", "deepspeed-owns-both", deepspeed()),
+    Silent("CKD404", "fsdp", clean("fsdp")),
+    Silent("CKD404", "deepspeed", deepspeed()),
+    Silent("CKD405", "lora-resumed", clean("lora-resumed")),
+    Silent("CKD405", "fresh-run-other-adapter", clean("fresh-other-adapter")),
+    Silent("CKD405", "config-r-edited", json_edit("clean-lora", f"{CK8}/adapter_config.json", r=4)),
+    Silent("CKD405", "zero3-empty-adapter", emptied("clean-lora", f"{CK8}/adapter_model.safetensors")),
+    Silent("CKD406", "full-resumed", clean("full-resumed")),
+    Silent("CKD501", "fsdp", clean("fsdp")),
+    Silent("CKD502", "deepspeed", deepspeed()),
+    Silent("CKD503", "deepspeed", deepspeed()),
+    Silent("CKD601", "clean-full", clean("clean-full")),
+    Silent("CKD602", "clean-lora", clean("clean-lora")),
+    Silent("CKD603", "clean-full", clean("clean-full")),
+    Silent("CKD604", "link-inside-root", link_inside),
+)
+
+
+def findings(root: Path) -> list[Finding]:
+    return list(scan(str(root)).findings)
+
+
+def describe(fs: list[Finding]) -> str:
+    return "\n".join(f"{f.rule} {f.severity.value} {f.path}: {f.message}" for f in fs) or "(no findings)"
+
+
+@pytest.mark.parametrize("case", FIRES, ids=lambda c: f"{c.code}-{c.case}")
+def test_rule_fires(case: Fires, copy: Copy) -> None:
+    found = findings(case.make(copy))
+    hits = [f for f in found if f.rule == case.code and f.path == case.path]
+    assert len(hits) == 1, describe(found)
+    hit = hits[0]
+    assert hit.severity == case.severity, describe(found)
+    for fragment in case.says:
+        assert fragment in hit.message, f"{fragment!r} not in {hit.message!r}"
+
+
+@pytest.mark.parametrize("case", SILENT, ids=lambda c: f"{c.code}-{c.case}")
+def test_rule_stays_silent(case: Silent, copy: Copy) -> None:
+    found = findings(case.make(copy))
+    assert not [f for f in found if f.rule == case.code], describe(found)
+
+
+HEALTHY = ("clean-full", "clean-bin", "clean-lora", "lora-second-adapter", "sharded", "fsdp", "full-resumed",
+           "lora-resumed")
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_runs_have_no_findings_but_the_finished_schedule(name: str, runs: Callable[[str], Path]) -> None:
+    found = findings(runs(name))
+    # A resumed run ran to its end: its last checkpoint legitimately ends the schedule (CKD401 is information).
+    allowed = {("CKD401", "checkpoint-12")} if name.endswith("-resumed") else set()
+    assert not [f for f in found if (f.rule, f.path) not in allowed], describe(found)
+
+
+def test_the_malicious_pickle_is_reported_without_running(copy: Copy) -> None:
+    root = malicious_args(copy)
+    assert [f.rule for f in findings(root) if f.path.endswith("training_args.bin")] == ["CKD601"]
+    assert not (root.parent / "canary").exists()
+
+
+def test_deepspeed_layout_is_scanned_as_deepspeed(copy: Copy) -> None:
+    """The DeepSpeed builder's files are read as real torch archives with DeepSpeed's world size."""
+    root = deepspeed()(copy)
+    assert findings(root) == []
+    tree = scan(str(root)).trees[0]
+    ck = next(c for c in tree.runs[0].checkpoints if c.path == CK8)
+    model_states = ck.file("global_step8/mp_rank_00_model_states.pt")
+    assert model_states is not None and model_states.content is not None and not model_states.problems
+
+
+def _scan_rules() -> Iterator[str]:
+    for r in all_rules():
+        if not r.gate_only and not r.deep_only:
+            yield r.code
+
+
+def test_every_rule_has_a_firing_and_a_silent_case() -> None:
+    """Adding a scan rule without a real checkpoint that fires it and one that does not fails here."""
+    firing = {c.code for c in FIRES}
+    silent = {c.code for c in SILENT}
+    for code in _scan_rules():
+        assert code in firing, f"{code} has no checkpoint where it fires (add it to FIRES)"
+        assert code in silent, f"{code} has no checkpoint where it stays silent (add it to SILENT)"
+    known = set(_scan_rules())
+    assert firing <= known and silent <= known, "a case names a rule that is not a registered scan rule"
