@@ -209,3 +209,15 @@ def test_unknown_settings_are_rejected() -> None:
         TrainConfig(lr_scheduler_type="wsd")
     with pytest.raises(ValueError, match="weights_format"):
         TrainConfig(weights_format="gguf")
+
+
+def test_resuming_a_finished_run_mid_epoch_trains_one_step_at_lr_zero_like_the_trainer(tmp_path: Path) -> None:
+    """transformers checks `should_training_stop` only after a step: a checkpoint at max_steps in the middle of an
+    epoch resumes into one more step (at the LR 0 stored in optimizer.pt). ckptdoctor's gate predicts the same and is
+    checked against the real Trainer in tests/test_gate_transformers.py."""
+    cfg = config(tmp_path, max_steps=6, save_steps=3, num_samples=16)  # 4 steps per epoch: step 6 is mid-epoch 2
+    train(cfg)
+    resumed = train(cfg, resume_from_checkpoint=True)
+    assert resumed.resumed_from == tmp_path / "run" / "checkpoint-6"
+    assert sorted(resumed.losses) == [7]
+    assert resumed.learning_rates[7] == 0.0

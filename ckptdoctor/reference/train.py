@@ -760,7 +760,9 @@ def _train(cfg: TrainConfig, resume: bool | str | os.PathLike[str] | None, hook:
     wrapped.train()
 
     for epoch in range(epochs_trained, num_train_epochs):
-        if state.global_step >= max_steps:
+        # The Trainer checks should_training_stop only after a step: resuming a checkpoint at or past max_steps in
+        # the middle of an epoch still trains one step (transformers 5.23 `_inner_training_loop` / `_run_epoch`).
+        if epoch != epochs_trained and state.global_step >= max_steps:
             break
         batches = epoch_batches(corpus, cfg, epoch)
         first = start_update if epoch == epochs_trained else 0
