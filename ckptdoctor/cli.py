@@ -121,10 +121,11 @@ def main() -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "json"]),
+    type=click.Choice(["text", "json", "sarif", "github"]),
     default="text",
     show_default=True,
-    help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts.",
+    help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
+    "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
 )
 @click.option(
     "--fail-on",
@@ -180,6 +181,15 @@ def scan(
         raise UsageProblem(str(exc)) from None
     if fmt == "json":
         click.echo(render_json(report))
+    elif fmt == "sarif":
+        from ckptdoctor.sarif import render_sarif
+
+        click.echo(render_sarif(report.findings))
+    elif fmt == "github":
+        from ckptdoctor.report import summary_line
+        from ckptdoctor.sarif import render_github
+
+        click.echo(render_github(report.findings, notice=summary_line(report)))
     else:
         click.echo(render_text(report, color=_use_color(sys.stdout)))
     sys.exit(report.exit_code(fail_on or cfg_fail_on or "error"))

@@ -177,3 +177,16 @@ def test_report_paths_use_forward_slashes(healthy: Path) -> None:
     for r in json.loads(out)["runs"]:
         for ck in r["checkpoints"]:
             assert os.sep == "/" or "\\" not in ck["path"]
+
+
+def test_scan_sarif_and_github_formats(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "out", steps=(2,))
+    (root / "checkpoint-2" / "model.safetensors").write_bytes(b"\x00" * 4)
+    code, out = run("scan", "--format", "sarif", str(root))
+    log = json.loads(out)
+    assert code == 1 and log["version"] == "2.1.0"
+    rules = {r["ruleId"] for r in log["runs"][0]["results"]}
+    assert "CKD202" in rules
+    code, out = run("scan", "--format", "github", str(root))
+    assert code == 1
+    assert any(line.startswith("::error file=") and "CKD202" in line for line in out.splitlines())

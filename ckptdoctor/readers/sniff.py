@@ -28,6 +28,10 @@ _OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
 _CALL_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
 
 
+# Names torch.save'd files carry in Trainer checkpoints (weights, optimizer, scheduler, RNG, args, DeepSpeed states).
+_TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
 def sniff(head: bytes, name: str, size: int, in_dcp_dir: bool = False) -> FileKind:
     """Classify a file from ``head`` (its first ``HEAD_BYTES`` bytes), its base ``name`` and its real ``size``.
 
@@ -56,6 +60,12 @@ def sniff(head: bytes, name: str, size: int, in_dcp_dir: bool = False) -> FileKi
         return FileKind.PICKLE
     if lower.endswith(".json"):
         return FileKind.JSON
+    # Content matched nothing: a name that promises a format goes to that format's reader, which then says exactly
+    # why the bytes are not what the loader expects (a zeroed `model.safetensors` must be a finding, not "other").
+    if lower.endswith(".safetensors"):
+        return FileKind.SAFETENSORS
+    if lower.endswith(_TORCH_SUFFIXES):
+        return FileKind.TORCH_ZIP
     if lower == "latest":
         return FileKind.TEXT
     if head.lstrip(_JSON_WS)[:1] in (b"{", b"[") and not lower.endswith(_TEXT_SUFFIXES):

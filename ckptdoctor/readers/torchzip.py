@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -21,7 +22,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.readers.pickle_walk import iter_values, walk_pickle
 
-__all__ = ["STORAGE_DTYPES", "read_raw_pickle", "read_torch"]
+__all__ = ["STORAGE_DTYPES", "Window", "merge_pickles", "read_raw_pickle", "read_torch", "read_zip_at"]
 
 # torch's legacy storage classes (torch/storage.py ``_dtype_to_storage_type_map``) -> (safetensors code, itemsize).
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
@@ -75,8 +76,28 @@ def _read_at(f: BinaryIO, offset: int, n: int) -> bytes:
 # Zip central directory (parsed by hand: entry count and sizes are checked before anything is allocated)
 
 
-def _central_directory(f: BinaryIO, size: int, limits: Limits) -> tuple[list[ZipMember] | None, int, list[ReadProblem]]:
-    """The archive's members and the central directory's offset, or None with the problem that stops us."""
+@dataclass(frozen=True, slots=True)
+class _Directory:
+    """A parsed central directory. Offsets in ``members`` are already shifted by ``base``."""
+
+    members: list[ZipMember]
+    cd_offset: int  # where the central directory really starts in the file
+    base: int  # bytes before the archive proper (prepended data): 0 for anything torch.save writes
+    end: int  # end of the end-of-central-directory record and its comment
+
+
+def _directory(f: BinaryIO, size: int, limits: Limits) -> tuple[_Directory | None, list[ReadProblem]]:
+    """The archive's central directory, or None with the problem that stops us."""
+    members, cd_offset, problems, base, end = _central_directory(f, size, limits)
+    if members is None:
+        return None, problems
+    return _Directory(members, cd_offset, base, end), problems
+
+
+def _central_directory(
+    f: BinaryIO, size: int, limits: Limits
+) -> tuple[list[ZipMember] | None, int, list[ReadProblem], int, int]:
+    """The archive's members, the central directory's offset, problems, the archive's base and end."""
     tail_len = min(size, 22 + 65535)
     tail = _read_at(f, size - tail_len, tail_len)
     at = tail.rfind(_ZIP_EOCD)
@@ -93,23 +114,44 @@ def _central_directory(f: BinaryIO, size: int, limits: Limits) -> tuple[list[Zip
                     "(torch: `failed finding central directory`)",
                 )
             ],
+            0,
+            0,
         )
     eocd_pos = size - tail_len + at
-    _, _disk, _cd_disk, _n_disk, count, cd_size, cd_offset, _comment = _EOCD.unpack_from(tail, at)
+    _, _disk, _cd_disk, _n_disk, count, cd_size, cd_offset, comment_len = _EOCD.unpack_from(tail, at)
+    end = min(size, eocd_pos + 22 + comment_len)
     cd_end_limit = eocd_pos
-    if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
-        loc = _read_at(f, eocd_pos - 20, 20) if eocd_pos >= 20 else b""
+    loc = _read_at(f, eocd_pos - 20, 20) if eocd_pos >= 20 else b""
+    # torch writes the zip64 records even for small archives; other writers only when a field overflows.
+    if loc[:4] == _ZIP64_LOCATOR or count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         if len(loc) != 20 or loc[:4] != _ZIP64_LOCATOR:
-            return None, 0, [_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator")]
+            return None, 0, [_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator")], 0, 0
         rec_pos = _ZIP64_LOC.unpack(loc)[2]
         rec = _read_at(f, rec_pos, 56) if rec_pos + 56 <= eocd_pos - 20 else b""
+        if rec[:4] != _ZIP64_EOCD and eocd_pos >= 76:
+            # With data in front of the archive the locator's offset is relative: look where the record must be.
+            rec_pos = eocd_pos - 76
+            rec = _read_at(f, rec_pos, 56)
         if len(rec) != 56 or rec[:4] != _ZIP64_EOCD:
-            return None, 0, [_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}")]
+            return None, 0, [_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}")], 0, 0
         fields = _ZIP64_REC.unpack(rec)
         count, cd_size, cd_offset = fields[7], fields[8], fields[9]
         cd_end_limit = rec_pos
     if count > limits.zip_entries:
-        return None, 0, [_problem(ProblemKind.LIMIT, f"zip declares {count} entries (limit {limits.zip_entries})")]
+        return (
+            None,
+            0,
+            [_problem(ProblemKind.LIMIT, f"zip declares {count} entries (limit {limits.zip_entries})")],
+            0,
+            0,
+        )
+    # Data before the archive (a zip appended to something else, or a blob cut out of a .distcp) shifts every
+    # offset; zipfile and miniz both find the directory from the end record, as we do, and shift by the gap.
+    base = cd_end_limit - cd_size - cd_offset if cd_offset + cd_size < cd_end_limit else 0
+    if base > 0 and _read_at(f, cd_offset + base, 4) == _ZIP_CENTRAL and _read_at(f, cd_offset, 4) != _ZIP_CENTRAL:
+        cd_offset += base
+    else:
+        base = 0
     if cd_offset + cd_size > cd_end_limit or count * 46 > cd_size:
         return (
             None,
@@ -121,15 +163,18 @@ def _central_directory(f: BinaryIO, size: int, limits: Limits) -> tuple[list[Zip
                     f"its end record at byte {cd_end_limit}",
                 )
             ],
+            0,
+            0,
         )
     cd = _read_at(f, cd_offset, cd_size)
     if len(cd) != cd_size:
-        return None, 0, [_problem(ProblemKind.TRUNCATED, "zip central directory is cut short")]
+        return None, 0, [_problem(ProblemKind.TRUNCATED, "zip central directory is cut short")], 0, 0
     members: list[ZipMember] = []
     pos = 0
     for i in range(count):
         if pos + 46 > len(cd) or cd[pos : pos + 4] != _ZIP_CENTRAL:
-            return None, cd_offset, [_problem(ProblemKind.MALFORMED, f"zip central directory entry {i} is corrupt")]
+            msg = f"zip central directory entry {i} is corrupt"
+            return None, cd_offset, [_problem(ProblemKind.MALFORMED, msg)], 0, 0
         fl = _CENTRAL.unpack_from(cd, pos)
         flags, method = fl[3], fl[4]
         csize, usize, name_len, extra_len, comment_len, local = fl[8], fl[9], fl[10], fl[11], fl[12], fl[16]
@@ -137,12 +182,13 @@ def _central_directory(f: BinaryIO, size: int, limits: Limits) -> tuple[list[Zip
         extra = cd[pos + 46 + name_len : pos + 46 + name_len + extra_len]
         pos += 46 + name_len + extra_len + comment_len
         if pos > len(cd):
-            return None, cd_offset, [_problem(ProblemKind.MALFORMED, f"zip central directory entry {i} overruns it")]
+            msg = f"zip central directory entry {i} overruns it"
+            return None, cd_offset, [_problem(ProblemKind.MALFORMED, msg)], 0, 0
         if 0xFFFFFFFF in (csize, usize, local):
             usize, csize, local = _zip64_extra(extra, usize, csize, local)
         name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-        members.append(ZipMember(name=name, offset=local, compressed_size=csize, size=usize, method=method))
-    return members, cd_offset, []
+        members.append(ZipMember(name=name, offset=local + base, compressed_size=csize, size=usize, method=method))
+    return members, cd_offset, [], base, end
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, local: int) -> tuple[int, int, int]:
@@ -301,19 +347,17 @@ def read_torch(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadO
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
 
 
-def _read_zip(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
-    members, cd_offset, problems = _central_directory(f, size, limits)
-    if members is None:
+def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOutcome:
+    d, problems = _directory(f, size, limits)
+    if d is None:
         return ReadOutcome(None, tuple(problems))
+    members, cd_offset = d.members, d.cd_offset
     if not members:
         return ReadOutcome(
             TorchFacts("zip", "", (), None, ()), (_problem(ProblemKind.MALFORMED, "zip archive has no records"),)
         )
     first = members[0].name
-    if "/" not in first:
-        problems.append(_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
-        return ReadOutcome(TorchFacts("zip", "", tuple(members), None, ()), tuple(problems))
-    prefix = first.split("/", 1)[0]
+    prefix = first.split("/", 1)[0] if "/" in first else ""
     by_name: dict[str, ZipMember] = {}
     dupes: list[str] = []
     compressed: list[str] = []
@@ -331,16 +375,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
         # The data can only start after a 30-byte local header and the name.
         if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
             beyond.append(m.name)
-    if dupes:
-        problems.append(_problem(ProblemKind.MALFORMED, f"duplicate zip records: {_names(dupes)}"))
-    if compressed:
-        problems.append(
-            _problem(
-                ProblemKind.MALFORMED,
-                f"{len(compressed)} compressed record(s) ({_names(compressed)}): torch.save stores records "
-                "uncompressed, and torch.load(mmap=True) cannot read compressed ones",
-            )
-        )
+    problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed))
     if inconsistent:
         problems.append(
             _problem(
@@ -350,6 +385,16 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
         )
     if beyond:
         problems.append(_problem(ProblemKind.MALFORMED, f"record(s) overlap the central directory: {_names(beyond)}"))
+    main = by_name.get(f"{prefix}/data.pkl") if prefix else None
+    # Every other record holding a pickle (a second data.pkl, `constants.pkl`, `x/evil.pkl`, a pickle under any
+    # name) and every zip inside the zip is walked too: some loader may read it, and a scanner that looks only at
+    # data.pkl is what such layouts are built to fool.
+    extra, extra_problems = _extra_pickles(f, d, main, prefix, limits, depth)
+    problems.extend(extra_problems)
+    if not prefix:
+        problems.append(_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
+        merged = merge_pickles(None, extra)
+        return ReadOutcome(TorchFacts("zip", "", tuple(members), merged, ()), tuple(problems))
     byteorder = "little"
     bo = by_name.get(f"{prefix}/byteorder")
     if bo is not None:
@@ -360,14 +405,15 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
             byteorder = raw.decode()
         else:
             problems.append(_problem(ProblemKind.MALFORMED, f"`{prefix}/byteorder` holds {raw!r}"))
-    pkl = by_name.get(f"{prefix}/data.pkl")
-    if pkl is None:
+    if main is None:
         problems.append(_problem(ProblemKind.MALFORMED, f"missing record `{prefix}/data.pkl`"))
-        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), None, (), byteorder), tuple(problems))
-    data, p = _member_bytes(f, pkl, cd_offset, limits.pickle_bytes)
+        merged = merge_pickles(None, extra)
+        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, (), byteorder), tuple(problems))
+    data, p = _member_bytes(f, main, cd_offset, limits.pickle_bytes)
     if data is None:
         problems.append(p)  # type: ignore[arg-type]  # _member_bytes returns a problem whenever data is None
-        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), None, (), byteorder), tuple(problems))
+        merged = merge_pickles(None, extra)
+        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, (), byteorder), tuple(problems))
     data_prefix = f"{prefix}/data/"
     record_sizes = {name[len(data_prefix) :]: m.size for name, m in by_name.items() if name.startswith(data_prefix)}
     storages = _Storages(record_sizes, legacy=False)
@@ -376,7 +422,204 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
     problems.extend(storages.problems)
     tensors, tensor_problems = _tensors(facts.value) if facts is not None else ((), [])
     problems.extend(tensor_problems)
-    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), facts, tensors, byteorder), tuple(problems))
+    merged = merge_pickles(facts, extra)
+    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder), tuple(problems))
+
+
+# Records torch.save writes besides data.pkl and data/<key> (caffe2/serialize/inline_container.cc, serialization.py).
+_TORCH_RECORDS = frozenset({".format_version", ".storage_alignment", "byteorder", "version", ".data/version",
+                            ".data/serialization_id"})  # fmt: skip
+_MAX_EXTRA_PICKLES = 64  # extra pickle records walked per archive; more is itself the finding
+_MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
+
+
+def _layout_problems(
+    f: BinaryIO, size: int, d: _Directory, prefix: str, dupes: list[str], compressed: list[str]
+) -> list[ReadProblem]:
+    """Zip tricks: layouts torch.save never writes that make two readers see two different archives."""
+    out: list[ReadProblem] = []
+
+    def add(message: str) -> None:
+        out.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, message))
+
+    if dupes:
+        add(f"duplicate zip records {_names(dupes)}: zip readers disagree on which copy they load")
+    if prefix:
+        outside = [m.name for m in d.members if not m.name.startswith(f"{prefix}/") or _escapes(m.name)]
+        if outside:
+            add(f"record(s) outside the archive folder `{prefix}/`: {_names(outside)}")
+    if compressed:
+        add(
+            f"{len(compressed)} compressed record(s) ({_names(compressed)}): torch.save stores records "
+            "uncompressed, and torch.load(mmap=True) cannot read compressed ones"
+        )
+    if d.base > 0:
+        add(f"{d.base} bytes before the zip archive: data hidden in front of it is read by other tools")
+    if d.end < size:
+        add(f"{size - d.end} bytes after the zip end record: data hidden behind the archive")
+    mismatched = _local_mismatches(f, d)
+    if mismatched:
+        add(
+            f"local header(s) disagree with the central directory: {_names(mismatched)}: streaming readers and "
+            "torch.load would see different records"
+        )
+    return out
+
+
+def _escapes(name: str) -> bool:
+    parts = name.replace("\\", "/").split("/")
+    return name.startswith(("/", "\\")) or ".." in parts or (len(parts[0]) == 2 and parts[0][1] == ":")
+
+
+def _local_mismatches(f: BinaryIO, d: _Directory, cap: int = 10_000) -> list[str]:
+    """Records whose local header names another file, another method or other sizes than the central entry."""
+    out: list[str] = []
+    for m in d.members[:cap]:
+        head = _read_at(f, m.offset, 30)
+        if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+            continue  # reported as a missing local header when the record is read
+        fields = _LOCAL.unpack(head)
+        flags, method, csize, usize, name_len = fields[2], fields[3], fields[7], fields[8], fields[9]
+        name_raw = _read_at(f, m.offset + 30, name_len)
+        name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        sizes_ok = bool(flags & 0x08) or 0xFFFFFFFF in (csize, usize) or (csize, usize) == (m.compressed_size, m.size)
+        if name != m.name or method != m.method or not sizes_ok:
+            out.append(m.name)
+    return out
+
+
+def _member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
+    """The first ``n`` bytes of a record's content (inflated when deflated); b"" when they cannot be had."""
+    head = _read_at(f, m.offset, 30)
+    if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+        return b""
+    fields = _LOCAL.unpack(head)
+    start = m.offset + 30 + fields[9] + fields[10]
+    raw = _read_at(f, start, min(m.compressed_size, n if m.method == 0 else 1 << 16))
+    if m.method == 0:
+        return raw
+    try:
+        return zlib.decompressobj(-15).decompress(raw, n) if m.method == 8 else b""
+    except zlib.error:
+        return b""
+
+
+def _looks_pickled(head: bytes) -> bool:
+    """A protocol 2-5 pickle header (protocol 0/1 records are caught by their `.pkl` name)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def _extra_pickles(
+    f: BinaryIO, d: _Directory, main: ZipMember | None, prefix: str, limits: Limits, depth: int
+) -> tuple[list[PickleFacts], list[ReadProblem]]:
+    """Walk every record other than ``main`` that holds a pickle or a nested zip (bounded in number and depth)."""
+    found: list[PickleFacts] = []
+    problems: list[ReadProblem] = []
+    names: list[str] = []
+    for m in d.members:
+        if m is main:
+            continue
+        rel = m.name[len(prefix) + 1 :] if prefix and m.name.startswith(f"{prefix}/") else m.name
+        named = m.name.endswith((".pkl", ".pickle"))
+        if rel in _TORCH_RECORDS or (rel.startswith("data/") and not named):
+            continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
+        head = _member_head(f, m, 8)
+        nested_zip = head[:4] == _ZIP_LOCAL
+        if not (named or nested_zip or _looks_pickled(head)):
+            continue
+        if len(names) >= _MAX_EXTRA_PICKLES:
+            problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
+            break
+        names.append(m.name)
+        data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+        if data is None:
+            if p is not None:
+                problems.append(p)
+            continue
+        if nested_zip:
+            if depth >= _MAX_ZIP_DEPTH:
+                problems.append(_problem(ProblemKind.LIMIT, f"zip record `{m.name}` nests zips too deep"))
+                continue
+            inner = _read_zip(io.BytesIO(data), len(data), limits, depth + 1)
+            if isinstance(inner.content, TorchFacts) and inner.content.pickle is not None:
+                found.append(inner.content.pickle)
+            problems.extend(ReadProblem(q.kind, f"in zip record `{m.name}`: {q.message}") for q in inner.problems)
+            continue
+        facts, walk_problems, _ = walk_pickle(data, limits=limits)
+        if facts is not None:
+            found.append(facts)
+        problems.extend(ReadProblem(q.kind, f"in record `{m.name}`: {q.message}") for q in walk_problems)
+    if names:
+        problems.append(
+            _problem(
+                ProblemKind.SUSPICIOUS_ARCHIVE,
+                f"pickle or zip record(s) besides the one data.pkl torch.load reads: {_names(names)}",
+            )
+        )
+    return found, problems
+
+
+def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleFacts | None:
+    """``main`` with the globals and calls of the ``extra`` streams found in the same file added.
+
+    The value stays ``main``'s (None when there is no main stream): rules that judge what loading the file could
+    run see every stream; rules that read the value see the one torch.load returns.
+    """
+    if not extra:
+        return main
+    base = main if main is not None else PickleFacts(extra[0].protocol, None, (), (), 0)
+    globals_ = dict.fromkeys(base.globals)
+    calls = dict.fromkeys(base.calls)
+    opcodes, pids = base.opcodes, base.persistent_ids
+    for e in extra:
+        globals_.update(dict.fromkeys(e.globals))
+        calls.update(dict.fromkeys(e.calls))
+        opcodes += e.opcodes
+        pids += e.persistent_ids
+    return replace(base, globals=tuple(globals_), calls=tuple(calls), opcodes=opcodes, persistent_ids=pids)
+
+
+class Window(io.RawIOBase):
+    """A read-only view of ``length`` bytes of ``f`` from ``start``: one zip blob inside a larger file."""
+
+    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
+        super().__init__()
+        self._f = f
+        self._start = start
+        self._length = length
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = max(0, min(len(buf), self._length - self._pos))
+        if n == 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        got = self._f.read(n)
+        buf[: len(got)] = got
+        self._pos += len(got)
+        return len(got)
+
+
+def read_zip_at(f: BinaryIO, start: int, length: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
+    """Read the torch zip blob occupying ``length`` bytes of ``f`` from ``start`` (a `.distcp` item)."""
+    if start < 0 or length <= 0:
+        return ReadOutcome(None, (_problem(ProblemKind.TRUNCATED, f"empty zip blob at byte {start}"),))
+    view = io.BufferedReader(Window(f, start, length))
+    return _read_zip(view, length, limits)
 
 
 def _names(names: list[str]) -> str:
@@ -418,9 +661,10 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
 
     magic, probs = step()
     if probs or magic is None or magic.value != MAGIC_NUMBER:
+        # Bytes that are neither a zip nor a legacy file (a zeroed or overwritten `.bin`): the walk's complaints are
+        # about non-pickle bytes, so only the one fact that matters is reported.
         return ReadOutcome(
-            None,
-            (*probs, _problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number")),
+            None, (_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"),)
         )
     version, probs = step()
     if probs or version is None or version.value != LEGACY_PROTOCOL_VERSION:
@@ -517,5 +761,28 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         data = _read_at(f, 0, size)
     except OSError as exc:
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
-    facts, problems, _ = walk_pickle(data, limits=limits)
-    return ReadOutcome(facts, problems)
+    facts, problems, end = walk_pickle(data, limits=limits)
+    if facts is None or problems or end >= size:
+        return ReadOutcome(facts, problems)
+    # Bytes after STOP: pickle.load stops there, but a loader that calls it again (as legacy torch.load does)
+    # runs the next stream. Walk what follows as further streams and report the layout.
+    first_end = end
+    extra: list[PickleFacts] = []
+    more: list[ReadProblem] = []
+    while end < size and len(extra) < _MAX_EXTRA_PICKLES:
+        nxt, probs, new_end = walk_pickle(data, limits=limits, start=end)
+        if nxt is None or new_end <= end:
+            break
+        extra.append(nxt)
+        more.extend(probs)
+        if probs:
+            break
+        end = new_end
+    more.append(
+        _problem(
+            ProblemKind.SUSPICIOUS_ARCHIVE,
+            f"{size - first_end} bytes after the pickle's STOP opcode"
+            + (f", holding {len(extra)} more pickle stream(s)" if extra else ""),
+        )
+    )
+    return ReadOutcome(merge_pickles(facts, extra), tuple(more))
