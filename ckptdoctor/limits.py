@@ -24,6 +24,9 @@ class Limits:
     nesting_depth: int = 500
     # Entries in one zip central directory.
     zip_entries: int = 1_000_000
+    # Bytes of one `.distcp` file searched for the torch.save blobs inside it (DCP loads their pickles with
+    # weights_only=False, so every one is walked); a larger file is analysed up to here and reported.
+    dcp_data_bytes: int = 64_000_000_000
     # Text files we read whole (`latest`).
     text_bytes: int = 4096
     # Directory walk: depth and number of entries before discovery stops and reports.

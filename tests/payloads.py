@@ -189,3 +189,302 @@ def save_dcp(folder: Path) -> Path:
         warnings.simplefilter("ignore")
         dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(folder))
     return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The full corpus: one payload per technique of issue 7, each creating its canary when loaded the way its file is.
+
+
+class Payload:
+    """A hostile file: where it goes, its bytes, how a victim loads it, and what the report must name."""
+
+    def __init__(self, name: str, filename: str, data: bytes, loader: str, expect: str, live: bool = True) -> None:
+        self.name = name
+        self.filename = filename  # path under a checkpoint folder; may contain sub-folders
+        self.data = data
+        self.loader = loader  # "pickle", "torch", "torch-slice:<start>:<end>", "none" (never loaded by anything)
+        self.expect = expect  # substring of the CKD601/CKD605 message
+        self.live = live  # False when loading cannot create the canary in this sandbox (nt.system, torch.jit)
+
+
+def _g(module: str, name: str) -> bytes:
+    return f"c{module}\n{name}\n".encode()
+
+
+def _call(func: bytes, *args: bytes) -> bytes:
+    return func + b"(" + b"".join(args) + b"tR"
+
+
+def _sg(module: str, name: str) -> bytes:
+    """STACK_GLOBAL from two strings (protocol 4)."""
+    return _s(module) + _s(name) + b"\x93"
+
+
+def _p2(body: bytes) -> bytes:
+    return b"\x80\x02" + body + b"."
+
+
+def _torch_zip(
+    data_pkl: bytes, prefix: str = "archive", extra: dict[str, bytes] | None = None, method: int = 0
+) -> bytes:
+    """A zip laid out like torch.save's with ``data_pkl`` as its pickle (built with zipfile: stored records)."""
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", method) as z:
+        z.writestr(f"{prefix}/data.pkl", data_pkl, compress_type=method)
+        z.writestr(f"{prefix}/byteorder", b"little")
+        for name, data in (extra or {}).items():
+            z.writestr(name, data, compress_type=method)
+        z.writestr(f"{prefix}/version", b"3\n")
+    return out.getvalue()
+
+
+def _zip(records: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, data in records.items():
+            z.writestr(name, data)
+    return out.getvalue()
+
+
+def corpus(canary: Path) -> list[Payload]:
+    """Every technique: opcodes, names, call gadgets, nested pickles, containers and zip tricks."""
+    import base64
+    import marshal
+    import pickle as pk
+
+    c = str(canary)
+    touch = f"touch {c}"
+    code = f"open({c!r}, 'w').close()"
+    system = _g("posix", "system")
+    evil2 = _p2(_call(system, _s(touch)))  # os.system(touch), protocol 2
+    out: list[Payload] = []
+
+    def add(
+        name: str, data: bytes, expect: str, filename: str = "payload.pkl", loader: str = "pickle", live: bool = True
+    ) -> None:
+        out.append(Payload(name, filename, data, loader, expect, live))
+
+    # Protocols 0-5 through pickle itself.
+    for proto in range(6):
+        add(f"os.system protocol {proto}", pk.dumps(_reducer(os.system, (touch,)), protocol=proto), "system")
+    for name, (data, expect) in hostile_payloads(canary).items():
+        # EXT codes run only where copyreg.add_extension registered them (the live test does). NEWOBJ and BUILD of
+        # Popen only allocate; live variants of those opcodes follow.
+        dead = name in ("NEWOBJ", "NEWOBJ_EX", "BUILD __setstate__")
+        add(name, data, "extension code" if name.startswith("EXT") else expect, live=not dead)
+    # builtins gadgets
+    add("builtins.open", _p2(_call(_g("builtins", "open"), _s(c), _s("w"))), "builtins.open")
+    add(
+        "builtins.compile + eval",
+        _p2(_call(_g("builtins", "eval"), _call(_g("builtins", "compile"), _s(code), _s("x"), _s("exec")))),
+        "builtins.compile",
+    )
+    add("nt.system protocol 0", f"cnt\nsystem\n(S'{touch}'\ntR.".encode(), "nt.system", live=False)
+    add(
+        "runpy._run_code",
+        _p2(_call(_g("runpy", "_run_code"), _call(_g("builtins", "compile"), _s(code), _s("x"), _s("exec")), b"}")),
+        "runpy._run_code",
+    )
+    os_mod = _call(_g("importlib", "import_module"), _s("os"))
+    add(
+        "attrgetter chain",
+        _p2(_call(_call(_g("operator", "attrgetter"), _s("system")) + b"(" + os_mod + b"tR", _s(touch))),
+        "operator.attrgetter",
+    )
+    dict_of_os = _call(_g("operator", "attrgetter"), _s("__dict__")) + b"(" + os_mod + b"tR"
+    add(
+        "itemgetter chain",
+        _p2(_call(_call(_g("operator", "itemgetter"), _s("system")) + b"(" + dict_of_os + b"tR", _s(touch))),
+        "operator.itemgetter",
+    )
+    # code and types constructors: a function built from marshalled bytecode, then called.
+    func = _call(
+        _g("types", "FunctionType"),
+        _call(
+            _g("marshal", "loads"), b"B" + struct.pack("<I", len(m := marshal.dumps(compile(code, "x", "exec")))) + m
+        ),
+        b"}",
+    )
+    add("types.FunctionType + marshal", _p2(func + b")R"), "types.FunctionType")
+    codeobj = _call(_g("marshal", "loads"), b"B" + struct.pack("<I", len(m)) + m)
+    add("NEWOBJ live", _p2(_g("types", "FunctionType") + b"(" + codeobj + b"}t\x81)R"), "types.FunctionType")
+    add(
+        "NEWOBJ_EX live",
+        b"\x80\x04" + _g("types", "FunctionType") + b"(" + codeobj + b"}t}\x92)R.",
+        "types.FunctionType",
+    )
+    ns = _call(_g("types", "SimpleNamespace"))
+    add(
+        "BUILD __setstate__ injection",
+        _p2(ns + b"}" + _s("__setstate__") + system + b"sb" + _s(touch) + b"b"),
+        "posix.system",
+    )
+    interp = _call(_g("code", "InteractiveInterpreter"))
+    add(
+        "code.InteractiveInterpreter",
+        _p2(_call(_call(_g("operator", "methodcaller"), _s("runsource"), _s(code)) + b"(" + interp + b"tR")),
+        "code.InteractiveInterpreter",
+    )
+    sock = _call(_g("socket", "socket"), b"K\x01K\x01")
+    add(
+        "socket bind",
+        _p2(_call(_g("operator", "methodcaller"), _s("bind"), _s(c)) + b"(" + sock + b"tR"),
+        "socket.socket",
+    )
+    add("pty.spawn", _p2(_call(_g("pty", "spawn"), b"(" + _s("touch") + _s(c) + b"l")), "pty.spawn")
+    browser = _call(_g("webbrowser", "GenericBrowser"), b"(" + _s("touch") + _s(c) + b"l")
+    add(
+        "webbrowser",
+        _p2(_call(_g("operator", "methodcaller"), _s("open"), _s("x")) + b"(" + browser + b"tR"),
+        "webbrowser.GenericBrowser",
+    )
+    add("shutil.copyfile", _p2(_call(_g("shutil", "copyfile"), _s(__file__), _s(c))), "shutil.copyfile")
+    path = _call(_sg("pathlib", "Path"), _s(c))
+    add(
+        "pathlib Path.write_text (attribute chain)",
+        b"\x80\x04" + _call(_sg("pathlib", "Path.write_text"), path, _s("x")) + b".",
+        "Path.write_text",
+    )
+    add(
+        "attribute chain through an allowlisted module",
+        b"\x80\x04" + _call(_sg("transformers.trainer_utils", "os.system"), _s(touch)) + b".",
+        "os.system",
+    )
+    # Nested pickles.
+    add("pickle.loads nested", _p2(_call(_g("pickle", "loads"), b"C" + bytes([len(evil2)]) + evil2)), "nested pickle")
+    b64 = base64.b64encode(evil2).decode()
+    add(
+        "base64 nested",
+        _p2(_call(_g("pickle", "loads"), _call(_g("base64", "b64decode"), _s(b64)))),
+        "nested pickle: `posix.system`",
+    )
+    bio = _call(_g("io", "BytesIO"), b"C" + bytes([len(evil2)]) + evil2)
+    add("numpy.load allow_pickle", _p2(_call(_g("numpy", "load"), bio, b"N\x88")), "numpy.load")
+    blob = _torch_zip(evil2)
+    zbio = _call(_g("io", "BytesIO"), b"B" + struct.pack("<I", len(blob)) + blob)
+    partial = _g("functools", "partial") + b"(" + _g("torch", "load") + b"t}" + _s("weights_only") + b"\x89s\x92"
+    add("torch.load nested zip", b"\x80\x04" + partial + b"(" + zbio + b"tR.", "nested pickle: `posix.system`")
+    add(
+        "torch.hub download",
+        _p2(_call(_g("torch.hub", "download_url_to_file"), _s(f"file://{__file__}"), _s(c), b"N\x89")),
+        "torch.hub",
+    )
+    add("torch.jit.load", _p2(_call(_g("torch.jit", "load"), _s(c))), "torch.jit", live=False)
+    # Names computed at load time.
+    glued = _call(_g("operator", "add"), _s("po"), _s("six"))
+    add(
+        "STACK_GLOBAL concatenated",
+        b"\x80\x04" + glued + _s("system") + b"\x93" + b"(" + _s(touch) + b"tR.",
+        "posix.system",
+    )
+    joined = _call(_sg("builtins", "str.join"), _s(""), b"(" + _s("sys") + _s("tem") + b"l")
+    add("STACK_GLOBAL str.join", b"\x80\x04" + _s("posix") + joined + b"\x93(" + _s(touch) + b"tR.", "posix.system")
+    add("persistent id hides a call", f"cposix\nsystem\n(S'{touch}'\ntRQ.".encode(), "posix.system")
+    # Allowlisted callables that call their arguments.
+    add(
+        "copyreg._reconstructor calls its base",
+        _p2(
+            _call(
+                _g("copyreg", "_reconstructor"),
+                _g("subprocess", "Popen"),
+                _g("subprocess", "Popen"),
+                b"(" + _s("touch") + _s(c) + b"l",
+            )
+        ),
+        "subprocess.Popen",
+    )
+    add(
+        "_rebuild_from_type_v2 calls func",
+        _p2(
+            _call(
+                _g("torch._tensor", "_rebuild_from_type_v2"),
+                _g("posix", "system"),
+                _g("torch", "Tensor"),
+                b"(" + _s(touch) + b"t",
+                b"}",
+            )
+        ),
+        "posix.system",
+    )
+    # Files: by content whatever the name, DCP, torch zips and their tricks.
+    add("renamed to config.json", evil2, "posix.system", filename="config.json")
+    add(
+        "protocol 0 renamed README.md",
+        f"cposix\nsystem\n(S'{touch}'\ntR.".encode(),
+        "posix.system",
+        filename="README.md",
+    )
+    add(
+        "DCP .metadata",
+        b"\x80\x04" + _call(_sg("posix", "system"), _s(touch)) + b".",
+        "posix.system",
+        filename="pytorch_model_fsdp_0/.metadata",
+    )
+    add("torch zip", _torch_zip(evil2), "posix.system", filename="pytorch_model.bin", loader="torch")
+    add(
+        "zip: duplicate data.pkl",
+        _torch_zip(_p2(b"}"), extra={"archive/data.pkl": evil2}),
+        "duplicate zip records",
+        filename="optimizer.pt",
+        loader="none",
+    )
+    add(
+        "zip: second pickle record",
+        _torch_zip(_p2(b"}"), extra={"archive/extra.pkl": evil2}),
+        "besides the one data.pkl",
+        filename="optimizer.pt",
+        loader="none",
+    )
+    add(
+        "zip: record outside the archive folder",
+        _torch_zip(_p2(b"}"), extra={"other/data.pkl": evil2}),
+        "outside the archive folder",
+        filename="scheduler.pt",
+        loader="none",
+    )
+    add(
+        "zip: compressed data.pkl",
+        _torch_zip(evil2, method=8),
+        "compressed record",
+        filename="model.pt",
+        loader="torch",
+    )
+    add(
+        "zip: trailing data",
+        _torch_zip(evil2) + b"\0" * 100,
+        "after the zip end record",
+        filename="a.pt",
+        loader="torch",
+    )
+    add("zip: data in front (pickle polyglot)", evil2 + _torch_zip(_p2(b"}")), "posix.system", filename="polyglot.bin")
+    mismatched = bytearray(_torch_zip(evil2))
+    mismatched[30 : 30 + len("archive/data.pkl")] = b"archive/data.pkX"  # the local header names another file
+    add(
+        "zip: local header disagrees with central directory",
+        bytes(mismatched),
+        "disagree with the central",
+        filename="b.pt",
+        loader="torch",
+    )
+    add(
+        "pickle inside a zip inside a folder",
+        _zip({"x/payload.pkl": evil2, "notes.txt": b"hi"}),
+        "posix.system",
+        filename="extras/bundle.zip",
+        loader="none",
+    )
+    inner = _torch_zip(evil2)
+    add(
+        "zip inside a zip",
+        _torch_zip(_p2(b"}"), extra={"archive/inner.zip": inner}),
+        "posix.system",
+        filename="c.pt",
+        loader="none",
+    )
+    return out

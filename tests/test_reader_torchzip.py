@@ -166,7 +166,7 @@ def test_missing_data_pkl_and_compressed_records(files: dict[str, Path]) -> None
     outcome = read(_rezip(raw, drop="/data.pkl"))
     assert any("missing record `pytorch_model/data.pkl`" in p.message for p in outcome.problems)
     outcome = read(_rezip(raw, method=zipfile.ZIP_DEFLATED))
-    assert [p.kind for p in outcome.problems] == [ProblemKind.MALFORMED]
+    assert [p.kind for p in outcome.problems] == [ProblemKind.SUSPICIOUS_ARCHIVE]
     assert "compressed" in outcome.problems[0].message
     assert isinstance(outcome.content, TorchFacts) and len(outcome.content.tensors) == 8
 

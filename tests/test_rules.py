@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import zipfile
@@ -353,6 +354,19 @@ def malicious_args(copy: Copy) -> Path:
     return root
 
 
+def smuggled_pickle(copy: Copy) -> Path:
+    """A second `data.pkl` appended to a real optimizer.pt: zip readers disagree on which one is loaded."""
+    import warnings
+    import zipfile
+
+    root = copy("clean-full")
+    path = root / CK8 / "optimizer.pt"
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "a") as z:
+        warnings.simplefilter("ignore")  # "Duplicate name": exactly the trick
+        z.writestr("optimizer/data.pkl", pickle.dumps({"state": {}, "param_groups": []}, protocol=2))
+    return root
+
+
 def callback_state(copy: Copy) -> Path:
     root = copy("clean-full")
     torch.save({"callback": WarmupCallback, "step": 8}, root / CK8 / "callback_state.pt")
@@ -469,6 +483,7 @@ FIRES: tuple[Fires, ...] = (
     Fires("CKD602", "callback-class", callback_state, f"{CK8}/callback_state.pt", WARN,
           (f"`{__name__}.WarmupCallback`", "outside the allowlist")),
     Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
+    Fires("CKD605", "duplicate-data-pkl", smuggled_pickle, f"{CK8}/optimizer.pt", ERR, ("data.pkl",)),
     Fires("CKD604", "weights-linked-out", link_outside, f"{CK8}/model.safetensors", WARN,
           ("outside the scan root", "shared/model.safetensors")),
 )
@@ -514,6 +529,7 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD602", "clean-lora", clean("clean-lora")),
     Silent("CKD603", "clean-full", clean("clean-full")),
     Silent("CKD604", "link-inside-root", link_inside),
+    Silent("CKD605", "clean-full", clean("clean-full")),
 )
 
 

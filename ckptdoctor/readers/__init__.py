@@ -82,9 +82,10 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
     return FileFacts(base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems))
 
 
-# Kinds read past the sniff head. DCP_DATA, OTHER, EMPTY and SPECIAL are described by their stat alone.
+# Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone.
 _READ_KINDS = frozenset(
     {
+        FileKind.DCP_DATA,
         FileKind.SAFETENSORS,
         FileKind.TORCH_ZIP,
         FileKind.TORCH_LEGACY,
@@ -116,6 +117,10 @@ def _reader_for(kind: FileKind) -> Reader:
         from ckptdoctor.readers.dcp import read_dcp_metadata
 
         return read_dcp_metadata
+    if kind is FileKind.DCP_DATA:
+        from ckptdoctor.readers.dcp import read_dcp_data
+
+        return read_dcp_data
     if kind is FileKind.JSON:
         from ckptdoctor.readers.jsonfiles import read_json
 

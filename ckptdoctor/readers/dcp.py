@@ -1,7 +1,11 @@
-"""Reader for ``torch.distributed.checkpoint`` ``.metadata`` files: a plain pickle, walked statically."""
+"""Readers for ``torch.distributed.checkpoint`` files (``.metadata`` pickles, ``.distcp`` data), walked statically."""
 
 from __future__ import annotations
 
+import errno
+import os
+import struct
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -14,10 +18,11 @@ from ckptdoctor.model import (
     ProblemKind,
     ReadOutcome,
     ReadProblem,
+    TorchFacts,
 )
-from ckptdoctor.readers.torchzip import read_raw_pickle
+from ckptdoctor.readers.torchzip import merge_pickles, read_raw_pickle, read_zip_at
 
-__all__ = ["read_dcp_metadata"]
+__all__ = ["read_dcp_data", "read_dcp_metadata"]
 
 _DCP_MODULE = "torch.distributed.checkpoint.metadata"
 
@@ -93,3 +98,139 @@ def _storage_ref(index: Any, info: Any) -> DcpStorageRef | None:
     if type(path) is not str or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
         return None
     return DcpStorageRef(fqn=fqn, relative_path=path, offset=offset, length=length)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `.distcp` data files: a run of complete torch.save zip blobs, one per item (filesystem.py ``_write_item``).
+
+_EOCD_SIG = b"PK\x05\x06"
+_CENTRAL_SIG = b"PK\x01\x02"
+_ZIP64_LOCATOR_SIG = b"PK\x06\x07"
+_CHUNK = 8 << 20
+
+
+def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
+    """Walk the pickle of every torch.save blob inside a ``.distcp`` file; content is their merged ``PickleFacts``.
+
+    ``torch.distributed.checkpoint`` loads non-tensor items with ``torch.load(weights_only=False)``, so each blob's
+    ``data.pkl`` is a way in. Blobs are found from their end records (torch writes local headers with data
+    descriptors, so the blob's length is only known at its end), scanning at most ``limits.dcp_data_bytes``.
+    """
+    if size == 0:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.EMPTY, "file is empty"),))
+    problems: list[ReadProblem] = []
+    found: list[PickleFacts] = []
+    blobs = 0
+    start = 0  # where the next blob should begin: blobs are written back to back
+    try:
+        for end in _blob_ends(f, min(size, limits.dcp_data_bytes)):
+            if end <= start:
+                continue  # an end record inside the previous blob's comment: not a blob of its own
+            blobs += 1
+            if blobs > limits.zip_entries:
+                problems.append(ReadProblem(ProblemKind.LIMIT, f"more than {limits.zip_entries} blobs"))
+                break
+            outcome = read_zip_at(f, start, end - start, limits)
+            content = outcome.content
+            if isinstance(content, TorchFacts) and content.pickle is not None:
+                found.append(content.pickle)
+            if len(problems) < 20:
+                problems.extend(ReadProblem(p.kind, f"blob at byte {start}: {p.message}") for p in outcome.problems[:5])
+            start = end
+    except OSError as exc:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+    if size > limits.dcp_data_bytes:
+        problems.append(
+            ReadProblem(ProblemKind.LIMIT, f"only the first {limits.dcp_data_bytes} of {size} bytes were searched")
+        )
+    elif start < size:
+        problems.append(
+            ReadProblem(
+                ProblemKind.SUSPICIOUS_ARCHIVE if blobs else ProblemKind.MALFORMED,
+                f"{size - start} bytes after the last torch.save blob" if blobs else "no torch.save blob found",
+            )
+        )
+    return ReadOutcome(merge_pickles(None, found), tuple(problems))
+
+
+def _blob_ends(f: BinaryIO, size: int) -> Iterator[int]:
+    """End offsets of the zip archives in ``f``, in order; a signature inside tensor bytes is checked and skipped."""
+    pos = 0
+    carry = b""
+    while pos < size:
+        data_at = _next_data(f, pos)
+        if data_at is None or data_at >= size:
+            return  # only a hole is left: holes read as zeros and hold no end record
+        if data_at > pos:
+            carry = b""  # a hole in between: no signature spans it
+            pos = data_at
+        f.seek(pos)
+        chunk = f.read(min(_CHUNK, size - pos))
+        if not chunk:
+            return
+        buf = carry + chunk
+        base = pos - len(carry)
+        at = buf.find(_EOCD_SIG)
+        while at >= 0:
+            end = _valid_end(f, base + at, size)
+            if end is not None:
+                yield end
+            at = buf.find(_EOCD_SIG, at + 1)
+        carry = buf[-3:]
+        pos += len(chunk)
+
+
+def _next_data(f: BinaryIO, pos: int) -> int | None:
+    """Where data resumes at or after ``pos`` (SEEK_DATA skips the holes of sparse files); ``pos`` if unknown."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    try:
+        fd = f.fileno()
+    except (OSError, AttributeError, ValueError):
+        return pos
+    if seek_data is None:
+        return pos
+    try:
+        # Put the descriptor's offset back afterwards: the buffered reader above it keeps its own idea of it.
+        cur = os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return pos
+    try:
+        return os.lseek(fd, pos, seek_data)
+    except OSError as exc:
+        return None if exc.errno == errno.ENXIO else pos  # ENXIO: no data after pos
+    finally:
+        os.lseek(fd, cur, os.SEEK_SET)
+
+
+def _valid_end(f: BinaryIO, eocd: int, size: int) -> int | None:
+    """The archive end for an end record at ``eocd`` whose central directory really precedes it, else None."""
+    f.seek(eocd)
+    rec = f.read(22)
+    if len(rec) != 22:
+        return None
+    count, cd_size, cd_offset, comment = struct.unpack_from("<HLLH", rec, 10)
+    end = eocd + 22 + comment
+    if end > size:
+        return None
+    cd_end = eocd
+    loc = b""
+    if eocd >= 20:
+        f.seek(eocd - 20)
+        loc = f.read(20)
+    # torch writes the zip64 end record and locator even for small archives; others only when a field overflows.
+    if loc[:4] == _ZIP64_LOCATOR_SIG or count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+        if loc[:4] != _ZIP64_LOCATOR_SIG:
+            return None
+        # The zip64 end record is 56 bytes just before the locator; its size field follows the signature.
+        cd_end = eocd - 20 - 56
+        if cd_end < 0:
+            return None
+        f.seek(cd_end)
+        rec64 = f.read(56)
+        if len(rec64) != 56:
+            return None
+        cd_size = struct.unpack_from("<Q", rec64, 40)[0]
+    if cd_size > cd_end:
+        return None
+    f.seek(cd_end - cd_size)
+    return end if f.read(4) == _CENTRAL_SIG or cd_size == 0 else None

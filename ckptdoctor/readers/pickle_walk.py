@@ -14,7 +14,7 @@ from typing import Any
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, ProblemKind, ReadProblem, TensorRef
 
-__all__ = ["CYCLE", "TOO_DEEP", "iter_values", "walk_pickle"]
+__all__ = ["CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "iter_values", "walk_pickle"]
 
 # Placeholders the walk puts where a value would make the rebuilt structure cyclic or deeper than the limit.
 CYCLE = Opaque(None, ("<cycle>",))
@@ -72,6 +72,12 @@ TORCH_DTYPES: dict[str, str] = {
     "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4",
 }  # fmt: skip
 
+_MAX_GLUED = 4096  # longest string the walk rebuilds from a concatenation call
+
+# Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
+# result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
+UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+
 _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})
 
@@ -108,6 +114,17 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
             for k, v in args[0]:
                 d[k if type(k) in _SCALARS else _Key(k)] = v
             return d
+    elif mod in ("operator", "_operator") and name in ("add", "concat") and n == 2:
+        # Names for STACK_GLOBAL can be glued together at load time ("po" + "six"); rebuild short strings so the
+        # global they name is reported by name. Long ones stay opaque: doubling through the memo is exponential.
+        a, b = args
+        if type(a) is str and type(b) is str and len(a) + len(b) <= _MAX_GLUED:
+            return a + b
+    elif mod == "builtins" and name == "str.join" and n == 2:
+        sep, parts = args
+        ok = type(sep) is str and type(parts) in (list, tuple) and all(type(x) is str for x in parts)
+        if ok and len(sep) * len(parts) + sum(len(x) for x in parts) <= _MAX_GLUED:
+            return sep.join(parts)
     elif mod == "torch" and name == "Size":
         if n == 1 and _is_int_tuple(args[0]):
             return args[0]
@@ -247,9 +264,33 @@ class _Walker:
     def _call_target(self, target: Any) -> None:
         if type(target) is GlobalRef:
             self.calls[target] = None
-        elif type(target) is _Obj and type(target.func) is GlobalRef:
-            # A method of an object the stream built (its append/__setitem__/__setstate__) would run.
-            self.calls[target.func] = None
+        elif type(target) is _Obj:
+            if type(target.func) is GlobalRef:
+                # A method of an object the stream built (its append/__setitem__/__setstate__) would run.
+                self.calls[target.func] = None
+            else:
+                # The result of a call, a persistent-id object, a buffer: what runs is only known at load time.
+                self.calls[UNRESOLVED_CALL] = None
+        elif type(target) in (Opaque, TensorRef):
+            self.calls[UNRESOLVED_CALL] = None
+
+    def _passed(self, args: Any) -> None:
+        """Globals handed to a call as arguments count as called: the callee may call them (copyreg._reconstructor
+        calls its ``base``, torch's _rebuild_from_type_v2 its ``func``, functools.partial/map anything)."""
+        todo = [(args, 0)]
+        seen = 0
+        while todo:
+            v, depth = todo.pop()
+            seen += 1
+            if seen > 256:  # arguments are shallow in real files; a huge literal is not worth more
+                return
+            t = type(v)
+            if t is GlobalRef:
+                self.calls[v] = None
+            elif (t is tuple or t is list) and depth < 3:
+                todo.extend((x, depth + 1) for x in v[:64])
+            elif t is dict and depth < 3:
+                todo.extend((x, depth + 1) for x in list(v.values())[:64])
 
     def _persid(self, pid: Any) -> Any:
         self.persistent_ids += 1
@@ -385,6 +426,7 @@ class _Walker:
                 elif op == 0x52:  # REDUCE
                     args = stack.pop()
                     func = stack[-1]
+                    self._passed(args)
                     if type(func) is GlobalRef:
                         self.calls[func] = None
                         stack[-1] = _interpret(func, args) if type(args) is tuple else _Obj(func, args)
@@ -466,6 +508,7 @@ class _Walker:
                     args = stack.pop()
                     cls = stack.pop()
                     self._call_target(cls)
+                    self._passed(args)
                     append(_Obj(cls, args) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
                 elif op == 0x88:  # NEWTRUE
                     append(True)
@@ -564,6 +607,7 @@ class _Walker:
                     args = stack.pop()
                     cls = stack.pop()
                     self._call_target(cls)
+                    self._passed((args, kwargs))
                     if type(cls) is GlobalRef:
                         append(_Obj(cls, (args, kwargs)))
                     else:
@@ -575,6 +619,7 @@ class _Walker:
                     globals_[ref] = None
                     self.calls[ref] = None
                     items = pop_mark()
+                    self._passed(items)
                     append(_Obj(ref, tuple(items)))
                 elif op == 0x6F:  # OBJ
                     items = pop_mark()
@@ -582,6 +627,7 @@ class _Walker:
                         raise _Malformed("OBJ without a class")
                     cls = items[0]
                     self._call_target(cls)
+                    self._passed(items[1:])
                     if type(cls) is GlobalRef:
                         append(_Obj(cls, tuple(items[1:])))
                     else:

@@ -45,7 +45,7 @@ def _family(f: FileFacts) -> str:
 
 def _problems(f: FileFacts) -> Iterator[str]:
     for p in f.problems:
-        if p.kind not in _PATH_KINDS and p.kind != ProblemKind.MALFORMED_PICKLE:
+        if p.kind not in _PATH_KINDS and p.kind not in (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE):
             yield p.message
     if f.kind == FileKind.EMPTY and _family(f) in ("safetensors", "torch", "json"):
         yield f"`{f.path}` is empty (0 bytes)"

@@ -1,13 +1,30 @@
 """Which pickle globals genuine checkpoint files import (allowed), and which can run code (dangerous).
 
-The allowlist holds what torch, transformers, accelerate, peft, numpy and DeepSpeed really write (ANATOMY §1.7,
-§1.9, §4, §5, and the files our tests generate with those libraries). A global matches an entry exactly, or a
-``module.*`` entry by module prefix.
+The allowlist holds what torch, transformers, accelerate, peft, numpy and DeepSpeed really write: the generated
+``allowlist.json`` (bench/make_allowlist.py reads files those libraries wrote) plus the reviewed entries below
+(ANATOMY §1.7, §1.9, §4, §5). A global matches an entry exactly, or a ``module.*`` entry by module prefix (only for
+modules that define nothing but data classes). A name with a dot (``Path.write_text``) is an attribute chain the
+unpickler follows from the module (protocol 4+): it matches exact entries only.
 """
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+
 from ckptdoctor.model import GlobalRef
+
+
+def _generated() -> frozenset[str]:
+    """The globals in the generated ``allowlist.json`` (observed in real files, and sibling enum classes)."""
+    try:
+        doc = json.loads(resources.files("ckptdoctor.rules").joinpath("allowlist.json").read_text("utf-8"))
+        return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ()))
+    except (OSError, ValueError):
+        return frozenset()  # a missing data file makes the scan stricter, never looser
+
+
+GENERATED: frozenset[str] = _generated()
 
 ALLOWED: frozenset[str] = frozenset(
     {
@@ -71,12 +88,21 @@ ALLOWED: frozenset[str] = frozenset(
         "transformers.training_args.TrainingArguments",
         "transformers.training_args.OptimizerNames",
         "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-        "transformers.trainer_utils.*",
+        "transformers.trainer_utils.IntervalStrategy",
+        "transformers.trainer_utils.SaveStrategy",
+        "transformers.trainer_utils.SchedulerType",
+        "transformers.trainer_utils.HubStrategy",
+        "transformers.trainer_utils.EvaluationStrategy",
         "transformers.trainer_pt_utils.AcceleratorConfig",
         "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
         "transformers.debug_utils.DebugOption",
         "accelerate.state.PartialState",
-        "accelerate.utils.dataclasses.*",
+        "accelerate.utils.dataclasses.DistributedType",
+        "accelerate.utils.dataclasses.DeepSpeedPlugin",
+        "accelerate.utils.dataclasses.FullyShardedDataParallelPlugin",
+        "accelerate.utils.dataclasses.TorchDynamoPlugin",
+        "accelerate.utils.dataclasses.DynamoBackend",
+        "accelerate.utils.dataclasses.PrecisionType",
         "trl.trainer.sft_config.SFTConfig",
         # DeepSpeed states
         "deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -84,7 +110,7 @@ ALLOWED: frozenset[str] = frozenset(
         "deepspeed.runtime.zero.config.ZeroStageEnum",
         "deepspeed.utils.tensor_fragment.fragment_address",
         # ckptdoctor's own reference trainer writes its args dataclass
-        "ckptdoctor.reference.train.*",
+        "ckptdoctor.reference.train.TrainConfig",
     }
 )
 
@@ -248,8 +274,10 @@ DANGEROUS_GLOBALS: frozenset[str] = frozenset(
 def is_allowed(g: GlobalRef) -> bool:
     """True when ``g`` is something genuine checkpoint files import."""
     dotted = g.dotted
-    if dotted in ALLOWED:
+    if dotted in ALLOWED or dotted in GENERATED:
         return True
+    if "." in g.name or g.module.startswith("<"):
+        return False  # attribute chains and unresolved names match nothing by pattern
     if g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES):
         return True
     parts = g.module.split(".")
@@ -262,4 +290,17 @@ def is_dangerous(g: GlobalRef) -> bool:
     if dotted in DANGEROUS_GLOBALS:
         return True
     parts = g.module.split(".")
-    return any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1))
+    if any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1)):
+        return True
+    # An attribute chain (``torch.serialization.os.system``, ``pathlib.Path.write_text``): any step that names a
+    # dangerous module or callable makes the whole chain dangerous.
+    if "." not in g.name:
+        return False
+    chain = [*parts, *g.name.split(".")]
+    for i in range(len(parts), len(chain)):
+        head = chain[i:]
+        if any(".".join(head[:j]) in DANGEROUS_MODULES for j in range(1, len(head) + 1)):
+            return True
+        if ".".join(chain[i - 1 : i + 1]) in DANGEROUS_GLOBALS or f"builtins.{chain[i]}" in DANGEROUS_GLOBALS:
+            return True
+    return False

@@ -6,8 +6,21 @@ from collections.abc import Iterator
 
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import DcpMetadataFacts, FileFacts, PickleFacts, ProblemKind, TorchFacts, Tree
+from ckptdoctor.pickle_analysis import Verdict, judge
 from ckptdoctor.rules import Hit, rule
-from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
+
+
+def _verdicts(tree: Tree) -> Iterator[tuple[FileFacts, Verdict]]:
+    """Every file holding pickle streams (raw, torch zip or legacy, DCP .metadata and .distcp) with its verdict."""
+    for f in tree.all_files():
+        pf = _pickle(f)
+        if pf is not None:
+            yield f, judge(pf)
+
+
+def _names(items: tuple[str, ...], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _pickle(f: FileFacts) -> PickleFacts | None:
@@ -44,19 +57,12 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
     `torch/_weights_only_unpickler.py`; `torch/distributed/checkpoint/filesystem.py` (`read_metadata`);
     trailofbits/fickling; mmaitre314/picklescan.
     """
-    for f in tree.all_files():
-        pf = _pickle(f)
-        if pf is None:
-            continue
-        called = set(pf.calls)
-        bad = [g.dotted for g in pf.globals if is_dangerous(g)]
-        bad += [g.dotted for g in pf.calls if not is_allowed(g) and not is_dangerous(g)]
-        unresolved = [p for p in f.problems if p.kind == ProblemKind.MALFORMED_PICKLE]
-        if bad:
-            names = ", ".join(f"`{n}`" for n in dict.fromkeys(bad))
-            verb = "calls" if any(g.dotted in bad for g in called) else "imports"
-            yield Hit(f.path, f"pickle {verb} {names}: loading this file can run code")
-        elif unresolved and any(not is_allowed(g) for g in pf.globals):
+    for f, verdict in _verdicts(tree):
+        unresolved = any(p.kind == ProblemKind.MALFORMED_PICKLE for p in f.problems)
+        if verdict.unsafe:
+            verb = "calls" if verdict.calls_unsafe else "imports"
+            yield Hit(f.path, f"pickle {verb} {_names(verdict.unsafe)}: loading this file can run code")
+        elif unresolved and verdict.unknown:
             yield Hit(f.path, "pickle could not be fully analysed and imports globals outside the allowlist")
 
 
@@ -81,15 +87,12 @@ def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
     ## References
     `torch/_weights_only_unpickler.py` (`_get_allowed_globals`); ANATOMY of genuine files' globals.
     """
-    for f in tree.all_files():
-        pf = _pickle(f)
-        if pf is None:
-            continue
-        called = set(pf.calls)
-        unknown = [g.dotted for g in pf.globals if not is_allowed(g) and not is_dangerous(g) and g not in called]
-        if unknown:
-            names = ", ".join(f"`{n}`" for n in unknown)
-            yield Hit(f.path, f"pickle imports {names}, outside the allowlist of globals genuine checkpoints use")
+    for f, verdict in _verdicts(tree):
+        if verdict.unknown and not verdict.unsafe:
+            yield Hit(
+                f.path,
+                f"pickle imports {_names(verdict.unknown)}, outside the allowlist of globals genuine checkpoints use",
+            )
 
 
 @rule("CKD604", "link-escapes-root", Severity.WARNING)
@@ -116,3 +119,34 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
         if pp.problem.kind == ProblemKind.LINK_ESCAPES_ROOT:
             target = f" (-> `{pp.target}`)" if pp.target else ""
             yield Hit(pp.path, f"{pp.problem.message}{target}")
+
+
+@rule("CKD605", "suspicious-archive-layout", Severity.ERROR)
+def suspicious_archive_layout(tree: Tree) -> Iterator[Hit]:
+    """A torch archive, `.distcp` file or pickle laid out the way scanner-evasion tricks are, never the way
+    `torch.save` or `pickle.dump` write.
+
+    ## What it does
+    Reports zip archives with duplicate record names, records outside the archive folder, compressed records,
+    more than one pickle record (or a zip inside the zip), data before or after the archive, local headers that
+    disagree with the central directory, and pickle files with more bytes after their STOP opcode. Every pickle
+    found this way is walked too, and judged by CKD601.
+
+    ## Why is this bad?
+    Two zip readers can see two different archives in the same bytes: a scanner reads the harmless `data.pkl`,
+    `torch.load` (miniz) or another tool reads the other one. No library writes these layouts by accident.
+
+    ## Example
+    A `pytorch_model.bin` holding two `archive/data.pkl` records, the second with a `posix.system` payload.
+
+    ## Fix safety
+    No automatic fix. Do not load the file; obtain it from a trusted source.
+
+    ## References
+    `caffe2/serialize/inline_container.cc` (what torch.save writes); PKWARE APPNOTE 4.3; picklescan and
+    modelscan bypass reports (zip member confusion).
+    """
+    for f in tree.all_files():
+        tricks = [p.message for p in f.problems if p.kind == ProblemKind.SUSPICIOUS_ARCHIVE]
+        if tricks:  # one finding per file: the tricks are facets of one hazard
+            yield Hit(f.path, "; ".join(tricks))

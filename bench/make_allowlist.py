@@ -1,0 +1,285 @@
+"""Build ckptdoctor/rules/allowlist.json: the pickle globals that files written by the real libraries import.
+
+Usage::
+
+    python bench/make_allowlist.py            # write ckptdoctor/rules/allowlist.json
+    python bench/make_allowlist.py --check    # exit 1 when the pinned file misses a global found now
+
+Every global comes from a file the libraries really wrote here (torch optimizers and schedulers, the Trainer's own
+checkpoint files from a 2-step ``transformers.Trainer`` run, accelerate ``save_state``, a peft adapter saved as
+``.bin``, numpy arrays, ``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is
+installed), read back with ckptdoctor's own static readers (nothing is unpickled). On top of that, the enum
+classes of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
+TrainingArguments setting pickles another member of the same family (an enum member is rebuilt by value lookup:
+no code of ours or theirs runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import importlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ckptdoctor.model import PickleFacts  # noqa: E402
+from ckptdoctor.readers import read_file  # noqa: E402
+
+OUT = ROOT / "ckptdoctor" / "rules" / "allowlist.json"
+
+# Modules whose enum classes can appear in training_args.bin / accelerate state for other settings.
+ENUM_MODULES = (
+    "transformers.training_args",
+    "transformers.trainer_utils",
+    "transformers.debug_utils",
+    "transformers.utils.generic",
+    "accelerate.utils.dataclasses",
+)
+
+
+def globals_in(folder: Path) -> dict[str, set[str]]:
+    """dotted global -> names of the files under ``folder`` that import it (read statically by ckptdoctor)."""
+    out: dict[str, set[str]] = {}
+    for root, _dirs, files in os.walk(folder):
+        in_dcp = any(n.endswith((".distcp", ".metadata")) for n in files)
+        for name in files:
+            path = os.path.join(root, name)
+            facts = read_file(path, name, os.stat(path), in_dcp_dir=in_dcp)
+            content = facts.content
+            pf = content if isinstance(content, PickleFacts) else getattr(content, "pickle", None)
+            if not isinstance(pf, PickleFacts):
+                continue
+            for g in (*pf.globals, *pf.calls):
+                out.setdefault(g.dotted, set()).add(name)
+    return out
+
+
+def write_torch_files(folder: Path) -> None:
+    """Optimizers, schedulers, scaler, rng state and TrainingArguments exactly as the Trainer saves them."""
+    import numpy as np
+    import torch
+    import transformers
+    from torch import nn
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))
+    optimizers: dict[str, Any] = {
+        "sgd": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        "adam": torch.optim.Adam(model.parameters(), lr=1e-3),
+        "adamw": torch.optim.AdamW(model.parameters(), lr=1e-3),
+        "adagrad": torch.optim.Adagrad(model.parameters()),
+        "rmsprop": torch.optim.RMSprop(model.parameters()),
+        "adafactor": transformers.Adafactor(model.parameters(), lr=1e-3, relative_step=False),
+    }
+    for name, opt in optimizers.items():
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        torch.save(opt.state_dict(), folder / f"optimizer-{name}.pt")
+    opt = optimizers["adamw"]
+    for kind in ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay"):  # fmt: skip
+        try:
+            kwargs: dict[str, Any] = {"num_warmup_steps": 2, "num_training_steps": 10}
+            if kind == "cosine_with_min_lr":
+                kwargs["scheduler_specific_kwargs"] = {"min_lr": 1e-5}
+            sched = transformers.get_scheduler(kind, opt, **kwargs)
+        except (TypeError, ValueError):
+            continue
+        sched.step() if kind != "reduce_lr_on_plateau" else sched.step(1.0)
+        torch.save(sched.state_dict(), folder / f"scheduler-{kind}.pt")
+    torch.save(torch.optim.lr_scheduler.StepLR(opt, 3).state_dict(), folder / "scheduler-step.pt")
+    torch.save(torch.amp.GradScaler("cpu").state_dict(), folder / "scaler.pt")
+    # Trainer._save_rng_state (single process, CPU) and numpy arrays on their own.
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               folder / "rng_state.pth")  # fmt: skip
+    torch.save({"a": np.arange(3), "b": np.float32(1.5), "c": np.zeros((2, 2), dtype=np.float16)}, folder / "np.pt")
+    args = [
+        transformers.TrainingArguments(output_dir=str(folder / "o1")),
+        transformers.TrainingArguments(output_dir=str(folder / "o2"), eval_strategy="steps", save_strategy="epoch",
+                                       lr_scheduler_type="cosine", optim="adafactor", hub_strategy="checkpoint",
+                                       report_to="none", logging_strategy="no", debug="underflow_overflow"),
+        transformers.Seq2SeqTrainingArguments(output_dir=str(folder / "o3"), predict_with_generate=True),
+    ]  # fmt: skip
+    for i, a in enumerate(args):
+        torch.save(a, folder / f"training_args-{i}.bin")
+
+
+def write_dcp(folder: Path) -> None:
+    """A real torch.distributed.checkpoint save (model and optimizer state)."""
+    from tests import payloads
+
+    payloads.save_dcp(folder / "dcp")
+
+
+def write_peft_adapter(folder: Path) -> None:
+    """A LoRA adapter saved as adapter_model.bin (safe_serialization=False)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj = nn.Linear(4, 4)
+            self.v_proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.v_proj(self.q_proj(x))
+
+    model = get_peft_model(Tiny(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model.save_pretrained(str(folder / "adapter"), safe_serialization=False)
+
+
+def write_accelerate_state(folder: Path) -> None:
+    """accelerate.Accelerator.save_state on CPU (optimizer.bin, scheduler.bin, random_states_0.pkl ...)."""
+    import torch
+    from accelerate import Accelerator
+    from torch import nn
+
+    acc = Accelerator(cpu=True)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    acc.save_state(str(folder / "accelerate"), safe_serialization=False)
+
+
+def run_trainer(folder: Path) -> None:
+    """A real 2-step transformers.Trainer run saving checkpoint-1 and checkpoint-2."""
+    import torch
+    from torch import nn
+    from transformers import Trainer, TrainingArguments
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            loss = ((self.lin(x).squeeze(-1) - labels) ** 2).mean()
+            return {"loss": loss}
+
+    data = [{"x": torch.randn(4), "labels": torch.tensor(0.5)} for _ in range(8)]
+    args = TrainingArguments(output_dir=str(folder / "trainer"), max_steps=2, save_steps=1,
+                             per_device_train_batch_size=4, report_to="none", use_cpu=True,
+                             logging_steps=1)  # fmt: skip
+    Trainer(model=Model(), args=args, train_dataset=data).train()
+
+
+_DEEPSPEED = """
+import os, sys, torch
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[4])
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+cfg = {"train_batch_size": 2, "zero_optimization": {"stage": int(sys.argv[2])},
+       "zero_allow_untested_optimizer": True, "bf16": {"enabled": sys.argv[3] == "bf16"},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+       "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}}}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+for _ in range(2):
+    x = torch.randn(2, 4, dtype=next(engine.module.parameters()).dtype)
+    engine.backward(engine(x).float().sum())
+    engine.step()
+engine.save_checkpoint(sys.argv[1])
+"""
+
+
+def write_deepspeed(folder: Path) -> list[str]:
+    """DeepSpeed ZeRO 1/2/3 (fp32 and bf16) checkpoints from single-process gloo engines; returns what ran."""
+    try:
+        importlib.import_module("deepspeed")
+    except Exception:
+        return []
+    script = folder / "ds_save.py"
+    script.write_text(_DEEPSPEED)
+    done = []
+    for i, (stage, prec) in enumerate([(1, "fp32"), (2, "fp32"), (2, "bf16"), (3, "fp32"), (3, "bf16")]):
+        out = folder / f"deepspeed-z{stage}-{prec}"
+        proc = subprocess.run([sys.executable, str(script), str(out), str(stage), prec, str(29600 + i)],
+                              capture_output=True, timeout=900)  # fmt: skip
+        if proc.returncode == 0:
+            done.append(out.name)
+    return done
+
+
+def introspected_enums(modules: Iterable[str]) -> set[str]:
+    """Enum classes defined in ``modules`` (members pickle as a call of their class with the value)."""
+    out: set[str] = set()
+    for name in modules:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        for attr, obj in vars(mod).items():
+            if isinstance(obj, type) and issubclass(obj, enum.Enum) and obj.__module__ == name:
+                out.add(f"{name}.{attr}")
+    return out
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("torch", "transformers", "accelerate", "peft", "numpy", "deepspeed"):
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except Exception:
+            out[name] = "not installed"
+    return out
+
+
+def build(work: Path, *, trainer: bool = True, deepspeed: bool = True) -> dict[str, Any]:
+    """Write every real file into ``work`` and return the allowlist document."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_torch_files(work / "torch")
+        write_dcp(work)
+        write_peft_adapter(work)
+        write_accelerate_state(work)
+        if trainer:
+            run_trainer(work)
+    ds = write_deepspeed(work) if deepspeed else []
+    found = globals_in(work)
+    enums = introspected_enums(ENUM_MODULES)
+    return {
+        "about": "Pickle globals that genuine checkpoint files import. Generated by bench/make_allowlist.py; "
+        "do not edit by hand (hand-reviewed additions live in ckptdoctor/rules/pickle_policy.py).",
+        "versions": versions(),
+        "deepspeed_runs": ds,
+        "observed": {g: sorted(files)[:4] for g, files in sorted(found.items())},
+        "enums": sorted(enums - set(found)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with the pinned file instead of writing it")
+    ap.add_argument("--no-trainer", action="store_true")
+    ap.add_argument("--no-deepspeed", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = build(Path(tmp), trainer=not args.no_trainer, deepspeed=not args.no_deepspeed)
+    if args.check:
+        pinned = json.loads(OUT.read_text())
+        known = set(pinned["observed"]) | set(pinned["enums"])
+        missing = sorted(set(doc["observed"]) - known)
+        print("missing from the pinned allowlist:", missing or "none")
+        sys.exit(1 if missing else 0)
+    OUT.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    print(f"wrote {OUT}: {len(doc['observed'])} observed globals, {len(doc['enums'])} enum classes, "
+          f"DeepSpeed runs: {doc['deepspeed_runs'] or 'none'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
