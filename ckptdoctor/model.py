@@ -7,6 +7,7 @@ Readers produce the file-level values (``SafetensorsFacts``, ``TorchFacts`` ...)
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ class ProblemKind(str, enum.Enum):
     LINK_ESCAPES_ROOT = "link-escapes-root"
     BAD_NAME = "bad-name"  # a name that is not valid UTF-8
     SPECIAL_FILE = "special-file"  # FIFO, socket or device: never opened
+    SUSPICIOUS_ARCHIVE = "suspicious-archive"  # zip layout no honest writer produces (duplicates, hidden streams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +75,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +120,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +299,29 @@ class PathProblem:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorData:
+    """What ``--deep`` found in one tensor's bytes (streamed, never loaded whole)."""
+
+    name: str  # the tensor's name (safetensors) or dotted path in the pickled value (torch files)
+    dtype: str  # safetensors dtype code
+    numel: int
+    nan: int  # elements that are NaN (floating dtypes only)
+    inf: int  # elements that are +/-Inf (floating dtypes only)
+    all_zero: bool  # every element is zero (+0.0 or -0.0 for floats)
+
+
+@dataclass(frozen=True, slots=True)
+class FileData:
+    """The ``--deep`` read of one file's tensor data: per-tensor results, bytes read, and what could not be read."""
+
+    path: str  # relative to the root, as in ``FileFacts.path``
+    tensors: tuple[TensorData, ...]
+    bytes_read: int
+    problems: tuple[ReadProblem, ...] = ()
+    skipped: tuple[str, ...] = ()  # tensors not checked, e.g. dtypes the deep reader does not decode
+
+
+@dataclass(frozen=True, slots=True)
 class Tree:
     """Everything one scan root holds, as discovered and read."""
 
@@ -312,6 +331,7 @@ class Tree:
     path_problems: tuple[PathProblem, ...] = ()
     files_seen: int = 0
     abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
+    data: tuple[FileData, ...] = ()  # tensor-data results, filled by ``--deep`` only, sorted by path
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []
