@@ -12,6 +12,10 @@ operation with the before/after size and sha256 (and the new text of rewrites) a
 marked done as it completes. Whatever point a crash or an I/O error interrupts, the on-disk state of each
 operation can be recognised from the hashes, so ``undo`` rolls the transaction back and ``fix`` rolls it forward.
 
+A concurrent writer is met by checking again at the act: a rewrite re-hashes its target right before the replace
+(and the kept original right after it), a move re-hashes what arrived in the quarantine. A change aborts the
+operation, leaves the writer's bytes where it wrote them and rolls the transaction back (``ConcurrentChange``).
+
 Test hooks (never set in normal use): ``CKPTDOCTOR_TEST_CRASH=<point>`` or ``CKPTDOCTOR_TEST_CRASH_AFTER_OP=<k>``
 kill the process with SIGKILL at a named point (see ``crash_points``); ``CALLS`` is the one indirection through
 which every write system call goes, so a test can make call k fail with ``ENOSPC`` or ``EIO``.
@@ -61,6 +65,10 @@ class FixRefused(click.ClickException):
     """The fixer will not (or could not) act: printed without a traceback, exit code 2 like a usage error."""
 
     exit_code = 2
+
+
+class ConcurrentChange(FixRefused):
+    """Another process wrote a path while the fixer was changing it; the fixer left that process's bytes alone."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -739,6 +747,9 @@ def _save_original(abs_root: str, txid: str, op: JournalOp) -> None:
         if e.errno not in _NO_LINK:
             raise
         _copy_file(target, keep)
+        if not digest(keep).same(op.before):  # a writer changed the file while it was copied
+            CALLS.unlink(keep)
+            raise ConcurrentChange(_changed_msg(op.path)) from None
     _fsync_dir(os.path.dirname(keep))
 
 
@@ -781,10 +792,51 @@ def _apply_rewrite(abs_root: str, txid: str, op: JournalOp, k: int) -> None:
     # The new file keeps the original's mtime: rotation and stale-run detection order checkpoints by time.
     CALLS.utime(tmp, (st.st_atime_ns, st.st_mtime_ns))
     _crash_point(f"op:{k}:temp")
-    _save_original(abs_root, txid, op)
+    keep = _abs(abs_root, op.quarantine(txid))
+    try:
+        _save_original(abs_root, txid, op)
+        # Re-hash right before the replace: a writer since the journaled hash keeps its bytes and the op aborts.
+        if not _holds(target, op.before):
+            # The kept name is ours: another name of the writer's inode, or an original the writer replaced.
+            _quietly(CALLS.unlink, keep)
+            raise ConcurrentChange(_changed_msg(op.path))
+    except ConcurrentChange:
+        _quietly(CALLS.unlink, tmp)
+        raise
     _crash_point(f"op:{k}:saved")
+    linked = _same_inode(keep, target)
     CALLS.replace(tmp, target)
     _fsync_dir(os.path.dirname(target))
+    if linked and not _holds(keep, op.before):
+        # A writer got into the original's inode in the instant before the replace (or writes through an open
+        # descriptor): its bytes are in the kept original. Put that inode back unless someone wrote ours too.
+        if _holds(target, op.after):
+            CALLS.replace(keep, target)
+            _fsync_dir(os.path.dirname(target))
+            raise ConcurrentChange(_changed_msg(op.path))
+        raise ConcurrentChange(
+            f"`{op.path}` and its original in `{op.quarantine(txid)}` were both written by another process during "
+            "the fix; both are kept as written"
+        )
+
+
+def _holds(path: str, d: Digest | None) -> bool:
+    """``path`` exists and holds exactly ``d`` (a path removed meanwhile holds nothing)."""
+    try:
+        return digest(path).same(d)
+    except OSError:
+        return False
+
+
+def _same_inode(a: str, b: str) -> bool:
+    try:
+        return os.path.samestat(os.lstat(a), os.lstat(b))
+    except OSError:
+        return False
+
+
+def _changed_msg(rel: str) -> str:
+    return f"`{rel}` was written by another process during the fix; it is left as that process wrote it"
 
 
 def _move(abs_root: str, src_rel: str, dst_rel: str, times: tuple[int, int] | None) -> None:
@@ -801,13 +853,22 @@ def _apply_op(abs_root: str, txid: str, op: JournalOp, k: int) -> None:
     if op.kind == OpKind.QUARANTINE:
         _ensure_dir(abs_root, _parent(op.quarantine(txid)))
         _move(abs_root, op.path, op.quarantine(txid), op.times)
+        if not _holds(_abs(abs_root, op.quarantine(txid)), op.before):
+            # Written since it was journaled (the rename keeps every byte): give it back to its writer.
+            if os.path.lexists(_abs(abs_root, op.path)):
+                raise ConcurrentChange(
+                    f"`{op.path}` was written by another process while it moved to `{op.quarantine(txid)}`, and "
+                    f"`{op.path}` was created again; both are kept as written"
+                )
+            _move(abs_root, op.quarantine(txid), op.path, op.times)
+            raise ConcurrentChange(_changed_msg(op.path))
     else:
         _apply_rewrite(abs_root, txid, op, k)
 
 
 def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
     """Recognise an operation's state on disk: ``applied``, ``pending``, ``both`` (quarantined, and the path
-    exists again) or ``conflict``, with a reason for a conflict."""
+    exists again), ``untouched`` (a rewrite another process got to first) or ``conflict``, with a reason."""
     here = _abs(abs_root, op.path)
     if op.kind == OpKind.QUARANTINE:
         p, q = os.path.lexists(here), os.path.lexists(_abs(abs_root, op.quarantine(txid)))
@@ -818,6 +879,12 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
         if p:
             return "pending", ""
         return "conflict", f"`{op.path}` is neither in place nor in the quarantine"
+    if op.status != "done" and not _holds(here, op.after) and not _holds(here, op.before):
+        keep = _abs(abs_root, op.quarantine(txid))
+        if not os.path.lexists(keep) or _same_inode(keep, here):
+            # The replace always follows keeping the original under a name of its own, so the fixer's text never
+            # reached `path`: another process wrote it. Nothing of the fixer's is there to undo.
+            return "untouched", f"`{op.path}` was written by another process before the fix reached it"
     if not os.path.lexists(here):
         return "conflict", f"`{op.path}` was removed after the fix"
     now = digest(here)
@@ -838,8 +905,14 @@ def _check_undo(abs_root: str, j: Journal) -> list[str]:
             problems.append(why)
         elif state == "applied":
             kept = _abs(abs_root, op.quarantine(j.txid))
-            if not os.path.lexists(kept) or not digest(kept).same(op.before):
-                problems.append(f"the original of `{op.path}` in `{op.quarantine(j.txid)}` is missing or changed")
+            if not os.path.lexists(kept):
+                problems.append(f"the original of `{op.path}` is missing from `{op.quarantine(j.txid)}`")
+            elif not (now := digest(kept)).same(op.before):
+                problems.append(
+                    f"`{op.quarantine(j.txid)}` (the original of `{op.path}`) changed after the fix, so it is no "
+                    f"longer what the fix moved there ({now.size:,} bytes, sha256 {now.sha256[:12]}…; a process may "
+                    "still have it open); it stays there as written"
+                )
             parent = _abs(abs_root, _parent(op.path))
             if not os.path.isdir(parent) or os.path.islink(parent):
                 problems.append(f"`{_parent(op.path)}` (where `{op.path}` goes back) is gone")
@@ -854,7 +927,7 @@ def _check_redo(abs_root: str, j: Journal) -> list[str]:
     problems: list[str] = []
     for op in j.ops:
         state, why = _op_state(abs_root, j.txid, op)
-        if state == "conflict":
+        if state in ("conflict", "untouched"):
             problems.append(why)
         elif (
             state == "pending" and op.kind == OpKind.QUARANTINE and not digest(_abs(abs_root, op.path)).same(op.before)
@@ -875,6 +948,8 @@ def _undo_op(abs_root: str, txid: str, op: JournalOp, state: str) -> None:
         if op.kind == OpKind.QUARANTINE:
             _move(abs_root, op.quarantine(txid), op.path, op.times)
         else:
+            if not _holds(_abs(abs_root, op.path), op.after):  # written since the undo checked it: keep those bytes
+                raise ConcurrentChange(f"{_changed_msg(op.path)}; run `ckptdoctor undo` again to see what is left")
             CALLS.replace(_abs(abs_root, op.quarantine(txid)), _abs(abs_root, op.path))
             _fsync_dir(os.path.dirname(_abs(abs_root, op.path)))
     elif op.kind != OpKind.QUARANTINE:
