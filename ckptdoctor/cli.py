@@ -171,14 +171,15 @@ def scan(
     from ckptdoctor.scanner import scan as run_scan
 
     selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
-    from ckptdoctor.deep import DeepUnavailable, progress_stream
+    if deep:
+        from ckptdoctor.deep import DeepUnavailable, progress_stream  # only --deep pays for this import
 
-    try:
-        report = run_scan(
-            list(paths), selection=selection, jobs=jobs, deep=deep, progress=progress_stream() if deep else None
-        )
-    except DeepUnavailable as exc:
-        raise UsageProblem(str(exc)) from None
+        try:
+            report = run_scan(list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream())
+        except DeepUnavailable as exc:
+            raise UsageProblem(str(exc)) from None
+    else:
+        report = run_scan(list(paths), selection=selection, jobs=jobs)
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":

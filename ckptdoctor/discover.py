@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import stat
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -41,17 +42,27 @@ class _Dir:
     name: str  # the raw name (may hold surrogate escapes), as os.listdir would give it
     mtime: float
     files: list[FileFacts] = field(default_factory=list)
+    # Reads handed to the thread pool, in walk order; turned into ``files`` once the walk is over.
+    pending: list[Future[FileFacts]] = field(default_factory=list)
     dirs: list[_Dir] = field(default_factory=list)
     # Every child os.path.isdir would accept (links included, even those not followed): get_last_checkpoint's view.
     dir_names: list[str] = field(default_factory=list)
     has_run: bool = False  # this folder or one below it is a run
 
 
-def discover(root: str, limits: Limits = DEFAULT_LIMITS) -> Tree:
+def default_jobs() -> int:
+    """How many files are read at once by default: header reads wait on I/O (network file systems above all),
+    so a few more threads than cores, bounded so a big machine does not open dozens of files at once."""
+    return max(1, min(8, (os.cpu_count() or 1) * 2))
+
+
+def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
     Never writes, never follows a link out of the root or around a loop, never opens FIFOs or devices; every
     path it could not take is a ``PathProblem`` and the walk goes on. Everything is sorted by path.
+    ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
+    thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
     """
     real_root = os.path.realpath(root)
     try:
@@ -67,8 +78,14 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS) -> Tree:
         problems = () if name == raw else (_bad_name(name, raw),)
         return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
 
-    walker = _Walker(real_root, limits)
-    top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+    if jobs <= 1:
+        walker = _Walker(real_root, limits, None)
+        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+    else:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
+            walker = _Walker(real_root, limits, pool)
+            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+            _collect(top)
     grouper = _Grouper()
     grouper.visit_root(top, os.path.basename(os.path.abspath(root)))
     return Tree(
@@ -85,11 +102,12 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS) -> Tree:
 
 
 class _Walker:
-    """Depth-first walk with one stat per entry, reading each file as it is met."""
+    """Depth-first walk with one stat per entry, reading each file as it is met (or handing it to ``pool``)."""
 
-    def __init__(self, real_root: str, limits: Limits) -> None:
+    def __init__(self, real_root: str, limits: Limits, pool: ThreadPoolExecutor | None) -> None:
         self.real_root = real_root
         self.limits = limits
+        self.pool = pool
         self.problems: list[PathProblem] = []
         self.files_seen = 0
         self.entries = 0
@@ -147,8 +165,10 @@ class _Walker:
         # torch.distributed.checkpoint folders: `.metadata` is sniffed as DCP metadata only inside one.
         in_dcp = any(f[1].endswith("/.metadata") or f[1] == ".metadata" or f[1].endswith(".distcp") for f in files)
         for open_path, crel, est, is_link in files:
-            facts = read_file(open_path, crel, est, self.limits, in_dcp)
-            node.files.append(dataclasses.replace(facts, is_link=True) if is_link else facts)
+            if self.pool is None:
+                node.files.append(_read(open_path, crel, est, self.limits, in_dcp, is_link))
+            else:
+                node.pending.append(self.pool.submit(_read, open_path, crel, est, self.limits, in_dcp, is_link))
             self.files_seen += 1
         for open_path, crel, raw, est in subdirs:
             if (est.st_dev, est.st_ino) in ancestors:
@@ -191,6 +211,21 @@ class _Walker:
 
     def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
         self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
+
+
+def _read(abs_path: str, rel: str, st: os.stat_result, limits: Limits, in_dcp: bool, is_link: bool) -> FileFacts:
+    facts = read_file(abs_path, rel, st, limits, in_dcp)
+    return dataclasses.replace(facts, is_link=True) if is_link else facts
+
+
+def _collect(node: _Dir) -> None:
+    """Wait for the pooled reads of ``node`` and below, keeping walk order (so any ``jobs`` gives the same Tree)."""
+    stack = [node]
+    while stack:
+        d = stack.pop()
+        d.files.extend(f.result() for f in d.pending)
+        d.pending.clear()
+        stack.extend(d.dirs)
 
 
 def _os_problem(rel: str, e: OSError, link: bool = False) -> PathProblem:

@@ -1,0 +1,59 @@
+"""Run one workload in this process and write its cost (wall, /proc/self/io, peak RSS) as JSON to $PROBE_OUT.
+
+Standard library only, so any interpreter (the project's, or a venv holding picklescan/modelscan) can run it:
+
+    python bench/probe.py module ckptdoctor scan --format json ROOT
+    python bench/probe.py call baselines:safe_open_walk ROOT
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import runpy
+import sys
+import time
+
+
+def proc_io() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            key, value = line.split(":")
+            out[key] = int(value)
+    return out
+
+
+def main() -> None:
+    kind, target, *args = sys.argv[1:]
+    start_io, start = proc_io(), time.perf_counter()
+    code = 0
+    try:
+        if kind == "module":
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            mod, func = target.split(":")
+            getattr(importlib.import_module(mod), func)(*args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    wall = time.perf_counter() - start
+    end_io = proc_io()
+    result = {
+        "wall_in_process": wall,
+        "rchar": end_io["rchar"],  # bytes through read()-like calls since the process started (imports included)
+        "rchar_workload": end_io["rchar"] - start_io["rchar"],
+        "read_bytes": end_io["read_bytes"],  # bytes fetched from the block device (page-cache misses)
+        "syscr": end_io["syscr"],
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "exit": code,
+    }
+    with open(os.environ["PROBE_OUT"], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""``--jobs``: concurrent header reads give exactly the Tree and the report of the sequential walk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from ckptdoctor.cli import main
+from ckptdoctor.discover import default_jobs, discover
+from ckptdoctor.model import FileKind, ProblemKind
+from ckptdoctor.scanner import scan
+from tests.builders import make_checkpoint, make_run
+from tests.payloads import save_dcp
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two runs of real checkpoints plus every kind of entry the walk must survive."""
+    base = tmp_path_factory.mktemp("jobs")
+    root = base / "root"
+    make_run(root / "run-a", steps=(2, 4, 6))
+    make_run(root / "nested" / "run-b", steps=(1, 3))
+    ck = root / "run-a" / "checkpoint-6"
+    # Truncated and bit-flipped copies of real files.
+    data = (ck / "model.safetensors").read_bytes()
+    (ck / "model-00002-of-00002.safetensors").write_bytes(data[: len(data) // 2])
+    opt = bytearray((ck / "optimizer.pt").read_bytes())
+    opt[len(opt) // 3] ^= 0xFF
+    (root / "run-a" / "checkpoint-4" / "optimizer.pt").write_bytes(bytes(opt))
+    (ck / "trainer_state.json").write_text('{"global_step": 6, "log_history": [')  # crashed writer
+    (ck / "empty.bin").write_bytes(b"")
+    # An adapter subfolder and a DCP folder.
+    sub = ck / "second"
+    sub.mkdir()
+    save_file({"base_model.model.l.lora_A.weight": torch.ones(2, 3)}, str(sub / "adapter_model.safetensors"))
+    (sub / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    save_dcp(root / "run-a" / "checkpoint-2" / "pytorch_model_fsdp_0")
+    # Links: a loop, one leaving the root, a broken one, one inside the root.
+    outside = base / "outside.safetensors"
+    outside.write_bytes(data)
+    (ck / "loop").symlink_to("..")
+    (ck / "escape.safetensors").symlink_to(outside)
+    (ck / "broken.safetensors").symlink_to("missing")
+    (root / "nested" / "run-b" / "checkpoint-9").symlink_to("checkpoint-3")
+    # A FIFO (never opened), a name that is not UTF-8, many small loose files.
+    os.mkfifo(ck / "pytorch_model.bin")
+    with open(os.fsencode(str(ck)) + b"/odd-\xff.json", "wb") as f:
+        f.write(b"{}")
+    logs = root / "logs"
+    logs.mkdir()
+    for i in range(40):
+        (logs / f"metrics-{i:03d}.json").write_text(json.dumps({"i": i}))
+    return root
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 8, 32])
+def test_tree_is_identical_for_any_jobs(hostile: Path, jobs: int) -> None:
+    # repr, not ==: NaN values parsed from JSON never compare equal to themselves.
+    sequential = discover(str(hostile), jobs=1)
+    assert repr(discover(str(hostile), jobs=jobs)) == repr(sequential)
+
+
+def test_hostile_entries_are_all_there(hostile: Path) -> None:
+    tree = discover(str(hostile), jobs=8)
+    kinds = {p.problem.kind for p in tree.path_problems}
+    assert {ProblemKind.SYMLINK_LOOP, ProblemKind.LINK_ESCAPES_ROOT, ProblemKind.UNREADABLE} <= kinds
+    assert ProblemKind.BAD_NAME in kinds
+    files = {f.path: f for f in tree.all_files()}
+    assert files["run-a/checkpoint-6/pytorch_model.bin"].kind is FileKind.SPECIAL
+    assert files["run-a/checkpoint-6/model-00002-of-00002.safetensors"].problems
+    assert tree.files_seen == len(files)
+
+
+def test_report_is_identical_for_any_jobs(hostile: Path) -> None:
+    one = scan(str(hostile), jobs=1)
+    many = scan(str(hostile), jobs=6)
+    assert one.findings == many.findings and one.findings
+    assert repr(one.trees) == repr(many.trees)
+
+
+def test_single_file_root_and_missing_root(tmp_path: Path) -> None:
+    ck = make_checkpoint(tmp_path / "checkpoint-2", 2)
+    for jobs in (1, 4):
+        tree = discover(str(ck / "optimizer.pt"), jobs=jobs)
+        assert [f.kind for f in tree.loose_files] == [FileKind.TORCH_ZIP]
+        assert discover(str(tmp_path / "nope"), jobs=jobs).path_problems[0].problem.kind is ProblemKind.UNREADABLE
+
+
+def test_cli_jobs_option(hostile: Path, tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(hostile / "run-a" / "checkpoint-4", root / "checkpoint-4")
+    outs = []
+    for jobs in ("1", "5"):
+        result = CliRunner().invoke(main, ["scan", "--format", "json", "--jobs", jobs, str(root)])
+        doc = json.loads(result.output)
+        outs.append((result.exit_code, doc["findings"]))
+    assert outs[0] == outs[1]
+    bad = CliRunner().invoke(main, ["scan", "--jobs", "0", str(root)])
+    assert bad.exit_code == 2
+
+
+def test_default_jobs_is_bounded() -> None:
+    assert 1 <= default_jobs() <= 8
