@@ -115,7 +115,9 @@ def inspect_file(path: str) -> dict[str, Any]:
 
 def _only_tensors(value: Any) -> bool:
     """A plain state dict (every value a tensor) is already shown by the tensor table."""
-    return isinstance(value, dict) and bool(value) and all(isinstance(v, dict) and "tensor" in v for v in value.values())
+    if not isinstance(value, dict) or not value:
+        return False
+    return all(isinstance(v, dict) and "tensor" in v for v in value.values())
 
 
 def render_inspect_text(data: dict[str, Any]) -> str:

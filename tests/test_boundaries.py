@@ -19,7 +19,8 @@ WRITE_CALLS = {("os", "replace"), ("os", "rename"), ("os", "remove"), ("os", "un
                ("os", "mkdir"), ("os", "makedirs"), ("os", "symlink"), ("os", "link"), ("os", "truncate"),
                ("os", "ftruncate"), ("os", "chmod"), ("shutil", "move"), ("shutil", "rmtree"), ("shutil", "copy"),
                ("shutil", "copy2"), ("shutil", "copyfile"), ("shutil", "copytree")}
-WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdir", "touch", "chmod"}  # not `replace`: str has one
+# Path methods that write (not `replace`: str has one too).
+WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdir", "touch", "chmod"}
 # Modules allowed to write: the fixer (journal, quarantine, rewrites). The reference trainer writes checkpoints by
 # design and is never imported by the scan path.
 WRITERS = {"fix.py"}
@@ -46,9 +47,12 @@ def test_no_loader_eval_or_exec_in_the_package() -> None:
                     bad.append(f"{path.name}:{node.lineno} {d[0]}.{d[1]}")
                 if isinstance(node.func, ast.Name) and node.func.id in ("eval", "exec", "__import__"):
                     bad.append(f"{path.name}:{node.lineno} {node.func.id}")
-            if isinstance(node, ast.ImportFrom) and node.module in ("pickle", "_pickle", "marshal"):
-                if any(a.name in ("load", "loads", "Unpickler") for a in node.names):
-                    bad.append(f"{path.name}:{node.lineno} from {node.module} import ...")
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module in ("pickle", "_pickle", "marshal")
+                and any(a.name in ("load", "loads", "Unpickler") for a in node.names)
+            ):
+                bad.append(f"{path.name}:{node.lineno} from {node.module} import ...")
     assert not bad, bad
 
 

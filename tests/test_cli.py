@@ -113,7 +113,9 @@ def test_config_file_selects_rules(tmp_path: Path) -> None:
 def test_pyproject_table_and_severity_override(tmp_path: Path) -> None:
     root = make_run(tmp_path / "out", steps=(2,))
     (root / "checkpoint-2" / "model.safetensors").write_bytes(b"")
-    (root / "pyproject.toml").write_text('[tool.ckptdoctor]\n[tool.ckptdoctor.severity]\nCKD202 = "info"\nCKD102 = "info"\n')
+    (root / "pyproject.toml").write_text(
+        '[tool.ckptdoctor]\n[tool.ckptdoctor.severity]\nCKD202 = "info"\nCKD102 = "info"\n'
+    )
     code, out = run("scan", "--format", "json", str(root))
     sev = {f["rule"]: f["severity"] for f in json.loads(out)["findings"]}
     assert sev.get("CKD202") == "info" and code == 0
@@ -173,7 +175,7 @@ def test_readme_rule_table_and_test_command_are_current() -> None:
 
 
 def test_report_paths_use_forward_slashes(healthy: Path) -> None:
-    code, out = run("scan", "--format", "json", str(healthy))
+    _, out = run("scan", "--format", "json", str(healthy))
     for r in json.loads(out)["runs"]:
         for ck in r["checkpoints"]:
             assert os.sep == "/" or "\\" not in ck["path"]
