@@ -7,8 +7,9 @@ and torch would, so rules, reports and the gate share one reading of each file.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptdoctor.model import (
     Checkpoint,
@@ -33,6 +34,31 @@ OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 SCHEDULER = "scheduler.pt"
 FULL_WEIGHT_FILES = (SAFE_WEIGHTS, BIN_WEIGHTS)
 WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEIGHTS, SAFE_INDEX)
+
+
+_T = TypeVar("_T")
+_CACHE_SIZE = 4096
+
+
+def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
+    """Memoise a view of one file by the file's identity: every rule asks for the same trainer state or optimizer
+    view, and building it walks a log_history or a state dict that can hold 10^5 entries. Facts are frozen, so an
+    identical object always gives the same answer; the cache is bounded and holds the file so its id stays unique."""
+    cache: dict[int, tuple[FileFacts, _T]] = {}
+
+    def view(f: FileFacts | None) -> _T | None:
+        if f is None:
+            return None
+        hit = cache.get(id(f))
+        if hit is not None and hit[0] is f:
+            return hit[1]
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        result = fn(f)
+        cache[id(f)] = (f, result)
+        return result
+
+    return view
 
 
 def _json(f: FileFacts | None) -> Any:
@@ -80,6 +106,7 @@ class TrainerStateView:
     save_steps: int | None
     logging_steps: int | None
     raw: dict[str, Any]
+    by_step: dict[int, dict[str, Any]]  # log_history entries merged per step (train and eval logs share a step)
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
@@ -102,11 +129,21 @@ class TrainerStateView:
 
 def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
     """The checkpoint's trainer state, or None when the file is absent or not a JSON object."""
-    value = _json(ck.file(TRAINER_STATE))
+    return _trainer_state(ck.file(TRAINER_STATE))
+
+
+@per_file
+def _trainer_state(f: FileFacts) -> TrainerStateView | None:
+    value = _json(f)
     if not isinstance(value, dict):
         return None
     hist = value.get("log_history")
     history = tuple(e for e in hist if isinstance(e, dict)) if isinstance(hist, list) else ()
+    by_step: dict[int, dict[str, Any]] = {}
+    for e in history:
+        step = e.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            by_step.setdefault(step, {}).update(e)
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
         global_step=_int(value.get("global_step")),
@@ -120,6 +157,7 @@ def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
         save_steps=_int(value.get("save_steps")),
         logging_steps=_int(value.get("logging_steps")),
         raw=value,
+        by_step=by_step,
     )
 
 
@@ -154,7 +192,12 @@ def _state_dict(v: Any) -> dict[Any, Any] | None:
 
 def scheduler_state(ck: Checkpoint) -> SchedulerView | None:
     """The scheduler state, or None when ``scheduler.pt`` is absent or holds no state dict."""
-    d = _state_dict(_torch_value(ck.file(SCHEDULER)))
+    return _scheduler_state(ck.file(SCHEDULER))
+
+
+@per_file
+def _scheduler_state(f: FileFacts) -> SchedulerView | None:
+    d = _state_dict(_torch_value(f))
     if d is None:
         return None
     return SchedulerView(
@@ -198,7 +241,12 @@ def optimizer_file(ck: Checkpoint) -> FileFacts | None:
 
 def optimizer_state(ck: Checkpoint) -> OptimizerView | None:
     """The optimizer state, or None when the file is absent or unreadable."""
-    d = _state_dict(_torch_value(optimizer_file(ck)))
+    return _optimizer_state(optimizer_file(ck))
+
+
+@per_file
+def _optimizer_state(f: FileFacts) -> OptimizerView | None:
+    d = _state_dict(_torch_value(f))
     if d is None:
         return None
     groups: list[ParamGroupView] = []
@@ -256,7 +304,12 @@ def training_args(ck: Checkpoint) -> dict[str, Any] | None:
 
     Enum members (``SchedulerType('linear')``, ``IntervalStrategy('steps')``) are given as their plain values.
     """
-    d = _state_dict(_torch_value(ck.file(TRAINING_ARGS)))
+    return _training_args(ck.file(TRAINING_ARGS))
+
+
+@per_file
+def _training_args(f: FileFacts) -> dict[str, Any] | None:
+    d = _state_dict(_torch_value(f))
     if d is None:
         return None
     out: dict[str, Any] = {}
@@ -273,8 +326,11 @@ def training_args(ck: Checkpoint) -> dict[str, Any] | None:
 
 def tensors_of(f: FileFacts | None) -> tuple[TensorInfo, ...] | None:
     """Tensors a weights file holds (safetensors header or torch state dict), or None when unreadable."""
-    if f is None:
-        return None
+    return _tensors_of(f)
+
+
+@per_file
+def _tensors_of(f: FileFacts) -> tuple[TensorInfo, ...] | None:
     c = f.content
     if isinstance(c, SafetensorsFacts):
         return c.tensors

@@ -69,7 +69,8 @@ def test_resume_steps(g: int, upe: int, max_steps: int, epochs: float, skip: boo
 def _state(**kw: Any) -> TrainerStateView:
     base: dict[str, Any] = {"global_step": None, "max_steps": None, "num_train_epochs": None, "epoch": None,
                             "log_history": (), "best_model_checkpoint": None, "best_metric": None,
-                            "train_batch_size": None, "save_steps": None, "logging_steps": None, "raw": {}}
+                            "train_batch_size": None, "save_steps": None, "logging_steps": None, "raw": {},
+                            "by_step": {}}
     base.update(kw)
     return TrainerStateView(**base)
 

@@ -29,11 +29,7 @@ def _close(a: float, b: float) -> bool:
 def history_divergence(older: views.TrainerStateView, newer: views.TrainerStateView) -> str | None:
     """Where two trainer states stop telling the same story, or None when ``older``'s history is a prefix of
     ``newer``'s (as for two checkpoints of one run). Compares loss and learning_rate at the steps both logged."""
-    by_step: dict[int, dict[str, object]] = {}
-    for e in newer.log_history:
-        step = e.get("step")
-        if isinstance(step, int):
-            by_step.setdefault(step, {}).update(e)
+    by_step = newer.by_step
     for e in older.log_history:
         step = e.get("step")
         if not isinstance(step, int) or step not in by_step:
