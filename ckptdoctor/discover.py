@@ -11,8 +11,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Checkpoint, FileFacts, FolderRole, PathProblem, ProblemKind, ReadProblem, Run, Tree
-from ckptdoctor.readers import read_file
+from ckptdoctor.model import (
+    Checkpoint,
+    DcpMetadataFacts,
+    FileFacts,
+    FolderRole,
+    PathProblem,
+    ProblemKind,
+    ReadProblem,
+    Run,
+    Tree,
+)
+from ckptdoctor.readers import read_dcp_items_of, read_file
 
 # transformers trainer_utils `_re_checkpoint`, used by get_last_checkpoint (and so by resume_from_checkpoint=True).
 # Kept exactly, Unicode `\d` and `$` before a trailing newline included, so resume_pick agrees with it.
@@ -48,6 +58,8 @@ class _Dir:
     # Every child os.path.isdir would accept (links included, even those not followed): get_last_checkpoint's view.
     dir_names: list[str] = field(default_factory=list)
     has_run: bool = False  # this folder or one below it is a run
+    # `.distcp` files (relative path -> path to open): read after the walk, at the items `.metadata` locates.
+    distcp: dict[str, str] = field(default_factory=dict)
 
 
 def default_jobs() -> int:
@@ -86,6 +98,7 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
             walker = _Walker(real_root, limits, pool)
             top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
             _collect(top)
+    _read_dcp_items(top, limits)
     grouper = _Grouper()
     grouper.visit_root(top, os.path.basename(os.path.abspath(root)))
     return Tree(
@@ -165,6 +178,8 @@ class _Walker:
         # torch.distributed.checkpoint folders: `.metadata` is sniffed as DCP metadata only inside one.
         in_dcp = any(f[1].endswith("/.metadata") or f[1] == ".metadata" or f[1].endswith(".distcp") for f in files)
         for open_path, crel, est, is_link in files:
+            if in_dcp and crel.endswith(".distcp"):
+                node.distcp[crel] = open_path
             if self.pool is None:
                 node.files.append(_read(open_path, crel, est, self.limits, in_dcp, is_link))
             else:
@@ -216,6 +231,33 @@ class _Walker:
 def _read(abs_path: str, rel: str, st: os.stat_result, limits: Limits, in_dcp: bool, is_link: bool) -> FileFacts:
     facts = read_file(abs_path, rel, st, limits, in_dcp)
     return dataclasses.replace(facts, is_link=True) if is_link else facts
+
+
+def _read_dcp_items(top: _Dir, limits: Limits) -> None:
+    """Complete each `.distcp` file's facts with the pickles of its BYTE_IO items, located by the folder's
+    `.metadata` (torch unpickles those with weights_only=False), so the cost is those items, not the file. Without
+    readable metadata (a torn or doctored folder, rare) each file is searched for blobs, bounded by the limits."""
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        stack.extend(d.dirs)
+        if not d.distcp:
+            continue
+        items: dict[str, list[tuple[int, int]]] = {}
+        has_metadata = any(isinstance(f.content, DcpMetadataFacts) for f in d.files)
+        for f in d.files:
+            if isinstance(f.content, DcpMetadataFacts):
+                folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
+                for ref in f.content.storage:
+                    if ref.is_bytes:
+                        rel = f"{folder}/{ref.relative_path}" if folder else ref.relative_path
+                        items.setdefault(rel, []).append((ref.offset, ref.length))
+        d.files = [
+            f
+            if f.path not in d.distcp or (has_metadata and f.path not in items)
+            else read_dcp_items_of(d.distcp[f.path], f, items.get(f.path) if has_metadata else None, limits)
+            for f in d.files
+        ]
 
 
 def _collect(node: _Dir) -> None:

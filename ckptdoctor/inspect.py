@@ -9,6 +9,7 @@ from typing import Any
 from ckptdoctor.model import (
     DcpMetadataFacts,
     FileFacts,
+    FileKind,
     GlobalRef,
     JsonFacts,
     Opaque,
@@ -110,7 +111,17 @@ def inspect_file(path: str) -> dict[str, Any]:
     from ckptdoctor.readers import read_file
 
     st = os.stat(path)
-    return describe(read_file(os.path.realpath(path), os.path.basename(path), st))
+    real = os.path.realpath(path)
+    facts = read_file(real, os.path.basename(path), st)
+    if facts.kind == FileKind.DCP_DATA:
+        # Asked about this one file: search the whole `.distcp` for its torch.save blobs (a scan reads only the
+        # items its folder's `.metadata` locates).
+        from ckptdoctor.readers.dcp import read_dcp_data
+
+        with open(real, "rb", buffering=0) as f:
+            outcome = read_dcp_data(f, st.st_size)
+        facts = FileFacts(facts.path, facts.size, facts.mtime, facts.kind, outcome.content, outcome.problems)
+    return describe(facts)
 
 
 def _only_tensors(value: Any) -> bool:

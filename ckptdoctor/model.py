@@ -182,6 +182,7 @@ class DcpStorageRef:
     relative_path: str
     offset: int
     length: int
+    is_bytes: bool = False  # a BYTE_IO item (non-tensor): torch loads it with weights_only=False
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,3 +80,45 @@ def test_random_mutations_never_raise(dcp_dir: Path) -> None:
         read(bytes(data))
 
     check()
+
+
+def test_scan_walks_the_byte_items_metadata_locates_and_nothing_else(tmp_path: Path, monkeypatch: Any) -> None:
+    """A payload saved as a non-tensor DCP item (torch unpickles those with weights_only=False) is found through
+    `.metadata`, without searching the `.distcp` files (whose size is the model's): reading stays cheap."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ckptdoctor.readers import dcp as dcp_reader
+    from ckptdoctor.scanner import scan
+
+    canary = tmp_path / "canary"
+    folder = tmp_path / "run" / "checkpoint-4" / "optimizer_0"
+    evil = payloads._reducer(os.system, (f"touch {canary}",))
+    dcp.save({"w": torch.zeros(1024), "param_groups": {"lr": 0.1, "hook": evil}}, checkpoint_id=str(folder))
+
+    def no_search(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the whole .distcp was searched although .metadata locates its items")
+
+    monkeypatch.setattr(dcp_reader, "read_dcp_data", no_search)
+    findings = scan(str(tmp_path / "run")).findings
+    hits = [f for f in findings if f.rule == "CKD601"]
+    assert hits and all(f.path.startswith("checkpoint-4/optimizer_0/__0_") for f in hits), findings
+    assert "system" in hits[0].message
+    assert not canary.exists()
+
+
+def test_distcp_without_metadata_is_still_searched(tmp_path: Path) -> None:
+    """No `.metadata` (a torn or doctored folder): the files are searched for blobs, bounded by the limits."""
+    import torch
+
+    from ckptdoctor.scanner import scan
+
+    folder = tmp_path / "run" / "checkpoint-4" / "pytorch_model_fsdp_0"
+    folder.mkdir(parents=True)
+    canary = tmp_path / "canary"
+    blob = io.BytesIO()
+    torch.save({"x": payloads._reducer(os.system, (f"touch {canary}",))}, blob)
+    (folder / "__0_0.distcp").write_bytes(blob.getvalue())
+    findings = scan(str(tmp_path / "run")).findings
+    assert any(f.rule == "CKD601" and f.path.endswith("__0_0.distcp") for f in findings), findings
+    assert not canary.exists()

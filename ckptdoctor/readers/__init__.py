@@ -82,10 +82,10 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
     return FileFacts(base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems))
 
 
-# Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone.
+# Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone; DCP_DATA (`.distcp`,
+# mostly tensor bytes) is read by discovery afterwards, at the items its folder's `.metadata` locates.
 _READ_KINDS = frozenset(
     {
-        FileKind.DCP_DATA,
         FileKind.SAFETENSORS,
         FileKind.TORCH_ZIP,
         FileKind.TORCH_LEGACY,
@@ -117,10 +117,6 @@ def _reader_for(kind: FileKind) -> Reader:
         from ckptdoctor.readers.dcp import read_dcp_metadata
 
         return read_dcp_metadata
-    if kind is FileKind.DCP_DATA:
-        from ckptdoctor.readers.dcp import read_dcp_data
-
-        return read_dcp_data
     if kind is FileKind.JSON:
         from ckptdoctor.readers.jsonfiles import read_json
 
@@ -166,3 +162,25 @@ def _with(base: FileFacts, kind: FileKind, problem: ReadProblem) -> FileFacts:
 
 
 __all__ = ["read_file"]
+
+
+def read_dcp_items_of(
+    abs_path: str, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+) -> FileFacts:
+    """``facts`` of a `.distcp` file completed with the pickles of the blobs at ``items`` (from `.metadata`), or,
+    when ``items`` is None (no readable metadata), of every blob found by searching the file (bounded by limits)."""
+    from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_items
+
+    try:
+        fd = os.open(abs_path, _OPEN_FLAGS)
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            if items is None:
+                outcome = read_dcp_data(f, facts.size, limits)
+            else:
+                outcome = read_dcp_items(f, facts.size, items, limits)
+    except OSError as e:
+        return _with(facts, facts.kind, _unreadable(e))
+    except Exception as e:  # defence in depth, as for every reader
+        return _with(facts, facts.kind, _bug("dcp item reader", e))
+    return FileFacts(facts.path, facts.size, facts.mtime, facts.kind, outcome.content, tuple(outcome.problems),
+                     facts.is_link)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -22,7 +22,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.readers.torchzip import merge_pickles, read_raw_pickle, read_zip_at
 
-__all__ = ["read_dcp_data", "read_dcp_metadata"]
+__all__ = ["read_dcp_data", "read_dcp_items", "read_dcp_metadata"]
 
 _DCP_MODULE = "torch.distributed.checkpoint.metadata"
 
@@ -72,9 +72,12 @@ def read_dcp_metadata(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -
     storage: list[DcpStorageRef] = []
     bad = 0
     data = fields.get("storage_data")
+    byte_items = (
+        {k for k, v in sdm.items() if _is_class(v, _DCP_MODULE, "BytesStorageMetadata")} if type(sdm) is dict else set()
+    )
     if type(data) is dict:
         for index, info in data.items():
-            ref = _storage_ref(index, info)
+            ref = _storage_ref(index, info, byte_items)
             if ref is None:
                 bad += 1
             else:
@@ -88,7 +91,7 @@ def read_dcp_metadata(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -
     return ReadOutcome(DcpMetadataFacts(facts, keys, tuple(storage)), tuple(problems))
 
 
-def _storage_ref(index: Any, info: Any) -> DcpStorageRef | None:
+def _storage_ref(index: Any, info: Any, byte_items: set[Any]) -> DcpStorageRef | None:
     idx = _fields(index)
     fqn = idx.get("fqn") if idx is not None else None
     inf = _fields(info)
@@ -97,7 +100,7 @@ def _storage_ref(index: Any, info: Any) -> DcpStorageRef | None:
     path, offset, length = inf.get("relative_path"), inf.get("offset"), inf.get("length")
     if type(path) is not str or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
         return None
-    return DcpStorageRef(fqn=fqn, relative_path=path, offset=offset, length=length)
+    return DcpStorageRef(fqn=fqn, relative_path=path, offset=offset, length=length, is_bytes=fqn in byte_items)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,6 +110,34 @@ _EOCD_SIG = b"PK\x05\x06"
 _CENTRAL_SIG = b"PK\x01\x02"
 _ZIP64_LOCATOR_SIG = b"PK\x06\x07"
 _CHUNK = 8 << 20
+
+
+def read_dcp_items(
+    f: BinaryIO, size: int, items: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+) -> ReadOutcome:
+    """Walk the pickles of the torch.save blobs at ``items`` ((offset, length) pairs from `.metadata`).
+
+    This is how a scan reads a `.distcp` file: only the blobs torch would unpickle without restriction (BYTE_IO
+    items; tensor items are loaded with weights_only=True), located by the metadata, so the cost is the size of
+    those blobs' directories and pickles, not of the file. Ranges past the end of the file are CKD501's business.
+    """
+    found: list[PickleFacts] = []
+    problems: list[ReadProblem] = []
+    try:
+        for n, (start, length) in enumerate(sorted(set(items))):
+            if n >= limits.zip_entries:
+                problems.append(ReadProblem(ProblemKind.LIMIT, f"more than {limits.zip_entries} items"))
+                break
+            if start < 0 or length <= 0 or start + length > size:
+                continue
+            outcome = read_zip_at(f, start, length, limits)
+            if isinstance(outcome.content, TorchFacts) and outcome.content.pickle is not None:
+                found.append(outcome.content.pickle)
+            if len(problems) < 20:
+                problems.extend(ReadProblem(p.kind, f"item at byte {start}: {p.message}") for p in outcome.problems[:5])
+    except OSError as exc:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+    return ReadOutcome(merge_pickles(None, found), tuple(problems))
 
 
 def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
