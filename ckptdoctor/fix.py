@@ -1269,13 +1269,9 @@ def fix(
     return FixResult(tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on))
 
 
-def _plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n:,} {word if n == 1 else many or word + 's'}"
-
-
 def render_fix_text(result: FixResult) -> str:
     """The plan (every operation, diffs of rewrites), what is skipped and why, then the summary lines."""
-    from ckptdoctor.report import display_path
+    from ckptdoctor.report import display_path, plural
 
     out: list[str] = []
     verb = "would " if result.dry_run else ""
@@ -1299,7 +1295,7 @@ def render_fix_text(result: FixResult) -> str:
     if result.dry_run:
         if result.would_change:
             out.append(
-                f"Would fix {_plural(n_planned, 'problem')} with {_plural(n_ops, 'operation')}; "
+                f"Would fix {plural(n_planned, 'problem')} with {plural(n_ops, 'operation')}; "
                 "run without --dry-run to apply."
             )
         else:
@@ -1311,7 +1307,7 @@ def render_fix_text(result: FixResult) -> str:
         if tx is not None:
             out.append(f"Transaction {tx} applied to {plan.root}; `ckptdoctor undo {plan.root}` restores it.")
     n_left = len(result.remaining)
-    out.append(f"Fixed {_plural(result.fixed, 'problem')}, {n_left:,} remain{'s' if n_left == 1 else ''}.")
+    out.append(f"Fixed {plural(result.fixed, 'problem')}, {n_left:,} remain{'s' if n_left == 1 else ''}.")
     return "\n".join(out)
 
 
@@ -1451,5 +1447,7 @@ def undo_command(path: str, list_: bool, txid: str | None) -> None:
             return
         click.echo(tabulate(rows, headers=["txid", "created", "state", "ops", "rules"], tablefmt="simple"))
         return
+    from ckptdoctor.report import plural
+
     j, restored = undo(path, txid)
-    click.echo(f"Undid transaction {j.txid}: restored {_plural(restored, 'operation')} under {path}.")
+    click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")

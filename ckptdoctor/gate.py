@@ -25,7 +25,6 @@ from ckptdoctor import schedules, views
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, Tree
 from ckptdoctor.rules import get_rule
-from ckptdoctor.rules.training import _has_optimizer as has_optimizer_state
 from ckptdoctor.rules.training import saved_world_size
 from ckptdoctor.scanner import FAIL_ON, Report
 
@@ -203,7 +202,7 @@ class GateResult:
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``ckptdoctor.gate/1`` document (plus ``resolved``: the arguments the prediction used)."""
-        from ckptdoctor.report import _finding_json
+        from ckptdoctor.report import finding_json
 
         s = self.settings
         resolved: dict[str, Any] | None = None
@@ -233,7 +232,7 @@ class GateResult:
             "steps_to_train": self.steps_to_train,
             "lr": list(self.lr),
             "verdict": self.verdict,
-            "findings": [_finding_json(f) for f in self.findings],
+            "findings": [finding_json(f) for f in self.findings],
             "resolved": resolved,
         }
 
@@ -463,7 +462,7 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
         )
     steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
                          settings.ignore_data_skip)
-    restores = views.is_deepspeed(ck) or (has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
+    restores = views.is_deepspeed(ck) or (views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
     warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
     base = _base_lr(ck) if restores else settings.learning_rate
     result = GateResult(
@@ -508,7 +507,8 @@ def _predict_lrs(
     n = max(0, min(lr_steps, steps.steps_to_train))
     sched_state = views.scheduler_state(ck)
     if not restores:
-        have = "optimizer state" if has_optimizer_state(ck) else ("`scheduler.pt`" if ck.file(views.SCHEDULER) else "")
+        has_sched = ck.file(views.SCHEDULER) is not None
+        have = "optimizer state" if views.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
         missing = "no `scheduler.pt`" if have == "optimizer state" else (
             "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
         lead = f"has {have} but {missing}" if have else f"has {missing}"
@@ -619,7 +619,7 @@ def gate(
 
 def render_text(result: GateResult) -> str:
     """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
-    from ckptdoctor.report import _plural, display_path
+    from ckptdoctor.report import display_path, plural
 
     lines: list[str] = [f"ckptdoctor gate {result.run}"]
     if result.checkpoint is None:
@@ -647,7 +647,7 @@ def render_text(result: GateResult) -> str:
         for f in result.findings:
             lines.append(f"{display_path(f.root, f.path)}: {f.rule} [{f.severity.value}] {f.message}")
     counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
-    tally = ", ".join(_plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
+    tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
     lines.append("")
     lines.append(f"Verdict: {result.verdict} ({tally}; --fail-on {result.fail_on})")
     return "\n".join(lines)

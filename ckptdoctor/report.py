@@ -50,7 +50,8 @@ def ordered(run: Run) -> list[Checkpoint]:
     return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
 
 
-def _finding_json(f: Finding) -> dict[str, Any]:
+def finding_json(f: Finding) -> dict[str, Any]:
+    """One finding in the shape every JSON document of ckptdoctor uses (scan, gate, fix)."""
     return {
         "rule": f.rule,
         "name": f.name,
@@ -80,7 +81,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "version": __version__,
         "roots": [t.root for t in report.trees],
         "runs": runs,
-        "findings": [_finding_json(f) for f in report.findings],
+        "findings": [finding_json(f) for f in report.findings],
         "summary": {
             "error": report.count(Severity.ERROR),
             "warning": report.count(Severity.WARNING),
@@ -106,8 +107,9 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 error``, ``2 errors``, ``1,297 bytes``."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 class _Style:
@@ -200,7 +202,7 @@ def render_text(report: Report, *, color: bool = False) -> str:
 def summary_line(report: Report) -> str:
     """``Found 2 errors, 1 warning, 0 infos in 37 files (0.04 s).`` or ``No problems found in ...``."""
     e, w, i = (report.count(s) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
-    where = f"in {_plural(report.files, 'file')} ({report.seconds:.2f} s)"
+    where = f"in {plural(report.files, 'file')} ({report.seconds:.2f} s)"
     if e + w + i == 0:
         return f"No problems found {where}."
-    return f"Found {_plural(e, 'error')}, {_plural(w, 'warning')}, {_plural(i, 'info')} {where}."
+    return f"Found {plural(e, 'error')}, {plural(w, 'warning')}, {plural(i, 'info')} {where}."

@@ -277,6 +277,13 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
     return OptimizerView(tuple(groups), shapes, steps)
 
 
+def has_optimizer_state(ck: Checkpoint) -> bool:
+    """transformers' test: `optimizer.pt`/`optimizer.bin`, or any sub-folder whose name contains `optimizer`."""
+    if optimizer_file(ck) is not None:
+        return True
+    return any("/" in ck.relname(f) and "optimizer" in ck.relname(f).split("/", 1)[0] for f in ck.files)
+
+
 def checkpoint_lr(ck: Checkpoint) -> float | None:
     """The LR the checkpoint holds: scheduler ``_last_lr[0]``, else optimizer group 0 ``lr``, else the last logged LR.
 

@@ -109,12 +109,6 @@ def trainer_state_invalid(tree: Tree) -> Iterator[Hit]:
             yield Hit(f.path, "; ".join(problems))
 
 
-def _has_optimizer(ck: Checkpoint) -> bool:
-    """transformers' test: `optimizer.pt`/`optimizer.bin`, or any sub-folder whose name contains `optimizer`."""
-    if views.optimizer_file(ck) is not None:
-        return True
-    return any("/" in ck.relname(f) and "optimizer" in ck.relname(f).split("/", 1)[0] for f in ck.files)
-
 
 @rule("CKD403", "optimizer-state-incomplete", Severity.WARNING)
 def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
@@ -140,7 +134,7 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     for ck, _ in _checkpoints(tree):
         if views.is_deepspeed(ck) or ck.file(views.TRAINER_STATE) is None:
             continue
-        opt, sched = _has_optimizer(ck), ck.file(views.SCHEDULER) is not None
+        opt, sched = views.has_optimizer_state(ck), ck.file(views.SCHEDULER) is not None
         if opt != sched:
             have, missing = ("optimizer state", "`scheduler.pt`") if opt else ("`scheduler.pt`", "optimizer state")
             yield Hit(ck.path, f"has {have} but no {missing}: a resume restores neither and restarts the LR schedule")
@@ -178,7 +172,7 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_rng_state`.
     """
     for ck, _ in _checkpoints(tree):
-        if not _has_optimizer(ck) and not views.is_deepspeed(ck) and not views.is_fsdp(ck):
+        if not views.has_optimizer_state(ck) and not views.is_deepspeed(ck) and not views.is_fsdp(ck):
             continue
         if ck.file(views.TRAINER_STATE) is None:
             continue  # a torn save: CKD102 says more
@@ -276,7 +270,7 @@ def _resumed_with_other_adapter(run: Run) -> Iterator[Hit]:
         ts_a, ts_b = views.trainer_state(older), views.trainer_state(newer)
         if a is None or b is None or a == b or ts_a is None or ts_b is None:
             continue
-        if not (_has_optimizer(older) and older.file(views.SCHEDULER) is not None):
+        if not (views.has_optimizer_state(older) and older.file(views.SCHEDULER) is not None):
             continue  # the Trainer restores the optimizer only when both files exist
         if _adapter_tensors(older) == _adapter_tensors(newer) or _in_checkpoint_mismatch(newer) is not None:
             continue  # same tensors under another config (CKD302), or a copied adapter (reported in-checkpoint)
