@@ -5,16 +5,22 @@ Every change is one operation of a transaction ``<txid>`` under a scan root:
 * ``quarantine``: ``os.rename`` the file or folder to ``<root>/.ckptdoctor/quarantine/<txid>/<same relative path>``
   (same filesystem, so the move is atomic; nothing is ever deleted);
 * ``rewrite-json`` / ``rewrite-text``: write the new text to a temp file beside the target, fsync it, keep the
-  original in the quarantine (a hard link, else a copy), then ``os.replace`` the temp file over the target.
+  original in the quarantine (a hard link, else a copy), then swap the temp file and the target atomically
+  (Linux ``renameat2(RENAME_EXCHANGE)``); the original comes out at the temp path and becomes the quarantined one.
+  Where there is no exchange (not Linux, a kernel before 3.15, a filesystem answering EINVAL) the temp file is
+  ``os.replace``d over the target instead.
 
 Before the first change the write-ahead journal ``<root>/.ckptdoctor/journal/<txid>.json`` records every
 operation with the before/after size and sha256 (and the new text of rewrites) and is fsynced; each operation is
 marked done as it completes. Whatever point a crash or an I/O error interrupts, the on-disk state of each
 operation can be recognised from the hashes, so ``undo`` rolls the transaction back and ``fix`` rolls it forward.
 
-A concurrent writer is met by checking again at the act: a rewrite re-hashes its target right before the replace
-(and the kept original right after it), a move re-hashes what arrived in the quarantine. A change aborts the
-operation, leaves the writer's bytes where it wrote them and rolls the transaction back (``ConcurrentChange``).
+A concurrent writer is met by checking again at the act: a rewrite re-hashes its target before the swap and then
+hashes what the exchange took out (not the original: a writer got in, and its file is swapped back while the
+target is still the fixer's), a move re-hashes what arrived in the quarantine. A change aborts the operation,
+leaves the writer's bytes where it wrote them and rolls the transaction back (``ConcurrentChange``). Without the
+exchange one window remains: a rename over the target (or, with no hard links, an in-place write) between the last
+hash and the ``os.replace`` is lost.
 
 Test hooks (never set in normal use): ``CKPTDOCTOR_TEST_CRASH=<point>`` or ``CKPTDOCTOR_TEST_CRASH_AFTER_OP=<k>``
 kill the process with SIGKILL at a named point (see ``crash_points``); ``CALLS`` is the one indirection through
@@ -24,6 +30,7 @@ which every write system call goes, so a test can make call k fail with ``ENOSPC
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import difflib
 import errno
 import hashlib
@@ -41,6 +48,7 @@ from typing import Any
 
 import click
 
+from ckptdoctor.cli import ScanRoot  # lets URL roots through to `_check_roots`, which refuses them clearly
 from ckptdoctor.findings import Applicability, Finding, OpKind
 from ckptdoctor.model import Tree
 
@@ -83,6 +91,41 @@ def _utime(path: str, times_ns: tuple[int, int]) -> None:
     os.utime(path, ns=times_ns, follow_symlinks=False)
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# errnos meaning "no atomic exchange here" (a kernel before 3.15, a filesystem without it): fall back to replacing.
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _load_renameat2() -> Any:
+    """Linux's ``renameat2`` from the C library, or None (another system, or a C library without it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap the names ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``): both must exist.
+
+    Raises ``OSError(ENOSYS)`` where the call does not exist and whatever the kernel returns otherwise (``EINVAL``
+    from a filesystem that cannot exchange); the caller falls back to ``os.replace`` for ``_NO_EXCHANGE``.
+    """
+    if _RENAMEAT2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", a, None, b)
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), a, None, b)
+
+
 @dataclass
 class WriteCalls:
     """Every system call through which the fixer changes the disk (reads go straight to ``os``).
@@ -102,8 +145,11 @@ class WriteCalls:
     unlink: Callable[[str], None] = os.unlink
     rmdir: Callable[[str], None] = os.rmdir
     utime: Callable[[str, tuple[int, int]], None] = _utime
+    exchange: Callable[[str, str], None] = _exchange
 
-    NAMES = ("open", "write", "fsync", "fchmod", "replace", "rename", "link", "mkdir", "unlink", "rmdir", "utime")
+    NAMES = (
+        "open", "write", "fsync", "fchmod", "replace", "rename", "link", "mkdir", "unlink", "rmdir", "utime", "exchange"
+    )  # fmt: skip
 
 
 CALLS = WriteCalls()
@@ -111,7 +157,11 @@ _HELD: set[str] = set()  # lock files this process holds (a lock with our pid th
 
 
 def crash_points(kinds: Sequence[OpKind]) -> list[str]:
-    """Every point where ``CKPTDOCTOR_TEST_CRASH`` can kill a fix whose operations have these kinds, in order."""
+    """Every point where ``CKPTDOCTOR_TEST_CRASH`` can kill a fix whose operations have these kinds, in order.
+
+    A rewrite also has ``op:<k>:exchanged`` (after the atomic exchange, before its check), reached only where the
+    exchange is available, so it is not listed here.
+    """
     points = ["journal"]
     for k, kind in enumerate(kinds, 1):
         if kind != OpKind.QUARANTINE:
@@ -804,6 +854,90 @@ def _apply_rewrite(abs_root: str, txid: str, op: JournalOp, k: int) -> None:
         _quietly(CALLS.unlink, tmp)
         raise
     _crash_point(f"op:{k}:saved")
+    ours = os.lstat(tmp)
+    try:
+        # Swap the new file and the target in one step, then judge what came out: no write can fall between a
+        # check and the act, since the check is made on what the act took away.
+        CALLS.exchange(tmp, target)
+    except OSError as e:
+        if e.errno == errno.ENOENT and os.path.lexists(tmp) and not os.path.lexists(target):
+            _quietly(CALLS.unlink, keep)  # removed by another process since the check: the removal stands
+            _quietly(CALLS.unlink, tmp)
+            raise ConcurrentChange(_changed_msg(op.path)) from None
+        if e.errno not in _NO_EXCHANGE:
+            raise
+        _replace_checked(abs_root, txid, op)  # no atomic exchange here: check, then replace
+        return
+    _fsync_dir(os.path.dirname(target))
+    _crash_point(f"op:{k}:exchanged")
+    if _holds(tmp, op.before):
+        _keep_original(tmp, keep)
+        return
+    raise ConcurrentChange(_give_back(abs_root, txid, op, ours))
+
+
+def _keep_original(tmp: str, keep: str) -> None:
+    """The original came out at the temp path after the exchange: it becomes the quarantined original (its own
+    inode, so a process still writing through an open descriptor writes there); when the quarantine already holds
+    that inode (a hard link) the extra name goes. Another filesystem (no link, no rename) keeps the verified copy."""
+    if _same_inode(tmp, keep):
+        CALLS.unlink(tmp)
+    else:
+        try:
+            CALLS.replace(tmp, keep)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            CALLS.unlink(tmp)
+        _fsync_dir(os.path.dirname(keep))
+    _fsync_dir(os.path.dirname(tmp))
+
+
+def _give_back(abs_root: str, txid: str, op: JournalOp, ours: os.stat_result | None) -> str:
+    """A writer got to the target before the exchange, so its bytes came out at the temp path: swap them back
+    while the target is still the fixer's file (``ours``: its inode; None when recovering after a crash), drop the
+    fixer's files, and return the message. Bytes written again meanwhile are set aside, never removed."""
+    target, tmp, keep = _abs(abs_root, op.path), _abs(abs_root, op.temp(txid)), _abs(abs_root, op.quarantine(txid))
+
+    def is_ours(path: str) -> bool:
+        if ours is not None and not _same_inode_as(path, ours):
+            return False
+        return _holds(path, op.after)
+
+    if is_ours(target):
+        CALLS.exchange(tmp, target)
+        _fsync_dir(os.path.dirname(target))
+    # The kept original is the fixer's: another name of the writer's inode, or an original the writer replaced.
+    _quietly(CALLS.unlink, keep)
+    if is_ours(tmp):
+        CALLS.unlink(tmp)
+        return _changed_msg(op.path)
+    # Written twice (or the target changed again before the swap back): both writes are kept as written.
+    aside = f"{op.quarantine(txid)}.written-during-fix"
+    CALLS.rename(tmp, _abs(abs_root, aside))
+    _fsync_dir(os.path.dirname(_abs(abs_root, aside)))
+    _fsync_dir(os.path.dirname(tmp))
+    return (
+        f"`{op.path}` was written by another process more than once during the fix; it is left as last written "
+        f"and the bytes written before are in `{aside}`"
+    )
+
+
+def _same_inode_as(path: str, st: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(os.lstat(path), st)
+    except OSError:
+        return False
+
+
+def _replace_checked(abs_root: str, txid: str, op: JournalOp) -> None:
+    """The fallback where ``renameat2(RENAME_EXCHANGE)`` is missing (not Linux, a kernel before 3.15, a filesystem
+    answering EINVAL): ``os.replace`` right after the last hash check, then a check of the kept original.
+
+    The window it leaves: a writer that renames a new file over the target (or, without hard links, writes in
+    place) between that last check and the replace loses its bytes.
+    """
+    target, tmp, keep = _abs(abs_root, op.path), _abs(abs_root, op.temp(txid)), _abs(abs_root, op.quarantine(txid))
     linked = _same_inode(keep, target)
     CALLS.replace(tmp, target)
     _fsync_dir(os.path.dirname(target))
@@ -868,7 +1002,8 @@ def _apply_op(abs_root: str, txid: str, op: JournalOp, k: int) -> None:
 
 def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
     """Recognise an operation's state on disk: ``applied``, ``pending``, ``both`` (quarantined, and the path
-    exists again), ``untouched`` (a rewrite another process got to first) or ``conflict``, with a reason."""
+    exists again), ``untouched`` (a rewrite another process got to first), ``raced`` (killed after exchanging a
+    target another process had just written: its bytes are at the temp path) or ``conflict``, with a reason."""
     here = _abs(abs_root, op.path)
     if op.kind == OpKind.QUARANTINE:
         p, q = os.path.lexists(here), os.path.lexists(_abs(abs_root, op.quarantine(txid)))
@@ -881,14 +1016,19 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
         return "conflict", f"`{op.path}` is neither in place nor in the quarantine"
     if op.status != "done" and not _holds(here, op.after) and not _holds(here, op.before):
         keep = _abs(abs_root, op.quarantine(txid))
-        if not os.path.lexists(keep) or _same_inode(keep, here):
-            # The replace always follows keeping the original under a name of its own, so the fixer's text never
-            # reached `path`: another process wrote it. Nothing of the fixer's is there to undo.
+        if not os.path.lexists(keep) or _same_inode(keep, here) or _holds(_abs(abs_root, op.temp(txid)), op.after):
+            # The replace (or exchange) always follows keeping the original under a name of its own, and the
+            # fixer's text is still (or again) at the temp path, so it is not at `path`: another process wrote it.
+            # Nothing of the fixer's is there to undo.
             return "untouched", f"`{op.path}` was written by another process before the fix reached it"
     if not os.path.lexists(here):
         return "conflict", f"`{op.path}` was removed after the fix"
     now = digest(here)
     if now.same(op.after):
+        tmp = _abs(abs_root, op.temp(txid))
+        if op.status != "done" and os.path.lexists(tmp) and not _holds(tmp, op.before) and not _holds(tmp, op.after):
+            # Killed between the exchange and its check: what came out is another process's write, not the original.
+            return "raced", f"`{op.path}` was written by another process while the fix exchanged it"
         return "applied", ""
     if now.same(op.before):
         return "pending", ""
@@ -929,6 +1069,8 @@ def _check_redo(abs_root: str, j: Journal) -> list[str]:
         state, why = _op_state(abs_root, j.txid, op)
         if state in ("conflict", "untouched"):
             problems.append(why)
+        elif state == "raced":
+            problems.append(f"{why} (`ckptdoctor undo` puts its bytes back)")
         elif (
             state == "pending" and op.kind == OpKind.QUARANTINE and not digest(_abs(abs_root, op.path)).same(op.before)
         ):
@@ -944,12 +1086,15 @@ def _check_redo(abs_root: str, j: Journal) -> list[str]:
 
 
 def _undo_op(abs_root: str, txid: str, op: JournalOp, state: str) -> None:
-    if state == "applied":
+    if state == "raced":
+        _give_back(abs_root, txid, op, None)
+    elif state == "applied":
         if op.kind == OpKind.QUARANTINE:
             _move(abs_root, op.quarantine(txid), op.path, op.times)
         else:
             if not _holds(_abs(abs_root, op.path), op.after):  # written since the undo checked it: keep those bytes
                 raise ConcurrentChange(f"{_changed_msg(op.path)}; run `ckptdoctor undo` again to see what is left")
+            _settle_temp(abs_root, txid, op)
             CALLS.replace(_abs(abs_root, op.quarantine(txid)), _abs(abs_root, op.path))
             _fsync_dir(os.path.dirname(_abs(abs_root, op.path)))
     elif op.kind != OpKind.QUARANTINE:
@@ -957,6 +1102,18 @@ def _undo_op(abs_root: str, txid: str, op: JournalOp, state: str) -> None:
         for rel in (op.temp(txid), op.quarantine(txid)):
             if os.path.lexists(_abs(abs_root, rel)):
                 CALLS.unlink(_abs(abs_root, rel))
+
+
+def _settle_temp(abs_root: str, txid: str, op: JournalOp) -> None:
+    """An applied rewrite's leftover temp file (a kill came after the exchange): the original that came out there
+    is kept in the quarantine, the fixer's own text is dropped, anything else stays (``_op_state`` reports it)."""
+    tmp = _abs(abs_root, op.temp(txid))
+    if not os.path.lexists(tmp):
+        return
+    if _holds(tmp, op.before):
+        _keep_original(tmp, _abs(abs_root, op.quarantine(txid)))
+    elif _holds(tmp, op.after):
+        CALLS.unlink(tmp)
 
 
 def _restore_times(abs_root: str, j: Journal) -> None:
@@ -974,8 +1131,8 @@ def _forward(abs_root: str, j: Journal, states: list[str]) -> None:
             continue
         if state == "pending":
             _apply_op(abs_root, j.txid, op, k)
-        elif op.kind != OpKind.QUARANTINE and os.path.lexists(_abs(abs_root, op.temp(j.txid))):
-            CALLS.unlink(_abs(abs_root, op.temp(j.txid)))
+        elif op.kind != OpKind.QUARANTINE:
+            _settle_temp(abs_root, j.txid, op)
         _crash_point(f"op:{k}:moved")
         op.status = "done"
         _save(abs_root, j)
@@ -1184,6 +1341,56 @@ def undo(path: str, txid: str | None = None) -> tuple[Journal, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Checksum manifests (`scan --deep --checksums write`)
+
+MANIFEST_NAME = "manifest.json"
+
+
+def manifest_refusal(root: str) -> str | None:
+    """Why a manifest cannot be written at ``root`` (a sentence), or None: checked before a long ``--deep`` scan."""
+    if "://" in root:
+        return f"{root}: writing a manifest to a remote root is not supported"
+    if not os.path.isdir(root):
+        return f"{root} is not a folder: a manifest is written at the root of a folder"
+    abs_root = os.path.realpath(root)
+    own = _own(abs_root)
+    for rel, path in ((OWN_DIR, own), (f"{OWN_DIR}/{MANIFEST_NAME}", _own(abs_root, MANIFEST_NAME))):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"`{rel}` under {root} cannot be used: {e.strerror or e}"
+        if not (stat.S_ISDIR(st.st_mode) if path == own else stat.S_ISREG(st.st_mode)):  # lstat: a link is neither
+            kind = "folder" if path == own else "file"
+            return f"`{rel}` under {root} is not a plain {kind} (ckptdoctor never writes through links)"
+    if _read_only(own if os.path.isdir(own) else abs_root):
+        return f"{root} is read-only"
+    return None
+
+
+def write_manifest(root: str, manifest: dict[str, Any]) -> str:
+    """Write ``manifest`` (a ``ckptdoctor.manifest/1`` document) atomically to ``<root>/.ckptdoctor/manifest.json``.
+
+    Returns the path written. Raises ``FixRefused`` (nothing written) for what ``manifest_refusal`` names: a
+    remote root, a root that is not a folder, a read-only root, a link or non-file in the way. Runs under the root
+    lock, so never beside a running fix; the root keeps its times when ``.ckptdoctor/`` is created.
+    """
+    why = manifest_refusal(root)
+    if why is not None:
+        raise FixRefused(f"{why}; nothing was written")
+    abs_root = os.path.realpath(root)
+    target = _own(abs_root, MANIFEST_NAME)
+    data = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    with RootLock(abs_root):
+        try:
+            _atomic_write(target, data)
+        except OSError as e:
+            raise FixRefused(f"cannot write {target}: {e.strerror or e}; the previous manifest is unchanged") from None
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The fix run (API and command)
 
 
@@ -1209,8 +1416,16 @@ class FixResult:
 
 
 def _check_roots(paths: Sequence[str]) -> None:
+    from ckptdoctor.remote import is_remote
+
     reals: list[tuple[str, str]] = []
     for p in paths:
+        if is_remote(p):
+            raise FixRefused(
+                f"{p}: `ckptdoctor fix` refuses remote roots: object storage has no atomic rename, lock or fsync, "
+                f"so it cannot keep its guarantees (journal, undo byte for byte) there. Nothing was changed. "
+                f"`ckptdoctor scan {p}` reads it; fix a local copy and upload that."
+            )
         if not os.path.isdir(p):
             raise FixRefused(f"{p} is not a folder; `ckptdoctor fix` works on a run, checkpoint or model folder")
         reals.append((p, os.path.realpath(p)))
@@ -1371,7 +1586,7 @@ remain (dry run: it would change something), 2 usage error or refusal (read-only
 
 
 @click.command("fix", epilog=_EPILOG_FIX)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=True, dir_okay=True))
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing at all.")
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes marked unsafe (e.g. quarantining stale runs).")
 @click.option(

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from ckptdoctor import fix as fixmod
 from tests.builders import make_run, trainer_state
 from tests.test_fix import age, clone, deepspeed_checkpoint, run_cli, sharded_checkpoint, stub_run, tree_state
+from tests.test_fix_crash import _kill_at
 
 WRITTEN = b'{"written": "by the trainer"}\n'
 
@@ -64,11 +66,47 @@ def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Hook, fixmod.Wri
 
 def _no_links() -> fixmod.WriteCalls:
     """A filesystem without hard links: the fixer keeps a verified copy of each rewritten original."""
+    return _fs(links=False)
 
-    def link(src: str, dst: str) -> None:
-        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
 
-    return fixmod.WriteCalls(link=link)
+def _fs(*, links: bool = True, exchange: bool = True) -> fixmod.WriteCalls:
+    """A filesystem without hard links (``EPERM``) and/or without ``RENAME_EXCHANGE`` (``EINVAL``, as an old
+    kernel or a filesystem that cannot exchange answers): the fixer copies, and replaces after a last check."""
+
+    def fail(err: int) -> Callable[[str, str], None]:
+        def call(a: str, b: str) -> None:
+            raise OSError(err, os.strerror(err))
+
+        return call
+
+    base = fixmod.WriteCalls()
+    return fixmod.WriteCalls(
+        link=base.link if links else fail(errno.EPERM), exchange=base.exchange if exchange else fail(errno.EINVAL)
+    )
+
+
+def _can_exchange() -> bool:
+    """Whether ``renameat2(RENAME_EXCHANGE)`` works here (Linux 3.15+, a filesystem that supports it)."""
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "a"), os.path.join(d, "b")
+        for p in (a, b):
+            Path(p).write_bytes(p.encode())
+        try:
+            fixmod._exchange(a, b)
+        except OSError:
+            return False
+        return Path(a).read_bytes() == b.encode()
+
+
+EXCHANGE = _can_exchange()
+FALLBACK_WINDOW = (
+    "the fixer falls back to hash-then-os.replace, and a rename over the target (or, without hard links, an "
+    "in-place write) between its last hash and the replace loses the writer's bytes"
+)
+NO_EXCHANGE = (
+    "renameat2(RENAME_EXCHANGE) is unavailable here (not Linux, a kernel before 3.15, or a filesystem answering "
+    f"EINVAL): {FALLBACK_WINDOW}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -197,35 +235,179 @@ def test_rewrite_target_written_during_the_copy(built: dict[str, Path], tmp_path
     _fix_meets_writer(root, rel, h, original + b"\n", hook, _no_links())
 
 
+def _swap(target: Path, writer: Callable[[], None], *, exchange: bool = True, after: bool = False) -> Hook:
+    """The writer's moment: just before (or after) the call that puts the new file at ``target``: the exchange,
+    or the replace where there is none."""
+    name = "exchange" if exchange and EXCHANGE else "replace"
+    return Hook(name, lambda src, dst: dst == str(target), writer, after=after)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "replace"])
 @pytest.mark.parametrize("name", sorted(REWRITES))
 def test_in_place_write_in_the_instant_before_the_replace_is_put_back(
-    built: dict[str, Path], tmp_path: Path, hook: Any, name: str
+    built: dict[str, Path], tmp_path: Path, hook: Any, name: str, exchange: bool
 ) -> None:
-    """After the last check, an in-place writer lands in the original's inode, which the quarantine holds (a hard
-    link): the fixer sees it after the replace and puts that inode back."""
+    """After the last check, an in-place writer lands in the original's inode: the exchange brings that inode out
+    at the temp path, where the fixer sees it and swaps it back; without an exchange the quarantine holds it (a
+    hard link), and the fixer sees it after the replace and puts that inode back."""
     root = clone(built[name], tmp_path / name)
     rel = REWRITES[name]
-    h = Hook("replace", lambda src, dst: dst == str(root / rel), _in_place(root / rel, WRITTEN))
-    _fix_meets_writer(root, rel, h, WRITTEN, hook)
+    h = _swap(root / rel, _in_place(root / rel, WRITTEN), exchange=exchange)
+    _fix_meets_writer(root, rel, h, WRITTEN, hook, _fs(exchange=exchange))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known window: a rename over the target, or a write without hard links, in "
-    "the microseconds between the fixer's last hash and its os.replace (needs RENAME_EXCHANGE)",
-)
+@pytest.mark.xfail(not EXCHANGE, strict=True, reason=NO_EXCHANGE)
 @pytest.mark.parametrize("links", [True, False])
 def test_write_between_last_hash_and_replace_is_not_lost(
     built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
+    """A rename over the target (or, without hard links, an in-place write) right before the atomic exchange: what
+    the exchange takes out is not the original, so the fixer swaps the writer's file back and rolls back."""
     root = clone(built["ds"], tmp_path / "ds")
-    target = root / REWRITES["ds"]
+    rel = REWRITES["ds"]
     writer = _atomic if links else _in_place
-    h = Hook("replace", lambda src, dst: dst == str(target), writer(target, WRITTEN))
-    hook(h, None if links else _no_links())
+    h = _swap(root / rel, writer(root / rel, WRITTEN))
+    _fix_meets_writer(root, rel, h, WRITTEN, hook, _fs(links=links))
+
+
+@pytest.mark.xfail(strict=True, reason=f"known window without RENAME_EXCHANGE (EINVAL simulated): {FALLBACK_WINDOW}")
+@pytest.mark.parametrize("links", [True, False])
+def test_without_rename_exchange_the_window_remains(
+    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+) -> None:
+    root = clone(built["ds"], tmp_path / "ds")
+    rel = REWRITES["ds"]
+    writer = _atomic if links else _in_place
+    h = _swap(root / rel, writer(root / rel, WRITTEN), exchange=False)
+    hook(h, _fs(links=links, exchange=False))
     run_cli("fix", str(root))
     assert h.fired
     assert any(p.read_bytes() == WRITTEN for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_without_rename_exchange_the_rewrite_still_applies_and_undoes(
+    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+) -> None:
+    root = clone(built["ds"], tmp_path / "ds")
+    before = tree_state(root)
+    hook(Hook("open", lambda *a: False, lambda: None), _fs(links=links, exchange=False))
+    code, out = run_cli("fix", str(root))
+    assert code == 0, out
+    assert "Fixed 1 problem" in out, out
+    assert (root / REWRITES["ds"]).read_text() == "global_step8"
+    assert run_cli("undo", str(root))[0] == 0
+    assert tree_state(root) == before
+
+
+needs_exchange = pytest.mark.skipif(not EXCHANGE, reason=NO_EXCHANGE)
+
+
+@needs_exchange
+def test_written_twice_around_the_exchange_keeps_both(built: dict[str, Path], tmp_path: Path, hook: Any) -> None:
+    """One write before the exchange and another over the fixer's file right after it: the last write stays at
+    the target and the one before it is set aside in the quarantine, named in the message; nothing to undo."""
+    root = clone(built["ds"], tmp_path / "ds")
+    rel = REWRITES["ds"]
+    before = tree_state(root)
+    first = _swap(root / rel, _atomic(root / rel, WRITTEN))
+    second = _swap(root / rel, _atomic(root / rel, b"global_step12"), after=True)
+    hook(second, first.calls())
+    code, out = run_cli("fix", str(root))
+    assert first.fired and second.fired and code == 2, out
+    assert (root / rel).read_bytes() == b"global_step12"
+    (j,) = fixmod.load_journals(str(root))
+    aside = f"{fixmod.quarantine_path(j.txid, rel)}.written-during-fix"
+    assert f"the bytes written before are in `{aside}`" in out, out
+    assert (root / aside).read_bytes() == WRITTEN
+    now = tree_state(root)
+    assert {k: v for k, v in now.items() if k != rel and not k.startswith(".ckptdoctor")} == {
+        k: v for k, v in before.items() if k != rel
+    }
+    assert j.state == "rolled-back" and not [p for p in root.rglob("*") if ".ckptdoctor-" in p.name]
+
+
+@needs_exchange
+@pytest.mark.parametrize("direction", ["undo", "fix"])
+def test_killed_right_after_the_exchange_recovers(built: dict[str, Path], tmp_path: Path, direction: str) -> None:
+    """SIGKILL between the exchange and its check: the original is at the temp path, the new text at the target."""
+    src = built["ds"]
+    before = tree_state(src)
+    done = clone(src, tmp_path / "done")
+    run_cli("fix", str(done))
+    root = clone(src, tmp_path / "ds")
+    _kill_at(root, "op:1:exchanged", "fix")
+    (j,) = fixmod.load_journals(str(root))
+    assert (root / j.ops[0].temp(j.txid)).read_text() == "global_step9"
+    code, out = run_cli(direction, str(root))
+    assert code == 0, out
+    if direction == "undo":
+        assert tree_state(root) == before
+    else:
+        assert tree_state(root) == tree_state(done)
+        assert run_cli("undo", str(root))[0] == 0
+        assert tree_state(root) == before
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL inside the test process: nothing of the fixer's catches it."""
+
+
+def _kill() -> None:
+    raise Killed
+
+
+@needs_exchange
+@pytest.mark.parametrize("links", [True, False])
+def test_killed_after_exchanging_a_written_target_undo_gives_it_back(
+    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+) -> None:
+    """Killed after the exchange took out a writer's file (so the fixer's text is at the target): `fix` refuses
+    to complete it, `undo` swaps the writer's bytes back and removes everything of the fixer's."""
+    root = clone(built["ds"], tmp_path / "ds")
+    rel = REWRITES["ds"]
+    before = tree_state(root)
+    writer = _swap(root / rel, (_atomic if links else _in_place)(root / rel, WRITTEN))
+    hook(_swap(root / rel, _kill, after=True), writer.calls(_fs(links=links)))
+    with pytest.raises(Killed):
+        fixmod.fix(str(root))
+    (j,) = fixmod.load_journals(str(root))
+    assert j.state == "applying" and (root / j.ops[0].temp(j.txid)).read_bytes() == WRITTEN
+    hook(Hook("open", lambda *a: False, lambda: None))
+    code, out = run_cli("fix", str(root))
+    assert code == 2 and f"`{rel}` was written by another process while the fix exchanged it" in out, out
+    assert "`ckptdoctor undo` puts its bytes back" in out
+    code, out = run_cli("undo", str(root))
+    assert code == 0, out
+    assert (root / rel).read_bytes() == WRITTEN
+    _same_except(root, before, rel)
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_killed_after_a_writer_beat_the_check_undo_keeps_its_bytes(
+    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+) -> None:
+    """Killed with the original kept and the new text in the temp file, after a writer replaced the target:
+    `undo` recognises the fixer never reached the target and removes only the fixer's files."""
+    root = clone(built["ds"], tmp_path / "ds")
+    rel = REWRITES["ds"]
+    before = tree_state(root)
+
+    def write_then_die() -> None:
+        _atomic(root / rel, WRITTEN)()
+        raise Killed
+
+    when = Hook("link", lambda src, dst: src == str(root / rel), write_then_die, after=True)
+    if not links:
+        when = Hook("rename", lambda src, dst: src.endswith(".partial"), write_then_die, after=True)
+    hook(when, _fs(links=links))
+    with pytest.raises(Killed):
+        fixmod.fix(str(root))
+    hook(Hook("open", lambda *a: False, lambda: None))
+    code, out = run_cli("undo", str(root))
+    assert code == 0, out
+    assert (root / rel).read_bytes() == WRITTEN
+    _same_except(root, before, rel)
 
 
 # ---------------------------------------------------------------------------------------------------------------

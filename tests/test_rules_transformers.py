@@ -209,7 +209,9 @@ def test_a_second_trainer_run_leaves_a_stale_higher_checkpoint(tmp_path: Path) -
     hits = [f for f in found if f.rule == "CKD101"]
     assert [f.path for f in hits] == ["checkpoint-6"], describe(found)
     assert "picks `checkpoint-6`" in hits[0].message
-    assert "`checkpoint-4` belongs to another run" in hits[0].message
+    # Whether file times can tell which run is newer depends on how far apart the runs are: both messages name the
+    # other run's newest checkpoint and say it belongs to another run.
+    assert "`checkpoint-4`" in hits[0].message and "belongs to another run" in hits[0].message
     assert "learning_rate" in hits[0].message and "max_steps 4 vs 6" in hits[0].message
 
 
