@@ -17,6 +17,7 @@ import click
 from ckptdoctor import __version__
 
 if TYPE_CHECKING:
+    from ckptdoctor.model import Tree
     from ckptdoctor.rules import Selection
 
 _EPILOG_SCAN = """\b
@@ -25,6 +26,9 @@ Examples:
   ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
   ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
   ckptdoctor scan --select CKD2 --fail-on warning model/
+  ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
+  ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
+  ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
 
 \b
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error or missing root.
@@ -37,6 +41,17 @@ class UsageProblem(click.ClickException):
     """A usage error or unusable input: printed without a traceback, exit code 2 (findings use 1)."""
 
     exit_code = 2
+
+
+class ScanRoot(click.Path):
+    """A local path that must exist, or a URL root (``s3://``, ``gs://``, ``hf://``...) passed on for fsspec."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ckptdoctor.remote import is_remote  # only when a command parses its roots: --version stays instant
+
+        if isinstance(value, str) and is_remote(value):
+            return value
+        return super().convert(value, param, ctx)
 
 
 def _split_codes(values: Sequence[str]) -> tuple[str, ...]:
@@ -117,7 +132,7 @@ def main() -> None:
 
 
 @main.command(epilog=_EPILOG_SCAN)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=True, dir_okay=True))
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
 @click.option(
     "--format",
     "fmt",
@@ -152,6 +167,14 @@ def main() -> None:
     help="Also stream all tensor data (in bounded chunks) for NaN/Inf, all-zero tensors and untrained adapters. "
     "Needs numpy; reads every byte, so it takes as long as reading the files.",
 )
+@click.option(
+    "--checksums",
+    type=click.Choice(["write", "verify"]),
+    default=None,
+    help="With --deep: also sha256 every file in the same read. write: record them in "
+    "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
+    "Never implied by an existing manifest.",
+)
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -161,21 +184,28 @@ def scan(
     no_config: bool,
     jobs: int | None,
     deep: bool,
+    checksums: str | None,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
     PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
-    a folder of many runs, or a single file. Nothing is loaded, executed or written.
+    a folder of many runs, or a single file, on disk or at a URL (s3://, gs://, hf://... through fsspec: only
+    headers are fetched, with ranged requests). Nothing is loaded, executed or written.
     """
     from ckptdoctor.report import render_json, render_text
     from ckptdoctor.scanner import scan as run_scan
 
+    _check_remote_roots(paths, deep)
     selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
+    if checksums is not None:
+        _check_checksums(paths, checksums, deep)
     if deep:
         from ckptdoctor.deep import DeepUnavailable, progress_stream  # only --deep pays for this import
 
         try:
-            report = run_scan(list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream())
+            report = run_scan(
+                list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream(), checksums=checksums
+            )
         except DeepUnavailable as exc:
             raise UsageProblem(str(exc)) from None
     else:
@@ -193,7 +223,61 @@ def scan(
         click.echo(render_github(report.findings, notice=summary_line(report)))
     else:
         click.echo(render_text(report, color=_use_color(sys.stdout)))
+    if checksums == "write":
+        _write_manifests(report.trees)
     sys.exit(report.exit_code(fail_on or cfg_fail_on or "error"))
+
+
+def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
+    """Usage errors of ``--checksums``, raised before a long ``--deep`` read rather than after it."""
+    if not deep:
+        raise UsageProblem(f"--checksums {mode} needs --deep: checksums are computed while --deep reads every byte")
+    for p in paths:
+        if not os.path.isdir(p):
+            raise UsageProblem(f"--checksums {mode}: {p} is not a folder (the manifest lives at a folder's root)")
+    if mode == "write":
+        from ckptdoctor.fix import manifest_refusal
+
+        for p in paths:
+            why = manifest_refusal(p)
+            if why is not None:
+                raise UsageProblem(f"--checksums write: {why}")
+    else:
+        from ckptdoctor.deep import MANIFEST_PATH, manifest_exists
+
+        for p in paths:
+            if not manifest_exists(p):
+                raise UsageProblem(
+                    f"--checksums verify: {p} has no {MANIFEST_PATH}; write one with `--deep --checksums write`"
+                )
+
+
+def _write_manifests(trees: Sequence[Tree]) -> None:
+    """Write each root's manifest (through the fixer, the only writer) and say so on stderr."""
+    from ckptdoctor.deep import manifest_document
+    from ckptdoctor.fix import write_manifest
+
+    for tree in trees:
+        doc, missed = manifest_document(tree, __version__)
+        where = write_manifest(tree.root, doc)
+        click.echo(f"wrote {where}: sha256 of {len(doc['files'])} files", err=True)
+        if missed:
+            shown = ", ".join(missed[:5]) + (f" and {len(missed) - 5} more" if len(missed) > 5 else "")
+            click.echo(f"not in the manifest (could not be read whole, see CKD213): {shown}", err=True)
+
+
+def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
+    """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
+    from ckptdoctor.remote import check_remote_root, is_remote
+
+    for p in paths:
+        if not is_remote(p):
+            continue
+        if deep:
+            raise UsageProblem(f"{p}: --deep reads every tensor byte and works on local files only; drop --deep")
+        why = check_remote_root(p)
+        if why is not None:
+            raise UsageProblem(why)
 
 
 @main.command()

@@ -1,12 +1,18 @@
-"""``--deep``: stream every tensor's bytes in bounded chunks and record NaN/Inf and all-zero tensors.
+"""``--deep``: stream every tensor's bytes in bounded chunks and record NaN/Inf, all-zero tensors and checksums.
 
 This is the only scan-path module that reads tensor data, and the only one that imports numpy, lazily, when
 ``--deep`` is asked for. Memory stays bounded (two chunk buffers per worker thread) whatever the model size:
-nothing is ever loaded whole. Rules judge the results (``ckptdoctor.rules.deep``); this module only measures.
+nothing is ever loaded whole. With ``checksums`` every file is read front to back once, and the same chunks feed
+both the sha256 and the tensor checks. Rules judge the results (``ckptdoctor.rules.deep``); this module only
+measures, and reads (never writes) the checksum manifest.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import itertools
+import json
 import math
 import os
 import stat
@@ -22,6 +28,9 @@ from typing import Any, TextIO
 from ckptdoctor.model import (
     FileData,
     FileFacts,
+    FileKind,
+    Manifest,
+    ManifestEntry,
     ProblemKind,
     ReadProblem,
     SafetensorsFacts,
@@ -47,6 +56,12 @@ _ITEMSIZE = {**_NATIVE_FLOATS, "F16": 2, "BF16": 2}
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")  # zip local file header
 _ZIP_LOCAL = b"PK\x03\x04"
+MANIFEST_SCHEMA = "ckptdoctor.manifest/1"
+MANIFEST_PATH = ".ckptdoctor/manifest.json"  # relative to the scan root; discovery never scans `.ckptdoctor/`
+# A manifest lists one short entry per file: even a million files stay far below this.
+_MANIFEST_MAX_BYTES = 256_000_000
+_HEX = frozenset("0123456789abcdef")
+
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -63,27 +78,35 @@ class _Span:
     start: int
     nbytes: int
 
+    @property
+    def end(self) -> int:
+        return self.start + self.nbytes
+
 
 def is_deep_candidate(f: FileFacts) -> bool:
     """Whether ``--deep`` reads this file's tensor data: safetensors files and torch zip archives that parsed."""
     return isinstance(f.content, SafetensorsFacts) or (isinstance(f.content, TorchFacts) and f.content.format == "zip")
 
 
-def check_tree(tree: Tree, jobs: int = 1, progress: TextIO | None = None) -> tuple[FileData, ...]:
+def check_tree(
+    tree: Tree, jobs: int = 1, progress: TextIO | None = None, checksums: bool = False
+) -> tuple[FileData, ...]:
     """Stream the tensor data of every readable weights/state file of ``tree``; results sorted by path.
 
-    ``jobs`` files are read at once (numpy and file reads release the GIL, so threads use several cores).
-    ``progress``, when given (a TTY), gets a one-line progress display. Raises ``DeepUnavailable`` without numpy.
+    ``jobs`` files are read at once (numpy, hashlib and file reads release the GIL, so threads use several cores).
+    ``progress``, when given (a TTY), gets a one-line progress display. ``checksums`` also reads every other
+    regular file and records each file's sha256 (``FileData.sha256``). Raises ``DeepUnavailable`` without numpy.
     """
     np = _numpy()
-    files = sorted((f for f in tree.all_files() if is_deep_candidate(f)), key=lambda f: f.path)
+    wanted = (lambda f: f.kind != FileKind.SPECIAL) if checksums else is_deep_candidate
+    files = sorted((f for f in tree.all_files() if wanted(f)), key=lambda f: f.path)
     base = tree.abs_root or os.path.abspath(tree.root)
     single = not os.path.isdir(base)
     bar = _Progress(progress, len(files), sum(f.size for f in files)) if progress is not None else None
 
     def one(f: FileFacts) -> FileData:
         path = base if single else os.path.join(base, *f.path.split("/"))
-        result = check_file(path, f, np, bar.advance if bar is not None else None)
+        result = check_file(path, f, np, bar.advance if bar is not None else None, checksums)
         if bar is not None:
             bar.file_done()
         return result
@@ -108,10 +131,17 @@ def _numpy() -> Any:
     return numpy
 
 
-def check_file(path: str, facts: FileFacts, np: Any = None, advance: Callable[[int], None] | None = None) -> FileData:
+def check_file(
+    path: str,
+    facts: FileFacts,
+    np: Any = None,
+    advance: Callable[[int], None] | None = None,
+    checksum: bool = False,
+) -> FileData:
     """Stream the tensors of one file (``facts`` from its header read) and measure each; never raises on bad input.
 
     The file must still be the one the header came from: a different size means it changed under the scan.
+    ``checksum`` reads the whole file (not only its tensor data) and records its sha256 in the same pass.
     """
     np = np if np is not None else _numpy()
     try:
@@ -127,7 +157,8 @@ def check_file(path: str, facts: FileFacts, np: Any = None, advance: Callable[[i
                 msg = f"changed while scanning: {facts.size:,} bytes when its header was read, {st.st_size:,} now"
                 return FileData(facts.path, (), 0, (ReadProblem(ProblemKind.UNREADABLE, msg),))
             spans, skipped, problems = _plan(f, facts)
-            return _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance)
+            digest = hashlib.sha256() if checksum else None
+            return _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance, digest)
         except OSError as e:
             return FileData(facts.path, (), 0, (_unreadable(e),))
 
@@ -214,40 +245,94 @@ def _measure(
     problems: list[ReadProblem],
     np: Any,
     advance: Callable[[int], None] | None,
+    digest: Any = None,
 ) -> FileData:
+    """Read the spans (with ``digest``: the whole file) once, front to back, feeding each chunk to every span it
+    lies in (views of one torch storage may overlap) and to the digest."""
     # A whole number of elements of every decoded dtype per chunk, so no element is ever split between reads.
     chunk = max(8, CHUNK_BYTES - CHUNK_BYTES % 8)
     buf = bytearray(chunk)
     view = memoryview(buf)
     scratch = np.empty(chunk // 2, dtype=np.uint16)
-    out: list[TensorData] = []
-    total = 0
-    for sp in sorted(spans, key=lambda s: s.start):
-        if sp.start + sp.nbytes > size:
+    inside = []
+    for sp in spans:
+        if sp.end > size:
             skipped.append(f"{sp.name} ({sp.dtype}, past the end of the file)")
-            continue
-        itemsize = _ITEMSIZE[sp.dtype]
-        nan = inf = 0
-        nonzero = False
-        f.seek(sp.start)
-        left = sp.nbytes
-        while left > 0:
-            want = min(chunk, left)
-            got = _read_into(f, view[:want])
-            if got < want:
-                problems.append(ReadProblem(ProblemKind.TRUNCATED, f"`{sp.name}`: the file ended while reading it"))
-                break
-            total += got
-            left -= got
-            n, i, z = _chunk_stats(np, buf, got // itemsize, sp.dtype, scratch)
-            nan += n
-            inf += i
-            nonzero = nonzero or z
-            if advance is not None:
-                advance(got)
         else:
-            out.append(TensorData(sp.name, sp.dtype, sp.nbytes // itemsize, nan, inf, sp.nbytes > 0 and not nonzero))
-    return FileData(rel, tuple(out), total, tuple(problems), tuple(skipped))
+            inside.append(sp)
+    inside.sort(key=lambda s: s.start)
+    stats = [_Stats() for _ in inside]
+    # Reads never cross a span boundary, so every read starts on an element of each span it lies in (spans that
+    # share bytes are views of one storage, whose offsets count whole elements).
+    cuts = {p for sp in inside for p in (sp.start, sp.end)} | ({0, size} if digest is not None else set())
+    bounds = sorted(cuts)
+    total = 0
+    nxt = 0
+    active: list[int] = []
+    where = -1
+    for lo, hi in itertools.pairwise(bounds):
+        while nxt < len(inside) and inside[nxt].start <= lo:
+            active.append(nxt)
+            nxt += 1
+        active = [i for i in active if inside[i].end > lo]
+        if not active and digest is None:
+            continue  # a gap between tensors: only a checksum needs its bytes
+        if where != lo:
+            f.seek(lo)
+        at = lo
+        while at < hi:
+            want = min(chunk, hi - at)
+            got = _read_into(f, view[:want])
+            total += got
+            if digest is not None:
+                digest.update(view[:got])
+            for i in active:
+                stats[i].add(np, buf, at - inside[i].start, got, inside[i].dtype, scratch)
+            if advance is not None and got:
+                advance(got)
+            if got < want:
+                where_ = ", ".join(f"`{inside[i].name}`" for i in active) or f"byte {at + got:,}"
+                problems.append(ReadProblem(ProblemKind.TRUNCATED, f"{where_}: the file ended while reading it"))
+                return FileData(rel, _results(inside, stats, skipped, lo), total, tuple(problems), tuple(skipped))
+            at += got
+        where = hi
+    sha = digest.hexdigest() if digest is not None else None
+    return FileData(rel, _results(inside, stats, skipped, size + 1), total, tuple(problems), tuple(skipped), sha)
+
+
+class _Stats:
+    """Running NaN/Inf counts and the any-nonzero flag of one span; ``bad`` when a read was not element-aligned."""
+
+    __slots__ = ("bad", "inf", "nan", "nonzero")
+
+    def __init__(self) -> None:
+        self.nan = self.inf = 0
+        self.nonzero = self.bad = False
+
+    def add(self, np: Any, buf: bytearray, offset: int, got: int, dtype: str, scratch: Any) -> None:
+        itemsize = _ITEMSIZE[dtype]
+        if offset % itemsize or got % itemsize:
+            # Only a hostile archive gets here: two views of one storage with different dtypes.
+            self.bad = True
+            return
+        n, i, z = _chunk_stats(np, buf, got // itemsize, dtype, scratch)
+        self.nan += n
+        self.inf += i
+        self.nonzero = self.nonzero or z
+
+
+def _results(spans: list[_Span], stats: list[_Stats], skipped: list[str], done: int) -> tuple[TensorData, ...]:
+    """The spans read to their end (before offset ``done``), in file order; misaligned ones go to ``skipped``."""
+    out: list[TensorData] = []
+    for sp, st in zip(spans, stats, strict=True):
+        if sp.end > done and sp.nbytes > 0:
+            continue
+        if st.bad:
+            skipped.append(f"{sp.name} ({sp.dtype}, a view misaligned with another view of its storage)")
+            continue
+        numel = sp.nbytes // _ITEMSIZE[sp.dtype]
+        out.append(TensorData(sp.name, sp.dtype, numel, st.nan, st.inf, sp.nbytes > 0 and not st.nonzero))
+    return tuple(out)
 
 
 def _read_into(f: Any, view: memoryview) -> int:
@@ -262,6 +347,8 @@ def _read_into(f: Any, view: memoryview) -> int:
 
 def _chunk_stats(np: Any, buf: bytearray, count: int, dtype: str, scratch: Any) -> tuple[int, int, bool]:
     """(NaN count, Inf count, any nonzero element) of ``count`` elements of ``dtype`` at the start of ``buf``."""
+    if count == 0:
+        return 0, 0, False
     if dtype in _NATIVE_FLOATS:
         a = np.frombuffer(buf, dtype="<f4" if dtype == "F32" else "<f8", count=count)
         # min and max are the fastest full reductions numpy has; both propagate NaN, so one pair answers
@@ -283,6 +370,92 @@ def _chunk_stats(np: Any, buf: bytearray, count: int, dtype: str, scratch: Any) 
 
 def _unreadable(e: OSError) -> ReadProblem:
     return ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checksum manifests (built and read here; ``ckptdoctor.fix.write_manifest`` is what writes one)
+
+
+def manifest_document(tree: Tree, version: str, now: float | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The ``ckptdoctor.manifest/1`` document for ``tree`` (scanned with checksums) and the files left out of it.
+
+    Files left out are those ``--deep`` could not read whole (their ``FileData.problems`` say why).
+    """
+    sizes = {f.path: f.size for f in tree.all_files()}
+    entries: list[dict[str, Any]] = []
+    missed: list[str] = []
+    for d in tree.data:
+        if d.sha256 is None or d.path not in sizes:
+            missed.append(d.path)
+        else:
+            entries.append({"path": d.path, "size": sizes[d.path], "sha256": d.sha256})
+    created = datetime.datetime.fromtimestamp(time.time() if now is None else now, datetime.timezone.utc)
+    doc = {
+        "schema": MANIFEST_SCHEMA,
+        "ckptdoctor": version,
+        "created": created.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "algorithm": "sha256",
+        "files": sorted(entries, key=lambda e: str(e["path"])),
+    }
+    return doc, missed
+
+
+def manifest_exists(root: str) -> bool:
+    """Whether ``root`` (a folder) holds a manifest file (or anything else at its place)."""
+    return os.path.lexists(os.path.join(root, *MANIFEST_PATH.split("/")))
+
+
+def read_manifest(root: str) -> Manifest:
+    """Read ``<root>/.ckptdoctor/manifest.json``; anything wrong with it is a problem in the value, never raised."""
+    path = os.path.join(root, *MANIFEST_PATH.split("/"))
+
+    def bad(kind: ProblemKind, why: str) -> Manifest:
+        return Manifest(MANIFEST_PATH, (), problems=(ReadProblem(kind, why),))
+
+    try:
+        fd = os.open(path, _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        return bad(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}")
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return bad(ProblemKind.SPECIAL_FILE, "not a regular file")
+            if st.st_size > _MANIFEST_MAX_BYTES:
+                return bad(ProblemKind.LIMIT, f"{st.st_size:,} bytes, over the {_MANIFEST_MAX_BYTES:,}-byte limit")
+            raw = f.read(_MANIFEST_MAX_BYTES + 1)
+        except OSError as e:
+            return bad(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return bad(ProblemKind.INVALID_JSON, f"not valid JSON: {e}")
+    return _manifest_value(doc) or bad(ProblemKind.MALFORMED, f"not a `{MANIFEST_SCHEMA}` document")
+
+
+def _manifest_value(doc: Any) -> Manifest | None:
+    """The manifest a decoded document describes, or None when it does not follow the schema."""
+    if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA or not isinstance(doc.get("files"), list):
+        return None
+    entries: list[ManifestEntry] = []
+    for e in doc["files"]:
+        if not isinstance(e, dict):
+            return None
+        path, size, sha = e.get("path"), e.get("size"), e.get("sha256")
+        if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+            return None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return None
+        if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
+            return None
+        entries.append(ManifestEntry(path, size, sha))
+    version, created = doc.get("ckptdoctor"), doc.get("created")
+    return Manifest(
+        MANIFEST_PATH,
+        tuple(entries),
+        version if isinstance(version, str) else "",
+        created if isinstance(created, str) else "",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -23,6 +24,9 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.readers import read_dcp_items_of, read_file
+
+# How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None, limits).
+DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None", Limits], FileFacts]
 
 # transformers trainer_utils `_re_checkpoint`, used by get_last_checkpoint (and so by resume_from_checkpoint=True).
 # Kept exactly, Unicode `\d` and `$` before a trailing newline included, so resume_pick agrees with it.
@@ -75,7 +79,13 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
     path it could not take is a ``PathProblem`` and the walk goes on. Everything is sorted by path.
     ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
     thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
+    A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
+    (``ckptdoctor.remote``), into the same Tree.
     """
+    from ckptdoctor.remote import discover_remote, is_remote  # stdlib only; fsspec is imported for URLs alone
+
+    if is_remote(root):
+        return discover_remote(root, limits, jobs)
     real_root = os.path.realpath(root)
     try:
         st = os.stat(root)
@@ -98,15 +108,23 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
             walker = _Walker(real_root, limits, pool)
             top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
             _collect(top)
-    _read_dcp_items(top, limits)
+    _read_dcp_items(top, limits, read_dcp_items_of)
+    return build_tree(root, top, os.path.basename(os.path.abspath(root)), walker.problems, walker.files_seen)
+
+
+def build_tree(
+    root: str, top: _Dir, root_name: str, problems: list[PathProblem], files_seen: int, abs_root: str = ""
+) -> Tree:
+    """Group a walked (and read) folder tree into the sorted ``Tree``: shared by the local and the remote walk."""
     grouper = _Grouper()
-    grouper.visit_root(top, os.path.basename(os.path.abspath(root)))
+    grouper.visit_root(top, root_name)
     return Tree(
         root=root,
         runs=tuple(sorted(grouper.runs, key=lambda r: r.path)),
         loose_files=tuple(sorted(grouper.loose, key=lambda f: f.path)),
-        path_problems=tuple(sorted(walker.problems, key=lambda p: (p.path, p.problem.kind.value))),
-        files_seen=walker.files_seen,
+        path_problems=tuple(sorted(problems, key=lambda p: (p.path, p.problem.kind.value))),
+        files_seen=files_seen,
+        abs_root=abs_root,
     )
 
 
@@ -175,8 +193,7 @@ class _Walker:
             elif open_path is not None:
                 files.append((open_path, crel, est, is_link))
 
-        # torch.distributed.checkpoint folders: `.metadata` is sniffed as DCP metadata only inside one.
-        in_dcp = any(f[1].endswith("/.metadata") or f[1] == ".metadata" or f[1].endswith(".distcp") for f in files)
+        in_dcp = in_dcp_folder(f[1] for f in files)
         for open_path, crel, est, is_link in files:
             if in_dcp and crel.endswith(".distcp"):
                 node.distcp[crel] = open_path
@@ -193,7 +210,7 @@ class _Walker:
                 )
                 continue
             node.dirs.append(self.walk(open_path, crel, raw, est, depth + 1, ancestors))
-        node.has_run = any(_ROTATION_RE.search(n) for n in node.dir_names) or any(d.has_run for d in node.dirs)
+        node.has_run = _is_run(node) or any(d.has_run for d in node.dirs)
         return node
 
     def _stat(self, entry: os.DirEntry[str], crel: str) -> tuple[str | None, os.stat_result, bool] | None:
@@ -233,7 +250,13 @@ def _read(abs_path: str, rel: str, st: os.stat_result, limits: Limits, in_dcp: b
     return dataclasses.replace(facts, is_link=True) if is_link else facts
 
 
-def _read_dcp_items(top: _Dir, limits: Limits) -> None:
+def in_dcp_folder(rels: Iterable[str]) -> bool:
+    """Whether a folder holding files at ``rels`` is a torch.distributed.checkpoint folder, where `.metadata` is
+    sniffed as DCP metadata."""
+    return any(r.endswith(("/.metadata", ".distcp")) or r == ".metadata" for r in rels)
+
+
+def _read_dcp_items(top: _Dir, limits: Limits, read_items: DcpItemReader) -> None:
     """Complete each `.distcp` file's facts with the pickles of its BYTE_IO items, located by the folder's
     `.metadata` (torch unpickles those with weights_only=False), so the cost is those items, not the file. Without
     readable metadata (a torn or doctored folder, rare) each file is searched for blobs, bounded by the limits."""
@@ -255,7 +278,7 @@ def _read_dcp_items(top: _Dir, limits: Limits) -> None:
         d.files = [
             f
             if f.path not in d.distcp or (has_metadata and f.path not in items)
-            else read_dcp_items_of(d.distcp[f.path], f, items.get(f.path) if has_metadata else None, limits)
+            else read_items(d.distcp[f.path], f, items.get(f.path) if has_metadata else None, limits)
             for f in d.files
         ]
 

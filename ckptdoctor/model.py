@@ -320,6 +320,27 @@ class FileData:
     bytes_read: int
     problems: tuple[ReadProblem, ...] = ()
     skipped: tuple[str, ...] = ()  # tensors not checked, e.g. dtypes the deep reader does not decode
+    sha256: str | None = None  # hex digest of the whole file, with ``--checksums`` (None when not read whole)
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One file a checksum manifest lists: path relative to the root (``/`` separators), size and sha256 (hex)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A checksum manifest (``<root>/.ckptdoctor/manifest.json``) as read for ``--checksums verify``."""
+
+    path: str  # relative to the root
+    entries: tuple[ManifestEntry, ...]
+    version: str = ""  # the ckptdoctor version that wrote it
+    created: str = ""  # when it was written (ISO 8601, UTC)
+    problems: tuple[ReadProblem, ...] = ()  # why it could not be read (then ``entries`` is empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +354,7 @@ class Tree:
     files_seen: int = 0
     abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
     data: tuple[FileData, ...] = ()  # tensor-data results, filled by ``--deep`` only, sorted by path
+    manifest: Manifest | None = None  # the checksum manifest to verify against (``--checksums verify`` only)
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []

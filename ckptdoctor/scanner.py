@@ -17,6 +17,7 @@ from ckptdoctor.model import Tree
 from ckptdoctor.rules import Selection, run_rules
 
 FAIL_ON = ("error", "warning", "info", "never")
+CHECKSUMS = ("write", "verify")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ def scan(
     jobs: int | None = None,
     deep: bool = False,
     progress: TextIO | None = None,
+    checksums: str | None = None,
 ) -> Report:
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
@@ -66,11 +68,16 @@ def scan(
     ``jobs`` files are read at once (default: ``discover.default_jobs()``); the report is the same for any value.
     ``deep`` also streams tensor data (needs numpy; raises ``ckptdoctor.deep.DeepUnavailable`` without it) and
     enables the deep-only rules; ``progress`` (a terminal stream) then shows how far it got.
+    ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
+    ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
+    the caller's step (``ckptdoctor.fix.write_manifest``): a scan never writes.
     """
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
 
     if isinstance(paths, str):
         paths = [paths]
+    if checksums is not None and (checksums not in CHECKSUMS or not deep):
+        raise ValueError(f"checksums={checksums!r}: expected one of {CHECKSUMS}, with deep=True")
     sel = selection or Selection()
     if deep and not sel.deep:
         sel = dataclasses.replace(sel, deep=True)
@@ -84,9 +91,13 @@ def scan(
             if not tree.abs_root:
                 tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
             if sel.deep:
-                from ckptdoctor.deep import check_tree  # numpy is imported there, and only for --deep
+                from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
 
-                tree = dataclasses.replace(tree, data=check_tree(tree, workers, progress))
+                if "://" in tree.abs_root:  # a remote root (ckptdoctor.remote) keeps its URL as abs_root
+                    raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
+                data = check_tree(tree, workers, progress, checksums=checksums is not None)
+                manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
+                tree = dataclasses.replace(tree, data=data, manifest=manifest)
             trees.append(tree)
             findings.extend(scan_tree(tree, sel))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)

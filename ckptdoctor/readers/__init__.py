@@ -38,7 +38,6 @@ def read_file(
     in a ``torch.distributed.checkpoint`` folder. OS errors become ``UNREADABLE`` problems and any unexpected
     exception in a reader a ``MALFORMED`` problem naming the bug, so one bad file never stops a scan.
     """
-    name = rel_path.rsplit("/", 1)[-1]
     base = FileFacts(path=rel_path, size=st.st_size, mtime=st.st_mtime, kind=FileKind.OTHER)
     special = _special_problem(st.st_mode)
     if special is not None:
@@ -55,12 +54,26 @@ def read_file(
             special = _special_problem(fst.st_mode)
             if special is not None:
                 return _with(base, special[0], special[1])
-            head = f.read(HEAD_BYTES)
-            kind = sniff(head, name, fst.st_size, in_dcp_dir)
-            # EMPTY carries no problem: whether zero bytes is broken depends on the name, which rules judge.
-            if kind not in _READ_KINDS:
-                return FileFacts(rel_path, fst.st_size, fst.st_mtime, kind)
-            return _run_reader(f, base, kind, limits)
+            return read_open_file(f, base, limits, in_dcp_dir)
+    except OSError as e:
+        return _with(base, base.kind, _unreadable(e))
+
+
+def read_open_file(
+    f: BinaryIO, base: FileFacts, limits: Limits = DEFAULT_LIMITS, in_dcp_dir: bool = False
+) -> FileFacts:
+    """Sniff an already open, seekable binary file and run the reader for its kind; never raises.
+
+    ``base`` carries the path to report, the real size and mtime (kind and content are filled in here). Shared by
+    local files and remote objects (``ckptdoctor.remote``), so both are read by exactly the same code.
+    """
+    try:
+        head = f.read(HEAD_BYTES)
+        kind = sniff(head, base.name, base.size, in_dcp_dir)
+        # EMPTY carries no problem: whether zero bytes is broken depends on the name, which rules judge.
+        if kind not in _READ_KINDS:
+            return FileFacts(base.path, base.size, base.mtime, kind)
+        return _run_reader(f, base, kind, limits)
     except OSError as e:
         return _with(base, base.kind, _unreadable(e))
     except Exception as e:  # defence in depth: sniffing must not end the scan either
@@ -161,7 +174,7 @@ def _with(base: FileFacts, kind: FileKind, problem: ReadProblem) -> FileFacts:
     return FileFacts(base.path, base.size, base.mtime, kind, None, (problem,))
 
 
-__all__ = ["read_file"]
+__all__ = ["read_dcp_items_from", "read_file", "read_open_file"]
 
 
 def read_dcp_items_of(
@@ -169,15 +182,25 @@ def read_dcp_items_of(
 ) -> FileFacts:
     """``facts`` of a `.distcp` file completed with the pickles of the blobs at ``items`` (from `.metadata`), or,
     when ``items`` is None (no readable metadata), of every blob found by searching the file (bounded by limits)."""
-    from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_items
-
     try:
         fd = os.open(abs_path, _OPEN_FLAGS)
         with os.fdopen(fd, "rb", buffering=0) as f:
-            if items is None:
-                outcome = read_dcp_data(f, facts.size, limits)
-            else:
-                outcome = read_dcp_items(f, facts.size, items, limits)
+            return read_dcp_items_from(f, facts, items, limits)
+    except OSError as e:
+        return _with(facts, facts.kind, _unreadable(e))
+
+
+def read_dcp_items_from(
+    f: BinaryIO, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+) -> FileFacts:
+    """``read_dcp_items_of`` for an already open `.distcp` file (local or remote); never raises."""
+    from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_items
+
+    try:
+        if items is None:
+            outcome = read_dcp_data(f, facts.size, limits)
+        else:
+            outcome = read_dcp_items(f, facts.size, items, limits)
     except OSError as e:
         return _with(facts, facts.kind, _unreadable(e))
     except Exception as e:  # defence in depth, as for every reader

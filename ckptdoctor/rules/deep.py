@@ -1,4 +1,4 @@
-"""Tensor-data rules (``--deep`` only): judgments on what ``ckptdoctor.deep`` measured in the tensor bytes."""
+"""Tensor-data rules (``--deep`` only): judgments on what ``ckptdoctor.deep`` measured in the bytes of each file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from ckptdoctor import views
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileData, TensorData, Tree
+from ckptdoctor.model import Checkpoint, FileData, FileKind, TensorData, Tree
 from ckptdoctor.rules import Hit, rule
 
 _FLOATS = frozenset({"F16", "BF16", "F32", "F64"})
@@ -204,3 +204,54 @@ def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
             yield Hit(d.path, "; ".join(p.message for p in d.problems[:_EXAMPLES]))
         if d.skipped:
             yield Hit(d.path, f"{len(d.skipped)} floating-point tensor(s) not checked: {_examples(list(d.skipped))}")
+
+
+@rule("CKD214", "checksum-mismatch", Severity.ERROR, deep_only=True)
+def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
+    """A file's size or sha256 differs from the checksum manifest, or a listed file is missing.
+
+    ## What it does
+    With `--deep --checksums verify`, reads every file under the root whole, computes its sha256 and compares size
+    and digest with `.ckptdoctor/manifest.json`, written earlier by `--deep --checksums write`. A file that differs
+    or that the manifest lists but the tree lacks is an error; a file the manifest does not list is a warning. A
+    manifest that cannot be read or does not follow `ckptdoctor.manifest/1` is reported at its own path.
+
+    ## Why is this bad?
+    A copy (rsync, `aws s3 cp`, a tape restore, a flaky network mount) can lose or flip bytes without any error. A
+    flipped byte inside a tensor's data keeps every header valid: the checkpoint loads, and the resume continues
+    from weights or optimizer moments that are not the ones that were saved. Only the content digest sees it.
+
+    ## Example
+    `ckptdoctor scan --deep --checksums write runs/a/checkpoint-500` on the training host, then, after copying
+    the folder to the cluster, `ckptdoctor scan --deep --checksums verify checkpoint-500`:
+    `model.safetensors` has the same size but a different sha256 because one byte changed in transit.
+
+    ## Fix safety
+    No automatic fix: copy the file again from the source and verify again. If the change was intended (for
+    instance `ckptdoctor fix` rewrote a JSON file), write a new manifest.
+
+    ## References
+    `hashlib.sha256`; `sha256sum -c`, which does the same for a list of files without knowing checkpoints.
+    """
+    m = tree.manifest
+    if m is None:
+        return
+    if m.problems:
+        yield Hit(m.path, "the checksum manifest cannot be used: " + "; ".join(p.message for p in m.problems))
+        return
+    files = {f.path: f for f in tree.all_files() if f.kind != FileKind.SPECIAL}
+    digests = {d.path: d.sha256 for d in tree.data}
+    for e in m.entries:
+        f = files.get(e.path)
+        sha = digests.get(e.path)
+        if f is None:
+            yield Hit(e.path, f"listed in the checksum manifest ({e.size:,} bytes) but missing")
+        elif f.size != e.size:
+            yield Hit(e.path, f"{f.size:,} bytes where the checksum manifest recorded {e.size:,}")
+        elif sha is not None and sha != e.sha256:
+            # sha is None when the file could not be read whole: CKD213 reports that.
+            yield Hit(e.path, f"sha256 `{sha[:16]}…` differs from `{e.sha256[:16]}…` in the checksum manifest")
+    listed = {e.path for e in m.entries}
+    for path, f in sorted(files.items()):
+        if path not in listed:
+            yield Hit(path, f"not listed in the checksum manifest ({f.size:,} bytes)", Severity.WARNING)

@@ -1,0 +1,302 @@
+"""Remote scan roots (``s3://``, ``gs://``, ``hf://``...): list a prefix and read file headers through fsspec."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+from ckptdoctor.discover import _OWN_DIR, _Dir, _is_run, _read_dcp_items, build_tree, in_dcp_folder
+from ckptdoctor.limits import DEFAULT_LIMITS, Limits
+from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
+from ckptdoctor.readers import read_dcp_items_from, read_open_file
+
+if TYPE_CHECKING:  # fsspec is optional (the `remote` extra) and imported only for a URL root
+    from fsspec import AbstractFileSystem
+
+# A URL scheme as fsspec understands it (`s3://`, `gs://`, `hf://`, `file://`, chained `simplecache::s3://`).
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
+# Bytes fetched past each read that misses the cache ("readahead": one window, reads inside it are free). Readers
+# read a record's fixed part, then its variable part (a zip local header's 30 bytes, then its name and padding):
+# 1 KB turns that pair into one request without pulling tensor data. Measured on a sharded checkpoint against
+# 256 B .. 16 KB and fsspec's block cache (bench/RESULTS.md, "Remote"): fewest bytes for about the fewest requests.
+READAHEAD = 1024
+# Objects up to this size are fetched whole, in one request: a zip's end record alone is searched for in its last
+# 64 KB, and a round trip costs more than the bytes, so reading a small file piecemeal would only add requests.
+WHOLE_FILE = 64 * 1024
+INSTALL_HINT = 'remote roots need fsspec and its backend: pip install "ckptdoctor[remote]" (s3fs) or gcsfs, ...'
+
+
+def is_remote(path: str) -> bool:
+    """True for a URL root handled by fsspec (``s3://bucket/run``); a local path that happens to exist stays local."""
+    return bool(_URL_RE.match(path)) and not os.path.exists(path)
+
+
+def check_remote_root(url: str) -> str | None:
+    """Why ``url`` cannot be scanned (fsspec or its backend missing, nothing at that prefix), or None when it can.
+
+    The command line's stand-in for ``click.Path(exists=True)``: costs one listing request.
+    """
+    try:
+        fs, path = _filesystem(url)
+        if not fs.exists(path):
+            return f"{url}: no such object or prefix"
+    except ImportError as e:
+        return f"{url}: {e}; {INSTALL_HINT}"
+    except Exception as e:  # any backend error (credentials, endpoint, bucket): a usage problem, not a traceback
+        return f"{url}: cannot list: {type(e).__name__}: {e}"
+    return None
+
+
+def discover_remote(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
+    """``discover`` for a URL root: list everything under the prefix once, then read each file's header with ranged
+    requests (``READAHEAD`` past each read), ``jobs`` at a time; grouped by the same code as a local walk.
+
+    Prefixes are folders (as get_last_checkpoint would see them on a mounted bucket); nothing is ever written.
+    Never raises: a missing backend, a listing or a read error becomes a ``PathProblem`` or a file's problem.
+    """
+    try:
+        fs, path = _filesystem(root)
+        path = path.rstrip("/")
+        listing = cast("dict[str, dict[str, Any]]", fs.find(path, withdirs=True, detail=True))
+    except ImportError as e:
+        return _unreadable_root(root, f"{e}; {INSTALL_HINT}")
+    except Exception as e:  # backend errors have no common base class
+        return _unreadable_root(root, f"cannot list: {type(e).__name__}: {e}")
+    name = path.rsplit("/", 1)[-1]
+    if not listing:
+        return _unreadable_root(root, "no such object or prefix")
+    own = listing.get(path)
+    if own is not None and own.get("type") == "file":  # the root is one object
+        facts = _read(fs, path, name, own, limits, False)
+        return Tree(root=root, runs=(), loose_files=(facts,), files_seen=1, abs_root=_abs_root(root))
+
+    walk = _Listing(limits)
+    top = walk.build(path, listing)
+    files_seen = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ckptdoctor-remote") as pool:
+        reads: list[tuple[_Dir, Future[FileFacts]]] = []
+        for node, entries in walk.files:
+            in_dcp = in_dcp_folder(rel for rel, _, _ in entries)
+            for rel, full, info in entries:
+                if in_dcp and rel.endswith(".distcp"):
+                    node.distcp[rel] = full
+                reads.append((node, pool.submit(_read, fs, full, rel, info, limits, in_dcp)))
+                files_seen += 1
+        for node, fut in reads:  # walk order, so any `jobs` gives the same Tree
+            node.files.append(fut.result())
+
+    def read_items(full: str, facts: FileFacts, items: list[tuple[int, int]] | None, lim: Limits) -> FileFacts:
+        try:
+            with _open(fs, full, facts.size) as f:
+                return read_dcp_items_from(_prefetch(fs, full, f, facts.size, items), facts, items, lim)
+        except Exception as e:  # opening failed: the file stays as read, with why
+            return _with_problem(facts, e)
+
+    _read_dcp_items(top, limits, read_items)
+    return build_tree(root, top, name, walk.problems, files_seen, _abs_root(root))
+
+
+class _Listing:
+    """Turn a flat listing (full path -> info) into the ``_Dir`` nodes a local walk would build."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.problems: list[PathProblem] = []
+        self.nodes: dict[str, _Dir] = {}
+        # Per folder, its files in name order: (rel, full path, info).
+        self.files: list[tuple[_Dir, list[tuple[str, str, dict[str, Any]]]]] = []
+
+    def build(self, path: str, listing: dict[str, dict[str, Any]]) -> _Dir:
+        top = _Dir(rel=".", name=path.rsplit("/", 1)[-1], mtime=0.0)
+        self.nodes[""] = top
+        prefix = path + "/"
+        per_dir: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+        too_deep: set[str] = set()
+        for count, full in enumerate(sorted(listing)):
+            if count >= self.limits.dir_entries:
+                msg = f"more than {self.limits.dir_entries} entries under the root; the rest was not read"
+                self.problems.append(PathProblem(".", ReadProblem(ProblemKind.LIMIT, msg)))
+                break
+            if not full.startswith(prefix):
+                continue
+            rel = full[len(prefix) :].rstrip("/")
+            parts = rel.split("/")
+            if not rel or _OWN_DIR in parts:
+                continue
+            if "" in parts:  # `a//b`: a key no file system could hold as a path
+                msg = "object key holds an empty path segment (`//`); not read"
+                self.problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
+                continue
+            info = listing[full]
+            is_dir = info.get("type") == "directory"
+            depth = len(parts) - (0 if is_dir else 1)
+            if depth > self.limits.dir_depth:
+                folder = "/".join(parts[: self.limits.dir_depth + 1])
+                if folder not in too_deep:
+                    too_deep.add(folder)
+                    msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
+                    self.problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
+                continue
+            if is_dir:
+                self._folder(parts).mtime = _mtime(info)
+            else:
+                parent = "/".join(parts[:-1])
+                self._folder(parts[:-1])
+                per_dir.setdefault(parent, []).append((rel, full, info))
+        for key in sorted(per_dir):
+            self.files.append((self.nodes[key], per_dir[key]))
+        self._mark_runs(top)
+        return top
+
+    def _folder(self, parts: list[str]) -> _Dir:
+        """The node of the folder ``parts`` (relative to the root), creating it and its parents as needed."""
+        key = "/".join(parts)
+        node = self.nodes.get(key)
+        if node is None:
+            parent = self._folder(parts[:-1])
+            node = _Dir(rel=key, name=parts[-1], mtime=0.0)
+            parent.dirs.append(node)
+            parent.dir_names.append(parts[-1])
+            self.nodes[key] = node
+        return node
+
+    def _mark_runs(self, node: _Dir) -> bool:
+        node.has_run = _is_run(node)
+        for d in node.dirs:
+            node.has_run = self._mark_runs(d) or node.has_run
+        return node.has_run
+
+
+def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec file system and the path inside it for ``url`` (ImportError when fsspec or the backend is missing)."""
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(url)
+    return fs, str(path)
+
+
+def _open(fs: AbstractFileSystem, full: str, size: int) -> BinaryIO:
+    # The size is known from the listing: passing it saves a HEAD request per file. "readahead" keeps one window, so
+    # memory stays READAHEAD plus the largest header read, and bytes fetched stay what readers ask for plus that.
+    cache = "all" if size <= WHOLE_FILE else "readahead"
+    f = fs.open(full, "rb", block_size=READAHEAD, cache_type=cache, size=size)
+    return cast("BinaryIO", f)
+
+
+# At most this many bytes of `.distcp` items are fetched ahead, whole, one concurrent request per item.
+PREFETCH_BYTES = 16 << 20
+
+
+def _prefetch(
+    fs: AbstractFileSystem, full: str, f: BinaryIO, size: int, items: list[tuple[int, int]] | None
+) -> BinaryIO:
+    """``f`` with the small `.distcp` items the reader will walk fetched ahead in one concurrent batch: a torch.save
+    blob is read in scattered pieces (end record, directory, each member's header), one request each otherwise."""
+    if not items or size <= WHOLE_FILE:  # a small file is already held whole ("all" cache)
+        return f
+    wanted: list[tuple[int, int]] = []  # (start, length) spans: neighbouring items merged into one request
+    budget = PREFETCH_BYTES
+    for start, length in sorted(set(items)):
+        if start < 0 or not 0 < length <= min(WHOLE_FILE, budget) or start + length > size:
+            continue
+        if wanted and start - sum(wanted[-1]) <= READAHEAD and start + length - wanted[-1][0] <= 4 * WHOLE_FILE:
+            first = wanted[-1][0]
+            end = max(sum(wanted[-1]), start + length)
+            budget -= end - sum(wanted[-1])
+            wanted[-1] = (first, end - first)
+        else:
+            wanted.append((start, length))
+            budget -= length
+    if not wanted:
+        return f
+    blobs = fs.cat_ranges([full] * len(wanted), [s for s, _ in wanted], [s + n for s, n in wanted])
+    ranges = {s: b for (s, n), b in zip(wanted, blobs, strict=False) if isinstance(b, bytes) and len(b) == n}
+    return cast("BinaryIO", _Prefetched(f, ranges))
+
+
+class _Prefetched:
+    """A read-only file that serves reads inside prefetched ranges from memory and the rest from ``f``."""
+
+    def __init__(self, f: BinaryIO, ranges: dict[int, bytes]) -> None:
+        self._f = f
+        self._ranges = sorted(ranges.items())
+        self._pos = 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 2:
+            self._pos = self._f.seek(offset, 2)
+        else:
+            self._pos = max(0, offset + (self._pos if whence == 1 else 0))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n is not None and n >= 0:
+            for start, data in self._ranges:
+                if start <= self._pos and self._pos + n <= start + len(data):
+                    out = data[self._pos - start : self._pos - start + n]
+                    self._pos += len(out)
+                    return out
+        self._f.seek(self._pos)
+        got = self._f.read(n)
+        self._pos += len(got)
+        return got
+
+
+def _read(
+    fs: AbstractFileSystem, full: str, rel: str, info: dict[str, Any], limits: Limits, in_dcp: bool
+) -> FileFacts:
+    """Read one remote object into ``FileFacts`` with the shared sniff and readers; never raises."""
+    size = info.get("size")
+    base = FileFacts(rel, size if isinstance(size, int) and size >= 0 else 0, _mtime(info), FileKind.OTHER)
+    if base.size == 0:  # nothing to fetch: sniffed from the name alone, as a local empty file is
+        return read_open_file(cast("BinaryIO", _Empty()), base, limits, in_dcp)
+    try:
+        with _open(fs, full, base.size) as f:
+            return read_open_file(f, base, limits, in_dcp)
+    except Exception as e:  # opening or closing failed (backend errors have no common base)
+        return _with_problem(base, e)
+
+
+class _Empty:
+    """A zero-byte file: what an empty object reads as, without a request."""
+
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return 0
+
+
+def _with_problem(facts: FileFacts, e: Exception) -> FileFacts:
+    problem = ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {type(e).__name__}: {e}")
+    return FileFacts(facts.path, facts.size, facts.mtime, facts.kind, facts.content, (*facts.problems, problem))
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    """A listing entry's modification time as a POSIX timestamp, from whichever field the backend gives (0 if none)."""
+    for key in ("mtime", "LastModified", "updated", "last_modified", "timeCreated", "created"):
+        v = info.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, datetime.datetime):
+            return v.timestamp()
+        if isinstance(v, str):
+            try:
+                return datetime.datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+def _abs_root(root: str) -> str:
+    return root.rstrip("/")
+
+
+def _unreadable_root(root: str, message: str) -> Tree:
+    return Tree(root=root, runs=(), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, message)),))
