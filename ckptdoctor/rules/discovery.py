@@ -158,26 +158,21 @@ def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
         if v is None or pick is None:
             continue
         names = ", ".join(f"`{c.path}`" for c in v.stale)
+        ops = tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale)
         if v.certain:
             msg = (
                 f"resume_from_checkpoint=True picks `{pick.path}` (written {_when(pick.mtime)}), but the newer "
                 f"checkpoint `{v.newest.path}` (written {_when(v.newest.mtime)}) belongs to another run: {v.why}"
             )
-            plan = FixPlan(
-                f"Quarantine the stale checkpoints {names}",
-                Applicability.UNSAFE,
-                tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale),
-            )
+            plan = FixPlan(f"Quarantine the stale checkpoints {names}", Applicability.UNSAFE, ops)
         else:
+            # Copies and checkouts reset file times: the disagreement is certain, its direction is not.
             msg = (
                 f"resume_from_checkpoint=True picks `{pick.path}`, but `{v.newest.path}` belongs to another run "
                 f"({v.why}); file times cannot tell which run is newer (copied or checked out?)"
             )
-            plan = FixPlan(
-                f"Decide which run to continue; if it is `{v.newest.path}`'s, quarantine {names}",
-                Applicability.MANUAL,
-                tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale),
-            )
+            title = f"Decide which run to continue; if it is `{v.newest.path}`'s, quarantine {names}"
+            plan = FixPlan(title, Applicability.MANUAL, ops)
         yield Hit(pick.path, msg, fix=plan)
 
 
