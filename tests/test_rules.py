@@ -232,6 +232,16 @@ def link_outside(copy: Copy) -> Path:
     return root
 
 
+def trainer_state_linked_out(copy: Copy) -> Path:
+    """trainer_state.json kept on shared storage and linked back: a resume follows the link, nothing is torn."""
+    root = copy("clean-full")
+    outside = root.parent / "shared" / "trainer_state.json"
+    outside.parent.mkdir()
+    shutil.move(root / CK8 / "trainer_state.json", outside)
+    os.symlink(outside, root / CK8 / "trainer_state.json")
+    return root
+
+
 def stale_removed(copy: Copy) -> Path:
     """stale-higher after the first run's leftover checkpoint-12 was quarantined."""
     root = copy("stale-higher")
@@ -493,6 +503,7 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD101", "stale-quarantined", stale_removed),
     Silent("CKD101", "clean-full", clean("clean-full")),
     Silent("CKD102", "clean-full", clean("clean-full")),
+    Silent("CKD102", "trainer-state-linked-out", trainer_state_linked_out),
     Silent("CKD102", "sharded", clean("sharded")),
     Silent("CKD103", "backup-copy", backup_copy),
     Silent("CKD104", "clean-full", clean("clean-full")),

@@ -176,10 +176,19 @@ def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
         yield Hit(pick.path, msg, fix=plan)
 
 
-def torn_evidence(ck: Checkpoint) -> list[str]:
-    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files."""
+def linked_out(tree: Tree) -> frozenset[str]:
+    """Paths that are links leaving the scan root: not read, but a resume follows them, so they count as present."""
+    return frozenset(p.path for p in tree.path_problems if p.problem.kind == ProblemKind.LINK_ESCAPES_ROOT)
+
+
+def torn_evidence(ck: Checkpoint, links_out: frozenset[str] = frozenset()) -> list[str]:
+    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files.
+
+    ``links_out`` (from ``linked_out(tree)``) names links out of the root: a resume follows them, so a
+    `trainer_state.json` linked elsewhere is not missing (CKD604 reports the link)."""
     out: list[str] = []
-    has_state = ck.file(views.TRAINER_STATE) is not None
+    state_path = views.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{views.TRAINER_STATE}"
+    has_state = ck.file(views.TRAINER_STATE) is not None or state_path in links_out
     if not has_state:
         present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
         out.append(
@@ -226,11 +235,12 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`);
     `trainer_utils.get_last_checkpoint`.
     """
+    links_out = linked_out(tree)
     for run in tree.runs:
         for ck in run.checkpoints:
             if ck.role not in (FolderRole.CHECKPOINT,):
                 continue
-            evidence = torn_evidence(ck)
+            evidence = torn_evidence(ck, links_out)
             if not evidence:
                 continue
             picked = run.resume_pick == ck.path or run.standalone
