@@ -222,24 +222,24 @@ def link_inside(copy: Copy) -> Path:
     return root
 
 
-def link_outside(copy: Copy) -> Path:
-    """The weights moved to shared storage and linked back: the link leaves the scan root."""
+def _moved_out_and_linked(copy: Copy, name: str) -> Path:
+    """checkpoint-8's ``name`` moved to shared storage and linked back: the link leaves the scan root."""
     root = copy("clean-full")
-    outside = root.parent / "shared" / "model.safetensors"
+    outside = root.parent / "shared" / name
     outside.parent.mkdir()
-    shutil.move(root / CK8 / "model.safetensors", outside)
-    os.symlink(outside, root / CK8 / "model.safetensors")
+    shutil.move(root / CK8 / name, outside)
+    os.symlink(outside, root / CK8 / name)
     return root
+
+
+def link_outside(copy: Copy) -> Path:
+    """The weights moved to shared storage and linked back."""
+    return _moved_out_and_linked(copy, "model.safetensors")
 
 
 def trainer_state_linked_out(copy: Copy) -> Path:
     """trainer_state.json kept on shared storage and linked back: a resume follows the link, nothing is torn."""
-    root = copy("clean-full")
-    outside = root.parent / "shared" / "trainer_state.json"
-    outside.parent.mkdir()
-    shutil.move(root / CK8 / "trainer_state.json", outside)
-    os.symlink(outside, root / CK8 / "trainer_state.json")
-    return root
+    return _moved_out_and_linked(copy, "trainer_state.json")
 
 
 def stale_removed(copy: Copy) -> Path:
