@@ -232,11 +232,11 @@ def test_gate_is_importable_without_torch() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The pre-commit hook and the GitHub Actions example, exercised
+# The pre-commit hook and the GitHub Actions example in the README, exercised
 
 
 def _example(marker: str) -> Any:
-    text = (REPO / "docs" / "gate.md").read_text()
+    text = (REPO / "README.md").read_text()
     m = re.search(rf"<!-- {marker} -->\s*```yaml\n(.*?)```", text, re.S)
     assert m, marker
     return yaml.safe_load(m.group(1))
