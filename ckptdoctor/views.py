@@ -117,15 +117,6 @@ class TrainerStateView:
                 out.append((step, lr))
         return out
 
-    def losses(self) -> list[tuple[int, float]]:
-        """``(step, loss)`` pairs from log_history."""
-        out: list[tuple[int, float]] = []
-        for entry in self.log_history:
-            step, loss = _int(entry.get("step")), _num(entry.get("loss"))
-            if step is not None and loss is not None:
-                out.append((step, loss))
-        return out
-
 
 def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
     """The checkpoint's trainer state, or None when the file is absent or not a JSON object."""
