@@ -82,8 +82,11 @@ _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})
 
 
+_INT_ONLY = frozenset({int})
+
+
 def _is_int_tuple(v: Any) -> bool:
-    return type(v) is tuple and all(type(x) is int for x in v)
+    return type(v) is tuple and _INT_ONLY.issuperset(map(type, v))
 
 
 def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
@@ -187,6 +190,206 @@ _unpack_u4 = struct.Struct("<I").unpack_from
 _unpack_u2 = struct.Struct("<H").unpack_from
 _unpack_u8 = struct.Struct("<Q").unpack_from
 _unpack_f8 = struct.Struct(">d").unpack_from
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tensor fast path. torch.save (protocol 2) writes every tensor after the first of its kind as one fixed run of
+# opcodes (torch/_tensor.py ``_reduce_ex_internal``, torch/serialization.py ``persistent_id``):
+#
+#   <_rebuild_tensor_v2 from the memo> MARK MARK <pid items> TUPLE [PUT] BINPERSID <offset int> <shape> [PUT]
+#   <stride> [PUT] NEWFALSE|NEWTRUE <OrderedDict from the memo> EMPTY_TUPLE REDUCE [PUT] TUPLE [PUT] REDUCE [PUT]
+#
+# where a pid item is a memo read, a BINUNICODE or an int, each with an optional PUT, and a shape or stride is
+# EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE. ``_parse_run`` reads such a run without touching the
+# walk's state and answers None on any deviation: the generic loop then walks the same bytes and reports whatever
+# it reports. On a match the loop applies the run's effects at once, as the generic loop would have.
+
+_FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
+_HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
+_MAX_RUN_ITEMS = 64  # pid items or tuple ints; longer runs are left to the generic loop
+_MISS = object()
+
+
+def _int_at(data: bytes, p: int, n: int) -> tuple[Any, int]:
+    """BININT1/BININT2/BININT/LONG1 at ``p``: (the int or _MISS, offset after it)."""
+    op = data[p]
+    if op == 0x4B:
+        return data[p + 1], p + 2
+    if op == 0x4D:
+        return _unpack_u2(data, p + 1)[0], p + 3
+    if op == 0x4A:
+        return _unpack_i4(data, p + 1)[0], p + 5
+    if op == 0x8A:
+        end = p + 2 + data[p + 1]
+        if end <= n:
+            return int.from_bytes(data[p + 2 : end], "little", signed=True), end
+    return _MISS, p
+
+
+def _ints_tuple(data: bytes, p: int, n: int) -> tuple[tuple[int, ...] | None, int, int]:
+    """A shape/stride at ``p``: EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE.
+
+    Returns (the tuple or None, offset after it, opcodes read).
+    """
+    op = data[p]
+    if op == 0x29:  # EMPTY_TUPLE
+        return (), p + 1, 1
+    marked = op == 0x28
+    if marked:
+        p += 1
+    items: list[int] = []
+    while len(items) < _MAX_RUN_ITEMS:
+        op = data[p]
+        if op == 0x4B:  # BININT1 (shapes and strides are mostly small)
+            items.append(data[p + 1])
+            p += 2
+        else:
+            v, after = _int_at(data, p, n)
+            if v is _MISS:
+                break
+            items.append(v)
+            p = after
+    op = data[p]
+    k = len(items)
+    if marked:
+        return (tuple(items), p + 1, k + 2) if op == 0x74 else (None, p, 0)
+    # TUPLE1/2/3 take exactly that many items: with more or fewer, the stack holds something else.
+    if k and op - 0x84 == k:
+        return tuple(items), p + 1, k + 1
+    return None, p, 0
+
+
+def _memo_index(data: bytes, p: int, short: int, long: int) -> tuple[int, int]:
+    """The index of a memo opcode at ``p`` (``short``: 1-byte operand, ``long``: 4-byte) and the offset after it;
+    (-1, p) when the opcode at ``p`` is neither."""
+    op = data[p]
+    if op == short:
+        return data[p + 1], p + 2
+    if op == long:
+        return _unpack_u4(data, p + 1)[0], p + 5
+    return -1, p
+
+
+def _store(data: bytes, p: int, puts: dict[int, Any], value: Any) -> int:
+    """Record an optional BINPUT/LONG_BINPUT of ``value`` at ``p``; the offset after it, or -1 for an index
+    stored twice in the run (left to the generic loop)."""
+    idx, after = _memo_index(data, p, 0x71, 0x72)
+    if idx < 0:
+        return p
+    if idx in puts:
+        return -1
+    puts[idx] = value
+    return after
+
+
+# A parsed run, applied by ``_Walker._replay``: (end, opcodes, BINPERSID offset, opcodes through BINPERSID,
+# last opcode, its offset, memo stores known before persistent_load, pid, (offset, shape, stride, requires_grad,
+# hooks dict), the OrderedDict GlobalRef, memo index of the argument tuple, memo index of the tensor (-1: none)).
+_Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tuple[Any, ...], Any, int, int]
+
+
+def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int) -> _Run | None:
+    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p``, or None unless it matches exactly.
+
+    ``room_*`` are the opcodes and memo entries the limits still allow: a run that could trip one is left to the
+    generic loop, which reports it at the opcode where it trips. Never raises, never changes ``memo``.
+    """
+    try:
+        run = _parse_run_unchecked(data, p, memo)
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None  # truncated or undecodable: the generic loop reports it at its opcode
+    if run is None or run[1] > room_ops or len(run[6]) > room_memo:
+        return None
+    return run
+
+
+def _memo_read(data: bytes, p: int, memo: dict[int, Any], puts: dict[int, Any]) -> tuple[Any, int]:
+    """BINGET/LONG_BINGET at ``p`` of an entry stored before the run: (value or _MISS, offset after it)."""
+    idx, p = _memo_index(data, p, 0x68, 0x6A)
+    if idx < 0 or idx in puts:  # a read of a store made inside the run: too unusual to be worth replaying here
+        return _MISS, p
+    return memo.get(idx, _MISS), p
+
+
+def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any]) -> _Run | None:
+    n = len(data)
+    if data[p] != 0x28 or data[p + 1] != 0x28:  # MARK MARK
+        return None
+    p += 2
+    k = 2  # opcodes read
+    puts: dict[int, Any] = {}
+    items: list[Any] = []
+    while True:  # pid items (an int, a BINUNICODE or a memo read, each maybe stored) up to TUPLE
+        op = data[p]
+        if op == 0x68 or op == 0x6A:  # BINGET / LONG_BINGET
+            v, p = _memo_read(data, p, memo, puts)
+        elif op == 0x58:  # BINUNICODE
+            end = p + 5 + _unpack_u4(data, p + 1)[0]
+            if end > n:
+                return None
+            v = data[p + 5 : end].decode("utf-8", "surrogatepass")
+            p = end
+        elif op == 0x74:  # TUPLE
+            break
+        else:
+            v, p = _int_at(data, p, n)
+        if v is _MISS or len(items) >= _MAX_RUN_ITEMS:
+            return None
+        items.append(v)
+        q = _store(data, p, puts, v)
+        if q < 0:
+            return None
+        k += 1 + (q != p)
+        p = q
+    pid = tuple(items)
+    q = _store(data, p + 1, puts, pid)
+    if q < 0 or data[q] != 0x51:  # BINPERSID
+        return None
+    k += 2 + (q != p + 1)  # TUPLE, its store, BINPERSID
+    pid_at, pid_ops = q, k
+    offset, q = _int_at(data, q + 1, n)
+    if offset is _MISS:
+        return None
+    k += 1
+    dims: list[tuple[int, ...]] = []
+    while len(dims) < 2:  # the shape, then the stride, each maybe stored
+        dim, p, ops = _ints_tuple(data, q, n)
+        if dim is None:
+            return None
+        q = _store(data, p, puts, dim)
+        if q < 0:
+            return None
+        k += ops + (q != p)
+        dims.append(dim)
+    shape, stride = dims
+    grad = data[q]
+    if grad != 0x88 and grad != 0x89:  # NEWTRUE / NEWFALSE
+        return None
+    od, p = _memo_read(data, q + 1, memo, puts)
+    if type(od) is not GlobalRef or od.name != "OrderedDict" or od.module != "collections":
+        return None
+    if data[p] != 0x29 or data[p + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
+        return None
+    hooks: dict[Any, Any] = {}
+    q = _store(data, p + 2, puts, hooks)
+    if q < 0 or data[q] != 0x74:  # TUPLE: the arguments
+        return None
+    k += 5 + (q != p + 2)  # requires_grad, the OrderedDict read, EMPTY_TUPLE, REDUCE, its store, TUPLE
+    # The argument tuple and the tensor exist only once persistent_load has answered: they are stored as None
+    # here and overwritten by the replay (nothing reads the memo in between).
+    p = _store(data, q + 1, puts, None)
+    if p < 0 or data[p] != 0x52:  # REDUCE: the tensor
+        return None
+    args_idx = next(reversed(puts)) if p != q + 1 else -1
+    end = _store(data, p + 1, puts, None)
+    if end < 0:
+        return None
+    last_op, last_at, result_idx = 0x52, p, -1
+    if end != p + 1:
+        last_op, last_at, result_idx = data[p + 1], p + 1, next(reversed(puts))
+    k += 1 + (args_idx >= 0) + (result_idx >= 0)
+    tail = (offset, shape, stride, grad == 0x88, hooks)
+    return end, k, pid_at, pid_ops, last_op, last_at, puts, pid, tail, od, args_idx, result_idx
 
 
 def walk_pickle(
@@ -296,9 +499,26 @@ class _Walker:
         self.persistent_ids += 1
         if self.persistent_load is None:
             return _Obj(None, (pid,))
-        if not (type(pid) is tuple and all(type(x) in _SCALARS for x in pid)):
+        if not (type(pid) is tuple and _SCALARS.issuperset(map(type, pid))):
             pid, _ = _freeze(pid, self.limits.nesting_depth)
         return self.persistent_load(pid)
+
+    def _replay(self, run: _Run, func: GlobalRef, memo: dict[int, Any]) -> Any:
+        """Apply a parsed tensor run's effects as the generic loop would; returns the tensor it pushes."""
+        puts, pid, tail, od, args_idx, result_idx = run[6:]
+        memo.update(puts)  # the memo is only read back by later opcodes: the order of stores is invisible
+        storage = self._persid(pid)
+        self.calls[od] = None  # the OrderedDict() REDUCE; its empty argument tuple passes nothing
+        args = (storage, *tail)
+        if type(storage) in _HOLDS_GLOBALS:  # the other arguments are ints, int tuples, a bool and an empty dict
+            self._passed(args)
+        self.calls[func] = None
+        result = _interpret(func, args)
+        if args_idx >= 0:
+            memo[args_idx] = args
+        if result_idx >= 0:
+            memo[result_idx] = result
+        return result
 
     def run(self) -> Any:
         """The opcode loop: one flat if-chain (the fastest dispatch in CPython), most frequent opcodes first."""
@@ -317,6 +537,7 @@ class _Walker:
         op_pos = pos
         globals_ = self.globals
         scalars = _SCALARS
+        fast = _FAST_PATH
 
         def line() -> bytes:
             nonlocal pos
@@ -375,11 +596,32 @@ class _Walker:
                         raise _Malformed("truncated stream")
                     memo_put(data[pos])
                     pos += 1
-                elif op == 0x68:  # BINGET
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    memo_get(data[pos])
-                    pos += 1
+                elif op == 0x68 or op == 0x6A:  # BINGET / LONG_BINGET
+                    if op == 0x68:
+                        if pos >= n:
+                            raise _Malformed("truncated stream")
+                        memo_get(data[pos])
+                        pos += 1
+                    else:
+                        memo_get(_unpack_u4(take(4))[0])
+                    top = stack[-1]
+                    if (
+                        type(top) is GlobalRef
+                        and top.name == "_rebuild_tensor_v2"
+                        and top.module == "torch._utils"
+                        and fast
+                        and len(metastack) + 2 <= max_marks
+                    ):
+                        run = _parse_run(data, pos, memo, max_ops - count, max_memo - len(memo))
+                        if run is not None:
+                            try:
+                                stack[-1] = self._replay(run, top, memo)
+                            except BaseException:
+                                # Only persistent_load can raise here: leave the walk where the generic loop
+                                # would be when it calls it, so the problem names the same opcode and byte.
+                                op, op_pos, pos, count = 0x51, run[2], run[2] + 1, count + run[3]
+                                raise
+                            pos, count, op, op_pos = run[0], count + run[1], run[4], run[5]
                 elif op == 0x58:  # BINUNICODE
                     if pos + 4 > n:
                         raise _Malformed("truncated stream")
@@ -413,8 +655,6 @@ class _Walker:
                     stack[-1] = (stack[-1], b, c)
                 elif op == 0x72:  # LONG_BINPUT
                     memo_put(_unpack_u4(take(4))[0])
-                elif op == 0x6A:  # LONG_BINGET
-                    memo_get(_unpack_u4(take(4))[0])
                 elif op == 0x94:  # MEMOIZE
                     memo_put(len(memo))
                 elif op == 0x8C:  # SHORT_BINUNICODE
