@@ -24,6 +24,11 @@ class Limits:
     nesting_depth: int = 500
     # Entries in one zip central directory.
     zip_entries: int = 1_000_000
+    # Cross-check the local header of every tensor storage record (`<archive>/data/<key>`) of a torch zip against
+    # the central directory. Turning it off skips only those records (torch reads them as raw bytes; every record
+    # a loader parses stays checked) and saves one read per tensor, on object storage one request each. Remote
+    # scans turn it off (ckptdoctor.remote.remote_limits); local scans keep it.
+    zip_data_local_headers: bool = True
     # Bytes of one `.distcp` file searched for the torch.save blobs inside it (DCP loads their pickles with
     # weights_only=False, so every one is walked); a larger file is analysed up to here and reported.
     dcp_data_bytes: int = 64_000_000_000

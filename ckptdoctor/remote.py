@@ -6,6 +6,7 @@ import datetime
 import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ckptdoctor.discover import _OWN_DIR, _Dir, _is_run, _read_dcp_items, build_tree, in_dcp_folder
@@ -57,9 +58,13 @@ def discover_remote(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -
     Prefixes are folders (as get_last_checkpoint would see them on a mounted bucket); nothing is ever written.
     Never raises: a missing backend, a listing or a read error becomes a ``PathProblem`` or a file's problem.
     """
+    limits = remote_limits(limits)
     try:
         fs, path = _filesystem(root)
         path = path.rstrip("/")
+        # fsspec caches file system instances and their listings per process: a second scan in a long-lived
+        # process (a job launcher calling gate() before each resume) must see the bucket as it is now.
+        fs.invalidate_cache(path)
         listing = cast("dict[str, dict[str, Any]]", fs.find(path, withdirs=True, detail=True))
     except ImportError as e:
         return _unreadable_root(root, f"{e}; {INSTALL_HINT}")
@@ -97,6 +102,14 @@ def discover_remote(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -
 
     _read_dcp_items(top, limits, read_items)
     return build_tree(root, top, name, walk.problems, files_seen, _abs_root(root))
+
+
+def remote_limits(limits: Limits) -> Limits:
+    """``limits`` as remote reads apply them: the local header of each tensor storage record in a torch zip is not
+    cross-checked (``Limits.zip_data_local_headers``), since every one would be a request of its own (about 600
+    for a 7B AdamW state, 2,000 for 70B). Every record a loader parses is still checked. ``--deep`` (which would
+    read those records anyway) is refused for remote roots, so there is no case that keeps the check on."""
+    return replace(limits, zip_data_local_headers=False)
 
 
 class _Listing:
@@ -300,3 +313,23 @@ def _abs_root(root: str) -> str:
 
 def _unreadable_root(root: str, message: str) -> Tree:
     return Tree(root=root, runs=(), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, message)),))
+
+
+def read_small_object(url: str, cap: int) -> bytes | None:
+    """The bytes of the object at ``url`` (at most ``cap`` + 1 of them), or None when there is no such object.
+
+    For settings files beside a URL root; a backend error other than "not found" is raised as ``OSError``.
+    """
+    try:
+        fs, path = _filesystem(url)
+        fs.invalidate_cache(path)  # see discover_remote: never trust a listing from an earlier scan
+        with fs.open(path, "rb", block_size=cap + 1, cache_type="all") as f:
+            return cast(bytes, f.read(cap + 1))
+    except FileNotFoundError:
+        return None
+    except ImportError as e:
+        raise OSError(f"{e}; {INSTALL_HINT}") from None
+    except OSError:
+        raise
+    except Exception as e:  # a backend's own error type (credentials, endpoint): report it, never a traceback
+        raise OSError(f"{type(e).__name__}: {e}") from None

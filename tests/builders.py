@@ -66,3 +66,17 @@ def make_run(root: Path, steps: tuple[int, ...] = (2, 4), max_steps: int = 8) ->
     for s in steps:
         make_checkpoint(root / f"checkpoint-{s}", s, max_steps)
     return root
+
+
+def comparable_report(report: Any) -> dict[str, Any]:
+    """A scan's JSON report without what legitimately differs between a local and a remote root (roots, time)."""
+    from ckptdoctor.report import render_json
+
+    doc: dict[str, Any] = json.loads(render_json(report))
+    doc.pop("roots")
+    doc["summary"].pop("seconds")
+    for run in doc["runs"]:
+        run.pop("root")
+    for f in doc["findings"]:
+        f.pop("root", None)
+    return doc

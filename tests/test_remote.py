@@ -33,9 +33,8 @@ from safetensors.torch import save_file
 from ckptdoctor.cli import main
 from ckptdoctor.fix import FixRefused, fix
 from ckptdoctor.remote import READAHEAD, WHOLE_FILE, is_remote
-from ckptdoctor.report import render_json
 from ckptdoctor.scanner import scan
-from tests.builders import trainer_state
+from tests.builders import comparable_report, trainer_state
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 BUCKET = "ckpts"
@@ -101,16 +100,6 @@ def _upload(local: Path, key: str) -> str:
     return f"s3://{BUCKET}/{key}/"
 
 
-def _comparable(report: Any) -> dict[str, Any]:
-    """The JSON report without what legitimately differs between a local and a remote root."""
-    doc = json.loads(render_json(report))
-    doc.pop("roots")
-    doc["summary"].pop("seconds")
-    for run in doc["runs"]:
-        run.pop("root")
-    for f in doc["findings"]:
-        f.pop("root", None)
-    return doc
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +117,7 @@ _TIME_FIXTURES = {"stale-higher"}
 def test_remote_scan_matches_local(fixtures_url: str, name: str) -> None:
     remote = scan(fixtures_url + name + "/", jobs=4)
     local = scan(str(FIXTURES / name), jobs=4)
-    assert _comparable(remote) == _comparable(local)
+    assert comparable_report(remote) == comparable_report(local)
     assert remote.files == local.files > 0
 
 
@@ -139,7 +128,7 @@ def test_remote_scan_of_every_fixture_at_once(server: tuple[str, _RequestLog], f
     remote = scan(fixtures_url, jobs=2)
     requests = log.lines[before:]
     local = scan(str(FIXTURES), jobs=2)
-    a, b = _comparable(remote), _comparable(local)
+    a, b = comparable_report(remote), comparable_report(local)
     assert [r["path"] for r in a["runs"]] == [r["path"] for r in b["runs"]]
     assert [r["resume_pick"] for r in a["runs"]] == [r["resume_pick"] for r in b["runs"]]
     time_paths = tuple(f"{n}/" for n in _TIME_FIXTURES)
@@ -210,6 +199,20 @@ def _big_sharded(folder: Path) -> dict[str, int]:
     return headers
 
 
+def _count_fetches(monkeypatch: pytest.MonkeyPatch, level: int) -> dict[str, list[int]]:
+    """The size of every ranged GET from now on, keyed by the object key's ``level``-th part from the end."""
+    fetched: dict[str, list[int]] = {}
+    orig = s3fs.core.S3File._fetch_range
+
+    def counting(self: Any, start: int, end: int) -> bytes:
+        data: bytes = orig(self, start, end)
+        fetched.setdefault(self.path.rsplit("/", level)[-level], []).append(len(data))
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    return fetched
+
+
 def test_remote_scan_reads_headers_only(
     server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -217,21 +220,13 @@ def test_remote_scan_reads_headers_only(
     headers = _big_sharded(run / "checkpoint-4")
     url = _upload(run, "big")
     sizes = {p.name: p.stat().st_size for p in (run / "checkpoint-4").iterdir()}
-    fetched: dict[str, list[int]] = {}
-    orig = s3fs.core.S3File._fetch_range
-
-    def counting(self: Any, start: int, end: int) -> bytes:
-        data: bytes = orig(self, start, end)
-        fetched.setdefault(self.path.rsplit("/", 1)[-1], []).append(len(data))
-        return data
-
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    fetched = _count_fetches(monkeypatch, 1)
     log = server[1]
     before = len(log.lines)
     report = scan(url, jobs=4)
     requests = log.lines[before:]
     local = scan(str(run), jobs=4)
-    assert _comparable(report) == _comparable(local)
+    assert comparable_report(report) == comparable_report(local)
 
     total = sum(sizes.values())
     got = sum(sum(v) for v in fetched.values())
@@ -242,8 +237,8 @@ def test_remote_scan_reads_headers_only(
         assert sum(fetched[name]) <= (sizes[name] if small else header + 256 + 2 * READAHEAD), (name, fetched[name])
         assert len(fetched[name]) <= (1 if small else 2)
     assert sum(sizes[n] > WHOLE_FILE for n in headers) >= 3
-    # optimizer.pt: the zip end (torchzip reads a 64 KB window for the end record), one request per member's
-    # local header, and data.pkl; never a tensor.
+    # optimizer.pt: the zip end (torchzip reads a 64 KB window for the end record), the local headers of the
+    # records a loader parses, and data.pkl; never a tensor, nor a tensor record's local header.
     assert sum(fetched["optimizer.pt"]) <= 65_557 + 64 * 1024
     # No HEAD per file (sizes come from the listing): one listing, and only ranged GETs afterwards.
     assert [r for r in requests if not r.startswith("GET /")] == []
@@ -253,6 +248,28 @@ def test_remote_scan_reads_headers_only(
     print(f"\nremote scan: {len(requests)} requests, {got} bytes fetched of {total} ({len(sizes)} files)")
     for name in sorted(sizes):
         print(f"  {name}: {len(fetched.get(name, []))} requests, {sum(fetched.get(name, []))} of {sizes[name]} bytes")
+
+
+def test_remote_torch_zip_costs_requests_independent_of_its_tensors(
+    server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer.pt's tensor records are never fetched, not even their local headers (a request each): a state
+    of 600 tensors costs the end, the directory and the records a loader parses, like a state of 150."""
+    fetched = _count_fetches(monkeypatch, 3)  # per run folder
+    for n_params in (50, 200):
+        run = tmp_path / f"tensors{n_params}"
+        (run / "checkpoint-4").mkdir(parents=True)
+        # 4 KB per tensor: each record's local header would be a request of its own (READAHEAD is 1 KB).
+        params = [torch.nn.Parameter(torch.zeros(16, 64)) for _ in range(n_params)]
+        opt = torch.optim.AdamW(params)
+        torch.stack([p.sum() for p in params]).sum().backward()
+        opt.step()
+        torch.save(opt.state_dict(), run / "checkpoint-4" / "optimizer.pt")
+        assert (run / "checkpoint-4" / "optimizer.pt").stat().st_size > WHOLE_FILE  # read in ranges, not whole
+        assert comparable_report(scan(_upload(run, run.name))) == comparable_report(scan(str(run)))
+    requests = {n: len(fetched[f"tensors{n}"]) for n in (50, 200)}
+    assert requests[50] == requests[200] <= 8, requests  # the sniff, the end, then a few headers and data.pkl
+    assert sum(fetched["tensors200"]) < 65_557 + 64 * 1024
 
 
 def test_cli_scan_of_a_remote_root(fixtures_url: str) -> None:

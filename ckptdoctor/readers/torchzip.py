@@ -61,6 +61,14 @@ _ZIP64_LOC = struct.Struct("<4sLQL")
 _ZIP64_REC = struct.Struct("<4sQ2H2L4Q")
 _CENTRAL = struct.Struct("<4s6H3L5H2L")
 _LOCAL = struct.Struct("<4s5H3L2H")
+# The fields the per-record loops use, unpacked in one call (times, crc, disk and attributes skipped):
+# central: signature, flags, method, compressed size, size, name, extra and comment lengths, local header offset;
+# local: signature, flags, method, compressed size, size, name length.
+_CENTRAL_USED = struct.Struct("<4s4xHH8xLLHHH8xL")
+_LOCAL_USED = struct.Struct("<4s2xHH8xLLH")
+_EXTRA_HEAD = struct.Struct("<HH")
+_ZIP64_FIRST = struct.Struct("<2xHQ")  # an extra field that starts with the zip64 block: its length, first value
+_U64 = struct.Struct("<Q")
 
 
 def _problem(kind: ProblemKind, message: str) -> ReadProblem:
@@ -84,38 +92,40 @@ class _Directory:
     cd_offset: int  # where the central directory really starts in the file
     base: int  # bytes before the archive proper (prepended data): 0 for anything torch.save writes
     end: int  # end of the end-of-central-directory record and its comment
+    # Per member: its name as stored in the central directory and that entry's UTF-8 flag (0 or 0x800), so the
+    # local headers can be compared byte for byte and read in one go (the name's length is known up front).
+    raw_names: list[tuple[bytes, int]]
 
 
 def _directory(f: BinaryIO, size: int, limits: Limits) -> tuple[_Directory | None, list[ReadProblem]]:
     """The archive's central directory, or None with the problem that stops us."""
-    members, cd_offset, problems, base, end = _central_directory(f, size, limits)
+    members, cd_offset, problems, base, end, raw_names = _central_directory(f, size, limits)
     if members is None:
         return None, problems
-    return _Directory(members, cd_offset, base, end), problems
+    return _Directory(members, cd_offset, base, end, raw_names), problems
+
+
+def _no_directory(problem: ReadProblem) -> tuple[None, int, list[ReadProblem], int, int, list[Any]]:
+    """``_central_directory``'s answer when ``problem`` stops it."""
+    return None, 0, [problem], 0, 0, []
 
 
 def _central_directory(
     f: BinaryIO, size: int, limits: Limits
-) -> tuple[list[ZipMember] | None, int, list[ReadProblem], int, int]:
-    """The archive's members, the central directory's offset, problems, the archive's base and end."""
+) -> tuple[list[ZipMember] | None, int, list[ReadProblem], int, int, list[tuple[bytes, int]]]:
+    """The archive's members, the central directory's offset, problems, the archive's base and end, raw names."""
     tail_len = min(size, 22 + 65535)
     tail = _read_at(f, size - tail_len, tail_len)
     at = tail.rfind(_ZIP_EOCD)
     while at >= 0 and at + 22 > len(tail):
         at = tail.rfind(_ZIP_EOCD, 0, at)
     if at < 0:
-        return (
-            None,
-            0,
-            [
-                _problem(
-                    ProblemKind.TRUNCATED,
-                    "no zip end-of-central-directory record: the archive is truncated "
-                    "(torch: `failed finding central directory`)",
-                )
-            ],
-            0,
-            0,
+        return _no_directory(
+            _problem(
+                ProblemKind.TRUNCATED,
+                "no zip end-of-central-directory record: the archive is truncated "
+                "(torch: `failed finding central directory`)",
+            )
         )
     eocd_pos = size - tail_len + at
     _, _disk, _cd_disk, _n_disk, count, cd_size, cd_offset, comment_len = _EOCD.unpack_from(tail, at)
@@ -125,7 +135,7 @@ def _central_directory(
     # torch writes the zip64 records even for small archives; other writers only when a field overflows.
     if loc[:4] == _ZIP64_LOCATOR or count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         if len(loc) != 20 or loc[:4] != _ZIP64_LOCATOR:
-            return None, 0, [_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator")], 0, 0
+            return _no_directory(_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator"))
         rec_pos = _ZIP64_LOC.unpack(loc)[2]
         rec = _read_at(f, rec_pos, 56) if rec_pos + 56 <= eocd_pos - 20 else b""
         if rec[:4] != _ZIP64_EOCD and eocd_pos >= 76:
@@ -133,18 +143,12 @@ def _central_directory(
             rec_pos = eocd_pos - 76
             rec = _read_at(f, rec_pos, 56)
         if len(rec) != 56 or rec[:4] != _ZIP64_EOCD:
-            return None, 0, [_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}")], 0, 0
+            return _no_directory(_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}"))
         fields = _ZIP64_REC.unpack(rec)
         count, cd_size, cd_offset = fields[7], fields[8], fields[9]
         cd_end_limit = rec_pos
     if count > limits.zip_entries:
-        return (
-            None,
-            0,
-            [_problem(ProblemKind.LIMIT, f"zip declares {count} entries (limit {limits.zip_entries})")],
-            0,
-            0,
-        )
+        return _no_directory(_problem(ProblemKind.LIMIT, f"zip declares {count} entries (limit {limits.zip_entries})"))
     # Data before the archive (a zip appended to something else, or a blob cut out of a .distcp) shifts every
     # offset; zipfile and miniz both find the directory from the end record, as we do, and shift by the gap.
     base = cd_end_limit - cd_size - cd_offset if cd_offset + cd_size < cd_end_limit else 0
@@ -153,58 +157,83 @@ def _central_directory(
     else:
         base = 0
     if cd_offset + cd_size > cd_end_limit or count * 46 > cd_size:
-        return (
-            None,
-            0,
-            [
-                _problem(
-                    ProblemKind.MALFORMED,
-                    f"zip central directory ({count} entries, {cd_size} bytes at {cd_offset}) does not fit before "
-                    f"its end record at byte {cd_end_limit}",
-                )
-            ],
-            0,
-            0,
+        return _no_directory(
+            _problem(
+                ProblemKind.MALFORMED,
+                f"zip central directory ({count} entries, {cd_size} bytes at {cd_offset}) does not fit before "
+                f"its end record at byte {cd_end_limit}",
+            )
         )
-    cd = _read_at(f, cd_offset, cd_size)
+    # The directory is usually inside the tail already read (a 64 KB window): slice it rather than read it again.
+    tail_start = size - tail_len
+    if len(tail) == tail_len and tail_start <= cd_offset and cd_offset + cd_size <= size:
+        cd = tail[cd_offset - tail_start : cd_offset - tail_start + cd_size]
+    else:
+        cd = _read_at(f, cd_offset, cd_size)
     if len(cd) != cd_size:
-        return None, 0, [_problem(ProblemKind.TRUNCATED, "zip central directory is cut short")], 0, 0
+        return _no_directory(_problem(ProblemKind.TRUNCATED, "zip central directory is cut short"))
+    members, raw_names, bad = _entries(cd, count, base)
+    if bad:
+        return _no_directory(_problem(ProblemKind.MALFORMED, bad))
+    return members, cd_offset, [], base, end, raw_names
+
+
+def _entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
+    """The ``count`` entries of the central directory ``cd``, their raw names, and why they stop early ("" if not).
+
+    The hot loop of every zip read (one iteration per tensor): one unpack of the used fields per entry, locals
+    bound outside the loop, and the zip64 extra field parsed only for entries that overflowed.
+    """
     members: list[ZipMember] = []
+    raw_names: list[tuple[bytes, int]] = []
+    add_member, add_raw, unpack = members.append, raw_names.append, _CENTRAL_USED.unpack_from
+    zip64_first = _ZIP64_FIRST.unpack_from
+    n = len(cd)
     pos = 0
     for i in range(count):
-        if pos + 46 > len(cd) or cd[pos : pos + 4] != _ZIP_CENTRAL:
-            msg = f"zip central directory entry {i} is corrupt"
-            return None, cd_offset, [_problem(ProblemKind.MALFORMED, msg)], 0, 0
-        fl = _CENTRAL.unpack_from(cd, pos)
-        flags, method = fl[3], fl[4]
-        csize, usize, name_len, extra_len, comment_len, local = fl[8], fl[9], fl[10], fl[11], fl[12], fl[16]
-        name_raw = cd[pos + 46 : pos + 46 + name_len]
-        extra = cd[pos + 46 + name_len : pos + 46 + name_len + extra_len]
-        pos += 46 + name_len + extra_len + comment_len
-        if pos > len(cd):
-            msg = f"zip central directory entry {i} overruns it"
-            return None, cd_offset, [_problem(ProblemKind.MALFORMED, msg)], 0, 0
-        if 0xFFFFFFFF in (csize, usize, local):
-            usize, csize, local = _zip64_extra(extra, usize, csize, local)
-        name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-        members.append(ZipMember(name=name, offset=local + base, compressed_size=csize, size=usize, method=method))
-    return members, cd_offset, [], base, end
+        if pos + 46 > n:
+            return members, raw_names, f"zip central directory entry {i} is corrupt"
+        sig, flags, method, csize, usize, name_len, extra_len, comment_len, local = unpack(cd, pos)
+        if sig != _ZIP_CENTRAL:
+            return members, raw_names, f"zip central directory entry {i} is corrupt"
+        start = pos + 46
+        pos = start + name_len + extra_len + comment_len
+        if pos > n:
+            return members, raw_names, f"zip central directory entry {i} overruns it"
+        name_raw = cd[start : start + name_len]
+        if csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or local == 0xFFFFFFFF:
+            at = start + name_len
+            if extra_len >= 12 and csize != 0xFFFFFFFF and usize != 0xFFFFFFFF and cd[at : at + 2] == b"\x01\x00":
+                # What torch writes past 4 GB: the zip64 field first, holding only the local header's offset.
+                tag_len, offset64 = zip64_first(cd, at)
+                local = offset64 if tag_len >= 8 else local
+            else:
+                usize, csize, local = _zip64_extra(cd[at : at + extra_len], usize, csize, local)
+        utf8 = flags & 0x800
+        name = name_raw.decode("utf-8" if utf8 else "cp437", "replace")
+        add_member(ZipMember(name, local + base, csize, usize, method))
+        add_raw((name_raw, utf8))
+    return members, raw_names, ""
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, local: int) -> tuple[int, int, int]:
     """Sizes and offset from the zip64 extended-information extra field (only the fields that overflowed)."""
     pos = 0
     while pos + 4 <= len(extra):
-        tag, ln = struct.unpack_from("<HH", extra, pos)
+        tag, ln = _EXTRA_HEAD.unpack_from(extra, pos)
         body = extra[pos + 4 : pos + 4 + ln]
         pos += 4 + ln
         if tag != 0x0001:
             continue
-        vals = [int.from_bytes(body[j : j + 8], "little") for j in range(0, len(body) - 7, 8)]
-        out = []
-        for v in (usize, csize, local):
-            out.append(vals.pop(0) if v == 0xFFFFFFFF and vals else v)
-        return out[0], out[1], out[2]
+        # The overflowed fields' 8-byte values, in this order; a field whose value is missing keeps 0xFFFFFFFF.
+        vals = iter(_U64.iter_unpack(body[: len(body) // 8 * 8]))
+        if usize == 0xFFFFFFFF:
+            usize = next(vals, (usize,))[0]
+        if csize == 0xFFFFFFFF:
+            csize = next(vals, (csize,))[0]
+        if local == 0xFFFFFFFF:
+            local = next(vals, (local,))[0]
+        return usize, csize, local
     return usize, csize, local
 
 
@@ -246,37 +275,38 @@ class _Storages:
     def __init__(self, record_sizes: dict[str, int] | None, legacy: bool) -> None:
         self.record_sizes = record_sizes  # zip: key -> record size; legacy: None (checked after the walk)
         self.legacy = legacy
+        self.want = 6 if legacy else 5  # ('storage', class, key, location, numel[, view metadata (legacy)])
         self.cache: dict[str, TensorRef] = {}
         self.declared: dict[str, tuple[int, int]] = {}  # key -> (numel, itemsize)
         self.problems: list[ReadProblem] = []
         self.bad_ids = 0
 
     def __call__(self, pid: Any) -> Any:
-        want = 6 if self.legacy else 5
-        if type(pid) is tuple and len(pid) >= 2 and pid[0] in ("module", b"module") and self.legacy:
-            return pid[1]  # an nn.Module class saved with its source: only its name matters here
-        ok = type(pid) is tuple and len(pid) == want and pid[0] in ("storage", b"storage")
-        if ok:
+        # Called once per storage (hundreds per optimizer.pt): the common, valid id is checked first and cheaply.
+        if type(pid) is tuple and len(pid) == self.want and pid[0] in ("storage", b"storage"):
             stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-            ok = (
+            if (
                 type(stype) is GlobalRef
-                and stype.module == "torch"
-                and stype.name in STORAGE_DTYPES
                 and type(key) is str
-                and type(location) in (str, bytes)
                 and type(numel) is int
                 and numel >= 0
-            )
-        if not ok:
-            self.bad_ids += 1
-            if self.bad_ids == 1:
-                self.problems.append(_problem(ProblemKind.MALFORMED_PICKLE, f"unexpected persistent id {_short(pid)}"))
-            return Opaque(None, (pid,))
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        dtype, itemsize = STORAGE_DTYPES[stype.name]
-        loc = location if type(location) is str else location.decode("ascii", "replace")
+                and type(location) in (str, bytes)
+                and stype.module == "torch"
+                and stype.name in STORAGE_DTYPES
+            ):
+                cached = self.cache.get(key)
+                return cached if cached is not None else self._storage(stype.name, key, location, numel)
+        elif self.legacy and type(pid) is tuple and len(pid) >= 2 and pid[0] in ("module", b"module"):
+            return pid[1]  # an nn.Module class saved with its source: only its name matters here
+        self.bad_ids += 1
+        if self.bad_ids == 1:
+            self.problems.append(_problem(ProblemKind.MALFORMED_PICKLE, f"unexpected persistent id {_short(pid)}"))
+        return Opaque(None, (pid,))
+
+    def _storage(self, storage_class: str, key: str, location: str | bytes, numel: int) -> TensorRef:
+        """The descriptor of a storage met for the first time, checked against its record."""
+        dtype, itemsize = STORAGE_DTYPES[storage_class]
+        loc = location if isinstance(location, str) else location.decode("ascii", "replace")
         nbytes: int | None = numel * itemsize
         if self.record_sizes is not None:
             nbytes = self.record_sizes.get(key)
@@ -287,7 +317,7 @@ class _Storages:
                     _problem(
                         ProblemKind.MALFORMED,
                         f"record size {nbytes} of `data/{key}` does not match expected size {numel * itemsize} "
-                        f"({numel} x {stype.name})",
+                        f"({numel} x {storage_class})",
                     )
                 )
         self.declared[key] = (numel, itemsize)
@@ -303,30 +333,40 @@ def _short(v: Any) -> str:
 
 def _reaches_past(t: TensorRef) -> bool:
     """Whether the tensor's view needs elements beyond its storage (torch's ``set_`` refuses that)."""
-    if len(t.shape) != len(t.stride):
+    shape, stride, offset = t.shape, t.stride, t.storage_offset
+    rank = len(shape)
+    if rank != len(stride):
         return True
-    if any(d == 0 for d in t.shape):
+    # Ranks 0-2 (nearly every tensor of a checkpoint) without generators; the general sum below gives the same.
+    if rank == 0:
+        last = offset
+    elif 0 in shape:
         return False
-    last = t.storage_offset + sum((d - 1) * s for d, s in zip(t.shape, t.stride, strict=True))
-    return last >= t.storage_numel or t.storage_offset < 0
+    elif rank == 1:
+        last = offset + (shape[0] - 1) * stride[0]
+    elif rank == 2:
+        last = offset + (shape[0] - 1) * stride[0] + (shape[1] - 1) * stride[1]
+    else:
+        last = offset + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
+    return last >= t.storage_numel or offset < 0
 
 
 def _tensors(value: Any) -> tuple[tuple[tuple[str, TensorRef], ...], list[ReadProblem]]:
     """Every TensorRef under ``value`` with its dotted path, and problems for the ones past their storage."""
-    out: list[tuple[str, TensorRef]] = []
+    out = [(path, v) for path, v in iter_values(value) if type(v) is TensorRef]
     problems: list[ReadProblem] = []
-    for path, v in iter_values(value):
-        if type(v) is TensorRef:
-            out.append((path, v))
-            if len(problems) < 10 and _reaches_past(v):
-                problems.append(
-                    _problem(
-                        ProblemKind.MALFORMED,
-                        f"tensor `{path}` (shape {list(v.shape)}, stride {list(v.stride)}, offset "
-                        f"{v.storage_offset}) reaches past its storage `{v.storage_key}` of {v.storage_numel} "
-                        "elements",
-                    )
+    for path, v in out:
+        if _reaches_past(v):
+            problems.append(
+                _problem(
+                    ProblemKind.MALFORMED,
+                    f"tensor `{path}` (shape {list(v.shape)}, stride {list(v.stride)}, offset "
+                    f"{v.storage_offset}) reaches past its storage `{v.storage_key}` of {v.storage_numel} "
+                    "elements",
                 )
+            )
+            if len(problems) == 10:
+                break
     return tuple(out), problems
 
 
@@ -375,7 +415,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         # The data can only start after a 30-byte local header and the name.
         if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
             beyond.append(m.name)
-    problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed))
+    problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed, limits.zip_data_local_headers))
     if inconsistent:
         problems.append(
             _problem(
@@ -434,9 +474,18 @@ _MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
 
 
 def _layout_problems(
-    f: BinaryIO, size: int, d: _Directory, prefix: str, dupes: list[str], compressed: list[str]
+    f: BinaryIO,
+    size: int,
+    d: _Directory,
+    prefix: str,
+    dupes: list[str],
+    compressed: list[str],
+    check_storages: bool = True,
 ) -> list[ReadProblem]:
-    """Zip tricks: layouts torch.save never writes that make two readers see two different archives."""
+    """Zip tricks: layouts torch.save never writes that make two readers see two different archives.
+
+    ``check_storages`` False leaves the local headers of storage records unchecked (``Limits.zip_data_local_headers``).
+    """
     out: list[ReadProblem] = []
 
     def add(message: str) -> None:
@@ -445,7 +494,8 @@ def _layout_problems(
     if dupes:
         add(f"duplicate zip records {_names(dupes)}: zip readers disagree on which copy they load")
     if prefix:
-        outside = [m.name for m in d.members if not m.name.startswith(f"{prefix}/") or _escapes(m.name)]
+        folder = f"{prefix}/"
+        outside = [m.name for m in d.members if not m.name.startswith(folder) or _escapes(m.name)]
         if outside:
             add(f"record(s) outside the archive folder `{prefix}/`: {_names(outside)}")
     if compressed:
@@ -457,7 +507,7 @@ def _layout_problems(
         add(f"{d.base} bytes before the zip archive: data hidden in front of it is read by other tools")
     if d.end < size:
         add(f"{size - d.end} bytes after the zip end record: data hidden behind the archive")
-    mismatched = _local_mismatches(f, d)
+    mismatched = _local_mismatches(f, d, None if check_storages else f"{prefix}/" if prefix else "")
     if mismatched:
         add(
             f"local header(s) disagree with the central directory: {_names(mismatched)}: streaming readers and "
@@ -467,25 +517,64 @@ def _layout_problems(
 
 
 def _escapes(name: str) -> bool:
+    if ".." not in name and "\\" not in name and name[:1] != "/" and name[1:2] != ":":
+        return False  # the common case, without splitting the name
     parts = name.replace("\\", "/").split("/")
     return name.startswith(("/", "\\")) or ".." in parts or (len(parts[0]) == 2 and parts[0][1] == ":")
 
 
-def _local_mismatches(f: BinaryIO, d: _Directory, cap: int = 10_000) -> list[str]:
-    """Records whose local header names another file, another method or other sizes than the central entry."""
+def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = None, cap: int = 10_000) -> list[str]:
+    """Records whose local header names another file, another method or other sizes than the central entry.
+
+    One read per record: the 30-byte header and the name the central directory expects, together; the name is
+    read again only when the local header gives it a longer length. With ``skip_storage`` (the archive folder and
+    its "/"), the records torch reads only as raw tensor bytes (``<folder>/data/<key>``) are not checked: on
+    object storage each would be a request.
+    """
     out: list[str] = []
-    for m in d.members[:cap]:
-        head = _read_at(f, m.offset, 30)
-        if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+    unpack = _LOCAL_USED.unpack_from
+    for m, (raw, utf8) in zip(d.members[:cap], d.raw_names, strict=False):
+        if skip_storage is not None and _is_storage(_relative(m.name, skip_storage), m.name):
+            continue
+        expected = len(raw)
+        f.seek(m.offset)
+        head = f.read(30 + expected)
+        if len(head) < 30:
             continue  # reported as a missing local header when the record is read
-        fields = _LOCAL.unpack(head)
-        flags, method, csize, usize, name_len = fields[2], fields[3], fields[7], fields[8], fields[9]
-        name_raw = _read_at(f, m.offset + 30, name_len)
-        name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-        sizes_ok = bool(flags & 0x08) or 0xFFFFFFFF in (csize, usize) or (csize, usize) == (m.compressed_size, m.size)
-        if name != m.name or method != m.method or not sizes_ok:
+        sig, flags, method, csize, usize, name_len = unpack(head)
+        if sig != _ZIP_LOCAL:
+            continue
+        sizes_ok = (
+            flags & 0x08
+            or csize == 0xFFFFFFFF
+            or usize == 0xFFFFFFFF
+            or (csize == m.compressed_size and usize == m.size)
+        )
+        if method != m.method or not sizes_ok:
+            out.append(m.name)
+            continue
+        if name_len == expected and flags & 0x800 == utf8 and head[30:] == raw:
+            continue  # the same bytes under the same encoding flag: the same name
+        if name_len > expected and len(head) == 30 + expected:
+            name_raw = _read_at(f, m.offset + 30, name_len)
+        else:
+            name_raw = head[30 : 30 + name_len]
+        if name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace") != m.name:
             out.append(m.name)
     return out
+
+
+def _relative(name: str, folder: str) -> str:
+    """``name`` inside the archive folder ``folder`` (which ends with "/"; "" when the archive has none)."""
+    return name[len(folder) :] if folder and name.startswith(folder) else name
+
+
+def _is_storage(rel: str, name: str) -> bool:
+    """Whether the record ``name`` (``rel`` inside the archive folder) holds raw tensor bytes torch never parses.
+
+    ``data/<key>``; a `.pkl`/`.pickle` name there is a pickle to walk, not a storage.
+    """
+    return rel.startswith("data/") and not name.endswith((".pkl", ".pickle"))
 
 
 def _member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
@@ -516,13 +605,14 @@ def _extra_pickles(
     found: list[PickleFacts] = []
     problems: list[ReadProblem] = []
     names: list[str] = []
+    folder = f"{prefix}/" if prefix else ""
     for m in d.members:
         if m is main:
             continue
-        rel = m.name[len(prefix) + 1 :] if prefix and m.name.startswith(f"{prefix}/") else m.name
-        named = m.name.endswith((".pkl", ".pickle"))
-        if rel in _TORCH_RECORDS or (rel.startswith("data/") and not named):
+        rel = _relative(m.name, folder)
+        if rel in _TORCH_RECORDS or _is_storage(rel, m.name):
             continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
+        named = m.name.endswith((".pkl", ".pickle"))
         head = _member_head(f, m, 8)
         nested_zip = head[:4] == _ZIP_LOCAL
         if not (named or nested_zip or _looks_pickled(head)):
