@@ -69,20 +69,47 @@ def _parse(table: Any, src: str) -> Config:
 def load_config(root: str) -> Config:
     """Read ``.ckptdoctor.toml`` (whole file is the table) or ``pyproject.toml``'s ``[tool.ckptdoctor]`` at ``root``.
 
-    ``.ckptdoctor.toml`` wins when both exist. A file is looked for only in the root folder itself.
+    ``.ckptdoctor.toml`` wins when both exist. A file is looked for only in the root folder itself; for a URL root
+    (``s3://bucket/run/``) at that prefix, one small request per name.
     """
-    folder = root if os.path.isdir(root) else os.path.dirname(root) or "."
     for name in (".ckptdoctor.toml", "pyproject.toml"):
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
+        found = _config_bytes(root, name)
+        if found is None:
             continue
+        path, raw = found
+        if len(raw) > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a settings file")
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         table = data if name == ".ckptdoctor.toml" else data.get("tool", {}).get("ckptdoctor")
         if table is None:
             continue
         return _parse(table, path)
     return Config()
+
+
+_MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything bigger is not one
+
+
+def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
+    """The path and bytes of the settings file ``name`` beside ``root``, or None when there is none."""
+    from ckptdoctor.remote import is_remote, read_small_object  # cheap: fsspec is imported only for a URL
+
+    if is_remote(root):
+        url = root.rstrip("/") + "/" + name
+        try:
+            raw = read_small_object(url, _MAX_CONFIG_BYTES)
+        except OSError as exc:
+            raise ConfigError(f"{url}: {exc}") from None
+        return None if raw is None else (url, raw)
+    folder = root if os.path.isdir(root) else os.path.dirname(root) or "."
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return path, fh.read(_MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
