@@ -17,6 +17,10 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^{}\[\]]+")
 _DEPTH_STEP = bytes.maketrans(b"{[}]", b"\x02\x02\x00\x00")
 _DEPTH_CHUNK = 1 << 16
+# Every byte except quotes, brackets and colons (what ``_structure`` keeps).
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"{}[]:')))
+_SPLIT_CHUNK = 1 << 16
+_ONE_KIND = bytes.maketrans(b"[]", b"{}")
 
 
 class _DuplicateKeyError(Exception):
@@ -53,9 +57,22 @@ def read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOu
         line, col = _line_col_bytes(data, e.start)
         msg = f"invalid UTF-8 at line {line} column {col} (byte {e.start})"
         return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, msg),))
-    depth = _max_depth(text, limits.nesting_depth)
-    if depth > limits.nesting_depth:
-        msg = f"JSON nested deeper than the {limits.nesting_depth}-level limit; not parsed"
+    # The usual file is well formed, within the limit and free of repeated keys. Prove that cheaply: nesting and
+    # key count come from the raw bytes (exact once json.loads accepts the text), and the parser builds plain
+    # dicts whose sizes add up to that count only when no object repeats a key. Anything else, or any doubt,
+    # takes the strict path, which decides exactly as it always has and names the problem.
+    structure = _structure(data)
+    if _bracket_depth(structure.translate(None, b":"), limits.nesting_depth) <= limits.nesting_depth:
+        parsed = _parse_counting_keys(text)
+        if parsed is not None and parsed[1] == structure.count(b":"):
+            return ReadOutcome(JsonFacts(parsed[0]))
+    return _read_strict(text, limits.nesting_depth)
+
+
+def _read_strict(text: str, limit: int) -> ReadOutcome:
+    """Check the nesting with a tokenizer that tolerates any text, then parse, stopping at the first repeated key."""
+    if _max_depth(text, limit) > limit:
+        msg = f"JSON nested deeper than the {limit}-level limit; not parsed"
         return ReadOutcome(None, (ReadProblem(ProblemKind.LIMIT, msg),))
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
@@ -73,6 +90,21 @@ def read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOu
     return ReadOutcome(JsonFacts(value))
 
 
+def _parse_counting_keys(text: str) -> tuple[Any, int] | None:
+    """The parsed value and the number of keys its objects hold, or None when json.loads refuses the text."""
+    sizes: list[int] = []
+
+    def count(obj: dict[str, Any]) -> dict[str, Any]:
+        sizes.append(len(obj))
+        return obj
+
+    try:
+        # object_hook keeps the parser's own dict building (object_pairs_hook would cost a tuple per key).
+        return json.loads(text, object_hook=count), sum(sizes)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -85,11 +117,58 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _structure(data: bytes) -> bytes:
+    """The ``{}[]:`` bytes of a JSON text outside its strings, in order. Exact for any text json.loads accepts.
+
+    Works on the raw bytes, which is sound for UTF-8: a multi-byte sequence never contains an ASCII byte. On text
+    that is not JSON the result is only a guess; callers parse before they trust it.
+    """
+    if b"\\" in data:
+        # In JSON a backslash occurs only inside strings, and escapes pair left to right from the first backslash
+        # of a run: dropping every escaped backslash first leaves a backslash-quote only where a quote is escaped.
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = data.translate(None, _NOT_STRUCTURE)
+    # What is left of each string is its quotes around any brackets or colons it held, usually none: when no quote
+    # survives dropping the empty pairs, every string was such a pair (a string with content would leave a quote).
+    bare = kept.replace(b'""', b"")
+    if b'"' not in bare:
+        return bare
+    # Keep what lies between strings. Split a chunk at a time: a list of one small bytes object per piece costs
+    # tens of bytes per input byte, so the whole text at once could need gigabytes.
+    outside: list[bytes] = []
+    inside = 0  # whether the chunk starts inside a string
+    for start in range(0, len(kept), _SPLIT_CHUNK):
+        pieces = kept[start : start + _SPLIT_CHUNK].split(b'"')
+        outside.append(b"".join(pieces[inside::2]))
+        inside ^= (len(pieces) - 1) & 1
+    return b"".join(outside)
+
+
 def _max_depth(text: str, limit: int) -> int:
     """Deepest ``{``/``[`` nesting outside strings; 0 when it cannot exceed ``limit``. Linear, C-speed loops only."""
     if text.count("{") + text.count("[") <= limit:
         return 0  # cannot be deeper than the number of openers
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text)).encode("ascii")
+    return _bracket_depth(_NOT_BRACKET.sub("", _STRING.sub("", text)).encode("ascii"), limit)
+
+
+def _bracket_depth(brackets: bytes, limit: int) -> int:
+    """Deepest nesting of a run of ``{[]}`` bytes, read as a running sum (kinds need not match); a value over
+    ``limit`` exactly when the nesting goes deeper than ``limit``."""
+    if brackets.count(b"{") + brackets.count(b"[") <= limit:
+        return 0  # cannot be deeper than the number of openers
+    # Peel the innermost pairs, one level per pass (replace does not rescan what it joins). A run that peels away
+    # completely is balanced and exactly as deep as the passes taken. Real documents shrink fast; stop as soon as a
+    # pass fails to halve what is left, so a hostile run of openers costs one pass before the scan below.
+    peeled = brackets.translate(_ONE_KIND)
+    level = 0
+    while peeled:
+        rest = peeled.replace(b"{}", b"")
+        if 2 * len(rest) > len(peeled):
+            break
+        peeled = rest
+        level += 1
+    else:
+        return level
     # Openers become 2, closers 0: after k brackets the running sum minus k is the depth. Chunked so that a
     # hostile file of openers stops at the first chunk instead of summing hundreds of megabytes.
     steps = brackets.translate(_DEPTH_STEP)
@@ -144,3 +223,8 @@ def _line_col_text(text: str, pos: int) -> tuple[int, int]:
 def _line_col_bytes(data: bytes, pos: int) -> tuple[int, int]:
     line = data.count(b"\n", 0, pos) + 1
     return line, pos - (data.rfind(b"\n", 0, pos) + 1) + 1
+
+
+def deeper_than(data: bytes, limit: int) -> bool:
+    """Whether a JSON text that json.loads accepts nests containers more than ``limit`` deep (read off the bytes)."""
+    return _bracket_depth(_structure(data).translate(None, b":"), limit) > limit

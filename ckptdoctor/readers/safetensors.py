@@ -7,6 +7,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import ProblemKind, ReadOutcome, ReadProblem, SafetensorsFacts, TensorInfo
+from ckptdoctor.readers.jsonfiles import deeper_than
 
 # safetensors dtype code -> bits per element (``Dtype::bitsize`` in safetensors/src/tensor.rs, 0.8).
 DTYPE_BITS: dict[str, int] = {
@@ -40,6 +41,9 @@ _I64_MIN = -(2**63)
 # serde_json's recursion limit: 128 nested containers fail, so 127 is the deepest accepted document.
 _MAX_JSON_DEPTH = 127
 _FIELDS = ("dtype", "shape", "data_offsets")
+# Digits to "0", anything else to " ": a run of 20 zeros then marks an integer literal that may not fit a u64.
+_DIGIT_RUNS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGITS = b"0" * 20
 _READ_CHUNK = 1 << 20
 
 
@@ -154,11 +158,14 @@ def _parse_header(raw: bytes) -> SafetensorsFacts:
         raise _Reject(
             f"header is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at header offset {exc.start:,})"
         ) from None
+    # Without a minus sign anywhere, integer literals of at most 19 digits are all in 0..2**64, where the parser's
+    # own int conversion gives what _parse_int would, without a Python call per number (most of a header).
+    plain_ints = b"-" not in raw and _LONG_DIGITS not in raw.translate(_DIGIT_RUNS)
     try:
         doc = json.loads(
             text,
             object_pairs_hook=_Obj,
-            parse_int=_parse_int,
+            parse_int=None if plain_ints else _parse_int,
             parse_float=_parse_float,
             parse_constant=_parse_constant,
         )
@@ -173,7 +180,10 @@ def _parse_header(raw: bytes) -> SafetensorsFacts:
         raise _Reject(f"header nests JSON deeper than safetensors' limit of {_MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:  # e.g. Python's int digit limit, reached only by numbers serde also refuses
         raise _Reject(f"header is not valid JSON: {exc}") from None
-    _check_json_value(doc)
+    # The walk refuses lone surrogates, which only a \u escape can make (the text is valid UTF-8), and nesting
+    # past serde's limit: skip it when the header has no backslash and is shallow enough.
+    if b"\\" in raw or deeper_than(raw, _MAX_JSON_DEPTH):
+        _check_json_value(doc)
     if not isinstance(doc, _Obj):
         raise _Reject(f"header is a JSON {_json_type(doc)}, expected an object")
     metadata: dict[str, str] | None = None
@@ -270,16 +280,14 @@ def _metadata(value: Any) -> dict[str, str] | None:
 def _entry(name: str, value: Any) -> tuple[str, tuple[int, ...], int, int]:
     """One tensor entry as (dtype, shape, begin, end). serde also accepts the ``[dtype, shape, offsets]`` form."""
     if isinstance(value, _Obj):
-        fields: dict[str, Any] = {}
-        for key, item in value.pairs:
-            if key in _FIELDS:  # other keys are ignored, as serde does
-                if key in fields:
-                    raise _Reject(f"tensor `{name}` has the field `{key}` twice")
-                fields[key] = item
-        missing = [k for k in _FIELDS if k not in fields]
-        if missing:
-            raise _Reject(f"tensor `{name}` has no `{missing[0]}`")
-        dtype_v, shape_v, offsets_v = fields["dtype"], fields["shape"], fields["data_offsets"]
+        fields = dict(value.pairs)
+        if len(fields) < len(value.pairs):
+            _refuse_repeated_field(name, value.pairs)
+        try:  # other keys are ignored, as serde does
+            dtype_v, shape_v, offsets_v = fields["dtype"], fields["shape"], fields["data_offsets"]
+        except KeyError:
+            missing = next(k for k in _FIELDS if k not in fields)
+            raise _Reject(f"tensor `{name}` has no `{missing}`") from None
     elif isinstance(value, list):
         if len(value) != len(_FIELDS):
             raise _Reject(f"tensor `{name}` is an array of {len(value)} items, expected [dtype, shape, data_offsets]")
@@ -289,14 +297,26 @@ def _entry(name: str, value: Any) -> tuple[str, tuple[int, ...], int, int]:
     dtype = _dtype(name, dtype_v)
     if not isinstance(shape_v, list):
         raise _Reject(f"tensor `{name}` shape is a JSON {_json_type(shape_v)}, expected an array")
-    shape = tuple(_usize(name, "shape", d) for d in shape_v)
+    shape = _usizes(name, "shape", shape_v)
     if not isinstance(offsets_v, list) or len(offsets_v) != 2:
         raise _Reject(f"tensor `{name}` data_offsets must be an array [begin, end]")
-    begin, end = (_usize(name, "data_offsets", o) for o in offsets_v)
+    begin, end = _usizes(name, "data_offsets", offsets_v)
     return dtype, shape, begin, end
 
 
+def _refuse_repeated_field(name: str, pairs: list[tuple[str, Any]]) -> None:
+    """serde refuses a tensor field given twice; other repeated keys are ignored like any unknown key."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in _FIELDS:
+            if key in seen:
+                raise _Reject(f"tensor `{name}` has the field `{key}` twice")
+            seen.add(key)
+
+
 def _dtype(name: str, value: Any) -> str:
+    if type(value) is str and value in DTYPE_BITS:
+        return value  # the usual case first
     # serde's enum form {"F32": null} is accepted by the library as well as the plain string.
     if isinstance(value, _Obj) and len(value.pairs) == 1 and value.pairs[0][1] is None:
         value = value.pairs[0][0]
@@ -307,10 +327,11 @@ def _dtype(name: str, value: Any) -> str:
     return value
 
 
-def _usize(name: str, field: str, value: Any) -> int:
-    if type(value) is not int or not 0 <= value < _USIZE_END:
-        raise _Reject(f"tensor `{name}` {field} entry {value!r} is not an integer in 0..2**64")
-    return value
+def _usizes(name: str, field: str, values: list[Any]) -> tuple[int, ...]:
+    for value in values:
+        if type(value) is not int or not 0 <= value < _USIZE_END:
+            raise _Reject(f"tensor `{name}` {field} entry {value!r} is not an integer in 0..2**64")
+    return tuple(values)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -322,7 +343,7 @@ def _validate(
     metadata: dict[str, str] | None,
     entries: dict[str, tuple[str, tuple[int, ...], int, int]],
 ) -> SafetensorsFacts:
-    ordered = sorted(entries.items(), key=lambda item: (item[1][2], item[1][3]))
+    ordered = sorted(entries.items(), key=_offsets_key)
     tensors: list[TensorInfo] = []
     start = 0
     for name, (dtype, shape, begin, end) in ordered:
@@ -334,18 +355,28 @@ def _validate(
             gap = "a hole" if begin > start else "an overlap"
             raise _Reject(f"tensor `{name}` begins at byte {begin:,} but the previous tensor ends at {start:,} ({gap})")
         start = end
-        described = f"{dtype} {list(shape)}"
         numel = 1
         for d in shape:
             numel *= d
             if numel >= _USIZE_END:  # the library's checked_mul fails here, even if a later dimension is 0
-                raise _Reject(f"tensor `{name}` {described} has more elements than fit in 64 bits")
+                raise _Reject(f"tensor `{name}` {_described(dtype, shape)} has more elements than fit in 64 bits")
         nbits = numel * DTYPE_BITS[dtype]
         if nbits >= _USIZE_END:
-            raise _Reject(f"tensor `{name}` {described} needs more bits than fit in 64 bits")
+            raise _Reject(f"tensor `{name}` {_described(dtype, shape)} needs more bits than fit in 64 bits")
         if nbits % 8:
-            raise _Reject(f"tensor `{name}` {described} is {nbits:,} bits, not a whole number of bytes")
+            raise _Reject(f"tensor `{name}` {_described(dtype, shape)} is {nbits:,} bits, not a whole number of bytes")
         if end - begin != nbits // 8:
-            raise _Reject(f"tensor `{name}` spans bytes {begin:,}..{end:,} but {described} needs {nbits // 8:,}")
-        tensors.append(TensorInfo(name=name, dtype=dtype, shape=shape, nbytes=end - begin))
+            raise _Reject(
+                f"tensor `{name}` spans bytes {begin:,}..{end:,} but {_described(dtype, shape)} needs {nbits // 8:,}"
+            )
+        tensors.append(TensorInfo(name, dtype, shape, end - begin))
     return SafetensorsFacts(header_bytes=header_bytes, metadata=metadata, tensors=tuple(tensors), data_bytes=start)
+
+
+def _offsets_key(item: tuple[str, tuple[str, tuple[int, ...], int, int]]) -> tuple[int, int]:
+    # Only (begin, end): tensors that tie keep their header order, as the library's stable sort does.
+    return item[1][2], item[1][3]
+
+
+def _described(dtype: str, shape: tuple[int, ...]) -> str:
+    return f"{dtype} {list(shape)}"
