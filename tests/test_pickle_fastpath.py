@@ -323,3 +323,74 @@ def test_globals_order_and_calls(tmp_path: Path) -> None:
     assert facts.calls[0] == GlobalRef("collections", "OrderedDict")
     assert GlobalRef("torch._utils", "_rebuild_tensor_v2") in facts.calls
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run cache (pickle_walk._RUN_CACHE): runs met again at the same offset are looked up, not parsed
+
+
+@contextmanager
+def _counting_parses() -> Iterator[list[int]]:
+    """Counts the runs actually parsed (cache misses)."""
+    parsed: list[int] = []
+    real = pickle_walk._parse_run_unchecked
+
+    def spy(data: bytes, p: int, *rest: Any) -> Any:
+        parsed.append(p)
+        return real(data, p, *rest)
+
+    pickle_walk._parse_run_unchecked = spy  # type: ignore[assignment]
+    try:
+        yield parsed
+    finally:
+        pickle_walk._parse_run_unchecked = real  # type: ignore[assignment]
+
+
+def _stepped_states(tmp_path: Path) -> list[bytes]:
+    """One optimizer's state at three steps of a linear LR schedule, as a Trainer writes them to optimizer.pt:
+    the state part is pickled with the same bytes, the param_groups (lr) differ."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(3, 3) for _ in range(20)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
+    out = []
+    for step in range(3):
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        sched.step()
+        out.append(_saved(opt.state_dict(), tmp_path / f"checkpoint-{step}.pt"))
+    return out
+
+
+def test_runs_of_the_next_checkpoint_come_from_the_cache(tmp_path: Path) -> None:
+    states = _stepped_states(tmp_path)
+    assert states[0] != states[1]  # the learning rate in param_groups differs
+    pickle_walk._RUN_CACHE.clear()
+    with _counting_parses() as parsed:
+        first = _walk(states[0], True)
+    assert len(parsed) >= 3 * 40 - 3  # step/exp_avg/exp_avg_sq of 40 parameters, but the first of each dtype
+    for data in states[1:]:
+        with _counting_parses() as parsed:
+            assert _walk(data, True) == _walk(data, False)
+        assert parsed == []  # every run was a cache hit
+    assert first == _walk(states[0], False)
+
+
+def test_a_cached_run_whose_memo_reads_differ_is_parsed_again(tmp_path: Path) -> None:
+    """Same bytes at the same offsets, but the storage class the runs read from the memo is another one."""
+    data = _stepped_states(tmp_path)[0]
+    other = data.replace(b"torch\nFloatStorage\n", b"torch\nShortStorage\n")  # same length: same offsets
+    assert other != data and len(other) == len(data)
+    pickle_walk._RUN_CACHE.clear()
+    _walk(data, True)  # fills the cache
+    with _counting_parses() as parsed:
+        assert _walk(other, True) == _walk(other, False)
+    assert parsed  # the memo read of the storage class no longer matched: parsed, not replayed
+    assert "ShortStorage" in _walk(other, True)[3]  # what persistent_load was handed
+
+
+def test_the_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pickle_walk, "_RUN_CACHE_ENTRIES", 5)
+    pickle_walk._RUN_CACHE.clear()
+    data = _stepped_states(tmp_path)[0]
+    assert _walk(data, True) == _walk(data, False)
+    assert len(pickle_walk._RUN_CACHE) <= 5

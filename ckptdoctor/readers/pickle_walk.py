@@ -153,13 +153,23 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
     return _Obj(func, args)
 
 
+# One GlobalRef object per name across walks (bounded), so the tensor-run cache compares memo reads by identity.
+_GLOBALS: dict[tuple[str, str], GlobalRef] = {}
+_GLOBALS_ENTRIES = 10_000
+
+
 def _global(module: str, name: str, protocol: int) -> GlobalRef:
     if protocol < 3:
         if (module, name) in NAME_MAPPING:
             module, name = NAME_MAPPING[(module, name)]
         elif module in IMPORT_MAPPING:
             module = IMPORT_MAPPING[module]
-    return GlobalRef(module, name)
+    ref = _GLOBALS.get((module, name))
+    if ref is None:
+        if len(_GLOBALS) >= _GLOBALS_ENTRIES:
+            _GLOBALS.clear()
+        ref = _GLOBALS[(module, name)] = GlobalRef(module, name)
+    return ref
 
 
 def _decode_str(raw: bytes) -> str | bytes:
@@ -287,31 +297,67 @@ def _store(data: bytes, p: int, puts: dict[int, Any], value: Any) -> int:
 # hooks dict), the OrderedDict GlobalRef, memo index of the argument tuple, memo index of the tensor (-1: none)).
 _Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tuple[Any, ...], Any, int, int]
 
+# Runs already parsed, by the offset they start at: (their bytes, the run, the memo reads it depends on, the memo
+# index of its hooks dict). Every checkpoint of one training run pickles its optimizer state with the same bytes at
+# the same offsets (only the param_groups after it differ), so from the second optimizer.pt on a run is looked up
+# (bytes compared, memo reads re-checked) instead of parsed. Shared by threads: dict get/set are atomic, and a lost
+# race only costs a parse. Bounded: cleared when full.
+_RUN_CACHE: dict[int, tuple[bytes, _Run, tuple[tuple[int, Any], ...], int]] = {}
+_RUN_CACHE_ENTRIES = 50_000
+_CACHEABLE_READS = frozenset({str, GlobalRef})  # equal values of these types are interchangeable (not 1 and True)
 
-def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int) -> _Run | None:
-    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p``, or None unless it matches exactly.
+
+def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int) -> tuple[_Run, int] | None:
+    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p`` and the memo index of its hooks
+    dict (-1: not stored), or None unless it matches exactly.
 
     ``room_*`` are the opcodes and memo entries the limits still allow: a run that could trip one is left to the
-    generic loop, which reports it at the opcode where it trips. Never raises, never changes ``memo``.
+    generic loop, which reports it at the opcode where it trips. Never raises, never changes ``memo``. Looks the
+    run up in ``_RUN_CACHE`` first and caches what it parses.
     """
-    try:
-        run = _parse_run_unchecked(data, p, memo)
-    except (IndexError, struct.error, UnicodeDecodeError):
-        return None  # truncated or undecodable: the generic loop reports it at its opcode
-    if run is None or run[1] > room_ops or len(run[6]) > room_memo:
+    entry = _RUN_CACHE.get(p)
+    run: _Run | None = None
+    hooks_idx = -1
+    if entry is not None and data.startswith(entry[0], p):
+        run, hooks_idx = entry[1], entry[3]
+        for idx, value in entry[2]:
+            got = memo.get(idx, _MISS)
+            if got is not value and (type(got) is not type(value) or got != value):
+                run = None
+                break
+    if run is None:
+        reads: list[tuple[int, Any]] = []
+        try:
+            run = _parse_run_unchecked(data, p, memo, reads)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            return None  # truncated or undecodable: the generic loop reports it at its opcode
+        if run is None:
+            return None
+        hooks = run[8][4]
+        hooks_idx = next((i for i, v in run[6].items() if v is hooks), -1)
+        if _CACHEABLE_READS.issuperset(type(v) for _, v in reads):
+            if len(_RUN_CACHE) >= _RUN_CACHE_ENTRIES:
+                _RUN_CACHE.clear()
+            _RUN_CACHE[p] = (data[p : run[0]], run, tuple(reads), hooks_idx)
+    if run[1] > room_ops or len(run[6]) > room_memo:
         return None
-    return run
+    return run, hooks_idx
 
 
-def _memo_read(data: bytes, p: int, memo: dict[int, Any], puts: dict[int, Any]) -> tuple[Any, int]:
-    """BINGET/LONG_BINGET at ``p`` of an entry stored before the run: (value or _MISS, offset after it)."""
+def _memo_read(
+    data: bytes, p: int, memo: dict[int, Any], puts: dict[int, Any], reads: list[tuple[int, Any]]
+) -> tuple[Any, int]:
+    """BINGET/LONG_BINGET at ``p`` of an entry stored before the run: (value or _MISS, offset after it); the read
+    is added to ``reads``."""
     idx, p = _memo_index(data, p, 0x68, 0x6A)
     if idx < 0 or idx in puts:  # a read of a store made inside the run: too unusual to be worth replaying here
         return _MISS, p
-    return memo.get(idx, _MISS), p
+    value = memo.get(idx, _MISS)
+    reads.append((idx, value))
+    return value, p
 
 
-def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any]) -> _Run | None:
+def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any], reads: list[tuple[int, Any]]) -> _Run | None:
     n = len(data)
     if data[p] != 0x28 or data[p + 1] != 0x28:  # MARK MARK
         return None
@@ -322,7 +368,7 @@ def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any]) -> _Run | No
     while True:  # pid items (an int, a BINUNICODE or a memo read, each maybe stored) up to TUPLE
         op = data[p]
         if op == 0x68 or op == 0x6A:  # BINGET / LONG_BINGET
-            v, p = _memo_read(data, p, memo, puts)
+            v, p = _memo_read(data, p, memo, puts, reads)
         elif op == 0x58:  # BINUNICODE
             end = p + 5 + _unpack_u4(data, p + 1)[0]
             if end > n:
@@ -365,7 +411,7 @@ def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any]) -> _Run | No
     grad = data[q]
     if grad != 0x88 and grad != 0x89:  # NEWTRUE / NEWFALSE
         return None
-    od, p = _memo_read(data, q + 1, memo, puts)
+    od, p = _memo_read(data, q + 1, memo, puts, reads)
     if type(od) is not GlobalRef or od.name != "OrderedDict" or od.module != "collections":
         return None
     if data[p] != 0x29 or data[p + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
@@ -503,13 +549,17 @@ class _Walker:
             pid, _ = _freeze(pid, self.limits.nesting_depth)
         return self.persistent_load(pid)
 
-    def _replay(self, run: _Run, func: GlobalRef, memo: dict[int, Any]) -> Any:
+    def _replay(self, run: _Run, hooks_idx: int, func: GlobalRef, memo: dict[int, Any]) -> Any:
         """Apply a parsed tensor run's effects as the generic loop would; returns the tensor it pushes."""
         puts, pid, tail, od, args_idx, result_idx = run[6:]
         memo.update(puts)  # the memo is only read back by later opcodes: the order of stores is invisible
+        # The run may come from _RUN_CACHE: its one mutable value, the hooks dict, is made anew for this stream.
+        hooks: dict[Any, Any] = {}
+        if hooks_idx >= 0:
+            memo[hooks_idx] = hooks
         storage = self._persid(pid)
         self.calls[od] = None  # the OrderedDict() REDUCE; its empty argument tuple passes nothing
-        args = (storage, *tail)
+        args = (storage, tail[0], tail[1], tail[2], tail[3], hooks)
         if type(storage) in _HOLDS_GLOBALS:  # the other arguments are ints, int tuples, a bool and an empty dict
             self._passed(args)
         self.calls[func] = None
@@ -612,10 +662,11 @@ class _Walker:
                         and fast
                         and len(metastack) + 2 <= max_marks
                     ):
-                        run = _parse_run(data, pos, memo, max_ops - count, max_memo - len(memo))
-                        if run is not None:
+                        found = _parse_run(data, pos, memo, max_ops - count, max_memo - len(memo))
+                        if found is not None:
+                            run = found[0]
                             try:
-                                stack[-1] = self._replay(run, top, memo)
+                                stack[-1] = self._replay(run, found[1], top, memo)
                             except BaseException:
                                 # Only persistent_load can raise here: leave the walk where the generic loop
                                 # would be when it calls it, so the problem names the same opcode and byte.
