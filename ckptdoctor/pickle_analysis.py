@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
+import functools
 import io
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import GlobalRef, PickleFacts, TorchFacts
-from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, iter_values, walk_pickle
+from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, TorchFacts
+from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, walk_pickle
 from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
 
 __all__ = ["Verdict", "describe", "judge"]
@@ -52,7 +57,7 @@ def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS) -> Verdict:
     unsafe: dict[str, None] = {}
     unknown: dict[str, None] = {}
     _judge_globals(pf, unsafe, unknown, "")
-    calls_unsafe = any(describe(g) in unsafe for g in pf.calls)
+    calls_unsafe = any(_standing(g)[0] in unsafe for g in pf.calls)
     budget = [_MAX_NESTED, limits.pickle_bytes]
     nested = _nested(pf, limits, unsafe, unknown, 1, budget)
     return Verdict(tuple(unsafe), tuple(unknown), nested, calls_unsafe)
@@ -61,16 +66,30 @@ def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS) -> Verdict:
 def _judge_globals(pf: PickleFacts, unsafe: dict[str, None], unknown: dict[str, None], where: str) -> None:
     called = set(pf.calls)
     for g in (*pf.globals, *pf.calls):
-        text = where + describe(g)
-        unresolved = g.module.startswith("<") or g.name.startswith("<")
-        if unresolved or is_dangerous(g):
-            unsafe[text] = None
-        elif is_allowed(g):
+        text, standing = _standing(g)
+        if standing is _Standing.ALLOWED:
             continue
-        elif g in called or "." in g.name:
-            unsafe[text] = None
+        if standing is _Standing.UNSAFE or g in called:
+            unsafe[where + text] = None
         else:
-            unknown[text] = None
+            unknown[where + text] = None
+
+
+class _Standing(enum.Enum):
+    UNSAFE = "unsafe"  # unresolved, dangerous, or an attribute chain outside the allowlist
+    ALLOWED = "allowed"
+    UNKNOWN = "unknown"  # unsafe when the stream calls it, else unknown
+
+
+@functools.lru_cache(maxsize=4096)
+def _standing(g: GlobalRef) -> tuple[str, _Standing]:
+    """How ``g`` reads and what it is, whoever imports it: the same few globals recur in every file of a run."""
+    unresolved = g.module.startswith("<") or g.name.startswith("<")
+    if unresolved or is_dangerous(g):
+        return describe(g), _Standing.UNSAFE
+    if is_allowed(g):
+        return describe(g), _Standing.ALLOWED
+    return describe(g), _Standing.UNSAFE if "." in g.name else _Standing.UNKNOWN
 
 
 def _nested(
@@ -85,7 +104,7 @@ def _nested(
     if pf.value is None or depth > _MAX_NESTED_DEPTH:
         return 0
     count = 0
-    for i, (_, v) in enumerate(iter_values(pf.value)):
+    for i, v in _texts(pf.value):
         if i >= _MAX_VALUES or budget[0] <= 0:
             break
         blob = _candidate(v)
@@ -108,6 +127,65 @@ def _nested(
             unknown.update(sub_unknown)
         count += _nested(facts, limits, unsafe, unknown, depth + 1, budget)
     return count
+
+
+# Values ``_texts`` looks into (the containers ``iter_values`` enters) or yields (what ``_candidate`` reads).
+_OPEN = frozenset({dict, list, tuple, Opaque, bytes, str})
+
+
+def _texts(value: PickleValue) -> Iterator[tuple[int, bytes | str]]:
+    """The bytes and strings long enough to hold a serialized object, with their index in ``iter_values(value)``.
+
+    The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
+    building paths, so the per-file budgets cut at the same values. A container whose children are all closed
+    values (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one.
+    """
+    seen: set[int] = set()
+    todo: list[Any] = [value]
+    i = 0
+    while todo:
+        v = todo.pop()
+        index = i
+        if index >= _MAX_VALUES:
+            return
+        i += 1
+        t = type(v)
+        if t is bytes or (t is str and len(v) >= _MIN_B64):
+            yield index, v
+            continue
+        if not (t is dict or t is list or t is tuple or t is Opaque) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        kids: list[Any] | tuple[Any, ...]
+        if t is dict:
+            kids = list(v.values())
+        elif t is Opaque:
+            kids = list(v.args) if type(v.args) is tuple else []
+            if type(v.state) is dict:
+                kids.extend(v.state.values())
+            elif v.state is not None:
+                kids.append(v.state)
+        else:
+            kids = v
+        kinds = set(map(type, kids))
+        if _OPEN.isdisjoint(kinds):
+            i += len(kids)  # visited right after their parent, and nothing in them can hold a pickle
+        elif kinds == {dict} and _closed_dicts(kids, seen):
+            i += len(kids) + sum(map(len, kids))  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
+        else:
+            todo.extend(reversed(kids))
+
+
+def _closed_dicts(dicts: list[Any] | tuple[Any, ...], seen: set[int]) -> bool:
+    """Whether ``dicts`` (all plain dicts) are distinct, not entered before, and hold only closed values; marks
+    them entered when they are. Each is then visited once followed by its values, as ``iter_values`` would."""
+    ids = set(map(id, dicts))
+    if len(ids) != len(dicts) or not seen.isdisjoint(ids):
+        return False
+    if not _OPEN.isdisjoint(map(type, itertools.chain.from_iterable(map(dict.values, dicts)))):
+        return False
+    seen.update(ids)
+    return True
 
 
 def _candidate(v: object) -> bytes | None:

@@ -7,7 +7,7 @@ and torch would, so rules, reports and the gate share one reading of each file.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,26 +37,36 @@ WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEI
 
 
 _T = TypeVar("_T")
+_K = TypeVar("_K")
 _CACHE_SIZE = 4096
+
+
+def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
+    """Memoise ``fn`` by its argument's identity, for pure functions of frozen values that are asked the same
+    question by several rules. The cache is bounded and holds each argument, so its id stays unique."""
+    cache: dict[int, tuple[_K, _T]] = {}
+
+    def memo(x: _K) -> _T:
+        hit = cache.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        result = fn(x)
+        cache[id(x)] = (x, result)
+        return result
+
+    return memo
 
 
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
     """Memoise a view of one file by the file's identity: every rule asks for the same trainer state or optimizer
     view, and building it walks a log_history or a state dict that can hold 10^5 entries. Facts are frozen, so an
-    identical object always gives the same answer; the cache is bounded and holds the file so its id stays unique."""
-    cache: dict[int, tuple[FileFacts, _T]] = {}
+    identical object always gives the same answer (see ``per_object``)."""
+    memo = per_object(fn)
 
     def view(f: FileFacts | None) -> _T | None:
-        if f is None:
-            return None
-        hit = cache.get(id(f))
-        if hit is not None and hit[0] is f:
-            return hit[1]
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        result = fn(f)
-        cache[id(f)] = (f, result)
-        return result
+        return None if f is None else memo(f)
 
     return view
 
@@ -106,7 +116,7 @@ class TrainerStateView:
     save_steps: int | None
     logging_steps: int | None
     raw: dict[str, Any]
-    by_step: dict[int, dict[str, Any]]  # log_history entries merged per step (train and eval logs share a step)
+    by_step: Mapping[int, dict[str, Any]]  # log_history entries merged per step (train and eval logs share a step)
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
@@ -129,12 +139,10 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     if not isinstance(value, dict):
         return None
     hist = value.get("log_history")
-    history = tuple(e for e in hist if isinstance(e, dict)) if isinstance(hist, list) else ()
-    by_step: dict[int, dict[str, Any]] = {}
-    for e in history:
-        step = e.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            by_step.setdefault(step, {}).update(e)
+    history: tuple[dict[str, Any], ...] = ()
+    if isinstance(hist, list):
+        # A long run logs 10^4-10^5 entries per checkpoint: check their types at C speed when all are plain dicts.
+        history = tuple(hist) if set(map(type, hist)) <= {dict} else tuple(e for e in hist if isinstance(e, dict))
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
         global_step=_int(value.get("global_step")),
@@ -148,8 +156,44 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
         save_steps=_int(value.get("save_steps")),
         logging_steps=_int(value.get("logging_steps")),
         raw=value,
-        by_step=by_step,
+        by_step=_MergedSteps(history),
     )
+
+
+class _MergedSteps(Mapping[int, dict[str, Any]]):
+    """log_history entries merged per integer step, built on first use: most trainer states are never asked
+    (only the checkpoint another is compared with), and merging 10^5 entries is the costliest part of a view."""
+
+    __slots__ = ("_entries", "_merged")
+
+    def __init__(self, entries: tuple[dict[str, Any], ...]) -> None:
+        self._entries = entries
+        self._merged: dict[int, dict[str, Any]] | None = None
+
+    def _get(self) -> dict[int, dict[str, Any]]:
+        if self._merged is None:
+            merged: dict[int, dict[str, Any]] = {}
+            for e in self._entries:
+                step = e.get("step")
+                if isinstance(step, int) and not isinstance(step, bool):
+                    merged.setdefault(step, {}).update(e)
+            self._merged = merged
+        return self._merged
+
+    def __getitem__(self, step: int) -> dict[str, Any]:
+        return self._get()[step]
+
+    def __contains__(self, step: object) -> bool:
+        return step in self._get()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
 
 
 # ---------------------------------------------------------------------------------------------------------------

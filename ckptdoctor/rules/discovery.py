@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ckptdoctor import views
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
@@ -30,16 +32,86 @@ def history_divergence(older: views.TrainerStateView, newer: views.TrainerStateV
     """Where two trainer states stop telling the same story, or None when ``older``'s history is a prefix of
     ``newer``'s (as for two checkpoints of one run). Compares loss and learning_rate at the steps both logged."""
     by_step = newer.by_step
-    for e in older.log_history:
-        step = e.get("step")
-        if not isinstance(step, int) or step not in by_step:
-            continue
-        other = by_step[step]
-        for key in ("loss", "learning_rate"):
-            a, b = e.get(key), other.get(key)
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not _close(float(a), float(b)):
-                return f"log_history diverges at step {step} ({key} {a:.6g} vs {b:.6g})"
+    hist = older.log_history
+    if _starts(newer, hist):
+        # Entry for entry, ``older``'s log is the start of ``newer``'s (two checkpoints of one run, the usual case):
+        # an equal entry diverges only where ``newer``'s own entry at that position could.
+        for i in _suspects(newer):
+            if i >= len(hist):
+                break
+            why = _entry_divergence(hist[i], by_step)
+            if why is not None:
+                return why
+        return None
+    for e in hist:
+        why = _entry_divergence(e, by_step)
+        if why is not None:
+            return why
     return None
+
+
+def _entry_divergence(e: dict[str, Any], by_step: Mapping[int, dict[str, Any]]) -> str | None:
+    """Where one log entry disagrees with the merged entry of its step, or None."""
+    step = e.get("step")
+    if not isinstance(step, int) or step not in by_step:
+        return None
+    other = by_step[step]
+    for key in ("loss", "learning_rate"):
+        a, b = e.get(key), other.get(key)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not _close(float(a), float(b)):
+            return f"log_history diverges at step {step} ({key} {a:.6g} vs {b:.6g})"
+    return None
+
+
+def _starts(ts: views.TrainerStateView, prefix: tuple[dict[str, Any], ...]) -> bool:
+    """Whether ``ts``'s log_history starts with entries whose step, loss and learning_rate equal ``prefix``'s."""
+    n = len(prefix)
+    if n > len(ts.log_history):
+        return False
+    try:
+        if ts.log_history[:n] == prefix:  # whole entries equal: what the Trainer writes, a single C-speed pass
+            return True
+        ours, theirs = _columns(ts.log_history), _columns(prefix)
+        if ours is None or theirs is None:
+            return False
+        return all(a[:n] == b for a, b in zip(ours, theirs, strict=True))
+    except RecursionError:  # values nested deeper than the comparison may recurse: take the entry-by-entry path
+        return False
+
+
+_COMPARED = ("step", "loss", "learning_rate")  # all that ``_entry_divergence`` reads of an entry
+
+
+@views.per_object
+def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
+    """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
+    if not set(map(type, log)) <= {dict}:
+        return None
+    return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
+
+
+# Steps of these types give equal values the same treatment in ``_entry_divergence`` (an int step is compared,
+# a string or null one is not); a float step equal to an int one is not compared while the int one is.
+_PLAIN_STEPS = frozenset({int, bool, str, type(None)})
+
+
+@views.per_object
+def _suspects(ts: views.TrainerStateView) -> tuple[int, ...]:
+    """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
+    ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
+    out: list[int] = []
+    by_step = ts.by_step
+    for i, e in enumerate(ts.log_history):
+        if type(e.get("step")) not in _PLAIN_STEPS:
+            out.append(i)
+            continue
+        try:
+            why = _entry_divergence(e, by_step)
+        except Exception:  # the other history's entry is then compared (and fails) as it always was
+            why = "error"
+        if why is not None:
+            out.append(i)
+    return tuple(out)
 
 
 def run_identity_difference(a: views.TrainerStateView, b: views.TrainerStateView) -> str | None:
@@ -99,7 +171,7 @@ def stale_verdict(run: Run) -> StaleVerdict | None:
         if c is pick or ts is None or c.step is None or c.step >= pick.step:
             continue
         why = history_divergence(ts, ts_pick)
-        if why is None and not _common_steps(ts, ts_pick) and c.mtime > pick.mtime + 1.0:
+        if why is None and c.mtime > pick.mtime + 1.0 and not _common_steps(ts, ts_pick):
             why = run_identity_difference(ts, ts_pick)
         if why is not None:
             extra = run_identity_difference(ts, ts_pick)

@@ -10,12 +10,20 @@ from ckptdoctor.pickle_analysis import Verdict, judge
 from ckptdoctor.rules import Hit, rule
 
 
-def _verdicts(tree: Tree) -> Iterator[tuple[FileFacts, Verdict]]:
-    """Every file holding pickle streams (raw, torch zip or legacy, DCP .metadata and .distcp) with its verdict."""
-    for f in tree.all_files():
-        pf = _pickle(f)
-        if pf is not None:
-            yield f, judge(pf)
+def _verdicts(tree: Tree) -> tuple[tuple[FileFacts, Verdict], ...]:
+    """Every file holding pickle streams (raw, torch zip or legacy, DCP .metadata and .distcp) with its verdict.
+
+    Judged once per scan: CKD601 and CKD602 both read the verdicts, and judging walks every value of every pickle.
+    The last tree's verdicts are kept (the rules of one scan run one after another on the same tree).
+    """
+    if _last and _last[0][0] is tree:
+        return _last[0][1]
+    out = tuple((f, judge(pf)) for f in tree.all_files() if (pf := _pickle(f)) is not None)
+    _last[:] = [(tree, out)]
+    return out
+
+
+_last: list[tuple[Tree, tuple[tuple[FileFacts, Verdict], ...]]] = []
 
 
 def _names(items: tuple[str, ...], limit: int = 8) -> str:

@@ -212,9 +212,11 @@ def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
 
 def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint."""
-    opt = views.optimizer_state(ck)
     trainable = _trainable_shapes(ck)
-    if opt is None or trainable is None or not opt.groups:
+    if trainable is None:
+        return None  # nothing to compare with: the optimizer state (costly to build) is not needed
+    opt = views.optimizer_state(ck)
+    if opt is None or not opt.groups:
         return None
     branch, shapes = trainable
     if shapes and all(0 in s for s in shapes):

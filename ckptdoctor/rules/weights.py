@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -87,7 +88,9 @@ def _index_files(ck: Checkpoint) -> list[FileFacts]:
     return [f for f in (ck.file(views.SAFE_INDEX), ck.file(views.BIN_INDEX)) if f is not None]
 
 
+@views.per_file
 def _weight_map(f: FileFacts) -> dict[str, str] | None:
+    """An index's ``weight_map`` (name -> shard), read once per scan: three rules ask. Callers never change it."""
     if not isinstance(f.content, JsonFacts) or not isinstance(f.content.value, dict):
         return None
     wm = f.content.value.get("weight_map")
@@ -255,6 +258,9 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint`; ANATOMY H5, H18.
     """
     for ck, _ in _checkpoints(tree):
+        present = sum(ck.file(rel) is not None for rel in (views.SAFE_WEIGHTS, views.BIN_WEIGHTS))
+        if present + len(_index_files(ck)) < 2:
+            continue  # one form: nothing to compare (its signature would walk every shard's header)
         forms: list[tuple[str, dict[str, tuple[str, tuple[int, ...]]] | None]] = []
         for rel in (views.SAFE_WEIGHTS, views.BIN_WEIGHTS):
             f = ck.file(rel)
@@ -320,6 +326,18 @@ _EMBED_RE = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings|embed)
 _LAYER_RE = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)\.")
 
 
+# Every checkpoint of a run holds the same tensor names: match each name once, not once per checkpoint.
+@functools.lru_cache(maxsize=1 << 16)
+def _is_embedding(name: str) -> bool:
+    return _EMBED_RE.search(name) is not None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layer_index(name: str) -> int | None:
+    m = _LAYER_RE.search(name)
+    return None if m is None else int(m.group(1))
+
+
 def _config(ck: Checkpoint) -> dict[str, Any] | None:
     f = ck.file("config.json")
     if f is not None and isinstance(f.content, JsonFacts) and isinstance(f.content.value, dict):
@@ -365,7 +383,7 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
         cfg_path = ck.file("config.json")
         assert cfg_path is not None
         problems: list[str] = []
-        embeds = [t for t in tensors if _EMBED_RE.search(t.name) and len(t.shape) == 2]
+        embeds = [t for t in tensors if _is_embedding(t.name) and len(t.shape) == 2]
         if embeds:
             e = embeds[0]
             vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
@@ -373,7 +391,7 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
                 problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
             if isinstance(hidden, int) and hidden != e.shape[1]:
                 problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
-        layers = {int(m.group(1)) for t in tensors if (m := _LAYER_RE.search(t.name))}
+        layers = {i for t in tensors if (i := _layer_index(t.name)) is not None}
         n_layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
         if layers and isinstance(n_layers, int) and n_layers != max(layers) + 1:
             problems.append(f"num_hidden_layers {n_layers} but the weights hold {max(layers) + 1} layers")
