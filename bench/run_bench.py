@@ -22,20 +22,27 @@ HERE = Path(__file__).resolve().parent
 PY = sys.executable
 
 
-def probe(python: str, *argv: str, repeat: int = 3) -> dict[str, float]:
-    """Best of ``repeat`` runs (warm page cache: the headers stay cached, sparse data never hits the disk)."""
+def probe(python: str, *argv: str, repeat: int = 3, timeout: float = 600) -> dict[str, float]:
+    """Best of ``repeat`` runs (warm page cache: the headers stay cached, sparse data never hits the disk).
+
+    A run still going after ``timeout`` seconds is stopped and reported as not finished (no further repeats).
+    """
     best: dict[str, float] | None = None
     for _ in range(repeat):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             env = {**os.environ, "PROBE_OUT": out.name}
             t0 = time.perf_counter()
-            subprocess.run(
-                [python, str(HERE / "probe.py"), *argv],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=False,
-            )
+            try:
+                subprocess.run(
+                    [python, str(HERE / "probe.py"), *argv],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    check=False,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                return {"failed": 1, "timeout": timeout, "wall": time.perf_counter() - t0}
             wall = time.perf_counter() - t0
             try:
                 r = json.loads(Path(out.name).read_text())
@@ -53,8 +60,10 @@ def ckd(*args: str) -> tuple[str, ...]:
 
 
 def row(label: str, r: dict[str, float], checkpoints: int, ref: float | None = None) -> str:
+    if r.get("timeout"):
+        return f"| {label} | did not finish in {r['timeout']:.0f} s (stopped) | | | | | |"
     if r.get("failed"):
-        return f"| {label} | failed | | | | |"
+        return f"| {label} | failed | | | | | |"
     per = r["rchar"] / checkpoints / 1e6
     speed = f"{r['wall'] / ref:.1f}x" if ref else ""
     return (
@@ -112,7 +121,7 @@ def compare(root: str, checkpoints: int, scanners: str | None, naive: bool, repe
         print(
             row(
                 "modelscan -p",
-                probe(scanners, "module", "modelscan.cli", "scan", "-p", root, repeat=repeat),
+                probe(scanners, "module", "modelscan.cli", "scan", "-p", root, repeat=repeat, timeout=300),
                 checkpoints,
                 base["wall"],
             )
