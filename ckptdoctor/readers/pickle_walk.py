@@ -301,15 +301,18 @@ _Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tupl
 # index of its hooks dict). Every checkpoint of one training run pickles its optimizer state with the same bytes at
 # the same offsets (only the param_groups after it differ), so from the second optimizer.pt on a run is looked up
 # (bytes compared, memo reads re-checked) instead of parsed. Shared by threads: dict get/set are atomic, and a lost
-# race only costs a parse. Bounded: cleared when full.
-_RUN_CACHE: dict[int, tuple[bytes, _Run, tuple[tuple[int, Any], ...], int]] = {}
+# race only costs a parse. Bounded: cleared when full. The last cell holds (storage, rebuild global, tensor) of the
+# run's last replay: a storage that is the same object (torchzip interns them) rebuilds the same tensor.
+_RUN_CACHE: dict[int, tuple[bytes, _Run, tuple[tuple[int, Any], ...], int, list[Any]]] = {}
 _RUN_CACHE_ENTRIES = 50_000
 _CACHEABLE_READS = frozenset({str, GlobalRef})  # equal values of these types are interchangeable (not 1 and True)
 
 
-def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int) -> tuple[_Run, int] | None:
-    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p`` and the memo index of its hooks
-    dict (-1: not stored), or None unless it matches exactly.
+def _parse_run(
+    data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int
+) -> tuple[_Run, int, list[Any]] | None:
+    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p``, the memo index of its hooks dict
+    (-1: not stored) and its replay cell (see ``_RUN_CACHE``), or None unless it matches exactly.
 
     ``room_*`` are the opcodes and memo entries the limits still allow: a run that could trip one is left to the
     generic loop, which reports it at the opcode where it trips. Never raises, never changes ``memo``. Looks the
@@ -318,8 +321,9 @@ def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_me
     entry = _RUN_CACHE.get(p)
     run: _Run | None = None
     hooks_idx = -1
+    cell: list[Any] = [None]
     if entry is not None and data.startswith(entry[0], p):
-        run, hooks_idx = entry[1], entry[3]
+        run, hooks_idx, cell = entry[1], entry[3], entry[4]
         for idx, value in entry[2]:
             got = memo.get(idx, _MISS)
             if got is not value and (type(got) is not type(value) or got != value):
@@ -338,10 +342,11 @@ def _parse_run(data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_me
         if _CACHEABLE_READS.issuperset(type(v) for _, v in reads):
             if len(_RUN_CACHE) >= _RUN_CACHE_ENTRIES:
                 _RUN_CACHE.clear()
-            _RUN_CACHE[p] = (data[p : run[0]], run, tuple(reads), hooks_idx)
+            cell = [None]
+            _RUN_CACHE[p] = (data[p : run[0]], run, tuple(reads), hooks_idx, cell)
     if run[1] > room_ops or len(run[6]) > room_memo:
         return None
-    return run, hooks_idx
+    return run, hooks_idx, cell
 
 
 def _memo_read(
@@ -506,6 +511,7 @@ class _Walker:
         self.globals: dict[GlobalRef, None] = {}  # insertion-ordered set
         self.calls: dict[GlobalRef, None] = {}
         self.persistent_ids = 0
+        self._replayed_calls: set[int] = set()  # ids of GlobalRefs already in ``calls`` (kept alive by it)
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -549,7 +555,7 @@ class _Walker:
             pid, _ = _freeze(pid, self.limits.nesting_depth)
         return self.persistent_load(pid)
 
-    def _replay(self, run: _Run, hooks_idx: int, func: GlobalRef, memo: dict[int, Any]) -> Any:
+    def _replay(self, run: _Run, hooks_idx: int, cell: list[Any], func: GlobalRef, memo: dict[int, Any]) -> Any:
         """Apply a parsed tensor run's effects as the generic loop would; returns the tensor it pushes."""
         puts, pid, tail, od, args_idx, result_idx = run[6:]
         memo.update(puts)  # the memo is only read back by later opcodes: the order of stores is invisible
@@ -558,12 +564,25 @@ class _Walker:
         if hooks_idx >= 0:
             memo[hooks_idx] = hooks
         storage = self._persid(pid)
-        self.calls[od] = None  # the OrderedDict() REDUCE; its empty argument tuple passes nothing
+        # The OrderedDict() REDUCE (its empty argument tuple passes nothing), then the rebuild call. Recorded once:
+        # GlobalRefs are interned, so an id check spares hashing them (dataclass hashing is Python code) per tensor.
+        seen = self._replayed_calls
+        if id(od) not in seen:
+            self.calls[od] = None
+            seen.add(id(od))
         args = (storage, tail[0], tail[1], tail[2], tail[3], hooks)
         if type(storage) in _HOLDS_GLOBALS:  # the other arguments are ints, int tuples, a bool and an empty dict
             self._passed(args)
-        self.calls[func] = None
-        result = _interpret(func, args)
+        if id(func) not in seen:
+            self.calls[func] = None
+            seen.add(id(func))
+        last = cell[0]  # one read: another thread may replace it, never half of it
+        if last is not None and last[0] is storage and last[1] is func:
+            result = last[2]
+        else:
+            result = _interpret(func, args)
+            if type(result) is TensorRef:  # immutable, so it can be shared; an _Obj never is
+                cell[0] = (storage, func, result)
         if args_idx >= 0:
             memo[args_idx] = args
         if result_idx >= 0:
@@ -666,7 +685,7 @@ class _Walker:
                         if found is not None:
                             run = found[0]
                             try:
-                                stack[-1] = self._replay(run, found[1], top, memo)
+                                stack[-1] = self._replay(run, found[1], found[2], top, memo)
                             except BaseException:
                                 # Only persistent_load can raise here: leave the walk where the generic loop
                                 # would be when it calls it, so the problem names the same opcode and byte.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
@@ -78,6 +80,15 @@ def _problem(kind: ProblemKind, message: str) -> ReadProblem:
 def _read_at(f: BinaryIO, offset: int, n: int) -> bytes:
     f.seek(offset)
     return f.read(n)
+
+
+def _positional_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
+    """``read(offset, n)`` for ``f``: one ``pread`` system call for a local file (instead of a seek and a read,
+    hundreds of times per optimizer.pt), seek-and-read for anything else (windows, fsspec files)."""
+    if type(f) is io.FileIO and hasattr(os, "pread"):
+        fd = f.fileno()
+        return lambda offset, n: os.pread(fd, n, offset)
+    return lambda offset, n: _read_at(f, offset, n)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,6 +280,10 @@ def _member_bytes(f: BinaryIO, m: ZipMember, data_end: int, cap: int) -> tuple[b
 # Storages
 
 
+_STORAGE_REFS: dict[tuple[str, int, str, str, int | None], TensorRef] = {}
+_STORAGE_REFS_ENTRIES = 100_000
+
+
 class _Storages:
     """Turns torch's persistent ids into storage descriptors (1-D TensorRefs over the whole storage)."""
 
@@ -321,7 +336,14 @@ class _Storages:
                     )
                 )
         self.declared[key] = (numel, itemsize)
-        ref = TensorRef(dtype, (numel,), (1,), 0, key, numel, loc, nbytes)
+        # One object per distinct descriptor across files: every checkpoint of a run describes the same storages,
+        # and the pickle walk rebuilds a tensor over an identical (same object) storage without recomputing it.
+        ident = (dtype, numel, key, loc, nbytes)
+        ref = _STORAGE_REFS.get(ident)
+        if ref is None:
+            if len(_STORAGE_REFS) >= _STORAGE_REFS_ENTRIES:
+                _STORAGE_REFS.clear()
+            ref = _STORAGE_REFS[ident] = TensorRef(dtype, (numel,), (1,), 0, key, numel, loc, nbytes)
         self.cache[key] = ref
         return ref
 
@@ -533,12 +555,12 @@ def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = Non
     """
     out: list[str] = []
     unpack = _LOCAL_USED.unpack_from
+    read = _positional_reader(f)
     for m, (raw, utf8) in zip(d.members[:cap], d.raw_names, strict=False):
         if skip_storage is not None and _is_storage(_relative(m.name, skip_storage), m.name):
             continue
         expected = len(raw)
-        f.seek(m.offset)
-        head = f.read(30 + expected)
+        head = read(m.offset, 30 + expected)
         if len(head) < 30:
             continue  # reported as a missing local header when the record is read
         sig, flags, method, csize, usize, name_len = unpack(head)
