@@ -65,7 +65,8 @@ def scan(
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
     Each path is a root: an output_dir, a checkpoint folder, a model folder, a folder of runs, or one file.
-    ``jobs`` files are read at once (default: ``discover.default_jobs()``); the report is the same for any value.
+    ``jobs`` files are read at once (default: ``discover.default_jobs(root)``: one on a local disk, a few threads
+    per core on network file systems and object storage); the report is the same for any value.
     ``deep`` also streams tensor data (needs numpy; raises ``ckptdoctor.deep.DeepUnavailable`` without it) and
     enables the deep-only rules; ``progress`` (a terminal stream) then shows how far it got.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
@@ -81,13 +82,12 @@ def scan(
     sel = selection or Selection()
     if deep and not sel.deep:
         sel = dataclasses.replace(sel, deep=True)
-    workers = jobs if jobs is not None else default_jobs()
     start = time.perf_counter()
     trees: list[Tree] = []
     findings: list[Finding] = []
     with _gc_paused():
         for p in paths:
-            tree = discover(p, limits, workers)
+            tree = discover(p, limits, jobs if jobs is not None else default_jobs(p))
             if not tree.abs_root:
                 tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
             if sel.deep:
@@ -95,6 +95,7 @@ def scan(
 
                 if "://" in tree.abs_root:  # a remote root (ckptdoctor.remote) keeps its URL as abs_root
                     raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
+                workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
                 data = check_tree(tree, workers, progress, checksums=checksums is not None)
                 manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
                 tree = dataclasses.replace(tree, data=data, manifest=manifest)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
-from ckptdoctor.discover import default_jobs, discover
+from ckptdoctor.discover import _file_system_type, default_jobs, discover
 from ckptdoctor.model import FileKind, ProblemKind
 from ckptdoctor.scanner import scan
 from tests.builders import make_checkpoint, make_run
@@ -108,3 +108,48 @@ def test_cli_jobs_option(hostile: Path, tmp_path: Path) -> None:
 
 def test_default_jobs_is_bounded() -> None:
     assert 1 <= default_jobs() <= 8
+
+
+_MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 252:1 / / rw,relatime - ext4 /dev/vda1 rw
+40 27 0:45 / /mnt/shared\\040data rw,relatime - nfs4 server:/export rw,vers=4.2
+41 40 0:46 / /mnt/shared\\040data/scratch rw,relatime - tmpfs tmpfs rw
+42 27 0:47 / /mnt/bucket rw,relatime - fuse.s3fs s3fs rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/home/me/run", "ext4"),
+        ("/mnt/shared data/run/checkpoint-5", "nfs4"),
+        ("/mnt/shared data/scratch/run", "tmpfs"),
+        ("/mnt/shared datax/run", "ext4"),  # a longer name is not inside the mount point
+        ("/mnt/bucket/run", "fuse.s3fs"),
+    ],
+)
+def test_file_system_type_is_the_longest_mount_point_above(tmp_path: Path, path: str, kind: str) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(_MOUNTINFO)
+    assert _file_system_type(path, str(info)) == kind
+
+
+def test_default_jobs_by_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptdoctor.discover as discover_module
+
+    threads = max(1, min(8, (os.cpu_count() or 1) * 2))
+    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: "ext4")
+    assert default_jobs(str(tmp_path)) == 1  # local disk: parsing holds the GIL, threads only contend
+    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: "nfs4")
+    assert default_jobs(str(tmp_path)) == threads
+    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: None)  # unknown: assume it waits
+    assert default_jobs(str(tmp_path)) == threads
+    assert default_jobs("s3://bucket/run/") == threads
+    assert default_jobs() == threads  # --deep: numpy and hashing release the GIL
+
+
+def test_this_machines_scratch_is_a_known_local_file_system(tmp_path: Path) -> None:
+    if not os.path.exists("/proc/self/mountinfo"):
+        pytest.skip("no /proc/self/mountinfo")
+    assert _file_system_type(str(tmp_path)) is not None
