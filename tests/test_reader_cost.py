@@ -615,3 +615,85 @@ def test_tensors_at_the_same_offsets_keep_header_order() -> None:
     in_header = [k for k in header if k != "__metadata__"]
     zero_size = [t.name for t in new.content.tensors if t.nbytes == 0]
     assert zero_size == [k for k in in_header if k in ("y", "z")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small files read before are not parsed again (ckptdoctor.readers._OUTCOMES)
+
+
+def _read(path: Path) -> Any:
+    import os
+
+    from ckptdoctor.readers import read_file
+
+    return read_file(str(path), path.name, os.stat(path))
+
+
+@contextlib.contextmanager
+def _counting_parses() -> Iterator[list[int]]:
+    """Sizes of the files a reader actually parsed (the outcome cache empty at the start)."""
+    from ckptdoctor import readers
+
+    readers._OUTCOMES.clear()
+    calls: list[int] = []
+    real = readers._reader_for
+    wrapped: dict[Any, Any] = {}
+
+    def counting(kind: Any) -> Any:
+        if kind not in wrapped:  # one wrapper per kind: the cache keys on the reader, so it must be stable
+            reader = real(kind)
+
+            def parse(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
+                calls.append(size)
+                return reader(f, size, limits)
+
+            wrapped[kind] = parse
+        return wrapped[kind]
+
+    with mock.patch.object(readers, "_reader_for", counting):
+        yield calls
+    readers._OUTCOMES.clear()
+
+
+def test_identical_small_files_share_one_parse(tmp_path: Path) -> None:
+    import torch
+
+    args = {"learning_rate": 1e-4, "output_dir": "out", "seed": 42}
+    for step in (1, 2, 3):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        torch.save(args, tmp_path / f"checkpoint-{step}" / "training_args.bin")
+        (tmp_path / f"checkpoint-{step}" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with _counting_parses() as calls:
+        facts = [_read(p) for p in sorted(tmp_path.glob("checkpoint-*/*"))]
+    assert len(facts) == 6 and len(calls) == 2  # one parse per distinct content
+    contents = [f.content for f in facts if f.path == "training_args.bin"]
+    assert contents[0] is contents[1] is contents[2]  # frozen facts, shared
+    assert {f.path for f in facts} == {"training_args.bin", "config.json"}
+
+
+def test_other_bytes_of_the_same_size_are_parsed(tmp_path: Path) -> None:
+    texts = ['{"hidden_size": 8}', '{"hidden_size": 9}', '{"a": 1, "a": 222}']  # same length, other bytes
+    assert len({len(t) for t in texts}) == 1
+    paths = []
+    for i, text in enumerate(texts):
+        (tmp_path / str(i)).mkdir()
+        paths.append(tmp_path / str(i) / "config.json")
+        paths[-1].write_text(text)
+    with _counting_parses() as calls:
+        facts = [_read(p) for p in paths]
+    assert len(calls) == 3
+    assert facts[0].content.value == {"hidden_size": 8} and facts[1].content.value == {"hidden_size": 9}
+    assert facts[2].content is None and facts[2].problems[0].kind is ProblemKind.INVALID_JSON
+
+
+def test_files_over_the_small_size_are_not_cached(tmp_path: Path) -> None:
+    from ckptdoctor import readers
+
+    big = json.dumps({"log_history": [{"step": i} for i in range(readers._SMALL_FILE // 10)]})
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "trainer_state.json").write_text(big)
+    with _counting_parses() as calls:
+        _read(tmp_path / "a" / "trainer_state.json")
+        _read(tmp_path / "b" / "trainer_state.json")
+    assert len(calls) == 2 and not readers._OUTCOMES

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import stat
 from collections.abc import Callable
@@ -80,12 +82,34 @@ def read_open_file(
         return _with(base, base.kind, _bug("sniffer", e))
 
 
+# Small files whose bytes were read before (in this process) are not parsed again: every checkpoint of a run holds
+# the same training_args.bin, config.json, generation_config.json and often the same shard index. A reader's
+# outcome is a function of the bytes, the size and the limits only, and outcomes are frozen, so they are shared.
+# Keyed by a 256-bit BLAKE2 digest of the bytes the reader then parses (read once, so nothing changes between
+# hashing and parsing; a cryptographic digest, so a crafted file cannot pass for one seen before).
+_SMALL_FILE = 64 * 1024
+_OUTCOMES: dict[tuple[Reader, int, Limits, bytes], ReadOutcome] = {}
+_OUTCOMES_ENTRIES = 4096
+
+
 def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) -> FileFacts:
     """Run the reader for ``kind`` defensively: OS errors are UNREADABLE, anything else a bug (MALFORMED)."""
     try:
         reader = _reader_for(kind)
         f.seek(0)
+        key = None
+        if base.size <= _SMALL_FILE:
+            data = f.read(base.size)
+            key = (reader, base.size, limits, hashlib.blake2b(data, digest_size=32).digest())
+            known = _OUTCOMES.get(key)
+            if known is not None:
+                return FileFacts(base.path, base.size, base.mtime, kind, known.content, tuple(known.problems))
+            f = io.BytesIO(data)
         outcome = reader(f, base.size, limits)
+        if key is not None and isinstance(outcome, ReadOutcome):
+            if len(_OUTCOMES) >= _OUTCOMES_ENTRIES:
+                _OUTCOMES.clear()
+            _OUTCOMES[key] = outcome
     except OSError as e:
         return _with(base, kind, _unreadable(e))
     except Exception as e:  # defence in depth: a reader bug must not end the scan
