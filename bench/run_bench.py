@@ -187,6 +187,20 @@ for jobs in (1, 2):
     t = best(lambda: check_tree(tree, jobs))
     print(f"| in-process: `deep.check_tree`, jobs={{jobs}} | {{t:.3f}} s | {{{size} / t / 1e9:.2f}} "
           f"({{plain / t:.0%}} of plain read) | |")
+import hashlib
+def sha_only():
+    buf = bytearray(1 << 20)
+    for path in baselines._files({data_root!r}, ("",)):
+        h = hashlib.sha256()
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(memoryview(buf)[:n])
+t = best(sha_only)
+print(f"| in-process: plain read + sha256 (the floor for --checksums) | {{t:.3f}} s | {{{size} / t / 1e9:.2f}} | |")
+for jobs in (1, 2):
+    t = best(lambda: check_tree(tree, jobs, checksums=True))
+    print(f"| in-process: `deep.check_tree(checksums=True)` (`--checksums`), jobs={{jobs}} | {{t:.3f}} s | "
+          f"{{{size} / t / 1e9:.2f}} | |")
 """
     print(subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True).stdout, end="")
     if big_root:
