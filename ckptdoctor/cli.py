@@ -78,7 +78,7 @@ def resolve_selection(
     Shared by every command that runs rules, so they all read options and configuration the same way.
     """
     from ckptdoctor.config import Config, ConfigError, load_config
-    from ckptdoctor.rules import Selection
+    from ckptdoctor.rules import Selection, keep_security_rules
 
     sel_codes, ign_codes = _split_codes(select), _split_codes(ignore)
     _check_codes(sel_codes, "--select")
@@ -88,6 +88,15 @@ def resolve_selection(
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
     selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
+    if cfg.source is not None:
+        selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
+        if kept:
+            click.echo(
+                f"ckptdoctor: {cfg.source} may not turn off or lower security rules ({', '.join(kept)}): they stay "
+                "on (a settings file in a scanned folder can come from whoever made the checkpoint); use --ignore "
+                "on the command line to turn one off.",
+                err=True,
+            )
     return selection, cfg.fail_on
 
 
@@ -226,7 +235,20 @@ def scan(
         click.echo(render_text(report, color=_use_color(sys.stdout)))
     if checksums == "write":
         _write_manifests(report.trees)
-    sys.exit(report.exit_code(fail_on or cfg_fail_on or "error"))
+    code = report.exit_code(fail_on or cfg_fail_on or "error")
+    if code == 0 and fail_on is None and cfg_fail_on == "never":
+        from ckptdoctor.findings import Severity
+        from ckptdoctor.rules import SECURITY_PREFIX
+
+        # As with keep_security_rules: a settings file from the scanned folder cannot wave a malicious pickle through.
+        if any(f.rule.startswith(SECURITY_PREFIX) and f.severity is Severity.ERROR for f in report.findings):
+            click.echo(
+                'ckptdoctor: security errors fail the scan even with fail-on = "never" in a settings file; pass '
+                "--fail-on never on the command line to override.",
+                err=True,
+            )
+            code = 1
+    sys.exit(code)
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:

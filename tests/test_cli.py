@@ -192,3 +192,48 @@ def test_scan_sarif_and_github_formats(tmp_path: Path) -> None:
     code, out = run("scan", "--format", "github", str(root))
     assert code == 1
     assert any(line.startswith("::error file=") and "CKD202" in line for line in out.splitlines())
+
+
+def _malicious_checkpoint(root: Path) -> Path:
+    """A run whose pytorch_model.bin is a raw pickle that would call os.system when loaded (never loaded here)."""
+    run = make_run(root)
+    evil = b"cposix\nsystem\n(S'echo owned'\ntR."  # protocol 0: GLOBAL posix system, MARK, STRING, TUPLE, REDUCE
+    (run / "checkpoint-4" / "pytorch_model.bin").write_bytes(evil)
+    return run
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        'ignore = ["CKD6"]\n',
+        'ignore = ["CKD"]\n',
+        'select = ["CKD2"]\n',
+        '[severity]\nCKD601 = "info"\n',
+    ],
+)
+def test_a_settings_file_in_the_scanned_folder_cannot_silence_security_rules(tmp_path: Path, settings: str) -> None:
+    run = _malicious_checkpoint(tmp_path / "run")
+    (run / ".ckptdoctor.toml").write_text(settings)
+    result = CliRunner().invoke(main, ["scan", "--format", "json", str(run)])
+    found = {(f["rule"], f["severity"]) for f in json.loads(result.stdout)["findings"]}
+    assert ("CKD601", "error") in found
+    assert result.exit_code == 1
+    assert "may not turn off or lower security rules (CKD601" in result.stderr
+
+
+def test_the_command_line_can_still_turn_a_security_rule_off(tmp_path: Path) -> None:
+    run = _malicious_checkpoint(tmp_path / "run")
+    (run / ".ckptdoctor.toml").write_text('ignore = ["CKD6"]\n')
+    result = CliRunner().invoke(main, ["scan", "--format", "json", "--ignore", "CKD601", str(run)])
+    rules = {f["rule"] for f in json.loads(result.stdout)["findings"]}
+    assert "CKD601" not in rules
+
+
+def test_fail_on_never_in_a_settings_file_does_not_pass_a_malicious_pickle(tmp_path: Path) -> None:
+    run = _malicious_checkpoint(tmp_path / "run")
+    (run / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
+    result = CliRunner().invoke(main, ["scan", str(run)])
+    assert result.exit_code == 1 and "security errors fail the scan" in result.stderr
+    assert CliRunner().invoke(main, ["scan", "--fail-on", "never", str(run)]).exit_code == 0
+    (run / "checkpoint-4" / "pytorch_model.bin").unlink()  # without it only ordinary findings: never means never
+    assert CliRunner().invoke(main, ["scan", str(run)]).exit_code == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptdoctor.findings import Finding, FixPlan, Severity
 from ckptdoctor.model import Tree
@@ -124,15 +124,45 @@ class Selection:
     ignore: tuple[str, ...] = ()
     severity: Mapping[str, Severity] = field(default_factory=dict)
     deep: bool = False
+    keep: tuple[str, ...] = ()  # codes that run whatever select/ignore say (see ``keep_security_rules``)
 
     def enabled(self, r: Rule) -> bool:
         if r.gate_only:
             return False
         if r.deep_only and not self.deep:
             return False
+        if r.code in self.keep:
+            return True
         if self.select and not _matches(r.code, self.select):
             return False
         return not _matches(r.code, self.ignore)
+
+
+SECURITY_PREFIX = "CKD6"
+
+
+def keep_security_rules(combined: Selection, command_line: Selection) -> tuple[Selection, tuple[str, ...]]:
+    """``combined`` (command line plus a settings file) with the security rules the settings file alone turned off
+    or downgraded put back, and their codes.
+
+    A settings file is read from the scanned folder, and a checkpoint folder may come from anyone: one that ships
+    ``ignore = ["CKD6"]`` must not make its own malicious pickle pass. Only the command line (``command_line``,
+    the --select/--ignore given there) can turn a security rule off.
+    """
+    kept: list[str] = []
+    changed: list[str] = []
+    severity = dict(combined.severity)
+    for r in all_rules():
+        if not r.code.startswith(SECURITY_PREFIX) or r.gate_only or r.deep_only:
+            continue
+        if not combined.enabled(r) and command_line.enabled(r):
+            kept.append(r.code)
+            changed.append(r.code)
+        override = severity.get(r.code)
+        if override is not None and override.rank < r.severity.rank:
+            del severity[r.code]
+            changed.append(r.code)
+    return replace(combined, keep=tuple(kept), severity=severity), tuple(sorted(set(changed)))
 
 
 def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
