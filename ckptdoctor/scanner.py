@@ -82,6 +82,8 @@ def scan(
     sel = selection or Selection()
     if deep and not sel.deep:
         sel = dataclasses.replace(sel, deep=True)
+    if sel.deep:  # tensor records are read whole anyway: check their zip local headers too
+        limits = dataclasses.replace(limits, zip_data_local_headers=True)
     start = time.perf_counter()
     trees: list[Tree] = []
     findings: list[Finding] = []

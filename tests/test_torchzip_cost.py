@@ -22,7 +22,8 @@ from ckptdoctor.scanner import scan
 
 torch = pytest.importorskip("torch")
 
-NO_STORAGE_HEADERS = Limits(zip_data_local_headers=False)
+NO_STORAGE_HEADERS = Limits(zip_data_local_headers=False)  # the default
+ALL_HEADERS = Limits(zip_data_local_headers=True)  # what --deep uses
 LIE = "local header(s) disagree with the central directory"
 
 
@@ -100,7 +101,7 @@ def _local_header_name(data: bytes, member: str, new: str) -> bytes:
 
 
 def test_each_local_header_costs_one_read(optim: bytes) -> None:
-    outcome, f = _read(optim)
+    outcome, f = _read(optim, ALL_HEADERS)
     assert outcome.problems == () and isinstance(outcome.content, TorchFacts)
     assert len(outcome.content.tensors) == 120
     records = _records(optim)
@@ -117,8 +118,8 @@ def test_storage_headers_are_not_read_when_asked(tmp_path: Path, optim: bytes) -
     small = _optimizer_bytes(tmp_path, 3)
     counts = []
     for data in (small, optim):
-        on, _ = _read(data)
-        off, f = _read(data, NO_STORAGE_HEADERS)
+        on, _ = _read(data, ALL_HEADERS)
+        off, f = _read(data)
         assert off == on  # a healthy file reads the same either way
         spans = [(r.header_offset, r.header_offset + 30 + len(r.filename)) for r in _records(data)
                  if _storage(r.filename)]  # fmt: skip
@@ -146,13 +147,13 @@ def test_the_directory_comes_from_the_tail_already_read(optim: bytes) -> None:
 @pytest.mark.parametrize("check", [True, False])
 def test_storage_record_under_a_lying_local_header(optim: bytes, check: bool, tmp_path: Path) -> None:
     """A tensor record whose local header says `archive/data.pkl`: torch (central directory) loads the file as
-    before; only the full check, which local scans keep, reports it."""
+    before; only the full check (--deep) reports it."""
     storage = next(r.filename for r in _records(optim) if _storage(r.filename) and r.file_size > 4)
     crafted = _local_header_name(optim, storage, "archive/data.pkl")
     path = tmp_path / "optimizer.pt"
     path.write_bytes(crafted)
     assert torch.load(path, weights_only=True)["state"].keys() == torch.load(io.BytesIO(optim))["state"].keys()
-    limits = DEFAULT_LIMITS if check else NO_STORAGE_HEADERS
+    limits = ALL_HEADERS if check else NO_STORAGE_HEADERS
     outcome, _ = _read(crafted, limits)
     assert _lies(outcome) == ([f"{LIE}: `{storage}`: streaming readers and torch.load would see different "
                                "records"] if check else [])  # fmt: skip
@@ -177,7 +178,7 @@ def test_parsed_record_under_a_lying_local_header(
     """Every record a loader parses keeps its local header check, with or without the storage records' check:
     a pickle smuggled in under another record's local header is CKD605 on a remote root too."""
     crafted = _local_header_name(optim, member, local_name)
-    limits = DEFAULT_LIMITS if check else NO_STORAGE_HEADERS
+    limits = ALL_HEADERS if check else NO_STORAGE_HEADERS
     outcome, _ = _read(crafted, limits)
     assert [m for m in _lies(outcome) if f"`{member}`" in m], outcome.problems
     run = tmp_path / "run" / "checkpoint-1"
@@ -190,7 +191,17 @@ def test_parsed_record_under_a_lying_local_header(
 def test_remote_limits_turn_off_only_the_storage_check() -> None:
     limits = Limits(zip_entries=7)
     assert remote_limits(limits) == dataclasses.replace(limits, zip_data_local_headers=False)
-    assert DEFAULT_LIMITS.zip_data_local_headers  # local scans keep the full check
+    assert not DEFAULT_LIMITS.zip_data_local_headers  # a scan's cost must not grow with the tensor count
+
+
+def test_deep_scans_check_the_storage_records_local_headers(optim: bytes, tmp_path: Path) -> None:
+    """--deep reads every tensor record anyway: there the lying storage header is CKD605; a plain scan skips it."""
+    storage = next(r.filename for r in _records(optim) if _storage(r.filename) and r.file_size > 4)
+    run = tmp_path / "run" / "checkpoint-1"
+    run.mkdir(parents=True)
+    (run / "optimizer.pt").write_bytes(_local_header_name(optim, storage, "archive/data.pkl"))
+    assert "CKD605" not in {f.rule for f in scan(str(run)).findings}
+    assert "CKD605" in {f.rule for f in scan(str(run), deep=True).findings}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -137,8 +137,9 @@ def suspicious_archive_layout(tree: Tree) -> Iterator[Hit]:
     ## What it does
     Reports zip archives with duplicate record names, records outside the archive folder, compressed records,
     more than one pickle record (or a zip inside the zip), data before or after the archive, local headers that
-    disagree with the central directory, and pickle files with more bytes after their STOP opcode. Every pickle
-    found this way is walked too, and judged by CKD601.
+    disagree with the central directory (of every record a loader parses; of the tensor data records too with
+    `--deep`, which reads them anyway: a plain scan costs one read per file, not one per tensor), and pickle files
+    with more bytes after their STOP opcode. Every pickle found this way is walked too, and judged by CKD601.
 
     ## Why is this bad?
     Two zip readers can see two different archives in the same bytes: a scanner reads the harmless `data.pkl`,
