@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ckptdoctor.cli import main
+from ckptdoctor.cli import run
 
-main(prog_name="ckptdoctor")
+run()

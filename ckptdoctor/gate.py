@@ -777,4 +777,7 @@ def gate_command(
             click.echo(sarif.render_github(result.findings, notice=summary(result)))
     else:
         click.echo(render_text(result))
+    from ckptdoctor.cli import _read_only_done
+
+    _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
     sys.exit(result.exit_code)

@@ -237,3 +237,30 @@ def test_fail_on_never_in_a_settings_file_does_not_pass_a_malicious_pickle(tmp_p
     assert CliRunner().invoke(main, ["scan", "--fail-on", "never", str(run)]).exit_code == 0
     (run / "checkpoint-4" / "pytorch_model.bin").unlink()  # without it only ordinary findings: never means never
     assert CliRunner().invoke(main, ["scan", str(run)]).exit_code == 0
+
+
+def test_the_console_entry_ends_fast_and_says_everything(tmp_path: Path) -> None:
+    """`python -m ckptdoctor` (cli.run) ends read-only commands with os._exit once output is flushed: the whole
+    report still arrives, with the same exit code as in-process; a command that writes exits normally."""
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "stub-shadow"
+    p = subprocess.run(
+        [sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", str(fixtures)], capture_output=True, text=True
+    )
+    inproc = CliRunner().invoke(main, ["scan", "--format", "json", str(fixtures)])
+    assert p.returncode == inproc.exit_code == 1
+    assert json.loads(p.stdout)["findings"] == json.loads(inproc.stdout)["findings"]
+    # A report of every fixture (tens of KB through the pipe) is whole.
+    every = fixtures.parent
+    big = subprocess.run(
+        [sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", str(every)], capture_output=True, text=True
+    )
+    whole = CliRunner().invoke(main, ["scan", "--format", "json", str(every)])
+    assert json.loads(big.stdout)["findings"] == json.loads(whole.stdout)["findings"]
+    run = make_run(tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptdoctor", "scan", "--deep", "--checksums", "write", str(run)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    assert (run / ".ckptdoctor" / "manifest.json").is_file()
