@@ -8,6 +8,7 @@ Standard library only, so any interpreter (the project's, or a venv holding pick
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -30,6 +31,30 @@ def main() -> None:
     kind, target, *args = sys.argv[1:]
     start_io, start = proc_io(), time.perf_counter()
     code = 0
+    written = False
+
+    def report(code: int) -> None:
+        nonlocal written
+        if written:
+            return
+        written = True
+        wall = time.perf_counter() - start
+        end_io = proc_io()
+        result = {
+            "wall_in_process": wall,
+            "rchar": end_io["rchar"],  # bytes through read()-like calls since the process started (imports incl.)
+            "rchar_workload": end_io["rchar"] - start_io["rchar"],
+            "read_bytes": end_io["read_bytes"],  # bytes fetched from the block device (page-cache misses)
+            "syscr": end_io["syscr"],
+            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "exit": code,
+        }
+        with open(os.environ["PROBE_OUT"], "w") as f:
+            json.dump(result, f)
+
+    # ckptdoctor's console entry ends read-only commands with os._exit after running the exit handlers: the
+    # figures are written from one (the exit code is then read by the caller from the process itself).
+    atexit.register(report, -1)
     try:
         if kind == "module":
             sys.argv = [target, *args]
@@ -40,19 +65,7 @@ def main() -> None:
             getattr(importlib.import_module(mod), func)(*args)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    wall = time.perf_counter() - start
-    end_io = proc_io()
-    result = {
-        "wall_in_process": wall,
-        "rchar": end_io["rchar"],  # bytes through read()-like calls since the process started (imports included)
-        "rchar_workload": end_io["rchar"] - start_io["rchar"],
-        "read_bytes": end_io["read_bytes"],  # bytes fetched from the block device (page-cache misses)
-        "syscr": end_io["syscr"],
-        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "exit": code,
-    }
-    with open(os.environ["PROBE_OUT"], "w") as f:
-        json.dump(result, f)
+    report(code)
 
 
 if __name__ == "__main__":
