@@ -360,11 +360,16 @@ def _chunk_stats(np: Any, buf: bytearray, count: int, dtype: str, scratch: Any) 
         return int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a))), nonzero
     # F16/BF16: no fast native type for BF16 (and numpy's float16 reductions convert), so work on the bits:
     # clear the sign, then every value at or above the exponent mask is Inf (equal) or NaN (above).
+    # Two read-only reductions instead of writing the cleared bits out first: as signed 16-bit numbers, positive
+    # Inf/NaN are the largest values; as unsigned ones, negative Inf/NaN are. +0.0 is 0 and -0.0 is 0x8000, so
+    # anything else nonzero shows as a signed max above 0 or an unsigned max above 0x8000.
     exp = _HALF_EXP_MASK[dtype]
-    bits = np.bitwise_and(np.frombuffer(buf, dtype="<u2", count=count), 0x7FFF, out=scratch[:count])
-    top = int(bits.max())
-    if top < exp:
-        return 0, 0, top != 0
+    raw = np.frombuffer(buf, dtype="<u2", count=count)
+    u_max = int(raw.max())
+    s_max = int(raw.view("<i2").max())
+    if s_max < exp and u_max < (0x8000 | exp):
+        return 0, 0, s_max > 0 or u_max > 0x8000
+    bits = np.bitwise_and(raw, 0x7FFF, out=scratch[:count])
     return int(np.count_nonzero(bits > exp)), int(np.count_nonzero(bits == exp)), True
 
 

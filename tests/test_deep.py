@@ -229,3 +229,26 @@ def test_numpy_is_imported_only_with_deep(tmp_path: Path) -> None:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == expected
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 65504.0, -3.0e38]
+_SPECIAL += [float("inf"), float("-inf"), float("nan"), -float("nan")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_chunk_stats_match_torch_on_every_sign_and_class(dtype: torch.dtype) -> None:
+    """The F16/BF16 path reads the bits (signed and unsigned maxima): every sign of zero, subnormals, extremes, Inf
+    and NaN, alone and mixed, give torch's own counts."""
+    import itertools
+
+    import numpy as np
+
+    code = "F16" if dtype == torch.float16 else "BF16"
+    scratch = np.empty(64, dtype=np.uint16)
+    cases = [[v] for v in _SPECIAL] + [list(c) for c in itertools.combinations(_SPECIAL, 2)]
+    cases += [[-0.0] * 5, [0.0, -0.0, 0.0], [-0.0, float("-inf")], [-1e-40, -0.0]]
+    for values in cases:
+        t = torch.tensor(values, dtype=torch.float32).to(dtype)
+        raw = bytearray(t.view(torch.int16).numpy().tobytes())
+        want = (int(t.isnan().sum()), int(t.isinf().sum()), bool((t != 0).any()) or bool(t.isnan().any()))
+        assert deep._chunk_stats(np, raw, len(values), code, scratch) == want, (code, values)
