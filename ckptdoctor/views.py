@@ -388,6 +388,38 @@ def _itemsize(dtype: str) -> int:
     return _ITEMSIZE.get(dtype, 1)
 
 
+@per_file
+def weight_map(f: FileFacts) -> dict[str, str] | None:
+    """A shard index's ``weight_map`` (tensor name -> shard file), or None when it is not a valid one. Shared by
+    several rules; callers never change it."""
+    if not isinstance(f.content, JsonFacts) or not isinstance(f.content.value, dict):
+        return None
+    wm = f.content.value.get("weight_map")
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        return None
+    return {str(k): v for k, v in wm.items()}
+
+
+def sharded_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
+    """Every tensor of the shards a sharded resume loads (``load_sharded_checkpoint``: the safetensors index when
+    there is one, else the .bin index), or None when the index or a shard it names is missing or unreadable, or
+    the shards do not hold exactly the tensors the index maps (CKD202/204/205 report those: a rule comparing
+    against the weights has nothing whole to compare with)."""
+    idx = ck.file(SAFE_INDEX) or ck.file(BIN_INDEX)
+    wm = weight_map(idx)
+    if wm is None:
+        return None
+    out: list[TensorInfo] = []
+    for shard in sorted(set(wm.values())):
+        ts = tensors_of(ck.file(shard))
+        if ts is None:
+            return None
+        out.extend(ts)
+    if len(out) != len(wm) or {t.name for t in out} != wm.keys():
+        return None
+    return tuple(out)
+
+
 def is_fsdp(ck: Checkpoint) -> bool:
     """transformers' ``is_fsdp_ckpt``: a sub-folder whose name contains ``pytorch_model_fsdp``, or that file."""
     for f in ck.files:

@@ -344,6 +344,13 @@ def r4_over_r2(copy: Copy) -> Path:
     return root
 
 
+def sharded_with_lora_optimizer(copy: Copy) -> Path:
+    """A sharded full checkpoint whose optimizer.pt is a LoRA run's (4 adapter matrices)."""
+    root, lora = copy("sharded"), copy("clean-lora")
+    shutil.copy(lora / CK8 / "optimizer.pt", root / CK8 / "optimizer.pt")
+    return root
+
+
 def deepspeed(tags: tuple[int, ...] = (8,), ranks: tuple[int, ...] = (0, 1), drop: str | None = None
               ) -> Callable[[Copy], Path]:
     def make(copy: Copy) -> Path:
@@ -476,6 +483,8 @@ FIRES: tuple[Fires, ...] = (
           ("saved by 2 ranks", "`rng_state_1.pth` is missing")),
     Fires("CKD405", "resumed-with-other-modules", clean("optimizer-mismatch"), "checkpoint-12", ERR,
           ("resumed from `checkpoint-8`", "[q_proj, v_proj] (r=2)", "trains [k_proj, v_proj] (r=2)")),
+    Fires("CKD405", "sharded-weights-other-optimizer", sharded_with_lora_optimizer, f"{CK8}/optimizer.pt", ERR,
+          ("4 optimizer states have shapes no trainable tensor has", "[2, 16] x2")),
     Fires("CKD405", "r4-adapter-over-r2-optimizer", r4_over_r2, f"{CK8}/optimizer.pt", ERR,
           ("4 optimizer states", "[2, 16] x2", "[16, 2] x2", "the adapter has [4, 16] x2, [16, 4] x2")),
     Fires("CKD406", "resumed-without-scheduler", clean("lr-jump"), "checkpoint-12/trainer_state.json", WARN,
@@ -529,6 +538,7 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD404", "fsdp", clean("fsdp")),
     Silent("CKD404", "deepspeed", deepspeed()),
     Silent("CKD405", "lora-resumed", clean("lora-resumed")),
+    Silent("CKD405", "sharded", clean("sharded")),
     Silent("CKD405", "fresh-run-other-adapter", clean("fresh-other-adapter")),
     Silent("CKD405", "config-r-edited", json_edit("clean-lora", f"{CK8}/adapter_config.json", r=4)),
     Silent("CKD405", "zero3-empty-adapter", emptied("clean-lora", f"{CK8}/adapter_model.safetensors")),

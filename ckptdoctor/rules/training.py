@@ -188,12 +188,16 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
 
 
 def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
-    """The shapes of the tensors a resume would train: the root adapter's, else the full weights'.
+    """The shapes of the tensors a resume would train: the root adapter's, else the full weights' (one file or the
+    shards an index names).
 
     With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
     the stub), so the adapter is what the optimizer is compared with.
     """
     branch = "adapter" if views.has_adapter(ck) else views.weights_branch(ck)
+    if branch == "sharded":
+        sharded = views.sharded_tensors(ck)
+        return None if sharded is None else ("full", [t.shape for t in sharded])
     if branch == "adapter":
         f = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
     elif branch == "full":

@@ -88,17 +88,6 @@ def _index_files(ck: Checkpoint) -> list[FileFacts]:
     return [f for f in (ck.file(views.SAFE_INDEX), ck.file(views.BIN_INDEX)) if f is not None]
 
 
-@views.per_file
-def _weight_map(f: FileFacts) -> dict[str, str] | None:
-    """An index's ``weight_map`` (name -> shard), read once per scan: three rules ask. Callers never change it."""
-    if not isinstance(f.content, JsonFacts) or not isinstance(f.content.value, dict):
-        return None
-    wm = f.content.value.get("weight_map")
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        return None
-    return {str(k): v for k, v in wm.items()}
-
-
 @rule("CKD204", "missing-shard", Severity.ERROR)
 def missing_shard(tree: Tree) -> Iterator[Hit]:
     """A shard index names a shard file that does not exist.
@@ -120,7 +109,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
-            wm = _weight_map(idx)
+            wm = views.weight_map(idx)
             if wm is None:
                 continue
             counts = Counter(wm.values())
@@ -211,7 +200,7 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
-            wm = _weight_map(idx)
+            wm = views.weight_map(idx)
             if wm is None:
                 continue
             if any(ck.file(s) is None for s in set(wm.values())):
@@ -268,7 +257,7 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
                 ts = views.tensors_of(f)
                 forms.append((rel, _signature(ts) if ts is not None else None))
         for idx in _index_files(ck):
-            wm = _weight_map(idx)
+            wm = views.weight_map(idx)
             if wm is None:
                 forms.append((idx.name, None))
                 continue
