@@ -242,8 +242,10 @@ def scan(
     selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
     if checksums is not None:
         _check_checksums(paths, checksums, deep)
+    from ckptdoctor.progress import progress_stream
+
     if deep:
-        from ckptdoctor.deep import DeepUnavailable, progress_stream  # only --deep pays for this import
+        from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import (numpy)
 
         try:
             report = run_scan(
@@ -252,7 +254,7 @@ def scan(
         except DeepUnavailable as exc:
             raise UsageProblem(str(exc)) from None
     else:
-        report = run_scan(list(paths), selection=selection, jobs=jobs)
+        report = run_scan(list(paths), selection=selection, jobs=jobs, progress=progress_stream())
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":

@@ -17,7 +17,6 @@ import math
 import os
 import stat
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -526,9 +525,3 @@ def _clock(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def progress_stream() -> TextIO | None:
-    """stderr when it is a terminal (progress is for people), else None (quiet in CI and pipes)."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    return sys.stderr if isatty is not None and isatty() else None

@@ -23,6 +23,7 @@ from ckptdoctor.model import (
     Run,
     Tree,
 )
+from ckptdoctor.progress import when_done
 from ckptdoctor.readers import read_dcp_items_of, read_file
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None, limits).
@@ -110,7 +111,9 @@ def _file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str
     return fs_type
 
 
-def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
+def discover(
+    root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1, progress: Callable[[], None] | None = None
+) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
     Never writes, never follows a link out of the root or around a loop, never opens FIFOs or devices; every
@@ -118,12 +121,12 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
     ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
     thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
     A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
-    (``ckptdoctor.remote``), into the same Tree.
+    (``ckptdoctor.remote``), into the same Tree. ``progress`` is called once per file read (from any thread).
     """
     from ckptdoctor.remote import discover_remote, is_remote  # stdlib only; fsspec is imported for URLs alone
 
     if is_remote(root):
-        return discover_remote(root, limits, jobs)
+        return discover_remote(root, limits, jobs, progress)
     real_root = os.path.realpath(root)
     try:
         st = os.stat(root)
@@ -139,11 +142,11 @@ def discover(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
         return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
 
     if jobs <= 1:
-        walker = _Walker(real_root, limits, None)
+        walker = _Walker(real_root, limits, None, progress)
         top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(real_root, limits, pool)
+            walker = _Walker(real_root, limits, pool, progress)
             top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
             _collect(top)
     _read_dcp_items(top, limits, read_dcp_items_of)
@@ -173,10 +176,17 @@ def build_tree(
 class _Walker:
     """Depth-first walk with one stat per entry, reading each file as it is met (or handing it to ``pool``)."""
 
-    def __init__(self, real_root: str, limits: Limits, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(
+        self,
+        real_root: str,
+        limits: Limits,
+        pool: ThreadPoolExecutor | None,
+        progress: Callable[[], None] | None = None,
+    ) -> None:
         self.real_root = real_root
         self.limits = limits
         self.pool = pool
+        self.progress = progress
         self.problems: list[PathProblem] = []
         self.files_seen = 0
         self.entries = 0
@@ -237,8 +247,13 @@ class _Walker:
                 node.distcp[crel] = open_path
             if self.pool is None:
                 node.files.append(_read(open_path, crel, est, self.limits, in_dcp, is_link))
+                if self.progress is not None:
+                    self.progress()
             else:
-                node.pending.append(self.pool.submit(_read, open_path, crel, est, self.limits, in_dcp, is_link))
+                fut = self.pool.submit(_read, open_path, crel, est, self.limits, in_dcp, is_link)
+                if self.progress is not None:
+                    fut.add_done_callback(when_done(self.progress))
+                node.pending.append(fut)
             self.files_seen += 1
         for open_path, crel, raw, est in subdirs:
             if (est.st_dev, est.st_ino) in ancestors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from ckptdoctor.discover import _OWN_DIR, _Dir, _is_run, _read_dcp_items, build_tree, in_dcp_folder
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
+from ckptdoctor.progress import when_done
 from ckptdoctor.readers import read_dcp_items_from, read_open_file
 
 if TYPE_CHECKING:  # fsspec is optional (the `remote` extra) and imported only for a URL root
@@ -51,7 +53,9 @@ def check_remote_root(url: str) -> str | None:
     return None
 
 
-def discover_remote(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -> Tree:
+def discover_remote(
+    root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1, progress: Callable[[], None] | None = None
+) -> Tree:
     """``discover`` for a URL root: list everything under the prefix once, then read each file's header with ranged
     requests (``READAHEAD`` past each read), ``jobs`` at a time; grouped by the same code as a local walk.
 
@@ -88,7 +92,10 @@ def discover_remote(root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1) -
             for rel, full, info in entries:
                 if in_dcp and rel.endswith(".distcp"):
                     node.distcp[rel] = full
-                reads.append((node, pool.submit(_read, fs, full, rel, info, limits, in_dcp)))
+                fut = pool.submit(_read, fs, full, rel, info, limits, in_dcp)
+                if progress is not None:
+                    fut.add_done_callback(when_done(progress))
+                reads.append((node, fut))
                 files_seen += 1
         for node, fut in reads:  # walk order, so any `jobs` gives the same Tree
             node.files.append(fut.result())

@@ -68,12 +68,14 @@ def scan(
     ``jobs`` files are read at once (default: ``discover.default_jobs(root)``: one on a local disk, a few threads
     per core on network file systems and object storage); the report is the same for any value.
     ``deep`` also streams tensor data (needs numpy; raises ``ckptdoctor.deep.DeepUnavailable`` without it) and
-    enables the deep-only rules; ``progress`` (a terminal stream) then shows how far it got.
+    enables the deep-only rules. ``progress`` (a terminal stream) shows how far the reads got: a file counter when
+    a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
     the caller's step (``ckptdoctor.fix.write_manifest``): a scan never writes.
     """
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
+    from ckptdoctor.progress import Counter
 
     if isinstance(paths, str):
         paths = [paths]
@@ -89,7 +91,14 @@ def scan(
     findings: list[Finding] = []
     with _gc_paused():
         for p in paths:
-            tree = discover(p, limits, jobs if jobs is not None else default_jobs(p))
+            counter = Counter(progress) if progress is not None else None
+            try:
+                tree = discover(
+                    p, limits, jobs if jobs is not None else default_jobs(p), counter.tick if counter else None
+                )
+            finally:
+                if counter is not None:
+                    counter.close()
             if not tree.abs_root:
                 tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
             if sel.deep:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,37 @@ def test_this_machines_scratch_is_a_known_local_file_system(tmp_path: Path) -> N
     if not os.path.exists("/proc/self/mountinfo"):
         pytest.skip("no /proc/self/mountinfo")
     assert _file_system_type(str(tmp_path)) is not None
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_long_scan_shows_a_file_counter_then_erases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    import io
+
+    from ckptdoctor import progress
+
+    clock = iter(range(10_000))
+    lock = threading.Lock()
+
+    def tick_tock() -> float:  # one second per call: every tick redraws
+        with lock:
+            return float(next(clock))
+
+    monkeypatch.setattr(progress, "_clock", tick_tock)
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    run = make_run(tmp_path / "run", steps=(2, 4, 6))
+    stream = io.StringIO()
+    report = scan(str(run), jobs=jobs, progress=stream)
+    text = stream.getvalue()
+    files = report.files
+    assert f"ckptdoctor: read {files:,} files" in text  # the last count drawn is every file
+    assert text.endswith("\r") and text.rstrip("\r").endswith(" ")  # erased: the report starts on a clean line
+
+
+def test_a_quick_scan_draws_nothing(tmp_path: Path) -> None:
+    import io
+
+    stream = io.StringIO()
+    scan(str(make_run(tmp_path / "run")), progress=stream)
+    assert stream.getvalue() == ""
