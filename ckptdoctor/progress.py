@@ -33,24 +33,23 @@ class Counter:
     so the report that follows starts on a clean line. Thread-safe: reads finish on pool threads.
     """
 
-    def __init__(self, stream: TextIO, what: str = "files") -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.what = what
         self.count = 0
         self.start = _clock()
         self.last = 0.0
         self.width = 0
         self.lock = threading.Lock()
 
-    def tick(self, n: int = 1) -> None:
-        """Count ``n`` more done."""
+    def tick(self) -> None:
+        """Count one more file read."""
         with self.lock:
-            self.count += n
+            self.count += 1
             now = _clock()
             if now - self.start < DELAY or now - self.last < REDRAW:
                 return
             self.last = now
-            line = f"ckptdoctor: read {self.count:,} {self.what} ({now - self.start:.0f} s)"
+            line = f"ckptdoctor: read {self.count:,} files ({now - self.start:.0f} s)"
             self.width = max(self.width, len(line))
             self.stream.write("\r" + line)
             self.stream.flush()
