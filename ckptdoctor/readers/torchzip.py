@@ -61,7 +61,6 @@ _ZIP_CENTRAL = b"PK\x01\x02"
 _EOCD = struct.Struct("<4s4H2LH")
 _ZIP64_LOC = struct.Struct("<4sLQL")
 _ZIP64_REC = struct.Struct("<4sQ2H2L4Q")
-_CENTRAL = struct.Struct("<4s6H3L5H2L")
 _LOCAL = struct.Struct("<4s5H3L2H")
 # The fields the per-record loops use, unpacked in one call (times, crc, disk and attributes skipped):
 # central: signature, flags, method, compressed size, size, name, extra and comment lengths, local header offset;
@@ -248,15 +247,23 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, local: int) -> tuple[int,
     return usize, csize, local
 
 
+def _data_start(f: BinaryIO, m: ZipMember) -> int | None:
+    """Where a record's stored bytes start, as zip readers find them: after its local header's name and extra
+    field (not the central directory's); None without a local header there."""
+    head = _read_at(f, m.offset, 30)
+    if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+        return None
+    fields = _LOCAL.unpack(head)
+    return int(m.offset + 30 + fields[9] + fields[10])
+
+
 def _member_bytes(f: BinaryIO, m: ZipMember, data_end: int, cap: int) -> tuple[bytes | None, ReadProblem | None]:
     """The (decompressed) content of a small member; ``cap`` bounds what we are willing to hold."""
     if m.size > cap:
         return None, _problem(ProblemKind.LIMIT, f"record `{m.name}` is {m.size} bytes (limit {cap})")
-    head = _read_at(f, m.offset, 30)
-    if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+    start = _data_start(f, m)
+    if start is None:
         return None, _problem(ProblemKind.MALFORMED, f"record `{m.name}` has no local header at byte {m.offset}")
-    fields = _LOCAL.unpack(head)
-    start = m.offset + 30 + fields[9] + fields[10]
     if start + m.compressed_size > data_end:
         return None, _problem(
             ProblemKind.TRUNCATED, f"record `{m.name}` ends at byte {start + m.compressed_size}, past {data_end}"
@@ -601,11 +608,9 @@ def _is_storage(rel: str, name: str) -> bool:
 
 def _member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
     """The first ``n`` bytes of a record's content (inflated when deflated); b"" when they cannot be had."""
-    head = _read_at(f, m.offset, 30)
-    if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+    start = _data_start(f, m)
+    if start is None:
         return b""
-    fields = _LOCAL.unpack(head)
-    start = m.offset + 30 + fields[9] + fields[10]
     raw = _read_at(f, start, min(m.compressed_size, n if m.method == 0 else 1 << 16))
     if m.method == 0:
         return raw
