@@ -20,14 +20,29 @@ _TORCH = (".pt", ".pth", ".bin")
 
 def safe_open_walk(root: str) -> None:
     """Every safetensors header through ``safe_open`` (keys, shapes, dtypes, metadata), plus every JSON file."""
+    _header_walk(root, "pt")
+    json_load(root)
+
+
+def safe_open_walk_np(root: str) -> None:
+    """``safe_open_walk`` with ``framework="np"``: the same header walk without importing torch (numpy instead)."""
+    _header_walk(root, "np")
+    json_load(root)
+
+
+def _header_walk(root: str, framework: str) -> None:
     from safetensors import safe_open
 
     for path in _files(root, (".safetensors",)):
-        with safe_open(path, "pt") as f:
+        with safe_open(path, framework) as f:
             f.metadata()
             for k in f.keys():  # noqa: SIM118  (safe_open is not iterable)
                 s = f.get_slice(k)
                 s.get_shape(), s.get_dtype()
+
+
+def json_load(root: str) -> None:
+    """``json.load`` of every JSON file: the part of the walks above that is not safetensors."""
     for path in _files(root, (".json",)):
         with open(path) as f:
             json.load(f)

@@ -94,7 +94,7 @@ def compare(root: str, checkpoints: int, scanners: str | None, naive: bool, repe
             base["wall"],
         )
     )
-    for name in ("safe_open_walk", "torch_mmap", "metadata_walk"):
+    for name in ("safe_open_walk", "safe_open_walk_np", "json_load", "torch_mmap", "metadata_walk"):
         print(
             row(
                 f"baselines.{name}",

@@ -11,6 +11,8 @@ import itertools
 import json
 import operator
 import re
+import sys
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -697,3 +699,30 @@ def test_files_over_the_small_size_are_not_cached(tmp_path: Path) -> None:
         _read(tmp_path / "a" / "trainer_state.json")
         _read(tmp_path / "b" / "trainer_state.json")
     assert len(calls) == 2 and not readers._OUTCOMES
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON strings matched with possessive repeats (Python 3.11+): the same matches, without memory per escape
+
+_OLD_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]', re.DOTALL)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(st.sampled_from('"\\ab{}[]:,\n'), max_size=60))
+def test_string_and_token_patterns_match_as_before(text: str) -> None:
+    assert jsonfiles._STRING.sub("", text) == _OLD_STRING.sub("", text)
+    assert [m.span() for m in jsonfiles._TOKEN.finditer(text)] == [m.span() for m in _OLD_TOKEN.finditer(text)]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="possessive repeats need Python 3.11")
+def test_a_string_of_escapes_costs_no_memory_per_escape() -> None:
+    """The strict path on a hostile file: 1 MB of escapes in one string, then a repeated key (old: 60 bytes each)."""
+    data = b'{"a": "' + b"\\n" * 500_000 + b'", "a": 1}'
+    tracemalloc.start()
+    try:
+        out = read_json(io.BytesIO(data), len(data))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [p.kind for p in out.problems] == [ProblemKind.INVALID_JSON]
+    assert peak < 12 * len(data), peak

@@ -6,6 +6,7 @@ import itertools
 import json
 import operator
 import re
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -14,9 +15,13 @@ from typing import Any, BinaryIO
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem
 
+# A JSON string, escapes included. The match is unambiguous (no backtracking can find another), so from Python 3.11
+# the repeats are possessive: the same matches, but without a backtracking frame per escape, which cost 60 bytes
+# each (a 20 MB string of escapes took 1.2 GB and 3.6 s; possessive, 0.14 s and no extra memory).
+_STRING_PATTERN = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"' if sys.version_info >= (3, 11) else r'"[^"\\]*(?:\\.[^"\\]*)*"'
 # The tokens that matter for structure: strings (skipped whole, escapes included) and punctuation.
-_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]', re.DOTALL)
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_TOKEN = re.compile(_STRING_PATTERN + r"|[{}\[\]:,]", re.DOTALL)
+_STRING = re.compile(_STRING_PATTERN, re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^{}\[\]]+")
 _DEPTH_STEP = bytes.maketrans(b"{[}]", b"\x02\x02\x00\x00")
 _DEPTH_CHUNK = 1 << 16
