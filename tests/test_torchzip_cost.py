@@ -281,3 +281,45 @@ def _with_zip64_offsets(data: bytes) -> bytes:
     struct.pack_into("<Q", loc, 8, cd_offset + len(cd))
     eocd = bytearray(data[len(data) - 22 :])
     return data[:cd_offset] + bytes(cd) + bytes(rec) + bytes(loc) + bytes(eocd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Central directory entries are interned across files
+
+
+def _with_entry_twice(data: bytes, member: str) -> bytes:
+    """``data`` (a torch.save file) with ``member``'s central entry listed a second time, at the end: two entries
+    equal in every field, naming the same local header."""
+    loc_at = len(data) - 22 - 20
+    rec_at = struct.unpack_from("<Q", data, loc_at + 8)[0]
+    count, cd_size, cd_offset = struct.unpack_from("<QQQ", data, rec_at + 32)
+    pos, entry = cd_offset, b""
+    for _ in range(count):
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", data, pos + 28)
+        end = pos + 46 + name_len + extra_len + comment_len
+        if data[pos + 46 : pos + 46 + name_len] == member.encode():
+            entry = data[pos:end]
+        pos = end
+    assert entry
+    rec = bytearray(data[rec_at : rec_at + 56])
+    struct.pack_into("<QQQ", rec, 24, count + 1, count + 1, cd_size + len(entry))
+    loc = bytearray(data[loc_at : loc_at + 20])
+    struct.pack_into("<Q", loc, 8, rec_at + len(entry))
+    return data[: cd_offset + cd_size] + entry + bytes(rec) + bytes(loc) + data[len(data) - 22 :]
+
+
+def test_entries_are_shared_between_files(optim: bytes) -> None:
+    first, second = _read(optim)[0].content, _read(optim)[0].content
+    assert isinstance(first, TorchFacts) and isinstance(second, TorchFacts)
+    assert all(a is b for a, b in zip(first.members, second.members, strict=True))
+
+
+def test_an_entry_listed_twice_is_still_walked_as_a_second_pickle(optim: bytes) -> None:
+    """Interned, the two entries are one object: the reader tells data.pkl from its copy by position."""
+    data = _with_entry_twice(optim, "archive/data.pkl")
+    out, _ = _read(data)
+    assert isinstance(out.content, TorchFacts)
+    assert out.content.members[-1] is next(m for m in out.content.members if m.name == "archive/data.pkl")
+    messages = [p.message for p in out.problems]
+    assert any("duplicate zip records" in m for m in messages)
+    assert any("besides the one data.pkl" in m and "`archive/data.pkl`" in m for m in messages), messages
