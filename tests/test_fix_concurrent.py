@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from ckptdoctor import fix as fixmod
+from ckptdoctor.fix import calls as fixcalls
 from tests.builders import make_run, trainer_state
 from tests.test_fix import age, clone, deepspeed_checkpoint, run_cli, sharded_checkpoint, stub_run, tree_state
 from tests.test_fix_crash import _kill_at
@@ -58,10 +59,10 @@ class Hook:
 @pytest.fixture
 def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Hook, fixmod.WriteCalls | None], None]]:
     def install(h: Hook, base: fixmod.WriteCalls | None = None) -> None:
-        monkeypatch.setattr(fixmod, "CALLS", h.calls(base))
+        monkeypatch.setattr(fixcalls, "CALLS", h.calls(base))
 
     yield install
-    monkeypatch.setattr(fixmod, "CALLS", fixmod.WriteCalls())
+    monkeypatch.setattr(fixcalls, "CALLS", fixmod.WriteCalls())
 
 
 def _no_links() -> fixmod.WriteCalls:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ckptdoctor import fix as fixmod
+from ckptdoctor.fix import calls as fixcalls
 from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
 
 
@@ -47,7 +48,7 @@ class Faults:
 @pytest.fixture
 def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Faults | None], None]]:
     def install(f: Faults | None) -> None:
-        monkeypatch.setattr(fixmod, "CALLS", f.calls_obj() if f else fixmod.WriteCalls())
+        monkeypatch.setattr(fixcalls, "CALLS", f.calls_obj() if f else fixmod.WriteCalls())
 
     yield install
 
@@ -59,12 +60,12 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     src = age(mixed_run(base / "src"))
     done = clone(src, base / "done")
     counter = Faults(10**9)
-    saved = fixmod.CALLS
-    fixmod.CALLS = counter.calls_obj()
+    saved = fixcalls.CALLS
+    fixcalls.CALLS = counter.calls_obj()
     try:
         run_cli("fix", str(done))
     finally:
-        fixmod.CALLS = saved
+        fixcalls.CALLS = saved
     return {"src": src, "before": tree_state(src), "planned": tree_state(done), "calls": counter.calls}
 
 

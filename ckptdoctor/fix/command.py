@@ -1,0 +1,111 @@
+"""The ``fix`` and ``undo`` commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from ckptdoctor.cli import ScanRoot  # lets URL roots through to `_check_roots`, which refuses them clearly
+from ckptdoctor.fix.journal import load_journals
+from ckptdoctor.fix.render import fix_json, render_fix_text
+from ckptdoctor.fix.run import fix
+from ckptdoctor.fix.transaction import undo
+
+_EPILOG_FIX = """\b
+Examples:
+  ckptdoctor fix --dry-run runs/my-run/        # show every operation and diff; exit 1 if it would change
+  ckptdoctor fix runs/my-run/                  # apply the safe fixes, rescan, report what is left
+  ckptdoctor fix --unsafe-fixes --select CKD101 runs/my-run/
+  ckptdoctor undo runs/my-run/                 # restore the last fix byte for byte
+
+\b
+Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep
+their original there. Exit codes: 0 nothing left at or above --fail-on (dry run: nothing to fix), 1 findings
+remain (dry run: it would change something), 2 usage error or refusal (read-only, busy, locked, changed files).
+"""
+
+
+@click.command("fix", epilog=_EPILOG_FIX)
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.option("--dry-run", is_flag=True, help="Print the plan and write nothing at all.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes marked unsafe (e.g. quarantining stale runs).")
+@click.option(
+    "--select", multiple=True, metavar="CODES", help="Only these rules (codes or prefixes, e.g. CKD2,CKD601)."
+)
+@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (codes or prefixes).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "info", "never"]),
+    default=None,
+    help="Exit 1 when a finding this severe remains after the fix.  [default: error]",
+)
+@click.option("--force", is_flag=True, help="Act even on a run written in the last 60 seconds.")
+@click.option("--no-config", is_flag=True, help="Ignore [tool.ckptdoctor] / .ckptdoctor.toml settings.")
+def fix_command(
+    paths: tuple[str, ...],
+    dry_run: bool,
+    unsafe_fixes: bool,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fmt: str,
+    fail_on: str | None,
+    force: bool,
+    no_config: bool,
+) -> None:
+    """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
+
+    Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
+    """
+    from ckptdoctor.cli import resolve_selection
+
+    selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
+    result = fix(
+        list(paths),
+        selection=selection,
+        unsafe=unsafe_fixes,
+        dry_run=dry_run,
+        force=force,
+        fail_on=fail_on or cfg_fail_on or "error",
+    )
+    if fmt == "json":
+        click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
+    else:
+        click.echo(render_fix_text(result))
+    sys.exit(result.exit_code())
+
+
+@click.command("undo")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option("--list", "list_", is_flag=True, help="List the fix transactions recorded under PATH.")
+@click.option("--txid", default=None, metavar="ID", help="Undo this transaction instead of the last one.")
+def undo_command(path: str, list_: bool, txid: str | None) -> None:
+    """Restore the last (or the named) fix transaction under PATH byte for byte, modes included.
+
+    Refuses, changing nothing, when a file changed since the fix.
+    """
+    if list_:
+        from tabulate import tabulate
+
+        rows = [
+            [
+                j.txid,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created)),
+                j.state,
+                len(j.ops),
+                ",".join(j.rules),
+            ]
+            for j in load_journals(path)
+        ]
+        if not rows:
+            click.echo(f"No fix transactions under {path}.")
+            return
+        click.echo(tabulate(rows, headers=["txid", "created", "state", "ops", "rules"], tablefmt="simple"))
+        return
+    from ckptdoctor.report import plural
+
+    j, restored = undo(path, txid)
+    click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")

@@ -1,0 +1,130 @@
+"""Recognising each journaled operation's state on disk, whatever interrupted it, and undoing one operation."""
+
+from __future__ import annotations
+
+import os
+
+from ckptdoctor.findings import OpKind
+from ckptdoctor.fix import calls
+from ckptdoctor.fix.apply import _give_back, _keep_original, _move
+from ckptdoctor.fix.calls import _fsync_dir
+from ckptdoctor.fix.digests import _holds, _same_inode, digest
+from ckptdoctor.fix.errors import ConcurrentChange, FixRefused, _changed_msg
+from ckptdoctor.fix.journal import Journal, JournalOp
+from ckptdoctor.fix.paths import _abs, _parent
+
+
+def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
+    """Recognise an operation's state on disk: ``applied``, ``pending``, ``both`` (quarantined, and the path
+    exists again), ``untouched`` (a rewrite another process got to first), ``raced`` (killed after exchanging a
+    target another process had just written: its bytes are at the temp path) or ``conflict``, with a reason."""
+    here = _abs(abs_root, op.path)
+    if op.kind == OpKind.QUARANTINE:
+        p, q = os.path.lexists(here), os.path.lexists(_abs(abs_root, op.quarantine(txid)))
+        if p and q:
+            return "both", f"`{op.path}` exists again (created after the fix)"
+        if q:
+            return "applied", ""
+        if p:
+            return "pending", ""
+        return "conflict", f"`{op.path}` is neither in place nor in the quarantine"
+    if op.status != "done" and not _holds(here, op.after) and not _holds(here, op.before):
+        keep = _abs(abs_root, op.quarantine(txid))
+        if not os.path.lexists(keep) or _same_inode(keep, here) or _holds(_abs(abs_root, op.temp(txid)), op.after):
+            # The replace (or exchange) always follows keeping the original under a name of its own, and the
+            # fixer's text is still (or again) at the temp path, so it is not at `path`: another process wrote it.
+            # Nothing of the fixer's is there to undo.
+            return "untouched", f"`{op.path}` was written by another process before the fix reached it"
+    if not os.path.lexists(here):
+        return "conflict", f"`{op.path}` was removed after the fix"
+    now = digest(here)
+    if now.same(op.after):
+        tmp = _abs(abs_root, op.temp(txid))
+        if op.status != "done" and os.path.lexists(tmp) and not _holds(tmp, op.before) and not _holds(tmp, op.after):
+            # Killed between the exchange and its check: what came out is another process's write, not the original.
+            return "raced", f"`{op.path}` was written by another process while the fix exchanged it"
+        return "applied", ""
+    if now.same(op.before):
+        return "pending", ""
+    return "conflict", f"`{op.path}` changed after the fix ({now.size:,} bytes, sha256 {now.sha256[:12]}…)"
+
+
+def _check_undo(abs_root: str, j: Journal) -> list[str]:
+    """Each operation's state, checked so the whole undo can succeed; a refusal lists every obstacle."""
+    states: list[str] = []
+    problems: list[str] = []
+    for op in j.ops:
+        state, why = _op_state(abs_root, j.txid, op)
+        if state in ("both", "conflict"):
+            problems.append(why)
+        elif state == "applied":
+            kept = _abs(abs_root, op.quarantine(j.txid))
+            if not os.path.lexists(kept):
+                problems.append(f"the original of `{op.path}` is missing from `{op.quarantine(j.txid)}`")
+            elif not (now := digest(kept)).same(op.before):
+                problems.append(
+                    f"`{op.quarantine(j.txid)}` (the original of `{op.path}`) changed after the fix, so it is no "
+                    f"longer what the fix moved there ({now.size:,} bytes, sha256 {now.sha256[:12]}…; a process may "
+                    "still have it open); it stays there as written"
+                )
+            parent = _abs(abs_root, _parent(op.path))
+            if not os.path.isdir(parent) or os.path.islink(parent):
+                problems.append(f"`{_parent(op.path)}` (where `{op.path}` goes back) is gone")
+        states.append(state)
+    if problems:
+        raise FixRefused(f"cannot undo transaction {j.txid}: " + "; ".join(problems) + ". Nothing was changed.")
+    return states
+
+
+def _check_redo(abs_root: str, j: Journal) -> list[str]:
+    states: list[str] = []
+    problems: list[str] = []
+    for op in j.ops:
+        state, why = _op_state(abs_root, j.txid, op)
+        if state in ("conflict", "untouched"):
+            problems.append(why)
+        elif state == "raced":
+            problems.append(f"{why} (`ckptdoctor undo` puts its bytes back)")
+        elif (
+            state == "pending" and op.kind == OpKind.QUARANTINE and not digest(_abs(abs_root, op.path)).same(op.before)
+        ):
+            problems.append(f"`{op.path}` changed after the fix was planned")
+        states.append("applied" if state == "both" else state)
+    if problems:
+        raise FixRefused(
+            f"cannot complete interrupted transaction {j.txid}: "
+            + "; ".join(problems)
+            + f". Run `ckptdoctor undo --txid {j.txid}` to roll it back."
+        )
+    return states
+
+
+def _undo_op(abs_root: str, txid: str, op: JournalOp, state: str) -> None:
+    if state == "raced":
+        _give_back(abs_root, txid, op, None)
+    elif state == "applied":
+        if op.kind == OpKind.QUARANTINE:
+            _move(abs_root, op.quarantine(txid), op.path, op.times)
+        else:
+            if not _holds(_abs(abs_root, op.path), op.after):  # written since the undo checked it: keep those bytes
+                raise ConcurrentChange(f"{_changed_msg(op.path)}; run `ckptdoctor undo` again to see what is left")
+            _settle_temp(abs_root, txid, op)
+            calls.CALLS.replace(_abs(abs_root, op.quarantine(txid)), _abs(abs_root, op.path))
+            _fsync_dir(os.path.dirname(_abs(abs_root, op.path)))
+    elif op.kind != OpKind.QUARANTINE:
+        # Not applied: only the fixer's own temp file and the kept copy of the (still present) original remain.
+        for rel in (op.temp(txid), op.quarantine(txid)):
+            if os.path.lexists(_abs(abs_root, rel)):
+                calls.CALLS.unlink(_abs(abs_root, rel))
+
+
+def _settle_temp(abs_root: str, txid: str, op: JournalOp) -> None:
+    """An applied rewrite's leftover temp file (a kill came after the exchange): the original that came out there
+    is kept in the quarantine, the fixer's own text is dropped, anything else stays (``_op_state`` reports it)."""
+    tmp = _abs(abs_root, op.temp(txid))
+    if not os.path.lexists(tmp):
+        return
+    if _holds(tmp, op.before):
+        _keep_original(tmp, _abs(abs_root, op.quarantine(txid)))
+    elif _holds(tmp, op.after):
+        calls.CALLS.unlink(tmp)

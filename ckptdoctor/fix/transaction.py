@@ -1,0 +1,192 @@
+"""Transactions: apply a plan (journal first), complete one a crash interrupted, roll back, undo."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from ckptdoctor.findings import OpKind
+from ckptdoctor.fix import calls
+from ckptdoctor.fix.apply import _apply_op
+from ckptdoctor.fix.calls import _ensure_dir, _quietly
+from ckptdoctor.fix.crash import _crash_point
+from ckptdoctor.fix.digests import Digest, _sha, digest
+from ckptdoctor.fix.errors import FixRefused
+from ckptdoctor.fix.guard import RootLock, preflight
+from ckptdoctor.fix.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
+from ckptdoctor.fix.paths import OWN_DIR, _abs, _own, _parent, check_path
+from ckptdoctor.fix.plan import RootPlan
+from ckptdoctor.fix.recover import _check_redo, _check_undo, _settle_temp, _undo_op
+
+
+def _restore_times(abs_root: str, j: Journal) -> None:
+    """Give the touched folders back their mtimes: the Trainer's rotation orders checkpoints by folder mtime."""
+    for rel, times in sorted(j.dir_times.items(), key=lambda kv: -kv[0].count("/")):
+        path = _abs(abs_root, rel) if rel != "." else abs_root
+        if os.path.isdir(path) and not os.path.islink(path):
+            calls.CALLS.utime(path, times)
+
+
+def _forward(abs_root: str, j: Journal, states: list[str]) -> None:
+    """Apply every operation not yet applied, marking each done in the journal as it completes."""
+    for k, (op, state) in enumerate(zip(j.ops, states, strict=True), 1):
+        if op.status == "done":
+            continue
+        if state == "pending":
+            _apply_op(abs_root, j.txid, op, k)
+        elif op.kind != OpKind.QUARANTINE:
+            _settle_temp(abs_root, j.txid, op)
+        _crash_point(f"op:{k}:moved")
+        op.status = "done"
+        _save(abs_root, j)
+        _crash_point(f"op:{k}")
+    _restore_times(abs_root, j)
+    j.state = "applied"
+    _save(abs_root, j)
+
+
+def _backward(abs_root: str, j: Journal, *, final: str, strict: bool) -> int:
+    """Roll every applied operation back, newest first. ``strict`` journal writes (undo) or best effort
+    (rollback after a fault). Returns the number of operations restored."""
+    states = _check_undo(abs_root, j)
+    save = _save if strict else _save_quietly
+    j.state = "undoing"
+    save(abs_root, j)
+    _crash_point("undo:journal")
+    restored = 0
+    for k in range(len(j.ops), 0, -1):
+        op, state = j.ops[k - 1], states[k - 1]
+        _undo_op(abs_root, j.txid, op, state)
+        restored += state == "applied"
+        op.status = "undone"
+        save(abs_root, j)
+        _crash_point(f"undo:{k}")
+    _restore_times(abs_root, j)
+    _prune_quarantine(abs_root, j.txid)
+    j.state = final
+    save(abs_root, j)
+    return restored
+
+
+def _prune_quarantine(abs_root: str, txid: str) -> None:
+    """Remove the transaction's quarantine folders once empty (they held only what went back)."""
+    top = _own(abs_root, "quarantine", txid)
+    if not os.path.isdir(top):
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+        _quietly(calls.CALLS.rmdir, dirpath)
+
+
+def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
+    """Apply one root's plan as a transaction and return its journal (None when there is nothing to do).
+
+    Raises ``FixRefused`` for a refusal (nothing written) or a failure; after a failure the transaction is rolled
+    back when possible, else the message says to run ``ckptdoctor undo`` or ``ckptdoctor fix``.
+    """
+    if not plan.ops:
+        return None
+    preflight(plan, force=force)
+    root = plan.abs_root
+    dir_times: dict[str, tuple[int, int]] = {}
+    for rel in {"."} | {_parent(op.path) for op in plan.ops}:
+        st = os.lstat(_abs(root, rel) if rel != "." else root)
+        dir_times[rel] = (st.st_atime_ns, st.st_mtime_ns)
+    with RootLock(root):
+        ops: list[JournalOp] = []
+        for i, p in enumerate(plan.ops):
+            now_st, why = check_path(root, p.path)
+            if now_st is None:
+                raise FixRefused(f"{why}; nothing was changed")
+            before = digest(_abs(root, p.path))
+            if p.before_sha256 is not None and before.sha256 != p.before_sha256:
+                raise FixRefused(f"`{p.path}` changed while the fix was planned; nothing was changed")
+            after = None
+            if p.content is not None:
+                data = p.content.encode("utf-8")
+                after = Digest("file", len(data), _sha(data), before.mode)
+            times = (now_st.st_atime_ns, now_st.st_mtime_ns) if p.is_dir else None
+            ops.append(JournalOp(i + 1, p.kind, p.path, list(p.rules), p.title, before, after, p.content, times))
+        j = Journal(_new_txid(), root, time.time(), "applying", ops, dir_times)
+        written = False
+        try:
+            _ensure_dir(root, f"{OWN_DIR}/journal")
+            _save(root, j)
+            written = True
+            _crash_point("journal")
+            _forward(root, j, ["pending"] * len(ops))
+        except (OSError, FixRefused) as e:
+            written = written or os.path.lexists(_own(root, "journal", f"{j.txid}.json"))  # saved, not yet synced
+            raise FixRefused(_after_fault(plan.root, root, j, e, written)) from None
+    return j
+
+
+def _after_fault(shown: str, root: str, j: Journal, e: Exception, written: bool) -> str:
+    what = e.message if isinstance(e, click.ClickException) else f"{e.strerror or e}" if isinstance(e, OSError) else e
+    if not written:
+        return f"fix of {shown} failed before any change ({what}); nothing was changed"
+    try:
+        _backward(root, j, final="rolled-back", strict=False)
+    except (OSError, FixRefused) as e2:
+        why = e2.message if isinstance(e2, click.ClickException) else e2
+        return (
+            f"fix of {shown} failed ({what}) and could not be rolled back ({why}). Transaction {j.txid} is recorded "
+            f"in the journal: run `ckptdoctor undo {shown}` to restore the tree, or `ckptdoctor fix {shown}` to "
+            "complete it"
+        )
+    return f"fix of {shown} failed ({what}); transaction {j.txid} was rolled back and the tree is as before"
+
+
+def complete_interrupted(path: str) -> list[str]:
+    """Roll forward every transaction a crash left in the ``applying`` state; returns their txids."""
+    root = os.path.realpath(path)
+    pending = [j for j in load_journals(root) if j.state in ("applying", "undoing")]
+    if not pending:
+        return []
+    undoing = [j.txid for j in pending if j.state == "undoing"]
+    if undoing:
+        raise FixRefused(
+            f"an undo of transaction {undoing[0]} in {path} was interrupted; run `ckptdoctor undo {path}` to finish it"
+        )
+    done: list[str] = []
+    with RootLock(root):
+        for j in pending:
+            try:
+                _forward(root, j, _check_redo(root, j))
+            except OSError as e:
+                raise FixRefused(
+                    f"cannot complete interrupted transaction {j.txid}: {e.strerror or e}; run `ckptdoctor fix "
+                    f"{path}` again or `ckptdoctor undo {path}`"
+                ) from None
+            done.append(j.txid)
+    return done
+
+
+def undo(path: str, txid: str | None = None) -> tuple[Journal, int]:
+    """Restore the last (or the named) transaction under root ``path`` byte for byte; returns it and the number
+    of operations restored. Refuses, changing nothing, when a file changed since the fix."""
+    root = os.path.realpath(path)
+    if not os.path.isdir(root):
+        raise FixRefused(f"{path} is not a folder")
+    with RootLock(root):
+        journals = load_journals(root)
+        if txid is not None:
+            found = [j for j in journals if j.txid == txid]
+            if not found:
+                raise FixRefused(f"no transaction {txid} under {path} (see `ckptdoctor undo --list {path}`)")
+            j = found[0]
+            if j.state in ("undone", "rolled-back"):
+                raise FixRefused(f"transaction {txid} was already {j.state.replace('-', ' ')}")
+        else:
+            live = [j for j in journals if j.state in ("applied", "applying", "undoing")]
+            if not live:
+                raise FixRefused(f"no fix transaction to undo under {path}")
+            j = live[-1]
+        try:
+            restored = _backward(root, j, final="undone", strict=True)
+        except OSError as e:
+            raise FixRefused(
+                f"undo of {j.txid} failed: {e.strerror or e}; run `ckptdoctor undo {path}` again to finish it"
+            ) from None
+    return j, restored
