@@ -434,10 +434,10 @@ def read_manifest(root: str) -> Manifest:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return bad(ProblemKind.INVALID_JSON, f"not valid JSON: {e}")
-    return _manifest_value(doc) or bad(ProblemKind.MALFORMED, f"not a `{MANIFEST_SCHEMA}` document")
+    return manifest_from_document(doc) or bad(ProblemKind.MALFORMED, f"not a `{MANIFEST_SCHEMA}` document")
 
 
-def _manifest_value(doc: Any) -> Manifest | None:
+def manifest_from_document(doc: Any) -> Manifest | None:
     """The manifest a decoded document describes, or None when it does not follow the schema."""
     if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA or not isinstance(doc.get("files"), list):
         return None

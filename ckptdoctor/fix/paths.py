@@ -6,6 +6,9 @@ import os
 import stat
 
 OWN_DIR = ".ckptdoctor"  # discovery skips it; it never matches checkpoint-N, so the Trainer ignores it too
+# The checksum manifest (``scan --deep --checksums write``): the one file of the fixer's own folder a fix changes,
+# so that it keeps describing the files the fix moved or rewrote (``plan._manifest_op``).
+OWN_MANIFEST = f"{OWN_DIR}/manifest.json"
 
 _CHUNK = 1 << 20
 
@@ -30,15 +33,16 @@ def _under(path: str, folder: str) -> bool:
     return folder in ("", ".") or path == folder or path.startswith(folder + "/")
 
 
-def check_path(abs_root: str, rel: str) -> tuple[os.stat_result | None, str | None]:
+def check_path(abs_root: str, rel: str, *, own_manifest: bool = False) -> tuple[os.stat_result | None, str | None]:
     """``rel``'s lstat when the fixer may touch it: inside the root, not ckptdoctor's own, through no link.
 
-    Returns ``(None, reason)`` when it must not.
+    Returns ``(None, reason)`` when it must not. ``own_manifest`` lets exactly ``OWN_MANIFEST`` through (the
+    manifest update the planner adds itself; no rule's plan can name it).
     """
     parts = rel.split("/")
     if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None, f"`{rel}` is not a path inside the root; fix plans never leave it"
-    if parts[0] == OWN_DIR:
+    if parts[0] == OWN_DIR and not (own_manifest and rel == OWN_MANIFEST):
         return None, f"`{rel}` is inside ckptdoctor's own `{OWN_DIR}/` folder"
     cur = abs_root
     st: os.stat_result | None = None

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ckptdoctor.deep import manifest_from_document
 from ckptdoctor.findings import Applicability, Finding, OpKind
 from ckptdoctor.fix.digests import _sha
-from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, _abs, _under, check_path, quarantine_path
+from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, _under, check_path, quarantine_path
 from ckptdoctor.model import Tree
 
 REWRITE_MAX_BYTES = 64 * 1024 * 1024  # rewrites are for JSON indexes, trainer states and `latest`, never weights
@@ -98,6 +99,15 @@ def _unified(path: str, old: str, new: str, limit: int = 80) -> str:
     return "".join(lines)
 
 
+def _read_small(abs_root: str, rel: str) -> bytes:
+    """Up to ``REWRITE_MAX_BYTES + 1`` bytes of a file the fixer may rewrite, never through a final link."""
+    fd = os.open(_abs(abs_root, rel), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    try:
+        return os.read(fd, REWRITE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def _plan_op(abs_root: str, kind: OpKind, rel: str, content: str | None, rule: str, title: str) -> PlannedOp | str:
     """One fix operation checked against the disk, or the reason it is rejected."""
     st, why = check_path(abs_root, rel)
@@ -117,11 +127,7 @@ def _plan_op(abs_root: str, kind: OpKind, rel: str, content: str | None, rule: s
     if st.st_size > REWRITE_MAX_BYTES:
         return f"`{rel}` is {st.st_size:,} bytes, more than a JSON or text file the fixer rewrites"
     try:
-        fd = os.open(_abs(abs_root, rel), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
-        try:
-            raw = os.read(fd, REWRITE_MAX_BYTES + 1)
-        finally:
-            os.close(fd)
+        raw = _read_small(abs_root, rel)
         old = raw.decode("utf-8")
     except OSError as e:
         return f"`{rel}` cannot be read: {e.strerror or e}"
@@ -194,7 +200,64 @@ def plan_root(tree: Tree, findings: Sequence[Finding], *, unsafe: bool = False, 
         planned_findings.append(f)
     folders = [p for p, o in by_path.items() if o.kind == OpKind.QUARANTINE and o.is_dir]
     final = [o for p, o in sorted(by_path.items()) if not any(p != d and _under(p, d) for d in folders)]
+    manifest = _manifest_op(abs_root, final)
+    if manifest is not None:
+        final.append(manifest)
     return RootPlan(given, abs_root, tree, tuple(final), tuple(planned_findings), tuple(skipped), tuple(manual))
+
+
+def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
+    """The rewrite that keeps the root's checksum manifest true to what ``ops`` do, or None when none is needed.
+
+    A manifest written before the fix would otherwise report every file the fix moved as missing and every file it
+    rewrote as changed (CKD214) at the next ``--checksums verify``. Entries under a quarantined path are dropped;
+    entries of rewritten files get the new text's size and sha256; nothing else in the document changes. The
+    update is one more operation of the transaction: journaled, undone with the rest. A manifest that cannot be
+    read as one is left alone (verify reports it).
+    """
+    st, _ = check_path(abs_root, OWN_MANIFEST, own_manifest=True)
+    if not ops or st is None or not stat.S_ISREG(st.st_mode) or st.st_size > REWRITE_MAX_BYTES:
+        return None
+    try:
+        raw = _read_small(abs_root, OWN_MANIFEST)
+        doc = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if manifest_from_document(doc) is None:
+        return None
+    moved = [o.path for o in ops if o.kind == OpKind.QUARANTINE]
+    rewritten = {o.path: o.content.encode("utf-8") for o in ops if o.content is not None}
+    files: list[dict[str, Any]] = []
+    dropped = updated = 0
+    for entry in doc["files"]:
+        path = entry["path"]
+        if any(_under(path, m) for m in moved):
+            dropped += 1
+            continue
+        if path in rewritten:
+            data = rewritten[path]
+            new = {**entry, "size": len(data), "sha256": _sha(data)}
+            updated += new != entry
+            entry = new
+        files.append(entry)
+    if not dropped and not updated:
+        return None
+    content = json.dumps({**doc, "files": files}, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    change = ", ".join(
+        part
+        for part in (
+            f"{dropped} quarantined file{'s' * (dropped != 1)} no longer listed" if dropped else "",
+            f"{updated} rewritten file{'s' * (updated != 1)} listed with the new sha256" if updated else "",
+        )
+        if part
+    )
+    rules = tuple(dict.fromkeys(r for o in ops for r in o.rules))
+    title = "Keep the checksum manifest true to the fixed files"
+    old = raw.decode("utf-8")
+    return PlannedOp(
+        OpKind.REWRITE_JSON, OWN_MANIFEST, rules, title, content, False, change, _unified(OWN_MANIFEST, old, content),
+        _sha(raw),
+    )  # fmt: skip
 
 
 def _with_rule(op: PlannedOp, rules: tuple[str, ...]) -> PlannedOp:

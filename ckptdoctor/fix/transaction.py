@@ -16,7 +16,7 @@ from ckptdoctor.fix.digests import Digest, _sha, digest
 from ckptdoctor.fix.errors import FixRefused
 from ckptdoctor.fix.guard import RootLock, preflight
 from ckptdoctor.fix.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
-from ckptdoctor.fix.paths import OWN_DIR, _abs, _own, _parent, check_path
+from ckptdoctor.fix.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path
 from ckptdoctor.fix.plan import RootPlan
 from ckptdoctor.fix.recover import _check_redo, _check_undo, _settle_temp, _undo_op
 
@@ -96,7 +96,7 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
     with RootLock(root):
         ops: list[JournalOp] = []
         for i, p in enumerate(plan.ops):
-            now_st, why = check_path(root, p.path)
+            now_st, why = check_path(root, p.path, own_manifest=p.path == OWN_MANIFEST)
             if now_st is None:
                 raise FixRefused(f"{why}; nothing was changed")
             before = digest(_abs(root, p.path))

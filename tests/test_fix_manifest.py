@@ -1,0 +1,135 @@
+"""A fix keeps the root's checksum manifest true: files it quarantines leave the manifest, files it rewrites are
+listed with their new sha256, in the same transaction (journaled, undone with the rest)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptdoctor import deep
+from ckptdoctor import fix as fixmod
+from ckptdoctor.findings import OpKind
+from ckptdoctor.fix.paths import OWN_MANIFEST
+from tests.builders import make_run
+from tests.test_fix import age, run_cli, stub_run, tree_state
+
+MANIFEST = Path(OWN_MANIFEST)
+STUB = "checkpoint-4/pytorch_model.bin"
+
+
+def _write_manifest(root: Path) -> bytes:
+    code, out = run_cli("scan", "--deep", "--checksums", "write", "--fail-on", "never", str(root))
+    assert code == 0, out
+    return (root / MANIFEST).read_bytes()
+
+
+def _verify(root: Path) -> list[dict[str, Any]]:
+    code, out = run_cli("scan", "--deep", "--checksums", "verify", "--format", "json", "--fail-on", "never", str(root))
+    assert code == 0, out
+    return [f for f in json.loads(out)["findings"] if f["rule"] == "CKD214"]
+
+
+def _listed(root: Path) -> dict[str, str]:
+    return {e["path"]: e["sha256"] for e in json.loads((root / MANIFEST).read_text())["files"]}
+
+
+@pytest.fixture
+def stub(tmp_path: Path) -> Path:
+    root = stub_run(tmp_path / "stub")
+    _write_manifest(root)
+    return age(root)
+
+
+@pytest.fixture
+def best(tmp_path: Path) -> Path:
+    """CKD105: best_model_checkpoint names a folder of another machine (the fix rewrites trainer_state.json)."""
+    root = make_run(tmp_path / "best", (2, 4))
+    state_path = root / "checkpoint-4" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    state["best_model_checkpoint"] = "/home/alice/runs/best/checkpoint-2"
+    state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    _write_manifest(root)
+    return age(root)
+
+
+def test_the_path_is_the_one_scans_write() -> None:
+    assert OWN_MANIFEST == deep.MANIFEST_PATH
+
+
+def test_a_quarantined_file_leaves_the_manifest_and_undo_puts_it_back(stub: Path) -> None:
+    before, files = (stub / MANIFEST).read_bytes(), tree_state(stub)
+    assert STUB in _listed(stub) and _verify(stub) == []
+
+    code, out = run_cli("fix", "--dry-run", str(stub))
+    assert code == 1 and f"rewrite `{OWN_MANIFEST}`: 1 quarantined file no longer listed" in out, out
+    assert (stub / MANIFEST).read_bytes() == before
+
+    code, out = run_cli("fix", str(stub))
+    assert "Fixed 1 problem" in out, out
+    assert STUB not in _listed(stub) and len(_listed(stub)) == len(json.loads(before)["files"]) - 1
+    assert _verify(stub) == []  # without the update: "listed file is missing"
+    (journal,) = fixmod.load_journals(str(stub))
+    ops = [(op.kind, op.path) for op in journal.ops]
+    assert ops == [(OpKind.QUARANTINE, STUB), (OpKind.REWRITE_JSON, OWN_MANIFEST)]
+
+    code, out = run_cli("undo", str(stub))
+    assert code == 0, out
+    assert (stub / MANIFEST).read_bytes() == before
+    assert tree_state(stub) == files
+    assert _verify(stub) == []
+
+
+def test_a_rewritten_file_is_listed_with_its_new_sha256(best: Path) -> None:
+    rel = "checkpoint-4/trainer_state.json"
+    old = _listed(best)[rel]
+    _code, out = run_cli("fix", "--select", "CKD105", str(best))
+    assert "Fixed 1 problem" in out, out
+    assert _listed(best)[rel] != old
+    assert _verify(best) == []
+    assert hashlib.sha256((best / rel).read_bytes()).hexdigest() == _listed(best)[rel]
+
+
+def test_other_fields_and_entries_are_kept(stub: Path) -> None:
+    doc = json.loads((stub / MANIFEST).read_text())
+    run_cli("fix", str(stub))
+    after = json.loads((stub / MANIFEST).read_text())
+    assert {k: v for k, v in after.items() if k != "files"} == {k: v for k, v in doc.items() if k != "files"}
+    assert after["files"] == [e for e in doc["files"] if e["path"] != STUB]
+
+
+def test_no_manifest_no_manifest_operation(tmp_path: Path) -> None:
+    root = age(stub_run(tmp_path / "plain"))
+    _code, out = run_cli("fix", str(root))
+    assert "Fixed 1 problem" in out, out
+    assert not (root / MANIFEST).exists()
+    (journal,) = fixmod.load_journals(str(root))
+    assert [op.path for op in journal.ops] == [STUB]
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"schema": "other"}', b"\xff\xfe"])
+def test_a_manifest_that_is_not_one_is_left_alone(stub: Path, content: bytes) -> None:
+    (stub / MANIFEST).write_bytes(content)
+    age(stub)
+    _code, out = run_cli("fix", str(stub))
+    assert "Fixed 1 problem" in out, out
+    assert (stub / MANIFEST).read_bytes() == content
+
+
+def test_an_unlisted_change_needs_no_manifest_operation(stub: Path) -> None:
+    doc = json.loads((stub / MANIFEST).read_text())
+    doc["files"] = [e for e in doc["files"] if e["path"] != STUB]
+    (stub / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    age(stub)
+    _code, out = run_cli("fix", "--dry-run", str(stub))
+    assert OWN_MANIFEST not in out, out
+
+
+def test_no_rule_plan_may_name_the_manifest(stub: Path) -> None:
+    """Only the planner's own update passes: a rule's plan naming the manifest is rejected like any own path."""
+    assert fixmod.check_path(str(stub), OWN_MANIFEST)[0] is None
+    assert fixmod.check_path(str(stub), OWN_MANIFEST, own_manifest=True)[0] is not None
+    assert fixmod.check_path(str(stub), ".ckptdoctor/journal", own_manifest=True)[0] is None
