@@ -267,3 +267,22 @@ def test_a_scan_of_a_long_run_shares_the_entries(tmp_path: Path, trainer_states:
     assert len(values) == 5
     firsts = {id(v["log_history"][0]) for v in values}
     assert len(firsts) == 1
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+def test_threads_read_the_same_values(tmp_path: Path, trainer_states: list[bytes], jobs: int) -> None:
+    """Checkpoints read side by side by threads still agree with json.loads, whichever body each finds first."""
+    from ckptdoctor.discover import discover
+
+    for run in ("a", "b"):
+        for i, data in enumerate(trainer_states, 1):
+            folder = tmp_path / run / f"checkpoint-{i * 1000}"
+            folder.mkdir(parents=True)
+            other = data.replace(b'"loss": 2', b'"loss": 7')
+            (folder / "trainer_state.json").write_bytes(data if run == "a" else other)
+    tree = discover(str(tmp_path), jobs=jobs)
+    files = [f for r in tree.runs for ck in r.checkpoints for f in ck.files]
+    assert len(files) == 10
+    for f in files:
+        assert isinstance(f.content, JsonFacts)
+        assert f.content.value == json.loads((tmp_path / f.path).read_bytes())
