@@ -21,6 +21,7 @@ from ckptdoctor import __version__
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
     from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import Report
 
 _EPILOG_SCAN = """\b
 Examples:
@@ -89,6 +90,15 @@ def resolve_selection(
         cfg = Config() if no_config else load_config(paths[0])
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
+    # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
+    _check_codes(cfg.select, f"{cfg.source}: select")
+    _check_codes(cfg.ignore, f"{cfg.source}: ignore")
+    from ckptdoctor.rules import all_rules
+
+    codes = {r.code for r in all_rules()}
+    for code in cfg.severity:
+        if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
+            raise UsageProblem(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
     selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
     if cfg.source is not None:
         selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
@@ -128,6 +138,8 @@ def run() -> None:
             raise
         atexit._run_exitfuncs()  # what Python runs at exit (logging, coverage.py ...), without the teardown
         for stream in (sys.stdout, sys.stderr):
+            if stream is None:  # started with the descriptor closed (`ckptdoctor scan run >&-`)
+                continue
             with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said
                 stream.flush()
         os._exit(code)
@@ -236,25 +248,28 @@ def scan(
     headers are fetched, with ranged requests). Nothing is loaded, executed or written.
     """
     from ckptdoctor.report import render_json, render_text
-    from ckptdoctor.scanner import scan as run_scan
+    from ckptdoctor.scanner import Report
 
     _check_remote_roots(paths, deep)
-    selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
+    _check_special_roots(paths)
+    _check_runnable(_split_codes(select), deep)
+    # Each root is judged by its own settings file (one may travel with each checkpoint, so the first root's must
+    # not decide what the others are checked for): roots with the same settings are scanned together.
+    groups: list[tuple[list[str], Selection, str | None]] = []
+    for p in paths:
+        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config)
+        if groups and groups[-1][1:] == (selection, cfg_fail_on):
+            groups[-1][0].append(p)
+        else:
+            groups.append(([p], selection, cfg_fail_on))
     if checksums is not None:
         _check_checksums(paths, checksums, deep)
-    from ckptdoctor.progress import progress_stream
-
-    if deep:
-        from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import (numpy)
-
-        try:
-            report = run_scan(
-                list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream(), checksums=checksums
-            )
-        except DeepUnavailable as exc:
-            raise UsageProblem(str(exc)) from None
-    else:
-        report = run_scan(list(paths), selection=selection, jobs=jobs, progress=progress_stream())
+    parts = [(_scan_roots(ps, sel, jobs, deep, checksums), cfg) for ps, sel, cfg in groups]
+    report = Report(
+        tuple(t for r, _ in parts for t in r.trees),
+        tuple(f for r, _ in parts for f in r.findings),
+        sum(r.seconds for r, _ in parts),
+    )
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":
@@ -270,6 +285,33 @@ def scan(
         click.echo(render_text(report, color=_use_color(sys.stdout)))
     if checksums == "write":
         _write_manifests(report.trees)
+    code = max(_exit_code(r, fail_on, cfg) for r, cfg in parts)
+    if checksums != "write":
+        _read_only_done()
+    sys.exit(code)
+
+
+def _scan_roots(
+    paths: Sequence[str], selection: Selection, jobs: int | None, deep: bool, checksums: str | None
+) -> Report:
+    """One scan of ``paths`` with one selection; a missing numpy for ``--deep`` is a usage error."""
+    from ckptdoctor.progress import progress_stream
+    from ckptdoctor.scanner import scan as run_scan
+
+    if not deep:
+        return run_scan(list(paths), selection=selection, jobs=jobs, progress=progress_stream())
+    from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import (numpy)
+
+    try:
+        return run_scan(
+            list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream(), checksums=checksums
+        )
+    except DeepUnavailable as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> int:
+    """The exit code of ``report`` under the command line's ``--fail-on``, else its settings file's."""
     code = report.exit_code(fail_on or cfg_fail_on or "error")
     if code == 0 and fail_on is None and cfg_fail_on == "never":
         from ckptdoctor.findings import Severity
@@ -283,9 +325,36 @@ def scan(
                 err=True,
             )
             code = 1
-    if checksums != "write":
-        _read_only_done()
-    sys.exit(code)
+    return code
+
+
+def _check_runnable(codes: Sequence[str], deep: bool) -> None:
+    """``--select`` of rules a scan never runs (gate-only, or deep-only without ``--deep``) would pass silently."""
+    from ckptdoctor.rules import all_rules
+
+    for c in codes:
+        matched = [r for r in all_rules() if r.code.startswith(c)]
+        if matched and all(r.gate_only for r in matched):
+            raise UsageProblem(f"--select {c}: `ckptdoctor gate` runs {c}, a scan never does")
+        if matched and not deep and all(r.deep_only or r.gate_only for r in matched):
+            raise UsageProblem(f"--select {c}: {c} reads tensor data and runs only with --deep")
+
+
+def _check_special_roots(paths: Sequence[str]) -> None:
+    """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it."""
+    import stat
+
+    from ckptdoctor.remote import is_remote
+
+    for p in paths:
+        if is_remote(p):
+            continue
+        try:
+            mode = os.stat(p).st_mode
+        except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
+            raise UsageProblem(f"{p}: {exc.strerror or exc}") from None
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise UsageProblem(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
@@ -397,7 +466,7 @@ def rules_cmd(fmt: str) -> None:
     click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
 
 
-@main.command()
+@main.command(short_help="Print one rule's document (by code, e.g. CKD201, or by name).")
 @click.argument("rule")
 def explain(rule: str) -> None:
     """Print a rule's document (by code, e.g. CKD201, or by name)."""

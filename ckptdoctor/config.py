@@ -54,6 +54,8 @@ def _parse(table: Any, src: str) -> Config:
             sev[str(code).upper()] = Severity(str(level).lower())
         except ValueError:
             raise ConfigError(f"{src}: severity for {code} must be error, warning or info, not {level!r}") from None
+    if "fail-on" in table and "fail_on" in table:
+        raise ConfigError(f"{src}: give `fail-on` or `fail_on`, not both")
     fail_on = table.get("fail-on", table.get("fail_on"))
     if fail_on is not None and fail_on not in ("error", "warning", "info", "never"):
         raise ConfigError(f"{src}: `fail-on` must be error, warning, info or never")
@@ -83,7 +85,10 @@ def load_config(root: str) -> Config:
             data = tomllib.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
-        table = data if name == ".ckptdoctor.toml" else data.get("tool", {}).get("ckptdoctor")
+        except RecursionError:  # tomllib recurses per nested array or inline table; the file may be hostile
+            raise ConfigError(f"{path}: values nested too deeply; not a settings file") from None
+        tool = data.get("tool", {})
+        table = data if name == ".ckptdoctor.toml" else (tool.get("ckptdoctor") if isinstance(tool, dict) else None)
         if table is None:
             continue
         return _parse(table, path)

@@ -30,6 +30,7 @@ from ckptdoctor.scanner import FAIL_ON, Report
 
 SCHEMA = "ckptdoctor.gate/1"
 DEFAULT_LR_STEPS = 5
+MAX_LR_STEPS = 100_000  # a prediction is read by people and scripts; more would only take minutes and gigabytes
 JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
 LR_RTOL = 1e-9
 # TrainingArguments defaults (transformers 5.23) of the fields the resume arithmetic reads.
@@ -155,15 +156,18 @@ def steps_per_epoch_of(ts: views.TrainerStateView) -> int | None:
     gradient accumulation divides the epoch; else ``max_steps / num_train_epochs`` of an epoch-based run.
     """
     g, ep = ts.global_step, ts.epoch
-    if g and ep and ep > 0:
-        est = g / ep
-        r = round(est)
-        if r >= 1 and abs(est - r) <= 1e-6 * r:
-            return r
-    if ts.max_steps and ts.num_train_epochs and ts.num_train_epochs > 0:
-        ratio = ts.max_steps / ts.num_train_epochs
-        if ratio >= 1 and ratio.is_integer():
-            return int(ratio)
+    try:  # the state is whatever the file says: a 400-digit global_step or an infinite epoch count must not raise
+        if g and ep and ep > 0:
+            est = g / ep
+            r = round(est)
+            if r >= 1 and abs(est - r) <= 1e-6 * r:
+                return r
+        if ts.max_steps and ts.num_train_epochs and ts.num_train_epochs > 0:
+            ratio = ts.max_steps / ts.num_train_epochs
+            if ratio >= 1 and ratio.is_integer():
+                return int(ratio)
+    except (ArithmeticError, ValueError):
+        return None
     return None
 
 
@@ -222,7 +226,7 @@ class GateResult:
                 "base_lr": self.base_lr,
                 "sources": dict(s.sources),
             }
-        return {
+        doc: dict[str, Any] = _finite({
             "schema": SCHEMA,
             "run": self.run,
             "checkpoint": self.checkpoint,
@@ -234,7 +238,19 @@ class GateResult:
             "verdict": self.verdict,
             "findings": [finding_json(f) for f in self.findings],
             "resolved": resolved,
-        }
+        })
+        return doc
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (read from a checkpoint, say) as None: strict JSON has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -438,8 +454,12 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
             ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
     if ck is None:
         out = _Findings(tree.root)
-        out.add("CKD413", ".", "resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
-                "ValueError(\"No valid checkpoint found in output directory\")")
+        if plan.checkpoint is not None:
+            out.add("CKD413", ".", f"resume_from_checkpoint={plan.checkpoint!r} names a folder with no weights file: "
+                    "train() raises ValueError(\"Can't find a valid checkpoint at ...\")")
+        else:
+            out.add("CKD413", ".", "resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
+                    "ValueError(\"No valid checkpoint found in output directory\")")
         return GateResult(run_label, None, "none", 0, 0, 0, (), out.sorted(), fail_on=plan.fail_on)
 
     from ckptdoctor.report import display_path
@@ -460,10 +480,21 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
         raise GateInputError(
             f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
         )
-    steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
-                         settings.ignore_data_skip)
+    try:
+        steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
+                             settings.ignore_data_skip)
+        warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
+    except (ArithmeticError, ValueError) as exc:
+        # transformers does the same arithmetic (math.ceil of epochs x steps, of max_steps x a warm-up ratio) and
+        # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
+        src = settings.sources
+        out.add("CKD413", ck.path, f"num_train_epochs {settings.num_train_epochs:g} "
+                f"({src.get('num_train_epochs', 'default')}), max_steps {settings.max_steps} "
+                f"({src.get('max_steps', 'default')}), warmup_steps {settings.warmup_steps:g} "
+                f"({src.get('warmup_steps', 'default')}): train() raises {type(exc).__name__} computing max_steps and "
+                f"the warm-up steps ({exc})")
+        return GateResult(run_label, label, branch, start, 0, 0, (), out.sorted(), settings, fail_on=plan.fail_on)
     restores = views.is_deepspeed(ck) or (views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
-    warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
     base = _base_lr(ck) if restores else settings.learning_rate
     result = GateResult(
         run_label, label, branch, start, steps.max_steps, steps.steps_to_train, (), (), settings, restores,
@@ -504,6 +535,10 @@ def _predict_lrs(
         else:
             out.add("CKD413", ck.path, f"create_scheduler raises: {exc}")
         return ()
+    except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
+        out.add("CKD413", ck.path, f"create_scheduler raises {type(exc).__name__} on lr_scheduler_kwargs "
+                f"{dict(s.lr_scheduler_kwargs)!r}: {exc}")
+        return ()
     n = max(0, min(lr_steps, steps.steps_to_train))
     sched_state = views.scheduler_state(ck)
     if not restores:
@@ -531,7 +566,7 @@ def _predict_lrs(
             lrs = [first] + [sched.lr(base, last_epoch + i) for i in range(1, n)]
         else:
             lrs = [sched.lr(s.learning_rate, i) for i in range(n)]
-    except ArithmeticError as exc:
+    except (ArithmeticError, TypeError, ValueError) as exc:  # e.g. num_cycles "x": LambdaLR's float() raises too
         out.add("CKD413", ck.path, f"the `{s.lr_scheduler_type}` schedule raises {type(exc).__name__} within the first "
                 f"{n} resumed steps")
         return ()
@@ -596,8 +631,11 @@ def gate(
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
     if fail_on not in FAIL_ON:
         raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
+    if not _is_int(lr_steps) or not 0 <= lr_steps <= MAX_LR_STEPS:
+        raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
     values = plan_from_training_args(training_args) if training_args else {}
     values.update({k: v for k, v in planned.items() if v is not None})
+    _check_plan(values)
     if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
         values.pop("max_steps", None)  # epochs planned explicitly: an epoch-based run, whatever the file says
     target = os.fspath(run_dir)
@@ -613,19 +651,48 @@ def gate(
     return predict(report.trees[0], plan, run=os.fspath(run_dir), scanned=report.findings)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_plan(values: dict[str, Any]) -> None:
+    """Planned values of the wrong type or range are the caller's mistake: ``GateInputError``, never a traceback
+    from deep in the arithmetic. ``lr_scheduler_kwargs`` given as a JSON object string becomes a dict."""
+    for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
+        v = values.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise GateInputError(f"{key} must be a finite number, not {v!r}")
+    for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1)):
+        v = values.get(key)
+        if v is not None and (not _is_int(v) or (low is not None and v < low)):
+            raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''}, not {v!r}")
+    if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
+        raise GateInputError(f"lr_scheduler_type must be a string, not {values['lr_scheduler_type']!r}")
+    if values.get("ignore_data_skip") is not None and not isinstance(values["ignore_data_skip"], bool):
+        raise GateInputError(f"ignore_data_skip must be True or False, not {values['ignore_data_skip']!r}")
+    raw = values.get("lr_scheduler_kwargs")
+    if isinstance(raw, str) and not raw.strip():
+        values.pop("lr_scheduler_kwargs")  # TrainingArguments reads an empty string as no kwargs
+    elif raw is not None:
+        kwargs = _kwargs(dict(raw) if isinstance(raw, Mapping) else raw)
+        if kwargs is None:
+            raise GateInputError(f"lr_scheduler_kwargs must be a mapping, not {values['lr_scheduler_kwargs']!r}")
+        values["lr_scheduler_kwargs"] = kwargs
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Text output
 
 
 def render_text(result: GateResult) -> str:
     """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
-    from ckptdoctor.report import display_path, plural
+    from ckptdoctor.report import display_path, plural, printable
 
-    lines: list[str] = [f"ckptdoctor gate {result.run}"]
+    lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
     if result.checkpoint is None:
         lines.append("  checkpoint       none found")
     else:
-        lines.append(f"  checkpoint       {result.checkpoint}  (weights: {result.weights_branch})")
+        lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch})")
         s = result.settings
         if s is not None and result.max_steps:
             end = result.start_step + result.steps_to_train
@@ -637,15 +704,15 @@ def render_text(result: GateResult) -> str:
             state = "restored from the checkpoint" if result.restores_optimizer else "NOT restored (fresh)"
             base = "?" if result.base_lr is None else f"{result.base_lr:.4g}"
             lines.append(f"  optimizer        {state}")
-            lines.append(
-                f"  schedule         {s.lr_scheduler_type}, {result.warmup_steps} warm-up steps, base LR {base}"
-            )
+            sched = printable(s.lr_scheduler_type)
+            lines.append(f"  schedule         {sched}, {result.warmup_steps} warm-up steps, base LR {base}")
         if result.lr:
             lines.append(f"  first {len(result.lr)} LRs      " + _fmt_lrs(result.lr))
     if result.findings:
         lines.append("")
         for f in result.findings:
-            lines.append(f"{display_path(f.root, f.path)}: {f.rule} [{f.severity.value}] {f.message}")
+            where = printable(display_path(f.root, f.path))
+            lines.append(f"{where}: {f.rule} [{f.severity.value}] {printable(f.message)}")
     counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
     tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
     lines.append("")
@@ -696,7 +763,7 @@ Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error.
 @click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on.")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
               metavar="FILE.json", help="TrainingArguments as JSON (args.to_json_string()); options override it.")
-@click.option("--lr-steps", type=click.IntRange(min=0), default=DEFAULT_LR_STEPS, show_default=True,
+@click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
               show_default=True, help="json: one ckptdoctor.gate/1 document; sarif: SARIF 2.1.0; github: annotations.")

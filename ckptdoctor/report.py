@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
 from ckptdoctor import __version__, views
@@ -19,10 +20,36 @@ _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
 def display_path(root: str, path: str) -> str:
-    """A path as the user can paste it: the root they gave joined with the relative path."""
+    """A path as the user can paste it: the root they gave joined with the relative path.
+
+    A single-file root's one file has its own name as path (``model.bin``): it is the root itself, not
+    ``model.bin/model.bin``.
+    """
     if path in ("", "."):
         return root
-    return path if root in ("", ".") else os.path.join(root, path)
+    if root in ("", "."):
+        return path
+    if "/" not in path and _is_file_root(root, path):
+        return root
+    return os.path.join(root, path)
+
+
+def _is_file_root(root: str, path: str) -> bool:
+    """Whether ``root`` is a local non-folder whose name ``path`` shows (raw, or with undecodable bytes escaped)."""
+    base = os.path.basename(root)
+    shown = os.fsencode(base).decode("utf-8", "backslashreplace")
+    return path in (base, shown) and "://" not in root and os.path.lexists(root) and not os.path.isdir(root)
+
+
+# What a terminal would act on rather than show: C0/C1 controls (ESC starts colour and cursor sequences, CR and LF
+# forge lines) and the bidirectional overrides that reorder text ("Trojan Source"). File names and strings read
+# from checkpoints reach the text report, so they are shown escaped.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control and bidi-override characters as ``\\xNN`` / ``\\uNNNN`` escapes, for a terminal."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
 def _lr(x: float | None) -> float | None:
@@ -126,17 +153,23 @@ class _Style:
         return f"{_DIM}{text}{_RESET}" if self.color else text
 
 
-def _status(ck: Checkpoint, run: Run, by_path: dict[str, list[Finding]]) -> str:
-    worst: Severity | None = None
-    n = 0
-    prefix = "" if ck.path in ("", ".") else ck.path + "/"
-    for path, fs in by_path.items():
-        if path == ck.path or path.startswith(prefix) or (ck.path in ("", ".") and "/" not in path):
-            for f in fs:
-                n += 1
-                if worst is None or f.severity.rank > worst.rank:
-                    worst = f.severity
-    label = "ok" if worst is None else f"{worst.value} ({n})"
+def _tally(findings: list[Finding]) -> dict[str, tuple[int, Severity]]:
+    """For every folder that holds a finding's path (the path itself included, ``.`` for all): count and worst.
+
+    One pass over the findings' path prefixes, so a run of 10,000 checkpoints renders in linear time.
+    """
+    out: dict[str, tuple[int, Severity]] = {}
+    for f in findings:
+        parts = f.path.split("/")
+        for key in {".", *("/".join(parts[:i]) for i in range(1, len(parts) + 1))}:
+            n, worst = out.get(key, (0, f.severity))
+            out[key] = (n + 1, f.severity if f.severity.rank > worst.rank else worst)
+    return out
+
+
+def _status(ck: Checkpoint, run: Run, tally: dict[str, tuple[int, Severity]]) -> str:
+    found = tally.get("." if ck.path in ("", ".") else ck.path)
+    label = "ok" if found is None else f"{found[1].value} ({found[0]})"
     if run.resume_pick is not None and run.resume_pick == ck.path:
         label += "  <- resume picks"
     return label
@@ -145,9 +178,7 @@ def _status(ck: Checkpoint, run: Run, by_path: dict[str, list[Finding]]) -> str:
 def _run_table(tree: Tree, run: Run, findings: list[Finding]) -> str:
     from tabulate import tabulate  # only the text report needs it
 
-    by_path: dict[str, list[Finding]] = {}
-    for f in findings:
-        by_path.setdefault(f.path, []).append(f)
+    tally = _tally(findings)
     rows = []
     for ck in ordered(run):
         row = checkpoint_row(ck)
@@ -157,13 +188,13 @@ def _run_table(tree: Tree, run: Run, findings: list[Finding]) -> str:
         lr = row["learning_rate"]
         rows.append(
             [
-                name,
+                printable(name),
                 "" if row["step"] is None else row["step"],
                 ",".join(k for k in row["kinds"] if k not in ("optimizer", "scheduler", "trainer-state")) or "-",
                 "-" if row["tensors"] is None else f"{row['tensors']:,}",
                 human_bytes(row["bytes"]),
                 "-" if lr is None else f"{lr:.3g}",
-                _status(ck, run, by_path),
+                _status(ck, run, tally),
             ]
         )
     headers = ["checkpoint", "step", "weights", "tensors", "size", "lr", "status"]
@@ -177,10 +208,10 @@ def render_text(report: Report, *, color: bool = False) -> str:
     for tree in report.trees:
         tree_findings = [f for f in report.findings if f.root == tree.root]
         for run in tree.runs:
-            title = display_path(tree.root, run.path)
+            title = printable(display_path(tree.root, run.path))
             pick = run.resume_pick
             pick_txt = (
-                f"resume_from_checkpoint=True picks `{display_path(tree.root, pick)}`"
+                f"resume_from_checkpoint=True picks `{printable(display_path(tree.root, pick))}`"
                 if pick
                 else ("given directly (pass it as resume_from_checkpoint)" if run.standalone else "nothing to resume")
             )
@@ -189,11 +220,11 @@ def render_text(report: Report, *, color: bool = False) -> str:
             out.append("")
     if report.findings:
         for f in report.findings:
-            where = display_path(f.root, f.path)
+            where = printable(display_path(f.root, f.path))
             sev = st.sev(f.severity, f.severity.value)
-            out.append(f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {f.message}")
+            out.append(f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {printable(f.message)}")
             if f.fix is not None:
-                out.append(st.dim(f"  fix ({f.fix.applicability.value}): {f.fix.title}"))
+                out.append(st.dim(f"  fix ({f.fix.applicability.value}): {printable(f.fix.title)}"))
         out.append("")
     out.append(summary_line(report))
     return "\n".join(out)

@@ -115,9 +115,13 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
             counts = Counter(wm.values())
             for shard in sorted(counts):
                 if ck.file(shard) is None:
+                    n = counts[shard]
+                    # The loader joins the name to the folder: `/x` or `../x` opens a file outside the checkpoint.
+                    outside = shard.startswith("/") or ".." in shard.replace("\\", "/").split("/")
+                    where = "a path outside the checkpoint folder" if outside else "which does not exist"
                     yield Hit(
                         idx.path,
-                        f"`{ck.relname(idx)}` maps {counts[shard]:,} tensors to `{shard}`, which does not exist",
+                        f"`{ck.relname(idx)}` maps {n:,} {'tensor' if n == 1 else 'tensors'} to `{shard}`, {where}",
                     )
 
 
