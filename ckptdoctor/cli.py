@@ -73,6 +73,24 @@ def _check_codes(codes: Sequence[str], option: str) -> None:
             raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)")
 
 
+def selection_groups(
+    paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
+) -> list[tuple[list[str], Selection, str | None]]:
+    """The roots grouped by the selection and fail-on their own settings files give (``resolve_selection``).
+
+    Each root is judged by its own settings file: one may travel with each checkpoint, so the first root's must not
+    decide what the others are checked or fixed for. Neighbouring roots with the same settings share a group.
+    """
+    groups: list[tuple[list[str], Selection, str | None]] = []
+    for p in paths:
+        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config)
+        if groups and groups[-1][1:] == (selection, cfg_fail_on):
+            groups[-1][0].append(p)
+        else:
+            groups.append(([p], selection, cfg_fail_on))
+    return groups
+
+
 def resolve_selection(
     paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
 ) -> tuple[Selection, str | None]:
@@ -253,15 +271,7 @@ def scan(
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     _check_runnable(_split_codes(select), deep)
-    # Each root is judged by its own settings file (one may travel with each checkpoint, so the first root's must
-    # not decide what the others are checked for): roots with the same settings are scanned together.
-    groups: list[tuple[list[str], Selection, str | None]] = []
-    for p in paths:
-        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config)
-        if groups and groups[-1][1:] == (selection, cfg_fail_on):
-            groups[-1][0].append(p)
-        else:
-            groups.append(([p], selection, cfg_fail_on))
+    groups = selection_groups(paths, select, ignore, no_config)
     if checksums is not None:
         _check_checksums(paths, checksums, deep)
     parts = [(_scan_roots(ps, sel, jobs, deep, checksums), cfg) for ps, sel, cfg in groups]

@@ -504,3 +504,41 @@ def test_stub_shadow_resume_matches_the_uninterrupted_run_after_fix(tmp_path: Pa
     assert max_difference(uninterrupted_losses(cfg), resumed.losses) < TOL
     run_cli("undo", str(out))
     assert tree_state(out) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Several roots; many operations
+
+
+def test_each_root_is_fixed_under_its_own_settings_file(copy: Any) -> None:
+    """A settings file travels with its checkpoint: the first root's must not decide what the others get fixed for."""
+    quiet, stub = copy("shard"), copy("stub")
+    (quiet / ".ckptdoctor.toml").write_text('ignore = ["CKD2"]\n')
+    age(quiet)
+    _, out = run_cli("fix", str(quiet), str(stub))
+    assert "Fixed 1 problem" in out, out  # before: the first root's `ignore` silenced the second root too
+    assert not (stub / "checkpoint-4" / "pytorch_model.bin").exists()
+    assert "CKD205" in codes(quiet)  # its own file says: not CKD2
+
+
+def test_an_inside_root_is_refused_whatever_the_settings(copy: Any) -> None:
+    root = copy("stub")
+    (root / "checkpoint-4" / ".ckptdoctor.toml").write_text('ignore = ["CKD2"]\n')
+    code, out = run_cli("fix", str(root), str(root / "checkpoint-4"))
+    assert code == 2 and "is inside" in out, out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) -> None:
+    """The ancestor lookup that replaced comparing every path with every folder decides the same."""
+    import random
+
+    from ckptdoctor.fix.paths import _under
+    from ckptdoctor.fix.plan import _below
+
+    rng = random.Random(seed)
+    names = ["a", "b", "ab", "a.b", "c"]
+    paths = {"/".join(rng.choice(names) for _ in range(rng.randint(1, 4))) for _ in range(40)}
+    folders = {p for p in paths if rng.random() < 0.3}
+    for p in paths:
+        assert _below(p, folders) == any(p != d and _under(p, d) for d in folders), (p, folders)

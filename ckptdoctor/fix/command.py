@@ -11,7 +11,7 @@ import click
 from ckptdoctor.cli import ScanRoot  # lets URL roots through to `_check_roots`, which refuses them clearly
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.render import fix_json, render_fix_text
-from ckptdoctor.fix.run import fix
+from ckptdoctor.fix.run import FixResult, _check_roots, fix
 from ckptdoctor.fix.transaction import undo
 
 _EPILOG_FIX = """\b
@@ -60,16 +60,29 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.cli import resolve_selection
+    from ckptdoctor.cli import selection_groups
 
-    selection, cfg_fail_on = resolve_selection(paths, select, ignore, no_config)
-    result = fix(
-        list(paths),
-        selection=selection,
-        unsafe=unsafe_fixes,
-        dry_run=dry_run,
-        force=force,
-        fail_on=fail_on or cfg_fail_on or "error",
+    _check_roots(paths)  # before the roots are grouped: one inside another is refused whatever their settings
+    # Each root is fixed under its own settings file, as `scan` checks it.
+    groups = selection_groups(paths, select, ignore, no_config)
+    results = [
+        fix(
+            ps,
+            selection=selection,
+            unsafe=unsafe_fixes,
+            dry_run=dry_run,
+            force=force,
+            fail_on=fail_on or cfg_fail_on or "error",
+        )
+        for ps, selection, cfg_fail_on in groups
+    ]
+    result = FixResult(
+        tuple(p for r in results for p in r.plans),
+        tuple(t for r in results for t in r.txids),
+        dry_run,
+        sum(r.fixed for r in results),
+        tuple(f for r in results for f in r.remaining),
+        any(r.failed_on for r in results),
     )
     if fmt == "json":
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))

@@ -13,7 +13,7 @@ from typing import Any
 from ckptdoctor.deep import manifest_from_document
 from ckptdoctor.findings import Applicability, Finding, OpKind
 from ckptdoctor.fix.digests import _sha
-from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, _under, check_path, quarantine_path
+from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, check_path, quarantine_path
 from ckptdoctor.model import Tree
 
 REWRITE_MAX_BYTES = 64 * 1024 * 1024  # rewrites are for JSON indexes, trainer states and `latest`, never weights
@@ -198,8 +198,8 @@ def plan_root(tree: Tree, findings: Sequence[Finding], *, unsafe: bool = False, 
             old = by_path.get(o.path)
             by_path[o.path] = o if old is None else _with_rule(old, o.rules)
         planned_findings.append(f)
-    folders = [p for p, o in by_path.items() if o.kind == OpKind.QUARANTINE and o.is_dir]
-    final = [o for p, o in sorted(by_path.items()) if not any(p != d and _under(p, d) for d in folders)]
+    folders = {p for p, o in by_path.items() if o.kind == OpKind.QUARANTINE and o.is_dir}
+    final = [o for p, o in sorted(by_path.items()) if not _below(p, folders)]
     manifest = _manifest_op(abs_root, final)
     if manifest is not None:
         final.append(manifest)
@@ -225,13 +225,13 @@ def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
         return None
     if manifest_from_document(doc) is None:
         return None
-    moved = [o.path for o in ops if o.kind == OpKind.QUARANTINE]
+    moved = {o.path for o in ops if o.kind == OpKind.QUARANTINE}
     rewritten = {o.path: o.content.encode("utf-8") for o in ops if o.content is not None}
     files: list[dict[str, Any]] = []
     dropped = updated = 0
     for entry in doc["files"]:
         path = entry["path"]
-        if any(_under(path, m) for m in moved):
+        if path in moved or _below(path, moved):
             dropped += 1
             continue
         if path in rewritten:
@@ -258,6 +258,17 @@ def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
         OpKind.REWRITE_JSON, OWN_MANIFEST, rules, title, content, False, change, _unified(OWN_MANIFEST, old, content),
         _sha(raw),
     )  # fmt: skip
+
+
+def _below(path: str, folders: set[str]) -> bool:
+    """Whether ``path`` lies strictly inside one of ``folders`` (its ancestors looked up: linear in the plan, where
+    comparing every path with every folder took 21 s for 10,000 torn checkpoints)."""
+    at = path.find("/")
+    while at >= 0:
+        if path[:at] in folders:
+            return True
+        at = path.find("/", at + 1)
+    return False
 
 
 def _with_rule(op: PlannedOp, rules: tuple[str, ...]) -> PlannedOp:
