@@ -190,6 +190,27 @@ class _Listing:
         return node.has_run
 
 
+def log_on_one_line() -> None:
+    """Show the storage backends' warnings (missing credentials, retries) as ``logger: message``, one line each.
+
+    For the command line: gcsfs logs every failed request with its traceback, which Python's last-resort handler
+    prints whole when nothing configured logging; the error itself reaches the user once, as ours. Does nothing
+    when the process already has a handler.
+    """
+    import logging  # only for URL roots: start-up stays without it
+
+    class OneLine(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"{record.name}: {record.getMessage()}"
+
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(OneLine())
+        root.addHandler(handler)
+
+
 def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec file system and the path inside it for ``url`` (ImportError when fsspec or the backend is missing)."""
     from fsspec.core import url_to_fs

@@ -319,3 +319,37 @@ def test_top_level_help_shows_whole_command_summaries() -> None:
     code, out, _ = invoke("--help")
     assert code == 0
     assert "explain  Print one rule's document (by code, e.g. CKD201, or by name)." in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Storage backends that log tracebacks
+
+
+def test_a_backend_logging_a_traceback_shows_one_line(tmp_path: Path) -> None:
+    """gcsfs logs each failed request with its traceback (seen offline: 50 lines for `scan gs://bucket/run`); the
+    command line shows the backend's message on one line and its own error once."""
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import logging, sys\n"
+        "import fsspec\n"
+        "from fsspec.implementations.memory import MemoryFileSystem\n"
+        "class Boom(MemoryFileSystem):\n"
+        "    protocol = 'boom'\n"
+        "    def exists(self, path, **kw):\n"
+        "        try:\n"
+        "            raise ConnectionError('Cannot connect to host example.invalid')\n"
+        "        except ConnectionError:\n"
+        "            logging.getLogger('boomfs').exception('_request out of retries on exception')\n"
+        "            raise\n"
+        "fsspec.register_implementation('boom', Boom, clobber=True)\n"
+        "from ckptdoctor.cli import main\n"
+        "sys.argv = ['ckptdoctor', 'scan', 'boom://bucket/run']\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "boomfs: _request out of retries on exception",
+        "Error: boom://bucket/run: cannot list: ConnectionError: Cannot connect to host example.invalid",
+    ]
