@@ -1,7 +1,9 @@
-"""The ``ckptdoctor`` command line: scan | inspect | rules | explain.
+"""The ``ckptdoctor`` command line: scan | fix | undo | gate | inspect | rules | explain.
 
-stdout carries the report (and nothing else with ``--format json``); stderr carries progress and usage errors.
-Exit codes: 0 clean, 1 findings at or above ``--fail-on``, 2 usage error or unreadable root.
+``scan``, ``inspect``, ``rules`` and ``explain`` live here; ``fix`` and ``undo`` (``ckptdoctor.fix``) and ``gate``
+(``ckptdoctor.gate``) are imported only when used. stdout carries the report (and nothing else with
+``--format json``); stderr carries progress, notes and usage errors. Exit codes: 0 clean, 1 findings at or above
+``--fail-on``, 2 usage error, bad settings file, or a root that is missing or not a folder or regular file.
 """
 
 from __future__ import annotations
@@ -29,14 +31,23 @@ Examples:
   ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
   ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
   ckptdoctor scan --select CKD2 --fail-on warning model/
+  ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
+  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.sarif   # report, never fail
   ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
   ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
   ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
 
 \b
-Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error or missing root.
-Rules can also be chosen in [tool.ckptdoctor] of pyproject.toml or .ckptdoctor.toml at the scan root:
-  select = ["CKD1", "CKD2"]   ignore = ["CKD602"]   fail-on = "warning"   [severity] CKD404 = "warning"
+Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
+root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
+a finding, not 2.
+
+\b
+Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
+under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
+  select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
+An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
+rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
 """
 
 
@@ -94,7 +105,7 @@ def selection_groups(
 def resolve_selection(
     paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
 ) -> tuple[Selection, str | None]:
-    """The rule selection from --select/--ignore plus the config file at the first root, and the config's fail-on.
+    """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
 
     Shared by every command that runs rules, so they all read options and configuration the same way.
     """
@@ -193,17 +204,34 @@ def _use_color(stream: Any) -> bool:
     return bool(isatty and isatty())
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+_EPILOG_MAIN = """\b
+Examples:
+  ckptdoctor scan runs/my-run/                      # what would go wrong if you resumed now?
+  ckptdoctor fix --dry-run runs/my-run/             # what fix would change (writes nothing)
+  ckptdoctor gate runs/my-run --num-train-epochs 3  # what will this resume load, train, and at which LRs?
+  ckptdoctor explain CKD201                         # why a finding matters and how to fix it
+
+\b
+Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error or unusable input.
+"""
+
+
+@click.group(
+    cls=LazyGroup,
+    epilog=_EPILOG_MAIN,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @click.version_option(__version__, "-V", "--version", prog_name="ckptdoctor")
 def main() -> None:
     """An fsck for training checkpoints: find what would make a resume go silently wrong.
 
     Reading never executes: pickles are walked opcode by opcode, never loaded, and only headers are read.
-    Start with `ckptdoctor scan OUTPUT_DIR`; `ckptdoctor rules` lists what is checked.
+    Start with `ckptdoctor scan OUTPUT_DIR`; `ckptdoctor rules` lists what is checked. `COMMAND --help` shows a
+    command's options, defaults and examples.
     """
 
 
-@main.command(epilog=_EPILOG_SCAN)
+@main.command(epilog=_EPILOG_SCAN, short_help="Check checkpoint folders, files or URLs for resume hazards.")
 @click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
 @click.option(
     "--format",
@@ -218,13 +246,29 @@ def main() -> None:
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
     default=None,
-    help="Exit 1 when a finding has this severity or worse.  [default: error]",
+    help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is unusable.  "
+    "[default: the root's settings file's fail-on, else error]",
 )
 @click.option(
-    "--select", multiple=True, metavar="CODES", help="Only these rules (codes or prefixes, e.g. CKD2,CKD601)."
+    "--select",
+    multiple=True,
+    metavar="CODES",
+    help="Run only these rules: codes or prefixes, comma-separated or repeated (CKD2,CKD601). Selecting only "
+    "gate rules, or only --deep rules without --deep, is a usage error (they would never run).  "
+    "[default: the settings file's select, else every rule a scan runs]",
 )
-@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (codes or prefixes).")
-@click.option("--no-config", is_flag=True, help="Ignore [tool.ckptdoctor] / .ckptdoctor.toml settings.")
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="CODES",
+    help="Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings file, "
+    "this can turn off security rules (CKD6xx).  [default: none]",
+)
+@click.option(
+    "--no-config",
+    is_flag=True,
+    help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
+)
 @click.option(
     "--jobs",
     "-j",
@@ -246,7 +290,7 @@ def main() -> None:
     default=None,
     help="With --deep: also sha256 every file in the same read. write: record them in "
     "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
-    "Never implied by an existing manifest.",
+    "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
 def scan(
     paths: tuple[str, ...],
@@ -263,7 +307,12 @@ def scan(
 
     PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
     a folder of many runs, or a single file, on disk or at a URL (s3://, gs://, hf://... through fsspec: only
-    headers are fetched, with ranged requests). Nothing is loaded, executed or written.
+    headers are fetched, with ranged requests). Nothing is loaded, executed or written (except the manifest of
+    --checksums write).
+
+    The report goes to stdout: one table per run (the checkpoint resume_from_checkpoint=True picks is marked),
+    then one line per finding with its fix, then a summary. Names with control characters are shown escaped
+    (\\x1b); --format json gives them exactly.
     """
     from ckptdoctor.report import render_json, render_text
     from ckptdoctor.scanner import Report
@@ -420,13 +469,36 @@ def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
             raise UsageProblem(why)
 
 
-@main.command()
+_EPILOG_INSPECT = """\b
+Examples:
+  ckptdoctor inspect runs/my-run/checkpoint-8/model.safetensors   # tensor names, dtypes, shapes, metadata
+  ckptdoctor inspect runs/my-run/checkpoint-8/scheduler.pt        # the pickled values (last_epoch, base_lrs...)
+  ckptdoctor inspect --format json runs/my-run/checkpoint-8/optimizer.pt | jq '.globals'
+
+\b
+Exit codes: 0 the file was read (what could not be decoded is listed under "problems"), 2 usage error (no such
+file, or a folder: scan folders).
+"""
+
+
+@main.command(
+    epilog=_EPILOG_INSPECT, short_help="Show what the readers see in one file (tensors, pickle values)."
+)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: a tensor table, or the pickle's values and globals, then any problems; json: the same as one "
+    "document.",
+)
 def inspect(file: str, fmt: str) -> None:
     """Show what the readers see in one FILE: tensors, or a pickle's plain values and imported globals.
 
-    Nothing is loaded or executed: safetensors headers are parsed, pickles are walked statically.
+    Nothing is loaded or executed: safetensors headers are parsed, pickles are walked statically. Use it to see
+    why a finding was raised; `ckptdoctor scan` does the checking.
     """
     from ckptdoctor.inspect import inspect_file, render_inspect_text
 
@@ -437,17 +509,26 @@ def inspect(file: str, fmt: str) -> None:
         click.echo(render_inspect_text(data))
 
 
-@main.command(name="rules")
+_EPILOG_RULES = """\b
+Examples:
+  ckptdoctor rules
+  ckptdoctor rules --format json | jq -r '.[] | select(.fixable) | .code'
+  ckptdoctor explain CKD201                    # one rule's full document
+"""
+
+
+@main.command(name="rules", epilog=_EPILOG_RULES, short_help="List every rule: code, name, severity, fixable.")
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json", "markdown"]),
     default="text",
     show_default=True,
-    help="markdown prints the table the README embeds.",
+    help="text: a table; json: a list of {code, name, severity, fixable, deep_only, summary}; markdown: the table "
+    "the README embeds (it also marks the --deep and gate-only rules).",
 )
 def rules_cmd(fmt: str) -> None:
-    """List every rule: code, name, default severity, and whether ckptdoctor can fix it.
+    """List every rule: code, name, default severity, whether `ckptdoctor fix` can repair it, and a summary.
 
     `ckptdoctor explain CODE` prints a rule's full document.
     """
@@ -477,10 +558,23 @@ def rules_cmd(fmt: str) -> None:
     click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
 
 
-@main.command(short_help="Print one rule's document (by code, e.g. CKD201, or by name).")
+_EPILOG_EXPLAIN = """\b
+Examples:
+  ckptdoctor explain CKD201
+  ckptdoctor explain stub-weights-shadow-adapter
+
+\b
+Exit codes: 0 printed, 2 no such rule.
+"""
+
+
+@main.command(epilog=_EPILOG_EXPLAIN, short_help="Print one rule's document (by code, e.g. CKD201, or by name).")
 @click.argument("rule")
 def explain(rule: str) -> None:
-    """Print a rule's document (by code, e.g. CKD201, or by name)."""
+    """Print RULE's document (by code, e.g. CKD201, or by name): what it does, why, an example, fix safety.
+
+    Codes and names match in any case; `ckptdoctor rules` lists them all.
+    """
     from ckptdoctor.rules import get_rule
 
     r = get_rule(rule)

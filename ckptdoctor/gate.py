@@ -738,37 +738,57 @@ _EPILOG = """\b
 Examples:
   ckptdoctor gate runs/my-run                          # resume with the run's own arguments
   ckptdoctor gate runs/my-run --num-train-epochs 5     # what will 2 more epochs do?
+  ckptdoctor gate fixtures/lr-finished --max-steps 16  # resume a finished run: LR 0, then a new schedule
   ckptdoctor gate runs/my-run --checkpoint checkpoint-800 --learning-rate 1e-4 --format json
-  ckptdoctor gate runs/my-run --world-size 8 --format github   # in a CI job before the launcher
+  ckptdoctor gate runs/my-run --training-args args.json --world-size 8 --format github   # in CI, before launch
 
 \b
-Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error.
+Options left out are the run's own: read from the checkpoint's training_args.bin and trainer_state.json (or
+--training-args), else transformers' defaults; --format json lists each value used and where it came from.
+
+\b
+Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
+finite, an unreadable --training-args, no such --checkpoint).
 """
 
 
-@click.command("gate", epilog=_EPILOG)
+@click.command("gate", epilog=_EPILOG, short_help="Predict what a resume will load, train and at which LRs.")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR) "
-              "instead of the one resume_from_checkpoint=True picks.")
-@click.option("--num-train-epochs", type=float, help="Planned num_train_epochs (an epoch-based run).")
-@click.option("--max-steps", type=click.IntRange(min=1), help="Planned max_steps (overrides epochs).")
-@click.option("--learning-rate", type=float, help="Planned learning_rate.")
+@click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR), as "
+              "resume_from_checkpoint=PATH does.  [default: the highest-numbered checkpoint-N in RUN_DIR, as "
+              "resume_from_checkpoint=True picks]")
+@click.option("--num-train-epochs", type=float, help="Planned num_train_epochs: an epoch-based run (not with "
+              "--max-steps).  [default: the run's own]")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Planned max_steps: a step-based run, which ignores "
+              "epochs (not with --num-train-epochs).  [default: the run's own]")
+@click.option("--learning-rate", type=float, help="Planned learning_rate. A restored scheduler keeps the "
+              "checkpoint's base LR, so a different value is ignored (CKD409).  [default: the run's own]")
 @click.option("--lr-scheduler-type", type=click.Choice([*schedules.SUPPORTED, *schedules.METRIC_DRIVEN]),
-              help="Planned lr_scheduler_type.")
-@click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, e.g. \'{"num_cycles": 2}\'.')
-@click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps (< 1 is a ratio, as in 5.x).")
-@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up ratio.")
+              help="Planned lr_scheduler_type (the last two are metric-driven: reported as unpredictable).  "
+              "[default: the run's own]")
+@click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, a JSON object, e.g. '
+              '\'{"num_cycles": 2}\'.  [default: the run\'s own]')
+@click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps; below 1 it is a ratio of "
+              "max_steps, as in transformers 5.x (not with --warmup-ratio).  [default: the run's own]")
+@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up as a "
+              "ratio of max_steps (4.x's warmup_ratio; not with --warmup-steps).  [default: the run's own]")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1),
-              help="Optimizer steps per epoch of the resumed run.  [default: the checkpoint's]")
-@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on.")
+              help="Optimizer steps per epoch of the resumed run; give it when the dataset, batch size, gradient "
+              "accumulation or world size changes.  [default: the checkpoint's, from trainer_state.json]")
+@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on, compared with "
+              "the ranks that saved the checkpoint (CKD504).  [default: not checked]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
-              metavar="FILE.json", help="TrainingArguments as JSON (args.to_json_string()); options override it.")
+              metavar="FILE.json", help="The planned TrainingArguments as JSON (args.to_json_string()); the options "
+              "above override it.  [default: none: the run's own arguments]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
-              help="How many resumed optimizer steps' LRs to predict.")
+              help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
-              show_default=True, help="json: one ckptdoctor.gate/1 document; sarif: SARIF 2.1.0; github: annotations.")
+              show_default=True, help="text: the prediction, findings and verdict for people; json: one "
+              "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
+              "annotation lines.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
-              help="Fail when a finding has this severity or worse.")
+              help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
+              "unusable.")
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -789,8 +809,10 @@ def gate_command(
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
-    learning rates, following transformers 5.x's resume path. Arguments you do not plan are the run's own (read
-    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-413,
+    CKD504) plus every scan finding about that checkpoint. RUN_DIR is the output_dir, or a checkpoint folder.
+    Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin and
+    trainer_state.json). Nothing is loaded or executed.
     """
     from ckptdoctor.cli import UsageProblem  # here: cli imports this module when it registers the command
 
