@@ -488,7 +488,7 @@ def kinds(ck: Checkpoint) -> list[str]:
         out.append("sharded")
     if has_adapter(ck):
         out.append("adapter")
-    if optimizer_file(ck) is not None:
+    if has_optimizer_state(ck):  # the test the resume makes (FSDP keeps it in an `optimizer_0/` folder)
         out.append("optimizer")
     if ck.file(SCHEDULER) is not None:
         out.append("scheduler")

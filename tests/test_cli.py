@@ -264,3 +264,12 @@ def test_the_console_entry_ends_fast_and_says_everything(tmp_path: Path) -> None
     )
     assert done.returncode in (0, 1), done.stderr
     assert (run / ".ckptdoctor" / "manifest.json").is_file()
+
+
+def test_an_fsdp_checkpoint_lists_its_optimizer_folder() -> None:
+    """FSDP keeps the optimizer in `optimizer_0/`: the resume restores it, so the kinds say so (as gate does)."""
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    code, out = run("scan", "--format", "json", "--fail-on", "never", str(fixtures / "fsdp"))
+    assert code == 0
+    kinds = [ck["kinds"] for r in json.loads(out)["runs"] for ck in r["checkpoints"]]
+    assert kinds and all("fsdp" in k and "optimizer" in k for k in kinds), kinds
