@@ -517,15 +517,15 @@ Examples:
 """
 
 
-@main.command(name="rules", epilog=_EPILOG_RULES, short_help="List every rule: code, name, severity, fixable.")
+@main.command(name="rules", epilog=_EPILOG_RULES, short_help="List every rule: code, name, severity, fix safety.")
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json", "markdown"]),
     default="text",
     show_default=True,
-    help="text: a table; json: a list of {code, name, severity, fixable, deep_only, summary}; markdown: the table "
-    "the README embeds (it also marks the --deep and gate-only rules).",
+    help="text: a table; json: a list of {code, name, severity, fixable, fix (safe, unsafe or null), deep_only, "
+    "summary}; markdown: the table the README embeds (it also marks the --deep and gate-only rules).",
 )
 def rules_cmd(fmt: str) -> None:
     """List every rule: code, name, default severity, whether `ckptdoctor fix` can repair it, and a summary.
@@ -545,6 +545,7 @@ def rules_cmd(fmt: str) -> None:
                 "name": r.name,
                 "severity": r.severity.value,
                 "fixable": r.fixable,
+                "fix": r.fix or None,
                 "deep_only": r.deep_only,
                 "summary": r.summary,
             }
@@ -554,7 +555,7 @@ def rules_cmd(fmt: str) -> None:
         return
     from tabulate import tabulate
 
-    rows = [[r.code, r.name, r.severity.value, "yes" if r.fixable else "", r.summary] for r in rules]
+    rows = [[r.code, r.name, r.severity.value, r.fix, r.summary] for r in rules]
     click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
 
 
@@ -582,7 +583,7 @@ def explain(rule: str) -> None:
         raise UsageProblem(f"no rule {rule!r} (see `ckptdoctor rules`)")
     import inspect as _inspect
 
-    header = f"{r.code} {r.name} ({r.severity.value}{', fixable' if r.fixable else ''})"
+    header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix} fix' if r.fix else ''})"
     click.echo(header)
     click.echo("=" * len(header))
     click.echo(_inspect.cleandoc(r.doc))

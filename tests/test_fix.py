@@ -542,3 +542,16 @@ def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) 
     folders = {p for p in paths if rng.random() < 0.3}
     for p in paths:
         assert _below(p, folders) == any(p != d and _under(p, d) for d in folders), (p, folders)
+
+
+def test_the_catalog_says_which_fixes_need_the_flag(built: dict[str, Path]) -> None:
+    """`ckptdoctor rules` shows each rule's fix as safe or unsafe: it must be what its findings' plans carry."""
+    from ckptdoctor.rules import all_rules
+
+    declared = {r.code: r.fix for r in all_rules()}
+    seen: dict[str, set[str]] = {}
+    for root in built.values():
+        for f in scan(str(root)).findings:
+            if f.fix is not None and f.fix.applicability != Applicability.MANUAL:
+                seen.setdefault(f.rule, set()).add(f.fix.applicability.value)
+    assert {code: {fix} for code, fix in declared.items() if fix} == seen

@@ -38,9 +38,14 @@ class Rule:
     severity: Severity
     func: RuleFunc = field(compare=False, repr=False)
     doc: str = ""
-    fixable: bool = False
+    fix: str = ""  # "safe" (applied by `ckptdoctor fix`), "unsafe" (only with --unsafe-fixes), "" (none)
     deep_only: bool = False
     gate_only: bool = False  # emitted by `ckptdoctor gate` (needs the planned resume), documented here
+
+    @property
+    def fixable(self) -> bool:
+        """Whether ``ckptdoctor fix`` repairs what the rule finds (with ``--unsafe-fixes`` when ``fix`` is unsafe)."""
+        return bool(self.fix)
 
     @property
     def summary(self) -> str:
@@ -70,16 +75,21 @@ def rule(
     name: str,
     severity: Severity,
     *,
-    fixable: bool = False,
+    fix: str = "",
     deep_only: bool = False,
     gate_only: bool = False,
 ) -> Callable[[RuleFunc], RuleFunc]:
-    """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename."""
+    """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
+
+    ``fix`` is the applicability of the fix plans the rule attaches ("safe" or "unsafe"; a test checks the plans).
+    """
+    if fix not in ("", "safe", "unsafe"):
+        raise ValueError(f"rule {code}: fix must be safe, unsafe or empty, not {fix!r}")
 
     def register(func: RuleFunc) -> RuleFunc:
         if code in _REGISTRY:
             raise ValueError(f"rule {code} registered twice")
-        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fixable, deep_only, gate_only)
+        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fix, deep_only, gate_only)
         return func
 
     return register
@@ -191,7 +201,7 @@ def rules_markdown() -> str:
     """The rule catalog as the Markdown table embedded in the README (kept in sync by a test)."""
     lines = ["| code | name | severity | fix | what it finds |", "| --- | --- | --- | --- | --- |"]
     for r in all_rules():
-        fix = "yes" if r.fixable else ""
+        fix = r.fix
         deep = " (`--deep`)" if r.deep_only else " (`gate`)" if r.gate_only else ""
         lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {fix} | {r.summary}{deep} |")
     return "\n".join(lines)

@@ -198,7 +198,7 @@ def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | No
     return None if v is None else (v.newest, list(v.stale), v.why)
 
 
-@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fixable=True)
+@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fix="unsafe")
 def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
     """The checkpoint `resume_from_checkpoint=True` would pick belongs to an older run than the newest checkpoints.
 
@@ -282,7 +282,7 @@ def torn_evidence(ck: Checkpoint, links_out: frozenset[str] = frozenset()) -> li
     return out
 
 
-@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fixable=True)
+@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix="safe")
 def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 
@@ -322,7 +322,7 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
             yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
 
 
-@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fixable=True)
+@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix="safe")
 def leftover_temp_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A `tmp-checkpoint-N` staging folder (or similar) was left behind.
 
@@ -389,7 +389,7 @@ def _best_target(tree: Tree, run: Run, best: str) -> Checkpoint | None:
     return None
 
 
-@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fixable=True)
+@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fix="safe")
 def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     """`best_model_checkpoint` names a folder that does not exist in this run.
 
