@@ -51,32 +51,77 @@ def _hash_file(path: str) -> tuple[int, str]:
 
 
 def digest(path: str) -> Digest:
-    """The digest of a file, folder (recursively, links not followed) or link at ``path``."""
+    """The digest of a file, folder (recursively, links not followed) or link at ``path``.
+
+    A folder's sha256 hashes one line per entry below it, in walk order (names sorted, each folder followed by its
+    own entries), with that entry's digest; its size adds up its entries' sizes. Each entry is read once and the
+    walk keeps its own stack, so a folder nested thousands deep costs time in proportion to its lines, never a
+    recursion error (the per-folder recursion it replaces took time exponential in the depth).
+    """
     st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return _leaf(path, st)
+    entries = [("", st), *_walk(path)]
+    lines: list[bytes] = [b""] * len(entries)  # each entry's line, without its name
+    digests: list[Digest | None] = [None] * len(entries)
+    ends = _subtree_ends([rel for rel, _ in entries])
+    for i in range(len(entries) - 1, -1, -1):  # children before their folder
+        rel, est = entries[i]
+        if not stat.S_ISDIR(est.st_mode):
+            d = _leaf(os.path.join(path, rel), est)
+        else:
+            h = hashlib.sha256()
+            total = 0
+            cut = len(rel) + 1 if rel else 0
+            for k in range(i + 1, ends[i]):
+                h.update(os.fsencode(entries[k][0][cut:]) + lines[k])
+                total += digests[k].size  # type: ignore[union-attr]  # set: k > i
+            d = Digest("dir", total, h.hexdigest(), stat.S_IMODE(est.st_mode))
+        digests[i] = d
+        lines[i] = f"\0{d.type}\0{d.mode:o}\0{d.size}\0{d.sha256}\n".encode()
+    out = digests[0]
+    assert out is not None
+    return out
+
+
+def _leaf(path: str, st: os.stat_result) -> Digest:
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISREG(st.st_mode):
         size, sha = _hash_file(path)
         return Digest("file", size, sha, mode)
     if stat.S_ISLNK(st.st_mode):
         return Digest("link", 0, hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest(), mode)
-    if not stat.S_ISDIR(st.st_mode):
-        return Digest("special", 0, hashlib.sha256(b"").hexdigest(), mode)
-    h = hashlib.sha256()
-    total = 0
-    for rel in _walk(path, ""):
-        d = digest(os.path.join(path, rel))
-        total += d.size
-        h.update(os.fsencode(rel) + f"\0{d.type}\0{d.mode:o}\0{d.size}\0{d.sha256}\n".encode())
-    return Digest("dir", total, h.hexdigest(), mode)
+    return Digest("special", 0, hashlib.sha256(b"").hexdigest(), mode)
 
 
-def _walk(base: str, prefix: str) -> Iterator[str]:
-    """Every entry below ``base`` (relative names, sorted, links not followed)."""
-    for name in sorted(os.listdir(os.path.join(base, prefix) if prefix else base)):
-        rel = f"{prefix}/{name}" if prefix else name
-        yield rel
-        if stat.S_ISDIR(os.lstat(os.path.join(base, rel)).st_mode):
-            yield from _walk(base, rel)
+def _walk(base: str) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry below ``base`` with its lstat: relative names, sorted, each folder followed by its entries,
+    links not followed. An explicit stack, so depth costs no recursion."""
+    names = [iter(sorted(os.listdir(base)))]
+    prefixes = [""]
+    while names:
+        name = next(names[-1], None)
+        if name is None:
+            names.pop()
+            prefixes.pop()
+            continue
+        rel = f"{prefixes[-1]}/{name}" if prefixes[-1] else name
+        st = os.lstat(os.path.join(base, rel))
+        yield rel, st
+        if stat.S_ISDIR(st.st_mode):
+            names.append(iter(sorted(os.listdir(os.path.join(base, rel)))))
+            prefixes.append(rel)
+
+
+def _subtree_ends(rels: list[str]) -> list[int]:
+    """For each entry of a walk (``rels[0]`` the folder itself, ``""``), the index just past its last entry below."""
+    ends = [len(rels)] * len(rels)
+    open_: list[int] = []
+    for i, rel in enumerate(rels):
+        while open_ and rels[open_[-1]] and not rel.startswith(rels[open_[-1]] + "/"):
+            ends[open_.pop()] = i
+        open_.append(i)
+    return ends
 
 
 def _sha(data: bytes) -> str:

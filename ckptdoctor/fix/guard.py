@@ -57,6 +57,9 @@ class RootLock:
         except OSError as e:
             self.__exit__()
             raise FixRefused(f"cannot lock {self.abs_root}: {e.strerror or e}; nothing was changed") from None
+        except BaseException:  # a refusal, or Ctrl-C: `with` calls no __exit__ when __enter__ raises
+            self.__exit__()
+            raise
         raise FixRefused(f"cannot lock {self.abs_root}: the lock keeps changing hands; nothing was changed")
 
     def __exit__(self, *exc: object) -> None:
@@ -73,9 +76,16 @@ class RootLock:
             self.created = None
 
     def _holder(self, path: str) -> tuple[int, str] | None:
+        """The lock's ``(pid, host)``; None when it cannot be read as one. Never through a link, never blocking on
+        a FIFO: the lock file may come with a downloaded folder."""
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                pid, host = fh.read(200).split()[:2]
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                pid, host = os.read(fd, 200).decode("utf-8", "replace").split()[:2]
+            finally:
+                os.close(fd)
             return int(pid), host
         except (OSError, ValueError):
             return None

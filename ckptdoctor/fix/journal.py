@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,9 +16,32 @@ from ckptdoctor.findings import OpKind
 from ckptdoctor.fix.calls import _atomic_write
 from ckptdoctor.fix.digests import Digest
 from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.paths import _own, _parent, quarantine_path
+from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _own, _parent, quarantine_path, rel_problem
 
 JOURNAL_SCHEMA = "ckptdoctor.journal/1"
+# A journal holds the new text of its rewrites (each at most ``plan.REWRITE_MAX_BYTES``); a larger file is not one
+# the fixer wrote, and is refused before it is read.
+JOURNAL_MAX_BYTES = 512 * 1024 * 1024
+
+# A journal may come with a downloaded folder, so everything in it that names a place is checked before use: a
+# txid is one plain name (it becomes a file and a quarantine folder name), paths stay inside the root.
+_TXID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]{0,127}")
+_STATES = ("applying", "applied", "undoing", "undone", "rolled-back")
+_STATUSES = ("pending", "done", "undone")
+_NS_MAX = 2**62  # times in ns (about year 2116) beyond which utime may overflow: not ones the fixer recorded
+
+
+def _ns_pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, list) and len(v) == 2 and all(type(x) is int and -_NS_MAX < x < _NS_MAX for x in v):
+        return v[0], v[1]
+    raise ValueError(f"{v!r} is not a pair of times in ns")
+
+
+def _checked_rel(rel: Any, *, own_manifest: bool = False) -> str:
+    why = rel_problem(rel, own_manifest=own_manifest) if isinstance(rel, str) else f"{rel!r} is not a path"
+    if why is not None:
+        raise ValueError(why)
+    return str(rel)
 
 
 @dataclass
@@ -61,18 +86,28 @@ class JournalOp:
 
     @staticmethod
     def from_json(d: Any) -> JournalOp:
+        """The operation ``d`` records; ``ValueError`` (or ``KeyError``/``TypeError``) when it is not one the fixer
+        could have written: a path outside the root or in ckptdoctor's own folder (the manifest excepted), text
+        that is not text, times out of range, an unknown status."""
+        kind = OpKind(d["kind"])
         times = d.get("times_ns")
+        content = d.get("content")
+        if content is not None and not isinstance(content, str):
+            raise ValueError(f"the new text of operation {d.get('index')!r} is not text")
+        status = str(d.get("status", "pending"))
+        if status not in _STATUSES:
+            raise ValueError(f"unknown operation status {status!r}")
         return JournalOp(
             index=int(d["index"]),
-            kind=OpKind(d["kind"]),
-            path=str(d["path"]),
+            kind=kind,
+            path=_checked_rel(d["path"], own_manifest=kind != OpKind.QUARANTINE),
             rules=[str(r) for r in d.get("rules", [])],
             title=str(d.get("title", "")),
             before=Digest.from_json(d["before"]),
             after=None if d.get("after") is None else Digest.from_json(d["after"]),
-            content=d.get("content"),
-            times=None if times is None else (int(times[0]), int(times[1])),
-            status=str(d.get("status", "pending")),
+            content=content,
+            times=None if times is None else _ns_pair(times),
+            status=status,
         )
 
 
@@ -103,15 +138,25 @@ class Journal:
 
     @staticmethod
     def from_json(d: Any) -> Journal:
+        """The transaction ``d`` records; ``ValueError`` (or ``KeyError``/``TypeError``) when it is not one the
+        fixer could have written (see ``JournalOp.from_json``; the txid must be one plain name; the folders whose
+        times it keeps are the root, folders inside it, and ``.ckptdoctor`` itself for a manifest update)."""
         if not isinstance(d, dict) or d.get("schema") != JOURNAL_SCHEMA:
             raise ValueError(f"not a {JOURNAL_SCHEMA} document")
+        txid, state, dir_times = d["txid"], str(d["state"]), d.get("dir_times_ns", {})
+        if not isinstance(txid, str) or not _TXID.fullmatch(txid):
+            raise ValueError(f"{txid!r} is not a transaction id")
+        if state not in _STATES:
+            raise ValueError(f"unknown transaction state {state!r}")
+        if not isinstance(dir_times, dict) or not isinstance(d["ops"], list):
+            raise ValueError("`dir_times_ns` or `ops` is not what the fixer writes")
         return Journal(
-            txid=str(d["txid"]),
+            txid=txid,
             root=str(d["root"]),
             created=float(d["created"]),
-            state=str(d["state"]),
+            state=state,
             ops=[JournalOp.from_json(o) for o in d["ops"]],
-            dir_times={str(k): (int(v[0]), int(v[1])) for k, v in d.get("dir_times_ns", {}).items()},
+            dir_times={k if k in (".", OWN_DIR) else _checked_rel(k): _ns_pair(v) for k, v in dir_times.items()},
         )
 
     @property
@@ -120,23 +165,57 @@ class Journal:
 
 
 def load_journals(path: str) -> list[Journal]:
-    """Every transaction recorded under root ``path``, oldest first. Reads only; a missing folder means none."""
-    folder = _own(os.path.realpath(path), "journal")
+    """Every transaction recorded under root ``path``, oldest first. Reads only; a missing folder means none.
+
+    Raises ``FixRefused`` for a journal folder that is a link or not a folder, and for a journal the fixer could not
+    have written (checked before anything acts on it: a journal may come with a downloaded folder).
+    """
+    root = os.path.realpath(path)
+    for rel in (OWN_DIR, f"{OWN_DIR}/journal"):
+        try:
+            st = os.lstat(os.path.join(root, *rel.split("/")))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise FixRefused(f"cannot read {os.path.join(root, rel)}: {e.strerror or e}") from None
+        if not stat.S_ISDIR(st.st_mode):  # lstat: a link is not a folder here
+            raise FixRefused(
+                f"{os.path.join(root, rel)} is not a plain folder (ckptdoctor never goes through links); move it away "
+                "to continue"
+            )
+    folder = _own(root, "journal")
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
     except OSError as e:
         raise FixRefused(f"cannot read the journal folder {folder}: {e.strerror or e}") from None
     out: list[Journal] = []
     for name in names:
         full = os.path.join(folder, name)
         try:
-            with open(full, encoding="utf-8") as fh:
-                out.append(Journal.from_json(json.load(fh)))
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            j = Journal.from_json(json.loads(_read_journal(full)))
+            if f"{j.txid}.json" != name:
+                raise ValueError(f"it records transaction {j.txid}")
+        except (OSError, ValueError, LookupError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
             raise FixRefused(f"journal {full} cannot be read ({e}); move it away to continue") from None
+        out.append(j)
     return sorted(out, key=lambda j: (j.created, j.txid))
+
+
+def _read_journal(full: str) -> bytes:
+    """A journal's bytes: a regular file (never a FIFO that would block, nor a link) of a sane size."""
+    fd = os.open(full, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > JOURNAL_MAX_BYTES:
+            raise ValueError(f"{st.st_size:,} bytes, more than a journal the fixer writes")
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _save(abs_root: str, j: Journal) -> None:

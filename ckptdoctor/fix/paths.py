@@ -33,29 +33,60 @@ def _under(path: str, folder: str) -> bool:
     return folder in ("", ".") or path == folder or path.startswith(folder + "/")
 
 
+def rel_problem(rel: str, *, own_manifest: bool = False) -> str | None:
+    """Why ``rel`` is not a path the fixer may name (outside the root, or ckptdoctor's own), or None.
+
+    Only the text is judged (plans and journals alike: a journal may come with a downloaded folder).
+    """
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        return f"`{rel}` is not a path inside the root; fix plans never leave it"
+    if parts[0] == OWN_DIR and not (own_manifest and rel == OWN_MANIFEST):
+        return f"`{rel}` is inside ckptdoctor's own `{OWN_DIR}/` folder"
+    return None
+
+
+def link_on_the_way(abs_root: str, rel: str, *, last: bool = False, missing_ok: bool = True) -> str | None:
+    """Why reaching ``rel`` below the root would go through a link or a non-folder, or None.
+
+    Checks every folder on the way (and ``rel`` itself when ``last``). With ``missing_ok`` it stops at the first
+    one missing: whatever the fixer creates there it creates itself (``calls._ensure_dir`` refuses links).
+    """
+    parts = rel.split("/")
+    cur = abs_root
+    for i, part in enumerate(parts if last else parts[:-1]):
+        cur = os.path.join(cur, part)
+        shown = "/".join(parts[: i + 1])
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            return f"`{shown}` cannot be used: No such file or directory"
+        except OSError as e:
+            return f"`{shown}` cannot be used: {e.strerror or e}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"`{shown}` is a symbolic link; the fixer never writes through one"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"`{shown}` is not a folder"
+    return None
+
+
 def check_path(abs_root: str, rel: str, *, own_manifest: bool = False) -> tuple[os.stat_result | None, str | None]:
     """``rel``'s lstat when the fixer may touch it: inside the root, not ckptdoctor's own, through no link.
 
     Returns ``(None, reason)`` when it must not. ``own_manifest`` lets exactly ``OWN_MANIFEST`` through (the
     manifest update the planner adds itself; no rule's plan can name it).
     """
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        return None, f"`{rel}` is not a path inside the root; fix plans never leave it"
-    if parts[0] == OWN_DIR and not (own_manifest and rel == OWN_MANIFEST):
-        return None, f"`{rel}` is inside ckptdoctor's own `{OWN_DIR}/` folder"
-    cur = abs_root
-    st: os.stat_result | None = None
-    for i, part in enumerate(parts):
-        cur = os.path.join(cur, part)
-        try:
-            st = os.lstat(cur)
-        except OSError as e:
-            return None, f"`{'/'.join(parts[: i + 1])}` cannot be used: {e.strerror or e}"
-        if stat.S_ISLNK(st.st_mode):
-            return None, f"`{'/'.join(parts[: i + 1])}` is a symbolic link; the fixer never writes through one"
-        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
-            return None, f"`{'/'.join(parts[: i + 1])}` is not a folder"
+    why = rel_problem(rel, own_manifest=own_manifest) or link_on_the_way(abs_root, rel, missing_ok=False)
+    if why is not None:
+        return None, why
+    try:
+        st = os.lstat(_abs(abs_root, rel))
+    except OSError as e:
+        return None, f"`{rel}` cannot be used: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return None, f"`{rel}` is a symbolic link; the fixer never writes through one"
     return st, None
 
 

@@ -11,7 +11,7 @@ from ckptdoctor.fix.calls import _fsync_dir
 from ckptdoctor.fix.digests import _holds, _same_inode, digest
 from ckptdoctor.fix.errors import ConcurrentChange, FixRefused, _changed_msg
 from ckptdoctor.fix.journal import Journal, JournalOp
-from ckptdoctor.fix.paths import _abs, _parent
+from ckptdoctor.fix.paths import _abs, _parent, link_on_the_way
 
 
 def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
@@ -49,11 +49,18 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
     return "conflict", f"`{op.path}` changed after the fix ({now.size:,} bytes, sha256 {now.sha256[:12]}…)"
 
 
+def _links_on_the_way(abs_root: str, j: Journal) -> list[str]:
+    """Links (or files) where the journal's paths and their quarantine places need plain folders: a journal may
+    come with a downloaded folder, and a link there would lead the fixer's moves and writes out of the root."""
+    found = (link_on_the_way(abs_root, rel) for op in j.ops for rel in (op.path, op.quarantine(j.txid)))
+    return list(dict.fromkeys(why for why in found if why is not None))
+
+
 def _check_undo(abs_root: str, j: Journal) -> list[str]:
     """Each operation's state, checked so the whole undo can succeed; a refusal lists every obstacle."""
     states: list[str] = []
-    problems: list[str] = []
-    for op in j.ops:
+    problems = _links_on_the_way(abs_root, j)
+    for op in [] if problems else j.ops:
         state, why = _op_state(abs_root, j.txid, op)
         if state in ("both", "conflict"):
             problems.append(why)
@@ -78,8 +85,8 @@ def _check_undo(abs_root: str, j: Journal) -> list[str]:
 
 def _check_redo(abs_root: str, j: Journal) -> list[str]:
     states: list[str] = []
-    problems: list[str] = []
-    for op in j.ops:
+    problems = _links_on_the_way(abs_root, j)
+    for op in [] if problems else j.ops:
         state, why = _op_state(abs_root, j.txid, op)
         if state in ("conflict", "untouched"):
             problems.append(why)

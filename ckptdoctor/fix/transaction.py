@@ -16,7 +16,7 @@ from ckptdoctor.fix.digests import Digest, _sha, digest
 from ckptdoctor.fix.errors import FixRefused
 from ckptdoctor.fix.guard import RootLock, preflight
 from ckptdoctor.fix.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
-from ckptdoctor.fix.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path
+from ckptdoctor.fix.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path, link_on_the_way
 from ckptdoctor.fix.plan import RootPlan
 from ckptdoctor.fix.recover import _check_redo, _check_undo, _settle_temp, _undo_op
 
@@ -25,7 +25,7 @@ def _restore_times(abs_root: str, j: Journal) -> None:
     """Give the touched folders back their mtimes: the Trainer's rotation orders checkpoints by folder mtime."""
     for rel, times in sorted(j.dir_times.items(), key=lambda kv: -kv[0].count("/")):
         path = _abs(abs_root, rel) if rel != "." else abs_root
-        if os.path.isdir(path) and not os.path.islink(path):
+        if rel == "." or (link_on_the_way(abs_root, rel, last=True) is None and os.path.isdir(path)):
             calls.CALLS.utime(path, times)
 
 
@@ -73,8 +73,8 @@ def _backward(abs_root: str, j: Journal, *, final: str, strict: bool) -> int:
 def _prune_quarantine(abs_root: str, txid: str) -> None:
     """Remove the transaction's quarantine folders once empty (they held only what went back)."""
     top = _own(abs_root, "quarantine", txid)
-    if not os.path.isdir(top):
-        return
+    if link_on_the_way(abs_root, f"{OWN_DIR}/quarantine/{txid}", last=True) is not None or not os.path.isdir(top):
+        return  # never walk (and prune) through a link: it would lead out of the root
     for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
         _quietly(calls.CALLS.rmdir, dirpath)
 
@@ -99,7 +99,10 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
             now_st, why = check_path(root, p.path, own_manifest=p.path == OWN_MANIFEST)
             if now_st is None:
                 raise FixRefused(f"{why}; nothing was changed")
-            before = digest(_abs(root, p.path))
+            try:
+                before = digest(_abs(root, p.path))
+            except OSError as e:
+                raise FixRefused(f"`{p.path}` cannot be read: {e.strerror or e}; nothing was changed") from None
             if p.before_sha256 is not None and before.sha256 != p.before_sha256:
                 raise FixRefused(f"`{p.path}` changed while the fix was planned; nothing was changed")
             after = None
