@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
@@ -68,7 +68,8 @@ class ScanRoot(click.Path):
         return super().convert(value, param, ctx)
 
 
-def _split_codes(values: Sequence[str]) -> tuple[str, ...]:
+def split_codes(values: Sequence[str]) -> tuple[str, ...]:
+    """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased."""
     out: list[str] = []
     for v in values:
         out.extend(p.strip().upper() for p in v.split(",") if p.strip())
@@ -112,7 +113,7 @@ def resolve_selection(
     from ckptdoctor.config import Config, ConfigError, load_config
     from ckptdoctor.rules import Selection, keep_security_rules
 
-    sel_codes, ign_codes = _split_codes(select), _split_codes(ignore)
+    sel_codes, ign_codes = split_codes(select), split_codes(ignore)
     _check_codes(sel_codes, "--select")
     _check_codes(ign_codes, "--ignore")
     try:
@@ -174,6 +175,13 @@ def run() -> None:
         os._exit(code)
 
 
+def text_or_json(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--format text|json`` option (default text, passed as ``fmt``) with its own help."""
+    return click.option(
+        "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help=help_text
+    )
+
+
 class LazyGroup(click.Group):
     """A click group whose heavier subcommands are imported only when used, so start-up stays instant."""
 
@@ -185,6 +193,15 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # click would say "Aborted!" and exit 1, which scripts read as "findings": 130 is the shell's code for
+            # SIGINT. The interrupt has unwound through every cleanup (the fixer's lock and journal) by now.
+            click.echo("Interrupted.", err=True)
+            ctx.exit(130)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy:
@@ -319,7 +336,7 @@ def scan(
 
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
-    _check_runnable(_split_codes(select), deep)
+    check_runnable(split_codes(select), deep)
     groups = selection_groups(paths, select, ignore, no_config)
     if checksums is not None:
         _check_checksums(paths, checksums, deep)
@@ -387,8 +404,9 @@ def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> 
     return code
 
 
-def _check_runnable(codes: Sequence[str], deep: bool) -> None:
-    """``--select`` of rules a scan never runs (gate-only, or deep-only without ``--deep``) would pass silently."""
+def check_runnable(codes: Sequence[str], deep: bool) -> None:
+    """``--select`` of rules a scan (or fix) never runs (gate-only, or deep-only without ``--deep``) would pass
+    silently: a usage error instead."""
     from ckptdoctor.rules import all_rules
 
     for c in codes:
@@ -485,14 +503,8 @@ file, or a folder: scan folders).
     epilog=_EPILOG_INSPECT, short_help="Show what the readers see in one file (tensors, pickle values)."
 )
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: a tensor table, or the pickle's values and globals, then any problems; json: the same as one "
-    "document.",
+@text_or_json(
+    "text: a tensor table, or the pickle's values and globals, then any problems; json: the same as one document."
 )
 def inspect(file: str, fmt: str) -> None:
     """Show what the readers see in one FILE: tensors, or a pickle's plain values and imported globals.

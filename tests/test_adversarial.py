@@ -353,3 +353,27 @@ def test_a_backend_logging_a_traceback_shows_one_line(tmp_path: Path) -> None:
         "boomfs: _request out of retries on exception",
         "Error: boom://bucket/run: cannot list: ConnectionError: Cannot connect to host example.invalid",
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fix's --select; Ctrl-C
+
+
+def test_fix_selecting_only_rules_it_never_runs_is_a_usage_error() -> None:
+    # was: "Nothing to fix", exit 0, having checked nothing
+    status, out, err = invoke("fix", "--dry-run", "--select", "CKD407", str(FIXTURES / "stub-shadow"))
+    assert status == 2 and out == "" and "`ckptdoctor gate` runs" in err
+
+
+@pytest.mark.parametrize("command", ["scan", "fix"])
+def test_an_interrupt_exits_130_not_1(command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """click says "Aborted!" and exits 1 on Ctrl-C, which a script reads as "findings"."""
+    import ckptdoctor.scanner
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckptdoctor.scanner, "scan", interrupted)
+    root = copy_fixture("stub-shadow", tmp_path / "run")
+    status, _, err = invoke(command, str(root))
+    assert status == 130 and "Interrupted." in err and "Aborted" not in err

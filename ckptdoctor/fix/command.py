@@ -8,7 +8,8 @@ import time
 
 import click
 
-from ckptdoctor.cli import ScanRoot  # lets URL roots through to `_check_roots`, which refuses them clearly
+# ScanRoot lets URL roots through to `_check_roots`, which refuses them clearly.
+from ckptdoctor.cli import ScanRoot, text_or_json
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.render import fix_json, render_fix_text
 from ckptdoctor.fix.run import FixResult, _check_roots, fix
@@ -23,28 +24,59 @@ Examples:
 
 \b
 Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep
-their original there. Exit codes: 0 nothing left at or above --fail-on (dry run: nothing to fix), 1 findings
-remain (dry run: it would change something), 2 usage error or refusal (read-only, busy, locked, changed files).
+their original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under
+its own settings file. A .ckptdoctor/ folder that came with a download (journals, quarantine, lock) is checked and
+refused unless it is what the fixer itself writes. Exit codes: 0 nothing left at or above --fail-on (dry run:
+nothing to fix), 1 findings remain (dry run: it would change something), 2 usage error or refusal (read-only, busy,
+locked, changed files, a .ckptdoctor/ the fixer did not write), 130 interrupted.
+"""
+
+_EPILOG_UNDO = """\b
+Examples:
+  ckptdoctor undo --list runs/my-run/          # the transactions recorded under the root
+  ckptdoctor undo runs/my-run/                 # restore the last one byte for byte, modes and times included
+  ckptdoctor undo --txid 20261121-101500-ab12 runs/my-run/
+
+\b
+Exit codes: 0 restored (or listed), 2 nothing to undo, no such transaction, or refused because a file changed since
+the fix (nothing is changed then), 130 interrupted.
 """
 
 
-@click.command("fix", epilog=_EPILOG_FIX)
+@click.command("fix", epilog=_EPILOG_FIX, short_help="Repair what scan finds: planned, journaled, atomic, undoable.")
 @click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
-@click.option("--dry-run", is_flag=True, help="Print the plan and write nothing at all.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan and write nothing at all; exit 1 when it would change something."
+)
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes marked unsafe (e.g. quarantining stale runs).")
 @click.option(
-    "--select", multiple=True, metavar="CODES", help="Only these rules (codes or prefixes, e.g. CKD2,CKD601)."
+    "--select",
+    multiple=True,
+    metavar="CODES",
+    help="Fix only what these rules find: codes or prefixes, comma-separated or repeated (CKD2,CKD101). Selecting "
+    "only gate or --deep rules is a usage error (fix never runs them).  [default: the settings file's select, else "
+    "every rule]",
 )
-@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rules (codes or prefixes).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="CODES",
+    help="Leave what these rules find (codes or prefixes), added to the settings file's ignore.  [default: none]",
+)
+@text_or_json("text: the plan and what is left; json: one ckptdoctor.fix/1 document.")
 @click.option(
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
     default=None,
-    help="Exit 1 when a finding this severe remains after the fix.  [default: error]",
+    help="Exit 1 when a finding this severe remains after the fix.  [default: the root's settings file's fail-on, "
+    "else error]",
 )
 @click.option("--force", is_flag=True, help="Act even on a run written in the last 60 seconds.")
-@click.option("--no-config", is_flag=True, help="Ignore [tool.ckptdoctor] / .ckptdoctor.toml settings.")
+@click.option(
+    "--no-config",
+    is_flag=True,
+    help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
+)
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -60,8 +92,9 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.cli import selection_groups
+    from ckptdoctor.cli import check_runnable, selection_groups, split_codes
 
+    check_runnable(split_codes(select), deep=False)
     _check_roots(paths)  # before the roots are grouped: one inside another is refused whatever their settings
     # Each root is fixed under its own settings file, as `scan` checks it.
     groups = selection_groups(paths, select, ignore, no_config)
@@ -91,7 +124,7 @@ def fix_command(
     sys.exit(result.exit_code())
 
 
-@click.command("undo")
+@click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")
 @click.argument("path", type=click.Path(exists=True, file_okay=False, dir_okay=True))
 @click.option("--list", "list_", is_flag=True, help="List the fix transactions recorded under PATH.")
 @click.option("--txid", default=None, metavar="ID", help="Undo this transaction instead of the last one.")
