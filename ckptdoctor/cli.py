@@ -482,7 +482,10 @@ def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
         log_on_one_line()
         if deep:
             raise UsageProblem(f"{p}: --deep reads every tensor byte and works on local files only; drop --deep")
-        why = check_remote_root(p)
+        from ckptdoctor.progress import Waiting, progress_stream
+
+        with Waiting(progress_stream(), f"listing {p} (a backend may retry for a while)"):
+            why = check_remote_root(p)
         if why is not None:
             raise UsageProblem(why)
 

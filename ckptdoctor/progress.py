@@ -61,3 +61,32 @@ class Counter:
                 self.stream.write("\r" + " " * self.width + "\r")
                 self.stream.flush()
                 self.width = 0
+
+
+class Waiting:
+    """One line, ``ckptdoctor: <what> ...``, on ``stream`` when the block it guards takes longer than ``DELAY``.
+
+    For calls that wait on something outside (listing a bucket while a backend retries): the line is printed once,
+    on its own line, so backend messages logged meanwhile do not mangle it. No stream (not a terminal): no line.
+    """
+
+    def __init__(self, stream: TextIO | None, what: str) -> None:
+        self.stream = stream
+        self.what = what
+        self.timer: threading.Timer | None = None
+
+    def _say(self) -> None:
+        assert self.stream is not None
+        self.stream.write(f"ckptdoctor: {self.what} ...\n")
+        self.stream.flush()
+
+    def __enter__(self) -> Waiting:
+        if self.stream is not None:
+            self.timer = threading.Timer(DELAY, self._say)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()

@@ -188,3 +188,21 @@ def test_a_quick_scan_draws_nothing(tmp_path: Path) -> None:
     stream = io.StringIO()
     scan(str(make_run(tmp_path / "run")), progress=stream)
     assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize(("wait", "shown"), [(0.3, True), (0.0, False)])
+def test_a_slow_listing_says_what_it_waits_for(monkeypatch: pytest.MonkeyPatch, wait: float, shown: bool) -> None:
+    """Offline, gcsfs retries for ~50 s before `scan gs://...` can answer: a terminal is told what it waits for."""
+    import io
+    import time
+
+    from ckptdoctor import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.1)
+    stream = io.StringIO()
+    with progress.Waiting(stream, "listing gs://bucket/run"):
+        time.sleep(wait)
+    time.sleep(0.2)  # a cancelled timer never fires late
+    assert stream.getvalue() == ("ckptdoctor: listing gs://bucket/run ...\n" if shown else "")
+    with progress.Waiting(None, "listing"):  # not a terminal: nothing, no thread
+        pass
