@@ -286,3 +286,18 @@ def test_threads_read_the_same_values(tmp_path: Path, trainer_states: list[bytes
     for f in files:
         assert isinstance(f.content, JsonFacts)
         assert f.content.value == json.loads((tmp_path / f.path).read_bytes())
+
+
+def test_an_opening_line_inside_a_nested_object_is_not_the_history() -> None:
+    """Indentation can lie, and the top object's own "log_history" can equal the placeholder once an escape is
+    decoded (found in review): the value and the depth check must still be the whole parse's."""
+    pad = "x" * (jsonfiles._HISTORY_MIN + 10)
+    escaped = '"ckptdoctor log_history placeholde\\u0072"'
+    moved = '{\n  "a": {\n  "log_history": [\n{"step": 1}\n  ]},\n  "log_history": ' + escaped
+    assert_as_whole((moved + ',\n  "pad": "' + pad + '"\n}').encode())
+    deep = "[" * 8 + "1" + "]" * 8  # fits at depth 2 under a limit of 10, not 5 levels further in
+    nested = '{\n  "a": ' + '{"b": ' * 5 + '{\n  "log_history": [\n' + deep + "\n  ]}" + "}" * 5
+    out = assert_as_whole(
+        (nested + ',\n  "log_history": ' + escaped + ',\n  "pad": "' + pad + '"\n}').encode(), Limits(nesting_depth=10)
+    )
+    assert [p.kind for p in out.problems] == [ProblemKind.LIMIT]

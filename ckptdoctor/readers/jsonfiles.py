@@ -101,8 +101,9 @@ def _parse_fast(data: bytes, text: str, limit: int) -> Any:
 # a 7B-class run). The Trainer writes trainer_state.json with ``indent=2``: the array opens on a line of its own,
 # ``\n  "log_history": [``, and closes on ``\n  ]``. A raw newline cannot occur inside a JSON string, so text after
 # a newline is at a token boundary, and the three parses below are exact by the grammar alone:
-#   * the document with the array replaced by a unique string parses, and that string is the value of the top
-#     object's "log_history" key: the array text sits at exactly that value position;
+#   * the document with the array replaced by a unique string parses, exactly one bracket is open before the key
+#     (read off the bytes, exact once the text parses), and the top object's "log_history" is that string: the
+#     array text sits at exactly that value position;
 #   * the array's body (between the brackets) starts with the body of an array parsed before into at least one
 #     element, followed by a comma, and ``[`` + the rest + ``]`` parses into at least one element: the body is the
 #     old elements followed by the new ones;
@@ -159,6 +160,12 @@ def _with_known_history(data: bytes, limit: int) -> Any:
         return _REFUSED
     value = _parse_fast(skeleton, skeleton_text, limit)
     if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
+        return _REFUSED
+    # Indentation can lie: the opening line may be a key of a nested object, and the top object's own "log_history"
+    # a string that equals the placeholder only once decoded (an escape). The skeleton parsed, so the structure of
+    # the text before the key is exact: the key belongs to the top object only when one bracket is open there.
+    brackets = _structure(data[:opened]).translate(None, b":")
+    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
         return _REFUSED
     if best is not None and len(best.body) == len(body):
         elements = best.elements
