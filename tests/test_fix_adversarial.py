@@ -4,6 +4,7 @@ traceback; the refusal changes nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -44,7 +45,8 @@ def site(stub: Path, tmp_path: Path) -> tuple[Path, Path]:
 def journal_op(
     kind: OpKind, path: str, before: fixmod.Digest, *, content: str | None = None, status: str = "pending"
 ) -> fixmod.JournalOp:
-    after = None if content is None else fixmod.Digest("file", len(content), "0" * 64, 0o644)
+    data = None if content is None else content.encode()
+    after = None if data is None else fixmod.Digest("file", len(data), hashlib.sha256(data).hexdigest(), 0o644)
     return fixmod.JournalOp(1, kind, path, ["CKD201"], "t", before, after, content, None, status)
 
 
@@ -206,6 +208,14 @@ MALFORMED: dict[str, Callable[[dict[str, Any]], None]] = {
     "op-times-out-of-range": lambda d: d["ops"][0].update(times_ns=[10**30, 10**30]),
     "unknown-status": lambda d: d["ops"][0].update(status="weird"),
     "txid-not-the-name": lambda d: d.update(txid="20260101T000000Z-000000"),
+    # Found in review: a rewrite without its text crashed `fix` on an assert; with a digest that is not its text's
+    # it was applied and could never be undone.
+    "rewrite-without-text": lambda d: d["ops"][0].update(kind="rewrite-text", content=None),
+    "rewrite-digest-not-its-text": lambda d: d["ops"][0].update(
+        kind="rewrite-text", content="x\n", after={"type": "file", "size": 2, "sha256": "0" * 64, "mode": "644"}
+    ),
+    "quarantine-with-text": lambda d: d["ops"][0].update(content="x\n"),
+    "unknown-kind-of-path": lambda d: d["ops"][0]["before"].update(type="weird"),
 }
 
 
@@ -369,3 +379,21 @@ def test_ctrl_c_at_any_write_leaves_a_transaction_fix_or_undo_finishes(
             else:
                 assert code == 0 or "no fix transaction to undo" in out, (k, out)
                 assert tree_state(work) == before, (k, counted[-1], out)
+
+
+def test_a_folder_dated_past_2116_keeps_its_transaction_undoable(tmp_path: Path) -> None:
+    """Found in review: the journal's time check stopped at 2**62 ns while lstat gives any signed 64-bit value, so
+    the fixer refused its own journal (no undo) after fixing a tree with a far-future folder time."""
+    from tests.test_fix import mixed_run
+
+    root = tmp_path / "run"
+    root.mkdir()
+    age(mixed_run(root))
+    far = 2**62 + 10**18  # about the year 2148: a skewed clock or a bogus tar
+    os.utime(root / "tmp-checkpoint-6", ns=(far, far))
+    before = tree_state(root)
+    code, out = run_cli("fix", "--force", str(root))
+    assert "Fixed" in out, out
+    code, out = run_cli("undo", str(root))
+    assert code == 0, out
+    assert tree_state(root) == before

@@ -14,7 +14,7 @@ from typing import Any
 
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fix.calls import _atomic_write
-from ckptdoctor.fix.digests import Digest
+from ckptdoctor.fix.digests import Digest, _sha
 from ckptdoctor.fix.errors import FixRefused
 from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _own, _parent, quarantine_path, rel_problem
 
@@ -28,11 +28,12 @@ JOURNAL_MAX_BYTES = 512 * 1024 * 1024
 _TXID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]{0,127}")
 _STATES = ("applying", "applied", "undoing", "undone", "rolled-back")
 _STATUSES = ("pending", "done", "undone")
-_NS_MAX = 2**62  # times in ns (about year 2116) beyond which utime may overflow: not ones the fixer recorded
+_DIGEST_TYPES = ("file", "dir", "link", "special")
+_NS_LIMIT = 2**63  # st_*_ns and utime(ns=) hold signed 64-bit values: anything lstat returned (any year) fits
 
 
 def _ns_pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, list) and len(v) == 2 and all(type(x) is int and -_NS_MAX < x < _NS_MAX for x in v):
+    if isinstance(v, list) and len(v) == 2 and all(type(x) is int and -_NS_LIMIT <= x < _NS_LIMIT for x in v):
         return v[0], v[1]
     raise ValueError(f"{v!r} is not a pair of times in ns")
 
@@ -97,14 +98,28 @@ class JournalOp:
         status = str(d.get("status", "pending"))
         if status not in _STATUSES:
             raise ValueError(f"unknown operation status {status!r}")
+        before = Digest.from_json(d["before"])
+        after = None if d.get("after") is None else Digest.from_json(d["after"])
+        if before.type not in _DIGEST_TYPES:
+            raise ValueError(f"operation {d.get('index')!r} records an unknown kind of path {before.type!r}")
+        if kind == OpKind.QUARANTINE:
+            if content is not None or after is not None:
+                raise ValueError(f"quarantine operation {d.get('index')!r} carries new text")
+        else:
+            # A rewrite the fixer wrote records its text and the digest of exactly that text: without them it could
+            # neither be applied nor undone.
+            data = content.encode("utf-8") if content is not None else None  # lone surrogates: UnicodeEncodeError
+            written = None if data is None else ("file", len(data), _sha(data))
+            if after is None or (after.type, after.size, after.sha256) != written:
+                raise ValueError(f"rewrite operation {d.get('index')!r} does not record the text it writes")
         return JournalOp(
             index=int(d["index"]),
             kind=kind,
             path=_checked_rel(d["path"], own_manifest=kind != OpKind.QUARANTINE),
             rules=[str(r) for r in d.get("rules", [])],
             title=str(d.get("title", "")),
-            before=Digest.from_json(d["before"]),
-            after=None if d.get("after") is None else Digest.from_json(d["after"]),
+            before=before,
+            after=after,
             content=content,
             times=None if times is None else _ns_pair(times),
             status=status,

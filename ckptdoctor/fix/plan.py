@@ -242,7 +242,10 @@ def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
         files.append(entry)
     if not dropped and not updated:
         return None
-    content = json.dumps({**doc, "files": files}, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    try:  # a NaN elsewhere in the document (json.loads takes it): not one ckptdoctor wrote, so left alone
+        content = json.dumps({**doc, "files": files}, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    except (ValueError, RecursionError):
+        return None
     change = ", ".join(
         part
         for part in (
