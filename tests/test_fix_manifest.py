@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,6 +14,7 @@ from ckptdoctor import fix as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fix.paths import OWN_MANIFEST
 from tests.builders import make_run
+from tests.test_checksums import _verify, _write
 from tests.test_fix import age, run_cli, stub_run, tree_state
 
 MANIFEST = Path(OWN_MANIFEST)
@@ -22,15 +22,8 @@ STUB = "checkpoint-4/pytorch_model.bin"
 
 
 def _write_manifest(root: Path) -> bytes:
-    code, out = run_cli("scan", "--deep", "--checksums", "write", "--fail-on", "never", str(root))
-    assert code == 0, out
+    _write(root)
     return (root / MANIFEST).read_bytes()
-
-
-def _verify(root: Path) -> list[dict[str, Any]]:
-    code, out = run_cli("scan", "--deep", "--checksums", "verify", "--format", "json", "--fail-on", "never", str(root))
-    assert code == 0, out
-    return [f for f in json.loads(out)["findings"] if f["rule"] == "CKD214"]
 
 
 def _listed(root: Path) -> dict[str, str]:

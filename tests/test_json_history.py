@@ -1,5 +1,5 @@
 """A trainer_state.json whose log_history extends one read before reuses the parsed entries, and decides exactly
-as reading it whole would (the oracle: the JSON reader as it was before any fast path, from test_reader_cost)."""
+as reading it whole would (the oracle: test_reader_cost's copy of the JSON reader before any fast path)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import ckptdoctor.readers.jsonfiles as jsonfiles
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome
 from ckptdoctor.readers.jsonfiles import read_json
-from tests.test_reader_cost import _JSON_VALUES, old_read_json
+from tests.test_reader_cost import _JSON_VALUES, assert_same_json_outcome
 
 
 @pytest.fixture(autouse=True)
@@ -38,15 +38,6 @@ def any_size() -> Iterator[None]:
 
 def read(data: bytes, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
     return read_json(io.BytesIO(data), len(data), limits)
-
-
-def assert_as_whole(data: bytes, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
-    """The reader's outcome equals the old reader's, which parses the whole text (repr, so NaN equals NaN)."""
-    new = read(data, limits)
-    old = old_read_json(io.BytesIO(data), len(data), limits)
-    assert new.problems == old.problems, data[-300:]
-    assert repr(new.content) == repr(old.content), data[-300:]
-    return new
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +78,7 @@ def test_each_checkpoint_parses_only_what_it_adds(trainer_states: list[bytes]) -
         return real(text)
 
     with mock.patch.object(jsonfiles, "_parse_counting_keys", counting):
-        outs = [assert_as_whole(data) for data in trainer_states]
+        outs = [assert_same_json_outcome(data) for data in trainer_states]
     histories = [o.content.value["log_history"] for o in outs if isinstance(o.content, JsonFacts)]
     assert [len(h) for h in histories] == [501, 1002, 1503, 2004, 2505]
     for older, newer in itertools.pairwise(histories):
@@ -102,7 +93,7 @@ def test_each_checkpoint_parses_only_what_it_adds(trainer_states: list[bytes]) -
 def test_a_rescan_of_the_same_file_parses_only_the_short_document(trainer_states: list[bytes]) -> None:
     read(trainer_states[2])
     with mock.patch.object(jsonfiles, "_parse_counting_keys", wraps=jsonfiles._parse_counting_keys) as parse:
-        again = assert_as_whole(trainer_states[2])
+        again = assert_same_json_outcome(trainer_states[2])
     assert parse.call_count == 1 and len(parse.call_args[0][0]) < 1000
     assert isinstance(again.content, JsonFacts) and len(again.content.value["log_history"]) == 1503
 
@@ -117,14 +108,14 @@ def test_any_reading_order_gives_the_same_values(trainer_states: list[bytes], or
     else:
         docs = [trainer_states[i] for i in (3, 0, 4, 1, 2)] + [other_run[i] for i in (2, 4, 0)]
     for data in docs:
-        assert_as_whole(data)
+        assert_same_json_outcome(data)
 
 
 def test_a_rewritten_history_is_not_taken_from_an_earlier_one(trainer_states: list[bytes]) -> None:
     read(trainer_states[0])
     rewritten = trainer_states[1].replace(b'"loss": 2.9995', b'"loss": 1.5', 1)
     assert rewritten != trainer_states[1]
-    out = assert_as_whole(rewritten)
+    out = assert_same_json_outcome(rewritten)
     assert isinstance(out.content, JsonFacts) and out.content.value["log_history"][0]["loss"] == 1.5
 
 
@@ -167,7 +158,7 @@ _BASE = json.dumps(
 def test_added_entries_are_checked_as_in_a_whole_file(entry: bytes, kind: ProblemKind | None) -> None:
     limits = Limits(nesting_depth=8)
     assert read(_BASE, limits).problems == ()
-    out = assert_as_whole(_extend(_BASE, entry), limits)
+    out = assert_same_json_outcome(_extend(_BASE, entry), limits)
     assert [p.kind for p in out.problems] == ([kind] if kind else [])
 
 
@@ -175,8 +166,8 @@ def test_added_entries_are_checked_as_in_a_whole_file(entry: bytes, kind: Proble
 def test_the_placeholder_text_elsewhere_is_not_confused_with_the_history() -> None:
     doc = _BASE.replace(b'"max_steps": 100', b'"max_steps": "ckptdoctor log_history placeholder"')
     read(_BASE)
-    assert_as_whole(doc)
-    assert_as_whole(_extend(doc, b'{"step": 30}'))
+    assert_same_json_outcome(doc)
+    assert_same_json_outcome(_extend(doc, b'{"step": 30}'))
 
 
 @pytest.mark.usefixtures("any_size")
@@ -185,7 +176,7 @@ def test_a_history_shaped_array_that_is_not_the_top_level_one() -> None:
     nested = b'{\n "x": {\n  "log_history": [\n    {"a": 1}\n  ]\n }, "log_history": 5\n}'
     outer = b'{\n "x": {\n  "log_history": [\n    {"a": 1},\n    {"b": 2}\n  ]\n }\n}'
     for doc in (nested, outer, nested):
-        out = assert_as_whole(doc)
+        out = assert_same_json_outcome(doc)
         assert out.problems == ()
 
 
@@ -193,7 +184,7 @@ def test_a_history_shaped_array_that_is_not_the_top_level_one() -> None:
 def test_a_history_checked_against_one_limit_is_not_reused_under_a_tighter_one() -> None:
     deep = _extend(_BASE, b'{"a": [[1]]}')
     assert read(deep, Limits(nesting_depth=8)).problems == ()
-    out = assert_as_whole(_extend(deep, b'{"b": 1}'), Limits(nesting_depth=4))
+    out = assert_same_json_outcome(_extend(deep, b'{"b": 1}'), Limits(nesting_depth=4))
     assert [p.kind for p in out.problems] == [ProblemKind.LIMIT]
 
 
@@ -204,15 +195,15 @@ def test_every_truncation_and_edit_after_a_known_history() -> None:
     for cut in range(len(_BASE) - 20, len(grown) + 1):
         jsonfiles._histories.clear()
         read(_BASE, limits)
-        assert_as_whole(grown[:cut], limits)
+        assert_same_json_outcome(grown[:cut], limits)
     for pos in range(len(_BASE) - 40, len(grown)):
         for byte in b'"\\{}[]:,\n':
             jsonfiles._histories.clear()
             read(_BASE, limits)
-            assert_as_whole(grown[:pos] + bytes([byte]) + grown[pos:], limits)
+            assert_same_json_outcome(grown[:pos] + bytes([byte]) + grown[pos:], limits)
         jsonfiles._histories.clear()
         read(_BASE, limits)
-        assert_as_whole(grown[:pos] + grown[pos + 1 :], limits)
+        assert_same_json_outcome(grown[:pos] + grown[pos + 1 :], limits)
 
 
 _EDIT = st.tuples(st.integers(0, 10_000), st.sampled_from(list(b'"\\{}[]:,x0 \n')), st.booleans())
@@ -236,11 +227,11 @@ def test_growing_histories_read_as_whole_documents(
     limits = Limits(nesting_depth=limit)
     for cut in sorted(cuts):
         data = json.dumps({**others, "log_history": entries[:cut]}, indent=2, sort_keys=True).encode()
-        assert_as_whole(data, limits)
+        assert_same_json_outcome(data, limits)
     for where, byte, insert in edits:
         pos = len(data) - 1 - where % len(data)
         data = data[:pos] + bytes([byte]) + data[pos + (0 if insert else 1) :]
-    assert_as_whole(data, limits)
+    assert_same_json_outcome(data, limits)
 
 
 def test_the_remembered_text_is_bounded(trainer_states: list[bytes]) -> None:
@@ -294,10 +285,10 @@ def test_an_opening_line_inside_a_nested_object_is_not_the_history() -> None:
     pad = "x" * (jsonfiles._HISTORY_MIN + 10)
     escaped = '"ckptdoctor log_history placeholde\\u0072"'
     moved = '{\n  "a": {\n  "log_history": [\n{"step": 1}\n  ]},\n  "log_history": ' + escaped
-    assert_as_whole((moved + ',\n  "pad": "' + pad + '"\n}').encode())
+    assert_same_json_outcome((moved + ',\n  "pad": "' + pad + '"\n}').encode())
     deep = "[" * 8 + "1" + "]" * 8  # fits at depth 2 under a limit of 10, not 5 levels further in
     nested = '{\n  "a": ' + '{"b": ' * 5 + '{\n  "log_history": [\n' + deep + "\n  ]}" + "}" * 5
-    out = assert_as_whole(
+    out = assert_same_json_outcome(
         (nested + ',\n  "log_history": ' + escaped + ',\n  "pad": "' + pad + '"\n}').encode(), Limits(nesting_depth=10)
     )
     assert [p.kind for p in out.problems] == [ProblemKind.LIMIT]
