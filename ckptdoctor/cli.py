@@ -498,7 +498,7 @@ Examples:
 
 \b
 Exit codes: 0 the file was read (what could not be decoded is listed under "problems"), 2 usage error (no such
-file, or a folder: scan folders).
+file, a folder: scan folders, or not a regular file).
 """
 
 
@@ -516,7 +516,10 @@ def inspect(file: str, fmt: str) -> None:
     why a finding was raised; `ckptdoctor scan` does the checking.
     """
     from ckptdoctor.inspect import inspect_file, render_inspect_text
+    from ckptdoctor.report import printable
 
+    if not os.path.isfile(file):  # a FIFO or device: opening it could block, and there is nothing to describe
+        raise click.BadParameter(f"'{printable(file)}' is not a regular file.", param_hint="'FILE'")
     data = inspect_file(file)
     if fmt == "json":
         click.echo(json.dumps(data, indent=2, allow_nan=False, default=str))

@@ -78,6 +78,9 @@ def test_a_root_that_is_a_fifo_or_a_device_is_a_usage_error(tmp_path: Path, kind
     code, out, err = invoke("scan", str(root))
     assert code == 2 and out == ""
     assert "not a folder or a regular file" in err
+    code, out, err = invoke("inspect", str(root))  # never opened: a FIFO would block the read
+    assert code == 2 and out == ""
+    assert "is not a regular file" in err
 
 
 def test_closed_stdout_is_no_traceback(tmp_path: Path) -> None:
