@@ -182,6 +182,53 @@ def text_or_json(help_text: str) -> Callable[[Callable[..., Any]], Callable[...,
     )
 
 
+def rule_options(
+    *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--fail-on``, ``--select``, ``--ignore`` and ``--no-config`` (passed as ``fail_on``, ``select``, ``ignore``,
+    ``no_config``) of a command that runs rules under a root's settings file (``resolve_selection``).
+
+    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
+    ``root`` and ``each_root`` name the folder whose settings file counts.
+    """
+    options = (
+        click.option(
+            "--fail-on",
+            type=click.Choice(["error", "warning", "info", "never"]),
+            default=None,
+            help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
+            f"unusable.  [default: {root}'s settings file's fail-on, else error]",
+        ),
+        click.option(
+            "--select",
+            multiple=True,
+            metavar="CODES",
+            help="Run only these rules: codes or prefixes, comma-separated or repeated (CKD2,CKD601). "
+            f"{never_runs}  [default: the settings file's select, else {every_rule}]",
+        ),
+        click.option(
+            "--ignore",
+            multiple=True,
+            metavar="CODES",
+            help="Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings file, "
+            "this can turn off security rules (CKD6xx).  [default: none]",
+        ),
+        click.option(
+            "--no-config",
+            is_flag=True,
+            help=f"Ignore the settings file at {each_root} (.ckptdoctor.toml, or [tool.ckptdoctor] in "
+            "pyproject.toml).",
+        ),
+    )
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):  # decorators apply bottom-up: this keeps the listed order in --help
+            func = option(func)
+        return func
+
+    return apply
+
+
 class LazyGroup(click.Group):
     """A click group whose heavier subcommands are imported only when used, so start-up stays instant."""
 
@@ -259,32 +306,10 @@ def main() -> None:
     help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
     "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
 )
-@click.option(
-    "--fail-on",
-    type=click.Choice(["error", "warning", "info", "never"]),
-    default=None,
-    help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is unusable.  "
-    "[default: the root's settings file's fail-on, else error]",
-)
-@click.option(
-    "--select",
-    multiple=True,
-    metavar="CODES",
-    help="Run only these rules: codes or prefixes, comma-separated or repeated (CKD2,CKD601). Selecting only "
-    "gate rules, or only --deep rules without --deep, is a usage error (they would never run).  "
-    "[default: the settings file's select, else every rule a scan runs]",
-)
-@click.option(
-    "--ignore",
-    multiple=True,
-    metavar="CODES",
-    help="Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings file, "
-    "this can turn off security rules (CKD6xx).  [default: none]",
-)
-@click.option(
-    "--no-config",
-    is_flag=True,
-    help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
+@rule_options(
+    never_runs="Selecting only gate rules, or only --deep rules without --deep, is a usage error (they would never "
+    "run).",
+    every_rule="every rule a scan runs",
 )
 @click.option(
     "--jobs",

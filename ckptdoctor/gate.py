@@ -15,16 +15,17 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
 
 from ckptdoctor import schedules, views
+from ckptdoctor.cli import rule_options
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, Tree
-from ckptdoctor.rules import get_rule
+from ckptdoctor.rules import SECURITY_PREFIX, Selection, all_rules, get_rule
 from ckptdoctor.rules.training import saved_world_size
 from ckptdoctor.scanner import FAIL_ON, Report
 
@@ -83,8 +84,9 @@ def plan_from_training_args(args: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
-        if _num(args.get(key)) is not None:
-            out[key] = float(args[key])
+        value = _num(args.get(key))
+        if value is not None:
+            out[key] = value
     if _int(args.get("max_steps")) is not None:
         out["max_steps"] = int(args["max_steps"])
     if isinstance(args.get("lr_scheduler_type"), str):
@@ -190,11 +192,18 @@ class GateResult:
     warmup_steps: int = 0
     base_lr: float | None = None
     fail_on: str = "error"
+    fail_on_from_settings: bool = False  # fail_on is RUN_DIR's settings file's, not the caller's
 
     @property
     def failed(self) -> bool:
-        """True when a finding reaches ``fail_on``."""
-        return Report((), self.findings, 0.0).failed(self.fail_on)
+        """True when a finding reaches ``fail_on``, or, under a settings file's ``fail-on = "never"``, when a
+        security rule (CKD6xx) reports an error: as ``ckptdoctor scan``, a file that came with the checkpoint
+        cannot wave its own malicious pickle through."""
+        if Report((), self.findings, 0.0).failed(self.fail_on):
+            return True
+        return self.fail_on_from_settings and any(
+            f.rule.startswith(SECURITY_PREFIX) and f.severity is Severity.ERROR for f in self.findings
+        )
 
     @property
     def verdict(self) -> str:
@@ -242,15 +251,29 @@ class GateResult:
         return doc
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float (read from a checkpoint, say) as None: strict JSON has no NaN."""
+def _finite(value: Any, depth: int = 0) -> Any:
+    """``value`` as strict JSON can carry it: a NaN or infinite float (read from a checkpoint, say) and an integer
+    too long to print become None; anything else a pickle holds, or nesting deeper than ``_JSON_DEPTH``, its
+    ``schedules.brief`` text."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    if isinstance(value, int):
+        return value if value.bit_length() <= _PRINTABLE_BITS else None
+    if depth < _JSON_DEPTH and isinstance(value, dict):
+        return {k if isinstance(k, str) else schedules.brief(k): _finite(v, depth + 1) for k, v in value.items()}
+    if depth < _JSON_DEPTH and isinstance(value, (list, tuple)):
+        return [_finite(v, depth + 1) for v in value]
+    return schedules.brief(value)
+
+
+_JSON_DEPTH = 32  # lr_scheduler_kwargs nest a level or two; json.dumps(indent=2) recurses in Python per level
+_PRINTABLE_BITS = 4000  # about 1,200 digits: well under Python's 4,300-digit int-to-str limit
+# Integers beyond this cannot become a float: transformers' step and warm-up arithmetic overflows on them, and a
+# prediction built on one says nothing. A max_steps this large is that crash (CKD413); a global_step, or a planned
+# integer, is unusable input.
+_INT_LIMIT = 2**1023
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -258,7 +281,13 @@ def _finite(value: Any) -> Any:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """``v`` as a float when it is a number (an integer beyond any float is +-inf), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # a 400-digit integer: as unusable as inf, and reported as such
+        return math.inf if v > 0 else -math.inf
 
 
 def _int(v: Any) -> int | None:
@@ -270,10 +299,10 @@ def _kwargs(v: Any) -> dict[str, Any] | None:
     if isinstance(v, str) and v.strip():
         try:
             v = json.loads(v)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, or arrays nested 10^5 deep
             return None
     if isinstance(v, dict):
-        return {str(k): x for k, x in v.items()}
+        return {k if isinstance(k, str) else schedules.brief(k): x for k, x in v.items()}
     return None
 
 
@@ -346,16 +375,24 @@ def resolve(plan: Plan, ck: Checkpoint, ts: views.TrainerStateView | None) -> Se
 
 
 class _Findings:
-    """Collects gate findings with the registered rule's name and default severity."""
+    """Collects gate findings with the registered rule's name and default severity, under ``selection``: a rule it
+    leaves out is dropped, and its severity override wins over the finding's own, as ``run_rules`` does."""
 
-    def __init__(self, root: str, scanned: Sequence[Finding] = ()) -> None:
+    def __init__(self, root: str, scanned: Sequence[Finding] = (), selection: Selection | None = None) -> None:
         self.root = root
         self.items: list[Finding] = list(scanned)
+        self.selection = selection or Selection()
 
     def add(self, code: str, path: str, message: str, severity: Severity | None = None) -> None:
         r = get_rule(code)
         assert r is not None, code
-        self.items.append(Finding(r.code, r.name, severity or r.severity, path, message, root=self.root))
+        # Selection.enabled leaves every gate-only rule out of a scan; here the gate is what runs them. A select list
+        # narrows the scan findings only: one written for `scan` (select = ["CKD1", "CKD2"]) must not silently turn
+        # the gate's own judgement off. Ignoring a gate rule by code or prefix does.
+        if not replace(self.selection, select=()).enabled(replace(r, gate_only=False)):
+            return
+        sev = self.selection.severity.get(r.code, severity or r.severity)
+        self.items.append(Finding(r.code, r.name, sev, path, message, root=self.root))
 
     def sorted(self) -> tuple[Finding, ...]:
         return tuple(sorted(self.items, key=Finding.sort_key))
@@ -379,6 +416,26 @@ def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> st
     if views.is_deepspeed(ck) and ck.file(views.SCHEDULER) is None:
         return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
     return None
+
+
+def _read_views(ck: Checkpoint, label: str) -> None:
+    """Build, once, the views of ``ck`` that turn its numbers into floats (they are memoised per file).
+
+    A number beyond any float (a 400-digit integer in trainer_state.json, in `scheduler.pt`'s base_lrs...) raises
+    OverflowError there. That is unusable input (``GateInputError``), said
+    once with the file's name, rather than a traceback from wherever the prediction first asks.
+    """
+    reads: tuple[tuple[str, Callable[[Checkpoint], object]], ...] = (
+        (views.TRAINER_STATE, lambda c: (ts := views.trainer_state(c)) is not None and ts.learning_rates()),
+        (views.SCHEDULER, views.scheduler_state),
+        ("the optimizer state", views.optimizer_state),
+    )
+    for name, read in reads:
+        try:
+            read(ck)
+        except ArithmeticError as exc:
+            raise GateInputError(f"`{label}`: {name} holds a number beyond any float ({exc}); nothing can be "
+                                 "predicted from it") from None
 
 
 def _first_lr(ck: Checkpoint) -> float | None:
@@ -438,11 +495,21 @@ def _fmt_lrs(lrs: Sequence[float]) -> str:
     return ", ".join(f"{x:.4g}" for x in lrs)
 
 
-def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence[Finding] = ()) -> GateResult:
+def predict(
+    tree: Tree,
+    plan: Plan,
+    *,
+    run: str | None = None,
+    scanned: Sequence[Finding] = (),
+    selection: Selection | None = None,
+) -> GateResult:
     """Predict the resume of the run in ``tree`` (or of the checkpoint ``tree`` holds) under ``plan``.
 
     ``scanned`` are the scan's findings for ``tree``; those about the checkpoint the resume loads are kept.
-    Raises ``GateInputError`` when steps per epoch can neither be read from the checkpoint nor were planned.
+    ``selection`` (``--select``/``--ignore`` and a settings file's) decides which gate rules report, and at what
+    severity; the scan findings were made under it already. Raises ``GateInputError`` when steps per epoch can
+    neither be read from the checkpoint nor were planned, or when the checkpoint's numbers are unusable (a
+    global_step, or a number in trainer_state.json, scheduler.pt or optimizer.pt, beyond any float).
     """
     run_label = run if run is not None else tree.root
     root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
@@ -453,7 +520,7 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
         elif root_run.standalone and root_run.checkpoints:
             ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
     if ck is None:
-        out = _Findings(tree.root)
+        out = _Findings(tree.root, selection=selection)
         if plan.checkpoint is not None:
             out.add("CKD413", ".", f"resume_from_checkpoint={plan.checkpoint!r} names a folder with no weights file: "
                     "train() raises ValueError(\"Can't find a valid checkpoint at ...\")")
@@ -464,13 +531,18 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
 
     from ckptdoctor.report import display_path
 
-    out = _Findings(tree.root, [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED])
+    kept = [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED]
+    out = _Findings(tree.root, kept, selection)
     label = display_path(tree.root, ck.path)
+    _read_views(ck, label)
     ts = views.trainer_state(ck)
     branch = views.weights_branch(ck)
     start = (ts.global_step or 0) if ts is not None else (ck.step or 0)
     crash = _crash(ck, ts, branch)
     settings = resolve(plan, ck, ts)
+    if abs(start) >= _INT_LIMIT:
+        raise GateInputError(f"`{label}`: global_step ({_int_text(start)}) is beyond any float: nothing can be "
+                             "predicted from it")
     if plan.world_size is not None:
         _world_size(out, ck, plan.world_size)
     if crash is not None:
@@ -481,6 +553,10 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
             f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
         )
     try:
+        if abs(settings.max_steps) >= _INT_LIMIT:
+            # What transformers' first float of it raises (the warm-up steps, or the schedule's lambda); checked here
+            # so that no prediction carries a step count too long to print or too costly to compute with.
+            raise OverflowError("int too large to convert to float")
         steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
                              settings.ignore_data_skip)
         warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
@@ -489,7 +565,7 @@ def predict(tree: Tree, plan: Plan, *, run: str | None = None, scanned: Sequence
         # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
         src = settings.sources
         out.add("CKD413", ck.path, f"num_train_epochs {settings.num_train_epochs:g} "
-                f"({src.get('num_train_epochs', 'default')}), max_steps {settings.max_steps} "
+                f"({src.get('num_train_epochs', 'default')}), max_steps {_int_text(settings.max_steps)} "
                 f"({src.get('max_steps', 'default')}), warmup_steps {settings.warmup_steps:g} "
                 f"({src.get('warmup_steps', 'default')}): train() raises {type(exc).__name__} computing max_steps and "
                 f"the warm-up steps ({exc})")
@@ -529,6 +605,7 @@ def _predict_lrs(
     try:
         sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
                                 lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
+        lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
     except schedules.ScheduleError as exc:
         if s.lr_scheduler_type in schedules.METRIC_DRIVEN:
             out.add("CKD412", ck.path, f"`{s.lr_scheduler_type}`: {exc}")
@@ -537,7 +614,7 @@ def _predict_lrs(
         return ()
     except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
         out.add("CKD413", ck.path, f"create_scheduler raises {type(exc).__name__} on lr_scheduler_kwargs "
-                f"{dict(s.lr_scheduler_kwargs)!r}: {exc}")
+                f"{schedules.brief(dict(s.lr_scheduler_kwargs))}: {exc}")
         return ()
     n = max(0, min(lr_steps, steps.steps_to_train))
     sched_state = views.scheduler_state(ck)
@@ -547,7 +624,6 @@ def _predict_lrs(
         missing = "no `scheduler.pt`" if have == "optimizer state" else (
             "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
         lead = f"has {have} but {missing}" if have else f"has {missing}"
-        lr0 = sched.lr(s.learning_rate, 0)
         out.add("CKD408", ck.path, f"{lead}: the resume restores neither; AdamW restarts from zero moments and the "
                 f"`{s.lr_scheduler_type}` schedule restarts at its step 0 (LR {lr0:.4g}) while global_step continues "
                 f"at {start}")
@@ -590,8 +666,11 @@ def _jump(
     if last is None or last[1] <= 0:
         return
     own_warmup = plan_from_training_args(views.training_args(ck) or {}).get("warmup_steps", 0.0)
-    if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
-        return  # the run was still warming up: a rising LR is its own schedule
+    try:
+        if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
+            return  # the run was still warming up: a rising LR is its own schedule
+    except (ArithmeticError, ValueError):
+        pass  # its warm-up cannot be computed (NaN, inf, a ratio of an overflowing max_steps): judge the rise anyway
     peak = max(range(len(lrs)), key=lambda i: lrs[i])
     if lrs[peak] > last[1] * JUMP_FACTOR:
         was = f" (the run's max_steps was {ts.max_steps}, the resume's is {new_max})" if ts.max_steps != new_max else ""
@@ -615,7 +694,10 @@ def gate(
     checkpoint: str | os.PathLike[str] | None = None,
     training_args: Mapping[str, Any] | None = None,
     lr_steps: int = DEFAULT_LR_STEPS,
-    fail_on: str = "error",
+    fail_on: str | None = None,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    config: bool = True,
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
@@ -625,11 +707,19 @@ def gate(
     ``ignore_data_skip``); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit
     keywords override. Anything not planned is the run's own. ``checkpoint`` may be a path, or a folder name
     inside ``run_dir``. Reads only; never imports torch.
+
+    Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
+    (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
+    ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False; the file's select, ignore and severity
+    apply to the scan findings and to the gate's own (CKD407-413, CKD504), but cannot turn off or lower the
+    security rules (CKD6xx). ``fail_on`` defaults to the file's ``fail-on``, else ``"error"``; a file's
+    ``"never"`` still fails on a security error. An unknown code, a deep-only selection or a bad settings file
+    raises ``GateInputError``.
     """
     unknown = sorted(set(planned) - _PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
-    if fail_on not in FAIL_ON:
+    if fail_on is not None and fail_on not in FAIL_ON:
         raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
     if not _is_int(lr_steps) or not 0 <= lr_steps <= MAX_LR_STEPS:
         raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
@@ -644,11 +734,42 @@ def gate(
         ck_arg = os.fspath(checkpoint)
         inside = os.path.join(target, ck_arg)
         target = ck_arg if os.path.isdir(ck_arg) or not os.path.isdir(inside) else inside
-    plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on, **values)
+    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), select, ignore, config)
+    plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     from ckptdoctor.scanner import scan
 
-    report = scan(target)
-    return predict(report.trees[0], plan, run=os.fspath(run_dir), scanned=report.findings)
+    report = scan(target, selection=selection)
+    result = predict(report.trees[0], plan, run=os.fspath(run_dir), scanned=report.findings, selection=selection)
+    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+
+
+def rule_selection(
+    run_dir: str, select: Sequence[str] | str, ignore: Sequence[str] | str, config: bool
+) -> tuple[Selection, str | None]:
+    """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
+    file's fail-on: ``ckptdoctor scan``'s own resolution (``cli.resolve_selection``), with the gate's usage check.
+
+    Raises ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor
+    data), or a settings file that cannot be used.
+    """
+    from ckptdoctor.cli import UsageProblem, resolve_selection, split_codes
+
+    select = (select,) if isinstance(select, str) else tuple(select)
+    ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    for code in split_codes(select):
+        matched = [r for r in all_rules() if r.code.startswith(code)]
+        if matched and all(r.deep_only for r in matched):
+            raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
+                                 "gate never does")
+    try:
+        return resolve_selection([run_dir], select, ignore, not config)
+    except UsageProblem as exc:
+        raise GateInputError(exc.message) from None
+
+
+def _int_text(n: int) -> str:
+    """``n`` for a message; one too long for Python to print (over 4,300 digits, from a pickle) by its size."""
+    return str(n) if n.bit_length() <= _PRINTABLE_BITS else f"<an integer of {n.bit_length():,} bits>"
 
 
 def _is_int(v: Any) -> bool:
@@ -658,25 +779,27 @@ def _is_int(v: Any) -> bool:
 def _check_plan(values: dict[str, Any]) -> None:
     """Planned values of the wrong type or range are the caller's mistake: ``GateInputError``, never a traceback
     from deep in the arithmetic. ``lr_scheduler_kwargs`` given as a JSON object string becomes a dict."""
+    brief = schedules.brief
     for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
         v = values.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise GateInputError(f"{key} must be a finite number, not {v!r}")
+        number = _num(v)
+        if v is not None and (number is None or not math.isfinite(number)):
+            raise GateInputError(f"{key} must be a finite number, not {brief(v)}")
     for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1)):
         v = values.get(key)
-        if v is not None and (not _is_int(v) or (low is not None and v < low)):
-            raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''}, not {v!r}")
+        if v is not None and (not _is_int(v) or (low is not None and v < low) or abs(v) >= _INT_LIMIT):
+            raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
     if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
-        raise GateInputError(f"lr_scheduler_type must be a string, not {values['lr_scheduler_type']!r}")
+        raise GateInputError(f"lr_scheduler_type must be a string, not {brief(values['lr_scheduler_type'])}")
     if values.get("ignore_data_skip") is not None and not isinstance(values["ignore_data_skip"], bool):
-        raise GateInputError(f"ignore_data_skip must be True or False, not {values['ignore_data_skip']!r}")
+        raise GateInputError(f"ignore_data_skip must be True or False, not {brief(values['ignore_data_skip'])}")
     raw = values.get("lr_scheduler_kwargs")
     if isinstance(raw, str) and not raw.strip():
         values.pop("lr_scheduler_kwargs")  # TrainingArguments reads an empty string as no kwargs
     elif raw is not None:
         kwargs = _kwargs(dict(raw) if isinstance(raw, Mapping) else raw)
         if kwargs is None:
-            raise GateInputError(f"lr_scheduler_kwargs must be a mapping, not {values['lr_scheduler_kwargs']!r}")
+            raise GateInputError(f"lr_scheduler_kwargs must be a mapping, not {brief(raw)}")
         values["lr_scheduler_kwargs"] = kwargs
 
 
@@ -716,7 +839,9 @@ def render_text(result: GateResult) -> str:
     counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
     tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
     lines.append("")
-    lines.append(f"Verdict: {result.verdict} ({tally}; --fail-on {result.fail_on})")
+    threshold = f"fail-on {result.fail_on} from the settings file" if result.fail_on_from_settings else (
+        f"--fail-on {result.fail_on}")
+    lines.append(f"Verdict: {result.verdict} ({tally}; {threshold})")
     return "\n".join(lines)
 
 
@@ -741,14 +866,24 @@ Examples:
   ckptdoctor gate fixtures/lr-finished --max-steps 16  # resume a finished run: LR 0, then a new schedule
   ckptdoctor gate runs/my-run --checkpoint checkpoint-800 --learning-rate 1e-4 --format json
   ckptdoctor gate runs/my-run --training-args args.json --world-size 8 --format github   # in CI, before launch
+  ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
 
 \b
 Options left out are the run's own: read from the checkpoint's training_args.bin and trainer_state.json (or
 --training-args), else transformers' defaults; --format json lists each value used and where it came from.
 
 \b
+Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
+`ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
+scan findings only (the gate rules CKD407-413 and CKD504 run unless ignored), its fail-on when --fail-on is not
+given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
+with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
+
+\b
 Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
-finite, an unreadable --training-args, no such --checkpoint).
+finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
+checkpoint whose numbers nothing can be predicted from (a global_step, or a number in trainer_state.json or
+scheduler.pt, beyond any float).
 """
 
 
@@ -786,9 +921,9 @@ finite, an unreadable --training-args, no such --checkpoint).
               show_default=True, help="text: the prediction, findings and verdict for people; json: one "
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
-@click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
-              help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
-              "unusable.")
+@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-413, CKD504) run "
+              "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
+              every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -804,15 +939,18 @@ def gate_command(
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
-    fail_on: str,
+    fail_on: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    no_config: bool,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
     learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-413,
-    CKD504) plus every scan finding about that checkpoint. RUN_DIR is the output_dir, or a checkpoint folder.
-    Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin and
-    trainer_state.json). Nothing is loaded or executed.
+    CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
+    reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
+    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
     """
     from ckptdoctor.cli import UsageProblem  # here: cli imports this module when it registers the command
 
@@ -830,8 +968,8 @@ def gate_command(
         try:
             with open(training_args_file, encoding="utf-8") as fh:
                 loaded = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise UsageProblem(f"--training-args {training_args_file}: {exc}") from None
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
+            raise UsageProblem(f"--training-args {training_args_file}: {exc or type(exc).__name__}") from None
         if not isinstance(loaded, dict):
             raise UsageProblem(f"--training-args {training_args_file}: not a JSON object")
         file_args = loaded
@@ -844,6 +982,9 @@ def gate_command(
             training_args=file_args,
             lr_steps=lr_steps,
             fail_on=fail_on,
+            select=select,
+            ignore=ignore,
+            config=not no_config,
             num_train_epochs=num_train_epochs,
             max_steps=max_steps,
             learning_rate=learning_rate,
@@ -866,7 +1007,10 @@ def gate_command(
             click.echo(sarif.render_github(result.findings, notice=summary(result)))
     else:
         click.echo(render_text(result))
-    from ckptdoctor.cli import _read_only_done
+    from ckptdoctor.cli import _exit_code, _read_only_done
 
+    # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
+    cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
+    code = _exit_code(Report((), result.findings, 0.0), fail_on, cfg_fail_on)
     _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
-    sys.exit(result.exit_code)
+    sys.exit(code)

@@ -33,8 +33,22 @@ class ScheduleError(ValueError):
     """The schedule cannot be built: ``get_scheduler`` would raise, or the name is unknown or metric-driven."""
 
 
+def brief(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for a message, at most ``limit`` characters; never raises (a value read from a checkpoint
+    may hold an integer over Python's 4,300-digit print limit, or lists nested past the recursion limit)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def warmup_steps_for(warmup_steps: float, num_training_steps: int) -> int:
-    """``TrainingArguments.get_warmup_steps`` (5.x): a value below 1 is a ratio of the training steps, rounded up."""
+    """``TrainingArguments.get_warmup_steps`` (5.x): a value below 1 is a ratio of the training steps, rounded up.
+
+    Raises where transformers raises, with the same error: ``ValueError`` for a NaN, ``OverflowError`` for an
+    infinite value or a ratio of a step count beyond any float. Callers decide what that means for them.
+    """
     if warmup_steps >= 1:
         return int(warmup_steps)
     return math.ceil(num_training_steps * warmup_steps)
@@ -236,7 +250,7 @@ def build(
     if name == "constant_with_warmup":  # only num_warmup_steps; kwargs are dropped
         return Schedule(name, n_warm, n_total, {"num_warmup_steps": n_warm}, _constant_with_warmup)
     if name not in _KWARGS:
-        raise ScheduleError(f"unknown lr_scheduler_type {name!r}")
+        raise ScheduleError(f"unknown lr_scheduler_type {brief(name)}")
     k = _merge(name, kw)
     steps = {"num_warmup_steps": n_warm, "num_training_steps": n_total}
     if name == "linear":
@@ -247,7 +261,9 @@ def build(
         return Schedule(name, n_warm, n_total, {**steps, "num_cycles": k["num_cycles"]}, _cosine_with_restarts)
     if name == "polynomial":
         if not lr_init > k["lr_end"]:
-            raise ScheduleError(f"polynomial: lr_end ({k['lr_end']}) must be smaller than initial lr ({lr_init})")
+            raise ScheduleError(
+                f"polynomial: lr_end ({brief(k['lr_end'])}) must be smaller than initial lr ({brief(lr_init)})"
+            )
         params = {**steps, "lr_end": k["lr_end"], "power": k["power"], "lr_init": lr_init}
         return Schedule(name, n_warm, n_total, params, _polynomial)
     if name == "inverse_sqrt":
@@ -268,7 +284,7 @@ def _build_wsd(n_warm: int, n_total: int, k: Mapping[str, Any]) -> Schedule:
         raise ScheduleError("warmup_stable_decay needs num_decay_steps in lr_scheduler_kwargs")
     for kind in ("warmup_type", "decay_type"):
         if k[kind] not in ("linear", "cosine", "1-sqrt"):
-            raise ScheduleError(f"warmup_stable_decay: unknown {kind} {k[kind]!r}")
+            raise ScheduleError(f"warmup_stable_decay: unknown {kind} {brief(k[kind])}")
     stable = k["num_stable_steps"]
     if stable is None:
         stable = n_total - n_warm - k["num_decay_steps"]

@@ -64,7 +64,11 @@ def planned_from_args(args: Any, dataloader: Any = None) -> dict[str, Any]:
 
 
 def _run(
-    args: Any, dataloader: Any, resume_from_checkpoint: bool | str | os.PathLike[str], fail_on: str, lr_steps: int
+    args: Any,
+    dataloader: Any,
+    resume_from_checkpoint: bool | str | os.PathLike[str],
+    fail_on: str | None,
+    lr_steps: int,
 ) -> GateResult:
     if isinstance(resume_from_checkpoint, bool):
         if not resume_from_checkpoint:
@@ -85,12 +89,13 @@ def check_resume(
     trainer: Any,
     resume_from_checkpoint: bool | str | os.PathLike[str] = True,
     *,
-    fail_on: str = "error",
+    fail_on: str | None = None,
     lr_steps: int = 5,
 ) -> GateResult:
     """Gate ``trainer.train(resume_from_checkpoint=...)`` before calling it; raise ``ResumeGateError`` on failure.
 
-    Returns the prediction when it passes (``result.lr``, ``result.steps_to_train`` ...).
+    Returns the prediction when it passes (``result.lr``, ``result.steps_to_train`` ...). ``fail_on`` defaults to
+    the output_dir's settings file's fail-on, else ``"error"``, as ``ckptdoctor gate`` does.
     """
     result = _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps)
     if result.failed:
@@ -99,7 +104,7 @@ def check_resume(
 
 
 def gate_callback(
-    resume_from_checkpoint: bool | str | os.PathLike[str] = True, *, fail_on: str = "error", lr_steps: int = 5
+    resume_from_checkpoint: bool | str | os.PathLike[str] = True, *, fail_on: str | None = None, lr_steps: int = 5
 ) -> Any:
     """A ``TrainerCallback`` that runs the gate in ``on_train_begin`` (after the checkpoint is chosen, before the
     first step) and raises ``ResumeGateError`` when it fails. Pass the same ``resume_from_checkpoint`` as to train.
