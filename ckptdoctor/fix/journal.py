@@ -22,6 +22,23 @@ JOURNAL_SCHEMA = "ckptdoctor.journal/1"
 # A journal holds the new text of its rewrites (each at most ``plan.REWRITE_MAX_BYTES``); a larger file is not one
 # the fixer wrote, and is refused before it is read.
 JOURNAL_MAX_BYTES = 512 * 1024 * 1024
+# What reading one journal back may take (``json.loads`` builds a Python object per value: 25-30 times the bytes of
+# `[{},{},...]`), estimated before parsing from the bytes alone: at most 10 times its size plus a little, and 2 GiB.
+# The fixer's own journals estimate at 2 (mostly the new text of rewrites) to 8.5 (many moves) times their size in
+# ASCII (measured); a fix whose journal would not read back is refused before its first change.
+JOURNAL_MAX_MEMORY = 2 * 1024 * 1024 * 1024
+_MEMORY_PER_BYTE = 10
+_MEMORY_SLACK = 64 * 1024 * 1024
+# What values cost once parsed, beyond the text: a container is counted at its `{` or `[`, a value or a key at the
+# `,` or `:` before it, a string's own object once (its characters are text). Measured on CPython 3.11 at the worst
+# sizes (as the dict and the parser's memo of keys grow): per `{},` in a list 71 bytes, `[0],` 94, `"ab",` 56,
+# `{"a":0},` 186; per pair in a dict `"k":1.5,` 176, `"k":"ab",` 202, `"k":{},` 217. The weights cover each by 14%+.
+_CONTAINER_COST = 96
+_VALUE_COST = 80
+_STRING_COST = 40
+_WIDE = re.compile(rb"[\xc4-\xef]")  # starts a character above U+00FF: the decoded text takes 2 bytes a character
+_ASTRAL = re.compile(rb"[\xf0-\xf4]")  # starts one above U+FFFF: 4 bytes a character
+_SPLIT_CHUNK = 1 << 20
 
 # A journal may come with a downloaded folder, so everything in it that names a place is checked before use: a
 # txid is one plain name (it becomes a file and a quarantine folder name), paths stay inside the root.
@@ -207,7 +224,7 @@ def load_journals(path: str) -> list[Journal]:
     for name in names:
         full = os.path.join(folder, name)
         try:
-            j = Journal.from_json(json.loads(_read_journal(full)))
+            j = Journal.from_json(_parse(_read_journal(full)))
             if f"{j.txid}.json" != name:
                 raise ValueError(f"it records transaction {j.txid}")
         except (OSError, ValueError, LookupError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
@@ -224,7 +241,7 @@ def _read_journal(full: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a regular file")
         if st.st_size > JOURNAL_MAX_BYTES:
-            raise ValueError(f"{st.st_size:,} bytes, more than a journal the fixer writes")
+            raise ValueError(_too_large(st.st_size))
         chunks: list[bytes] = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -233,9 +250,97 @@ def _read_journal(full: str) -> bytes:
         os.close(fd)
 
 
+def _too_large(size: int) -> str:
+    return f"{size:,} bytes, more than a journal the fixer writes"
+
+
+def _parse(data: bytes) -> Any:
+    """The document a journal's bytes hold, parsed only when that fits the memory a journal may take (``ValueError``
+    otherwise). Takes the caller's reference: the bytes are dropped before parsing, so pass them straight in."""
+    why = parse_problem(data)
+    if why is not None:
+        raise ValueError(why)
+    text = data.decode("utf-8")  # the fixer writes UTF-8; json.loads(bytes) would keep the bytes alive meanwhile
+    del data
+    return json.loads(text)
+
+
+def parse_problem(data: bytes, *, shrink: int = 0) -> str | None:
+    """Why reading a journal of these bytes is refused (more than ``JOURNAL_MAX_BYTES``, or ``json.loads`` would
+    take more memory than ``JOURNAL_MAX_MEMORY`` or 10 times its size plus 64 MiB), or None. Linear in the bytes.
+
+    ``shrink``: bytes the journal may lose before it is read (its statuses get shorter as a fix runs), so a journal
+    the fixer checked when it first wrote it passes every later save too.
+    """
+    if len(data) > JOURNAL_MAX_BYTES:
+        return _too_large(len(data))
+    limit = min(_MEMORY_PER_BYTE * max(len(data) - shrink, 0) + _MEMORY_SLACK, JOURNAL_MAX_MEMORY)
+    need = parse_memory(data, limit)
+    if need > limit:
+        return (
+            f"reading its {len(data):,} bytes would take about {need:,} bytes of memory, more than a journal the "
+            "fixer writes"
+        )
+    return None
+
+
+def parse_memory(data: bytes, limit: int | None = None) -> int:
+    """An upper bound on the memory ``json.loads`` takes for ``data`` beyond the bytes themselves. With ``limit``,
+    the first bound found within it is returned, or an amount past it as soon as the bound must be past it.
+
+    The decoded text and the strings parsed out of it take 1, 2 or 4 bytes a character each (the widest character
+    decides); every value adds its object. Values are counted from the characters that precede them: first over
+    all the bytes (a cheap bound the fixer's journals pass), then outside strings only (a journal holds the new text
+    of JSON files as strings, full of `,` and `:` that build nothing).
+    """
+    width = 1 if data.isascii() else 4 if _ASTRAL.search(data) else 2 if _WIDE.search(data) else 1
+    text = 2 * width * len(data)
+    naive = text + _values_cost(data)
+    if limit is not None and naive <= limit:
+        return naive
+    plain = _unescaped(data)
+    strings = text + _STRING_COST * (plain.count(b'"') // 2)
+    if limit is not None and strings > limit:
+        return strings  # refused without splitting a file made of tiny strings
+    return strings + _outside_cost(plain)
+
+
+def _unescaped(data: bytes) -> bytes:
+    """``data`` without its escaped backslashes, then its escaped quotes: every `"` left opens or closes a string
+    (escapes pair from the left in JSON as in ``bytes.replace``; outside strings valid JSON has no backslash)."""
+    return data.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def _outside_cost(plain: bytes) -> int:
+    """``_values_cost`` of what lies outside the strings of ``_unescaped`` JSON text."""
+    cost, outside = 0, True
+    for start in range(0, len(plain), _SPLIT_CHUNK):  # chunks bound the pieces `split` makes at once
+        pieces = plain[start : start + _SPLIT_CHUNK].split(b'"')
+        cost += _values_cost(b"".join(pieces[0 if outside else 1 :: 2]))
+        outside ^= len(pieces) % 2 == 0  # an odd number of quotes in this chunk
+    return cost
+
+
+def _values_cost(data: bytes) -> int:
+    containers, values = data.count(b"{") + data.count(b"["), data.count(b",") + data.count(b":")
+    return _CONTAINER_COST * containers + _VALUE_COST * values + _STRING_COST * data.count(b'"') // 2
+
+
 def _save(abs_root: str, j: Journal) -> None:
-    data = (json.dumps(j.to_json(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    """Write the journal; its first write refuses (``FixRefused``, before any change) one that could not be read
+    back: a fix must never leave a transaction that neither ``undo`` nor ``fix`` can load."""
+    data = _encode(j)
+    if j.state == "applying" and all(op.status == "pending" for op in j.ops):
+        # Later saves only shorten statuses ("pending" -> "done") and change the state word: keep room for that.
+        why = parse_problem(data, shrink=3 * len(j.ops) + 16)
+        if why is not None:
+            raise FixRefused(f"its journal would be one ckptdoctor refuses to read ({why}); fix fewer findings at a "
+                             "time with `--select`")  # fmt: skip
     _atomic_write(_own(abs_root, "journal", f"{j.txid}.json"), data)
+
+
+def _encode(j: Journal) -> bytes:
+    return (json.dumps(j.to_json(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _save_quietly(abs_root: str, j: Journal) -> None:

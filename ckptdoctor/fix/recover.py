@@ -56,12 +56,17 @@ def _links_on_the_way(abs_root: str, j: Journal) -> list[str]:
     return list(dict.fromkeys(why for why in found if why is not None))
 
 
+def _op_states(abs_root: str, j: Journal) -> tuple[list[tuple[JournalOp, str, str]], list[str]]:
+    """Each operation with its state on disk and the reason (``_op_state``), and the problems found so far: the links
+    on the way, when there are any (then no state is looked at: nothing is followed through a link)."""
+    problems = _links_on_the_way(abs_root, j)
+    return ([] if problems else [(op, *_op_state(abs_root, j.txid, op)) for op in j.ops]), problems
+
+
 def _check_undo(abs_root: str, j: Journal) -> list[str]:
     """Each operation's state, checked so the whole undo can succeed; a refusal lists every obstacle."""
-    states: list[str] = []
-    problems = _links_on_the_way(abs_root, j)
-    for op in [] if problems else j.ops:
-        state, why = _op_state(abs_root, j.txid, op)
+    checked, problems = _op_states(abs_root, j)
+    for op, state, why in checked:
         if state in ("both", "conflict"):
             problems.append(why)
         elif state == "applied":
@@ -77,17 +82,16 @@ def _check_undo(abs_root: str, j: Journal) -> list[str]:
             parent = _abs(abs_root, _parent(op.path))
             if not os.path.isdir(parent) or os.path.islink(parent):
                 problems.append(f"`{_parent(op.path)}` (where `{op.path}` goes back) is gone")
-        states.append(state)
     if problems:
         raise FixRefused(f"cannot undo transaction {j.txid}: " + "; ".join(problems) + ". Nothing was changed.")
-    return states
+    return [state for _, state, _ in checked]
 
 
 def _check_redo(abs_root: str, j: Journal) -> list[str]:
-    states: list[str] = []
-    problems = _links_on_the_way(abs_root, j)
-    for op in [] if problems else j.ops:
-        state, why = _op_state(abs_root, j.txid, op)
+    """Each operation's state, checked so an interrupted transaction can be completed; a refusal lists every
+    obstacle and says how to roll it back instead."""
+    checked, problems = _op_states(abs_root, j)
+    for op, state, why in checked:
         if state in ("conflict", "untouched"):
             problems.append(why)
         elif state == "raced":
@@ -96,14 +100,13 @@ def _check_redo(abs_root: str, j: Journal) -> list[str]:
             state == "pending" and op.kind == OpKind.QUARANTINE and not digest(_abs(abs_root, op.path)).same(op.before)
         ):
             problems.append(f"`{op.path}` changed after the fix was planned")
-        states.append("applied" if state == "both" else state)
     if problems:
         raise FixRefused(
             f"cannot complete interrupted transaction {j.txid}: "
             + "; ".join(problems)
             + f". Run `ckptdoctor undo --txid {j.txid}` to roll it back."
         )
-    return states
+    return ["applied" if state == "both" else state for _, state, _ in checked]
 
 
 def _undo_op(abs_root: str, txid: str, op: JournalOp, state: str) -> None:
