@@ -12,6 +12,7 @@ from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Run, Tree
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
+from ckptdoctor.rules.weights import plural, saved_shard_tensors
 
 _RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -109,7 +110,6 @@ def trainer_state_invalid(tree: Tree) -> Iterator[Hit]:
             yield Hit(f.path, "; ".join(problems))
 
 
-
 @rule("CKD403", "optimizer-state-incomplete", Severity.WARNING)
 def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     """Only one of the optimizer and scheduler files exists, so a resume silently restores neither.
@@ -188,15 +188,17 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
 
 
 def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
-    """The shapes of the tensors a resume would train: the root adapter's, else the full weights' (one file or the
-    shards an index names).
+    """The shapes of the tensors a resume would train: the root adapter's, else the full weights' (one file, or what
+    the shards hold by their own headers).
 
     With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
     the stub), so the adapter is what the optimizer is compared with.
     """
     branch = "adapter" if views.has_adapter(ck) else views.weights_branch(ck)
     if branch == "sharded":
-        sharded = views.sharded_tensors(ck)
+        # The shards' headers, not the index: an index that drops a shard makes the resume keep those tensors
+        # fresh (CKD205), while the optimizer still matches the model the shards were saved from.
+        sharded = saved_shard_tensors(ck)
         return None if sharded is None else ("full", [t.shape for t in sharded])
     if branch == "adapter":
         f = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
@@ -228,18 +230,23 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     problems: list[str] = []
     count = opt.param_count
     if branch == "adapter" and count != len(shapes):
-        problems.append(f"the optimizer holds {count:,} parameters but the adapter {len(shapes):,} tensors")
+        problems.append(
+            f"the optimizer holds {plural(count, 'parameter')} but the adapter {plural(len(shapes), 'tensor')}"
+        )
     elif branch == "full" and count > len(shapes):
-        problems.append(f"the optimizer holds {count:,} parameters but the weights only {len(shapes):,} tensors")
+        problems.append(
+            f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(len(shapes), 'tensor')}"
+        )
     state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
     available = Counter(shapes)
     extra = state_shapes - available
     if extra:
         unmatched = available - state_shapes
-        where = "the adapter" if branch == "adapter" else "the weights"
+        n_extra = sum(extra.values())
+        where = "the adapter has" if branch == "adapter" else "the weights have"
         problems.append(
-            f"{sum(extra.values()):,} optimizer states have shapes no trainable tensor has ({_shape_list(extra)})"
-            + (f"; {where} has {_shape_list(unmatched)} instead" if unmatched else "")
+            f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
+            f"tensor has ({_shape_list(extra)})" + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
         )
     return "; ".join(problems) or None
 

@@ -7,6 +7,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor import views
@@ -26,8 +27,13 @@ def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
                 yield ck, run.resume_pick == ck.path or run.standalone
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``1,297 bytes`` (``many`` for irregular plurals). Shared by the rule modules."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
 def _fmt_bytes(n: int) -> str:
-    return f"{n:,} bytes"
+    return plural(n, "byte")
 
 
 def adapter_tensor_names(ck: Checkpoint) -> set[str]:
@@ -77,7 +83,7 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
         target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
         kind = "a stub" if len(tensors) <= STUB_MAX_TENSORS else "a full model without adapter weights"
         msg = (
-            f"`{stub.path}` holds {len(tensors):,} tensor{'s' if len(tensors) != 1 else ''} "
+            f"`{stub.path}` holds {plural(len(tensors), 'tensor')} "
             f"({_fmt_bytes(stub.size)}), none of the adapter's, and would be loaded instead of {target} ({kind})"
         )
         plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
@@ -121,40 +127,81 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
                     where = "a path outside the checkpoint folder" if outside else "which does not exist"
                     yield Hit(
                         idx.path,
-                        f"`{ck.relname(idx)}` maps {n:,} {'tensor' if n == 1 else 'tensors'} to `{shard}`, {where}",
+                        f"`{ck.relname(idx)}` maps {plural(n, 'tensor')} to `{shard}`, {where}",
                     )
 
 
-def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[list[str], str | None]:
-    """Mismatches between an index and its shards' headers, and (when rebuildable) the corrected index text."""
-    problems: list[str] = []
-    shards = sorted(set(wm.values()))
+def _shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:
+    """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
+    and whether every one of them was readable."""
     suffix = ".safetensors" if idx.name == views.SAFE_INDEX else ".bin"
-    on_disk = sorted(
+    on_disk = {
         ck.relname(f)
         for f in ck.files
         if "/" not in ck.relname(f) and _SHARD_RE.match(f.name) and f.name.endswith(suffix)
-    )
+    }
     content: dict[str, list[TensorInfo]] = {}
     complete = True
-    for shard in sorted(set(shards) | set(on_disk)):
+    for shard in sorted(set(wm.values()) | on_disk):
         ts = views.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
             continue
         content[shard] = list(ts)
+    return content, complete
+
+
+def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
+    """Every tensor the shards of a sharded checkpoint hold by their own headers, not by its index: what the model
+    saved, and what a rebuilt index maps (the shards the index a resume reads names, plus any other shard of its
+    format beside it). None when that index is not valid, a shard it names is missing, a shard is unreadable, or a
+    tensor sits in two shards: nothing whole to compare with."""
+    idx = ck.file(views.SAFE_INDEX) or ck.file(views.BIN_INDEX)
+    wm = views.weight_map(idx) if idx is not None else None
+    if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
+        return None
+    content, complete = _shard_contents(ck, idx, wm)
+    out = tuple(t for ts in content.values() for t in ts)
+    if not complete or len({t.name for t in out}) != len(out):
+        return None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _IndexCheck:
+    """What is wrong with a shard index against its shards' headers, and what it costs a load."""
+
+    problems: list[str]
+    lossy: bool  # some tensor is read by no loader (or a shard is unreadable, so that cannot be ruled out)
+    misrouted: bool  # some entry names a shard that lacks its tensor (only a by-entry reader trips on it)
+    rebuilt: str | None  # the corrected index text, when the shards allow a rebuild
+
+
+def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _IndexCheck:
+    """Mismatches between an index and its shards' headers, whether they lose tensors, and the rebuilt index."""
+    problems: list[str] = []
+    shards = set(wm.values())
+    content, complete = _shard_contents(ck, idx, wm)
     names_in = {shard: {t.name for t in tensors} for shard, tensors in content.items()}
+    # The loaders (load_sharded_checkpoint, from_pretrained, accelerate) read every tensor of every shard the index
+    # names, whatever the entries say: only a tensor outside those shards is never loaded.
+    loaded = set().union(*(names_in[s] for s in shards if s in names_in))
+    lossy = not complete
+    misrouted = False
     for name, shard in sorted(wm.items()):
         if shard in names_in and name not in names_in[shard]:
+            misrouted = True
             where = [s for s, held in names_in.items() if name in held]
-            also = f" (it is in `{where[0]}`)" if where else ""
+            also = f" (it is in `{where[0]}`)" if where else ", and no shard does"
             problems.append(f"index maps `{name}` to `{shard}`, which does not hold it{also}")
+            lossy = lossy or name not in loaded
     for shard, tensors in sorted(content.items()):
         extra = [t.name for t in tensors if t.name not in wm]
         if extra:
-            problems.append(f"`{shard}` holds {len(extra):,} tensors the index omits (e.g. `{extra[0]}`)")
+            problems.append(f"`{shard}` holds {plural(len(extra), 'tensor')} the index omits (e.g. `{extra[0]}`)")
         if shard not in shards:
             problems.append(f"`{shard}` is on disk but no index entry references it")
+            lossy = lossy or any(t.name not in loaded for t in tensors)
     value: Any = idx.content.value if isinstance(idx.content, JsonFacts) else None
     meta = value.get("metadata") if isinstance(value, dict) else None
     declared = meta.get("total_size") if isinstance(meta, dict) else None
@@ -163,11 +210,11 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple
         if isinstance(declared, int) and declared != actual:
             problems.append(f"total_size is {declared:,} but the indexed tensors span {actual:,} bytes")
     if not problems:
-        return problems, None
+        return _IndexCheck(problems, lossy, misrouted, None)
     # Rebuild only when every shard on disk is readable and no tensor lives in two shards.
     names = [t.name for ts in content.values() for t in ts]
     if not complete or len(names) != len(set(names)) or not content:
-        return problems, None
+        return _IndexCheck(problems, lossy, misrouted, None)
     new_map = {t.name: s for s, ts in content.items() for t in ts}
     new_meta: dict[str, Any] = dict(meta) if isinstance(meta, dict) else {}
     new_meta["total_size"] = sum(t.nbytes for ts in content.values() for t in ts)
@@ -176,7 +223,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple
     rebuilt = dict(value) if isinstance(value, dict) else {}
     rebuilt["metadata"] = new_meta
     rebuilt["weight_map"] = new_map
-    return problems, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n"
+    return _IndexCheck(problems, lossy, misrouted, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n")
 
 
 @rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix="safe")
@@ -185,22 +232,39 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Compares `weight_map` with the tensors each shard really holds: a tensor mapped to a shard that lacks it, a
-    shard holding tensors the index omits, a shard on disk no entry references, or a wrong `total_size`.
+    shard holding tensors the index omits, a shard on disk no entry references, or a wrong `total_size`. An error
+    when a tensor would not be loaded; a warning when the index is wrong but every tensor still loads.
 
     ## Why is this bad?
-    `load_sharded_checkpoint` computes missing keys from the index only and loads each shard with `strict=False`:
-    a tensor mapped to the wrong shard is silently never loaded and keeps its fresh value (the Trainer does not
-    even warn; `from_pretrained` does).
+    The loaders take only the list of shard files from the index, then load every tensor of each of those files
+    by the file's own header: `load_sharded_checkpoint` (a Trainer resume, `strict=False`), `from_pretrained` and
+    accelerate's `load_checkpoint_in_model`. A shard that no entry names is never read, so its tensors keep their
+    fresh values and no loader raises (the Trainer does not even warn). Measured with transformers 5.23 and
+    accelerate 1.15 on a sharded Llama:
+
+    | the index | resume | `from_pretrained` | accelerate |
+    | --- | --- | --- | --- |
+    | entries swapped, or naming another named shard | all loaded | all loaded (disk offload raises) | all loaded |
+    | a shard no entry names | fresh, no warning | fresh, warns | fresh, no warning |
+    | an entry missing, its shard named by others | all loaded, warns "missing keys" | all loaded | all loaded |
+    | an entry for a tensor no shard holds | fresh if the model has it, no warning | fresh, warns | fresh |
+
+    The first and third rows, and a wrong `total_size` alone (no loader reads it), are warnings: every tensor still
+    loads, though with disk offload `from_pretrained` looks tensors up by entry and raises `SafetensorError` on the
+    first row. The others are errors, and so is an unreadable shard (nothing shows its tensors are loaded).
 
     ## Example
-    An index hand-edited after re-sharding, still mapping `lm_head.weight` to `model-00001-of-00002.safetensors`.
+    An index hand-edited after re-sharding, still mapping `lm_head.weight` to `model-00001-of-00002.safetensors`
+    while no entry names `model-00002-of-00002.safetensors`, the shard that holds it.
 
     ## Fix safety
     Safe when the shards are complete and disjoint: the index is rebuilt from the shard headers (the original kept
     in quarantine). Nothing else changes.
 
     ## References
-    `src/transformers/trainer_utils.py` `load_sharded_checkpoint`; `huggingface_hub.split_torch_state_dict_into_shards`.
+    `src/transformers/trainer_utils.py` `load_sharded_checkpoint`; `utils/hub.py` `get_checkpoint_shard_files`;
+    `modeling_utils.py` `_load_pretrained_model`; accelerate `utils/modeling.py` `load_checkpoint_in_model`;
+    `huggingface_hub.split_torch_state_dict_into_shards`.
     """
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
@@ -209,20 +273,29 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
                 continue
             if any(ck.file(s) is None for s in set(wm.values())):
                 continue  # CKD204 reports missing shards; a rebuild would drop their tensors
-            problems, rebuilt = _index_problems(ck, idx, wm)
-            if not problems:
+            check = _index_problems(ck, idx, wm)
+            if not check.problems:
                 continue
             plan = (
                 FixPlan(
                     f"Rebuild `{idx.path}` from the shard headers",
                     Applicability.SAFE,
-                    (FixOp(OpKind.REWRITE_JSON, idx.path, rebuilt),),
+                    (FixOp(OpKind.REWRITE_JSON, idx.path, check.rebuilt),),
                 )
-                if rebuilt is not None
+                if check.rebuilt is not None
                 else None
             )
-            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-            yield Hit(idx.path, "; ".join(problems[:3]) + more, fix=plan)
+            n = len(check.problems)
+            msg = "; ".join(check.problems[:3]) + (f" (and {n - 3} more)" if n > 3 else "")
+            if check.lossy:
+                yield Hit(idx.path, msg, Severity.ERROR, fix=plan)
+                continue
+            offload = " (`from_pretrained` offloading to disk reads by entry and raises)" if check.misrouted else ""
+            msg += (
+                "; resume and `from_pretrained` still load every tensor, because they read every shard the index "
+                f"names{offload}"
+            )
+            yield Hit(idx.path, msg, Severity.WARNING, fix=plan)
 
 
 def _signature(ts: tuple[TensorInfo, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -311,7 +384,8 @@ def prefixed_state_dict_keys(tree: Tree) -> Iterator[Hit]:
             continue
         for prefix in ("_orig_mod.", "module."):
             if all(t.name.startswith(prefix) for t in ts):
-                yield Hit(f.path, f"all {len(ts):,} keys start with `{prefix}`, so a strict=False load matches none")
+                keys = "its only key starts" if len(ts) == 1 else f"all {len(ts):,} keys start"
+                yield Hit(f.path, f"{keys} with `{prefix}`, so a strict=False load matches none")
                 break
 
 
@@ -426,5 +500,5 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
             if f is None or ts is None:
                 continue
             if not ts or all(t.numel == 0 for t in ts):
-                what = "no tensors" if not ts else f"{len(ts):,} tensors, all of them empty"
+                what = "no tensors" if not ts else f"{plural(len(ts), 'tensor')}, all of them empty"
                 yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): a resume loads nothing")
