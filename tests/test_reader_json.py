@@ -127,8 +127,16 @@ def test_truncated_trainer_state() -> None:
     data = _dump(_trainer_state())
     cut = data[: len(data) // 2]
     kind, msg = _problem(_json(cut))
+    assert kind is ProblemKind.TRUNCATED
+    assert msg.startswith("JSON ends mid-document at line") and "column" in msg
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": 1,}', '[1 1', '{"a": 1}t', '{"a": "\\uzz"}', "garbage", '{"a" 1', '{"a": 1}}']
+)
+def test_broken_json_that_is_not_cut_short_stays_invalid(text: str) -> None:
+    kind, _ = _problem(_json(text.encode()))
     assert kind is ProblemKind.INVALID_JSON
-    assert "line" in msg and "column" in msg
 
 
 def test_trailing_garbage_and_nul_padding() -> None:

@@ -464,7 +464,7 @@ FIRES: tuple[Fires, ...] = (
     Fires("CKD210", "zero3-empty-full", emptied("clean-full", f"{CK8}/model.safetensors"),
           f"{CK8}/model.safetensors", ERR, ("21 tensors, all of them empty",)),
     Fires("CKD211", "cut-config", truncated("clean-full", f"{CK8}/config.json", 100), f"{CK8}/config.json", ERR,
-          ("invalid JSON", "line")),
+          ("JSON ends mid-document", "line")),
     Fires("CKD301", "config-not-copied", unlinked("clean-lora", f"{CK8}/adapter_config.json"), CK8, ERR,
           ("`checkpoint-8/adapter_model.safetensors` has no `adapter_config.json`",)),
     Fires("CKD301", "aux-config-not-copied", unlinked("lora-second-adapter", f"{CK8}/aux/adapter_config.json"),

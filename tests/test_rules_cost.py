@@ -443,7 +443,7 @@ def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -
         for key in ("loss", "learning_rate"):
             a, b = e.get(key), other.get(key)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not discovery._close(float(a), float(b)):
-                return f"log_history diverges at step {step} ({key} {a:.6g} vs {b:.6g})"
+                return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"  # session 4 wording
     return None
 
 

@@ -203,6 +203,9 @@ def _read_strict(text: str, limit: int) -> ReadOutcome:
     except _DuplicateKeyError as e:
         return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, _duplicate_message(text, e.key)),))
     except json.JSONDecodeError as e:
+        if cut_short(text, e):
+            msg = f"JSON ends mid-document at line {e.lineno} column {e.colno}: {e.msg}"
+            return ReadOutcome(None, (ReadProblem(ProblemKind.TRUNCATED, msg),))
         msg = f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
         return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, msg),))
     except RecursionError:
@@ -212,6 +215,29 @@ def _read_strict(text: str, limit: int) -> ReadOutcome:
         # e.g. an integer literal longer than Python's int/str conversion limit.
         return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, f"invalid JSON: {e}"),))
     return ReadOutcome(JsonFacts(value))
+
+
+# What follows the point where json's decoder stopped when the text was cut there, by the decoder's complaint: a
+# literal or a sign cut short ("Expecting value"), the rest of a number its pattern did not take, such as `1.` or
+# `1.5e+` ("Expecting ',' delimiter"), or a \u escape cut short.
+_CUT_AFTER = {
+    "Expecting value": re.compile(r"-|-?I(n(f(i(n(i(ty?)?)?)?)?)?)?|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|N(aN?)?"),
+    "Expecting ',' delimiter": re.compile(r"(\.\d*)?([eE][+-]?\d*)?"),
+    "Invalid \\uXXXX escape": re.compile(r"u[0-9a-fA-F]{0,4}"),  # even a whole one at the very end
+}
+
+
+def cut_short(text: str, e: json.JSONDecodeError) -> bool:
+    """Whether ``text`` failed to parse only because it ends early: a string is still open at the end, or nothing
+    but whitespace or a cut token follows where the decoder stopped. A file written in place and cut by a crash
+    reads this way at any byte; a trailing comma, garbage or extra data does not."""
+    if e.msg.startswith("Unterminated string"):  # the decoder met the end inside a string
+        return True
+    rest = text[e.pos :]
+    if not rest.strip():
+        return True
+    pattern = _CUT_AFTER.get(e.msg)
+    return pattern is not None and pattern.fullmatch(rest) is not None
 
 
 def _parse_counting_keys(text: str) -> tuple[Any, int] | None:

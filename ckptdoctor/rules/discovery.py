@@ -21,7 +21,44 @@ JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t > 0 else "unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t > 0 else "unknown time"
+
+
+def _gap(seconds: float) -> str:
+    """A duration in the largest unit that keeps it at least 1 (``4 s``, ``12 min``, ``3 h``, ``2 days``)."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
+
+
+def versus(a: float, b: float) -> str:
+    """``a vs b`` in one format: both sides with the same significant digits, as many as the longer of their
+    6-digit forms needs (``4.16240 vs 4.15653``, ``0.02 vs 0.05``), more when 6 would print them equal. Integers
+    (not bools) print whole."""
+    if type(a) is int and type(b) is int:
+        return f"{a} vs {b}"
+    short = f"{a:.6g}", f"{b:.6g}"
+    digits = max(map(_digits, short))
+    exponent = any("e" in t for t in short)  # then both sides, so 5e-05 and 1e-04 line up
+    while True:
+        left, right = _fixed_digits(a, digits, exponent), _fixed_digits(b, digits, exponent)
+        if left != right or digits >= 17:  # 17 significant digits tell any two distinct doubles apart
+            return f"{left} vs {right}"
+        digits += 1
+
+
+def _digits(text: str) -> int:
+    """Significant digits of a number as ``:g`` prints it (1 for zero, NaN or infinity)."""
+    mantissa = text.split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    return max(sum(c.isdigit() for c in mantissa), 1)
+
+
+def _fixed_digits(x: float, digits: int, exponent: bool) -> str:
+    """``x`` with exactly ``digits`` significant digits, trailing zeros kept (but no bare trailing point), in
+    exponent notation when ``exponent`` is set."""
+    text = f"{x:#.{digits - 1}e}" if exponent else f"{x:#.{digits}g}"
+    return text.replace(".e", "e").removesuffix(".")
 
 
 def _close(a: float, b: float) -> bool:
@@ -59,7 +96,7 @@ def _entry_divergence(e: dict[str, Any], by_step: Mapping[int, dict[str, Any]]) 
     for key in ("loss", "learning_rate"):
         a, b = e.get(key), other.get(key)
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not _close(float(a), float(b)):
-            return f"log_history diverges at step {step} ({key} {a:.6g} vs {b:.6g})"
+            return f"log_history diverges at step {step} ({key} {versus(a, b)})"
     return None
 
 
@@ -122,7 +159,7 @@ def run_identity_difference(a: views.TrainerStateView, b: views.TrainerStateView
         ("train_batch_size", a.train_batch_size, b.train_batch_size),
     ):
         if x is not None and y is not None and x != y:
-            return f"{label} {x:g} vs {y:g}"
+            return f"{label} {versus(x, y)}"
     return None
 
 
@@ -232,11 +269,14 @@ def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
         names = ", ".join(f"`{c.path}`" for c in v.stale)
         ops = tuple(FixOp(OpKind.QUARANTINE, c.path) for c in v.stale)
         if v.certain:
+            # ``certain`` means over a second apart, so the times differ at the seconds shown; the gap says by how much.
             msg = (
                 f"resume_from_checkpoint=True picks `{pick.path}` (written {_when(pick.mtime)}), but the newer "
-                f"checkpoint `{v.newest.path}` (written {_when(v.newest.mtime)}) belongs to another run: {v.why}"
+                f"checkpoint `{v.newest.path}` (written {_when(v.newest.mtime)}, "
+                f"{_gap(v.newest.mtime - pick.mtime)} later) belongs to another run: {v.why}"
             )
-            plan = FixPlan(f"Quarantine the stale checkpoints {names}", Applicability.UNSAFE, ops)
+            noun = "checkpoint" if len(v.stale) == 1 else "checkpoints"
+            plan = FixPlan(f"Quarantine the stale {noun} {names}", Applicability.UNSAFE, ops)
         else:
             # Copies and checkouts reset file times: the disagreement is certain, its direction is not.
             msg = (
@@ -277,8 +317,11 @@ def torn_evidence(ck: Checkpoint, links_out: frozenset[str] = frozenset()) -> li
         rel = ck.relname(f)
         if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
             out.append(f"`{rel}` is empty (0 bytes)")
-        elif any(p.kind == ProblemKind.TRUNCATED for p in f.problems):
-            out.append(f"`{rel}` is truncated")
+        elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
+            if rel == views.TRAINER_STATE:  # its reader says where: "JSON ends mid-document at line L column C: ..."
+                out.append(f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}")
+            else:
+                out.append(f"`{rel}` is truncated")
     return out
 
 
@@ -287,17 +330,20 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 
     ## What it does
-    Flags checkpoint folders without `trainer_state.json` (the Trainer writes it last), with the JIT sentinel
-    `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files. It is an
-    error when `resume_from_checkpoint=True` would pick the folder, a warning otherwise.
+    Flags checkpoint folders without `trainer_state.json` (the Trainer writes it last), with a `trainer_state.json`
+    cut short (invalid JSON that stops mid-document; one that is complete but wrong is CKD402's alone), with the JIT
+    sentinel `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files.
+    It is an error when `resume_from_checkpoint=True` would pick the folder, a warning otherwise.
 
     ## Why is this bad?
     `get_last_checkpoint` checks nothing but the folder name, so a torn save is picked: resume fails with
-    `FileNotFoundError: .../trainer_state.json` or `SafetensorError`, or silently resumes half a state.
+    `FileNotFoundError: .../trainer_state.json`, `JSONDecodeError` in `TrainerState.load_from_json` or
+    `SafetensorError`, or silently resumes half a state.
 
     ## Example
     The job was preempted while saving `checkpoint-1500/`: weights and `optimizer.pt` are there, `rng_state.pth`
-    and `trainer_state.json` are not.
+    and `trainer_state.json` are not, or `trainer_state.json` stops in the middle of `log_history` (it is written
+    in place with `open(..., "w")`).
 
     ## Fix safety
     Safe: the folder is quarantined (moved into `.ckptdoctor/quarantine/`, restorable with `ckptdoctor undo`), so
