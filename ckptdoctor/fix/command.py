@@ -12,23 +12,26 @@ import click
 from ckptdoctor.cli import ScanRoot, text_or_json
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.render import fix_json, render_fix_text
-from ckptdoctor.fix.run import FixResult, _check_roots, fix
+from ckptdoctor.fix.run import FixResult, _check_roots, fix, unique_roots
 from ckptdoctor.fix.transaction import undo
 
 _EPILOG_FIX = """\b
 Examples:
-  ckptdoctor fix --dry-run runs/my-run/        # show every operation and diff; exit 1 if it would change
+  ckptdoctor fix --dry-run runs/my-run/        # every operation and diff, what would remain; writes nothing
   ckptdoctor fix runs/my-run/                  # apply the safe fixes, rescan, report what is left
   ckptdoctor fix --unsafe-fixes --select CKD101 runs/my-run/
   ckptdoctor undo runs/my-run/                 # restore the last fix byte for byte
 
 \b
-Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep
-their original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under
-its own settings file. A .ckptdoctor/ folder that came with a download (journals, quarantine, lock) is checked and
-refused unless it is what the fixer itself writes. Exit codes: 0 nothing left at or above --fail-on (dry run:
-nothing to fix), 1 findings remain (dry run: it would change something), 2 usage error or refusal (read-only, busy,
-locked, changed files, a .ckptdoctor/ the fixer did not write), 130 interrupted.
+Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep their
+original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under its
+own settings file; a folder named twice (X ./X/) is fixed once. A .ckptdoctor/ folder that came with a download
+(journals, quarantine, lock) is checked and refused unless it is what the fixer itself writes. A dry run also lists
+what would remain after the fix (predicted from the plan; the real run rescans) and says when the real run would be
+refused now (a run written in the last 60 seconds, a read-only tree): that is shown, not exit 2. Exit codes: 0
+nothing left at or above --fail-on (dry run: nothing to change and nothing at or above it would remain), 1 findings
+remain (dry run: it would change something, or findings at or above --fail-on would remain), 2 usage error or
+refusal (read-only, busy, locked, changed files, a .ckptdoctor/ the fixer did not write), 130 interrupted.
 """
 
 _EPILOG_UNDO = """\b
@@ -46,7 +49,10 @@ the fix (nothing is changed then), 130 interrupted.
 @click.command("fix", epilog=_EPILOG_FIX, short_help="Repair what scan finds: planned, journaled, atomic, undoable.")
 @click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan and write nothing at all; exit 1 when it would change something."
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan and what would remain, and write nothing at all; exit 1 when it would change something or "
+    "when the real run would exit 1.",
 )
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes marked unsafe (e.g. quarantining stale runs).")
 @click.option(
@@ -95,6 +101,7 @@ def fix_command(
     from ckptdoctor.cli import check_runnable, selection_groups, split_codes
 
     check_runnable(split_codes(select), deep=False)
+    paths = tuple(unique_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
     _check_roots(paths)  # before the roots are grouped: one inside another is refused whatever their settings
     # Each root is fixed under its own settings file, as `scan` checks it.
     groups = selection_groups(paths, select, ignore, no_config)
@@ -109,14 +116,7 @@ def fix_command(
         )
         for ps, selection, cfg_fail_on in groups
     ]
-    result = FixResult(
-        tuple(p for r in results for p in r.plans),
-        tuple(t for r in results for t in r.txids),
-        dry_run,
-        sum(r.fixed for r in results),
-        tuple(f for r in results for f in r.remaining),
-        any(r.failed_on for r in results),
-    )
+    result = FixResult.merge(results)
     if fmt == "json":
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
     else:

@@ -2,26 +2,67 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
+from ckptdoctor.findings import Finding
 from ckptdoctor.fix.paths import quarantine_path
 from ckptdoctor.fix.run import FixResult
 
 FIX_SCHEMA = "ckptdoctor.fix/1"
 
 
+@functools.cache
+def fix_hint(code: str) -> str | None:
+    """The first paragraph of rule ``code``'s "Fix safety" section on one line (``No automatic fix: ...``), for a
+    rule without a fix; None for a fixable rule or an unknown code."""
+    import inspect
+
+    from ckptdoctor.rules import get_rule
+
+    r = get_rule(code)
+    if r is None or r.fix:  # a fixable rule's section describes its fix, which this finding does not carry
+        return None
+    section = inspect.cleandoc(r.doc).partition("## Fix safety\n")[2].strip()
+    para = section.split("\n\n", 1)[0].split("\n## ", 1)[0]
+    return " ".join(para.split()) or None
+
+
+def finding_lines(findings: Sequence[Finding]) -> list[str]:
+    """Each finding as the scan's text report shows it (names escaped, its fix title), plus the rule's hint (its
+    "Fix safety" line) when the rule has no fix."""
+    from ckptdoctor.report import render_text
+    from ckptdoctor.scanner import Report
+
+    out: list[str] = []
+    for f in findings:
+        # The scan report of this one finding, without its blank line and summary: the same lines `scan` prints.
+        out.extend(render_text(Report((), (f,), 0.0)).split("\n")[:-2])
+        hint = None if f.fix is not None else fix_hint(f.rule)
+        if hint:
+            out.append(f"  hint: {hint}")
+    return out
+
+
 def render_fix_text(result: FixResult) -> str:
-    """The plan (every operation, diffs of rewrites), what is skipped and why, then the summary lines."""
-    from ckptdoctor.report import display_path, plural
+    """The plan (every operation, diffs of rewrites), what is skipped and why, then what remains and the summary.
+
+    A dry run shows what would remain (predicted) and, when the real run would be refused now, why.
+    """
+    from ckptdoctor.report import plural
 
     out: list[str] = []
     verb = "would " if result.dry_run else ""
-    for plan, tx in zip(result.plans, result.txids, strict=True):
+    refusals = result.refusals or (None,) * len(result.plans)
+    roots_left = {f.root for f in result.remaining}
+    for plan, tx, refused in zip(result.plans, result.txids, refusals, strict=True):
         out.append(f"{plan.root}:")
         for t in plan.interrupted:
             out.append(f"  {'would complete' if result.dry_run else 'completed'} interrupted transaction {t}")
         if not plan.ops:
-            out.append("  nothing to fix")
+            left = plan.root in roots_left
+            out.append("  nothing ckptdoctor can fix automatically" if left else "  nothing to fix")
         for op in plan.ops:
             out.append(f"  [{','.join(op.rules)}] {op.title}")
             out.append(f"    {verb}{op.describe(tx or '<txid>')}")
@@ -30,36 +71,56 @@ def render_fix_text(result: FixResult) -> str:
             out.append(f"  skipped [{s.finding.rule}] {s.finding.fix.title if s.finding.fix else ''}: {s.reason}")
         for f in plan.manual:
             out.append(f"  manual [{f.rule}] {f.fix.title if f.fix else f.message}")
+        if refused:
+            out.append(f"  without --dry-run this fix would be refused now: {refused}")
     out.append("")
-    n_ops = sum(len(p.ops) for p in result.plans)
-    n_planned = sum(len(p.planned) for p in result.plans)
+    n_left = len(result.remaining)
     if result.dry_run:
-        if result.would_change:
-            out.append(
-                f"Would fix {plural(n_planned, 'problem')} with {plural(n_ops, 'operation')}; "
-                "run without --dry-run to apply."
-            )
-        else:
-            out.append("Nothing to fix.")
-        return "\n".join(out)
-    for f in result.remaining:
-        out.append(f"{display_path(f.root, f.path)}: {f.rule} [{f.severity.value}] {f.message}")
+        return "\n".join(out + _dry_run_summary(result))
+    out.extend(finding_lines(result.remaining))
     for plan, tx in zip(result.plans, result.txids, strict=True):
         if tx is not None:
             out.append(f"Transaction {tx} applied to {plan.root}; `ckptdoctor undo {plan.root}` restores it.")
-    n_left = len(result.remaining)
     out.append(f"Fixed {plural(result.fixed, 'problem')}, {n_left:,} remain{'s' if n_left == 1 else ''}.")
     return "\n".join(out)
 
 
-def fix_json(result: FixResult) -> dict[str, Any]:
-    """The ``ckptdoctor.fix/1`` document."""
-    from ckptdoctor import __version__
-    from ckptdoctor.report import to_json
-    from ckptdoctor.scanner import Report
+def _dry_run_summary(result: FixResult) -> list[str]:
+    """What would remain (predicted, as the real run lists it) and the dry run's last line."""
+    from ckptdoctor.report import plural
 
+    n_left = len(result.remaining)
+    left = finding_lines(result.remaining)
+    remain = f"{plural(n_left, 'problem')} would remain"
+    if not result.would_change:
+        if not n_left:
+            return ["Nothing to fix."]
+        return [
+            f"Nothing ckptdoctor can fix automatically; {plural(n_left, 'problem')} remain{'s' * (n_left == 1)}:",
+            *left,
+        ]
+    n_ops = sum(len(p.ops) for p in result.plans)
+    n_planned = sum(len(p.planned) for p in result.plans)
+    head = [f"Predicted to remain after the fix ({remain}):", *left] if n_left else []
+    then = f"{plural(n_planned, 'problem')} with {plural(n_ops, 'operation')}" + (f", {remain}" if n_left else "")
+    if any(result.refusals):
+        return [*head, f"Would fix {then}; without --dry-run the fix would be refused now (see above)."]
+    return [*head, f"Would fix {then}; run without --dry-run to apply."]
+
+
+def fix_json(result: FixResult) -> dict[str, Any]:
+    """The ``ckptdoctor.fix/1`` document.
+
+    In a dry run ``summary.remain`` and ``remaining`` are the prediction (what the plan would leave) and each
+    root's ``refused`` says why the real run would be refused now (null: it would not be; always null in a real
+    run, where a refusal is exit 2 with the reason on stderr).
+    """
+    from ckptdoctor import __version__
+    from ckptdoctor.report import finding_json
+
+    refusals = result.refusals or (None,) * len(result.plans)
     roots = []
-    for plan, tx in zip(result.plans, result.txids, strict=True):
+    for plan, tx, refused in zip(result.plans, result.txids, refusals, strict=True):
         roots.append(
             {
                 "root": plan.root,
@@ -80,9 +141,9 @@ def fix_json(result: FixResult) -> dict[str, Any]:
                 ],
                 "skipped": [{"rule": s.finding.rule, "path": s.finding.path, "reason": s.reason} for s in plan.skipped],
                 "manual": [{"rule": f.rule, "path": f.path} for f in plan.manual],
+                "refused": refused,
             }
         )
-    remaining = to_json(Report((), result.remaining, 0.0))["findings"]
     return {
         "schema": FIX_SCHEMA,
         "version": __version__,
@@ -91,7 +152,7 @@ def fix_json(result: FixResult) -> dict[str, Any]:
         "summary": {
             "operations": sum(len(p.ops) for p in result.plans),
             "fixed": result.fixed,
-            "remain": None if result.dry_run else len(result.remaining),
+            "remain": len(result.remaining),
         },
-        "remaining": None if result.dry_run else remaining,
+        "remaining": [finding_json(f) for f in result.remaining],
     }

@@ -1,14 +1,15 @@
-"""The fix run (API): plan, apply and rescan each root."""
+"""The fix run (API): plan, apply and rescan each root; a dry run predicts what the real run would leave."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.findings import Finding
+from ckptdoctor.findings import Finding, OpKind
 from ckptdoctor.fix.errors import FixRefused
+from ckptdoctor.fix.guard import preflight
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.plan import RootPlan, plan_root
 from ckptdoctor.fix.transaction import apply_plan, complete_interrupted
@@ -16,7 +17,11 @@ from ckptdoctor.fix.transaction import apply_plan, complete_interrupted
 
 @dataclass(frozen=True, slots=True)
 class FixResult:
-    """One ``fix`` over several roots: the plans, the transactions applied, and the rescan."""
+    """One ``fix`` over several roots: the plans, the transactions applied, and the rescan.
+
+    In a dry run ``remaining`` and ``failed_on`` are the prediction (what the plan leaves) and ``refusals`` says,
+    per plan, why the real run would be refused now (None: it would not be).
+    """
 
     plans: tuple[RootPlan, ...]
     txids: tuple[str | None, ...]
@@ -24,15 +29,45 @@ class FixResult:
     fixed: int = 0
     remaining: tuple[Finding, ...] = ()
     failed_on: bool = False  # a remaining finding is at or above --fail-on
+    refusals: tuple[str | None, ...] = ()
 
     @property
     def would_change(self) -> bool:
+        """Whether the plans hold an operation or an interrupted transaction to complete."""
         return any(p.ops or p.interrupted for p in self.plans)
 
     def exit_code(self) -> int:
+        """1 when findings at or above --fail-on remain (a dry run: would remain, or it would change something)."""
         if self.dry_run:
-            return 1 if self.would_change else 0
+            # As `ruff --diff`: 1 when it would change something. And 1 when the real run would exit 1, so a dry run
+            # never passes a check the real run fails. A predicted refusal is not 2: the dry run itself did its job.
+            return 1 if self.would_change or self.failed_on else 0
         return 1 if self.failed_on else 0
+
+    @classmethod
+    def merge(cls, results: Sequence[FixResult]) -> FixResult:
+        """The results of several ``fix`` calls (one per settings group) as one; all dry runs or all real runs."""
+        return cls(
+            tuple(p for r in results for p in r.plans),
+            tuple(t for r in results for t in r.txids),
+            all(r.dry_run for r in results),
+            sum(r.fixed for r in results),
+            tuple(f for r in results for f in r.remaining),
+            any(r.failed_on for r in results),
+            tuple(x for r in results for x in r.refusals),
+        )
+
+
+def unique_roots(paths: Iterable[str]) -> list[str]:
+    """``paths`` with each folder once (the first spelling kept): ``X``, ``X`` and ``./X/`` name one root."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for p in paths:
+        key = p if "://" in p else os.path.realpath(p)  # remote roots are refused later, by name
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
 
 
 def _check_roots(paths: Sequence[str]) -> None:
@@ -55,6 +90,31 @@ def _check_roots(paths: Sequence[str]) -> None:
                 raise FixRefused(f"{b} is inside {a}: give each folder once")
 
 
+def predicted_remaining(plan: RootPlan, findings: Iterable[Finding]) -> list[Finding]:
+    """What a rescan after applying ``plan`` would still find, predicted from the scan the plan was made from.
+
+    The findings the plan fixes go, and so does every finding inside a file or folder it quarantines (the move
+    takes it away). A fix can change more than that (quarantining a stale checkpoint changes which one a resume
+    picks), so this is a prediction; the real run rescans.
+    """
+    fixed = {id(f) for f in plan.planned}
+    moved = tuple(op.path for op in plan.ops if op.kind == OpKind.QUARANTINE)
+    return [
+        f for f in findings if id(f) not in fixed and not any(f.path == m or f.path.startswith(m + "/") for m in moved)
+    ]
+
+
+def _refusal(plan: RootPlan, force: bool) -> str | None:
+    """Why ``apply_plan`` would refuse ``plan`` now (read-only tree, a run being written), or None. Reads only."""
+    if not plan.ops:
+        return None
+    try:
+        preflight(plan, force=force)
+    except FixRefused as e:
+        return e.message.removesuffix("; nothing was changed")
+    return None
+
+
 def fix(
     paths: Sequence[str] | str,
     *,
@@ -66,15 +126,18 @@ def fix(
 ) -> FixResult:
     """Plan and (unless ``dry_run``) apply the fixes for each root, then rescan.
 
-    ``selection`` is a ``ckptdoctor.rules.Selection``. Interrupted transactions are completed first (a dry run
-    only reports them). A dry run writes nothing at all: no journal, no lock, no ``.ckptdoctor`` folder.
+    ``selection`` is a ``ckptdoctor.rules.Selection``. A root named twice (same real path) is fixed once.
+    Interrupted transactions are completed first (a dry run only reports them). A dry run writes nothing at all
+    (no journal, no lock, no ``.ckptdoctor`` folder); it predicts what would remain and whether the real run
+    would be refused (``FixResult.refusals``).
     """
-    from ckptdoctor.scanner import scan
+    from ckptdoctor.scanner import Report, scan
 
-    roots = [paths] if isinstance(paths, str) else list(paths)
+    roots = unique_roots([paths] if isinstance(paths, str) else paths)
     _check_roots(roots)
     plans: list[RootPlan] = []
     txids: list[str | None] = []
+    predicted: list[Finding] = []
     for root in roots:
         if dry_run:
             interrupted = tuple(j.txid for j in load_journals(root) if j.state in ("applying", "undoing"))
@@ -87,18 +150,23 @@ def fix(
         plans.append(plan)
         if dry_run:
             txids.append(None)
+            predicted.extend(predicted_remaining(plan, report.findings))
             continue
         j = apply_plan(plan, force=force)
         txids.append(None if j is None else j.txid)
     if dry_run:
-        return FixResult(tuple(plans), tuple(txids), True)
+        left = Report((), tuple(predicted), 0.0)
+        refusals = tuple(_refusal(p, force) for p in plans)
+        return FixResult(tuple(plans), tuple(txids), True, 0, left.findings, left.failed(fail_on), refusals)
     after = scan(roots, selection=selection)
-    left = {(f.root, f.rule, f.path) for f in after.findings}
+    left_keys = {(f.root, f.rule, f.path) for f in after.findings}
     fixed = sum(
         1
         for plan, tx in zip(plans, txids, strict=True)
         if tx is not None
         for f in plan.planned
-        if (f.root, f.rule, f.path) not in left
+        if (f.root, f.rule, f.path) not in left_keys
     )
-    return FixResult(tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on))
+    return FixResult(
+        tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on), (None,) * len(plans)
+    )
