@@ -84,11 +84,20 @@ def _torch_value(f: FileFacts | None) -> Any:
 
 
 def _num(v: Any) -> float | None:
+    """``v`` as a float when it is a JSON number (not a bool); an integer past float range is an infinity."""
     if isinstance(v, bool):
         return None
-    if isinstance(v, (int, float)):
-        return float(v)
+    if isinstance(v, float):
+        return v
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:  # JSON allows any integer; one past float range compares as an infinity would
+            return math.inf if v > 0 else -math.inf
     return None
+
+
+number = _num  # the same conversion for rules that compare values read from files
 
 
 def _int(v: Any) -> int | None:
@@ -398,26 +407,6 @@ def weight_map(f: FileFacts) -> dict[str, str] | None:
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         return None
     return {str(k): v for k, v in wm.items()}
-
-
-def sharded_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
-    """Every tensor of the shards a sharded resume loads (``load_sharded_checkpoint``: the safetensors index when
-    there is one, else the .bin index), or None when the index or a shard it names is missing or unreadable, or
-    the shards do not hold exactly the tensors the index maps (CKD202/204/205 report those: a rule comparing
-    against the weights has nothing whole to compare with)."""
-    idx = ck.file(SAFE_INDEX) or ck.file(BIN_INDEX)
-    wm = weight_map(idx)
-    if wm is None:
-        return None
-    out: list[TensorInfo] = []
-    for shard in sorted(set(wm.values())):
-        ts = tensors_of(ck.file(shard))
-        if ts is None:
-            return None
-        out.extend(ts)
-    if len(out) != len(wm) or {t.name for t in out} != wm.keys():
-        return None
-    return tuple(out)
 
 
 def is_fsdp(ck: Checkpoint) -> bool:

@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ckptdoctor import views
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
@@ -38,6 +38,10 @@ def versus(a: float, b: float) -> str:
     (not bools) print whole."""
     if type(a) is int and type(b) is int:
         return f"{a} vs {b}"
+    fa, fb = views.number(a), views.number(b)  # an integer past float range prints as an infinity
+    if fa is None or fb is None:
+        return f"{a!r} vs {b!r}"
+    a, b = fa, fb
     short = f"{a:.6g}", f"{b:.6g}"
     digits = max(map(_digits, short))
     exponent = any("e" in t for t in short)  # then both sides, so 5e-05 and 1e-04 line up
@@ -95,8 +99,9 @@ def _entry_divergence(e: dict[str, Any], by_step: Mapping[int, dict[str, Any]]) 
     other = by_step[step]
     for key in ("loss", "learning_rate"):
         a, b = e.get(key), other.get(key)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not _close(float(a), float(b)):
-            return f"log_history diverges at step {step} ({key} {versus(a, b)})"
+        x, y = views.number(a), views.number(b)
+        if x is not None and y is not None and a != b and not _close(x, y):
+            return f"log_history diverges at step {step} ({key} {versus(cast(float, a), cast(float, b))})"
     return None
 
 
