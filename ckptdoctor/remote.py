@@ -1,14 +1,32 @@
-"""Remote scan roots (``s3://``, ``gs://``, ``hf://``...): list a prefix and read file headers through fsspec."""
+"""Remote scan roots (``s3://``, ``gs://``, ``hf://``...): list a prefix and read file headers through fsspec.
+
+An endpoint that cannot be reached fails in seconds, not after a backend's minute of retries: each connection
+attempt may take ``CKPTDOCTOR_CONNECT_TIMEOUT`` seconds (default 3) and an unreachable endpoint is tried
+``CKPTDOCTOR_CONNECT_ATTEMPTS`` times (default 3). Only connecting is bounded; a slow server that answers keeps its
+backend's read timeouts. Per backend:
+
+- ``s3://``: botocore's ``connect_timeout`` and ``retries={"mode": "standard", "total_max_attempts": N}``, each
+  unless already chosen: in fsspec's settings (``FSSPEC_S3='{"config_kwargs": {...}}'``) or, for retries, with
+  ``AWS_MAX_ATTEMPTS`` / ``AWS_RETRY_MODE``.
+- ``gs://``: gcsfs retries a refused connection six times over about 35 s and cannot be told otherwise, so one TCP
+  connection to its endpoint (``STORAGE_EMULATOR_HOST`` or Google's) is opened first; skipped when its
+  ``session_kwargs`` route requests through a proxy or a connector of their own.
+- ``hf://``: unchanged; huggingface_hub tries once and gives up after ``HF_HUB_ETAG_TIMEOUT`` (10 s).
+"""
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import re
+import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from urllib.parse import urlsplit
 
 from ckptdoctor.discover import _OWN_DIR, _Dir, _is_run, _read_dcp_items, build_tree, in_dcp_folder
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -30,6 +48,21 @@ READAHEAD = 1024
 # 64 KB, and a round trip costs more than the bytes, so reading a small file piecemeal would only add requests.
 WHOLE_FILE = 64 * 1024
 INSTALL_HINT = 'remote roots need fsspec and its backend: pip install "ckptdoctor[remote]" (s3fs) or gcsfs, ...'
+# Seconds one connection attempt may take, and attempts at an endpoint that does not answer (see the module doc).
+# 3 s lets a SYN be resent twice; 3 x 3 s plus short pauses keeps an unreachable endpoint near 10 s in all.
+CONNECT_TIMEOUT = 3.0
+CONNECT_ATTEMPTS = 3
+
+
+_N = TypeVar("_N", int, float)
+
+
+class EndpointUnreachable(ConnectionError):
+    """No connection to a storage endpoint could be opened (refused, no such host, timed out)."""
+
+
+class BadSetting(ValueError):
+    """An environment variable ckptdoctor reads holds something it cannot use."""
 
 
 def is_remote(path: str) -> bool:
@@ -45,11 +78,14 @@ def check_remote_root(url: str) -> str | None:
     try:
         fs, path = _filesystem(url)
         if not fs.exists(path):
-            return f"{url}: no such object or prefix"
+            # Some backends answer False for any error (hf:// on a 403): ask again, for the reason.
+            fs.info(path)
+    except FileNotFoundError:
+        return f"{url}: no such object or prefix"
     except ImportError as e:
         return f"{url}: {e}; {INSTALL_HINT}"
     except Exception as e:  # any backend error (credentials, endpoint, bucket): a usage problem, not a traceback
-        return f"{url}: cannot list: {type(e).__name__}: {e}"
+        return f"{url}: {_listing_error(e)}"
     return None
 
 
@@ -73,7 +109,7 @@ def discover_remote(
     except ImportError as e:
         return _unreadable_root(root, f"{e}; {INSTALL_HINT}")
     except Exception as e:  # backend errors have no common base class
-        return _unreadable_root(root, f"cannot list: {type(e).__name__}: {e}")
+        return _unreadable_root(root, _listing_error(e))
     name = path.rsplit("/", 1)[-1]
     if not listing:
         return _unreadable_root(root, "no such object or prefix")
@@ -212,11 +248,141 @@ def log_on_one_line() -> None:
 
 
 def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
-    """The fsspec file system and the path inside it for ``url`` (ImportError when fsspec or the backend is missing)."""
+    """The fsspec file system and the path inside it for ``url`` (ImportError when fsspec or the backend is missing;
+    ``EndpointUnreachable`` when a gs:// endpoint takes no connection, ``BadSetting``)."""
     from fsspec.core import url_to_fs
 
-    fs, path = url_to_fs(url)
+    timeout, attempts = connect_settings()
+    endpoint = _endpoint_to_probe(url)
+    if endpoint is not None:  # before the file system exists: building one already looks for credentials
+        _probe(endpoint, timeout, attempts)
+    fs, path = url_to_fs(url, **_storage_options(url, timeout, attempts))
     return fs, str(path)
+
+
+def connect_settings() -> tuple[float, int]:
+    """Seconds per connection attempt and attempts per request: ``CKPTDOCTOR_CONNECT_TIMEOUT`` and
+    ``CKPTDOCTOR_CONNECT_ATTEMPTS`` when set, else ``CONNECT_TIMEOUT`` and ``CONNECT_ATTEMPTS``.
+
+    ``BadSetting`` names a variable set to anything but a positive number (a typo must not mean no timeout).
+    """
+    timeout = _positive("CKPTDOCTOR_CONNECT_TIMEOUT", float, CONNECT_TIMEOUT)
+    attempts = _positive("CKPTDOCTOR_CONNECT_ATTEMPTS", int, CONNECT_ATTEMPTS)
+    return timeout, attempts
+
+
+def _positive(name: str, kind: Callable[[str], _N], default: _N) -> _N:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = kind("0")
+    if not 0 < value < float("inf"):  # also NaN
+        what = "seconds" if kind is float else "a whole number"
+        raise BadSetting(f"{name}={raw!r}: want {what} above 0")
+    return value
+
+
+_S3_PROTOCOLS = ("s3", "s3a")  # s3fs registers both; fsspec's settings may hold either
+
+
+def _storage_options(url: str, timeout: float, attempts: int) -> dict[str, Any]:
+    """Options for ``url_to_fs``: botocore's connect timeout and retries for every S3 layer of ``url`` (plain or
+    chained, ``simplecache::s3://``), under whatever the user chose in fsspec's settings or botocore's variables."""
+    import fsspec.config
+
+    schemes = {part.split("://", 1)[0] for part in url.split("::")}
+    if not schemes & set(_S3_PROTOCOLS):
+        return {}
+    # fsspec merges its settings with explicit options one level deep: an explicit config_kwargs would replace the
+    # user's whole dict, so theirs is the base and ours only fills what they left out.
+    user: dict[str, Any] = {}
+    for proto in _S3_PROTOCOLS:
+        conf = fsspec.config.conf.get(proto)
+        if isinstance(conf, dict) and "config_kwargs" in conf:
+            user = conf["config_kwargs"]
+    if not isinstance(user, dict):  # not ours to interpret
+        return {}
+    config = dict(user)
+    config.setdefault("connect_timeout", timeout)
+    if "retries" not in config and not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & os.environ.keys():
+        # botocore's default ("legacy", 5 attempts with backoff) takes 8 s on a refused connection and 36 s on one
+        # that never answers; "standard" retries the same errors (throttling, 5xx, connection) with shorter waits.
+        config["retries"] = {"mode": "standard", "total_max_attempts": attempts}
+    return {scheme: {"config_kwargs": config} for scheme in schemes & set(_S3_PROTOCOLS)}
+
+
+_GCS_PROTOCOLS = ("gs", "gcs")
+
+
+def _endpoint_to_probe(url: str) -> str | None:
+    """The endpoint gcsfs would connect to for ``url`` (its ``endpoint_url`` option, ``STORAGE_EMULATOR_HOST`` or
+    Google's), or None: not a gs:// URL, gcsfs missing, or requests that go through a proxy or a connector of the
+    user's own (a direct connection would prove nothing)."""
+    schemes = {part.split("://", 1)[0] for part in url.split("::")}
+    if not schemes & set(_GCS_PROTOCOLS):
+        return None
+    try:
+        import fsspec.config
+
+        gcs = importlib.import_module("gcsfs.core")  # untyped, optional: only its helpers below are used
+    except ImportError:  # url_to_fs reports it, with the install hint
+        return None
+    options: dict[str, Any] = {}
+    for proto in _GCS_PROTOCOLS:  # as fsspec merges them into the options (a later protocol wins)
+        conf = fsspec.config.conf.get(proto)
+        if isinstance(conf, dict):
+            options.update(conf)
+    session = options.get("session_kwargs") or {}
+    if not isinstance(session, dict) or session.get("trust_env") or session.get("connector") is not None:
+        return None
+    if isinstance(options.get("endpoint_url"), str):
+        return str(options["endpoint_url"])
+    try:
+        # gcsfs's own choice (the emulator, the universe domain, the mTLS host); private helpers, hence the guard.
+        mtls = bool(gcs._use_client_cert() and gcs._use_mtls_endpoint())
+        return str(gcs._location(mtls))
+    except Exception:  # another gcsfs: no probe, its own retries apply
+        return None
+
+
+def _probe(endpoint: str, timeout: float, attempts: int) -> None:
+    """Open (and close) one TCP connection to ``endpoint``'s host and port, ``attempts`` tries at ``timeout`` seconds
+    each with short pauses between; ``EndpointUnreachable`` naming the endpoint and the last cause when none opens."""
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:  # a port out of range in STORAGE_EMULATOR_HOST
+        raise EndpointUnreachable(f"cannot connect to {endpoint}: {e}") from None
+    where = f"{parts.scheme}://{parts.netloc}"
+    cause: OSError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.25 * 2 ** (attempt - 1))  # a restarting server gets a moment; a dead one costs little
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except OSError as e:
+            cause = e
+    if isinstance(cause, TimeoutError):
+        why = f"timed out ({attempts} x {timeout:g} s)" if attempts > 1 else f"timed out ({timeout:g} s)"
+    else:
+        why = f"{cause} ({attempts} attempts)" if attempts > 1 else str(cause)
+    raise EndpointUnreachable(f"cannot connect to {where}: {why}")
+
+
+def _listing_error(e: Exception) -> str:
+    """A backend's error while listing, on one line (gcsfs puts the server's message on a second)."""
+    if isinstance(e, (EndpointUnreachable, BadSetting)):  # ours: already says what and where
+        return _one_line(str(e))
+    return _one_line(f"cannot list: {type(e).__name__}: {e}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _open(fs: AbstractFileSystem, full: str, size: int) -> BinaryIO:
@@ -376,4 +542,4 @@ def read_small_object(url: str, cap: int) -> bytes | None:
     except OSError:
         raise
     except Exception as e:  # a backend's own error type (credentials, endpoint): report it, never a traceback
-        raise OSError(f"{type(e).__name__}: {e}") from None
+        raise OSError(_one_line(f"{type(e).__name__}: {e}")) from None
