@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -69,11 +70,22 @@ class ScanRoot(click.Path):
 
 
 def split_codes(values: Sequence[str]) -> tuple[str, ...]:
-    """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased."""
+    """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased; a rule's name
+    (``stub-weights-shadow-adapter``, as ``ckptdoctor explain`` takes it) stands for its code."""
     out: list[str] = []
     for v in values:
         out.extend(p.strip().upper() for p in v.split(",") if p.strip())
-    return tuple(out)
+    return by_code(out)
+
+
+def by_code(codes: Sequence[str]) -> tuple[str, ...]:
+    """``codes`` (upper-cased) with each rule name replaced by its code; anything else is kept for ``_check_codes``."""
+    if all(c.startswith("CKD") for c in codes):
+        return tuple(codes)
+    from ckptdoctor.rules import all_rules
+
+    names = {r.name.upper(): r.code for r in all_rules()}
+    return tuple(names.get(c, c) for c in codes)
 
 
 def _check_codes(codes: Sequence[str], option: str) -> None:
@@ -114,6 +126,9 @@ def resolve_selection(
     from ckptdoctor.rules import Selection, keep_security_rules
 
     sel_codes, ign_codes = split_codes(select), split_codes(ignore)
+    for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
+        if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
+            raise UsageProblem(f"{option} was given no rule code")
     _check_codes(sel_codes, "--select")
     _check_codes(ign_codes, "--ignore")
     try:
@@ -121,6 +136,7 @@ def resolve_selection(
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
     # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
+    cfg = dataclasses.replace(cfg, select=by_code(cfg.select), ignore=by_code(cfg.ignore))
     _check_codes(cfg.select, f"{cfg.source}: select")
     _check_codes(cfg.ignore, f"{cfg.source}: ignore")
     from ckptdoctor.rules import all_rules
@@ -203,7 +219,7 @@ def rule_options(
             "--select",
             multiple=True,
             metavar="CODES",
-            help="Run only these rules: codes or prefixes, comma-separated or repeated (CKD2,CKD601). "
+            help="Run only these rules: codes, prefixes or names, comma-separated or repeated (CKD2,CKD601). "
             f"{never_runs}  [default: the settings file's select, else {every_rule}]",
         ),
         click.option(
@@ -356,9 +372,11 @@ def scan(
     then one line per finding with its fix, then a summary. Names with control characters are shown escaped
     (\\x1b); --format json gives them exactly.
     """
-    from ckptdoctor.report import render_json, render_text
+    from ckptdoctor.discover import unique_roots
+    from ckptdoctor.report import printable, render_json, render_text
     from ckptdoctor.scanner import Report
 
+    paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     check_runnable(split_codes(select), deep)
@@ -384,6 +402,9 @@ def scan(
         click.echo(render_github(report.findings, notice=summary_line(report)))
     else:
         click.echo(render_text(report, color=_use_color(sys.stdout)))
+    for tree in report.trees:
+        if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
+            click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
     if checksums == "write":
         _write_manifests(report.trees)
     code = max(_exit_code(r, fail_on, cfg) for r, cfg in parts)
@@ -568,7 +589,7 @@ Examples:
     default="text",
     show_default=True,
     help="text: a table; json: a list of {code, name, severity, fixable, fix (safe, unsafe or null), deep_only, "
-    "summary}; markdown: the table the README embeds (it also marks the --deep and gate-only rules).",
+    "gate_only, summary}; markdown: the table the README embeds (it also marks the --deep and gate-only rules).",
 )
 def rules_cmd(fmt: str) -> None:
     """List every rule: code, name, default severity, whether `ckptdoctor fix` can repair it, and a summary.
@@ -590,6 +611,7 @@ def rules_cmd(fmt: str) -> None:
                 "fixable": r.fixable,
                 "fix": r.fix or None,
                 "deep_only": r.deep_only,
+                "gate_only": r.gate_only,
                 "summary": r.summary,
             }
             for r in rules

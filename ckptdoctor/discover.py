@@ -67,6 +67,18 @@ class _Dir:
     distcp: dict[str, str] = field(default_factory=dict)
 
 
+def unique_roots(paths: Iterable[str]) -> list[str]:
+    """``paths`` with each folder once (the first spelling kept): ``X``, ``X`` and ``./X/`` name one root."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for p in paths:
+        key = p if "://" in p else os.path.realpath(p)  # a URL is compared as written
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
 def default_jobs(root: str | None = None) -> int:
     """How many files are read at once by default for ``root``.
 

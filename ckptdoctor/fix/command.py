@@ -10,9 +10,10 @@ import click
 
 # ScanRoot lets URL roots through to `_check_roots`, which refuses them clearly.
 from ckptdoctor.cli import ScanRoot, text_or_json
+from ckptdoctor.discover import unique_roots
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.render import fix_json, render_fix_text
-from ckptdoctor.fix.run import FixResult, _check_roots, fix, unique_roots
+from ckptdoctor.fix.run import FixResult, _check_roots, fix
 from ckptdoctor.fix.transaction import undo
 
 _EPILOG_FIX = """\b

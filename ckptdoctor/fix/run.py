@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ckptdoctor.discover import unique_roots
 from ckptdoctor.findings import Finding, OpKind
 from ckptdoctor.fix.errors import FixRefused
 from ckptdoctor.fix.guard import preflight
@@ -56,18 +57,6 @@ class FixResult:
             any(r.failed_on for r in results),
             tuple(x for r in results for x in r.refusals),
         )
-
-
-def unique_roots(paths: Iterable[str]) -> list[str]:
-    """``paths`` with each folder once (the first spelling kept): ``X``, ``X`` and ``./X/`` name one root."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for p in paths:
-        key = p if "://" in p else os.path.realpath(p)  # remote roots are refused later, by name
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
 
 
 def _check_roots(paths: Sequence[str]) -> None:

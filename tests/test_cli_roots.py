@@ -1,0 +1,60 @@
+"""What a demanding user of ruff expects from the scan command line: a root named twice is scanned once, an empty
+root is said to be empty, rules can be named as `explain` names them, and an empty --select is a mistake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_adversarial import copy_fixture, invoke
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_fixture("stub-shadow", tmp_path_factory.mktemp("roots") / "stub-shadow")
+
+
+def test_a_root_named_twice_is_scanned_once(stub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(stub.parent)
+    once = json.loads(invoke("scan", "--format", "json", "stub-shadow")[1])
+    code, out, _ = invoke("scan", "--format", "json", "stub-shadow", "./stub-shadow/", str(stub))
+    twice = json.loads(out)
+    assert code == 1
+    assert twice["summary"]["files"] == once["summary"]["files"]
+    assert [f["rule"] for f in twice["findings"]] == [f["rule"] for f in once["findings"]]
+
+
+def test_an_empty_root_passes_with_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    code, out, err = invoke("scan", str(tmp_path / "empty"))
+    assert code == 0 and "No problems found in 0 files" in out
+    assert "warning: no files under" in err and "nothing was checked" in err
+    code, out, err = invoke("scan", "--format", "json", str(tmp_path / "empty"))
+    assert code == 0 and json.loads(out)["summary"]["files"] == 0 and "no files under" in err
+
+
+def test_rules_can_be_selected_and_ignored_by_name(stub: Path) -> None:
+    by_code = invoke("scan", "--format", "json", "--select", "CKD201", str(stub))
+    by_name = invoke("scan", "--format", "json", "--select", "stub-weights-shadow-adapter", str(stub))
+    assert by_code[0] == by_name[0] == 1 and json.loads(by_code[1])["findings"] == json.loads(by_name[1])["findings"]
+    assert invoke("scan", "--ignore", "Stub-Weights-Shadow-Adapter", str(stub))[0] == 0
+
+
+def test_a_settings_file_may_name_rules_too(tmp_path: Path) -> None:
+    root = copy_fixture("stub-shadow", tmp_path / "run")
+    (root / ".ckptdoctor.toml").write_text('ignore = ["stub-weights-shadow-adapter"]\n')
+    assert invoke("scan", str(root))[0] == 0
+
+
+@pytest.mark.parametrize("option", ["--select", "--ignore"])
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_selection_is_a_usage_error(stub: Path, option: str, value: str) -> None:
+    code, out, err = invoke("scan", option, value, str(stub))
+    assert code == 2 and out == "" and f"{option} was given no rule code" in err
+
+
+def test_rules_json_says_which_rules_only_the_gate_runs() -> None:
+    rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])}
+    assert rules["CKD407"]["gate_only"] is True and rules["CKD201"]["gate_only"] is False
