@@ -24,7 +24,7 @@ import click
 from ckptdoctor import schedules, views
 from ckptdoctor.cli import rule_options
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
 from ckptdoctor.rules import SECURITY_PREFIX, Selection, all_rules, get_rule
 from ckptdoctor.rules.training import saved_world_size
 from ckptdoctor.scanner import FAIL_ON, Report
@@ -180,16 +180,16 @@ class GateResult:
     run: str
     checkpoint: str | None
     weights_branch: str
-    start_step: int
-    max_steps: int
-    steps_to_train: int
+    start_step: int | None  # None: no checkpoint, or its trainer_state.json cannot be read
+    max_steps: int | None  # None (as steps_to_train, and the loop fields below): not predicted, train() raises
+    steps_to_train: int | None
     lr: tuple[float, ...]
     findings: tuple[Finding, ...]
     settings: Settings | None = None
     restores_optimizer: bool = False
-    epochs_trained: int = 0
-    num_train_epochs: int = 0
-    warmup_steps: int = 0
+    epochs_trained: int | None = None
+    num_train_epochs: int | None = None
+    warmup_steps: int | None = None
     base_lr: float | None = None
     fail_on: str = "error"
     fail_on_from_settings: bool = False  # fail_on is RUN_DIR's settings file's, not the caller's
@@ -402,20 +402,144 @@ def _in_folder(ck: Checkpoint, name: str) -> str:
     return name if ck.path in ("", ".") else f"{ck.path}/{name}"
 
 
+# What the real loaders raise on a file the scan could not read (transformers 5.23, torch 2.13, safetensors 0.8):
+# tests/test_gate_damage.py resumes a real Trainer on each kind of damage. torch's zip reader (miniz) looks for the
+# end-of-central-directory record in the last 4 KiB and then reads backwards: a cut archive no longer than that
+# raises RuntimeError ("failed finding central directory"), a longer one OSError [Errno 22] (a seek before byte 0).
+_ZIP_TAIL_SCAN = 4096
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+_BROKEN = (ProblemKind.TRUNCATED, ProblemKind.MALFORMED, ProblemKind.INVALID_JSON, ProblemKind.UNREADABLE)
+
+
+def _load_error(f: FileFacts) -> tuple[str, str] | None:
+    """Why the loader of ``f`` raises and what it raises (``("is truncated", "OSError")``), or None when the scan
+    found nothing that stops it (damage the loader tolerates, such as a JSON key given twice, is not a crash)."""
+    name = f.name.lower()
+    if f.kind is FileKind.EMPTY:
+        if name.endswith(".json"):
+            return "is empty (0 bytes)", "json.JSONDecodeError"
+        if name.endswith(".safetensors"):
+            return "is empty (0 bytes)", "SafetensorError"
+        if name.endswith(_TORCH_SUFFIXES):
+            return "is empty (0 bytes)", "EOFError"
+        return None
+    problem = next((p for p in f.problems if p.kind in _BROKEN), None)
+    if problem is None:
+        return None
+    what = "is truncated" if problem.kind is ProblemKind.TRUNCATED else "is corrupt"
+    if problem.kind is ProblemKind.UNREADABLE:
+        return "cannot be read", "OSError"
+    if f.kind is FileKind.JSON or name.endswith(".json"):
+        # the scan also rejects a repeated key and bad UTF-8 (INVALID_JSON with another message): json.load does not
+        if problem.kind is ProblemKind.TRUNCATED or problem.message.startswith("invalid JSON at line"):
+            return what, "json.JSONDecodeError"
+        return None
+    if f.kind is FileKind.SAFETENSORS or name.endswith(".safetensors"):
+        return what, "SafetensorError"
+    if f.kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY) or name.endswith(_TORCH_SUFFIXES):
+        if f.kind is FileKind.TORCH_ZIP and f.content is None and problem.kind is ProblemKind.TRUNCATED:
+            return what, "RuntimeError" if f.size <= _ZIP_TAIL_SCAN else "OSError"
+        return what, "RuntimeError"
+    return None
+
+
+def _damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
+    """The CKD413 message when the file ``name`` that ``loader`` loads is unreadable (None when it loads)."""
+    f = ck.file(name)
+    bad = _load_error(f) if f is not None else None
+    if bad is None:
+        return None
+    return f"`{name}` {bad[0]}: train() raises {bad[1]} in {loader}"
+
+
+def _shard_names(ck: Checkpoint) -> list[str] | None:
+    """The shards ``load_sharded_checkpoint`` opens (the safetensors index first), or None when its index is
+    unusable (its own crash). Names that are not plain paths inside the folder are left to the scan rules."""
+    wm = views.weight_map(ck.file(views.SAFE_INDEX) or ck.file(views.BIN_INDEX))
+    if wm is None:
+        return None
+    return sorted(n for n in set(wm.values()) if n and not n.startswith("/") and ".." not in n.split("/"))
+
+
+def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
+    """What ``_load_from_checkpoint`` raises on a damaged file it reads: config.json, then the weights branch's."""
+    if branch == "deepspeed":
+        return None  # deepspeed_load_checkpoint reads its own global_step*/ files (not modelled here)
+    crash = _damaged(ck, "config.json", "_load_from_checkpoint (PreTrainedConfig.from_json_file)")
+    if crash is not None or branch not in ("full", "sharded"):
+        return crash  # adapter and FSDP weights are read by peft and accelerate: not modelled here
+    if branch == "full":
+        if ck.file(views.SAFE_WEIGHTS) is not None:
+            return _damaged(ck, views.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
+        return _damaged(ck, views.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
+    index = views.SAFE_INDEX if ck.file(views.SAFE_INDEX) is not None else views.BIN_INDEX
+    crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
+    loader = "safetensors.torch.load_file" if index == views.SAFE_INDEX else "torch.load"
+    for shard in _shard_names(ck) or ():
+        if ck.file(shard) is None:
+            return (f"`{shard}` (listed in `{index}`) is missing: train() raises FileNotFoundError in "
+                    f"load_sharded_checkpoint ({loader})")
+        crash = crash or _damaged(ck, shard, f"load_sharded_checkpoint ({loader})")
+    return crash
+
+
 def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> str | None:
-    """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing)."""
+    """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing): the
+    weights and ``trainer_state.json`` that ``train()`` loads first (``_state_crash`` has the rest)."""
     if branch == "none":
         return "no weights file to load: train() raises ValueError(\"Can't find a valid checkpoint at ...\")"
+    crash = _weights_crash(ck, branch)
+    if crash is not None:
+        return crash
     state = ck.file(views.TRAINER_STATE)
     if state is None:
         return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
     if ts is None:
+        bad = _load_error(state)
+        if bad is not None:
+            return f"`trainer_state.json` {bad[0]}: train() raises {bad[1]} in TrainerState.load_from_json"
         return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
     if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
         return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
     if views.is_deepspeed(ck) and ck.file(views.SCHEDULER) is None:
         return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
     return None
+
+
+def _state_crash(ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None) -> str | None:
+    """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
+    ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``),
+    and the RNG file ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when
+    more than one process runs; a missing one only logs)."""
+    loader = "_load_optimizer_and_scheduler (torch.load)"
+    if branch == "deepspeed":
+        crash = _damaged(ck, views.SCHEDULER, loader)
+    elif views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None:
+        crash = None
+        if branch != "fsdp":  # FSDP reads its optimizer through accelerate; every other resume reads optimizer.pt
+            if ck.file("optimizer.pt") is None:
+                return ("optimizer state without `optimizer.pt` (`optimizer.bin` or an `optimizer*` folder is read "
+                        "only under FSDP): train() raises FileNotFoundError in " + loader)
+            crash = _damaged(ck, "optimizer.pt", loader)
+        crash = crash or _damaged(ck, views.SCHEDULER, loader)
+    else:
+        crash = None
+    scaler = ck.file("scaler.pt")
+    bad = _load_error(scaler) if scaler is not None else None
+    if crash is None and bad is not None:
+        # `accelerator.scaler.load_state_dict(torch.load(...))`: without a GradScaler (no fp16) the attribute
+        # lookup on None raises before torch.load runs
+        crash = (f"`scaler.pt` {bad[0]}: train() raises in _load_scaler: AttributeError when the resume runs "
+                 f"without a GradScaler (no fp16), else {bad[1]} from torch.load")
+    if crash is not None or steps_to_train <= 0:
+        return crash
+    ranks = world_size or 1
+    for f in ck.files:
+        m = _RNG_RE.match(ck.relname(f))
+        rank = None if m is None else (-1 if m.group(1) is None else int(m.group(1)))
+        if rank is not None and (rank == -1 if ranks == 1 else 0 <= rank < ranks):
+            crash = crash or _damaged(ck, ck.relname(f), "_load_rng_state (torch.load)")
+    return crash
 
 
 def _read_views(ck: Checkpoint, label: str) -> None:
@@ -527,7 +651,7 @@ def predict(
         else:
             out.add("CKD413", ".", "resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
                     "ValueError(\"No valid checkpoint found in output directory\")")
-        return GateResult(run_label, None, "none", 0, 0, 0, (), out.sorted(), fail_on=plan.fail_on)
+        return GateResult(run_label, None, "none", None, None, None, (), out.sorted(), fail_on=plan.fail_on)
 
     from ckptdoctor.report import display_path
 
@@ -537,17 +661,19 @@ def predict(
     _read_views(ck, label)
     ts = views.trainer_state(ck)
     branch = views.weights_branch(ck)
-    start = (ts.global_step or 0) if ts is not None else (ck.step or 0)
+    # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
+    start = (ts.global_step or 0) if ts is not None else None
     crash = _crash(ck, ts, branch)
     settings = resolve(plan, ck, ts)
-    if abs(start) >= _INT_LIMIT:
+    if start is not None and abs(start) >= _INT_LIMIT:
         raise GateInputError(f"`{label}`: global_step ({_int_text(start)}) is beyond any float: nothing can be "
                              "predicted from it")
     if plan.world_size is not None:
         _world_size(out, ck, plan.world_size)
-    if crash is not None:
-        out.add("CKD413", ck.path, crash)
-        return GateResult(run_label, label, branch, start, 0, 0, (), out.sorted(), settings, fail_on=plan.fail_on)
+    if crash is not None or start is None:
+        out.add("CKD413", ck.path, crash or "`trainer_state.json` cannot be read: train() raises")
+        return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
+                          fail_on=plan.fail_on)
     if settings.steps_per_epoch is None:
         raise GateInputError(
             f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
@@ -569,7 +695,13 @@ def predict(
                 f"({src.get('max_steps', 'default')}), warmup_steps {settings.warmup_steps:g} "
                 f"({src.get('warmup_steps', 'default')}): train() raises {type(exc).__name__} computing max_steps and "
                 f"the warm-up steps ({exc})")
-        return GateResult(run_label, label, branch, start, 0, 0, (), out.sorted(), settings, fail_on=plan.fail_on)
+        return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
+                          fail_on=plan.fail_on)
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size)
+    if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
+        out.add("CKD413", ck.path, crash)
+        return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
+                          fail_on=plan.fail_on)
     restores = views.is_deepspeed(ck) or (views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
     base = _base_lr(ck) if restores else settings.learning_rate
     result = GateResult(
@@ -817,11 +949,15 @@ def render_text(result: GateResult) -> str:
     else:
         lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch})")
         s = result.settings
-        if s is not None and result.max_steps:
-            end = result.start_step + result.steps_to_train
+        start, total, todo = result.start_step, result.max_steps, result.steps_to_train
+        if total is None or todo is None:
+            at = "unknown" if start is None else f"global_step {start}"
+            lines.append(f"  steps            {at}: not predicted, the resume raises before its first step")
+        elif s is not None and start is not None and total:
+            end = start + todo
             lines.append(
-                f"  steps            global_step {result.start_step} -> {end} of max_steps {result.max_steps}: "
-                f"trains {result.steps_to_train} ({s.steps_per_epoch} steps per epoch, {result.epochs_trained} of "
+                f"  steps            global_step {start} -> {end} of max_steps {total}: "
+                f"trains {todo} ({s.steps_per_epoch} steps per epoch, {result.epochs_trained} of "
                 f"{result.num_train_epochs} epochs done)"
             )
             state = "restored from the checkpoint" if result.restores_optimizer else "NOT restored (fresh)"
@@ -850,6 +986,9 @@ def summary(result: GateResult) -> str:
     if result.checkpoint is None:
         return "resume finds no checkpoint"
     lrs = f"; first LRs {_fmt_lrs(result.lr)}" if result.lr else ""
+    if result.max_steps is None or result.steps_to_train is None:
+        return (f"resume loads {result.checkpoint} ({result.weights_branch}) and raises before its first step; "
+                f"verdict {result.verdict}")
     return (
         f"resume loads {result.checkpoint} ({result.weights_branch}) at step {result.start_step} and trains "
         f"{result.steps_to_train} of max_steps {result.max_steps}{lrs}; verdict {result.verdict}"

@@ -77,7 +77,8 @@ def test_an_ignored_gate_rule_disappears(run: Path, name: str) -> None:
 
 
 def test_an_ignored_scan_rule_disappears_from_gate_as_from_scan(run: Path) -> None:
-    (run / "checkpoint-4" / "config.json").write_text("{]")  # CKD211 corrupt-json [error], a scan finding
+    # CKD211 corrupt-json [error], a scan finding; json.load takes a repeated key, so the resume does not crash
+    (run / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')
     assert outcome(str(run)) == (1, {"CKD211"})
     settings(run, 'ignore = ["CKD211"]\n')
     assert cli("scan", str(run)).exit_code == 0
@@ -86,7 +87,7 @@ def test_an_ignored_scan_rule_disappears_from_gate_as_from_scan(run: Path) -> No
 
 def test_select_narrows_the_scan_findings_and_the_gate_rules_still_run(run: Path) -> None:
     """A select list written for `scan` must not turn the gate's own judgement off: it narrows the scan findings."""
-    (run / "checkpoint-4" / "config.json").write_text("{]")
+    (run / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')  # CKD211, not a crash
     os.remove(run / "checkpoint-4" / "rng_state.pth")  # CKD404 [info], outside the selection below
     settings(run, 'select = ["CKD2"]\n')  # scan's weight rules only
     assert outcome(str(run), *WRONG_LR) == (1, {"CKD211", "CKD409"})

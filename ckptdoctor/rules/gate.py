@@ -169,13 +169,16 @@ def lr_schedule_unpredictable(tree: Tree) -> Iterator[Hit]:
 
 @rule("CKD413", "resume-will-fail", Severity.ERROR, gate_only=True)
 def resume_will_fail(tree: Tree) -> Iterator[Hit]:
-    """The planned resume raises before training: no checkpoint, no state, no weights, or an impossible schedule.
+    """The planned resume raises before training: no checkpoint, no state, no weights, a damaged file it loads, or
+    an impossible schedule.
 
     ## What it does
     Follows `Trainer.train`'s resume path and names the exception it would raise: `get_last_checkpoint` finds no
     `checkpoint-N` folder; `trainer_state.json` is missing, invalid or has a null `train_batch_size`;
-    `_load_from_checkpoint` finds no weights; DeepSpeed finds no `scheduler.pt`; `get_scheduler` rejects the
-    planned schedule.
+    `_load_from_checkpoint` finds no weights; a file the resume loads is cut short or broken (`config.json`, the
+    weights or a shard, `optimizer.pt` and `scheduler.pt` when both are restored, `scaler.pt`, each rank's
+    `rng_state`: `OSError`, `RuntimeError`, `SafetensorError`, `JSONDecodeError`, as measured with transformers
+    5.23); DeepSpeed finds no `scheduler.pt`; `get_scheduler` rejects the planned schedule.
 
     ## Why is this bad?
     The job fails after it got its allocation, often on every rank, with an error that rarely says what to do.
