@@ -65,17 +65,22 @@ def test_killed_fix_recovers_either_way(mixed: dict[str, Any], tmp_path: Path, d
         _kill_at(root, point, "fix")
         (j,) = fixmod.load_journals(str(root))  # the journal is on disk before any change
         assert j.state == "applying", point
-        if direction == "undo":
-            code, out = run_cli("undo", str(root))
-            assert code == 0, (point, out)
-            assert tree_state(root) == mixed["before"], point
-        else:
-            code, out = run_cli("fix", str(root))
-            assert f"completed interrupted transaction {j.txid}" in out, (point, out)
-            assert tree_state(root) == mixed["planned"], point
-            # the completed transaction is undoable like any other
-            assert run_cli("undo", "--txid", j.txid, str(root))[0] == 0
-            assert tree_state(root) == mixed["before"], point
+        recover_either_way(root, j.txid, direction, mixed, point)
+
+
+def recover_either_way(root: Path, txid: str, direction: str, mixed: dict[str, Any], point: object) -> None:
+    """After a kill: `undo` restores the tree as it was, or `fix` completes the transaction, which then undoes."""
+    if direction == "undo":
+        code, out = run_cli("undo", str(root))
+        assert code == 0, (point, out)
+        assert tree_state(root) == mixed["before"], point
+    else:
+        code, out = run_cli("fix", str(root))
+        assert f"completed interrupted transaction {txid}" in out, (point, out)
+        assert tree_state(root) == mixed["planned"], point
+        # the completed transaction is undoable like any other
+        assert run_cli("undo", "--txid", txid, str(root))[0] == 0
+        assert tree_state(root) == mixed["before"], point
 
 
 def test_crash_after_op_alias(mixed: dict[str, Any], tmp_path: Path) -> None:

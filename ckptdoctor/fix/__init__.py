@@ -11,9 +11,10 @@ Every change is one operation of a transaction ``<txid>`` under a scan root:
   ``os.replace``d over the target instead.
 
 Before the first change the write-ahead journal ``<root>/.ckptdoctor/journal/<txid>.json`` records every
-operation with the before/after size and sha256 (and the new text of rewrites) and is fsynced; each operation is
-marked done as it completes. Whatever point a crash or an I/O error interrupts, the on-disk state of each
-operation can be recognised from the hashes, so ``undo`` rolls the transaction back and ``fix`` rolls it forward.
+operation with the before/after size and sha256 (and the new text of rewrites) and is fsynced; operations are
+marked done in batches as they complete (``transaction.JOURNAL_SAVES``: at most 16 saves a transaction). Whatever
+point a crash or an I/O error interrupts, the on-disk state of each operation can be recognised from the hashes,
+so ``undo`` rolls the transaction back and ``fix`` rolls it forward.
 
 A concurrent writer is met by checking again at the act: a rewrite re-hashes its target before the swap and then
 hashes what the exchange took out (not the original: a writer got in, and its file is swapped back while the

@@ -76,6 +76,9 @@ class JournalOp:
     content: str | None = None
     times: tuple[int, int] | None = None  # a moved folder's own (atime_ns, mtime_ns), kept across the move
     status: str = "pending"  # pending | done | undone
+    # `_encode`'s text of this operation for the status it was made for (an operation without new text only: a
+    # rewrite's text may be large, and is encoded again). Once journaled, only the status of an operation changes.
+    _text: tuple[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def quarantine(self, txid: str) -> str:
         return quarantine_path(txid, self.path)
@@ -155,6 +158,10 @@ class Journal:
     dir_times: dict[str, tuple[int, int]] = field(default_factory=dict)  # folders whose mtime the fix keeps
 
     def to_json(self) -> dict[str, Any]:
+        return {**self._head(), "ops": [op.to_json(self.txid) for op in self.ops]}
+
+    def _head(self) -> dict[str, Any]:
+        """Everything ``to_json`` holds but the operations (the last key)."""
         from ckptdoctor import __version__
 
         return {
@@ -165,7 +172,6 @@ class Journal:
             "created": self.created,
             "state": self.state,
             "dir_times_ns": {k: list(v) for k, v in sorted(self.dir_times.items())},
-            "ops": [op.to_json(self.txid) for op in self.ops],
         }
 
     @staticmethod
@@ -340,7 +346,26 @@ def _save(abs_root: str, j: Journal) -> None:
 
 
 def _encode(j: Journal) -> bytes:
-    return (json.dumps(j.to_json(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    """``json.dumps(j.to_json(), indent=2)``, byte for byte, with each operation's text made once per status: the
+    indenting encoder is pure Python, and a journal is saved many times as its statuses advance."""
+    if not j.ops:
+        return (json.dumps(j.to_json(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    head = json.dumps({**j._head(), "ops": []}, indent=2, ensure_ascii=False)
+    assert head.endswith('  "ops": []\n}')
+    ops = ",\n".join(_op_text(op, j.txid) for op in j.ops)
+    return (head.removesuffix("]\n}") + "\n" + ops + "\n  ]\n}\n").encode("utf-8")
+
+
+def _op_text(op: JournalOp, txid: str) -> str:
+    """One operation as it stands in the journal's list, indented by four spaces (two levels)."""
+    key = f"{txid}\0{op.status}"
+    if op._text is not None and op._text[0] == key:
+        return op._text[1]
+    # json.dumps escapes every newline inside a string, so each newline of its output is one of its own lines.
+    text = "    " + json.dumps(op.to_json(txid), indent=2, ensure_ascii=False).replace("\n", "\n    ")
+    if op.content is None:
+        op._text = (key, text)
+    return text
 
 
 def _save_quietly(abs_root: str, j: Journal) -> None:

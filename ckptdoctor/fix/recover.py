@@ -8,7 +8,7 @@ from ckptdoctor.findings import OpKind
 from ckptdoctor.fix import calls
 from ckptdoctor.fix.apply import _give_back, _keep_original, _move
 from ckptdoctor.fix.calls import _fsync_dir
-from ckptdoctor.fix.digests import _holds, _same_inode, digest
+from ckptdoctor.fix.digests import Digest, _holds, _same_inode, digest
 from ckptdoctor.fix.errors import ConcurrentChange, FixRefused, _changed_msg
 from ckptdoctor.fix.journal import Journal, JournalOp
 from ckptdoctor.fix.paths import _abs, _parent, link_on_the_way
@@ -28,7 +28,8 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
         if p:
             return "pending", ""
         return "conflict", f"`{op.path}` is neither in place nor in the quarantine"
-    if op.status != "done" and not _holds(here, op.after) and not _holds(here, op.before):
+    held = _digest_or_none(here)  # hashed once: a batched journal leaves many ops pending, each checked here
+    if op.status != "done" and not (held is not None and (held.same(op.after) or held.same(op.before))):
         keep = _abs(abs_root, op.quarantine(txid))
         if not os.path.lexists(keep) or _same_inode(keep, here) or _holds(_abs(abs_root, op.temp(txid)), op.after):
             # The replace (or exchange) always follows keeping the original under a name of its own, and the
@@ -37,7 +38,7 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
             return "untouched", f"`{op.path}` was written by another process before the fix reached it"
     if not os.path.lexists(here):
         return "conflict", f"`{op.path}` was removed after the fix"
-    now = digest(here)
+    now = held if held is not None else digest(here)  # a read error is raised, as before
     if now.same(op.after):
         tmp = _abs(abs_root, op.temp(txid))
         if op.status != "done" and os.path.lexists(tmp) and not _holds(tmp, op.before) and not _holds(tmp, op.after):
@@ -47,6 +48,14 @@ def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:
     if now.same(op.before):
         return "pending", ""
     return "conflict", f"`{op.path}` changed after the fix ({now.size:,} bytes, sha256 {now.sha256[:12]}…)"
+
+
+def _digest_or_none(path: str) -> Digest | None:
+    """What ``path`` holds, or None when it cannot be hashed (gone, unreadable): ``_holds`` of any digest is False."""
+    try:
+        return digest(path)
+    except OSError:
+        return None
 
 
 def _links_on_the_way(abs_root: str, j: Journal) -> list[str]:

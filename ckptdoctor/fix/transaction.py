@@ -29,8 +29,27 @@ def _restore_times(abs_root: str, j: Journal) -> None:
             calls.CALLS.utime(path, times)
 
 
+# Saving the whole journal after every operation made a transaction of n operations cost O(n^2): each save
+# encodes and fsyncs all n operations. Measured on 2 cores (tiny folders quarantined through `apply_plan`, then
+# `undo`): 500 folders 22.8 s fix + 22.1 s undo, 2,000 folders 123 s for the undo alone. An operation's status is a
+# hint, never the truth: recovery recognises each operation's state on disk from its hashes (`recover._op_state`),
+# and a kill between an operation and its save (crash point `op:<k>:moved`) always left a done operation marked
+# pending. So between the write-ahead save (before any change) and the save of the final state, the statuses are
+# saved once every `_batch(n)` operations: at most `JOURNAL_SAVES` saves in between, whatever n, and a small
+# transaction (n <= JOURNAL_SAVES) still saves after each one. A kill between two saves leaves at most `_batch(n)`
+# done operations marked pending, each recognised as applied (or, undoing, as restored) from the disk. After:
+# 500 folders 0.42 s + 0.35 s, 2,000 folders 1.4 s + 1.2 s (tests/test_fix_scale.py counts the saves).
+JOURNAL_SAVES = 16
+
+
+def _batch(n_ops: int) -> int:
+    """How many operations go between two saves of a journal of ``n_ops`` operations."""
+    return max(1, -(-n_ops // JOURNAL_SAVES))
+
+
 def _forward(abs_root: str, j: Journal, states: list[str]) -> None:
-    """Apply every operation not yet applied, marking each done in the journal as it completes."""
+    """Apply every operation not yet applied, marking each done in the journal as it completes (saved in batches)."""
+    every, unsaved = _batch(len(j.ops)), 0
     for k, (op, state) in enumerate(zip(j.ops, states, strict=True), 1):
         if op.status == "done":
             continue
@@ -40,7 +59,10 @@ def _forward(abs_root: str, j: Journal, states: list[str]) -> None:
             _settle_temp(abs_root, j.txid, op)
         _crash_point(f"op:{k}:moved")
         op.status = "done"
-        _save(abs_root, j)
+        unsaved += 1
+        if unsaved == every:
+            _save(abs_root, j)
+            unsaved = 0
         _crash_point(f"op:{k}")
     _restore_times(abs_root, j)
     j.state = "applied"
@@ -55,13 +77,16 @@ def _backward(abs_root: str, j: Journal, *, final: str, strict: bool) -> int:
     j.state = "undoing"
     save(abs_root, j)
     _crash_point("undo:journal")
-    restored = 0
+    restored, every, unsaved = 0, _batch(len(j.ops)), 0
     for k in range(len(j.ops), 0, -1):
         op, state = j.ops[k - 1], states[k - 1]
         _undo_op(abs_root, j.txid, op, state)
         restored += state == "applied"
         op.status = "undone"
-        save(abs_root, j)
+        unsaved += 1
+        if unsaved == every:  # in batches, as `_forward`: the state "undoing" is what a later run must see
+            save(abs_root, j)
+            unsaved = 0
         _crash_point(f"undo:{k}")
     _restore_times(abs_root, j)
     _prune_quarantine(abs_root, j.txid)
