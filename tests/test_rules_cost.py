@@ -442,7 +442,9 @@ def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -
         other = by_step[step]
         for key in ("loss", "learning_rate"):
             a, b = e.get(key), other.get(key)
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not discovery._close(float(a), float(b)):
+            # session 4: numbers read through views.number (a JSON integer past float range is an infinity)
+            x, y = views.number(a), views.number(b)
+            if x is not None and y is not None and a != b and not discovery._close(x, y):
                 return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"  # session 4 wording
     return None
 
