@@ -17,7 +17,6 @@ import math
 import os
 import stat
 import struct
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,7 @@ from ckptdoctor.model import (
     TorchFacts,
     Tree,
 )
+from ckptdoctor.progress import Meter
 
 # 1 MiB: large enough that per-call overhead vanishes, small enough that the bytes just read are still in the
 # CPU cache when numpy reduces them (measured in bench/RESULTS.md: 4-16 MiB chunks were slower).
@@ -101,7 +101,7 @@ def check_tree(
     files = sorted((f for f in tree.all_files() if wanted(f)), key=lambda f: f.path)
     base = tree.abs_root or os.path.abspath(tree.root)
     single = not os.path.isdir(base)
-    bar = _Progress(progress, len(files), sum(f.size for f in files)) if progress is not None else None
+    bar = Meter(progress, len(files), sum(f.size for f in files)) if progress is not None else None
 
     def one(f: FileFacts) -> FileData:
         path = base if single else os.path.join(base, *f.path.split("/"))
@@ -466,62 +466,3 @@ def manifest_from_document(doc: Any) -> Manifest | None:
 # Progress (stderr, TTY only)
 
 
-class _Progress:
-    """A one-line progress display: files, bytes and an ETA, redrawn at most a few times a second."""
-
-    def __init__(self, stream: TextIO, files: int, total: int) -> None:
-        self.stream = stream
-        self.files = files
-        self.total = total
-        self.done_files = 0
-        self.done = 0
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.lock = threading.Lock()
-
-    def advance(self, n: int) -> None:
-        with self.lock:
-            self.done += n
-            self._draw(False)
-
-    def file_done(self) -> None:
-        with self.lock:
-            self.done_files += 1
-            self._draw(True)
-
-    def close(self) -> None:
-        with self.lock:
-            self._draw(True)
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, force: bool) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < 0.2:
-            return
-        self.last = now
-        elapsed = now - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        # Header bytes are not counted, so `done` may stay a little under `total`: never show a negative ETA.
-        eta = f"{_clock(max(0.0, (self.total - self.done) / rate))}" if rate > 0 else "?"
-        line = (
-            f"\rdeep: {self.done_files}/{self.files} files, {_size(self.done)}/{_size(self.total)}, "
-            f"{_size(int(rate))}/s, ETA {eta}  "
-        )
-        self.stream.write(line)
-        self.stream.flush()
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
-
-
-def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

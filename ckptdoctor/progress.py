@@ -1,7 +1,8 @@
-"""Progress on a terminal for long reads: a counter that appears only when a scan takes a while."""
+"""Progress on a terminal for long reads: lines that appear only when a scan takes a while, erased when done."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -17,8 +18,10 @@ def progress_stream() -> TextIO | None:
 
 
 _clock = time.monotonic  # the module's own name for it, so a test can drive the display
-DELAY = 0.5  # seconds before a counter first draws
-REDRAW = 0.2  # seconds between redraws
+DELAY = 0.5  # seconds before a line first draws
+REDRAW = 0.2  # seconds between redraws: at most five a second, however many files or chunks finish
+ETA_AFTER = 1.0  # seconds of reading before a rate and an ETA are shown (the first chunks say little) ...
+ETA_FRACTION = 0.01  # ... and the fraction of the bytes that must be read by then
 
 
 def when_done(tick: Callable[[], None]) -> Callable[[Future[Any]], None]:
@@ -26,41 +29,111 @@ def when_done(tick: Callable[[], None]) -> Callable[[Future[Any]], None]:
     return lambda _future: tick()
 
 
-class Counter:
-    """``read 5,400 files`` on one line of ``stream``, redrawn at most five times a second.
+class _Line:
+    """One line on ``stream``, rewritten in place: not before ``DELAY``, at most every ``REDRAW``, erased by close.
 
-    Nothing is drawn during the first ``DELAY`` seconds (a quick scan shows no flicker); ``close`` erases the line,
-    so the report that follows starts on a clean line. Thread-safe: reads finish on pool threads.
+    Thread-safe: reads finish on pool threads. Subclasses hold ``lock`` while they update and call ``_update``.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.count = 0
         self.start = _clock()
-        self.last = 0.0
+        self.last = -math.inf
         self.width = 0
         self.lock = threading.Lock()
 
-    def tick(self) -> None:
-        """Count one more file read."""
-        with self.lock:
-            self.count += 1
-            now = _clock()
-            if now - self.start < DELAY or now - self.last < REDRAW:
-                return
-            self.last = now
-            line = f"ckptdoctor: read {self.count:,} files ({now - self.start:.0f} s)"
-            self.width = max(self.width, len(line))
-            self.stream.write("\r" + line)
-            self.stream.flush()
+    def _update(self) -> None:
+        """Redraw if the line is due (the caller holds ``lock``)."""
+        now = _clock()
+        if now - self.start < DELAY or now - self.last < REDRAW:
+            return
+        self.last = now
+        line = self._text(now - self.start)
+        self.width = max(self.width, len(line))
+        self.stream.write("\r" + line.ljust(self.width))  # padded: a shorter line leaves no tail of the last
+        self.stream.flush()
+
+    def _text(self, elapsed: float) -> str:
+        raise NotImplementedError
 
     def close(self) -> None:
-        """Erase the line, if one was drawn."""
+        """Erase the line, if one was drawn, so the report that follows starts on a clean line."""
         with self.lock:
             if self.width:
                 self.stream.write("\r" + " " * self.width + "\r")
                 self.stream.flush()
                 self.width = 0
+
+
+class Counter(_Line):
+    """``read 5,400 files`` on one line of ``stream``, once a scan takes more than ``DELAY`` seconds."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self.count = 0
+
+    def tick(self) -> None:
+        """Count one more file read."""
+        with self.lock:
+            self.count += 1
+            self._update()
+
+    def _text(self, elapsed: float) -> str:
+        return f"ckptdoctor: read {self.count:,} files ({elapsed:.0f} s)"
+
+
+class Meter(_Line):
+    """``deep: 12/40 files, 1.2 GB/4.0 GB, 310.0 MB/s, ETA 0m09s``: files and bytes read of a known total.
+
+    The rate and ETA appear once ``ETA_AFTER`` seconds have passed and ``ETA_FRACTION`` of the bytes are read:
+    earlier, a rate measured over the first few chunks (or none, while a worker opens a large file) extrapolates
+    to hours.
+    """
+
+    def __init__(self, stream: TextIO, files: int, total: int) -> None:
+        super().__init__(stream)
+        self.files = files
+        self.total = total
+        self.done_files = 0
+        self.done = 0
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more bytes read."""
+        with self.lock:
+            self.done += n
+            self._update()
+
+    def file_done(self) -> None:
+        """Count one more file finished."""
+        with self.lock:
+            self.done_files += 1
+            self._update()
+
+    def _text(self, elapsed: float) -> str:
+        line = f"deep: {self.done_files:,}/{self.files:,} files, {human_size(self.done)}/{human_size(self.total)}"
+        if elapsed < ETA_AFTER or self.done <= 0 or self.done < ETA_FRACTION * self.total:
+            return line
+        rate = self.done / elapsed
+        # Header bytes are not counted, so `done` may stay a little under `total`: never a negative ETA.
+        left = max(0.0, (self.total - self.done) / rate)
+        return f"{line}, {human_size(int(rate))}/s, ETA {human_duration(left)}"
+
+
+def human_size(n: int) -> str:
+    """``n`` bytes in decimal units: ``512 B``, ``65.6 KB``, ``1.2 GB``."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def human_duration(seconds: float) -> str:
+    """``seconds`` as ``4m09s``, or ``2h05m`` from an hour on."""
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 class Waiting:

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import os
+import pathlib
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
@@ -32,18 +33,62 @@ def finding_location(f: Finding) -> str:
     return (display_path(f.root, f.path) or ".").replace(os.sep, "/")
 
 
-def _uri(path: str) -> dict[str, str]:
-    """A SARIF artifactLocation: relative paths against ``%SRCROOT%`` (the repository), absolute ones as file URIs."""
+def repository_path(where: str) -> str:
+    """``where`` as a repository checked out in the working directory names it, the same for SARIF and annotations.
+
+    Under the working directory: relative to it, ``/``-separated, without ``./`` (``./mal/x`` and
+    ``$PWD/mal/x`` are both ``mal/x``). Anywhere else (``../other``, ``/tmp``): the absolute path, since a
+    relative one would climb out of the repository. URLs (``s3://...``, remote roots) are kept as they are.
+    """
+    if "://" in where:
+        return where
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed: nothing to be relative to
+        return os.path.normpath(where).replace(os.sep, "/")
+    full = os.path.normpath(os.path.join(cwd, where))
+    try:
+        rel = os.path.relpath(full, cwd)
+    except ValueError:  # another drive (Windows)
+        rel = os.pardir
+    outside = rel == os.pardir or rel.startswith(os.pardir + os.sep)
+    return (full if outside else rel).replace(os.sep, "/")
+
+
+def _uri(where: str) -> dict[str, str]:
+    """A SARIF artifactLocation for a finding's location (SARIF 2.1.0 §3.4.3, §3.4.4).
+
+    GitHub code scanning resolves ``%SRCROOT%`` to the checkout, taken to be the working directory of the scan:
+    files under it get a relative reference against it; others an absolute ``file://`` URI, which may not carry a
+    ``uriBaseId`` (an absolute URI is not resolved against a base).
+    """
+    path = repository_path(where)
+    if "://" in path:
+        return {"uri": urllib.parse.quote(path, safe=":/?=&@%~", errors="surrogateescape")}
     if os.path.isabs(path):
-        return {"uri": "file://" + urllib.parse.quote(path)}
-    norm = path[2:] if path.startswith("./") else path
-    return {"uri": urllib.parse.quote(norm), "uriBaseId": "%SRCROOT%"}
+        return {"uri": pathlib.Path(path).as_uri()}
+    return {"uri": urllib.parse.quote(path, errors="surrogateescape"), "uriBaseId": "%SRCROOT%"}
+
+
+# GitHub rates a security alert by its rule's ``security-severity`` (a CVSS-like score as a string, 0.0-10.0:
+# >= 9.0 critical, 7.0-8.9 high, 4.0-6.9 medium, 0.1-3.9 low); only rules tagged ``security`` get one.
+SECURITY_SEVERITY = {
+    "CKD601": "9.0",  # a pickle that calls os.system, eval & co runs that code at torch.load: code execution
+    "CKD605": "8.0",  # an evasion layout no library writes: a loader may see a payload a scanner does not
+    "CKD603": "7.0",  # a pickle no one can walk statically: whatever it would import and call is unchecked
+    "CKD602": "5.0",  # an unknown import is executed on load; usually a custom class, sometimes a payload
+    "CKD604": "4.0",  # a link out of the folder: the load reads files outside what was reviewed
+}
 
 
 def _descriptor(code: str, rule: Rule | None) -> dict[str, Any]:
     if rule is None:
         return {"id": code}
     doc = inspect.cleandoc(rule.doc)
+    tags = ["checkpoint", "gate" if rule.gate_only else "scan"]
+    props: dict[str, Any] = {"tags": tags}
+    if rule.code in SECURITY_SEVERITY:
+        props = {"tags": ["security", *tags], "security-severity": SECURITY_SEVERITY[rule.code]}
     return {
         "id": rule.code,
         "name": rule.name,
@@ -51,7 +96,7 @@ def _descriptor(code: str, rule: Rule | None) -> dict[str, Any]:
         "fullDescription": {"text": rule.summary},
         "help": {"text": doc, "markdown": doc},
         "defaultConfiguration": {"level": _LEVEL[rule.severity]},
-        "properties": {"tags": ["checkpoint", "gate" if rule.gate_only else "scan"]},
+        "properties": props,
     }
 
 
@@ -117,5 +162,6 @@ def render_github(findings: Sequence[Finding], *, notice: str | None = None) -> 
     lines = [github_annotation("notice", notice, title="ckptdoctor")] if notice else []
     for f in findings:
         title = f"{f.rule} {f.name}"
-        lines.append(github_annotation(_GITHUB_LEVEL[f.severity], f.message, file=finding_location(f), title=title))
+        where = repository_path(finding_location(f))
+        lines.append(github_annotation(_GITHUB_LEVEL[f.severity], f.message, file=where, title=title))
     return "\n".join(lines)

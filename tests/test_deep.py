@@ -207,11 +207,17 @@ def test_cli_deep_is_quiet_without_a_tty(tmp_path: Path) -> None:
 def test_progress_line_shows_files_bytes_and_eta(tmp_path: Path) -> None:
     import io
 
+    from ckptdoctor import progress
+
     save_file({"w": torch.randn(128, 128)}, str(tmp_path / "model.safetensors"))
     stream = io.StringIO()
-    scan(str(tmp_path), deep=True, progress=stream)
+    ticks = iter(range(0, 10_000, 2))  # each reading of the clock is 2 s later: past the delay, ETA shown
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(progress, "_clock", lambda: float(next(ticks)))
+        scan(str(tmp_path), deep=True, progress=stream)
     text = stream.getvalue()
-    assert "1/1 files" in text and "ETA" in text and "65.6 KB" in text and text.endswith("\n")
+    assert "1/1 files" in text and "ETA" in text and "65.6 KB" in text
+    assert text.endswith("\r")  # the line is erased before the report, as the README says
 
 
 _IMPORTS = (
