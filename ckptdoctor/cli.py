@@ -116,11 +116,18 @@ def selection_groups(
 
 
 def resolve_selection(
-    paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    on_kept: Callable[[str, Sequence[str]], None] | None = None,
 ) -> tuple[Selection, str | None]:
     """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
 
-    Shared by every command that runs rules, so they all read options and configuration the same way.
+    Shared by every command that runs rules, so they all read options and configuration the same way. When the
+    settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which stay on (the
+    Python API words its own warning); without it the command-line note goes to stderr.
     """
     from ckptdoctor.config import Config, ConfigError, load_config
     from ckptdoctor.rules import Selection, keep_security_rules
@@ -148,7 +155,9 @@ def resolve_selection(
     selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
     if cfg.source is not None:
         selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
-        if kept:
+        if kept and on_kept is not None:
+            on_kept(str(cfg.source), kept)
+        elif kept:
             click.echo(
                 f"ckptdoctor: {cfg.source} may not turn off or lower security rules ({', '.join(kept)}): they stay "
                 "on (a settings file in a scanned folder can come from whoever made the checkpoint); use --ignore "

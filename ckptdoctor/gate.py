@@ -15,6 +15,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +25,7 @@ import click
 from ckptdoctor import schedules, views
 from ckptdoctor.cli import rule_options
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
 from ckptdoctor.rules import SECURITY_PREFIX, Selection, all_rules, get_rule
 from ckptdoctor.rules.training import saved_world_size
 from ckptdoctor.scanner import FAIL_ON, Report
@@ -76,12 +77,16 @@ class Plan:
     fail_on: str = "error"
 
 
-def plan_from_training_args(args: Mapping[str, Any]) -> dict[str, Any]:
+def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
     """Planned values from a ``TrainingArguments``-like mapping (``args.to_dict()``, a JSON config file).
 
     Only the fields the resume arithmetic reads are taken; ``warmup_ratio`` (transformers 4) becomes a
-    ``warmup_steps`` ratio when ``warmup_steps`` is 0.
+    ``warmup_steps`` ratio when ``warmup_steps`` is 0. A value of the wrong type is skipped, as for the
+    checkpoint's own ``training_args.bin``; with ``strict`` (values the user planned) it, or a number that is not
+    finite, raises ``GateInputError`` naming the key. A missing or null key is never an error.
     """
+    if strict:
+        _check_training_args(args)
     out: dict[str, Any] = {}
     for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
         value = _num(args.get(key))
@@ -100,6 +105,28 @@ def plan_from_training_args(args: Mapping[str, Any]) -> dict[str, Any]:
     if ratio and not out.get("warmup_steps") and 0 < ratio < 1:
         out["warmup_steps"] = ratio
     return out
+
+
+def _check_training_args(args: Mapping[str, Any]) -> None:
+    """``GateInputError`` for a planned ``TrainingArguments`` value that ``plan_from_training_args`` would skip."""
+    brief = schedules.brief
+    for key in ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio"):
+        v = args.get(key)
+        number = _num(v)
+        if v is not None and (number is None or not math.isfinite(number)):
+            raise GateInputError(f"training_args {key} must be a finite number, not {brief(v)}")
+    v = args.get("max_steps")
+    if v is not None and _int(v) is None:
+        raise GateInputError(f"training_args max_steps must be an integer, not {brief(v)}")
+    v = args.get("lr_scheduler_type")
+    if v is not None and not isinstance(v, str):
+        raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
+    v = args.get("ignore_data_skip")
+    if v is not None and not isinstance(v, bool):
+        raise GateInputError(f"training_args ignore_data_skip must be true or false, not {brief(v)}")
+    v = args.get("lr_scheduler_kwargs")
+    if v is not None and _kwargs(v) is None and not (isinstance(v, str) and not v.strip()):
+        raise GateInputError(f"training_args lr_scheduler_kwargs must be a mapping or a JSON object, not {brief(v)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,7 +673,11 @@ def predict(
     if ck is None:
         out = _Findings(tree.root, selection=selection)
         if plan.checkpoint is not None:
-            out.add("CKD413", ".", f"resume_from_checkpoint={plan.checkpoint!r} names a folder with no weights file: "
+            # the scan could not open the root: transformers' os.path.isfile checks then find no weights file either
+            missing = any(p.path in ("", ".") and p.problem.kind is ProblemKind.UNREADABLE for p in tree.path_problems)
+            what = "no folder (the path is taken as given, from the working directory)" if missing else (
+                "a folder with no weights file")
+            out.add("CKD413", ".", f"resume_from_checkpoint={plan.checkpoint!r} names {what}: "
                     "train() raises ValueError(\"Can't find a valid checkpoint at ...\")")
         else:
             out.add("CKD413", ".", "resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
@@ -824,6 +855,7 @@ def gate(
     run_dir: str | os.PathLike[str],
     *,
     checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint_in_run: bool = True,
     training_args: Mapping[str, Any] | None = None,
     lr_steps: int = DEFAULT_LR_STEPS,
     fail_on: str | None = None,
@@ -837,17 +869,39 @@ def gate(
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
     ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
     ``ignore_data_skip``); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit
-    keywords override. Anything not planned is the run's own. ``checkpoint`` may be a path, or a folder name
-    inside ``run_dir``. Reads only; never imports torch.
+    keywords override (a value of the wrong type or not finite in either raises ``GateInputError`` naming it).
+    Anything not planned is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
+    --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken
+    from the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only;
+    never imports torch.
 
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
     (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
-    ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False; the file's select, ignore and severity
-    apply to the scan findings and to the gate's own (CKD407-413, CKD504), but cannot turn off or lower the
-    security rules (CKD6xx). ``fail_on`` defaults to the file's ``fail-on``, else ``"error"``; a file's
-    ``"never"`` still fails on a security error. An unknown code, a deep-only selection or a bad settings file
-    raises ``GateInputError``.
+    ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False. The file's ignore and severity apply
+    to the scan findings and to the gate's own rules (CKD407-413, CKD504); its select, like ``select``, narrows
+    the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
+    (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
+    defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An
+    unknown code, a deep-only selection or a bad settings file raises ``GateInputError``.
     """
+    return _gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
+                 planned, on_kept=_warn_kept)
+
+
+def _gate(
+    run_dir: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str] | None,
+    checkpoint_in_run: bool,
+    training_args: Mapping[str, Any] | None,
+    lr_steps: int,
+    fail_on: str | None,
+    select: Sequence[str],
+    ignore: Sequence[str],
+    config: bool,
+    planned: Mapping[str, Any],
+    on_kept: Callable[[str, Sequence[str]], None] | None,
+) -> GateResult:
+    """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note)."""
     unknown = sorted(set(planned) - _PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
@@ -855,7 +909,7 @@ def gate(
         raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
     if not _is_int(lr_steps) or not 0 <= lr_steps <= MAX_LR_STEPS:
         raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
-    values = plan_from_training_args(training_args) if training_args else {}
+    values = plan_from_training_args(training_args, strict=True) if training_args else {}
     values.update({k: v for k, v in planned.items() if v is not None})
     _check_plan(values)
     if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
@@ -865,24 +919,52 @@ def gate(
     if checkpoint is not None:
         ck_arg = os.fspath(checkpoint)
         inside = os.path.join(target, ck_arg)
-        target = ck_arg if os.path.isdir(ck_arg) or not os.path.isdir(inside) else inside
-    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), select, ignore, config)
+        in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
+        target = inside if in_run else ck_arg
+    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), select, ignore, config, on_kept=on_kept)
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
-    from ckptdoctor.scanner import scan
+    scanned: Sequence[Finding] = ()
+    if ck_arg is not None and not os.path.isdir(target):
+        # No folder there (or a file): train() finds no weights file in it and raises; nothing to scan.
+        tree = Tree(target, (), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, "not a folder")),))
+    else:
+        from ckptdoctor.scanner import scan
 
-    report = scan(target, selection=selection)
-    result = predict(report.trees[0], plan, run=os.fspath(run_dir), scanned=report.findings, selection=selection)
+        report = scan(target, selection=selection)
+        tree, scanned = report.trees[0], report.findings
+    result = predict(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
 
 
+def _warn_kept(source: str, codes: Sequence[str]) -> None:
+    """The Python API's word for a settings file that tries to turn off security rules: a ``UserWarning`` at the
+    first caller outside ckptdoctor (a script calling ``gate()`` or ``check_resume``), not a CLI hint on stderr."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("ckptdoctor."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"ckptdoctor: {source} may not turn off or lower security rules ({', '.join(codes)}): they stay on (a "
+        "settings file in a scanned folder can come from whoever made the checkpoint); pass ignore=[...] to turn "
+        "one off.",
+        UserWarning,
+        stacklevel=level,
+    )
+
+
 def rule_selection(
-    run_dir: str, select: Sequence[str] | str, ignore: Sequence[str] | str, config: bool
+    run_dir: str,
+    select: Sequence[str] | str,
+    ignore: Sequence[str] | str,
+    config: bool,
+    *,
+    on_kept: Callable[[str, Sequence[str]], None] | None = None,
 ) -> tuple[Selection, str | None]:
     """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
     file's fail-on: ``ckptdoctor scan``'s own resolution (``cli.resolve_selection``), with the gate's usage check.
 
-    Raises ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor
-    data), or a settings file that cannot be used.
+    ``on_kept`` hears of security rules the settings file may not turn off (None: the CLI's note on stderr). Raises
+    ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor data), or
+    a settings file that cannot be used.
     """
     from ckptdoctor.cli import UsageProblem, resolve_selection, split_codes
 
@@ -894,7 +976,7 @@ def rule_selection(
             raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
                                  "gate never does")
     try:
-        return resolve_selection([run_dir], select, ignore, not config)
+        return resolve_selection([run_dir], select, ignore, not config, on_kept=on_kept)
     except UsageProblem as exc:
         raise GateInputError(exc.message) from None
 
@@ -941,7 +1023,7 @@ def _check_plan(values: dict[str, Any]) -> None:
 
 def render_text(result: GateResult) -> str:
     """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
-    from ckptdoctor.report import display_path, plural, printable
+    from ckptdoctor.report import plural, printable
 
     lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
     if result.checkpoint is None:
@@ -969,9 +1051,7 @@ def render_text(result: GateResult) -> str:
             lines.append(f"  first {len(result.lr)} LRs      " + _fmt_lrs(result.lr))
     if result.findings:
         lines.append("")
-        for f in result.findings:
-            where = printable(display_path(f.root, f.path))
-            lines.append(f"{where}: {f.rule} [{f.severity.value}] {printable(f.message)}")
+        lines.extend(finding_line(f) for f in result.findings)
     counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
     tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
     lines.append("")
@@ -979,6 +1059,13 @@ def render_text(result: GateResult) -> str:
         f"--fail-on {result.fail_on}")
     lines.append(f"Verdict: {result.verdict} ({tally}; {threshold})")
     return "\n".join(lines)
+
+
+def finding_line(f: Finding) -> str:
+    """One finding as ``scan``'s text output prints it: ``path: CODE [severity] message``."""
+    from ckptdoctor.report import display_path, printable
+
+    return f"{printable(display_path(f.root, f.path))}: {f.rule} [{f.severity.value}] {printable(f.message)}"
 
 
 def summary(result: GateResult) -> str:
@@ -1112,27 +1199,22 @@ def gate_command(
         if not isinstance(loaded, dict):
             raise UsageProblem(f"--training-args {training_args_file}: not a JSON object")
         file_args = loaded
+        try:
+            plan_from_training_args(file_args, strict=True)
+        except GateInputError as exc:
+            raise UsageProblem(f"--training-args {training_args_file}: {exc}") from None
     if checkpoint is not None and not (os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))):
         raise UsageProblem(f"--checkpoint {checkpoint}: no such folder (nor in {run_dir})")
     try:
-        result = gate(
-            run_dir,
-            checkpoint=checkpoint,
-            training_args=file_args,
-            lr_steps=lr_steps,
-            fail_on=fail_on,
-            select=select,
-            ignore=ignore,
-            config=not no_config,
-            num_train_epochs=num_train_epochs,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            lr_scheduler_type=lr_scheduler_type,
-            lr_scheduler_kwargs=kwargs,
-            warmup_steps=warmup_steps if warmup_steps is not None else warmup_ratio,
-            steps_per_epoch=steps_per_epoch,
-            world_size=world_size,
-        )
+        planned = {
+            "num_train_epochs": num_train_epochs, "max_steps": max_steps, "learning_rate": learning_rate,
+            "lr_scheduler_type": lr_scheduler_type, "lr_scheduler_kwargs": kwargs,
+            "warmup_steps": warmup_steps if warmup_steps is not None else warmup_ratio,
+            "steps_per_epoch": steps_per_epoch, "world_size": world_size,
+        }
+        # _gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
+        result = _gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
+                       planned, on_kept=None)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -10,14 +10,21 @@ Two ways, both reading the plan from the Trainer's own arguments and dataloader:
     trainer.add_callback(gate_callback(resume_from_checkpoint=True))   # or: fail inside train(), before step one
 
 transformers is imported only when a callback is built; ``check_resume`` needs nothing but the Trainer object.
+``check_resume`` is the complete check; the callback runs after ``train()`` has loaded the checkpoint's files (see
+``gate_callback``). Warnings of a passing gate go to the ``ckptdoctor`` logger.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckptdoctor.gate import GateResult, gate, render_text
+from ckptdoctor.findings import Severity
+from ckptdoctor.gate import GateResult, finding_line, gate, render_text
+
+logger = logging.getLogger("ckptdoctor")
 
 
 class ResumeGateError(RuntimeError):
@@ -69,6 +76,7 @@ def _run(
     resume_from_checkpoint: bool | str | os.PathLike[str],
     fail_on: str | None,
     lr_steps: int,
+    rules: Mapping[str, Any],
 ) -> GateResult:
     if isinstance(resume_from_checkpoint, bool):
         if not resume_from_checkpoint:
@@ -76,13 +84,21 @@ def _run(
         checkpoint = None
     else:
         checkpoint = os.fspath(resume_from_checkpoint)
-    return gate(
+    result = gate(
         args.output_dir,
         checkpoint=checkpoint,
+        checkpoint_in_run=False,  # train() takes the path as given (from the working directory), never in output_dir
         fail_on=fail_on,
         lr_steps=lr_steps,
+        **rules,
         **planned_from_args(args, dataloader),
     )
+    if result.failed:
+        raise ResumeGateError(result)
+    for f in result.findings:  # a pass can still carry warnings (CKD410 LR 0, CKD411 a jump): say so in the log
+        if f.severity in (Severity.ERROR, Severity.WARNING):
+            logger.warning("%s", finding_line(f))
+    return result
 
 
 def check_resume(
@@ -91,27 +107,45 @@ def check_resume(
     *,
     fail_on: str | None = None,
     lr_steps: int = 5,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    config: bool = True,
 ) -> GateResult:
     """Gate ``trainer.train(resume_from_checkpoint=...)`` before calling it; raise ``ResumeGateError`` on failure.
 
-    Returns the prediction when it passes (``result.lr``, ``result.steps_to_train`` ...). ``fail_on`` defaults to
-    the output_dir's settings file's fail-on, else ``"error"``, as ``ckptdoctor gate`` does.
+    The complete check: every file the resume loads, the step arithmetic and the LRs. ``resume_from_checkpoint``
+    is resolved exactly as ``train()`` resolves it: True is the last ``checkpoint-N`` in ``args.output_dir``; a path
+    is taken as given, from the working directory (not inside output_dir), and one that is not there is CKD413
+    (train() raises ``ValueError: Can't find a valid checkpoint``). Returns the prediction when it passes
+    (``result.lr``, ``result.steps_to_train`` ...); findings of severity warning or error that did not fail it are
+    logged, one line each, on the ``ckptdoctor`` logger at WARNING. ``fail_on``, ``select``, ``ignore`` and
+    ``config`` are ``gate()``'s: ``fail_on`` defaults to the output_dir's settings file's fail-on, else ``"error"``.
     """
-    result = _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps)
-    if result.failed:
-        raise ResumeGateError(result)
-    return result
+    rules = {"select": select, "ignore": ignore, "config": config}
+    return _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps, rules)
 
 
 def gate_callback(
-    resume_from_checkpoint: bool | str | os.PathLike[str] = True, *, fail_on: str | None = None, lr_steps: int = 5
+    resume_from_checkpoint: bool | str | os.PathLike[str] = True, *, fail_on: str | None = None, lr_steps: int = 5,
+    select: Sequence[str] = (), ignore: Sequence[str] = (), config: bool = True,
 ) -> Any:
-    """A ``TrainerCallback`` that runs the gate in ``on_train_begin`` (after the checkpoint is chosen, before the
-    first step) and raises ``ResumeGateError`` when it fails. Pass the same ``resume_from_checkpoint`` as to train.
+    """A ``TrainerCallback`` that runs the gate in ``on_train_begin`` and raises ``ResumeGateError`` when it fails,
+    before the first optimizer step. Pass the same ``resume_from_checkpoint`` as to ``train()``.
 
-    ``result`` on the callback holds the last prediction.
+    It is not the complete check: ``train()`` loads the weights, ``trainer_state.json``, the optimizer, scheduler
+    and scaler state *before* ``on_train_begin`` (transformers 5.23 ``Trainer.train`` and
+    ``_inner_training_loop``), so a damaged file among them surfaces as transformers' own exception
+    (``SafetensorError``, ``RuntimeError``, ``json.JSONDecodeError`` ...), never ``ResumeGateError``. What it
+    catches is the rest: the schedule and LR problems (CKD407-412), CKD504, a damaged RNG file (loaded in the first
+    epoch), and the scan findings about the checkpoint. ``check_resume`` before ``train()`` checks everything.
+
+    The callback cannot see ``train()``'s argument: a ``state.global_step`` of 0 at ``on_train_begin`` means no
+    checkpoint was loaded (a fresh run), and then it passes without gating, leaving ``result`` None. Otherwise
+    ``result`` holds the last prediction; warnings that did not fail it are logged as ``check_resume`` logs them.
     """
     from transformers import TrainerCallback
+
+    rules = {"select": select, "ignore": ignore, "config": config}  # as check_resume's
 
     class GateCallback(TrainerCallback):
         """Fails ``trainer.train`` before its first optimizer step when the resume gate fails."""
@@ -120,8 +154,9 @@ def gate_callback(
             self.result: GateResult | None = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.result = _run(args, kwargs.get("train_dataloader"), resume_from_checkpoint, fail_on, lr_steps)
-            if self.result.failed:
-                raise ResumeGateError(self.result)
+            self.result = None
+            if not state.global_step:  # a fresh run: train() loaded no checkpoint, there is no resume to judge
+                return
+            self.result = _run(args, kwargs.get("train_dataloader"), resume_from_checkpoint, fail_on, lr_steps, rules)
 
     return GateCallback()
