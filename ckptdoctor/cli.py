@@ -287,7 +287,8 @@ class LazyGroup(click.Group):
 
 
 def _use_color(stream: Any) -> bool:
-    if os.environ.get("NO_COLOR"):
+    """Colour only on a terminal that can show it: not with NO_COLOR set (no-color.org), nor with TERM=dumb."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())

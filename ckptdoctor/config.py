@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,58 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the CLI reports it as a usage error (exit 2)."""
+
+
+class UnknownRule(ValueError):
+    """A rule code, prefix or name that matches no rule: selecting it would silently check nothing."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(f"no rule code starts with {pattern!r} and no rule has that name (see `ckptdoctor rules`)")
+        self.pattern = pattern
+
+
+def rule_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` (codes, prefixes or rule names, any case) upper-cased, each rule name replaced by its code.
+
+    Raises ``UnknownRule`` for one that matches no rule, an empty one included: ``select = [""]`` or a typo must
+    not select nothing (a clean scan that checked nothing).
+    """
+    from ckptdoctor.rules import all_rules  # the registry imports every rule module: only when a pattern is read
+
+    rules = all_rules()
+    names = {r.name.upper(): r.code for r in rules}
+    out: list[str] = []
+    for raw in patterns:
+        p = raw.strip().upper()
+        p = names.get(p, p)
+        if not p.startswith("CKD") or not any(r.code.startswith(p) for r in rules):
+            raise UnknownRule(raw)
+        out.append(p)
+    return tuple(out)
+
+
+def severity_overrides(raw: Mapping[str, Severity]) -> dict[str, Severity]:
+    """Severity overrides keyed by rule code, from keys that are codes, rule names or prefixes.
+
+    A prefix stands for every rule it matches (``CKD4 = "error"``); a more specific key wins whatever the order
+    (``CKD4`` then ``CKD404``: CKD404 keeps its own). Raises ``UnknownRule`` for a key that matches no rule and
+    ``ValueError`` for one rule given twice (``CKD601`` and ``unsafe-pickle-global``).
+    """
+    from ckptdoctor.rules import all_rules
+
+    codes = [r.code for r in all_rules()]
+    keyed: dict[str, tuple[str, Severity]] = {}  # resolved pattern -> (as written, severity)
+    for key, level in raw.items():
+        (pattern,) = rule_patterns([key])
+        if pattern in keyed:
+            raise ValueError(f"severity {key}: {keyed[pattern][0]} names the same rules; give one")
+        keyed[pattern] = (key, level)
+    out: dict[str, Severity] = {}
+    for pattern in sorted(keyed, key=len):  # shorter prefixes first, so the more specific key is applied last
+        for code in codes:
+            if code.startswith(pattern):
+                out[code] = keyed[pattern][1]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +99,25 @@ def _parse(table: Any, src: str) -> Config:
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{src}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    sev: dict[str, Severity] = {}
+    levels: dict[str, Severity] = {}
     raw_sev = table.get("severity", {})
     if not isinstance(raw_sev, dict):
         raise ConfigError(f'{src}: `severity` must be a table of CODE = "error|warning|info"')
     for code, level in raw_sev.items():
         try:
-            sev[str(code).upper()] = Severity(str(level).lower())
+            levels[str(code)] = Severity(str(level).lower())
         except ValueError:
             raise ConfigError(f"{src}: severity for {code} must be error, warning or info, not {level!r}") from None
+    try:
+        # Keys are codes, prefixes or names, as in select/ignore; a security rule a prefix lowers is put back by
+        # ``rules.keep_security_rules`` (the overrides are per code by then).
+        sev = severity_overrides(levels)
+    except UnknownRule as exc:
+        raise ConfigError(
+            f"{src}: severity {exc.pattern}: not a rule code, prefix or name (see `ckptdoctor rules`)"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"{src}: {exc}") from None
     if "fail-on" in table and "fail_on" in table:
         raise ConfigError(f"{src}: give `fail-on` or `fail_on`, not both")
     fail_on = table.get("fail-on", table.get("fail_on"))
@@ -111,10 +175,22 @@ def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
         return None if raw is None else (url, raw)
     folder = root if os.path.isdir(root) else os.path.dirname(root) or "."
     path = os.path.join(folder, name)
-    if not os.path.isfile(path):
+    target = path
+    if os.path.islink(path):
+        # The folder may come from anyone: a settings file linked to /etc/passwd or ~/.netrc must not be read
+        # (its first line would be echoed in the parse error). A link to a file inside the folder is fine.
+        target = os.path.realpath(path)
+        inside = os.path.realpath(folder).rstrip(os.sep) + os.sep
+        if not target.startswith(inside):
+            raise ConfigError(f"{path}: a symbolic link to a file outside {folder}; not read as a settings file")
+    if not os.path.isfile(target):
         return None
     try:
-        with open(path, "rb") as fh:
+        # The resolved target, not following a link swapped in since, and not blocking on a FIFO swapped in.
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
             return path, fh.read(_MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
@@ -52,8 +53,11 @@ def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     return run_rules(tree, selection or Selection())
 
 
+PathArg = str | os.PathLike[str]
+
+
 def scan(
-    paths: Sequence[str] | str,
+    paths: Sequence[PathArg] | PathArg,
     *,
     selection: Selection | None = None,
     limits: Limits = DEFAULT_LIMITS,
@@ -73,15 +77,26 @@ def scan(
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
     the caller's step (``ckptdoctor.fix.write_manifest``): a scan never writes.
+
+    ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
+    function reads no settings file (``.ckptdoctor.toml``, ``[tool.ckptdoctor]``); the ``ckptdoctor`` command
+    reads each root's. Its codes may be codes, prefixes or rule names (``unsafe-pickle-global``), resolved to
+    codes; a ``severity`` key that is a prefix applies to every rule it matches.
+
+    Raises, as the command line exits 2 (a usage error, not a finding): ``FileNotFoundError`` for a local root that
+    does not exist (another ``OSError`` when it cannot be looked at), ``ValueError`` for one that is not a folder or
+    a regular file (a FIFO, socket or device is never read), ``ValueError`` naming a selection code, prefix or name
+    that matches no rule (it would silently select nothing) or for an empty ``paths``, ``TypeError`` for a path that
+    is not one.
     """
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.progress import Counter
 
-    if isinstance(paths, str):
-        paths = [paths]
+    paths = as_roots(paths)
+    check_roots(paths)
     if checksums is not None and (checksums not in CHECKSUMS or not deep):
         raise ValueError(f"checksums={checksums!r}: expected one of {CHECKSUMS}, with deep=True")
-    sel = selection or Selection()
+    sel = checked_selection(selection or Selection())
     if deep and not sel.deep:
         sel = dataclasses.replace(sel, deep=True)
     if sel.deep:  # tensor records are read whole anyway: check their zip local headers too
@@ -113,6 +128,71 @@ def scan(
             trees.append(tree)
             findings.extend(scan_tree(tree, sel))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)
+
+
+def as_roots(paths: Sequence[PathArg] | PathArg) -> list[str]:
+    """``paths`` (one ``str``/``os.PathLike`` or a sequence of them) as a list of ``str`` roots.
+
+    Raises ``TypeError`` for anything else (bytes paths included) and ``ValueError`` for no path at all.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:  # an empty list (an unset variable in a script) must not pass as a clean scan
+        raise ValueError("no root to scan")
+    out: list[str] = []
+    for p in items:
+        s = os.fspath(p) if isinstance(p, (str, os.PathLike)) else p
+        if not isinstance(s, str):
+            raise TypeError(f"a root must be a str or os.PathLike of str, not {type(p).__name__}: {p!r}")
+        out.append(s)
+    return out
+
+
+def check_roots(paths: Sequence[str]) -> None:
+    """Raise for a local root that cannot be scanned, as the command line exits 2 for it.
+
+    ``FileNotFoundError`` when it does not exist, the ``OSError`` of ``stat`` when it cannot be looked at, and
+    ``ValueError`` when it is neither a folder nor a regular file. URL roots are left to the remote backend.
+    """
+    import stat
+
+    from ckptdoctor.remote import is_remote  # cheap: fsspec is imported only for a URL
+
+    for p in paths:
+        if is_remote(p):
+            continue
+        try:
+            mode = os.stat(p).st_mode
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such file or folder to scan", p) from None
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise ValueError(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
+
+
+def checked_selection(selection: Selection) -> Selection:
+    """``selection`` with rule names resolved to codes and ``severity`` prefixes expanded to the codes they match.
+
+    Raises ``ValueError`` naming a code, prefix or name that matches no rule: a typo would select nothing, and a
+    malicious checkpoint would pass a scan that checked nothing.
+    """
+    from ckptdoctor.config import UnknownRule, rule_patterns, severity_overrides
+
+    try:
+        select, ignore = rule_patterns(selection.select), rule_patterns(selection.ignore)
+    except UnknownRule as exc:
+        raise ValueError(f"Selection: {exc}") from None
+    try:
+        severity = severity_overrides(_levels(selection.severity))
+    except UnknownRule as exc:
+        raise ValueError(f"Selection.severity: {exc}") from None
+    return dataclasses.replace(selection, select=select, ignore=ignore, severity=severity)
+
+
+def _levels(severity: Mapping[str, Severity | str]) -> dict[str, Severity]:
+    """The overrides' values as ``Severity`` (``"info"`` is accepted as ``Severity.INFO``); ValueError otherwise."""
+    try:
+        return {k: Severity(v) for k, v in severity.items()}
+    except ValueError:
+        raise ValueError(f"Selection.severity: values must be error, warning or info: {dict(severity)!r}") from None
 
 
 @contextmanager

@@ -159,7 +159,7 @@ def test_a_shard_index_naming_a_path_outside_the_checkpoint_says_so(tmp_path: Pa
     [
         (".ckptdoctor.toml", 'select = ["CKD2O1"]\n', "no rule code starts with 'CKD2O1'"),
         (".ckptdoctor.toml", 'ignore = ["CKD9"]\n', "no rule code starts with 'CKD9'"),
-        (".ckptdoctor.toml", '[severity]\nCKD2 = "info"\n', "severity CKD2: not a rule code"),
+        (".ckptdoctor.toml", '[severity]\nCKD9 = "info"\n', "severity CKD9: not a rule code"),
         (".ckptdoctor.toml", 'fail-on = "never"\nfail_on = "error"\n', "not both"),
         (".ckptdoctor.toml", "x = " + "[" * 50_000 + "]" * 50_000 + "\n", "nested too deeply"),
     ],

@@ -118,7 +118,7 @@ def test_what_would_remain_after_a_partial_fix_is_what_remains(tmp_path: Path) -
 
     dry_code, dry_json, _ = invoke("fix", "--dry-run", "--format", "json", str(twin))
     dry = json.loads(dry_json)
-    assert dry["summary"] == {"operations": 2, "fixed": 0, "remain": 1}
+    assert dry["summary"] == {"operations": 2, "fixed": 0, "would_fix": 2, "remain": 1}
     real_code, real_json, _ = invoke("fix", "--format", "json", str(twin))
     real = json.loads(real_json)
     assert real_code == dry_code == 1 and real["summary"]["fixed"] == 2
@@ -175,7 +175,7 @@ def test_nothing_found_is_nothing_to_fix(tmp_path: Path) -> None:
     code, out, _ = invoke("fix", "--dry-run", str(root))
     assert code == 0 and out.rstrip().endswith("Nothing to fix.") and "  nothing to fix" in out
     doc = json.loads(invoke("fix", "--dry-run", "--format", "json", str(root))[1])
-    assert doc["summary"] == {"operations": 0, "fixed": 0, "remain": 0} and doc["remaining"] == []
+    assert doc["summary"] == {"operations": 0, "fixed": 0, "would_fix": 0, "remain": 0} and doc["remaining"] == []
 
 
 def test_recency_refusal_is_predicted_not_failed(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def test_the_command_line_can_still_turn_a_security_rule_off(hostile: Path) -> N
         ("fail-on = \n", "Invalid value"),  # not TOML
         ("select = 5\n", "`select` must be a list"),
         ('ignore = ["CKD999"]\n', "no rule code starts with 'CKD999'"),
-        ('[severity]\nCKD4 = "error"\n', "severity CKD4: not a rule code"),
+        ('[severity]\nCKD9 = "error"\n', "severity CKD9: not a rule code"),
         ('fail-on = "sometimes"\n', "`fail-on` must be"),
         ("colour = true\n", "unknown setting(s) colour"),
     ],

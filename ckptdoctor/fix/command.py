@@ -39,7 +39,7 @@ _EPILOG_UNDO = """\b
 Examples:
   ckptdoctor undo --list runs/my-run/          # the transactions recorded under the root
   ckptdoctor undo runs/my-run/                 # restore the last one byte for byte, modes and times included
-  ckptdoctor undo --txid 20261121-101500-ab12 runs/my-run/
+  ckptdoctor undo --txid 20261121T101500Z-ab12cd runs/my-run/
 
 \b
 Exit codes: 0 restored (or listed), 2 nothing to undo, no such transaction, or refused because a file changed since
@@ -122,7 +122,16 @@ def fix_command(
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
     else:
         click.echo(render_fix_text(result))
-    sys.exit(result.exit_code())
+    # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
+    # security error that remains (or, in a dry run, would remain); `_exit_code` says so on stderr.
+    from ckptdoctor.cli import _exit_code
+    from ckptdoctor.scanner import Report
+
+    protected = max(
+        _exit_code(Report((), r.remaining, 0.0), fail_on, cfg_fail_on)
+        for r, (_, _, cfg_fail_on) in zip(results, groups, strict=True)
+    )
+    sys.exit(max(result.exit_code(), protected))
 
 
 @click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")

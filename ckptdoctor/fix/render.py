@@ -111,7 +111,9 @@ def _dry_run_summary(result: FixResult) -> list[str]:
 def fix_json(result: FixResult) -> dict[str, Any]:
     """The ``ckptdoctor.fix/1`` document.
 
-    In a dry run ``summary.remain`` and ``remaining`` are the prediction (what the plan would leave) and each
+    In a dry run ``summary.fixed`` is 0, ``summary.would_fix`` the problems the plan fixes (the text's "Would fix N
+    problems"; null in a real run, where ``fixed`` counts what the rescan no longer finds),
+    ``summary.remain`` and ``remaining`` are the prediction (what the plan would leave) and each
     root's ``refused`` says why the real run would be refused now (null: it would not be; always null in a real
     run, where a refusal is exit 2 with the reason on stderr).
     """
@@ -152,6 +154,7 @@ def fix_json(result: FixResult) -> dict[str, Any]:
         "summary": {
             "operations": sum(len(p.ops) for p in result.plans),
             "fixed": result.fixed,
+            "would_fix": sum(len(p.planned) for p in result.plans) if result.dry_run else None,
             "remain": len(result.remaining),
         },
         "remaining": [finding_json(f) for f in result.remaining],

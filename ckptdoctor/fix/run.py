@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.findings import Finding, OpKind
@@ -14,6 +14,9 @@ from ckptdoctor.fix.guard import preflight
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.plan import RootPlan, plan_root
 from ckptdoctor.fix.transaction import apply_plan, complete_interrupted
+
+if TYPE_CHECKING:
+    from ckptdoctor.scanner import PathArg
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,11 @@ def _check_roots(paths: Sequence[str]) -> None:
                 f"so it cannot keep its guarantees (journal, undo byte for byte) there. Nothing was changed. "
                 f"`ckptdoctor scan {p}` reads it; fix a local copy and upload that."
             )
+        if not os.path.lexists(p):
+            raise FixRefused(f"{p} does not exist; `ckptdoctor fix` works on a run, checkpoint or model folder")
         if not os.path.isdir(p):
-            raise FixRefused(f"{p} is not a folder; `ckptdoctor fix` works on a run, checkpoint or model folder")
+            what = "a link to nothing" if not os.path.exists(p) else "not a folder"
+            raise FixRefused(f"{p} is {what}; `ckptdoctor fix` works on a run, checkpoint or model folder")
         reals.append((p, os.path.realpath(p)))
     for a, ra in reals:
         for b, rb in reals:
@@ -105,7 +111,7 @@ def _refusal(plan: RootPlan, force: bool) -> str | None:
 
 
 def fix(
-    paths: Sequence[str] | str,
+    paths: Sequence[PathArg] | PathArg,
     *,
     selection: Any = None,
     unsafe: bool = False,
@@ -115,15 +121,19 @@ def fix(
 ) -> FixResult:
     """Plan and (unless ``dry_run``) apply the fixes for each root, then rescan.
 
-    ``selection`` is a ``ckptdoctor.rules.Selection``. A root named twice (same real path) is fixed once.
+    ``paths`` is one folder (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is a
+    ``ckptdoctor.rules.Selection``, checked as ``scan`` checks it; no settings file is read (the command reads
+    each root's). A root named twice (same real path) is fixed once.
     Interrupted transactions are completed first (a dry run only reports them). A dry run writes nothing at all
     (no journal, no lock, no ``.ckptdoctor`` folder); it predicts what would remain and whether the real run
     would be refused (``FixResult.refusals``).
     """
-    from ckptdoctor.scanner import Report, scan
+    from ckptdoctor.scanner import Report, as_roots, checked_selection, scan
 
-    roots = unique_roots([paths] if isinstance(paths, str) else paths)
+    roots = unique_roots(as_roots(paths))
     _check_roots(roots)
+    if selection is not None:  # before anything is written: a bad code fails the call, not the second root
+        selection = checked_selection(selection)
     plans: list[RootPlan] = []
     txids: list[str | None] = []
     predicted: list[Finding] = []
