@@ -24,7 +24,7 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.progress import when_done
-from ckptdoctor.readers import read_dcp_items_of, read_file
+from ckptdoctor.readers import VANISHED, read_dcp_items_of, read_file
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None, limits).
 DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None", Limits], FileFacts]
@@ -104,10 +104,22 @@ def _file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str
     """The type of the file system holding ``path`` (the longest mount point above it), or None when unknown."""
     try:
         target = os.path.realpath(path)
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
     except OSError:
         return None
+    return _type_in(target, _mount_lines(mountinfo))
+
+
+def _mount_lines(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The lines of ``mountinfo`` (empty when it cannot be read: no Linux, no /proc)."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
+    except OSError:
+        return []
+
+
+def _type_in(target: str, lines: list[str]) -> str | None:
+    """The type of the file system holding the resolved path ``target``, from mountinfo ``lines``."""
     best, fs_type = -1, None
     for line in lines:
         fields = line.split(" ")
@@ -128,8 +140,11 @@ def discover(
 ) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
-    Never writes, never follows a link out of the root or around a loop, never opens FIFOs or devices; every
-    path it could not take is a ``PathProblem`` and the walk goes on. Everything is sorted by path.
+    Never writes, never goes around a loop, never opens FIFOs or devices. A link is followed for reading when its
+    target is a regular file or a folder, also out of the root (the Trainer loads through it, so the scan must read
+    what it loads; ``LINK_ESCAPES_ROOT`` records each such link), but never into a folder holding the root nor
+    into a kernel pseudo file system. Every path it could not take is a ``PathProblem`` and the walk goes on.
+    Everything is sorted by path.
     ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
     thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
     A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
@@ -153,14 +168,17 @@ def discover(
         problems = () if name == raw else (_bad_name(name, raw),)
         return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
 
+    # The root's own ancestors count as folders above it: a link to one of them (`/`, the home folder) is a loop.
+    above = _above(real_root)
     if jobs <= 1:
         walker = _Walker(real_root, limits, None, progress)
-        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, above)
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
             walker = _Walker(real_root, limits, pool, progress)
-            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, above)
             _collect(top)
+    _drop_vanished(top, walker.problems)
     _read_dcp_items(top, limits, read_dcp_items_of)
     return build_tree(root, top, os.path.basename(os.path.abspath(root)), walker.problems, walker.files_seen)
 
@@ -203,6 +221,7 @@ class _Walker:
         self.files_seen = 0
         self.entries = 0
         self.stopped = False
+        self._mounts: list[str] | None = None  # /proc/self/mountinfo, read at the first link out of the root
 
     def walk(
         self, abs_path: str, rel: str, name: str, st: os.stat_result, depth: int, ancestors: frozenset[tuple[int, int]]
@@ -229,12 +248,12 @@ class _Walker:
                         break
                     entries.append(entry)
         except OSError as e:
-            self.problems.append(_os_problem(rel, e))
+            self.problems.append(_os_problem(rel, e, listed=rel != ".", folder=True))
             return node
         entries.sort(key=lambda e: e.name)
 
         files: list[tuple[str, str, os.stat_result, bool]] = []  # (path to open, rel, stat, is_link)
-        subdirs: list[tuple[str, str, str, os.stat_result]] = []  # (path to walk, rel, raw name, stat)
+        subdirs: list[tuple[str, str, str, os.stat_result, bool]] = []  # (path to walk, rel, raw name, stat, is_link)
         for entry in entries:
             if entry.name == _OWN_DIR:
                 continue
@@ -249,8 +268,10 @@ class _Walker:
             if stat.S_ISDIR(est.st_mode):
                 node.dir_names.append(entry.name)
                 if open_path is not None:
-                    subdirs.append((open_path, crel, entry.name, est))
+                    subdirs.append((open_path, crel, entry.name, est, is_link))
             elif open_path is not None:
+                if is_link and not self._inside(open_path):
+                    self._escapes(crel, open_path, "followed for reading")
                 files.append((open_path, crel, est, is_link))
 
         in_dcp = in_dcp_folder(f[1] for f in files)
@@ -267,13 +288,19 @@ class _Walker:
                     fut.add_done_callback(when_done(self.progress))
                 node.pending.append(fut)
             self.files_seen += 1
-        for open_path, crel, raw, est in subdirs:
+        for open_path, crel, raw, est, is_link in subdirs:
+            escapes = is_link and not self._inside(open_path)
             if (est.st_dev, est.st_ino) in ancestors:
+                if escapes:  # a folder holding the root: following it would walk the root again
+                    self._escapes(crel, open_path, "not followed: the folder holds the scan root (a loop)")
+                    continue
                 target = _display(os.path.realpath(open_path))
                 self.problems.append(
                     PathProblem(crel, ReadProblem(ProblemKind.SYMLINK_LOOP, "leads back to a folder above it"), target)
                 )
                 continue
+            if escapes:
+                self._escapes(crel, open_path, "followed for reading")
             node.dirs.append(self.walk(open_path, crel, raw, est, depth + 1, ancestors))
         node.has_run = _is_run(node) or any(d.has_run for d in node.dirs)
         return node
@@ -287,20 +314,31 @@ class _Walker:
             if not entry.is_symlink():
                 return entry.path, entry.stat(follow_symlinks=False), False
             target = os.path.realpath(entry.path)
-            if not self._inside(target):
-                msg = "symbolic link points outside the scan root; not followed"
-                self.problems.append(
-                    PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target))
-                )
-                try:
-                    # Still stat it: get_last_checkpoint follows links, so a linked checkpoint folder counts.
-                    return None, os.stat(entry.path), True
-                except OSError:
-                    return None
-            return target, os.stat(entry.path), True
+            est = os.stat(entry.path)
         except OSError as e:
-            self.problems.append(_os_problem(crel, e, link=entry.is_symlink()))
+            self.problems.append(_os_problem(crel, e, link=entry.is_symlink(), listed=True))
             return None
+        if not self._inside(target):
+            # Followed like the Trainer follows it (the caller records where it leads), except into /proc, /sys
+            # and the like: their "regular files" can block or never end, and no checkpoint lives there.
+            fs_type = self._fs_type(target)
+            if fs_type in _PSEUDO_FILE_SYSTEMS:
+                self._escapes(crel, target, f"not followed: it leads into the {fs_type} pseudo file system")
+                # Still a folder to get_last_checkpoint, which only asks os.path.isdir.
+                return None, est, True
+        return target, est, True
+
+    def _fs_type(self, target: str) -> str | None:
+        if self._mounts is None:
+            self._mounts = _mount_lines()
+        return _type_in(target, self._mounts)
+
+    def _escapes(self, crel: str, target: str, what: str) -> None:
+        """Record a link out of the root (CKD604): ``what`` says whether it was followed, and why not."""
+        msg = f"symbolic link points outside the scan root; {what}"
+        if what.startswith("followed"):
+            msg += " (a copy of the folder loses the target)"
+        self.problems.append(PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target)))
 
     def _inside(self, real: str) -> bool:
         root = self.real_root
@@ -308,6 +346,48 @@ class _Walker:
 
     def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
         self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
+
+
+# Kernel pseudo file systems (mountinfo names): a link into one is never followed.
+_PSEUDO_FILE_SYSTEMS = frozenset(
+    {"proc", "sysfs", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "cgroup", "cgroup2", "configfs",
+     "bpf", "pstore", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "nsfs", "rpc_pipefs", "autofs"}
+)  # fmt: skip
+
+
+def _above(real_root: str) -> frozenset[tuple[int, int]]:
+    """(st_dev, st_ino) of every folder holding ``real_root``, up to `/`."""
+    out: set[tuple[int, int]] = set()
+    cur = os.path.dirname(real_root)
+    while True:
+        try:
+            st = os.stat(cur)
+        except OSError:
+            break
+        out.add((st.st_dev, st.st_ino))
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    return frozenset(out)
+
+
+def _drop_vanished(top: _Dir, problems: list[PathProblem]) -> None:
+    """Move files that vanished between the listing and the read out of the tree into ``problems``: a file gone
+    during the scan (a save or a rotation at work) is not a corrupt file, and no rule must judge it as one."""
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        stack.extend(d.dirs)
+        kept: list[FileFacts] = []
+        for f in d.files:
+            gone = next((p for p in f.problems if p.kind is ProblemKind.UNREADABLE and p.message == VANISHED), None)
+            if gone is None:
+                kept.append(f)
+            else:
+                problems.append(PathProblem(f.path, gone))
+                d.distcp.pop(f.path, None)
+        d.files = kept
 
 
 def _read(abs_path: str, rel: str, st: os.stat_result, limits: Limits, in_dcp: bool, is_link: bool) -> FileFacts:
@@ -358,12 +438,18 @@ def _collect(node: _Dir) -> None:
         stack.extend(d.dirs)
 
 
-def _os_problem(rel: str, e: OSError, link: bool = False) -> PathProblem:
-    """A PathProblem for an OSError met while listing or stat'ing ``rel``."""
+def _os_problem(rel: str, e: OSError, link: bool = False, listed: bool = False, folder: bool = False) -> PathProblem:
+    """A PathProblem for an OSError met while listing or stat'ing ``rel``: ``listed`` when a listing showed it a
+    moment ago (so ENOENT means it vanished), ``folder`` when it is a folder that could not be listed."""
     if e.errno == errno.ELOOP:
         return PathProblem(rel, ReadProblem(ProblemKind.SYMLINK_LOOP, "symbolic link loop"))
     if link and e.errno == errno.ENOENT:
         return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, "broken symbolic link: target does not exist"))
+    if listed and e.errno == errno.ENOENT:
+        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, VANISHED))
+    if folder:  # it holds files nobody could check: not an empty folder
+        msg = f"cannot list this folder ({e.strerror or e}): what it holds was not checked"
+        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, msg))
     return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}"))
 
 

@@ -15,6 +15,10 @@ from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
 
 Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
 
+# The UNREADABLE message of a file the walk listed that is gone when it is opened: a save or the Trainer's rotation
+# (save_total_limit) at work, not a corrupt file. Discovery moves such files out of the checkpoint it reports.
+VANISHED = "vanished during the scan: a save or rotation may be in progress"
+
 # O_NONBLOCK: a FIFO swapped in after the stat cannot block the scan. O_NOFOLLOW: discovery resolves links
 # itself and passes real paths, so a link appearing here was planted after the walk.
 _OPEN_FLAGS = (
@@ -46,6 +50,8 @@ def read_file(
         return _with(base, special[0], special[1])
     try:
         fd = os.open(abs_path, _OPEN_FLAGS)
+    except FileNotFoundError:  # stat'ed a moment ago
+        return _with(base, FileKind.OTHER, ReadProblem(ProblemKind.UNREADABLE, VANISHED))
     except OSError as e:
         return _with(base, FileKind.OTHER, _unreadable(e))
     try:
@@ -198,7 +204,7 @@ def _with(base: FileFacts, kind: FileKind, problem: ReadProblem) -> FileFacts:
     return FileFacts(base.path, base.size, base.mtime, kind, None, (problem,))
 
 
-__all__ = ["read_dcp_items_from", "read_file", "read_open_file"]
+__all__ = ["VANISHED", "read_dcp_items_from", "read_file", "read_open_file"]
 
 
 def read_dcp_items_of(

@@ -298,19 +298,40 @@ def linked_out(tree: Tree) -> frozenset[str]:
     return frozenset(p.path for p in tree.path_problems if p.problem.kind == ProblemKind.LINK_ESCAPES_ROOT)
 
 
-def torn_evidence(ck: Checkpoint, links_out: frozenset[str] = frozenset()) -> list[str]:
+def unread_paths(tree: Tree) -> frozenset[str]:
+    """Paths discovery saw but could not take: folders it could not list, entries that vanished or could not be
+    stat'ed. They exist (a listing showed them), so nothing about them is evidence of a missing file."""
+    kinds = (ProblemKind.UNREADABLE, ProblemKind.LIMIT)
+    return frozenset(p.path for p in tree.path_problems if p.problem.kind in kinds)
+
+
+def torn_evidence(
+    ck: Checkpoint, links_out: frozenset[str] = frozenset(), unread: frozenset[str] = frozenset()
+) -> list[str]:
     """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files.
 
     ``links_out`` (from ``linked_out(tree)``) names links out of the root: a resume follows them, so a
-    `trainer_state.json` linked elsewhere is not missing (CKD604 reports the link)."""
+    `trainer_state.json` linked elsewhere is not missing (CKD604 reports the link). ``unread`` (from
+    ``unread_paths(tree)``) names paths that exist but could not be read: a folder that could not be listed is
+    not empty, and proves nothing (CKD001 reports it)."""
+    if ck.path in unread:
+        return []
     out: list[str] = []
     state_path = views.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{views.TRAINER_STATE}"
-    has_state = ck.file(views.TRAINER_STATE) is not None or state_path in links_out
+    has_state = ck.file(views.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
     if not has_state:
         present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
+        inside = "" if ck.path in ("", ".") else f"{ck.path}/"
+        hidden = any(p.startswith(inside) for p in unread)
         out.append(
             "no `trainer_state.json` (the Trainer writes it last)"
-            + (f"; it holds {', '.join(f'`{p}`' for p in present[:6])}" if present else "; the folder is empty")
+            + (
+                f"; it holds {', '.join(f'`{p}`' for p in present[:6])}"
+                if present
+                else "; what it holds could not all be read"
+                if hidden
+                else "; the folder is empty"
+            )
         )
     if ck.file(JIT_SENTINEL) is not None:
         out.append(f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)")
@@ -359,11 +380,12 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     `trainer_utils.get_last_checkpoint`.
     """
     links_out = linked_out(tree)
+    unread = unread_paths(tree)
     for run in tree.runs:
         for ck in run.checkpoints:
             if ck.role not in (FolderRole.CHECKPOINT,):
                 continue
-            evidence = torn_evidence(ck, links_out)
+            evidence = torn_evidence(ck, links_out, unread)
             if not evidence:
                 continue
             picked = run.resume_pick == ck.path or run.standalone

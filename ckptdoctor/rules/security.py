@@ -108,14 +108,18 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     """A symbolic link inside the scanned folder points outside it.
 
     ## What it does
-    Reports links whose target resolves outside the scan root. ckptdoctor does not follow them.
+    Reports links whose target resolves outside the scan root. ckptdoctor follows them for reading, as the Trainer
+    does (a linked file is read like a file, a linked folder is walked), so what a resume loads is checked; it
+    never follows one into a folder that holds the scan root (a loop) or into `/proc`, `/sys` and the like.
 
     ## Why is this bad?
     The Trainer follows the link and loads whatever is there now: a checkpoint that looks self-contained depends on
-    a path that may change, vanish, or be writable by someone else. Copies of the folder lose the target.
+    a path that may change, vanish, or be writable by someone else. Copies of the folder lose the target, and
+    `ckptdoctor fix` never acts through a link.
 
     ## Example
-    `checkpoint-8/model.safetensors -> /mnt/shared/other-run/model.safetensors`.
+    `checkpoint-8/model.safetensors -> /mnt/shared/other-run/model.safetensors`, or a whole
+    `checkpoint-8 -> /mnt/disk2/checkpoint-8` kept on another disk.
 
     ## Fix safety
     No automatic fix: replace the link with the file it points to, if that is what you mean to keep.
