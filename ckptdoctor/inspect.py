@@ -65,13 +65,28 @@ def plain(value: Any, depth: int = 0) -> Any:
 def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     if pf is None:
         return {}
+    from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
+
+    # What the scan's pickle rules make of each global (CKD601 dangerous, CKD602 unknown), so that a file looked
+    # at here on its own does not read as harmless.
+    verdicts = {
+        g.dotted: "dangerous" if is_dangerous(g) else "allowed" if is_allowed(g) else "unknown" for g in pf.globals
+    }
     return {
         "protocol": pf.protocol,
         "opcodes": pf.opcodes,
         "globals": [g.dotted for g in pf.globals],
+        "verdicts": verdicts,
         "calls": [g.dotted for g in pf.calls],
         "value": plain(pf.value),
     }
+
+
+_MARKS = {"dangerous": " [dangerous: CKD601]", "unknown": " [not allowlisted: CKD602]", "allowed": ""}
+
+
+def _marked(names: list[str], verdicts: dict[str, str]) -> str:
+    return ", ".join(n + _MARKS.get(verdicts.get(n, ""), "") for n in names) or "none"
 
 
 def describe(facts: FileFacts) -> dict[str, Any]:
@@ -145,8 +160,9 @@ def render_inspect_text(data: dict[str, Any]) -> str:
     elif tensors is not None:
         lines.append("no tensors")
     if "globals" in data:
-        lines.append("globals imported: " + (", ".join(data["globals"]) or "none"))
-        lines.append("globals called:   " + (", ".join(data["calls"]) or "none"))
+        verdicts = data.get("verdicts", {})
+        lines.append("globals imported: " + _marked(data["globals"], verdicts))
+        lines.append("globals called:   " + _marked(data["calls"], verdicts))
     for key in ("metadata", "keys", "value", "text"):
         if key in data and data[key] is not None and not (key == "value" and _only_tensors(data[key])):
             lines.append(f"{key}:")

@@ -153,6 +153,21 @@ def test_inspect_safetensors_and_pickle(healthy: Path) -> None:
     assert "param_groups" in out
 
 
+def test_inspect_marks_what_the_scan_would_flag_in_a_pickle(tmp_path: Path) -> None:
+    """A file looked at on its own must not read as harmless: each global carries the scan's verdict."""
+    import torch
+
+    from tests.payloads import _reducer
+
+    torch.save({"a": _reducer(os.system, ("true",)), "w": torch.zeros(2)}, tmp_path / "evil.pt")
+    code, out = run("inspect", "--format", "json", str(tmp_path / "evil.pt"))
+    doc = json.loads(out)
+    assert code == 0 and doc["verdicts"]["posix.system"] == "dangerous"
+    assert doc["verdicts"]["torch._utils._rebuild_tensor_v2"] == "allowed"
+    code, out = run("inspect", str(tmp_path / "evil.pt"))
+    assert "posix.system [dangerous: CKD601]" in out and "_rebuild_tensor_v2 [" not in out
+
+
 def test_rules_and_explain() -> None:
     code, out = run("rules", "--format", "json")
     assert code == 0 and any(r["code"] == "CKD201" for r in json.loads(out))
