@@ -60,7 +60,9 @@ class Plan:
     Fields carry ``TrainingArguments`` semantics (transformers 5.x): ``max_steps > 0`` overrides
     ``num_train_epochs``; ``warmup_steps < 1`` is a ratio of max_steps. Planning ``num_train_epochs`` without
     ``max_steps`` means an epoch-based run (``max_steps=-1``). ``steps_per_epoch`` counts optimizer updates
-    (``ceil(len(train_dataloader) / gradient_accumulation_steps)``).
+    (``ceil(len(train_dataloader) / gradient_accumulation_steps)``). ``grad_scaler`` says whether the resuming
+    Trainer has a GradScaler (``trainer.accelerator.scaler is not None``; None: unknown): without one, a
+    ``scaler.pt`` in the checkpoint makes ``_load_scaler`` raise AttributeError.
     """
 
     checkpoint: str | None = None
@@ -73,6 +75,7 @@ class Plan:
     steps_per_epoch: int | None = None
     world_size: int | None = None
     ignore_data_skip: bool | None = None
+    grad_scaler: bool | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
@@ -81,9 +84,12 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     """Planned values from a ``TrainingArguments``-like mapping (``args.to_dict()``, a JSON config file).
 
     Only the fields the resume arithmetic reads are taken; ``warmup_ratio`` (transformers 4) becomes a
-    ``warmup_steps`` ratio when ``warmup_steps`` is 0. A value of the wrong type is skipped, as for the
-    checkpoint's own ``training_args.bin``; with ``strict`` (values the user planned) it, or a number that is not
-    finite, raises ``GateInputError`` naming the key. A missing or null key is never an error.
+    ``warmup_steps`` ratio when ``warmup_steps`` is 0. ``fp16`` false with ``bf16`` true is ``grad_scaler=False``:
+    transformers then asks accelerate for bf16, which makes no GradScaler on any device (with both false the
+    mixed precision is the launcher's ``ACCELERATE_MIXED_PRECISION``, possibly fp16: unknown). A value of the
+    wrong type is skipped, as for the checkpoint's own ``training_args.bin``; with ``strict`` (values the user
+    planned) it, or a number that is not finite, raises ``GateInputError`` naming the key. A missing or null key is
+    never an error.
     """
     if strict:
         _check_training_args(args)
@@ -104,6 +110,8 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     ratio = _num(args.get("warmup_ratio"))
     if ratio and not out.get("warmup_steps") and 0 < ratio < 1:
         out["warmup_steps"] = ratio
+    if args.get("fp16") is False and args.get("bf16") is True:
+        out["grad_scaler"] = False
     return out
 
 
@@ -121,9 +129,10 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
         raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
-    v = args.get("ignore_data_skip")
-    if v is not None and not isinstance(v, bool):
-        raise GateInputError(f"training_args ignore_data_skip must be true or false, not {brief(v)}")
+    for key in ("ignore_data_skip", "fp16", "bf16"):
+        v = args.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise GateInputError(f"training_args {key} must be true or false, not {brief(v)}")
     v = args.get("lr_scheduler_kwargs")
     if v is not None and _kwargs(v) is None and not (isinstance(v, str) and not v.strip()):
         raise GateInputError(f"training_args lr_scheduler_kwargs must be a mapping or a JSON object, not {brief(v)}")
@@ -533,11 +542,14 @@ def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> st
     return None
 
 
-def _state_crash(ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None) -> str | None:
+def _state_crash(
+    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None
+) -> str | None:
     """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
-    ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``),
-    and the RNG file ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when
-    more than one process runs; a missing one only logs)."""
+    ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``:
+    any one when the resume has no GradScaler, ``grad_scaler`` False; a damaged one otherwise), and the RNG file
+    ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when more than one
+    process runs; a missing one only logs)."""
     loader = "_load_optimizer_and_scheduler (torch.load)"
     if branch == "deepspeed":
         crash = _damaged(ck, views.SCHEDULER, loader)
@@ -553,9 +565,15 @@ def _state_crash(ck: Checkpoint, branch: str, steps_to_train: int, world_size: i
         crash = None
     scaler = ck.file("scaler.pt")
     bad = _load_error(scaler) if scaler is not None else None
-    if crash is None and bad is not None:
-        # `accelerator.scaler.load_state_dict(torch.load(...))`: without a GradScaler (no fp16) the attribute
-        # lookup on None raises before torch.load runs
+    # `accelerator.scaler.load_state_dict(torch.load(...))` whenever the file exists: without a GradScaler (no fp16,
+    # or fp16 on CPU) the attribute lookup on None raises before torch.load runs, whatever the file holds
+    if crash is None and scaler is not None and grad_scaler is False:
+        state = f"`scaler.pt` {bad[0]}" if bad is not None else "`scaler.pt` (saved by an fp16 run) is there"
+        crash = (f"{state} and the resume has no GradScaler: train() raises AttributeError in _load_scaler "
+                 "('NoneType' object has no attribute 'load_state_dict')")
+    elif crash is None and bad is not None and grad_scaler:
+        crash = f"`scaler.pt` {bad[0]}: train() raises {bad[1]} in _load_scaler (torch.load)"
+    elif crash is None and bad is not None:
         crash = (f"`scaler.pt` {bad[0]}: train() raises in _load_scaler: AttributeError when the resume runs "
                  f"without a GradScaler (no fp16), else {bad[1]} from torch.load")
     if crash is not None or steps_to_train <= 0:
@@ -728,7 +746,7 @@ def predict(
                 f"the warm-up steps ({exc})")
         return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
                           fail_on=plan.fail_on)
-    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size)
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler)
     if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
         out.add("CKD413", ck.path, crash)
         return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
@@ -847,7 +865,7 @@ def _jump(
 
 _PLAN_FIELDS = frozenset(
     ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs",
-     "steps_per_epoch", "world_size", "ignore_data_skip")
+     "steps_per_epoch", "world_size", "ignore_data_skip", "grad_scaler")
 )
 
 
@@ -868,9 +886,11 @@ def gate(
 
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
     ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
-    ``ignore_data_skip``); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit
-    keywords override (a value of the wrong type or not finite in either raises ``GateInputError`` naming it).
-    Anything not planned is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
+    ``ignore_data_skip``, ``grad_scaler``: whether the resuming Trainer has a GradScaler,
+    ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt`` in the checkpoint is
+    CKD413); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit keywords override
+    (a value of the wrong type or not finite in either raises ``GateInputError`` naming it). Anything not planned
+    is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
     --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken
     from the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only;
     never imports torch.
@@ -1005,8 +1025,9 @@ def _check_plan(values: dict[str, Any]) -> None:
             raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
     if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
         raise GateInputError(f"lr_scheduler_type must be a string, not {brief(values['lr_scheduler_type'])}")
-    if values.get("ignore_data_skip") is not None and not isinstance(values["ignore_data_skip"], bool):
-        raise GateInputError(f"ignore_data_skip must be True or False, not {brief(values['ignore_data_skip'])}")
+    for key in ("ignore_data_skip", "grad_scaler"):
+        if values.get(key) is not None and not isinstance(values[key], bool):
+            raise GateInputError(f"{key} must be True or False, not {brief(values[key])}")
     raw = values.get("lr_scheduler_kwargs")
     if isinstance(raw, str) and not raw.strip():
         values.pop("lr_scheduler_kwargs")  # TrainingArguments reads an empty string as no kwargs

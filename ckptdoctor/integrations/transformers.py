@@ -50,8 +50,9 @@ def steps_per_epoch(dataloader: Any, gradient_accumulation_steps: int) -> int | 
     return max(n // ga + int(n % ga > 0), 1)
 
 
-def planned_from_args(args: Any, dataloader: Any = None) -> dict[str, Any]:
-    """The gate's planned arguments from a ``TrainingArguments`` (and the train dataloader, for steps per epoch)."""
+def planned_from_args(args: Any, dataloader: Any = None, accelerator: Any = None) -> dict[str, Any]:
+    """The gate's planned arguments from a ``TrainingArguments`` (and the train dataloader, for steps per epoch;
+    the Trainer's accelerator, for whether it has a GradScaler: ``_load_scaler`` needs one for ``scaler.pt``)."""
     planned: dict[str, Any] = {
         "learning_rate": float(args.learning_rate),
         "lr_scheduler_type": str(_value(args.lr_scheduler_type)),
@@ -67,6 +68,8 @@ def planned_from_args(args: Any, dataloader: Any = None) -> dict[str, Any]:
         planned["num_train_epochs"] = float(args.num_train_epochs)
     if dataloader is not None:
         planned["steps_per_epoch"] = steps_per_epoch(dataloader, args.gradient_accumulation_steps)
+    if accelerator is not None:  # accelerate makes a GradScaler only for fp16 off CPU; the Trainer uses this one
+        planned["grad_scaler"] = getattr(accelerator, "scaler", None) is not None
     return planned
 
 
@@ -77,6 +80,7 @@ def _run(
     fail_on: str | None,
     lr_steps: int,
     rules: Mapping[str, Any],
+    accelerator: Any = None,
 ) -> GateResult:
     if isinstance(resume_from_checkpoint, bool):
         if not resume_from_checkpoint:
@@ -91,7 +95,7 @@ def _run(
         fail_on=fail_on,
         lr_steps=lr_steps,
         **rules,
-        **planned_from_args(args, dataloader),
+        **planned_from_args(args, dataloader, accelerator),
     )
     if result.failed:
         raise ResumeGateError(result)
@@ -122,7 +126,8 @@ def check_resume(
     ``config`` are ``gate()``'s: ``fail_on`` defaults to the output_dir's settings file's fail-on, else ``"error"``.
     """
     rules = {"select": select, "ignore": ignore, "config": config}
-    return _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps, rules)
+    return _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps, rules,
+                getattr(trainer, "accelerator", None))
 
 
 def gate_callback(
