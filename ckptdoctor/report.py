@@ -153,23 +153,30 @@ class _Style:
         return f"{_DIM}{text}{_RESET}" if self.color else text
 
 
-def _tally(findings: list[Finding]) -> dict[str, tuple[int, Severity]]:
-    """For every folder that holds a finding's path (the path itself included, ``.`` for all): count and worst.
+def _tally(findings: list[Finding]) -> dict[str, dict[Severity, int]]:
+    """For every folder that holds a finding's path (the path itself included, ``.`` for all): the count of each
+    severity.
 
     One pass over the findings' path prefixes, so a run of 10,000 checkpoints renders in linear time.
     """
-    out: dict[str, tuple[int, Severity]] = {}
+    out: dict[str, dict[Severity, int]] = {}
     for f in findings:
         parts = f.path.split("/")
         for key in {".", *("/".join(parts[:i]) for i in range(1, len(parts) + 1))}:
-            n, worst = out.get(key, (0, f.severity))
-            out[key] = (n + 1, f.severity if f.severity.rank > worst.rank else worst)
+            counts = out.setdefault(key, {})
+            counts[f.severity] = counts.get(f.severity, 0) + 1
     return out
 
 
-def _status(ck: Checkpoint, run: Run, tally: dict[str, tuple[int, Severity]]) -> str:
+def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> str:
+    """``ok``, or each severity's count, worst first (``2 errors, 1 info``), worded as the summary line counts them
+    (one count labelled with the worst severity, ``error (3)``, read as three errors)."""
     found = tally.get("." if ck.path in ("", ".") else ck.path)
-    label = "ok" if found is None else f"{found[1].value} ({found[0]})"
+    if found is None:
+        label = "ok"
+    else:
+        worst_first = sorted(found, key=lambda s: -s.rank)
+        label = ", ".join(plural(found[s], s.value) for s in worst_first)
     if run.resume_pick is not None and run.resume_pick == ck.path:
         label += "  <- resume picks"
     return label

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+from typing import Any
 
 import click
 
@@ -12,7 +12,7 @@ import click
 from ckptdoctor.cli import ScanRoot, text_or_json
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.fix.render import fix_json, render_fix_text
+from ckptdoctor.fix.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
 from ckptdoctor.fix.run import FixResult, _check_roots, fix
 from ckptdoctor.fix.transaction import undo
 
@@ -40,6 +40,17 @@ Examples:
   ckptdoctor undo --list runs/my-run/          # the transactions recorded under the root
   ckptdoctor undo runs/my-run/                 # restore the last one byte for byte, modes and times included
   ckptdoctor undo --txid 20261121T101500Z-ab12cd runs/my-run/
+  ckptdoctor undo --format json runs/my-run/   # what was restored, as one JSON document
+
+\b
+--format json prints one ckptdoctor.undo/1 document (also when refused; the error line still goes to stderr):
+  {"schema": "ckptdoctor.undo/1", "version": "...", "action": "list" | "undo", "root": PATH,
+   "refused": null | "why nothing was done",
+   --list:  "transactions": [{"txid", "state", "created" (Unix seconds), "created_utc" (ISO 8601),
+                              "operations" (how many), "rules": [...]}, ...]   (oldest first)
+   undo:    "txid": the transaction undone (refused: the --txid asked for, else null),
+            "operations": how many it holds (refused: null), "restored": how many were put back}
+  ckptdoctor undo --list --format json runs/my-run/ | jq -r '.transactions[-1].txid'
 
 \b
 Exit codes: 0 restored (or listed), 2 nothing to undo, no such transaction, or refused because a file changed since
@@ -138,30 +149,32 @@ def fix_command(
 @click.argument("path", type=click.Path(exists=True, file_okay=False, dir_okay=True))
 @click.option("--list", "list_", is_flag=True, help="List the fix transactions recorded under PATH.")
 @click.option("--txid", default=None, metavar="ID", help="Undo this transaction instead of the last one.")
-def undo_command(path: str, list_: bool, txid: str | None) -> None:
+@text_or_json("text: a table (--list) or one line; json: one ckptdoctor.undo/1 document.")
+def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
     """Restore the last (or the named) fix transaction under PATH byte for byte, modes included.
 
     Refuses, changing nothing, when a file changed since the fix.
     """
-    if list_:
-        from tabulate import tabulate
+    from ckptdoctor.fix.errors import FixRefused
 
-        rows = [
-            [
-                j.txid,
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created)),
-                j.state,
-                len(j.ops),
-                ",".join(j.rules),
-            ]
-            for j in load_journals(path)
-        ]
-        if not rows:
-            click.echo(f"No fix transactions under {path}.")
+    try:
+        if list_:
+            journals = load_journals(path)
+            click.echo(_dumps(undo_list_json(path, journals)) if fmt == "json" else render_undo_list(path, journals))
             return
-        click.echo(tabulate(rows, headers=["txid", "created", "state", "ops", "rules"], tablefmt="simple"))
+        j, restored = undo(path, txid)
+    except FixRefused as e:
+        if fmt == "json":  # the document says why on stdout; the error line and exit 2 stay as in text
+            doc = undo_list_json(path, (), e.message) if list_ else undo_json(path, txid, refused=e.message)
+            click.echo(_dumps(doc))
+        raise
+    if fmt == "json":
+        click.echo(_dumps(undo_json(path, j.txid, restored=restored, operations=len(j.ops))))
         return
     from ckptdoctor.report import plural
 
-    j, restored = undo(path, txid)
     click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, allow_nan=False)

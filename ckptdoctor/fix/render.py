@@ -1,16 +1,21 @@
-"""The fix run as text (the plan, diffs, what is skipped, the summary) and as a ``ckptdoctor.fix/1`` document."""
+"""The fix run as text (the plan, diffs, what is skipped, the summary) and as a ``ckptdoctor.fix/1`` document; undo's
+list and result as text and as a ``ckptdoctor.undo/1`` document."""
 
 from __future__ import annotations
 
 import functools
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor.findings import Finding
+from ckptdoctor.fix.journal import Journal
 from ckptdoctor.fix.paths import quarantine_path
 from ckptdoctor.fix.run import FixResult
 
 FIX_SCHEMA = "ckptdoctor.fix/1"
+UNDO_SCHEMA = "ckptdoctor.undo/1"
 
 
 @functools.cache
@@ -159,3 +164,62 @@ def fix_json(result: FixResult) -> dict[str, Any]:
         },
         "remaining": [finding_json(f) for f in result.remaining],
     }
+
+
+def _created(j: Journal) -> float | None:
+    """When the transaction began (Unix seconds), or None: a journal is read from disk and may hold any number."""
+    # `time.localtime` overflows on a huge or non-finite time, and strict JSON has no NaN.
+    return j.created if math.isfinite(j.created) and 0 <= j.created < 253402300800 else None  # before year 10000
+
+
+def render_undo_list(path: str, journals: Sequence[Journal]) -> str:
+    """The transactions recorded under root ``path`` as a table (txid, local time, state, operations, rules)."""
+    from tabulate import tabulate
+
+    from ckptdoctor.report import printable
+
+    if not journals:
+        return f"No fix transactions under {printable(path)}."
+    rows = []
+    for j in journals:
+        created = _created(j)
+        when = "-" if created is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created))
+        rows.append([j.txid, when, j.state, len(j.ops), printable(",".join(j.rules))])
+    return str(tabulate(rows, headers=["txid", "created", "state", "ops", "rules"], tablefmt="simple"))
+
+
+def _undo_head(path: str, action: str, refused: str | None) -> dict[str, Any]:
+    from ckptdoctor import __version__
+
+    return {"schema": UNDO_SCHEMA, "version": __version__, "action": action, "root": path, "refused": refused}
+
+
+def undo_list_json(path: str, journals: Sequence[Journal], refused: str | None = None) -> dict[str, Any]:
+    """The ``ckptdoctor.undo/1`` document of ``undo --list``: ``action`` is ``"list"``, ``transactions`` what the
+    text table shows, oldest first (``created`` in Unix seconds and ``created_utc`` in ISO 8601, both null when the
+    journal holds no usable time; ``operations`` the number of operations); ``refused`` why the journals could not
+    be read (null: they could; then exit 0)."""
+    transactions = []
+    for j in journals:
+        created = _created(j)
+        transactions.append(
+            {
+                "txid": j.txid,
+                "state": j.state,
+                "created": created,
+                "created_utc": None if created is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+                "operations": len(j.ops),
+                "rules": j.rules,
+            }
+        )
+    return {**_undo_head(path, "list", refused), "transactions": transactions}
+
+
+def undo_json(
+    path: str, txid: str | None, *, restored: int = 0, operations: int | None = None, refused: str | None = None
+) -> dict[str, Any]:
+    """The ``ckptdoctor.undo/1`` document of ``undo``: ``action`` is ``"undo"``, ``txid`` the transaction undone
+    (when refused: the one asked for with --txid, else null), ``operations`` how many it holds (null when refused)
+    and ``restored`` how many were put back (an operation a crash left unapplied has nothing to restore);
+    ``refused`` why nothing was changed (null: the undo was done; then exit 0)."""
+    return {**_undo_head(path, "undo", refused), "txid": txid, "operations": operations, "restored": restored}
