@@ -233,12 +233,20 @@ def _torch_zip(
 
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", method) as z:
-        z.writestr(f"{prefix}/data.pkl", data_pkl, compress_type=method)
-        z.writestr(f"{prefix}/byteorder", b"little")
+        z.writestr(_entry(f"{prefix}/data.pkl"), data_pkl, compress_type=method)
+        z.writestr(_entry(f"{prefix}/byteorder"), b"little", compress_type=method)
         for name, data in (extra or {}).items():
-            z.writestr(name, data, compress_type=method)
-        z.writestr(f"{prefix}/version", b"3\n")
+            z.writestr(_entry(name), data, compress_type=method)
+        z.writestr(_entry(f"{prefix}/version"), b"3\n", compress_type=method)
     return out.getvalue()
+
+
+def _entry(name: str) -> Any:
+    """A zip entry with a fixed time: ``writestr(name)`` stamps the current time into the headers, and a pickle walk
+    that runs on into them (the polyglot payloads) would meet different bytes, and report differently, each run."""
+    import zipfile
+
+    return zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
 
 
 def _zip(records: dict[str, bytes]) -> bytes:
@@ -248,7 +256,7 @@ def _zip(records: dict[str, bytes]) -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
         for name, data in records.items():
-            z.writestr(name, data)
+            z.writestr(_entry(name), data)
     return out.getvalue()
 
 
