@@ -140,11 +140,9 @@ def discover(
 ) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
-    Never writes, never goes around a loop, never opens FIFOs or devices. A link is followed for reading when its
-    target is a regular file or a folder, also out of the root (the Trainer loads through it, so the scan must read
-    what it loads; ``LINK_ESCAPES_ROOT`` records each such link), but never into a folder holding the root nor
-    into a kernel pseudo file system. Every path it could not take is a ``PathProblem`` and the walk goes on.
-    Everything is sorted by path.
+    Never writes, never follows a link out of the root (``LINK_ESCAPES_ROOT`` records it; a linked folder still
+    counts as a checkpoint folder, as get_last_checkpoint counts it) or around a loop, never opens FIFOs or devices;
+    every path it could not take is a ``PathProblem`` and the walk goes on. Everything is sorted by path.
     ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
     thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
     A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
@@ -221,7 +219,6 @@ class _Walker:
         self.files_seen = 0
         self.entries = 0
         self.stopped = False
-        self._mounts: list[str] | None = None  # /proc/self/mountinfo, read at the first link out of the root
 
     def walk(
         self, abs_path: str, rel: str, name: str, st: os.stat_result, depth: int, ancestors: frozenset[tuple[int, int]]
@@ -270,8 +267,6 @@ class _Walker:
                 if open_path is not None:
                     subdirs.append((open_path, crel, entry.name, est, is_link))
             elif open_path is not None:
-                if is_link and not self._inside(open_path):
-                    self._escapes(crel, open_path, "followed for reading")
                 files.append((open_path, crel, est, is_link))
 
         in_dcp = in_dcp_folder(f[1] for f in files)
@@ -288,19 +283,13 @@ class _Walker:
                     fut.add_done_callback(when_done(self.progress))
                 node.pending.append(fut)
             self.files_seen += 1
-        for open_path, crel, raw, est, is_link in subdirs:
-            escapes = is_link and not self._inside(open_path)
+        for open_path, crel, raw, est, _is_link in subdirs:
             if (est.st_dev, est.st_ino) in ancestors:
-                if escapes:  # a folder holding the root: following it would walk the root again
-                    self._escapes(crel, open_path, "not followed: the folder holds the scan root (a loop)")
-                    continue
                 target = _display(os.path.realpath(open_path))
                 self.problems.append(
                     PathProblem(crel, ReadProblem(ProblemKind.SYMLINK_LOOP, "leads back to a folder above it"), target)
                 )
                 continue
-            if escapes:
-                self._escapes(crel, open_path, "followed for reading")
             node.dirs.append(self.walk(open_path, crel, raw, est, depth + 1, ancestors))
         node.has_run = _is_run(node) or any(d.has_run for d in node.dirs)
         return node
@@ -319,25 +308,18 @@ class _Walker:
             self.problems.append(_os_problem(crel, e, link=entry.is_symlink(), listed=True))
             return None
         if not self._inside(target):
-            # Followed like the Trainer follows it (the caller records where it leads), except into /proc, /sys
-            # and the like: their "regular files" can block or never end, and no checkpoint lives there.
-            fs_type = self._fs_type(target)
-            if fs_type in _PSEUDO_FILE_SYSTEMS:
-                self._escapes(crel, target, f"not followed: it leads into the {fs_type} pseudo file system")
-                # Still a folder to get_last_checkpoint, which only asks os.path.isdir.
-                return None, est, True
+            # Never read: the target is outside what the user asked to check, and a checkpoint folder may come from
+            # anyone. Followed, a link to ~/.ssh/id_ed25519 named `latest` put the key into the report (CKD503 quotes
+            # a tag), a link to /usr walked 135k files, twenty such links 4.6 GB, and mounts under a followed folder
+            # led into /proc (session 4 audit). The link is reported instead (CKD604, an error when the resume loads
+            # through it), and still counts as a folder for get_last_checkpoint, which only asks os.path.isdir.
+            self._escapes(crel, target, "not followed")
+            return None, est, True
         return target, est, True
-
-    def _fs_type(self, target: str) -> str | None:
-        if self._mounts is None:
-            self._mounts = _mount_lines()
-        return _type_in(target, self._mounts)
 
     def _escapes(self, crel: str, target: str, what: str) -> None:
         """Record a link out of the root (CKD604): ``what`` says whether it was followed, and why not."""
         msg = f"symbolic link points outside the scan root; {what}"
-        if what.startswith("followed"):
-            msg += " (a copy of the folder loses the target)"
         self.problems.append(PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target)))
 
     def _inside(self, real: str) -> bool:
@@ -346,13 +328,6 @@ class _Walker:
 
     def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
         self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
-
-
-# Kernel pseudo file systems (mountinfo names): a link into one is never followed.
-_PSEUDO_FILE_SYSTEMS = frozenset(
-    {"proc", "sysfs", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "cgroup", "cgroup2", "configfs",
-     "bpf", "pstore", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "nsfs", "rpc_pipefs", "autofs"}
-)  # fmt: skip
 
 
 def _above(real_root: str) -> frozenset[tuple[int, int]]:

@@ -690,6 +690,15 @@ def predict(
             ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
     if ck is None:
         out = _Findings(tree.root, selection=selection)
+        pick = root_run.resume_pick if root_run is not None else None
+        if pick is not None and plan.checkpoint is None:
+            # A `checkpoint-N` link out of the root: get_last_checkpoint picks it, the scan never reads it (CKD604,
+            # an error there). The resume may well work; nothing here can say what it loads.
+            out.items.extend(f for f in scanned if _in(f.path, pick))
+            from ckptdoctor.report import display_path
+
+            return GateResult(run_label, display_path(tree.root, pick), "none", None, None, None, (), out.sorted(),
+                              fail_on=plan.fail_on)  # fmt: skip
         if plan.checkpoint is not None:
             # the scan could not open the root: transformers' os.path.isfile checks then find no weights file either
             missing = any(p.path in ("", ".") and p.problem.kind is ProblemKind.UNREADABLE for p in tree.path_problems)
@@ -1055,7 +1064,9 @@ def render_text(result: GateResult) -> str:
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
         if total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
-            lines.append(f"  steps            {at}: not predicted, the resume raises before its first step")
+            why = ("the resume raises before its first step" if any(f.rule == "CKD413" for f in result.findings)
+                   else "the checkpoint was not read (CKD604)")
+            lines.append(f"  steps            {at}: not predicted, {why}")
         elif s is not None and start is not None and total:
             end = start + todo
             lines.append(

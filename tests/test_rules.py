@@ -503,8 +503,8 @@ FIRES: tuple[Fires, ...] = (
           (f"`{__name__}.WarmupCallback`", "outside the allowlist")),
     Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
     Fires("CKD605", "duplicate-data-pkl", smuggled_pickle, f"{CK8}/optimizer.pt", ERR, ("data.pkl",)),
-    Fires("CKD604", "weights-linked-out", link_outside, f"{CK8}/model.safetensors", WARN,
-          ("outside the scan root", "shared/model.safetensors")),
+    Fires("CKD604", "weights-linked-out", link_outside, f"{CK8}/model.safetensors", ERR,  # in the picked checkpoint
+          ("outside the scan root", "shared/model.safetensors", "what it loads was not checked")),
 )
 
 SILENT: tuple[Silent, ...] = (

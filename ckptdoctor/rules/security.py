@@ -108,9 +108,10 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     """A symbolic link inside the scanned folder points outside it.
 
     ## What it does
-    Reports links whose target resolves outside the scan root. ckptdoctor follows them for reading, as the Trainer
-    does (a linked file is read like a file, a linked folder is walked), so what a resume loads is checked; it
-    never follows one into a folder that holds the scan root (a loop) or into `/proc`, `/sys` and the like.
+    Reports links whose target resolves outside the scan root. ckptdoctor does not follow them: a folder may come
+    from anyone, and a link to `~/.ssh` or `/usr` must not put their contents in a report or walk them. It is an
+    error when the checkpoint `resume_from_checkpoint=True` picks is such a link, or holds one: the resume loads
+    files nobody checked. Scan the link's target itself to check it.
 
     ## Why is this bad?
     The Trainer follows the link and loads whatever is there now: a checkpoint that looks self-contained depends on
@@ -119,7 +120,7 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
 
     ## Example
     `checkpoint-8/model.safetensors -> /mnt/shared/other-run/model.safetensors`, or a whole
-    `checkpoint-8 -> /mnt/disk2/checkpoint-8` kept on another disk.
+    `checkpoint-8 -> /mnt/disk2/checkpoint-8` kept on another disk: `ckptdoctor scan /mnt/disk2/checkpoint-8`.
 
     ## Fix safety
     No automatic fix: replace the link with the file it points to, if that is what you mean to keep.
@@ -127,10 +128,16 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     ## References
     `os.path.isdir`/`open` in `trainer_utils.get_last_checkpoint` and `_load_from_checkpoint` follow links.
     """
+    picks = [r.resume_pick for r in tree.runs if r.resume_pick is not None]
     for pp in tree.path_problems:
         if pp.problem.kind == ProblemKind.LINK_ESCAPES_ROOT:
             target = f" (-> `{pp.target}`)" if pp.target else ""
-            yield Hit(pp.path, f"{pp.problem.message}{target}")
+            pick = next((p for p in picks if p in (".", "") or pp.path == p or pp.path.startswith(p + "/")), None)
+            if pick is None:
+                yield Hit(pp.path, f"{pp.problem.message}{target}")
+            else:  # what the resume loads through it was not checked
+                yield Hit(pp.path, f"{pp.problem.message}{target}; resume_from_checkpoint=True loads through it, "
+                          "and what it loads was not checked: scan the target", Severity.ERROR)  # fmt: skip
 
 
 @rule("CKD605", "suspicious-archive-layout", Severity.ERROR)
