@@ -104,22 +104,10 @@ def _file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str
     """The type of the file system holding ``path`` (the longest mount point above it), or None when unknown."""
     try:
         target = os.path.realpath(path)
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
     except OSError:
         return None
-    return _type_in(target, _mount_lines(mountinfo))
-
-
-def _mount_lines(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """The lines of ``mountinfo`` (empty when it cannot be read: no Linux, no /proc)."""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
-            return fh.read().splitlines()
-    except OSError:
-        return []
-
-
-def _type_in(target: str, lines: list[str]) -> str | None:
-    """The type of the file system holding the resolved path ``target``, from mountinfo ``lines``."""
     best, fs_type = -1, None
     for line in lines:
         fields = line.split(" ")
@@ -166,15 +154,13 @@ def discover(
         problems = () if name == raw else (_bad_name(name, raw),)
         return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
 
-    # The root's own ancestors count as folders above it: a link to one of them (`/`, the home folder) is a loop.
-    above = _above(real_root)
     if jobs <= 1:
         walker = _Walker(real_root, limits, None, progress)
-        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, above)
+        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
             walker = _Walker(real_root, limits, pool, progress)
-            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, above)
+            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
             _collect(top)
     _drop_vanished(top, walker.problems)
     _read_dcp_items(top, limits, read_dcp_items_of)
@@ -250,7 +236,7 @@ class _Walker:
         entries.sort(key=lambda e: e.name)
 
         files: list[tuple[str, str, os.stat_result, bool]] = []  # (path to open, rel, stat, is_link)
-        subdirs: list[tuple[str, str, str, os.stat_result, bool]] = []  # (path to walk, rel, raw name, stat, is_link)
+        subdirs: list[tuple[str, str, str, os.stat_result]] = []  # (path to walk, rel, raw name, stat)
         for entry in entries:
             if entry.name == _OWN_DIR:
                 continue
@@ -265,7 +251,7 @@ class _Walker:
             if stat.S_ISDIR(est.st_mode):
                 node.dir_names.append(entry.name)
                 if open_path is not None:
-                    subdirs.append((open_path, crel, entry.name, est, is_link))
+                    subdirs.append((open_path, crel, entry.name, est))
             elif open_path is not None:
                 files.append((open_path, crel, est, is_link))
 
@@ -283,7 +269,7 @@ class _Walker:
                     fut.add_done_callback(when_done(self.progress))
                 node.pending.append(fut)
             self.files_seen += 1
-        for open_path, crel, raw, est, _is_link in subdirs:
+        for open_path, crel, raw, est in subdirs:
             if (est.st_dev, est.st_ino) in ancestors:
                 target = _display(os.path.realpath(open_path))
                 self.problems.append(
@@ -313,14 +299,10 @@ class _Walker:
             # a tag), a link to /usr walked 135k files, twenty such links 4.6 GB, and mounts under a followed folder
             # led into /proc (session 4 audit). The link is reported instead (CKD604, an error when the resume loads
             # through it), and still counts as a folder for get_last_checkpoint, which only asks os.path.isdir.
-            self._escapes(crel, target, "not followed")
+            msg = "symbolic link points outside the scan root; not followed"
+            self.problems.append(PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target)))
             return None, est, True
         return target, est, True
-
-    def _escapes(self, crel: str, target: str, what: str) -> None:
-        """Record a link out of the root (CKD604): ``what`` says whether it was followed, and why not."""
-        msg = f"symbolic link points outside the scan root; {what}"
-        self.problems.append(PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target)))
 
     def _inside(self, real: str) -> bool:
         root = self.real_root
@@ -328,23 +310,6 @@ class _Walker:
 
     def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
         self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
-
-
-def _above(real_root: str) -> frozenset[tuple[int, int]]:
-    """(st_dev, st_ino) of every folder holding ``real_root``, up to `/`."""
-    out: set[tuple[int, int]] = set()
-    cur = os.path.dirname(real_root)
-    while True:
-        try:
-            st = os.stat(cur)
-        except OSError:
-            break
-        out.add((st.st_dev, st.st_ino))
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            break
-        cur = parent
-    return frozenset(out)
 
 
 def _drop_vanished(top: _Dir, problems: list[PathProblem]) -> None:
