@@ -587,26 +587,6 @@ def _state_crash(
     return crash
 
 
-def _read_views(ck: Checkpoint, label: str) -> None:
-    """Build, once, the views of ``ck`` that turn its numbers into floats (they are memoised per file).
-
-    A number beyond any float (a 400-digit integer in trainer_state.json, in `scheduler.pt`'s base_lrs...) raises
-    OverflowError there. That is unusable input (``GateInputError``), said
-    once with the file's name, rather than a traceback from wherever the prediction first asks.
-    """
-    reads: tuple[tuple[str, Callable[[Checkpoint], object]], ...] = (
-        (views.TRAINER_STATE, lambda c: (ts := views.trainer_state(c)) is not None and ts.learning_rates()),
-        (views.SCHEDULER, views.scheduler_state),
-        ("the optimizer state", views.optimizer_state),
-    )
-    for name, read in reads:
-        try:
-            read(ck)
-        except ArithmeticError as exc:
-            raise GateInputError(f"`{label}`: {name} holds a number beyond any float ({exc}); nothing can be "
-                                 "predicted from it") from None
-
-
 def _first_lr(ck: Checkpoint) -> float | None:
     """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
     opt = views.optimizer_state(ck)
@@ -677,8 +657,8 @@ def predict(
     ``scanned`` are the scan's findings for ``tree``; those about the checkpoint the resume loads are kept.
     ``selection`` (``--select``/``--ignore`` and a settings file's) decides which gate rules report, and at what
     severity; the scan findings were made under it already. Raises ``GateInputError`` when steps per epoch can
-    neither be read from the checkpoint nor were planned, or when the checkpoint's numbers are unusable (a
-    global_step, or a number in trainer_state.json, scheduler.pt or optimizer.pt, beyond any float).
+    neither be read from the checkpoint nor were planned, or when the checkpoint's global_step is beyond any float
+    (other numbers past float range read as infinities, ``views.number``).
     """
     run_label = run if run is not None else tree.root
     root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
@@ -716,7 +696,6 @@ def predict(
     kept = [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED]
     out = _Findings(tree.root, kept, selection)
     label = display_path(tree.root, ck.path)
-    _read_views(ck, label)
     ts = views.trainer_state(ck)
     branch = views.weights_branch(ck)
     # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
@@ -1140,8 +1119,7 @@ with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 \b
 Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
 finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
-checkpoint whose numbers nothing can be predicted from (a global_step, or a number in trainer_state.json or
-scheduler.pt, beyond any float).
+checkpoint whose global_step is beyond any float (nothing can be predicted from it).
 """
 
 

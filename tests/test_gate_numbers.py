@@ -208,7 +208,7 @@ def test_a_logged_lr_beyond_any_float_reads_as_infinite(built: Run) -> None:
     assert check_cli(built) in (0, 1)
 
 
-def test_a_scheduler_number_beyond_any_float_is_unusable_input(built: Run) -> None:
+def test_a_scheduler_number_beyond_any_float_never_tracebacks(built: Run) -> None:
     write(built, {}, {}, {})
     path = built.ck / "scheduler.pt"
     original = path.read_bytes()
