@@ -72,29 +72,20 @@ class ScanRoot(click.Path):
 def split_codes(values: Sequence[str]) -> tuple[str, ...]:
     """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased; a rule's name
     (``stub-weights-shadow-adapter``, as ``ckptdoctor explain`` takes it) stands for its code."""
-    out: list[str] = []
-    for v in values:
-        out.extend(p.strip().upper() for p in v.split(",") if p.strip())
-    return by_code(out)
+    from ckptdoctor.config import rule_codes
 
-
-def by_code(codes: Sequence[str]) -> tuple[str, ...]:
-    """``codes`` (upper-cased) with each rule name replaced by its code; anything else is kept for ``_check_codes``."""
-    if all(c.startswith("CKD") for c in codes):
-        return tuple(codes)
-    from ckptdoctor.rules import all_rules
-
-    names = {r.name.upper(): r.code for r in all_rules()}
-    return tuple(names.get(c, c) for c in codes)
+    return rule_codes(p for v in values for p in v.split(",") if p.strip())
 
 
 def _check_codes(codes: Sequence[str], option: str) -> None:
-    from ckptdoctor.rules import all_rules
+    """A usage error (exit 2) for a code or prefix that matches no rule (``config.rule_patterns`` decides)."""
+    from ckptdoctor.config import UnknownRule, rule_patterns
 
-    known = [r.code for r in all_rules()]
-    for c in codes:
-        if not c.startswith("CKD") or not any(k.startswith(c) for k in known):
-            raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)")
+    try:
+        rule_patterns(codes)
+    except UnknownRule as exc:
+        c = exc.pattern
+        raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)") from None
 
 
 def selection_groups(
@@ -129,7 +120,7 @@ def resolve_selection(
     settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which stay on (the
     Python API words its own warning); without it the command-line note goes to stderr.
     """
-    from ckptdoctor.config import Config, ConfigError, load_config
+    from ckptdoctor.config import Config, ConfigError, load_config, rule_codes
     from ckptdoctor.rules import Selection, keep_security_rules
 
     sel_codes, ign_codes = split_codes(select), split_codes(ignore)
@@ -143,7 +134,7 @@ def resolve_selection(
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
     # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
-    cfg = dataclasses.replace(cfg, select=by_code(cfg.select), ignore=by_code(cfg.ignore))
+    cfg = dataclasses.replace(cfg, select=rule_codes(cfg.select), ignore=rule_codes(cfg.ignore))
     _check_codes(cfg.select, f"{cfg.source}: select")
     _check_codes(cfg.ignore, f"{cfg.source}: ignore")
     from ckptdoctor.rules import all_rules

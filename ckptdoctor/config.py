@@ -29,24 +29,33 @@ class UnknownRule(ValueError):
         self.pattern = pattern
 
 
-def rule_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
-    """``patterns`` (codes, prefixes or rule names, any case) upper-cased, each rule name replaced by its code.
+def rule_codes(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` (codes, prefixes or rule names, any case) stripped and upper-cased, each rule name replaced by its
+    code; anything else is kept as it is, for ``rule_patterns`` to judge."""
+    out = tuple(p.strip().upper() for p in patterns)
+    if all(p.startswith("CKD") for p in out):
+        return out  # codes only: the rule registry (every rule module) is not imported for nothing
+    from ckptdoctor.rules import all_rules
 
-    Raises ``UnknownRule`` for one that matches no rule, an empty one included: ``select = [""]`` or a typo must
-    not select nothing (a clean scan that checked nothing).
+    names = {r.name.upper(): r.code for r in all_rules()}
+    return tuple(names.get(p, p) for p in out)
+
+
+def rule_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` as ``rule_codes`` gives them, each checked to match a rule.
+
+    Raises ``UnknownRule`` (with the pattern as written) for one that matches no rule, an empty one included:
+    ``select = [""]`` or a typo must not select nothing (a clean scan that checked nothing).
     """
     from ckptdoctor.rules import all_rules  # the registry imports every rule module: only when a pattern is read
 
-    rules = all_rules()
-    names = {r.name.upper(): r.code for r in rules}
-    out: list[str] = []
-    for raw in patterns:
-        p = raw.strip().upper()
-        p = names.get(p, p)
-        if not p.startswith("CKD") or not any(r.code.startswith(p) for r in rules):
+    raws = tuple(patterns)
+    codes = [r.code for r in all_rules()]
+    out = rule_codes(raws)
+    for raw, p in zip(raws, out, strict=True):
+        if not p.startswith("CKD") or not any(code.startswith(p) for code in codes):
             raise UnknownRule(raw)
-        out.append(p)
-    return tuple(out)
+    return out
 
 
 def severity_overrides(raw: Mapping[str, Severity]) -> dict[str, Severity]:
