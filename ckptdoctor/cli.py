@@ -465,20 +465,17 @@ def check_runnable(codes: Sequence[str], deep: bool) -> None:
 
 
 def _check_special_roots(paths: Sequence[str]) -> None:
-    """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it."""
-    import stat
+    """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it:
+    ``scanner.check_roots``, whose refusals are said as usage errors."""
+    from ckptdoctor.scanner import check_roots
 
-    from ckptdoctor.remote import is_remote
-
-    for p in paths:
-        if is_remote(p):
-            continue
-        try:
-            mode = os.stat(p).st_mode
-        except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
-            raise UsageProblem(f"{p}: {exc.strerror or exc}") from None
-        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-            raise UsageProblem(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
+    try:
+        check_roots(paths)
+    except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UsageProblem(f"{exc.filename}: {why}") from None
+    except ValueError as exc:  # its message names the root
+        raise UsageProblem(str(exc)) from None
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
