@@ -1073,10 +1073,10 @@ def render_text(result: GateResult) -> str:
 
 
 def finding_line(f: Finding) -> str:
-    """One finding as ``scan``'s text output prints it: ``path: CODE [severity] message``."""
-    from ckptdoctor.report import display_path, printable
+    """One finding as ``scan``'s text output prints it: ``path: CODE [severity] message`` (without its fix line)."""
+    from ckptdoctor.report import finding_text
 
-    return f"{printable(display_path(f.root, f.path))}: {f.rule} [{f.severity.value}] {printable(f.message)}"
+    return finding_text(f)[0]
 
 
 def summary(result: GateResult) -> str:

@@ -227,14 +227,24 @@ def render_text(report: Report, *, color: bool = False) -> str:
             out.append("")
     if report.findings:
         for f in report.findings:
-            where = printable(display_path(f.root, f.path))
-            sev = st.sev(f.severity, f.severity.value)
-            out.append(f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {printable(f.message)}")
-            if f.fix is not None:
-                out.append(st.dim(f"  fix ({f.fix.applicability.value}): {printable(f.fix.title)}"))
+            out.extend(_finding_text(f, st))
         out.append("")
     out.append(summary_line(report))
     return "\n".join(out)
+
+
+def finding_text(f: Finding) -> list[str]:
+    """One finding as the text report prints it: ``path: CODE [severity] message``, then its fix, if it has one."""
+    return _finding_text(f, _Style(False))
+
+
+def _finding_text(f: Finding, st: _Style) -> list[str]:
+    where = printable(display_path(f.root, f.path))
+    sev = st.sev(f.severity, f.severity.value)
+    lines = [f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {printable(f.message)}"]
+    if f.fix is not None:
+        lines.append(st.dim(f"  fix ({f.fix.applicability.value}): {printable(f.fix.title)}"))
+    return lines
 
 
 def summary_line(report: Report) -> str:

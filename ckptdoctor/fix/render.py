@@ -37,13 +37,11 @@ def fix_hint(code: str) -> str | None:
 def finding_lines(findings: Sequence[Finding]) -> list[str]:
     """Each finding as the scan's text report shows it (names escaped, its fix title), plus the rule's hint (its
     "Fix safety" line) when the rule has no fix."""
-    from ckptdoctor.report import render_text
-    from ckptdoctor.scanner import Report
+    from ckptdoctor.report import finding_text
 
     out: list[str] = []
     for f in findings:
-        # The scan report of this one finding, without its blank line and summary: the same lines `scan` prints.
-        out.extend(render_text(Report((), (f,), 0.0)).split("\n")[:-2])
+        out.extend(finding_text(f))
         hint = None if f.fix is not None else fix_hint(f.rule)
         if hint:
             out.append(f"  hint: {hint}")
