@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from ckptdoctor import schedules, views
+from ckptdoctor import schedules, trainer_view
 from ckptdoctor.cli import rule_options
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
@@ -187,7 +187,7 @@ def resume_steps(
     return StepPlan(total, loop_epochs, epochs_trained, steps)
 
 
-def steps_per_epoch_of(ts: views.TrainerStateView) -> int | None:
+def steps_per_epoch_of(ts: trainer_view.TrainerStateView) -> int | None:
     """Optimizer updates per epoch of the run that wrote ``ts``, or None when the state does not pin it down.
 
     ``epoch`` is ``epochs_done + batches_done / batches_per_epoch``, so ``global_step / epoch`` is exact whenever
@@ -354,10 +354,10 @@ def _in(path: str, folder: str) -> bool:
 # Resolving the planned arguments
 
 
-def resolve(plan: Plan, ck: Checkpoint, ts: views.TrainerStateView | None) -> Settings:
+def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None) -> Settings:
     """The arguments the resume will run with: planned values first, then the checkpoint's ``training_args.bin``,
     then ``trainer_state.json`` / ``scheduler.pt``, then transformers' defaults."""
-    args = views.training_args(ck) or {}
+    args = trainer_view.training_args(ck) or {}
     sources: dict[str, str] = {}
 
     def pick(name: str, planned: Any, from_args: Any, fallback: tuple[Any, str] | None = None) -> Any:
@@ -373,7 +373,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: views.TrainerStateView | None) -> Se
         sources[name] = "default"
         return ARG_DEFAULTS[name]
 
-    sched = views.scheduler_state(ck)
+    sched = trainer_view.scheduler_state(ck)
     planned_max = plan.max_steps if plan.max_steps is not None else (-1 if plan.num_train_epochs is not None else None)
     max_steps = pick("max_steps", planned_max, _int(args.get("max_steps")),
                      (ts.max_steps if ts else None, "trainer_state.json"))
@@ -491,7 +491,7 @@ def _damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
 def _shard_names(ck: Checkpoint) -> list[str] | None:
     """The shards ``load_sharded_checkpoint`` opens (the safetensors index first), or None when its index is
     unusable (its own crash). Names that are not plain paths inside the folder are left to the scan rules."""
-    wm = views.weight_map(ck.file(views.SAFE_INDEX) or ck.file(views.BIN_INDEX))
+    wm = trainer_view.weight_map(ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX))
     if wm is None:
         return None
     return sorted(n for n in set(wm.values()) if n and not n.startswith("/") and ".." not in n.split("/"))
@@ -505,12 +505,12 @@ def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
     if crash is not None or branch not in ("full", "sharded"):
         return crash  # adapter and FSDP weights are read by peft and accelerate: not modelled here
     if branch == "full":
-        if ck.file(views.SAFE_WEIGHTS) is not None:
-            return _damaged(ck, views.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
-        return _damaged(ck, views.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
-    index = views.SAFE_INDEX if ck.file(views.SAFE_INDEX) is not None else views.BIN_INDEX
+        if ck.file(trainer_view.SAFE_WEIGHTS) is not None:
+            return _damaged(ck, trainer_view.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
+        return _damaged(ck, trainer_view.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
+    index = trainer_view.SAFE_INDEX if ck.file(trainer_view.SAFE_INDEX) is not None else trainer_view.BIN_INDEX
     crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
-    loader = "safetensors.torch.load_file" if index == views.SAFE_INDEX else "torch.load"
+    loader = "safetensors.torch.load_file" if index == trainer_view.SAFE_INDEX else "torch.load"
     for shard in _shard_names(ck) or ():
         if ck.file(shard) is None:
             return (f"`{shard}` (listed in `{index}`) is missing: train() raises FileNotFoundError in "
@@ -519,7 +519,7 @@ def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
     return crash
 
 
-def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> str | None:
+def _crash(ck: Checkpoint, ts: trainer_view.TrainerStateView | None, branch: str) -> str | None:
     """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing): the
     weights and ``trainer_state.json`` that ``train()`` loads first (``_state_crash`` has the rest)."""
     if branch == "none":
@@ -527,7 +527,7 @@ def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> st
     crash = _weights_crash(ck, branch)
     if crash is not None:
         return crash
-    state = ck.file(views.TRAINER_STATE)
+    state = ck.file(trainer_view.TRAINER_STATE)
     if state is None:
         return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
     if ts is None:
@@ -537,7 +537,7 @@ def _crash(ck: Checkpoint, ts: views.TrainerStateView | None, branch: str) -> st
         return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
     if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
         return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
-    if views.is_deepspeed(ck) and ck.file(views.SCHEDULER) is None:
+    if trainer_view.is_deepspeed(ck) and ck.file(trainer_view.SCHEDULER) is None:
         return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
     return None
 
@@ -552,15 +552,15 @@ def _state_crash(
     process runs; a missing one only logs)."""
     loader = "_load_optimizer_and_scheduler (torch.load)"
     if branch == "deepspeed":
-        crash = _damaged(ck, views.SCHEDULER, loader)
-    elif views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None:
+        crash = _damaged(ck, trainer_view.SCHEDULER, loader)
+    elif trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None:
         crash = None
         if branch != "fsdp":  # FSDP reads its optimizer through accelerate; every other resume reads optimizer.pt
             if ck.file("optimizer.pt") is None:
                 return ("optimizer state without `optimizer.pt` (`optimizer.bin` or an `optimizer*` folder is read "
                         "only under FSDP): train() raises FileNotFoundError in " + loader)
             crash = _damaged(ck, "optimizer.pt", loader)
-        crash = crash or _damaged(ck, views.SCHEDULER, loader)
+        crash = crash or _damaged(ck, trainer_view.SCHEDULER, loader)
     else:
         crash = None
     scaler = ck.file("scaler.pt")
@@ -589,24 +589,24 @@ def _state_crash(
 
 def _first_lr(ck: Checkpoint) -> float | None:
     """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
-    opt = views.optimizer_state(ck)
+    opt = trainer_view.optimizer_state(ck)
     if opt is not None and opt.groups and opt.groups[0].lr is not None:
         return opt.groups[0].lr
-    return views.checkpoint_lr(ck)
+    return trainer_view.checkpoint_lr(ck)
 
 
 def _base_lr(ck: Checkpoint) -> float | None:
     """``base_lrs[0]`` that ``LambdaLR.load_state_dict`` restores, else the optimizer's ``initial_lr``."""
-    sched = views.scheduler_state(ck)
+    sched = trainer_view.scheduler_state(ck)
     if sched is not None and sched.base_lrs:
         return sched.base_lrs[0]
-    opt = views.optimizer_state(ck)
+    opt = trainer_view.optimizer_state(ck)
     if opt is not None and opt.groups:
         return opt.groups[0].initial_lr
     return None
 
 
-def _last_used_lr(ts: views.TrainerStateView, step: int) -> tuple[int, float] | None:
+def _last_used_lr(ts: trainer_view.TrainerStateView, step: int) -> tuple[int, float] | None:
     """The last ``(step, learning_rate)`` logged at or before ``step``: the LR the run last trained with."""
     logged = [(s, lr) for s, lr in ts.learning_rates() if s <= step]
     return logged[-1] if logged else None
@@ -658,7 +658,7 @@ def predict(
     ``selection`` (``--select``/``--ignore`` and a settings file's) decides which gate rules report, and at what
     severity; the scan findings were made under it already. Raises ``GateInputError`` when steps per epoch can
     neither be read from the checkpoint nor were planned, or when the checkpoint's global_step is beyond any float
-    (other numbers past float range read as infinities, ``views.number``).
+    (other numbers past float range read as infinities, ``trainer_view.number``).
     """
     run_label = run if run is not None else tree.root
     root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
@@ -696,8 +696,8 @@ def predict(
     kept = [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED]
     out = _Findings(tree.root, kept, selection)
     label = display_path(tree.root, ck.path)
-    ts = views.trainer_state(ck)
-    branch = views.weights_branch(ck)
+    ts = trainer_view.trainer_state(ck)
+    branch = trainer_view.weights_branch(ck)
     # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
     start = (ts.global_step or 0) if ts is not None else None
     crash = _crash(ck, ts, branch)
@@ -739,7 +739,9 @@ def predict(
         out.add("CKD413", ck.path, crash)
         return GateResult(run_label, label, branch, start, None, None, (), out.sorted(), settings,
                           fail_on=plan.fail_on)
-    restores = views.is_deepspeed(ck) or (views.has_optimizer_state(ck) and ck.file(views.SCHEDULER) is not None)
+    restores = trainer_view.is_deepspeed(ck) or (
+        trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None
+    )
     base = _base_lr(ck) if restores else settings.learning_rate
     result = GateResult(
         run_label, label, branch, start, steps.max_steps, steps.steps_to_train, (), (), settings, restores,
@@ -761,7 +763,7 @@ def predict(
 def _predict_lrs(
     out: _Findings,
     ck: Checkpoint,
-    ts: views.TrainerStateView | None,
+    ts: trainer_view.TrainerStateView | None,
     s: Settings,
     steps: StepPlan,
     warmup: int,
@@ -786,10 +788,10 @@ def _predict_lrs(
                 f"{schedules.brief(dict(s.lr_scheduler_kwargs))}: {exc}")
         return ()
     n = max(0, min(lr_steps, steps.steps_to_train))
-    sched_state = views.scheduler_state(ck)
+    sched_state = trainer_view.scheduler_state(ck)
     if not restores:
-        has_sched = ck.file(views.SCHEDULER) is not None
-        have = "optimizer state" if views.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
+        has_sched = ck.file(trainer_view.SCHEDULER) is not None
+        have = "optimizer state" if trainer_view.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
         missing = "no `scheduler.pt`" if have == "optimizer state" else (
             "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
         lead = f"has {have} but {missing}" if have else f"has {missing}"
@@ -817,7 +819,8 @@ def _predict_lrs(
         return ()
     if restores and base is not None and not _close(s.learning_rate, base):
         src = s.sources.get("learning_rate", "planned")
-        out.add("CKD409", _in_folder(ck, views.SCHEDULER), f"learning_rate {s.learning_rate:g} ({src}) is ignored: "
+        out.add("CKD409", _in_folder(ck, trainer_view.SCHEDULER),
+                f"learning_rate {s.learning_rate:g} ({src}) is ignored: "
                 f"the resume restores base LR {base:g} from the checkpoint"
                 + (f"; the first steps run at {_fmt_lrs(lrs)}" if lrs else ""))
     if lrs and lrs[0] == 0.0:
@@ -829,12 +832,12 @@ def _predict_lrs(
 
 
 def _jump(
-    out: _Findings, ck: Checkpoint, ts: views.TrainerStateView, lrs: list[float], start: int, new_max: int
+    out: _Findings, ck: Checkpoint, ts: trainer_view.TrainerStateView, lrs: list[float], start: int, new_max: int
 ) -> None:
     last = _last_used_lr(ts, start)
     if last is None or last[1] <= 0:
         return
-    own_warmup = plan_from_training_args(views.training_args(ck) or {}).get("warmup_steps", 0.0)
+    own_warmup = plan_from_training_args(trainer_view.training_args(ck) or {}).get("warmup_steps", 0.0)
     try:
         if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
             return  # the run was still warming up: a rising LR is its own schedule

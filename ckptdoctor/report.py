@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from ckptdoctor import __version__, views
+from ckptdoctor import __version__, trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, FolderRole, Run, Tree
 from ckptdoctor.scanner import Report
@@ -58,17 +58,17 @@ def _lr(x: float | None) -> float | None:
 
 def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
     """One checkpoint as the JSON report describes it."""
-    ts = views.trainer_state(ck)
+    ts = trainer_view.trainer_state(ck)
     return {
         "path": ck.path,
         "step": ck.step,
         "global_step": ts.global_step if ts else None,
         "max_steps": ts.max_steps if ts else None,
-        "kinds": views.kinds(ck),
+        "kinds": trainer_view.kinds(ck),
         "files": len(ck.files),
         "bytes": sum(f.size for f in ck.files),
-        "tensors": views.tensor_count(ck),
-        "learning_rate": _lr(views.checkpoint_lr(ck)),
+        "tensors": trainer_view.tensor_count(ck),
+        "learning_rate": _lr(trainer_view.checkpoint_lr(ck)),
     }
 
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from ckptdoctor.cli import main
 from ckptdoctor.gate import GateInputError, gate, resume_steps, steps_per_epoch_of
 from ckptdoctor.rules import all_rules
-from ckptdoctor.views import TrainerStateView
+from ckptdoctor.trainer_view import TrainerStateView
 from tests.builders import make_checkpoint, make_run
 
 REPO = Path(__file__).resolve().parent.parent

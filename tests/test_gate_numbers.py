@@ -215,7 +215,7 @@ def test_a_scheduler_number_beyond_any_float_never_tracebacks(built: Run) -> Non
     state = torch.load(path, weights_only=True)
     try:
         torch.save({**state, "base_lrs": [10**400]}, path)
-        try:  # read as inf (views.number), the prediction goes on or the input is refused: never a traceback
+        try:  # read as inf (trainer_view.number), the prediction goes on or the input is refused: never a traceback
             gate(built.out)
         except GateInputError as exc:
             assert "beyond any float" in str(exc)

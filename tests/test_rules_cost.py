@@ -33,7 +33,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ckptdoctor import pickle_analysis, views
+from ckptdoctor import pickle_analysis, trainer_view
 from ckptdoctor.findings import Finding
 from ckptdoctor.model import (
     Checkpoint,
@@ -442,16 +442,16 @@ def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -
         other = by_step[step]
         for key in ("loss", "learning_rate"):
             a, b = e.get(key), other.get(key)
-            # session 4: numbers read through views.number (a JSON integer past float range is an infinity)
-            x, y = views.number(a), views.number(b)
+            # session 4: numbers read through trainer_view.number (a JSON integer past float range is an infinity)
+            x, y = trainer_view.number(a), trainer_view.number(b)
             if x is not None and y is not None and a != b and not discovery._close(x, y):
                 return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"  # session 4 wording
     return None
 
 
-def _view(log: list[Any], name: str = "trainer_state.json") -> views.TrainerStateView:
+def _view(log: list[Any], name: str = "trainer_state.json") -> trainer_view.TrainerStateView:
     f = FileFacts(f"c/{name}", 1, 0.0, FileKind.JSON, JsonFacts({"log_history": log, "global_step": 1}))
-    ts = views.trainer_state(Checkpoint("c", FolderRole.CHECKPOINT, 1, (f,)))
+    ts = trainer_view.trainer_state(Checkpoint("c", FolderRole.CHECKPOINT, 1, (f,)))
     assert ts is not None
     return ts
 

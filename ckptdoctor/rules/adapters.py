@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ckptdoctor import views
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FolderRole, JsonFacts, TensorInfo, Tree
 from ckptdoctor.rules import Hit, rule
@@ -16,8 +16,8 @@ _LORA_RE = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$"
 
 def _adapter_dirs(ck: Checkpoint) -> list[str]:
     """Relative folders (``""`` for the checkpoint itself) that hold adapter weights."""
-    out = [""] if (ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)) else []
-    return out + list(views.adapter_subdirs(ck))
+    out = [""] if (ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)) else []
+    return out + list(trainer_view.adapter_subdirs(ck))
 
 
 def _join(d: str, name: str) -> str:
@@ -25,12 +25,12 @@ def _join(d: str, name: str) -> str:
 
 
 def _adapter_config(ck: Checkpoint, d: str) -> tuple[str, Any, str | None]:
-    rel = _join(d, views.ADAPTER_CONFIG)
+    rel = _join(d, trainer_view.ADAPTER_CONFIG)
     f = ck.file(rel)
     if f is None:
-        weights = ck.file(_join(d, views.ADAPTER_SAFE)) or ck.file(_join(d, views.ADAPTER_BIN))
+        weights = ck.file(_join(d, trainer_view.ADAPTER_SAFE)) or ck.file(_join(d, trainer_view.ADAPTER_BIN))
         what = f"`{weights.path}`" if weights is not None else "adapter weights"
-        return rel, None, f"{what} has no `{views.ADAPTER_CONFIG}` beside it"
+        return rel, None, f"{what} has no `{trainer_view.ADAPTER_CONFIG}` beside it"
     if not isinstance(f.content, JsonFacts):
         reason = f.problems[0].message if f.problems else "unreadable"
         return rel, None, f"`{rel}` cannot be read: {reason}"
@@ -160,8 +160,8 @@ def adapter_config_mismatch(tree: Tree) -> Iterator[Hit]:
                 _, cfg, problem = _adapter_config(ck, d)
                 if problem is not None or not isinstance(cfg, dict) or validate_adapter_config(cfg):
                     continue
-                f = ck.file(_join(d, views.ADAPTER_SAFE)) or ck.file(_join(d, views.ADAPTER_BIN))
-                tensors = views.tensors_of(f)
+                f = ck.file(_join(d, trainer_view.ADAPTER_SAFE)) or ck.file(_join(d, trainer_view.ADAPTER_BIN))
+                tensors = trainer_view.tensors_of(f)
                 if f is None or not tensors or cfg.get("peft_type") != "LORA":
                     continue
                 problems = adapter_mismatches(cfg, tensors)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ckptdoctor import views
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FileData, FileKind, TensorData, Tree
 from ckptdoctor.rules import Hit, rule
@@ -151,7 +151,7 @@ def untrained_adapter(tree: Tree) -> Iterator[Hit]:
             if not step:
                 continue
             for d in _adapter_dirs(ck):
-                for fname in (views.ADAPTER_SAFE, views.ADAPTER_BIN):
+                for fname in (trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN):
                     f = ck.file(f"{d}/{fname}" if d else fname)
                     measured = data.get(f.path) if f is not None else None
                     if measured is None:
@@ -166,14 +166,14 @@ def untrained_adapter(tree: Tree) -> Iterator[Hit]:
 
 
 def _global_step(ck: Checkpoint) -> int | None:
-    state = views.trainer_state(ck)
+    state = trainer_view.trainer_state(ck)
     if state is not None and state.global_step is not None:
         return state.global_step
     return ck.step
 
 
 def _adapter_dirs(ck: Checkpoint) -> tuple[str, ...]:
-    return ("", *views.adapter_subdirs(ck))
+    return ("", *trainer_view.adapter_subdirs(ck))
 
 
 @rule("CKD213", "tensor-data-unreadable", Severity.WARNING, deep_only=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ckptdoctor import views
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Tree
 from ckptdoctor.rules import Hit, rule
@@ -38,7 +38,7 @@ def versus(a: float, b: float) -> str:
     (not bools) print whole."""
     if type(a) is int and type(b) is int:
         return f"{a} vs {b}"
-    fa, fb = views.number(a), views.number(b)  # an integer past float range prints as an infinity
+    fa, fb = trainer_view.number(a), trainer_view.number(b)  # an integer past float range prints as an infinity
     if fa is None or fb is None:
         return f"{a!r} vs {b!r}"
     a, b = fa, fb
@@ -69,7 +69,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
 
 
-def history_divergence(older: views.TrainerStateView, newer: views.TrainerStateView) -> str | None:
+def history_divergence(older: trainer_view.TrainerStateView, newer: trainer_view.TrainerStateView) -> str | None:
     """Where two trainer states stop telling the same story, or None when ``older``'s history is a prefix of
     ``newer``'s (as for two checkpoints of one run). Compares loss and learning_rate at the steps both logged."""
     by_step = newer.by_step
@@ -99,13 +99,13 @@ def _entry_divergence(e: dict[str, Any], by_step: Mapping[int, dict[str, Any]]) 
     other = by_step[step]
     for key in ("loss", "learning_rate"):
         a, b = e.get(key), other.get(key)
-        x, y = views.number(a), views.number(b)
+        x, y = trainer_view.number(a), trainer_view.number(b)
         if x is not None and y is not None and a != b and not _close(x, y):
             return f"log_history diverges at step {step} ({key} {versus(cast(float, a), cast(float, b))})"
     return None
 
 
-def _starts(ts: views.TrainerStateView, prefix: tuple[dict[str, Any], ...]) -> bool:
+def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...]) -> bool:
     """Whether ``ts``'s log_history starts with entries whose step, loss and learning_rate equal ``prefix``'s."""
     n = len(prefix)
     if n > len(ts.log_history):
@@ -124,7 +124,7 @@ def _starts(ts: views.TrainerStateView, prefix: tuple[dict[str, Any], ...]) -> b
 _COMPARED = ("step", "loss", "learning_rate")  # all that ``_entry_divergence`` reads of an entry
 
 
-@views.per_object
+@trainer_view.per_object
 def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
     """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
     if not set(map(type, log)) <= {dict}:
@@ -137,8 +137,8 @@ def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
 _PLAIN_STEPS = frozenset({int, bool, str, type(None)})
 
 
-@views.per_object
-def _suspects(ts: views.TrainerStateView) -> tuple[int, ...]:
+@trainer_view.per_object
+def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
     ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
     out: list[int] = []
@@ -156,7 +156,7 @@ def _suspects(ts: views.TrainerStateView) -> tuple[int, ...]:
     return tuple(out)
 
 
-def run_identity_difference(a: views.TrainerStateView, b: views.TrainerStateView) -> str | None:
+def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:
     """A difference in the run-level settings two checkpoints of one run share (max_steps, epochs, batch size)."""
     for label, x, y in (
         ("max_steps", a.max_steps, b.max_steps),
@@ -175,12 +175,12 @@ def _picked(run: Run) -> Checkpoint | None:
     return None
 
 
-def _common_steps(a: views.TrainerStateView, b: views.TrainerStateView) -> bool:
+def _common_steps(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> bool:
     steps = {e.get("step") for e in a.log_history if "loss" in e or "learning_rate" in e}
     return any(e.get("step") in steps for e in b.log_history if "loss" in e or "learning_rate" in e)
 
 
-def same_history(older: views.TrainerStateView, newer: views.TrainerStateView) -> bool:
+def same_history(older: trainer_view.TrainerStateView, newer: trainer_view.TrainerStateView) -> bool:
     """True when two trainer states logged steps in common and agree on them: two checkpoints of one run."""
     return _common_steps(older, newer) and history_divergence(older, newer) is None
 
@@ -203,13 +203,13 @@ class StaleVerdict:
 def stale_verdict(run: Run) -> StaleVerdict | None:
     """Whether ``resume_from_checkpoint=True``'s pick is left over from an older run in the same output_dir."""
     pick = _picked(run)
-    ts_pick = views.trainer_state(pick) if pick is not None else None
+    ts_pick = trainer_view.trainer_state(pick) if pick is not None else None
     if pick is None or ts_pick is None or pick.step is None:
         return None
     candidates = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
     disagree: list[tuple[Checkpoint, str]] = []
     for c in candidates:
-        ts = views.trainer_state(c)
+        ts = trainer_view.trainer_state(c)
         if c is pick or ts is None or c.step is None or c.step >= pick.step:
             continue
         why = history_divergence(ts, ts_pick)
@@ -228,7 +228,7 @@ def stale_verdict(run: Run) -> StaleVerdict | None:
         c
         for c in candidates
         if (c.step or 0) > top
-        and (ts := views.trainer_state(c)) is not None
+        and (ts := trainer_view.trainer_state(c)) is not None
         and history_divergence(ts, ts_pick) is None
     )
     return StaleVerdict(newest, stale or (pick,), why, newest.mtime > pick.mtime + 1.0)
@@ -317,8 +317,8 @@ def torn_evidence(
     if ck.path in unread:
         return []
     out: list[str] = []
-    state_path = views.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{views.TRAINER_STATE}"
-    has_state = ck.file(views.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
+    state_path = trainer_view.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{trainer_view.TRAINER_STATE}"
+    has_state = ck.file(trainer_view.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
     if not has_state:
         present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
         inside = "" if ck.path in ("", ".") else f"{ck.path}/"
@@ -344,7 +344,8 @@ def torn_evidence(
         if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
             out.append(f"`{rel}` is empty (0 bytes)")
         elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
-            if rel == views.TRAINER_STATE:  # its reader says where: "JSON ends mid-document at line L column C: ..."
+            # its reader says where: "JSON ends mid-document at line L column C: ..."
+            if rel == trainer_view.TRAINER_STATE:
                 out.append(f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}")
             else:
                 out.append(f"`{rel}` is truncated")
@@ -444,7 +445,7 @@ def step_mismatch(tree: Tree) -> Iterator[Hit]:
     """
     for run in tree.runs:
         for ck in run.checkpoints:
-            ts = views.trainer_state(ck)
+            ts = trainer_view.trainer_state(ck)
             if ck.role != FolderRole.CHECKPOINT or ck.step is None or ts is None or ts.global_step is None:
                 continue
             if ts.global_step != ck.step:
@@ -491,7 +492,7 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     """
     for run in tree.runs:
         for ck in run.checkpoints:
-            ts = views.trainer_state(ck)
+            ts = trainer_view.trainer_state(ck)
             if ts is None or not ts.best_model_checkpoint:
                 continue
             best = ts.best_model_checkpoint
@@ -555,6 +556,6 @@ def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
         for ck in run.checkpoints:
             if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck):
                 continue  # a link out of the root is not followed, but a resume follows it (CKD604 reports it)
-            if views.weights_branch(ck) == "none":
+            if trainer_view.weights_branch(ck) == "none":
                 picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""
                 yield Hit(ck.path, f'no weights file a resume could load{picked} ("Can\'t find a valid checkpoint")')

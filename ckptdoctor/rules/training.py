@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from ckptdoctor import views
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Run, Tree
 from ckptdoctor.rules import Hit, rule
@@ -51,10 +51,10 @@ def lr_schedule_finished(tree: Tree) -> Iterator[Hit]:
     `src/transformers/optimization.py` (schedules end at 0); `Trainer._load_optimizer_and_scheduler`; ANATOMY §2.6.
     """
     for ck, _ in _checkpoints(tree):
-        ts = views.trainer_state(ck)
+        ts = trainer_view.trainer_state(ck)
         if ts is None or ts.global_step is None or not ts.max_steps or ts.global_step < ts.max_steps:
             continue
-        lr = views.checkpoint_lr(ck)
+        lr = trainer_view.checkpoint_lr(ck)
         if lr == 0.0:
             yield Hit(
                 ck.path,
@@ -86,7 +86,7 @@ def trainer_state_invalid(tree: Tree) -> Iterator[Hit]:
     `trainer_utils.compare_trainer_and_checkpoint_args`.
     """
     for ck, _ in _checkpoints(tree):
-        f = ck.file(views.TRAINER_STATE)
+        f = ck.file(trainer_view.TRAINER_STATE)
         if f is None:
             continue
         if not isinstance(f.content, JsonFacts):
@@ -132,9 +132,9 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_optimizer_and_scheduler`; ANATOMY H25.
     """
     for ck, _ in _checkpoints(tree):
-        if views.is_deepspeed(ck) or ck.file(views.TRAINER_STATE) is None:
+        if trainer_view.is_deepspeed(ck) or ck.file(trainer_view.TRAINER_STATE) is None:
             continue
-        opt, sched = views.has_optimizer_state(ck), ck.file(views.SCHEDULER) is not None
+        opt, sched = trainer_view.has_optimizer_state(ck), ck.file(trainer_view.SCHEDULER) is not None
         if opt != sched:
             have, missing = ("optimizer state", "`scheduler.pt`") if opt else ("`scheduler.pt`", "optimizer state")
             yield Hit(ck.path, f"has {have} but no {missing}: a resume restores neither and restarts the LR schedule")
@@ -172,9 +172,9 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_rng_state`.
     """
     for ck, _ in _checkpoints(tree):
-        if not views.has_optimizer_state(ck) and not views.is_deepspeed(ck) and not views.is_fsdp(ck):
+        if not (trainer_view.has_optimizer_state(ck) or trainer_view.is_deepspeed(ck) or trainer_view.is_fsdp(ck)):
             continue
-        if ck.file(views.TRAINER_STATE) is None:
+        if ck.file(trainer_view.TRAINER_STATE) is None:
             continue  # a torn save: CKD102 says more
         ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := _RNG_RE.match(f.name))}
         world = saved_world_size(ck)
@@ -194,19 +194,19 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
     With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
     the stub), so the adapter is what the optimizer is compared with.
     """
-    branch = "adapter" if views.has_adapter(ck) else views.weights_branch(ck)
+    branch = "adapter" if trainer_view.has_adapter(ck) else trainer_view.weights_branch(ck)
     if branch == "sharded":
         # The shards' headers, not the index: an index that drops a shard makes the resume keep those tensors
         # fresh (CKD205), while the optimizer still matches the model the shards were saved from.
         sharded = saved_shard_tensors(ck)
         return None if sharded is None else ("full", [t.shape for t in sharded])
     if branch == "adapter":
-        f = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
+        f = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
     elif branch == "full":
-        f = views.loaded_weight_file(ck)
+        f = trainer_view.loaded_weight_file(ck)
     else:
         return None
-    ts = views.tensors_of(f)
+    ts = trainer_view.tensors_of(f)
     if f is None or ts is None:
         return None
     return branch, [t.shape for t in ts]
@@ -221,7 +221,7 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     trainable = _trainable_shapes(ck)
     if trainable is None:
         return None  # nothing to compare with: the optimizer state (costly to build) is not needed
-    opt = views.optimizer_state(ck)
+    opt = trainer_view.optimizer_state(ck)
     if opt is None or not opt.groups:
         return None
     branch, shapes = trainable
@@ -253,7 +253,7 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
 
 def _lora_layout(ck: Checkpoint) -> tuple[str, int | None] | None:
     """The root adapter's ``target_modules`` (as sorted text) and ``r``: what its optimizer state was built for."""
-    f = ck.file(views.ADAPTER_CONFIG)
+    f = ck.file(trainer_view.ADAPTER_CONFIG)
     cfg = f.content.value if f is not None and isinstance(f.content, JsonFacts) else None
     if not isinstance(cfg, dict) or "target_modules" not in cfg:
         return None
@@ -264,7 +264,7 @@ def _lora_layout(ck: Checkpoint) -> tuple[str, int | None] | None:
 
 
 def _adapter_tensors(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
-    ts = views.tensors_of(ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN))
+    ts = trainer_view.tensors_of(ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN))
     return None if ts is None else frozenset((t.name, t.shape) for t in ts)
 
 
@@ -280,10 +280,10 @@ def _resumed_with_other_adapter(run: Run) -> Iterator[Hit]:
     )
     for older, newer in itertools.pairwise(cks):
         a, b = _lora_layout(older), _lora_layout(newer)
-        ts_a, ts_b = views.trainer_state(older), views.trainer_state(newer)
+        ts_a, ts_b = trainer_view.trainer_state(older), trainer_view.trainer_state(newer)
         if a is None or b is None or a == b or ts_a is None or ts_b is None:
             continue
-        if not (views.has_optimizer_state(older) and older.file(views.SCHEDULER) is not None):
+        if not (trainer_view.has_optimizer_state(older) and older.file(trainer_view.SCHEDULER) is not None):
             continue  # the Trainer restores the optimizer only when both files exist
         if _adapter_tensors(older) == _adapter_tensors(newer) or _in_checkpoint_mismatch(newer) is not None:
             continue  # same tensors under another config (CKD302), or a copied adapter (reported in-checkpoint)
@@ -328,14 +328,14 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     for ck, _ in _checkpoints(tree):
         problem = _in_checkpoint_mismatch(ck)
         if problem is not None:
-            f = views.optimizer_file(ck)
+            f = trainer_view.optimizer_file(ck)
             yield Hit(f.path if f else ck.path, problem)
     for run in tree.runs:
         yield from _resumed_with_other_adapter(run)
 
 
 def _scheduler_type(ck: Checkpoint) -> str | None:
-    args = views.training_args(ck)
+    args = trainer_view.training_args(ck)
     t = args.get("lr_scheduler_type") if args else None
     return t if isinstance(t, str) else None
 
@@ -366,7 +366,7 @@ def lr_jump_in_history(tree: Tree) -> Iterator[Hit]:
         if not cks:
             continue
         ck = max(cks, key=lambda c: c.step or 0)
-        ts = views.trainer_state(ck)
+        ts = trainer_view.trainer_state(ck)
         if ts is None or _scheduler_type(ck) == "cosine_with_restarts":
             continue
         lrs = ts.learning_rates()

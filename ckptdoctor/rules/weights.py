@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor import views
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import Checkpoint, FileFacts, FolderRole, JsonFacts, TensorInfo, Tree
 from ckptdoctor.rules import Hit, rule
@@ -38,8 +38,8 @@ def _fmt_bytes(n: int) -> str:
 
 def adapter_tensor_names(ck: Checkpoint) -> set[str]:
     names: set[str] = set()
-    for rel in (views.ADAPTER_SAFE, views.ADAPTER_BIN):
-        ts = views.tensors_of(ck.file(rel))
+    for rel in (trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN):
+        ts = trainer_view.tensors_of(ck.file(rel))
         if ts:
             names.update(t.name for t in ts)
     return names
@@ -69,17 +69,17 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint` (branch order); ANATOMY H18 and "Stub shadowing".
     """
     for ck, _ in _checkpoints(tree):
-        if not views.has_adapter(ck):
+        if not trainer_view.has_adapter(ck):
             continue
-        stub = views.loaded_weight_file(ck)
-        tensors = views.tensors_of(stub)
+        stub = trainer_view.loaded_weight_file(ck)
+        tensors = trainer_view.tensors_of(stub)
         if stub is None or tensors is None:
             continue
         adapter_names = adapter_tensor_names(ck)
         shared = [t for t in tensors if t.name in adapter_names or ".lora_" in t.name]
         if shared:
             continue
-        adapter = ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)
+        adapter = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
         target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
         kind = "a stub" if len(tensors) <= STUB_MAX_TENSORS else "a full model without adapter weights"
         msg = (
@@ -91,7 +91,7 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
 
 
 def _index_files(ck: Checkpoint) -> list[FileFacts]:
-    return [f for f in (ck.file(views.SAFE_INDEX), ck.file(views.BIN_INDEX)) if f is not None]
+    return [f for f in (ck.file(trainer_view.SAFE_INDEX), ck.file(trainer_view.BIN_INDEX)) if f is not None]
 
 
 @rule("CKD204", "missing-shard", Severity.ERROR)
@@ -115,7 +115,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
-            wm = views.weight_map(idx)
+            wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
             counts = Counter(wm.values())
@@ -134,7 +134,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
 def _shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:
     """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
     and whether every one of them was readable."""
-    suffix = ".safetensors" if idx.name == views.SAFE_INDEX else ".bin"
+    suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
     on_disk = {
         ck.relname(f)
         for f in ck.files
@@ -143,7 +143,7 @@ def _shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple
     content: dict[str, list[TensorInfo]] = {}
     complete = True
     for shard in sorted(set(wm.values()) | on_disk):
-        ts = views.tensors_of(ck.file(shard))
+        ts = trainer_view.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
             continue
@@ -156,8 +156,8 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     saved, and what a rebuilt index maps (the shards the index a resume reads names, plus any other shard of its
     format beside it). None when that index is not valid, a shard it names is missing, a shard is unreadable, or a
     tensor sits in two shards: nothing whole to compare with."""
-    idx = ck.file(views.SAFE_INDEX) or ck.file(views.BIN_INDEX)
-    wm = views.weight_map(idx) if idx is not None else None
+    idx = ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX)
+    wm = trainer_view.weight_map(idx) if idx is not None else None
     if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
         return None
     content, complete = _shard_contents(ck, idx, wm)
@@ -268,7 +268,7 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
-            wm = views.weight_map(idx)
+            wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
             if any(ck.file(s) is None for s in set(wm.values())):
@@ -324,23 +324,23 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint`; ANATOMY H5, H18.
     """
     for ck, _ in _checkpoints(tree):
-        present = sum(ck.file(rel) is not None for rel in (views.SAFE_WEIGHTS, views.BIN_WEIGHTS))
+        present = sum(ck.file(rel) is not None for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS))
         if present + len(_index_files(ck)) < 2:
             continue  # one form: nothing to compare (its signature would walk every shard's header)
         forms: list[tuple[str, dict[str, tuple[str, tuple[int, ...]]] | None]] = []
-        for rel in (views.SAFE_WEIGHTS, views.BIN_WEIGHTS):
+        for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS):
             f = ck.file(rel)
             if f is not None:
-                ts = views.tensors_of(f)
+                ts = trainer_view.tensors_of(f)
                 forms.append((rel, _signature(ts) if ts is not None else None))
         for idx in _index_files(ck):
-            wm = views.weight_map(idx)
+            wm = trainer_view.weight_map(idx)
             if wm is None:
                 forms.append((idx.name, None))
                 continue
             sig: dict[str, tuple[str, tuple[int, ...]]] = {}
             for shard in set(wm.values()):
-                ts = views.tensors_of(ck.file(shard))
+                ts = trainer_view.tensors_of(ck.file(shard))
                 if ts:
                     sig.update(_signature(ts))
             forms.append((idx.name, sig))
@@ -378,8 +378,8 @@ def prefixed_state_dict_keys(tree: Tree) -> Iterator[Hit]:
     "Silent fresh weights".
     """
     for ck, _ in _checkpoints(tree):
-        f = views.loaded_weight_file(ck)
-        ts = views.tensors_of(f)
+        f = trainer_view.loaded_weight_file(ck)
+        ts = trainer_view.tensors_of(f)
         if f is None or not ts:
             continue
         for prefix in ("_orig_mod.", "module."):
@@ -416,8 +416,8 @@ def _all_weight_tensors(ck: Checkpoint) -> list[TensorInfo]:
     out: list[TensorInfo] = []
     for f in ck.files:
         rel = ck.relname(f)
-        if rel in views.FULL_WEIGHT_FILES or (_SHARD_RE.match(rel) is not None):
-            out.extend(views.tensors_of(f) or ())
+        if rel in trainer_view.FULL_WEIGHT_FILES or (_SHARD_RE.match(rel) is not None):
+            out.extend(trainer_view.tensors_of(f) or ())
     return out
 
 
@@ -488,15 +488,15 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint`; deepspeedai/DeepSpeed#7900; huggingface/trl#4416.
     """
     for ck, _ in _checkpoints(tree):
-        branch = views.weights_branch(ck)
-        if branch == "full" and not views.has_adapter(ck):
-            files = [views.loaded_weight_file(ck)]
+        branch = trainer_view.weights_branch(ck)
+        if branch == "full" and not trainer_view.has_adapter(ck):
+            files = [trainer_view.loaded_weight_file(ck)]
         elif branch == "adapter":
-            files = [ck.file(views.ADAPTER_SAFE) or ck.file(views.ADAPTER_BIN)]
+            files = [ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)]
         else:
             continue
         for f in files:
-            ts = views.tensors_of(f)
+            ts = trainer_view.tensors_of(f)
             if f is None or ts is None:
                 continue
             if not ts or all(t.numel == 0 for t in ts):

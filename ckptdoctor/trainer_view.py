@@ -1,7 +1,8 @@
-"""Typed views of a checkpoint's facts: trainer state, scheduler, optimizer, adapter config, shard index, weights.
+"""The Trainer's view of a checkpoint: which files it picks and loads, in which order, and what it reads from them.
 
-Pure functions over the model (no I/O): they interpret the plain values the readers rebuilt, the way transformers
-and torch would, so rules, reports and the gate share one reading of each file.
+Typed views of the trainer state, scheduler, optimizer, adapter config, shard index and weights. Pure functions
+over the model (no I/O): they interpret the plain values the readers rebuilt, the way transformers and torch would,
+so rules, reports and the gate share one reading of each file.
 """
 
 from __future__ import annotations
