@@ -438,10 +438,11 @@ def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> 
     code = report.exit_code(fail_on or cfg_fail_on or "error")
     if code == 0 and fail_on is None and cfg_fail_on == "never":
         from ckptdoctor.findings import Severity
-        from ckptdoctor.rules import SECURITY_PREFIX
+        from ckptdoctor.rules import security_codes
 
         # As with keep_security_rules: a settings file from the scanned folder cannot wave a malicious pickle through.
-        if any(f.rule.startswith(SECURITY_PREFIX) and f.severity is Severity.ERROR for f in report.findings):
+        security = security_codes()
+        if any(f.rule in security and f.severity is Severity.ERROR for f in report.findings):
             click.echo(
                 'ckptdoctor: security errors fail the scan even with fail-on = "never" in a settings file; pass '
                 "--fail-on never on the command line to override.",

@@ -26,7 +26,7 @@ from ckptdoctor import schedules, trainer_view
 from ckptdoctor.cli import rule_options
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
-from ckptdoctor.rules import SECURITY_PREFIX, Selection, all_rules, get_rule
+from ckptdoctor.rules import Selection, all_rules, get_rule, security_codes
 from ckptdoctor.rules.training import saved_world_size
 from ckptdoctor.scanner import FAIL_ON, Report
 
@@ -45,7 +45,6 @@ ARG_DEFAULTS: dict[str, Any] = {
     "lr_scheduler_kwargs": None,
     "ignore_data_skip": False,
 }
-SUPERSEDED = ("CKD401",)  # scan rules whose message the gate's exact prediction replaces
 _RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 
 
@@ -238,7 +237,7 @@ class GateResult:
         if Report((), self.findings, 0.0).failed(self.fail_on):
             return True
         return self.fail_on_from_settings and any(
-            f.rule.startswith(SECURITY_PREFIX) and f.severity is Severity.ERROR for f in self.findings
+            f.rule in security_codes() and f.severity is Severity.ERROR for f in self.findings
         )
 
     @property
@@ -344,6 +343,12 @@ def _kwargs(v: Any) -> dict[str, Any] | None:
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=LR_RTOL, abs_tol=0.0)
+
+
+def _superseded(code: str) -> bool:
+    """A scan rule whose message the gate's exact prediction replaces (``@rule(..., superseded_by_gate=True)``)."""
+    r = get_rule(code)
+    return r is not None and r.superseded_by_gate
 
 
 def _in(path: str, folder: str) -> bool:
@@ -693,7 +698,7 @@ def predict(
 
     from ckptdoctor.report import display_path
 
-    kept = [f for f in scanned if _in(f.path, ck.path) and f.rule not in SUPERSEDED]
+    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     out = _Findings(tree.root, kept, selection)
     label = display_path(tree.root, ck.path)
     ts = trainer_view.trainer_state(ck)

@@ -70,25 +70,14 @@ def _uri(where: str) -> dict[str, str]:
     return {"uri": urllib.parse.quote(path, errors="surrogateescape"), "uriBaseId": "%SRCROOT%"}
 
 
-# GitHub rates a security alert by its rule's ``security-severity`` (a CVSS-like score as a string, 0.0-10.0:
-# >= 9.0 critical, 7.0-8.9 high, 4.0-6.9 medium, 0.1-3.9 low); only rules tagged ``security`` get one.
-SECURITY_SEVERITY = {
-    "CKD601": "9.0",  # a pickle that calls os.system, eval & co runs that code at torch.load: code execution
-    "CKD605": "8.0",  # an evasion layout no library writes: a loader may see a payload a scanner does not
-    "CKD603": "7.0",  # a pickle no one can walk statically: whatever it would import and call is unchecked
-    "CKD602": "5.0",  # an unknown import is executed on load; usually a custom class, sometimes a payload
-    "CKD604": "4.0",  # a link out of the folder: the load reads files outside what was reviewed
-}
-
-
 def _descriptor(code: str, rule: Rule | None) -> dict[str, Any]:
     if rule is None:
         return {"id": code}
     doc = inspect.cleandoc(rule.doc)
     tags = ["checkpoint", "gate" if rule.gate_only else "scan"]
     props: dict[str, Any] = {"tags": tags}
-    if rule.code in SECURITY_SEVERITY:
-        props = {"tags": ["security", *tags], "security-severity": SECURITY_SEVERITY[rule.code]}
+    if rule.security_severity is not None:
+        props = {"tags": ["security", *tags], "security-severity": rule.security_severity}
     return {
         "id": rule.code,
         "name": rule.name,

@@ -41,6 +41,16 @@ class Rule:
     fix: str = ""  # "safe" (applied by `ckptdoctor fix`), "unsafe" (only with --unsafe-fixes), "" (none)
     deep_only: bool = False
     gate_only: bool = False  # emitted by `ckptdoctor gate` (needs the planned resume), documented here
+    # GitHub rates a security alert by its rule's SARIF ``security-severity`` (a CVSS-like score as a string,
+    # 0.0-10.0: >= 9.0 critical, 7.0-8.9 high, 4.0-6.9 medium, 0.1-3.9 low). A rule with one is a security rule:
+    # a settings file cannot turn it off or lower it, nor let its errors pass (``keep_security_rules``).
+    security_severity: str | None = None
+    superseded_by_gate: bool = False  # `ckptdoctor gate` replaces this scan rule's finding by its exact prediction
+
+    @property
+    def security(self) -> bool:
+        """Whether this is a security rule (it has a ``security_severity``)."""
+        return self.security_severity is not None
 
     @property
     def fixable(self) -> bool:
@@ -78,6 +88,8 @@ def rule(
     fix: str = "",
     deep_only: bool = False,
     gate_only: bool = False,
+    security_severity: str | None = None,
+    superseded_by_gate: bool = False,
 ) -> Callable[[RuleFunc], RuleFunc]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
@@ -89,7 +101,10 @@ def rule(
     def register(func: RuleFunc) -> RuleFunc:
         if code in _REGISTRY:
             raise ValueError(f"rule {code} registered twice")
-        _REGISTRY[code] = Rule(code, name, severity, func, func.__doc__ or "", fix, deep_only, gate_only)
+        _REGISTRY[code] = Rule(
+            code, name, severity, func, func.__doc__ or "", fix, deep_only, gate_only, security_severity,
+            superseded_by_gate,
+        )
         return func
 
     return register
@@ -148,7 +163,9 @@ class Selection:
         return not _matches(r.code, self.ignore)
 
 
-SECURITY_PREFIX = "CKD6"
+def security_codes() -> frozenset[str]:
+    """The codes of the security rules (those with a ``security_severity``)."""
+    return frozenset(r.code for r in all_rules() if r.security)
 
 
 def keep_security_rules(combined: Selection, command_line: Selection) -> tuple[Selection, tuple[str, ...]]:
@@ -163,7 +180,7 @@ def keep_security_rules(combined: Selection, command_line: Selection) -> tuple[S
     changed: list[str] = []
     severity = dict(combined.severity)
     for r in all_rules():
-        if not r.code.startswith(SECURITY_PREFIX) or r.gate_only or r.deep_only:
+        if not r.security or r.gate_only or r.deep_only:
             continue
         if not combined.enabled(r) and command_line.enabled(r):
             kept.append(r.code)

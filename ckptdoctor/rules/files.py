@@ -212,7 +212,8 @@ def corrupt_json(tree: Tree) -> Iterator[Hit]:
                 yield Hit(f.path, msg, sev)
 
 
-@rule("CKD603", "malformed-pickle", Severity.ERROR)
+# a pickle no one can walk statically: whatever it would import and call is unchecked
+@rule("CKD603", "malformed-pickle", Severity.ERROR, security_severity="7.0")
 def malformed_pickle(tree: Tree) -> Iterator[Hit]:
     """A pickle stream that is truncated, inconsistent, or built to confuse analysis.
 

@@ -40,7 +40,8 @@ def _pickle(f: FileFacts) -> PickleFacts | None:
     return None
 
 
-@rule("CKD601", "unsafe-pickle-global", Severity.ERROR)
+# a pickle that calls os.system, eval & co runs that code at torch.load: code execution
+@rule("CKD601", "unsafe-pickle-global", Severity.ERROR, security_severity="9.0")
 def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
     """A pickle imports a callable that can run code, or calls a global the analysis does not know.
 
@@ -74,7 +75,8 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
             yield Hit(f.path, "pickle could not be fully analysed and imports globals outside the allowlist")
 
 
-@rule("CKD602", "unknown-pickle-global", Severity.WARNING)
+# an unknown import is executed on load; usually a custom class, sometimes a payload
+@rule("CKD602", "unknown-pickle-global", Severity.WARNING, security_severity="5.0")
 def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
     """A pickle imports a global outside the allowlist that is not known to be dangerous.
 
@@ -103,7 +105,8 @@ def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
             )
 
 
-@rule("CKD604", "link-escapes-root", Severity.WARNING)
+# a link out of the folder: the load reads files outside what was reviewed
+@rule("CKD604", "link-escapes-root", Severity.WARNING, security_severity="4.0")
 def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     """A symbolic link inside the scanned folder points outside it.
 
@@ -140,7 +143,8 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
                           "and what it loads was not checked: scan the target", Severity.ERROR)  # fmt: skip
 
 
-@rule("CKD605", "suspicious-archive-layout", Severity.ERROR)
+# an evasion layout no library writes: a loader may see a payload a scanner does not
+@rule("CKD605", "suspicious-archive-layout", Severity.ERROR, security_severity="8.0")
 def suspicious_archive_layout(tree: Tree) -> Iterator[Hit]:
     """A torch archive, `.distcp` file or pickle laid out the way scanner-evasion tricks are, never the way
     `torch.save` or `pickle.dump` write.

@@ -28,7 +28,7 @@ def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
                 yield ck, run.resume_pick == ck.path or run.standalone
 
 
-@rule("CKD401", "lr-schedule-finished", Severity.INFO)
+@rule("CKD401", "lr-schedule-finished", Severity.INFO, superseded_by_gate=True)
 def lr_schedule_finished(tree: Tree) -> Iterator[Hit]:
     """The checkpoint ends a finished schedule: `global_step >= max_steps` and the stored LR is 0.
 
