@@ -1,7 +1,9 @@
 """The rule registry and engine: rules are pure functions of a ``Tree`` that yield hits; the engine makes findings.
 
 A rule is registered with ``@rule(code, name, severity)``; its docstring is its user-facing document, with the
-sections What it does / Why is this bad? / Example / Fix safety / References.
+sections What it does / Why is this bad? / Example / Fix safety / References. Each code family has its module: 0xx-1xx
+``discovery``, 2xx ``weights``, 3xx ``adapters``, 4xx ``training``, 5xx ``distributed``, 6xx ``security`` (the
+gate-only rules, whatever their family, with the gate).
 """
 
 from __future__ import annotations
@@ -68,7 +70,6 @@ _REGISTRY: dict[str, Rule] = {}
 
 # Modules that register rules when imported. Kept explicit so the registry's content never depends on import order.
 RULE_MODULES = (
-    "ckptdoctor.rules.files",
     "ckptdoctor.rules.discovery",
     "ckptdoctor.rules.weights",
     "ckptdoctor.rules.adapters",
@@ -76,7 +77,6 @@ RULE_MODULES = (
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
     "ckptdoctor.rules.gate",
-    "ckptdoctor.rules.deep",
 )
 
 
