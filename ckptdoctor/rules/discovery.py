@@ -322,7 +322,7 @@ def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | No
     return None if v is None else (v.newest, list(v.stale), v.why)
 
 
-@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fix="unsafe")
+@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fix=Applicability.UNSAFE)
 def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
     """The checkpoint `resume_from_checkpoint=True` would pick belongs to an older run than the newest checkpoints.
 
@@ -434,7 +434,7 @@ def torn_evidence(
     return out
 
 
-@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix="safe")
+@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
 def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 
@@ -478,7 +478,7 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
             yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
 
 
-@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix="safe")
+@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
 def leftover_temp_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A `tmp-checkpoint-N` staging folder (or similar) was left behind.
 
@@ -545,7 +545,7 @@ def _best_target(tree: Tree, run: Run, best: str) -> Checkpoint | None:
     return None
 
 
-@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fix="safe")
+@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fix=Applicability.SAFE)
 def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     """`best_model_checkpoint` names a folder that does not exist in this run.
 

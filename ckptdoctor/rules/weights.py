@@ -58,7 +58,7 @@ def adapter_tensor_names(ck: Checkpoint) -> set[str]:
     return names
 
 
-@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix="safe")
+@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE)
 def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     """A full-weights file beside adapter files is loaded instead of the adapter, and holds none of its weights.
 
@@ -331,7 +331,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
     return _IndexCheck(problems, lossy, misrouted, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n")
 
 
-@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix="safe")
+@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix=Applicability.SAFE)
 def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """A shard index disagrees with the shards' own headers.
 
