@@ -103,7 +103,9 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
         yield Hit(stub.path, msg, fix=plan)
 
 
-# What a reader could not read in a weights, torch or JSON file (paths no one could open are CKD001's).
+# What a reader could not read in a weights, torch or JSON file. Every read problem reaches the user through
+# exactly one rule: paths no one could open CKD001, malformed pickles CKD603, evasion layouts CKD605, the rest
+# CKD202, CKD203 or CKD211 by the file's format.
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".distcp")
 # JSON files whose corruption has its own rule elsewhere (CKD402, CKD301).
 _JSON_OWNED = ("trainer_state.json", "adapter_config.json")
