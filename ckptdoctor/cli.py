@@ -608,7 +608,7 @@ def rules_cmd(fmt: str) -> None:
                 "name": r.name,
                 "severity": r.severity.value,
                 "fixable": r.fixable,
-                "fix": r.fix or None,
+                "fix": r.fix.value if r.fix is not None else None,
                 "deep_only": r.deep_only,
                 "gate_only": r.gate_only,
                 "summary": r.summary,
@@ -619,7 +619,7 @@ def rules_cmd(fmt: str) -> None:
         return
     from tabulate import tabulate
 
-    rows = [[r.code, r.name, r.severity.value, r.fix, r.summary] for r in rules]
+    rows = [[r.code, r.name, r.severity.value, r.fix.value if r.fix is not None else "", r.summary] for r in rules]
     click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
 
 
@@ -647,7 +647,7 @@ def explain(rule: str) -> None:
         raise UsageProblem(f"no rule {rule!r} (see `ckptdoctor rules`)")
     import inspect as _inspect
 
-    header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix} fix' if r.fix else ''})"
+    header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix.value} fix' if r.fix is not None else ''})"
     click.echo(header)
     click.echo("=" * len(header))
     click.echo(_inspect.cleandoc(r.doc))

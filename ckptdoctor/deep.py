@@ -3,7 +3,7 @@
 This is the only scan-path module that reads tensor data, and the only one that imports numpy, lazily, when
 ``--deep`` is asked for. Memory stays bounded (two chunk buffers per worker thread) whatever the model size:
 nothing is ever loaded whole. With ``checksums`` every file is read front to back once, and the same chunks feed
-both the sha256 and the tensor checks. Rules judge the results (``ckptdoctor.rules.deep``); this module only
+both the sha256 and the tensor checks. Rules judge the results (the ``deep_only`` rules); this module only
 measures, and reads (never writes) the checksum manifest.
 """
 
