@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import click
 
 from ckptdoctor import __version__
+from ckptdoctor.errors import UsageError
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
@@ -69,41 +69,11 @@ class ScanRoot(click.Path):
         return super().convert(value, param, ctx)
 
 
-def split_codes(values: Sequence[str]) -> tuple[str, ...]:
-    """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased; a rule's name
-    (``stub-weights-shadow-adapter``, as ``ckptdoctor explain`` takes it) stands for its code."""
-    from ckptdoctor.config import rule_codes
+def _note_kept(source: str, codes: Sequence[str]) -> None:
+    """The command line's note on stderr for security rules a settings file may not turn off."""
+    from ckptdoctor.settings import kept_message
 
-    return rule_codes(p for v in values for p in v.split(",") if p.strip())
-
-
-def _check_codes(codes: Sequence[str], option: str) -> None:
-    """A usage error (exit 2) for a code or prefix that matches no rule (``config.rule_patterns`` decides)."""
-    from ckptdoctor.config import UnknownRule, rule_patterns
-
-    try:
-        rule_patterns(codes)
-    except UnknownRule as exc:
-        c = exc.pattern
-        raise UsageProblem(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)") from None
-
-
-def selection_groups(
-    paths: Sequence[str], select: Sequence[str], ignore: Sequence[str], no_config: bool
-) -> list[tuple[list[str], Selection, str | None]]:
-    """The roots grouped by the selection and fail-on their own settings files give (``resolve_selection``).
-
-    Each root is judged by its own settings file: one may travel with each checkpoint, so the first root's must not
-    decide what the others are checked or fixed for. Neighbouring roots with the same settings share a group.
-    """
-    groups: list[tuple[list[str], Selection, str | None]] = []
-    for p in paths:
-        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config)
-        if groups and groups[-1][1:] == (selection, cfg_fail_on):
-            groups[-1][0].append(p)
-        else:
-            groups.append(([p], selection, cfg_fail_on))
-    return groups
+    click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
 
 
 def resolve_selection(
@@ -114,48 +84,14 @@ def resolve_selection(
     *,
     on_kept: Callable[[str, Sequence[str]], None] | None = None,
 ) -> tuple[Selection, str | None]:
-    """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
+    """``settings.resolve_selection`` for a command: its ``UsageError`` is a ``UsageProblem`` (exit 2), and without
+    ``on_kept`` the note on security rules a settings file may not turn off goes to stderr."""
+    from ckptdoctor import settings
 
-    Shared by every command that runs rules, so they all read options and configuration the same way. When the
-    settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which stay on (the
-    Python API words its own warning); without it the command-line note goes to stderr.
-    """
-    from ckptdoctor.config import Config, ConfigError, load_config, rule_codes
-    from ckptdoctor.rules import Selection, keep_security_rules
-
-    sel_codes, ign_codes = split_codes(select), split_codes(ignore)
-    for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
-        if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
-            raise UsageProblem(f"{option} was given no rule code")
-    _check_codes(sel_codes, "--select")
-    _check_codes(ign_codes, "--ignore")
     try:
-        cfg = Config() if no_config else load_config(paths[0])
-    except ConfigError as exc:
+        return settings.resolve_selection(paths, select, ignore, no_config, on_kept=on_kept or _note_kept)
+    except UsageError as exc:
         raise UsageProblem(str(exc)) from None
-    # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
-    cfg = dataclasses.replace(cfg, select=rule_codes(cfg.select), ignore=rule_codes(cfg.ignore))
-    _check_codes(cfg.select, f"{cfg.source}: select")
-    _check_codes(cfg.ignore, f"{cfg.source}: ignore")
-    from ckptdoctor.rules import all_rules
-
-    codes = {r.code for r in all_rules()}
-    for code in cfg.severity:
-        if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
-            raise UsageProblem(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
-    selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
-    if cfg.source is not None:
-        selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
-        if kept and on_kept is not None:
-            on_kept(str(cfg.source), kept)
-        elif kept:
-            click.echo(
-                f"ckptdoctor: {cfg.source} may not turn off or lower security rules ({', '.join(kept)}): they stay "
-                "on (a settings file in a scanned folder can come from whoever made the checkpoint); use --ignore "
-                "on the command line to turn one off.",
-                err=True,
-            )
-    return selection, cfg.fail_on
 
 
 # Set by a command that wrote nothing, once its output is out: ``run`` may then end the process without tearing
@@ -260,6 +196,8 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except UsageError as exc:  # the library's plain error: said as click says a usage problem, exit 2
+            raise UsageProblem(str(exc)) from None
         except KeyboardInterrupt:
             # click would say "Aborted!" and exit 1, which scripts read as "findings": 130 is the shell's code for
             # SIGINT. The interrupt has unwound through every cleanup (the fixer's lock and journal) by now.
@@ -380,8 +318,10 @@ def scan(
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
+    from ckptdoctor.settings import check_runnable, selection_groups, split_codes
+
     check_runnable(split_codes(select), deep)
-    groups = selection_groups(paths, select, ignore, no_config)
+    groups = selection_groups(paths, select, ignore, no_config, on_kept=_note_kept)
     if checksums is not None:
         _check_checksums(paths, checksums, deep)
     parts = [(_scan_roots(ps, sel, jobs, deep, checksums), cfg) for ps, sel, cfg in groups]
@@ -434,35 +374,17 @@ def _scan_roots(
 
 
 def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> int:
-    """The exit code of ``report`` under the command line's ``--fail-on``, else its settings file's."""
-    code = report.exit_code(fail_on or cfg_fail_on or "error")
-    if code == 0 and fail_on is None and cfg_fail_on == "never":
-        from ckptdoctor.findings import Severity
-        from ckptdoctor.rules import security_codes
+    """``settings.exit_code`` of ``report``, with its note on stderr when a security error overrides a settings
+    file's fail-on = "never"."""
+    from ckptdoctor.settings import exit_code
 
-        # As with keep_security_rules: a settings file from the scanned folder cannot wave a malicious pickle through.
-        security = security_codes()
-        if any(f.rule in security and f.severity is Severity.ERROR for f in report.findings):
-            click.echo(
-                'ckptdoctor: security errors fail the scan even with fail-on = "never" in a settings file; pass '
-                "--fail-on never on the command line to override.",
-                err=True,
-            )
-            code = 1
-    return code
+    return exit_code(report.findings, fail_on, cfg_fail_on, on_security_kept=_note_security)
 
 
-def check_runnable(codes: Sequence[str], deep: bool) -> None:
-    """``--select`` of rules a scan (or fix) never runs (gate-only, or deep-only without ``--deep``) would pass
-    silently: a usage error instead."""
-    from ckptdoctor.rules import all_rules
+def _note_security() -> None:
+    from ckptdoctor.settings import SECURITY_NEVER_NOTE
 
-    for c in codes:
-        matched = [r for r in all_rules() if r.code.startswith(c)]
-        if matched and all(r.gate_only for r in matched):
-            raise UsageProblem(f"--select {c}: `ckptdoctor gate` runs {c}, a scan never does")
-        if matched and not deep and all(r.deep_only or r.gate_only for r in matched):
-            raise UsageProblem(f"--select {c}: {c} reads tensor data and runs only with --deep")
+    click.echo(SECURITY_NEVER_NOTE, err=True)
 
 
 def _check_special_roots(paths: Sequence[str]) -> None:
@@ -651,6 +573,15 @@ def explain(rule: str) -> None:
     click.echo(header)
     click.echo("=" * len(header))
     click.echo(_inspect.cleandoc(r.doc))
+
+
+def __getattr__(name: str) -> Any:
+    """``split_codes``, which ``gate`` imports from here, lives in ``settings`` (imported when first asked for)."""
+    if name == "split_codes":
+        from ckptdoctor.settings import split_codes
+
+        return split_codes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

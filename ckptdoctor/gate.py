@@ -28,7 +28,8 @@ from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
 from ckptdoctor.rules import Selection, all_rules, get_rule, security_codes
 from ckptdoctor.rules.training import saved_world_size
-from ckptdoctor.scanner import FAIL_ON, Report
+from ckptdoctor.scanner import Report
+from ckptdoctor.settings import FAIL_ON
 
 SCHEMA = "ckptdoctor.gate/1"
 DEFAULT_LR_STEPS = 5

@@ -110,13 +110,14 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.cli import check_runnable, selection_groups, split_codes
+    from ckptdoctor.cli import _note_kept
+    from ckptdoctor.settings import check_runnable, selection_groups, split_codes
 
     check_runnable(split_codes(select), deep=False)
     paths = tuple(unique_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
     _check_roots(paths)  # before the roots are grouped: one inside another is refused whatever their settings
     # Each root is fixed under its own settings file, as `scan` checks it.
-    groups = selection_groups(paths, select, ignore, no_config)
+    groups = selection_groups(paths, select, ignore, no_config, on_kept=_note_kept)
     results = [
         fix(
             ps,
