@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import cli
+from ckptdoctor.cli import options as cli
 from ckptdoctor.findings import Severity
 from ckptdoctor.fix import FixRefused, fix
 from ckptdoctor.fix.journal import _new_txid

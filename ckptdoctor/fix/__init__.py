@@ -43,13 +43,12 @@ The modules, each with one job, importing only those above them:
 * ``recover``: recognising an operation's state on disk, undoing one operation;
 * ``transaction``: a transaction forward and back: ``apply_plan``, ``complete_interrupted``, ``undo``;
 * ``manifest``: checksum manifests (``write_manifest``);
-* ``run``, ``render``, ``command``: the ``fix`` API, its text and JSON output, the ``fix``/``undo`` commands.
+* ``run``, ``render``: the ``fix`` API, its text and JSON output (the ``fix``/``undo`` commands are ``cli.fix``).
 """
 
 from __future__ import annotations
 
 from ckptdoctor.fix.calls import WriteCalls, _exchange
-from ckptdoctor.fix.command import fix_command, undo_command
 from ckptdoctor.fix.crash import CRASH_AFTER_OP_ENV, CRASH_ENV, crash_points
 from ckptdoctor.fix.digests import Digest, digest
 from ckptdoctor.fix.errors import ConcurrentChange, FixRefused
@@ -89,7 +88,6 @@ __all__ = [
     "crash_points",
     "digest",
     "fix",
-    "fix_command",
     "fix_json",
     "load_journals",
     "manifest_refusal",
@@ -98,6 +96,5 @@ __all__ = [
     "quarantine_path",
     "render_fix_text",
     "undo",
-    "undo_command",
     "write_manifest",
 ]

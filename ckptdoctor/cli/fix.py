@@ -1,4 +1,4 @@
-"""The ``fix`` and ``undo`` commands."""
+"""The ``fix`` and ``undo`` commands: each root fixed under its own settings file; undo restores a transaction."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 # ScanRoot lets URL roots through to `_check_roots`, which refuses them clearly.
-from ckptdoctor.cli import ScanRoot, text_or_json
+from ckptdoctor.cli.options import ScanRoot, _exit_code, _note_kept, text_or_json
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.fix.journal import load_journals
 from ckptdoctor.fix.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -110,7 +110,6 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.cli import _note_kept
     from ckptdoctor.settings import check_runnable, selection_groups, split_codes
 
     check_runnable(split_codes(select), deep=False)
@@ -136,7 +135,6 @@ def fix_command(
         click.echo(render_fix_text(result))
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
     # security error that remains (or, in a dry run, would remain); `_exit_code` says so on stderr.
-    from ckptdoctor.cli import _exit_code
     from ckptdoctor.scanner import Report
 
     protected = max(

@@ -1,0 +1,243 @@
+"""The ``scan`` command: check roots under their settings files, render the report, exit by the exit policy."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import click
+
+from ckptdoctor import __version__
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _exit_code,
+    _note_kept,
+    _read_only_done,
+    _use_color,
+    rule_options,
+)
+
+if TYPE_CHECKING:
+    from ckptdoctor.model import Tree
+    from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import Report
+
+_EPILOG_SCAN = """\b
+Examples:
+  ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
+  ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
+  ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
+  ckptdoctor scan --select CKD2 --fail-on warning model/
+  ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
+  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.sarif   # report, never fail
+  ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
+  ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
+  ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
+
+\b
+Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
+root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
+a finding, not 2.
+
+\b
+Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
+under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
+  select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
+An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
+rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
+"""
+
+
+@click.command(epilog=_EPILOG_SCAN, short_help="Check checkpoint folders, files or URLs for resume hazards.")
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "sarif", "github"]),
+    default="text",
+    show_default=True,
+    help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
+    "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
+)
+@rule_options(
+    never_runs="Selecting only gate rules, or only --deep rules without --deep, is a usage error (they would never "
+    "run).",
+    every_rule="every rule a scan runs",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1, max=256),
+    default=None,
+    metavar="N",
+    help="Read up to N files at once (helps on network file systems and object storage; on a local disk parsing "
+    "is the cost and one is fastest).  [default: 1 on a local disk, else min(8, 2 x CPUs)]",
+)
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also stream all tensor data (in bounded chunks) for NaN/Inf, all-zero tensors and untrained adapters. "
+    "Needs numpy; reads every byte, so it takes as long as reading the files.",
+)
+@click.option(
+    "--checksums",
+    type=click.Choice(["write", "verify"]),
+    default=None,
+    help="With --deep: also sha256 every file in the same read. write: record them in "
+    "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
+    "Roots must be folders.  [default: no checksums, even when a manifest exists]",
+)
+def scan(
+    paths: tuple[str, ...],
+    fmt: str,
+    fail_on: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    no_config: bool,
+    jobs: int | None,
+    deep: bool,
+    checksums: str | None,
+) -> None:
+    """Check checkpoint folders or files and report hazards for a resume.
+
+    PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
+    a folder of many runs, or a single file, on disk or at a URL (s3://, gs://, hf://... through fsspec: only
+    headers are fetched, with ranged requests). Nothing is loaded, executed or written (except the manifest of
+    --checksums write).
+
+    The report goes to stdout: one table per run (the checkpoint resume_from_checkpoint=True picks is marked),
+    then one line per finding with its fix, then a summary. Names with control characters are shown escaped
+    (\\x1b); --format json gives them exactly.
+    """
+    from ckptdoctor.discover import unique_roots
+    from ckptdoctor.report import printable, render_json, render_text
+    from ckptdoctor.scanner import Report
+
+    paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    _check_remote_roots(paths, deep)
+    _check_special_roots(paths)
+    from ckptdoctor.settings import check_runnable, selection_groups, split_codes
+
+    check_runnable(split_codes(select), deep)
+    groups = selection_groups(paths, select, ignore, no_config, on_kept=_note_kept)
+    if checksums is not None:
+        _check_checksums(paths, checksums, deep)
+    parts = [(_scan_roots(ps, sel, jobs, deep, checksums), cfg) for ps, sel, cfg in groups]
+    report = Report(
+        tuple(t for r, _ in parts for t in r.trees),
+        tuple(f for r, _ in parts for f in r.findings),
+        sum(r.seconds for r, _ in parts),
+    )
+    if fmt == "json":
+        click.echo(render_json(report))
+    elif fmt == "sarif":
+        from ckptdoctor.sarif import render_sarif
+
+        click.echo(render_sarif(report.findings))
+    elif fmt == "github":
+        from ckptdoctor.report import summary_line
+        from ckptdoctor.sarif import render_github
+
+        click.echo(render_github(report.findings, notice=summary_line(report)))
+    else:
+        click.echo(render_text(report, color=_use_color(sys.stdout)))
+    for tree in report.trees:
+        if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
+            click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
+    if checksums == "write":
+        _write_manifests(report.trees)
+    code = max(_exit_code(r, fail_on, cfg) for r, cfg in parts)
+    if checksums != "write":
+        _read_only_done()
+    sys.exit(code)
+
+
+def _scan_roots(
+    paths: Sequence[str], selection: Selection, jobs: int | None, deep: bool, checksums: str | None
+) -> Report:
+    """One scan of ``paths`` with one selection; a missing numpy for ``--deep`` is a usage error."""
+    from ckptdoctor.progress import progress_stream
+    from ckptdoctor.scanner import scan as run_scan
+
+    if not deep:
+        return run_scan(list(paths), selection=selection, jobs=jobs, progress=progress_stream())
+    from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import (numpy)
+
+    try:
+        return run_scan(
+            list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream(), checksums=checksums
+        )
+    except DeepUnavailable as exc:
+        raise UsageProblem(str(exc)) from None
+
+def _check_special_roots(paths: Sequence[str]) -> None:
+    """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it:
+    ``scanner.check_roots``, whose refusals are said as usage errors."""
+    from ckptdoctor.scanner import check_roots
+
+    try:
+        check_roots(paths)
+    except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UsageProblem(f"{exc.filename}: {why}") from None
+    except ValueError as exc:  # its message names the root
+        raise UsageProblem(str(exc)) from None
+
+
+def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
+    """Usage errors of ``--checksums``, raised before a long ``--deep`` read rather than after it."""
+    if not deep:
+        raise UsageProblem(f"--checksums {mode} needs --deep: checksums are computed while --deep reads every byte")
+    for p in paths:
+        if not os.path.isdir(p):
+            raise UsageProblem(f"--checksums {mode}: {p} is not a folder (the manifest lives at a folder's root)")
+    if mode == "write":
+        from ckptdoctor.fix import manifest_refusal
+
+        for p in paths:
+            why = manifest_refusal(p)
+            if why is not None:
+                raise UsageProblem(f"--checksums write: {why}")
+    else:
+        from ckptdoctor.deep import MANIFEST_PATH, manifest_exists
+
+        for p in paths:
+            if not manifest_exists(p):
+                raise UsageProblem(
+                    f"--checksums verify: {p} has no {MANIFEST_PATH}; write one with `--deep --checksums write`"
+                )
+
+
+def _write_manifests(trees: Sequence[Tree]) -> None:
+    """Write each root's manifest (through the fixer, the only writer) and say so on stderr."""
+    from ckptdoctor.deep import manifest_document
+    from ckptdoctor.fix import write_manifest
+
+    for tree in trees:
+        doc, missed = manifest_document(tree, __version__)
+        where = write_manifest(tree.root, doc)
+        click.echo(f"wrote {where}: sha256 of {len(doc['files'])} files", err=True)
+        if missed:
+            shown = ", ".join(missed[:5]) + (f" and {len(missed) - 5} more" if len(missed) > 5 else "")
+            click.echo(f"not in the manifest (could not be read whole, see CKD213): {shown}", err=True)
+
+
+def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
+    """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
+    from ckptdoctor.remote import check_remote_root, is_remote, log_on_one_line
+
+    for p in paths:
+        if not is_remote(p):
+            continue
+        log_on_one_line()
+        if deep:
+            raise UsageProblem(f"{p}: --deep reads every tensor byte and works on local files only; drop --deep")
+        from ckptdoctor.progress import Waiting, progress_stream
+
+        with Waiting(progress_stream(), f"listing {p} (a backend may retry for a while)"):
+            why = check_remote_root(p)
+        if why is not None:
+            raise UsageProblem(why)
