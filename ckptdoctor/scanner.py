@@ -84,7 +84,7 @@ def scan(
     a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
-    the caller's step (``ckptdoctor.fix.write_manifest``): a scan never writes.
+    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes.
 
     ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
     function reads no settings file (``.ckptdoctor.toml``, ``[tool.ckptdoctor]``); the ``ckptdoctor`` command

@@ -3,8 +3,8 @@
 - Reading never executes: no pickle/marshal loading, torch.load, eval or exec anywhere outside the reference trainer.
 - The scan path imports neither torch, numpy, safetensors nor peft (the reference trainer may; ``--deep`` may import
   numpy lazily inside functions).
-- Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fix/`` that change the disk)
-  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fix/calls.py``).
+- Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fixer/`` that change the disk)
+  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fixer/calls.py``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdi
 # and durable writes, the journal, the lock, applying, undoing, transactions, manifests). The rest of the fixer
 # (planning, digests, rendering, the commands) reads only. The reference trainer writes checkpoints by design and is
 # never imported by the scan path.
-WRITERS = {"fix/calls.py", "fix/journal.py", "fix/guard.py", "fix/apply.py", "fix/recover.py", "fix/transaction.py",
-           "fix/manifest.py"}
+WRITERS = {"fixer/calls.py", "fixer/journal.py", "fixer/guard.py", "fixer/apply.py", "fixer/recover.py",
+           "fixer/transaction.py", "fixer/manifest.py"}
 # The fixer's write seam: every write system call goes through its `CALLS`; using it, or any name it defines, writes.
-SEAM = PKG / "fix" / "calls.py"
-SEAM_MODULE = "ckptdoctor.fix.calls"
+SEAM = PKG / "fixer" / "calls.py"
+SEAM_MODULE = "ckptdoctor.fixer.calls"
 
 
 def scan_path_modules() -> list[Path]:
@@ -98,7 +98,7 @@ def writes(path: Path) -> list[str]:
     seam_names = _seam_names()
     seam_aliases: set[str] = set()  # local names of the seam module itself, and of what was imported from it
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in (SEAM_MODULE, "ckptdoctor.fix"):
+        if isinstance(node, ast.ImportFrom) and node.module in (SEAM_MODULE, "ckptdoctor.fixer"):
             for a in node.names:
                 if node.module == SEAM_MODULE or a.name in seam_names or a.name == "calls":
                     seam_aliases.add(a.asname or a.name)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ckptdoctor.fix.journal import load_journals
+from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.report import render_text
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import FIXTURES, copy_fixture, invoke

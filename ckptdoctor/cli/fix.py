@@ -11,10 +11,10 @@ import click
 # ScanRoot lets URL roots through to `_check_roots`, which refuses them clearly.
 from ckptdoctor.cli.options import ScanRoot, _exit_code, _note_kept, text_or_json
 from ckptdoctor.discover import unique_roots
-from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.fix.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
-from ckptdoctor.fix.run import FixResult, _check_roots, fix
-from ckptdoctor.fix.transaction import undo
+from ckptdoctor.fixer.journal import load_journals
+from ckptdoctor.fixer.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
+from ckptdoctor.fixer.run import FixResult, _check_roots, fix
+from ckptdoctor.fixer.transaction import undo
 
 _EPILOG_FIX = """\b
 Examples:
@@ -154,7 +154,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
 
     Refuses, changing nothing, when a file changed since the fix.
     """
-    from ckptdoctor.fix.errors import FixRefused
+    from ckptdoctor.fixer.errors import FixRefused
 
     try:
         if list_:
@@ -164,7 +164,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
         j, restored = undo(path, txid)
     except FixRefused as e:
         if fmt == "json":  # the document says why on stdout; the error line and exit 2 stay as in text
-            doc = undo_list_json(path, (), e.message) if list_ else undo_json(path, txid, refused=e.message)
+            doc = undo_list_json(path, (), str(e)) if list_ else undo_json(path, txid, refused=str(e))
             click.echo(_dumps(doc))
         raise
     if fmt == "json":

@@ -195,7 +195,7 @@ def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
         if not os.path.isdir(p):
             raise UsageProblem(f"--checksums {mode}: {p} is not a folder (the manifest lives at a folder's root)")
     if mode == "write":
-        from ckptdoctor.fix import manifest_refusal
+        from ckptdoctor.fixer import manifest_refusal
 
         for p in paths:
             why = manifest_refusal(p)
@@ -214,7 +214,7 @@ def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
 def _write_manifests(trees: Sequence[Tree]) -> None:
     """Write each root's manifest (through the fixer, the only writer) and say so on stderr."""
     from ckptdoctor.deep import manifest_document
-    from ckptdoctor.fix import write_manifest
+    from ckptdoctor.fixer import write_manifest
 
     for tree in trees:
         doc, missed = manifest_document(tree, __version__)

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.findings import Finding, OpKind
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.guard import preflight
-from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.fix.plan import RootPlan, plan_root
-from ckptdoctor.fix.transaction import apply_plan, complete_interrupted
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.guard import preflight
+from ckptdoctor.fixer.journal import load_journals
+from ckptdoctor.fixer.plan import RootPlan, plan_root
+from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
 
 if TYPE_CHECKING:
     from ckptdoctor.scanner import PathArg
@@ -106,7 +106,7 @@ def _refusal(plan: RootPlan, force: bool) -> str | None:
     try:
         preflight(plan, force=force)
     except FixRefused as e:
-        return e.message.removesuffix("; nothing was changed")
+        return str(e).removesuffix("; nothing was changed")
     return None
 
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor.findings import Finding
-from ckptdoctor.fix.journal import Journal
-from ckptdoctor.fix.paths import quarantine_path
-from ckptdoctor.fix.run import FixResult
+from ckptdoctor.fixer.journal import Journal
+from ckptdoctor.fixer.paths import quarantine_path
+from ckptdoctor.fixer.run import FixResult
 
 FIX_SCHEMA = "ckptdoctor.fix/1"
 UNDO_SCHEMA = "ckptdoctor.undo/1"
