@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptdoctor.fixer.journal import load_journals
-from ckptdoctor.report import render_text
+from ckptdoctor.render.report import render_text
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import FIXTURES, copy_fixture, invoke
 from tests.test_fix import age, tree_state

@@ -12,9 +12,9 @@ import click
 from ckptdoctor.cli.options import ScanRoot, _exit_code, _note_kept, text_or_json
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.fixer.journal import load_journals
-from ckptdoctor.fixer.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
 from ckptdoctor.fixer.run import FixResult, _check_roots, fix
 from ckptdoctor.fixer.transaction import undo
+from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
 
 _EPILOG_FIX = """\b
 Examples:
@@ -170,7 +170,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(_dumps(undo_json(path, j.txid, restored=restored, operations=len(j.ops))))
         return
-    from ckptdoctor.report import plural
+    from ckptdoctor.render.report import plural
 
     click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")
 

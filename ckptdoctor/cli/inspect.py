@@ -34,8 +34,9 @@ def inspect(file: str, fmt: str) -> None:
     Nothing is loaded or executed: safetensors headers are parsed, pickles are walked statically. Use it to see
     why a finding was raised; `ckptdoctor scan` does the checking.
     """
-    from ckptdoctor.inspection import inspect_file, render_inspect_text
-    from ckptdoctor.report import printable
+    from ckptdoctor.inspection import inspect_file
+    from ckptdoctor.render.inspect import render_inspect_text
+    from ckptdoctor.render.report import printable
 
     if not os.path.isfile(file):  # a FIFO or device: opening it could block, and there is nothing to describe
         raise click.BadParameter(f"'{printable(file)}' is not a regular file.", param_hint="'FILE'")

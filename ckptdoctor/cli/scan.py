@@ -32,7 +32,7 @@ Examples:
   ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
   ckptdoctor scan --select CKD2 --fail-on warning model/
   ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
-  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.sarif   # report, never fail
+  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.render.sarif   # report, never fail
   ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
   ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
   ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
@@ -113,7 +113,7 @@ def scan(
     (\\x1b); --format json gives them exactly.
     """
     from ckptdoctor.discover import unique_roots
-    from ckptdoctor.report import printable, render_json, render_text
+    from ckptdoctor.render.report import printable, render_json, render_text
     from ckptdoctor.scanner import Report
 
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
@@ -134,12 +134,12 @@ def scan(
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":
-        from ckptdoctor.sarif import render_sarif
+        from ckptdoctor.render.sarif import render_sarif
 
         click.echo(render_sarif(report.findings))
     elif fmt == "github":
-        from ckptdoctor.report import summary_line
-        from ckptdoctor.sarif import render_github
+        from ckptdoctor.render.report import summary_line
+        from ckptdoctor.render.sarif import render_github
 
         click.echo(render_github(report.findings, notice=summary_line(report)))
     else:

@@ -43,7 +43,7 @@ The modules, each with one job, importing only those above them:
 * ``recover``: recognising an operation's state on disk, undoing one operation;
 * ``transaction``: a transaction forward and back: ``apply_plan``, ``complete_interrupted``, ``undo``;
 * ``manifest``: checksum manifests (``write_manifest``);
-* ``run``, ``render``: the ``fix`` API, its text and JSON output (the ``fix``/``undo`` commands are ``cli.fix``).
+* ``run``: the ``fix`` API (its text and JSON output are ``render.fix``, the ``fix``/``undo`` commands ``cli.fix``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from ckptdoctor.fixer.journal import JOURNAL_SCHEMA, Journal, JournalOp, load_jo
 from ckptdoctor.fixer.manifest import MANIFEST_NAME, manifest_refusal, write_manifest
 from ckptdoctor.fixer.paths import OWN_DIR, check_path, quarantine_path
 from ckptdoctor.fixer.plan import REWRITE_MAX_BYTES, PlannedOp, RootPlan, Skipped, plan_root
-from ckptdoctor.fixer.render import FIX_SCHEMA, fix_json, render_fix_text
 from ckptdoctor.fixer.run import FixResult, fix
 from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted, undo
 
@@ -65,7 +64,6 @@ __all__ = [
     "BUSY_SECONDS",
     "CRASH_AFTER_OP_ENV",
     "CRASH_ENV",
-    "FIX_SCHEMA",
     "JOURNAL_SCHEMA",
     "MANIFEST_NAME",
     "OWN_DIR",
@@ -88,13 +86,11 @@ __all__ = [
     "crash_points",
     "digest",
     "fix",
-    "fix_json",
     "load_journals",
     "manifest_refusal",
     "plan_root",
     "preflight",
     "quarantine_path",
-    "render_fix_text",
     "undo",
     "write_manifest",
 ]
