@@ -234,6 +234,17 @@ def kept_message(source: str, codes: Sequence[str], how: str) -> str:
     )
 
 
+def warn_kept(source: str, codes: Sequence[str]) -> None:
+    """The Python API's word for security rules a settings file may not turn off: a ``UserWarning`` at the first
+    caller outside ckptdoctor (a script calling ``ckptdoctor.scan``), not the command line's note on stderr."""
+    import warnings
+
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("ckptdoctor."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(kept_message(source, codes, "pass ignore=[...]"), UserWarning, stacklevel=level)
+
+
 def split_codes(values: Sequence[str]) -> tuple[str, ...]:
     """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased; a rule's name
     (``stub-weights-shadow-adapter``, as ``ckptdoctor explain`` takes it) stands for its code."""

@@ -13,8 +13,8 @@ from ckptdoctor import __version__
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
-    _exit_code,
     _note_kept,
+    _note_security,
     _read_only_done,
     _use_color,
     rule_options,
@@ -22,7 +22,6 @@ from ckptdoctor.cli.options import (
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
-    from ckptdoctor.rules import Selection
     from ckptdoctor.scanner import Report
 
 _EPILOG_SCAN = """\b
@@ -114,23 +113,11 @@ def scan(
     """
     from ckptdoctor.discover import unique_roots
     from ckptdoctor.render.report import printable, render_json, render_text
-    from ckptdoctor.scanner import Report
 
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
-    from ckptdoctor.settings import check_runnable, selection_groups, split_codes
-
-    check_runnable(split_codes(select), deep)
-    groups = selection_groups(paths, select, ignore, no_config, on_kept=_note_kept)
-    if checksums is not None:
-        _check_checksums(paths, checksums, deep)
-    parts = [(_scan_roots(ps, sel, jobs, deep, checksums), cfg) for ps, sel, cfg in groups]
-    report = Report(
-        tuple(t for r, _ in parts for t in r.trees),
-        tuple(f for r, _ in parts for f in r.findings),
-        sum(r.seconds for r, _ in parts),
-    )
+    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums)
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":
@@ -149,29 +136,50 @@ def scan(
             click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
     if checksums == "write":
         _write_manifests(report.trees)
-    code = max(_exit_code(r, fail_on, cfg) for r, cfg in parts)
+    code = report.policy.exit_code(report.findings, on_security_kept=_note_security)
     if checksums != "write":
         _read_only_done()
     sys.exit(code)
 
 
-def _scan_roots(
-    paths: Sequence[str], selection: Selection, jobs: int | None, deep: bool, checksums: str | None
+def _scan(
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    jobs: int | None,
+    deep: bool,
+    checksums: str | None,
 ) -> Report:
-    """One scan of ``paths`` with one selection; a missing numpy for ``--deep`` is a usage error."""
+    """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
+    error."""
+    from ckptdoctor.api import scan as api_scan
     from ckptdoctor.progress import progress_stream
-    from ckptdoctor.scanner import scan as run_scan
+
+    def run() -> Report:
+        return api_scan(
+            paths,
+            select=select,
+            ignore=ignore,
+            fail_on=fail_on,
+            no_config=no_config,
+            deep=deep,
+            jobs=jobs,
+            checksums=checksums,
+            progress=progress_stream(),
+            on_kept=_note_kept,
+        )
 
     if not deep:
-        return run_scan(list(paths), selection=selection, jobs=jobs, progress=progress_stream())
-    from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import (numpy)
+        return run()
+    from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import
 
     try:
-        return run_scan(
-            list(paths), selection=selection, jobs=jobs, deep=True, progress=progress_stream(), checksums=checksums
-        )
+        return run()
     except DeepUnavailable as exc:
         raise UsageProblem(str(exc)) from None
+
 
 def _check_special_roots(paths: Sequence[str]) -> None:
     """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it:
@@ -185,30 +193,6 @@ def _check_special_roots(paths: Sequence[str]) -> None:
         raise UsageProblem(f"{exc.filename}: {why}") from None
     except ValueError as exc:  # its message names the root
         raise UsageProblem(str(exc)) from None
-
-
-def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
-    """Usage errors of ``--checksums``, raised before a long ``--deep`` read rather than after it."""
-    if not deep:
-        raise UsageProblem(f"--checksums {mode} needs --deep: checksums are computed while --deep reads every byte")
-    for p in paths:
-        if not os.path.isdir(p):
-            raise UsageProblem(f"--checksums {mode}: {p} is not a folder (the manifest lives at a folder's root)")
-    if mode == "write":
-        from ckptdoctor.fixer import manifest_refusal
-
-        for p in paths:
-            why = manifest_refusal(p)
-            if why is not None:
-                raise UsageProblem(f"--checksums write: {why}")
-    else:
-        from ckptdoctor.deep import MANIFEST_PATH, manifest_exists
-
-        for p in paths:
-            if not manifest_exists(p):
-                raise UsageProblem(
-                    f"--checksums verify: {p} has no {MANIFEST_PATH}; write one with `--deep --checksums write`"
-                )
 
 
 def _write_manifests(trees: Sequence[Tree]) -> None:
