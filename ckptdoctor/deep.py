@@ -377,7 +377,7 @@ def _unreadable(e: OSError) -> ReadProblem:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checksum manifests (built and read here; ``ckptdoctor.fix.write_manifest`` is what writes one)
+# Checksum manifests (built and read here; ``ckptdoctor.fixer.write_manifest`` is what writes one)
 
 
 def manifest_document(tree: Tree, version: str, now: float | None = None) -> tuple[dict[str, Any], list[str]]:

@@ -31,7 +31,7 @@ from moto.server import ThreadedMotoServer
 from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
-from ckptdoctor.fix import FixRefused, fix
+from ckptdoctor.fixer import FixRefused, fix
 from ckptdoctor.remote import READAHEAD, WHOLE_FILE, is_remote
 from ckptdoctor.scanner import scan
 from tests.builders import comparable_report, trainer_state
