@@ -61,6 +61,7 @@ class _Value:
     tensor_type: str | None = None
     content: int | None = None  # bytes of tensor_content
     has_tensor: bool = False
+    has_map: bool = False  # a MapTensorProto (field 3), which this reader does not describe
 
 
 def read_mindspore(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
@@ -138,6 +139,9 @@ def _value(cur: Cursor, end: int, at: int, index: int) -> _Value:
             n = _length(cur, end, f"tensor of value #{index}")
             v.has_tensor = True
             _tensor(cur, cur.pos + n, v, index)
+        elif number == 3 and wire == LEN:
+            v.has_map = True
+            _skip(cur, number, wire, end)
         else:
             _skip(cur, number, wire, end)
     if v.tag is None:
@@ -181,13 +185,13 @@ def _length(cur: Cursor, end: int, what: str, cap: int | None = None) -> int:
     """A LEN field's length, checked against the end of its message and of the file (and ``cap``)."""
     at = cur.pos
     n = cur.varint(end, f"length of {what}")
+    if n > end - cur.pos and end < cur.size:
+        raise WireError(ProblemKind.MALFORMED, f"{what} at offset {at:,} declares {n:,} bytes but its message "
+                        f"ends {end - cur.pos:,} bytes later")
     if n > cur.size - cur.pos:
         raise WireError(ProblemKind.TRUNCATED, f"{what} at offset {at:,} declares {n:,} bytes but the file ends "
                         f"{cur.size - cur.pos:,} bytes later ({n - (cur.size - cur.pos):,} missing): the file is "
                         "truncated")
-    if n > end - cur.pos:
-        raise WireError(ProblemKind.MALFORMED, f"{what} at offset {at:,} declares {n:,} bytes but its message "
-                        f"ends {end - cur.pos:,} bytes later")
     if cap is not None and n > cap:
         raise WireError(ProblemKind.MALFORMED, f"{what} at offset {at:,} is {n:,} bytes, over {cap:,}")
     return n
@@ -232,8 +236,11 @@ def _tensors(values: list[_Value]) -> tuple[list[TensorInfo], list[ReadProblem]]
 def _tensor_info(group: list[_Value], problems: list[ReadProblem]) -> TensorInfo | None:
     last = group[-1]
     name = last.tag or ""
+    if any(v.has_map for v in group):
+        return None  # a map tensor: not described here
     if not all(v.has_tensor for v in group):
-        return None  # a map tensor or a value of a kind this reader does not describe
+        problems.append(ReadProblem(ProblemKind.MALFORMED, f"value `{name}` holds no tensor: MindSpore cannot load it"))
+        return None
     missing = next((f for f in ("tensor_type", "tensor_content") if _field(last, f) is None), None)
     if missing is None:
         missing = next((f for v in group for f in ("tensor_type", "tensor_content") if _field(v, f) is None), None)

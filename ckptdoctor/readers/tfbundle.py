@@ -454,7 +454,10 @@ def read_tf_checkpoint_state(f: BinaryIO, size: int, limits: Limits = DEFAULT_LI
     (``get_checkpoint_state`` returns None): training silently starts over. So any line it would refuse (unknown
     field, bad string, stray text) is a MALFORMED problem and gives no facts. LIMIT past ``limits.json_bytes``.
     """
-    data = read_bounded(f, size, limits.json_bytes, "checkpoint state file")
+    try:
+        data = read_bounded(f, size, limits.json_bytes, "checkpoint state file")
+    except OSError as e:
+        return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"cannot read the file: {e.strerror or e}"),))
     if isinstance(data, ReadProblem):
         return ReadOutcome(None, (data,))
     try:
