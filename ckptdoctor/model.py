@@ -194,7 +194,78 @@ class DcpMetadataFacts:
     storage: tuple[DcpStorageRef, ...]
 
 
-FileContent = SafetensorsFacts | TorchFacts | PickleFacts | JsonFacts | TextFacts | DcpMetadataFacts
+@dataclass(frozen=True, slots=True)
+class MindSporeFacts:
+    """A MindSpore ``.ckpt`` (protobuf ``Checkpoint``), walked without MindSpore: its tensors in file order.
+
+    ``tensors`` use safetensors' dtype codes; a tensor MindSpore saved as several slices under one tag is one
+    entry whose ``nbytes`` sums them. ``values`` counts the ``Value`` records (slices included).
+    """
+
+    tensors: tuple[TensorInfo, ...]
+    values: int
+
+
+@dataclass(frozen=True, slots=True)
+class TfBundleEntry:
+    """One ``BundleEntryProto`` of a TensorFlow ``.index`` file: where a tensor's bytes live in the data shards.
+
+    ``dtype`` is a safetensors dtype code where one exists, else TensorFlow's name (``DT_STRING``, ``DT_7``...).
+    ``sliced`` entries (partitioned variables) keep their bytes under other keys and have ``size`` 0.
+    """
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard_id: int
+    offset: int
+    size: int
+    crc32c: int | None  # masked, as TensorFlow stores it (``crc32c::Mask``)
+    sliced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TfIndexFacts:
+    """A TensorFlow checkpoint bundle index (``ckpt-N.index``, a LevelDB-format table) without TensorFlow."""
+
+    num_shards: int
+    entries: tuple[TfBundleEntry, ...]
+    endianness: str = "little"
+    version: int = 0  # BundleHeaderProto.version.producer
+
+
+@dataclass(frozen=True, slots=True)
+class TfCheckpointStateFacts:
+    """The text-format ``checkpoint`` file ``tf.train.CheckpointManager`` keeps beside its ``.index`` files."""
+
+    model_checkpoint_path: str | None
+    all_model_checkpoint_paths: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hdf5Facts:
+    """An HDF5 file's superblock (``tf_model.h5``, ``*.weights.h5``), read without h5py."""
+
+    superblock_offset: int  # 0, or the size of a user block (512, 1024, 2048, ...)
+    version: int
+    offset_size: int
+    length_size: int
+    base_address: int
+    eof_address: int  # relative to ``base_address``: the file must reach base + eof bytes
+
+
+FileContent = (
+    SafetensorsFacts
+    | TorchFacts
+    | PickleFacts
+    | JsonFacts
+    | TextFacts
+    | DcpMetadataFacts
+    | MindSporeFacts
+    | TfIndexFacts
+    | TfCheckpointStateFacts
+    | Hdf5Facts
+)
 
 
 class FileKind(str, enum.Enum):
@@ -209,6 +280,12 @@ class FileKind(str, enum.Enum):
     JSON = "json"
     TEXT = "text"
     EMPTY = "empty"
+    # Other frameworks' files, sniffed only when the caller asks for them (``frameworks=True``).
+    MINDSPORE = "mindspore-ckpt"  # MindSpore protobuf `.ckpt` (mindspore_model.ckpt)
+    TF_INDEX = "tf-index"  # TensorFlow bundle index, `ckpt-N.index`
+    TF_DATA = "tf-data"  # TensorFlow bundle shard, `ckpt-N.data-0000K-of-0000M` (raw bytes, checked via the index)
+    TF_CHECKPOINT_STATE = "tf-checkpoint-state"  # the text `checkpoint` file of tf.train.CheckpointManager
+    HDF5 = "hdf5"  # `.h5` / `.hdf5` (Keras weights)
     OTHER = "other"  # not a format we read (README.md, tokenizer files ...)
     SPECIAL = "special"  # FIFO, socket, device: never opened
 

@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import FileFacts, FileKind, ProblemKind, ReadOutcome, ReadProblem
-from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
+from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
 
 Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
 
@@ -36,13 +36,15 @@ def read_file(
     st: os.stat_result,
     limits: Limits = DEFAULT_LIMITS,
     in_dcp_dir: bool = False,
+    frameworks: bool = False,
 ) -> FileFacts:
     """Read one file into ``FileFacts``: never raises, never opens FIFOs, sockets or devices.
 
     ``abs_path`` is what to open (for a followed link: its resolved target), ``rel_path`` the root-relative
     path to report and ``st`` its stat (links already followed). ``in_dcp_dir`` tells the sniffer the file sits
-    in a ``torch.distributed.checkpoint`` folder. OS errors become ``UNREADABLE`` problems and any unexpected
-    exception in a reader a ``MALFORMED`` problem naming the bug, so one bad file never stops a scan.
+    in a ``torch.distributed.checkpoint`` folder; ``frameworks`` lets it recognise MindSpore, TensorFlow and HDF5
+    files (off until discovery and the rules know those kinds). OS errors become ``UNREADABLE`` problems and any
+    unexpected exception in a reader a ``MALFORMED`` problem naming the bug, so one bad file never stops a scan.
     """
     base = FileFacts(path=rel_path, size=st.st_size, mtime=st.st_mtime, kind=FileKind.OTHER)
     special = _special_problem(st.st_mode)
@@ -62,22 +64,27 @@ def read_file(
             special = _special_problem(fst.st_mode)
             if special is not None:
                 return _with(base, special[0], special[1])
-            return read_open_file(f, base, limits, in_dcp_dir)
+            return read_open_file(f, base, limits, in_dcp_dir, frameworks)
     except OSError as e:
         return _with(base, base.kind, _unreadable(e))
 
 
 def read_open_file(
-    f: BinaryIO, base: FileFacts, limits: Limits = DEFAULT_LIMITS, in_dcp_dir: bool = False
+    f: BinaryIO, base: FileFacts, limits: Limits = DEFAULT_LIMITS, in_dcp_dir: bool = False, frameworks: bool = False
 ) -> FileFacts:
     """Sniff an already open, seekable binary file and run the reader for its kind; never raises.
 
     ``base`` carries the path to report, the real size and mtime (kind and content are filled in here). Shared by
     local files and remote objects (``ckptdoctor.remote``), so both are read by exactly the same code.
+    ``frameworks`` as for ``read_file``.
     """
     try:
         head = f.read(HEAD_BYTES)
-        kind = sniff(head, base.name, base.size, in_dcp_dir)
+        tail = b""
+        if frameworks and wants_tail(base.name) and base.size >= TAIL_BYTES:
+            f.seek(base.size - TAIL_BYTES)
+            tail = f.read(TAIL_BYTES)
+        kind = sniff(head, base.name, base.size, in_dcp_dir, frameworks, tail)
         # EMPTY carries no problem: whether zero bytes is broken depends on the name, which rules judge.
         if kind not in _READ_KINDS:
             return FileFacts(base.path, base.size, base.mtime, kind)
@@ -126,7 +133,8 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
 
 
 # Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone; DCP_DATA (`.distcp`,
-# mostly tensor bytes) is read by discovery afterwards, at the items its folder's `.metadata` locates.
+# mostly tensor bytes) is read by discovery afterwards, at the items its folder's `.metadata` locates; TF_DATA
+# (raw tensor bytes) is checked against its index (`tfbundle.shard_problems`, and `crc_problems` with --deep).
 _READ_KINDS = frozenset(
     {
         FileKind.SAFETENSORS,
@@ -136,6 +144,10 @@ _READ_KINDS = frozenset(
         FileKind.DCP_METADATA,
         FileKind.JSON,
         FileKind.TEXT,
+        FileKind.MINDSPORE,
+        FileKind.TF_INDEX,
+        FileKind.TF_CHECKPOINT_STATE,
+        FileKind.HDF5,
     }
 )
 
@@ -168,6 +180,22 @@ def _reader_for(kind: FileKind) -> Reader:
         from ckptdoctor.readers.deepspeed import read_latest
 
         return read_latest
+    if kind is FileKind.MINDSPORE:
+        from ckptdoctor.readers.mindspore import read_mindspore
+
+        return read_mindspore
+    if kind is FileKind.TF_INDEX:
+        from ckptdoctor.readers.tfbundle import read_tf_index
+
+        return read_tf_index
+    if kind is FileKind.TF_CHECKPOINT_STATE:
+        from ckptdoctor.readers.tfbundle import read_tf_checkpoint_state
+
+        return read_tf_checkpoint_state
+    if kind is FileKind.HDF5:
+        from ckptdoctor.readers.hdf5 import read_hdf5
+
+        return read_hdf5
     raise ValueError(f"no reader for {kind.value} files")
 
 

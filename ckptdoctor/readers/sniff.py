@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import pickletools
+import re
 import struct
 
 from ckptdoctor.model import FileKind
+from ckptdoctor.readers.hdf5 import SIGNATURE as _HDF5_SIGNATURE
+from ckptdoctor.readers.protowire import WireError, varint
 
 # Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, and a few
 # protocol-0 pickle opcodes.
@@ -31,13 +34,34 @@ _CALL_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOB
 # Names torch.save'd files carry in Trainer checkpoints (weights, optimizer, scheduler, RNG, args, DeepSpeed states).
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
+# Other frameworks' files, recognised only with ``frameworks=True`` (discovery and rules do not know their kinds
+# yet; until they do, these files keep the kinds they always had).
+# The last bytes of a LevelDB-format table (a TensorFlow `.index`): the footer's magic, 0xdb4775248b80fb57.
+TAIL_BYTES = 8
+TF_TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
+_TF_DATA_NAME = re.compile(r"\.data-\d{5}-of-\d{5}$", re.ASCII)
+_HDF5_SUFFIXES = (".h5", ".hdf5")
+# MindNLP's weights file when save_safetensors=False (`WEIGHTS_NAME` in mindnlp/configs.py).
+_MINDSPORE_WEIGHTS = "mindspore_model.ckpt"
+# Field names that open a CheckpointState in text format (what tf.train.CheckpointManager writes to `checkpoint`).
+_CHECKPOINT_STATE_FIELDS = (b"model_checkpoint_path", b"all_model_checkpoint_", b"last_preserved_timestamp", b"#")
 
-def sniff(head: bytes, name: str, size: int, in_dcp_dir: bool = False) -> FileKind:
+
+def wants_tail(name: str) -> bool:
+    """Whether sniffing ``name`` with ``frameworks=True`` needs its last ``TAIL_BYTES`` bytes (a TensorFlow index)."""
+    return name.lower().endswith(".index")
+
+
+def sniff(
+    head: bytes, name: str, size: int, in_dcp_dir: bool = False, frameworks: bool = False, tail: bytes = b""
+) -> FileKind:
     """Classify a file from ``head`` (its first ``HEAD_BYTES`` bytes), its base ``name`` and its real ``size``.
 
     Content wins over the name: a pickle named ``model.safetensors`` is a ``PICKLE`` and safetensors bytes named
     ``pytorch_model.bin`` are ``SAFETENSORS``. ``in_dcp_dir`` says the file sits in a folder holding ``.metadata``
-    or ``*.distcp`` files (a ``torch.distributed.checkpoint`` directory).
+    or ``*.distcp`` files (a ``torch.distributed.checkpoint`` directory). ``frameworks`` also recognises MindSpore,
+    TensorFlow and HDF5 files among those the torch kinds leave (the other kinds never change); ``tail`` is then
+    the file's last ``TAIL_BYTES`` bytes when ``wants_tail(name)``.
     """
     if size == 0:
         return FileKind.EMPTY
@@ -64,6 +88,10 @@ def sniff(head: bytes, name: str, size: int, in_dcp_dir: bool = False) -> FileKi
     # why the bytes are not what the loader expects (a zeroed `model.safetensors` must be a finding, not "other").
     if lower.endswith(".safetensors"):
         return FileKind.SAFETENSORS
+    if frameworks:
+        other = _framework_kind(head, lower, tail)
+        if other is not None:
+            return other
     if lower.endswith(_TORCH_SUFFIXES):
         return FileKind.TORCH_ZIP
     if lower == "latest":
@@ -71,6 +99,65 @@ def sniff(head: bytes, name: str, size: int, in_dcp_dir: bool = False) -> FileKi
     if head.lstrip(_JSON_WS)[:1] in (b"{", b"[") and not lower.endswith(_TEXT_SUFFIXES):
         return FileKind.JSON
     return FileKind.OTHER
+
+
+def _framework_kind(head: bytes, lower: str, tail: bytes) -> FileKind | None:
+    """The kind of a MindSpore, TensorFlow or HDF5 file by content and name (``lower``); None for anything else.
+
+    A torch name (``.bin``, ``.pt`` ...) stays torch's whatever its bytes, so that torch.load's refusal is what the
+    rules report, except a ``.ckpt`` holding a MindSpore protobuf (MindSpore's own suffix).
+    """
+    if lower.endswith(".ckpt") and (_looks_like_mindspore(head) or lower == _MINDSPORE_WEIGHTS):
+        return FileKind.MINDSPORE
+    if lower.endswith(_TORCH_SUFFIXES):
+        return None
+    if lower.endswith(".index") and (tail == TF_TABLE_MAGIC or looks_like_tf_index_head(head)):
+        return FileKind.TF_INDEX
+    if _TF_DATA_NAME.search(lower):
+        return FileKind.TF_DATA
+    if head.startswith(_HDF5_SIGNATURE) or lower.endswith(_HDF5_SUFFIXES):
+        return FileKind.HDF5
+    if lower == "checkpoint" and head.lstrip(_JSON_WS).startswith(_CHECKPOINT_STATE_FIELDS):
+        return FileKind.TF_CHECKPOINT_STATE
+    return None
+
+
+def _looks_like_mindspore(head: bytes) -> bool:
+    """A protobuf ``Checkpoint``: field 1 (a Value) whose first field is its tag (field 1), then a tensor (field 2).
+
+    Checked as far as the head reaches: the two keys, the lengths (the tag inside its value), the tag as UTF-8.
+    """
+    if head[:1] != b"\x0a":
+        return False
+    try:
+        value_len, pos = varint(head, 1, len(head))
+        if head[pos : pos + 1] != b"\x0a":
+            return False
+        tag_len, pos = varint(head, pos + 1, len(head))
+    except WireError:
+        return False
+    if tag_len >= value_len:
+        return False
+    tag = head[pos : pos + tag_len]
+    try:
+        tag.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.reason != "unexpected end of data":  # only a tag cut by the end of the head may end mid-character
+            return False
+    after = head[pos + tag_len : pos + tag_len + 1]
+    return after in (b"", b"\x12")
+
+
+def looks_like_tf_index_head(head: bytes) -> bool:
+    """Whether ``head`` starts like a TensorFlow bundle index: an uncompressed first block whose first entry has
+    the empty key (shared and non-shared lengths 0) and a ``BundleHeaderProto`` value (empty, or field 1, 2 or 3)."""
+    if len(head) < 4 or head[0] != 0 or head[1] != 0:
+        return False
+    try:
+        n, pos = varint(head, 2, len(head))
+    except WireError:
+        return False
+    return n == 0 or head[pos : pos + 1] in (b"\x08", b"\x10", b"\x1a")
 
 
 def _looks_like_safetensors(head: bytes) -> bool:
