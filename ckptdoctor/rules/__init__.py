@@ -1,7 +1,8 @@
 """The rule registry and engine: rules are pure functions of a ``Tree`` that yield hits; the engine makes findings.
 
 A rule is registered with ``@rule(code, name, severity)``; its docstring is its user-facing document, with the
-sections What it does / Why is this bad? / Example / Fix safety / References.
+sections What it does / Why is this bad? / Example / Fix safety / References. A gate rule (``gate_only=True``) is a
+function of one planned resume instead (``ckptdoctor.resume.rules``), which only ``ckptdoctor gate`` runs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from ckptdoctor.findings import Finding, FixPlan, Severity
 from ckptdoctor.model import Tree
@@ -27,6 +29,10 @@ class Hit:
 
 
 RuleFunc = Callable[[Tree], Iterable[Hit]]
+# A gate rule's function takes the gate's context (``ckptdoctor.resume.rules.ResumeContext``: the checkpoint, the
+# plan, the prediction), a layer above this one, so typed here as Any. ``run_rules`` never calls one.
+GateRuleFunc = Callable[[Any], Iterable[Hit]]
+_F = TypeVar("_F", RuleFunc, GateRuleFunc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +42,7 @@ class Rule:
     code: str
     name: str
     severity: Severity
-    func: RuleFunc = field(compare=False, repr=False)
+    func: RuleFunc | GateRuleFunc = field(compare=False, repr=False)
     doc: str = ""
     fix: str = ""  # "safe" (applied by `ckptdoctor fix`), "unsafe" (only with --unsafe-fixes), "" (none)
     deep_only: bool = False
@@ -90,7 +96,7 @@ def rule(
     gate_only: bool = False,
     security_severity: str | None = None,
     superseded_by_gate: bool = False,
-) -> Callable[[RuleFunc], RuleFunc]:
+) -> Callable[[_F], _F]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
     ``fix`` is the applicability of the fix plans the rule attaches ("safe" or "unsafe"; a test checks the plans).
@@ -98,7 +104,7 @@ def rule(
     if fix not in ("", "safe", "unsafe"):
         raise ValueError(f"rule {code}: fix must be safe, unsafe or empty, not {fix!r}")
 
-    def register(func: RuleFunc) -> RuleFunc:
+    def register(func: _F) -> _F:
         if code in _REGISTRY:
             raise ValueError(f"rule {code} registered twice")
         _REGISTRY[code] = Rule(
