@@ -251,7 +251,7 @@ class LazyGroup(click.Group):
     lazy: ClassVar[dict[str, str]] = {
         "fix": "ckptdoctor.fix:fix_command",
         "undo": "ckptdoctor.fix:undo_command",
-        "gate": "ckptdoctor.gate:gate_command",
+        "gate": "ckptdoctor.resume._cli:gate_command",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

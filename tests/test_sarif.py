@@ -9,7 +9,7 @@ import pytest
 
 from ckptdoctor import sarif
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
-from ckptdoctor.gate import gate
+from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
 from tests.builders import make_run
 

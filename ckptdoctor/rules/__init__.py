@@ -81,7 +81,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
-    "ckptdoctor.rules.gate",
+    "ckptdoctor.resume.rules",
     "ckptdoctor.rules.deep",
 )
 
