@@ -9,8 +9,9 @@ The Python API, imported when first used (``import ckptdoctor`` loads nothing el
         print(finding.rule, finding.severity.value, finding.path, finding.message)
     raise SystemExit(report.exit_code())                         # the command's exit code
 
-``scan`` and ``fix`` read each root's settings file as the command line does; ``undo`` restores a fix transaction.
-``Finding``, ``Severity``, ``Report`` and ``Selection`` are the types they take and return.
+``scan``, ``gate`` and ``fix`` read each root's settings file as the command line does; ``undo`` restores a fix
+transaction. ``Finding``, ``Severity``, ``Report``, ``GateResult`` and ``Selection`` are the types they take and
+return.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Finding", "Report", "Selection", "Severity", "__version__", "fix", "scan", "undo"]
+__all__ = ["Finding", "GateResult", "Report", "Selection", "Severity", "__version__", "fix", "gate", "scan", "undo"]
 
 # name -> the module that defines it, imported on first use (PEP 562)
 _LAZY = {
     "scan": "ckptdoctor.api",
     "fix": "ckptdoctor.api",
+    "gate": "ckptdoctor.resume.api",
+    "GateResult": "ckptdoctor.resume.api",
     "undo": "ckptdoctor.fixer.transaction",
     "Finding": "ckptdoctor.findings",
     "Severity": "ckptdoctor.findings",
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from ckptdoctor.api import fix, scan
     from ckptdoctor.findings import Finding, Severity
     from ckptdoctor.fixer.transaction import undo
+    from ckptdoctor.resume.api import GateResult, gate
     from ckptdoctor.rules import Selection
     from ckptdoctor.scanner import Report
 

@@ -1,9 +1,12 @@
-"""Severity, Finding and FixPlan: what rules produce and reports and the fixer consume. No I/O."""
+"""Severity, Finding and FixPlan: what rules produce and reports and the fixer consume; a finding's JSON shape and
+the path a user can paste. No I/O but the one ``lstat`` that tells a single-file root."""
 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Severity(str, enum.Enum):
@@ -69,3 +72,38 @@ class Finding:
 
     def sort_key(self) -> tuple[str, str, str, str]:
         return (self.root, self.path, self.rule, self.message)
+
+
+def finding_json(f: Finding) -> dict[str, Any]:
+    """One finding in the shape every JSON document of ckptdoctor uses (scan, gate, fix)."""
+    return {
+        "rule": f.rule,
+        "name": f.name,
+        "severity": f.severity.value,
+        "path": f.path,
+        "message": f.message,
+        "fix": {"applicability": f.fix.applicability.value, "title": f.fix.title} if f.fix else None,
+        "root": f.root,
+    }
+
+
+def display_path(root: str, path: str) -> str:
+    """A path as the user can paste it: the root they gave joined with the relative path.
+
+    A single-file root's one file has its own name as path (``model.bin``): it is the root itself, not
+    ``model.bin/model.bin``.
+    """
+    if path in ("", "."):
+        return root
+    if root in ("", "."):
+        return path
+    if "/" not in path and _is_file_root(root, path):
+        return root
+    return os.path.join(root, path)
+
+
+def _is_file_root(root: str, path: str) -> bool:
+    """Whether ``root`` is a local non-folder whose name ``path`` shows (raw, or with undecodable bytes escaped)."""
+    base = os.path.basename(root)
+    shown = os.fsencode(base).decode("utf-8", "backslashreplace")
+    return path in (base, shown) and "://" not in root and os.path.lexists(root) and not os.path.isdir(root)

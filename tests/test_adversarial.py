@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from ckptdoctor.cli import main
-from ckptdoctor.gate import GateInputError, gate
 from ckptdoctor.render.report import render_text
+from ckptdoctor.resume import GateInputError, gate
 from ckptdoctor.scanner import scan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

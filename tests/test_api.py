@@ -3,6 +3,7 @@ command's findings and exit code, and importing it loads neither click nor tabul
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -160,8 +161,11 @@ def test_fix_keeps_a_security_error_failing_under_a_settings_files_never(hostile
 
 
 def test_the_api_names() -> None:
-    assert set(ckptdoctor.__all__) == {"scan", "fix", "undo", "Finding", "Severity", "Report", "Selection",
-                                       "__version__"}
+    assert set(ckptdoctor.__all__) == {"scan", "gate", "fix", "undo", "Finding", "Severity", "Report", "GateResult",
+                                       "Selection", "__version__"}
+    importlib.import_module("ckptdoctor.resume")  # the gate's package must not replace the function `ckptdoctor.gate`
+
+    assert callable(ckptdoctor.gate) and ckptdoctor.gate.__module__ == "ckptdoctor.resume.api"
     for name in ckptdoctor.__all__:
         assert getattr(ckptdoctor, name) is not None and name in dir(ckptdoctor)
     with pytest.raises(AttributeError):
@@ -170,7 +174,7 @@ def test_the_api_names() -> None:
 
 def test_importing_the_api_loads_neither_click_nor_tabulate() -> None:
     code = (
-        "import sys, ckptdoctor; ckptdoctor.scan, ckptdoctor.fix, ckptdoctor.undo, ckptdoctor.Report; "
+        "import sys, ckptdoctor; ckptdoctor.scan, ckptdoctor.gate, ckptdoctor.fix, ckptdoctor.undo, ckptdoctor.Report; "
         "print(sorted(m for m in sys.modules if m.startswith(('ckptdoctor', 'click', 'tabulate'))))"
     )
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,

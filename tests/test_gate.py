@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from ckptdoctor.cli import main
-from ckptdoctor.gate import GateInputError, gate, resume_steps, steps_per_epoch_of
+from ckptdoctor.resume import GateInputError, gate, resume_steps, steps_per_epoch_of
 from ckptdoctor.rules import all_rules
 from ckptdoctor.trainer_view import TrainerStateView
 from tests.builders import make_checkpoint, make_run
@@ -227,7 +227,7 @@ def test_cli_checkpoint_option_and_github_format(midway: Path) -> None:
 
 
 def test_gate_is_importable_without_torch() -> None:
-    code = "import sys, ckptdoctor.gate, ckptdoctor.render.sarif, ckptdoctor.cli; assert 'torch' not in sys.modules"
+    code = "import sys, ckptdoctor.cli.gate, ckptdoctor.render.sarif, ckptdoctor.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 

@@ -28,7 +28,8 @@ from transformers import TrainerState, TrainingArguments  # noqa: E402
 
 from ckptdoctor import schedules  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
-from ckptdoctor.gate import GateInputError, GateResult, gate, render_text, summary  # noqa: E402
+from ckptdoctor.render.gate import render_text, summary  # noqa: E402
+from ckptdoctor.resume import GateInputError, GateResult, gate  # noqa: E402
 from tests.builders import make_run, trainer_state  # noqa: E402
 
 HUGE = 10**5000  # past Python's 4,300-digit print limit; a pickle (LONG4) carries it, JSON cannot
@@ -152,7 +153,7 @@ def test_hostile_numbers_never_traceback(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The paths found by reading gate.py, each pinned
+# The paths found by reading the gate (ckptdoctor/resume/), each pinned
 
 
 @pytest.mark.parametrize("own", [math.nan, math.inf, -math.inf, 10**400], ids=["nan", "inf", "-inf", "10**400"])

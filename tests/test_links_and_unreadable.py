@@ -22,9 +22,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from ckptdoctor import discover as discover_mod
 from ckptdoctor.cli import main
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.gate import gate
 from ckptdoctor.model import FileFacts
 from ckptdoctor.readers import read_file
+from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
 from tests import test_hostile_trees as hostile
 

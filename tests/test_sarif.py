@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
-from ckptdoctor.gate import gate
 from ckptdoctor.render import sarif
+from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
 from tests.builders import make_run
 

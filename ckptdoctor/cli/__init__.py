@@ -60,7 +60,7 @@ class LazyGroup(click.Group):
     lazy: ClassVar[dict[str, str]] = {
         "fix": "ckptdoctor.cli.fix:fix_command",
         "undo": "ckptdoctor.cli.fix:undo_command",
-        "gate": "ckptdoctor.gate:gate_command",
+        "gate": "ckptdoctor.cli.gate:gate_command",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptdoctor.findings import Severity
-from ckptdoctor.gate import GateResult, finding_line, gate, render_text
+from ckptdoctor.render.gate import finding_line, render_text
+from ckptdoctor.resume import GateResult, gate
 
 logger = logging.getLogger("ckptdoctor")
 

@@ -121,7 +121,7 @@ def fix_json(result: FixResult) -> dict[str, Any]:
     run, where a refusal is exit 2 with the reason on stderr).
     """
     from ckptdoctor import __version__
-    from ckptdoctor.render.report import finding_json
+    from ckptdoctor.findings import finding_json
 
     refusals = result.refusals or (None,) * len(result.plans)
     roots = []

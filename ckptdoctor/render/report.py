@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from typing import Any
 
 from ckptdoctor import __version__, trainer_view
-from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.findings import Finding, Severity, display_path, finding_json
 from ckptdoctor.model import Checkpoint, FolderRole, Run, Tree
 from ckptdoctor.scanner import Report
 
@@ -17,28 +16,6 @@ SCHEMA = "ckptdoctor.report/1"
 
 _COLORS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
-
-
-def display_path(root: str, path: str) -> str:
-    """A path as the user can paste it: the root they gave joined with the relative path.
-
-    A single-file root's one file has its own name as path (``model.bin``): it is the root itself, not
-    ``model.bin/model.bin``.
-    """
-    if path in ("", "."):
-        return root
-    if root in ("", "."):
-        return path
-    if "/" not in path and _is_file_root(root, path):
-        return root
-    return os.path.join(root, path)
-
-
-def _is_file_root(root: str, path: str) -> bool:
-    """Whether ``root`` is a local non-folder whose name ``path`` shows (raw, or with undecodable bytes escaped)."""
-    base = os.path.basename(root)
-    shown = os.fsencode(base).decode("utf-8", "backslashreplace")
-    return path in (base, shown) and "://" not in root and os.path.lexists(root) and not os.path.isdir(root)
 
 
 # What a terminal would act on rather than show: C0/C1 controls (ESC starts colour and cursor sequences, CR and LF
@@ -75,19 +52,6 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
 def ordered(run: Run) -> list[Checkpoint]:
     """Checkpoints in step order (numeric, so checkpoint-12 follows checkpoint-8), then the others by path."""
     return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
-
-
-def finding_json(f: Finding) -> dict[str, Any]:
-    """One finding in the shape every JSON document of ckptdoctor uses (scan, gate, fix)."""
-    return {
-        "rule": f.rule,
-        "name": f.name,
-        "severity": f.severity.value,
-        "path": f.path,
-        "message": f.message,
-        "fix": {"applicability": f.fix.applicability.value, "title": f.fix.title} if f.fix else None,
-        "root": f.root,
-    }
 
 
 def to_json(report: Report) -> dict[str, Any]:

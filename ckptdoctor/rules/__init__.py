@@ -4,7 +4,8 @@ A rule is registered with ``@rule(code, name, severity, ...)``: every fact about
 it needs ``--deep`` or a planned resume, its security severity) is given there and read from its ``Rule``. Its
 docstring is its user-facing document, with the sections What it does / Why is this bad? / Example / Fix safety /
 References. Each code family has its module: 0xx-1xx ``discovery``, 2xx ``weights``, 3xx ``adapters``, 4xx
-``training``, 5xx ``distributed``, 6xx ``security`` (the gate-only rules, whatever their family, with the gate).
+``training``, 5xx ``distributed``, 6xx ``security``. The gate-only rules, whatever their family, live with the gate
+(``ckptdoctor.resume.rules``): each is a function of one planned resume, which only ``ckptdoctor gate`` runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.model import Tree
@@ -30,6 +32,10 @@ class Hit:
 
 
 RuleFunc = Callable[[Tree], Iterable[Hit]]
+# A gate rule's function takes the gate's context (``ckptdoctor.resume.rules.ResumeContext``: the checkpoint, the
+# plan, the prediction), a layer above this one, so typed here as Any. ``run_rules`` never calls one.
+GateRuleFunc = Callable[[Any], Iterable[Hit]]
+_F = TypeVar("_F", RuleFunc, GateRuleFunc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +45,7 @@ class Rule:
     code: str
     name: str
     severity: Severity
-    func: RuleFunc = field(compare=False, repr=False)
+    func: RuleFunc | GateRuleFunc = field(compare=False, repr=False)
     doc: str = ""
     fix: Applicability | None = None  # SAFE (applied by `ckptdoctor fix`), UNSAFE (only with --unsafe-fixes), None
     deep_only: bool = False
@@ -77,7 +83,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
-    "ckptdoctor.rules.gate",
+    "ckptdoctor.resume.rules",
 )
 
 
@@ -91,7 +97,7 @@ def rule(
     gate_only: bool = False,
     security_severity: str | None = None,
     superseded_by_gate: bool = False,
-) -> Callable[[RuleFunc], RuleFunc]:
+) -> Callable[[_F], _F]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
     ``fix`` is the applicability of the fix plans the rule attaches (SAFE or UNSAFE, None for no fix; a test checks
@@ -102,7 +108,7 @@ def rule(
     if fix not in (None, Applicability.SAFE, Applicability.UNSAFE):
         raise ValueError(f"rule {code}: fix must be Applicability.SAFE, Applicability.UNSAFE or None, not {fix!r}")
 
-    def register(func: RuleFunc) -> RuleFunc:
+    def register(func: _F) -> _F:
         if code in _REGISTRY:
             raise ValueError(f"rule {code} registered twice")
         _REGISTRY[code] = Rule(

@@ -1,0 +1,163 @@
+"""The ``ckptdoctor gate`` command: parse the options, run the gate, print the result, exit 0, 1 or 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from ckptdoctor import schedules
+from ckptdoctor.cli.options import UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.render.gate import render_text, summary
+from ckptdoctor.resume.api import run_gate
+from ckptdoctor.resume.plan import DEFAULT_LR_STEPS, MAX_LR_STEPS, GateInputError, parse_kwargs, plan_from_training_args
+from ckptdoctor.scanner import Report
+
+_EPILOG = """\b
+Examples:
+  ckptdoctor gate runs/my-run                          # resume with the run's own arguments
+  ckptdoctor gate runs/my-run --num-train-epochs 5     # what will 2 more epochs do?
+  ckptdoctor gate fixtures/lr-finished --max-steps 16  # resume a finished run: LR 0, then a new schedule
+  ckptdoctor gate runs/my-run --checkpoint checkpoint-800 --learning-rate 1e-4 --format json
+  ckptdoctor gate runs/my-run --training-args args.json --world-size 8 --format github   # in CI, before launch
+  ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
+
+\b
+Options left out are the run's own: read from the checkpoint's training_args.bin and trainer_state.json (or
+--training-args), else transformers' defaults; --format json lists each value used and where it came from.
+
+\b
+Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
+`ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
+scan findings only (the gate rules CKD407-413 and CKD504 run unless ignored), its fail-on when --fail-on is not
+given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
+with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
+
+\b
+Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
+finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
+checkpoint whose global_step is beyond any float (nothing can be predicted from it).
+"""
+
+
+@click.command("gate", epilog=_EPILOG, short_help="Predict what a resume will load, train and at which LRs.")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR), as "
+              "resume_from_checkpoint=PATH does.  [default: the highest-numbered checkpoint-N in RUN_DIR, as "
+              "resume_from_checkpoint=True picks]")
+@click.option("--num-train-epochs", type=float, help="Planned num_train_epochs: an epoch-based run (not with "
+              "--max-steps).  [default: the run's own]")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Planned max_steps: a step-based run, which ignores "
+              "epochs (not with --num-train-epochs).  [default: the run's own]")
+@click.option("--learning-rate", type=float, help="Planned learning_rate. A restored scheduler keeps the "
+              "checkpoint's base LR, so a different value is ignored (CKD409).  [default: the run's own]")
+@click.option("--lr-scheduler-type", type=click.Choice([*schedules.SUPPORTED, *schedules.METRIC_DRIVEN]),
+              help="Planned lr_scheduler_type (the last two are metric-driven: reported as unpredictable).  "
+              "[default: the run's own]")
+@click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, a JSON object, e.g. '
+              '\'{"num_cycles": 2}\'.  [default: the run\'s own]')
+@click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps; below 1 it is a ratio of "
+              "max_steps, as in transformers 5.x (not with --warmup-ratio).  [default: the run's own]")
+@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up as a "
+              "ratio of max_steps (4.x's warmup_ratio; not with --warmup-steps).  [default: the run's own]")
+@click.option("--steps-per-epoch", type=click.IntRange(min=1),
+              help="Optimizer steps per epoch of the resumed run; give it when the dataset, batch size, gradient "
+              "accumulation or world size changes.  [default: the checkpoint's, from trainer_state.json]")
+@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on, compared with "
+              "the ranks that saved the checkpoint (CKD504).  [default: not checked]")
+@click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
+              metavar="FILE.json", help="The planned TrainingArguments as JSON (args.to_json_string()); the options "
+              "above override it.  [default: none: the run's own arguments]")
+@click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
+              help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
+              show_default=True, help="text: the prediction, findings and verdict for people; json: one "
+              "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
+              "annotation lines.")
+@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-413, CKD504) run "
+              "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
+              every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
+def gate_command(
+    run_dir: str,
+    checkpoint: str | None,
+    num_train_epochs: float | None,
+    max_steps: int | None,
+    learning_rate: float | None,
+    lr_scheduler_type: str | None,
+    lr_scheduler_kwargs: str | None,
+    warmup_steps: float | None,
+    warmup_ratio: float | None,
+    steps_per_epoch: int | None,
+    world_size: int | None,
+    training_args_file: str | None,
+    lr_steps: int,
+    fmt: str,
+    fail_on: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    no_config: bool,
+) -> None:
+    """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
+
+    It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
+    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-413,
+    CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
+    reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
+    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    """
+    if num_train_epochs is not None and max_steps is not None:
+        raise UsageProblem("give --num-train-epochs or --max-steps, not both")
+    if warmup_steps is not None and warmup_ratio is not None:
+        raise UsageProblem("give --warmup-steps or --warmup-ratio, not both")
+    kwargs = None
+    if lr_scheduler_kwargs is not None:
+        kwargs = parse_kwargs(lr_scheduler_kwargs)
+        if kwargs is None and lr_scheduler_kwargs.strip():
+            raise UsageProblem("--lr-scheduler-kwargs must be a JSON object")
+    file_args: dict[str, Any] | None = None
+    if training_args_file is not None:
+        try:
+            with open(training_args_file, encoding="utf-8") as fh:
+                loaded = json.load(fh)
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
+            raise UsageProblem(f"--training-args {training_args_file}: {exc or type(exc).__name__}") from None
+        if not isinstance(loaded, dict):
+            raise UsageProblem(f"--training-args {training_args_file}: not a JSON object")
+        file_args = loaded
+        try:
+            plan_from_training_args(file_args, strict=True)
+        except GateInputError as exc:
+            raise UsageProblem(f"--training-args {training_args_file}: {exc}") from None
+    if checkpoint is not None and not (os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))):
+        raise UsageProblem(f"--checkpoint {checkpoint}: no such folder (nor in {run_dir})")
+    try:
+        planned = {
+            "num_train_epochs": num_train_epochs, "max_steps": max_steps, "learning_rate": learning_rate,
+            "lr_scheduler_type": lr_scheduler_type, "lr_scheduler_kwargs": kwargs,
+            "warmup_steps": warmup_steps if warmup_steps is not None else warmup_ratio,
+            "steps_per_epoch": steps_per_epoch, "world_size": world_size,
+        }
+        # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
+        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
+                          planned, on_kept=_note_kept)
+    except GateInputError as exc:
+        raise UsageProblem(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    elif fmt in ("sarif", "github"):
+        from ckptdoctor.render import sarif
+
+        if fmt == "sarif":
+            click.echo(sarif.render_sarif(result.findings))
+        else:
+            click.echo(sarif.render_github(result.findings, notice=summary(result)))
+    else:
+        click.echo(render_text(result))
+    # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
+    cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
+    code = _exit_code(Report((), result.findings, 0.0), fail_on, cfg_fail_on)
+    _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
+    sys.exit(code)

@@ -1,0 +1,70 @@
+"""The gate's text output: the prediction as a short block for people, one finding a line, and a line for CI logs."""
+
+from __future__ import annotations
+
+from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.resume.api import GateResult
+from ckptdoctor.resume.rules import format_lrs
+
+
+def render_text(result: GateResult) -> str:
+    """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
+    from ckptdoctor.render.report import plural, printable
+
+    lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
+    if result.checkpoint is None:
+        lines.append("  checkpoint       none found")
+    else:
+        lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch})")
+        s = result.settings
+        start, total, todo = result.start_step, result.max_steps, result.steps_to_train
+        if total is None or todo is None:
+            at = "unknown" if start is None else f"global_step {start}"
+            why = ("the resume raises before its first step" if any(f.rule == "CKD413" for f in result.findings)
+                   else "the checkpoint was not read (CKD604)")
+            lines.append(f"  steps            {at}: not predicted, {why}")
+        elif s is not None and start is not None and total:
+            end = start + todo
+            lines.append(
+                f"  steps            global_step {start} -> {end} of max_steps {total}: "
+                f"trains {todo} ({s.steps_per_epoch} steps per epoch, {result.epochs_trained} of "
+                f"{result.num_train_epochs} epochs done)"
+            )
+            state = "restored from the checkpoint" if result.restores_optimizer else "NOT restored (fresh)"
+            base = "?" if result.base_lr is None else f"{result.base_lr:.4g}"
+            lines.append(f"  optimizer        {state}")
+            sched = printable(s.lr_scheduler_type)
+            lines.append(f"  schedule         {sched}, {result.warmup_steps} warm-up steps, base LR {base}")
+        if result.lr:
+            lines.append(f"  first {len(result.lr)} LRs      " + format_lrs(result.lr))
+    if result.findings:
+        lines.append("")
+        lines.extend(finding_line(f) for f in result.findings)
+    counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
+    tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
+    lines.append("")
+    threshold = f"fail-on {result.fail_on} from the settings file" if result.fail_on_from_settings else (
+        f"--fail-on {result.fail_on}")
+    lines.append(f"Verdict: {result.verdict} ({tally}; {threshold})")
+    return "\n".join(lines)
+
+
+def finding_line(f: Finding) -> str:
+    """One finding as ``scan``'s text output prints it: ``path: CODE [severity] message`` (without its fix line)."""
+    from ckptdoctor.render.report import finding_text
+
+    return finding_text(f)[0]
+
+
+def summary(result: GateResult) -> str:
+    """One line for CI logs: what the resume will do."""
+    if result.checkpoint is None:
+        return "resume finds no checkpoint"
+    lrs = f"; first LRs {format_lrs(result.lr)}" if result.lr else ""
+    if result.max_steps is None or result.steps_to_train is None:
+        return (f"resume loads {result.checkpoint} ({result.weights_branch}) and raises before its first step; "
+                f"verdict {result.verdict}")
+    return (
+        f"resume loads {result.checkpoint} ({result.weights_branch}) at step {result.start_step} and trains "
+        f"{result.steps_to_train} of max_steps {result.max_steps}{lrs}; verdict {result.verdict}"
+    )

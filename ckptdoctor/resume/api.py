@@ -1,0 +1,326 @@
+"""The gate's Python API: ``gate(run_dir, ...)`` scans the run, predicts its resume and judges it: a ``GateResult``."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ckptdoctor import schedules, trainer_view
+from ckptdoctor.findings import Finding, Severity, display_path, finding_json
+from ckptdoctor.model import PathProblem, ProblemKind, ReadProblem, Tree
+from ckptdoctor.resume.plan import (
+    DEFAULT_LR_STEPS,
+    MAX_LR_STEPS,
+    PLAN_FIELDS,
+    PRINTABLE_BITS,
+    GateInputError,
+    Plan,
+    Settings,
+    check_plan,
+    plan_from_training_args,
+)
+from ckptdoctor.resume.predict import predict, resume_checkpoint
+from ckptdoctor.resume.rules import ResumeContext, gate_findings
+from ckptdoctor.rules import Selection, all_rules, get_rule, security_codes
+from ckptdoctor.scanner import Report
+from ckptdoctor.settings import FAIL_ON
+
+SCHEMA = "ckptdoctor.gate/1"
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    """The predicted resume and the findings about it. ``lr`` holds the LRs of the first optimizer steps."""
+
+    run: str
+    checkpoint: str | None
+    weights_branch: str
+    start_step: int | None  # None: no checkpoint, or its trainer_state.json cannot be read
+    max_steps: int | None  # None (as steps_to_train, and the loop fields below): not predicted, train() raises
+    steps_to_train: int | None
+    lr: tuple[float, ...]
+    findings: tuple[Finding, ...]
+    settings: Settings | None = None
+    restores_optimizer: bool = False
+    epochs_trained: int | None = None
+    num_train_epochs: int | None = None
+    warmup_steps: int | None = None
+    base_lr: float | None = None
+    fail_on: str = "error"
+    fail_on_from_settings: bool = False  # fail_on is RUN_DIR's settings file's, not the caller's
+
+    @property
+    def failed(self) -> bool:
+        """True when a finding reaches ``fail_on``, or, under a settings file's ``fail-on = "never"``, when a
+        security rule (CKD6xx) reports an error: as ``ckptdoctor scan``, a file that came with the checkpoint
+        cannot wave its own malicious pickle through."""
+        if Report((), self.findings, 0.0).failed(self.fail_on):
+            return True
+        return self.fail_on_from_settings and any(
+            f.rule in security_codes() and f.severity is Severity.ERROR for f in self.findings
+        )
+
+    @property
+    def verdict(self) -> str:
+        """``"fail"`` or ``"pass"``."""
+        return "fail" if self.failed else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        """The command line's exit code for this result: 1 when it failed, else 0."""
+        return 1 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented ``ckptdoctor.gate/1`` document (plus ``resolved``: the arguments the prediction used)."""
+        s = self.settings
+        resolved: dict[str, Any] | None = None
+        if s is not None:
+            resolved = {
+                "num_train_epochs": s.num_train_epochs,
+                "max_steps_argument": s.max_steps,
+                "learning_rate": s.learning_rate,
+                "lr_scheduler_type": s.lr_scheduler_type,
+                "warmup_steps_argument": s.warmup_steps,
+                "warmup_steps": self.warmup_steps,
+                "lr_scheduler_kwargs": dict(s.lr_scheduler_kwargs),
+                "steps_per_epoch": s.steps_per_epoch,
+                "epochs_trained": self.epochs_trained,
+                "loop_epochs": self.num_train_epochs,
+                "restores_optimizer_and_scheduler": self.restores_optimizer,
+                "base_lr": self.base_lr,
+                "sources": dict(s.sources),
+            }
+        doc: dict[str, Any] = _finite({
+            "schema": SCHEMA,
+            "run": self.run,
+            "checkpoint": self.checkpoint,
+            "weights_branch": self.weights_branch,
+            "start_step": self.start_step,
+            "max_steps": self.max_steps,
+            "steps_to_train": self.steps_to_train,
+            "lr": list(self.lr),
+            "verdict": self.verdict,
+            "findings": [finding_json(f) for f in self.findings],
+            "resolved": resolved,
+        })
+        return doc
+
+
+def _finite(value: Any, depth: int = 0) -> Any:
+    """``value`` as strict JSON can carry it: a NaN or infinite float (read from a checkpoint, say) and an integer
+    too long to print become None; anything else a pickle holds, or nesting deeper than ``_JSON_DEPTH``, its
+    ``schedules.brief`` text."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        return value if value.bit_length() <= PRINTABLE_BITS else None
+    if depth < _JSON_DEPTH and isinstance(value, dict):
+        return {k if isinstance(k, str) else schedules.brief(k): _finite(v, depth + 1) for k, v in value.items()}
+    if depth < _JSON_DEPTH and isinstance(value, (list, tuple)):
+        return [_finite(v, depth + 1) for v in value]
+    return schedules.brief(value)
+
+
+_JSON_DEPTH = 32  # lr_scheduler_kwargs nest a level or two; json.dumps(indent=2) recurses in Python per level
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Judging the resume of a scanned tree
+
+
+def _superseded(code: str) -> bool:
+    """A scan rule whose message the gate's exact prediction replaces (``@rule(..., superseded_by_gate=True)``)."""
+    r = get_rule(code)
+    return r is not None and r.superseded_by_gate
+
+
+def _in(path: str, folder: str) -> bool:
+    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
+
+
+def _sorted(findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=Finding.sort_key))
+
+
+def judge(
+    tree: Tree,
+    plan: Plan,
+    *,
+    run: str | None = None,
+    scanned: Sequence[Finding] = (),
+    selection: Selection | None = None,
+) -> GateResult:
+    """Predict the resume of the run in ``tree`` (or of the checkpoint ``tree`` holds) under ``plan``, and judge it.
+
+    ``scanned`` are the scan's findings for ``tree``; those about the checkpoint the resume loads are kept.
+    ``selection`` (``--select``/``--ignore`` and a settings file's) decides which gate rules report, and at what
+    severity; the scan findings were made under it already. Raises ``GateInputError`` as ``predict`` does.
+    """
+    run_label = run if run is not None else tree.root
+    selection = selection or Selection()
+    ck, pick = resume_checkpoint(tree)
+    if ck is None and pick is not None and plan.checkpoint is None:
+        # A `checkpoint-N` link out of the root: get_last_checkpoint picks it, the scan never reads it (CKD604,
+        # an error there). The resume may well work; nothing here can say what it loads.
+        unread = _sorted([f for f in scanned if _in(f.path, pick)])
+        return GateResult(run_label, display_path(tree.root, pick), "none", None, None, None, (), unread,
+                          fail_on=plan.fail_on)  # fmt: skip
+    if ck is None:
+        found = gate_findings(ResumeContext(tree, plan), selection)
+        return GateResult(run_label, None, "none", None, None, None, (), _sorted(found), fail_on=plan.fail_on)
+    label = display_path(tree.root, ck.path)
+    p = predict(ck, plan, label)
+    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
+    findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
+    steps = p.steps
+    if steps is None:  # train() raises before its first step
+        return GateResult(run_label, label, p.branch, p.start, None, None, (), findings, p.settings,
+                          fail_on=plan.fail_on)  # fmt: skip
+    return GateResult(
+        run_label, label, p.branch, p.start, steps.max_steps, steps.steps_to_train, p.lrs, findings, p.settings,
+        p.restores, steps.epochs_trained, steps.num_train_epochs, p.warmup, p.base_lr, plan.fail_on,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python entry point
+
+
+def gate(
+    run_dir: str | os.PathLike[str],
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint_in_run: bool = True,
+    training_args: Mapping[str, Any] | None = None,
+    lr_steps: int = DEFAULT_LR_STEPS,
+    fail_on: str | None = None,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    config: bool = True,
+    **planned: Any,
+) -> GateResult:
+    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
+
+    ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
+    ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
+    ``ignore_data_skip``, ``grad_scaler``: whether the resuming Trainer has a GradScaler,
+    ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt`` in the checkpoint is
+    CKD413); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit keywords override
+    (a value of the wrong type or not finite in either raises ``GateInputError`` naming it). Anything not planned
+    is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
+    --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken
+    from the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only;
+    never imports torch.
+
+    Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
+    (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
+    ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False. The file's ignore and severity apply
+    to the scan findings and to the gate's own rules (CKD407-413, CKD504); its select, like ``select``, narrows
+    the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
+    (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
+    defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An
+    unknown code, a deep-only selection or a bad settings file raises ``GateInputError``.
+    """
+    return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
+                    planned, on_kept=_warn_kept)
+
+
+def run_gate(
+    run_dir: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str] | None,
+    checkpoint_in_run: bool,
+    training_args: Mapping[str, Any] | None,
+    lr_steps: int,
+    fail_on: str | None,
+    select: Sequence[str],
+    ignore: Sequence[str],
+    config: bool,
+    planned: Mapping[str, Any],
+    on_kept: Callable[[str, Sequence[str]], None] | None,
+) -> GateResult:
+    """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note)."""
+    unknown = sorted(set(planned) - PLAN_FIELDS)
+    if unknown:
+        raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
+    if fail_on is not None and fail_on not in FAIL_ON:
+        raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
+    if trainer_view._int(lr_steps) is None or not 0 <= lr_steps <= MAX_LR_STEPS:
+        raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
+    values = plan_from_training_args(training_args, strict=True) if training_args else {}
+    values.update({k: v for k, v in planned.items() if v is not None})
+    check_plan(values)
+    if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
+        values.pop("max_steps", None)  # epochs planned explicitly: an epoch-based run, whatever the file says
+    target = os.fspath(run_dir)
+    ck_arg: str | None = None
+    if checkpoint is not None:
+        ck_arg = os.fspath(checkpoint)
+        inside = os.path.join(target, ck_arg)
+        in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
+        target = inside if in_run else ck_arg
+    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), select, ignore, config, on_kept=on_kept)
+    plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
+    scanned: Sequence[Finding] = ()
+    if ck_arg is not None and not os.path.isdir(target):
+        # No folder there (or a file): train() finds no weights file in it and raises; nothing to scan.
+        tree = Tree(target, (), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, "not a folder")),))
+    else:
+        from ckptdoctor.scanner import scan
+
+        report = scan(target, selection=selection)
+        tree, scanned = report.trees[0], report.findings
+    result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+
+
+def _warn_kept(source: str, codes: Sequence[str]) -> None:
+    """The Python API's word for a settings file that tries to turn off security rules: a ``UserWarning`` at the
+    first caller outside ckptdoctor (a script calling ``gate()`` or ``check_resume``), not a CLI hint on stderr."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("ckptdoctor."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"ckptdoctor: {source} may not turn off or lower security rules ({', '.join(codes)}): they stay on (a "
+        "settings file in a scanned folder can come from whoever made the checkpoint); pass ignore=[...] to turn "
+        "one off.",
+        UserWarning,
+        stacklevel=level,
+    )
+
+
+def rule_selection(
+    run_dir: str,
+    select: Sequence[str] | str,
+    ignore: Sequence[str] | str,
+    config: bool,
+    *,
+    on_kept: Callable[[str, Sequence[str]], None] | None = None,
+) -> tuple[Selection, str | None]:
+    """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
+    file's fail-on: ``ckptdoctor scan``'s own resolution (``cli.resolve_selection``), with the gate's usage check.
+
+    ``on_kept`` hears of security rules the settings file may not turn off (None: the CLI's note on stderr). Raises
+    ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor data), or
+    a settings file that cannot be used.
+    """
+    from ckptdoctor.errors import UsageError
+    from ckptdoctor.settings import resolve_selection, split_codes
+
+    select = (select,) if isinstance(select, str) else tuple(select)
+    ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    for code in split_codes(select):
+        matched = [r for r in all_rules() if r.code.startswith(code)]
+        if matched and all(r.deep_only for r in matched):
+            raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
+                                 "gate never does")
+    try:
+        return resolve_selection([run_dir], select, ignore, not config, on_kept=on_kept)
+    except UsageError as exc:
+        raise GateInputError(str(exc)) from None

@@ -1,0 +1,367 @@
+"""The resume's prediction: what ``trainer.train(resume_from_checkpoint=...)`` will do, as plain arithmetic.
+
+The prediction follows transformers 5.x's resume path step by step (ANATOMY §2): ``get_last_checkpoint``; the
+weights branch of ``_load_from_checkpoint``; ``TrainerState.load_from_json``; ``set_initial_training_values`` and
+``_init_training_state`` (max_steps, epochs already trained, batches skipped); ``create_scheduler`` for the new
+max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then ``_run_epoch``, whose first optimizer
+step uses the LR restored into the optimizer and whose later steps use ``base_lr * lambda(last_epoch)``.
+Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
+It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the frozen ``Prediction``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from ckptdoctor import schedules, trainer_view
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
+from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
+
+RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """How far the resumed loop runs: ``Trainer.set_initial_training_values`` and ``_init_training_state``."""
+
+    max_steps: int
+    num_train_epochs: int  # the loop's epoch count
+    epochs_trained: int
+    steps_to_train: int
+
+
+def resume_steps(
+    global_step: int, steps_per_epoch: int, max_steps: int, num_train_epochs: float, ignore_data_skip: bool = False
+) -> StepPlan:
+    """The resumed loop's extent, exactly as transformers 5.x computes and runs it.
+
+    ``max_steps`` is the argument (``> 0`` wins over epochs). The loop runs epochs ``epochs_trained ..
+    num_train_epochs - 1``, skipping ``global_step % steps_per_epoch`` updates of the first, and stops after the
+    first step that reaches ``max_steps`` (so a checkpoint at or past the end still trains one step when the loop
+    has updates left, and none when it has not).
+    """
+    upe = steps_per_epoch
+    if max_steps > 0:
+        total = max_steps
+        loop_epochs = max_steps // upe + int(max_steps % upe > 0)
+    else:
+        total = math.ceil(num_train_epochs * upe)
+        loop_epochs = math.ceil(num_train_epochs)
+    epochs_trained = global_step // upe
+    skip = 0 if ignore_data_skip else global_step % upe
+    available = (loop_epochs - epochs_trained) * upe - skip if loop_epochs > epochs_trained else 0
+    steps = min(available, max(total - global_step, 1)) if available > 0 else 0
+    return StepPlan(total, loop_epochs, epochs_trained, steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """An exception the resume would raise: its type's name and its message."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Raised:
+        """The name and message of ``exc``."""
+        return cls(type(exc).__name__, str(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the resume of one checkpoint does under a plan, as far as it gets.
+
+    Fields past the point where the resume raises keep their defaults: ``crash`` (a file the resume loads before
+    its first step, said as what raises where) or ``step_error`` leave ``steps`` None; a schedule that cannot be
+    built (``schedule_rejected``: get_scheduler's own refusal; ``schedule_error``: another exception) leaves
+    ``lr0`` None; ``lrs`` are empty when no LR is predicted (``lr_unreadable``, ``lr_error`` or ``lr_count`` 0).
+    """
+
+    branch: str  # the weights branch of _load_from_checkpoint (trainer_view.weights_branch)
+    start: int | None  # global_step the resume starts at; None: trainer_state.json cannot be read
+    settings: Settings
+    crash: str | None = None
+    step_error: Raised | None = None  # the max_steps / warm-up arithmetic raises
+    steps: StepPlan | None = None
+    warmup: int | None = None  # warm-up steps of the resumed schedule
+    restores: bool = False  # optimizer and scheduler state are restored from the checkpoint
+    base_lr: float | None = None  # the schedule's base LR: the checkpoint's when restored, else the planned one
+    schedule_rejected: str | None = None
+    schedule_error: Raised | None = None
+    lr0: float | None = None  # the resumed schedule's LR at its step 0
+    lr_count: int = 0  # how many resumed steps' LRs are predicted
+    lr_unreadable: bool = False  # restored, but the LR stored in optimizer.pt / scheduler.pt cannot be read
+    lr_error: Raised | None = None  # the schedule raises within the first lr_count steps
+    lrs: tuple[float, ...] = ()
+
+
+def resume_checkpoint(tree: Tree) -> tuple[Checkpoint | None, str | None]:
+    """The checkpoint the resume of ``tree`` loads (``get_last_checkpoint``'s pick in the root run, or the
+    standalone checkpoint the root is), and the root run's pick, which the scan may not have read (a link out)."""
+    root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
+    if root_run is None:
+        return None, None
+    ck: Checkpoint | None = None
+    if root_run.resume_pick is not None:
+        ck = next((c for c in root_run.checkpoints if c.path == root_run.resume_pick), None)
+    elif root_run.standalone and root_run.checkpoints:
+        ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
+    return ck, root_run.resume_pick
+
+
+def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
+    """Predict the resume from ``ck`` under ``plan``; ``label`` names the checkpoint in errors.
+
+    Raises ``GateInputError`` when steps per epoch can neither be read from the checkpoint nor were planned, or
+    when the checkpoint's global_step is beyond any float (other numbers past float range read as infinities,
+    ``trainer_view.number``).
+    """
+    ts = trainer_view.trainer_state(ck)
+    branch = trainer_view.weights_branch(ck)
+    # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
+    start = (ts.global_step or 0) if ts is not None else None
+    crash = _crash(ck, ts, branch)
+    settings = resolve(plan, ck, ts)
+    if start is not None and abs(start) >= INT_LIMIT:
+        raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
+                             "predicted from it")
+    found = Prediction(branch, start, settings, crash)
+    if crash is not None or start is None:
+        return found
+    if settings.steps_per_epoch is None:
+        raise GateInputError(
+            f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
+        )
+    try:
+        if abs(settings.max_steps) >= INT_LIMIT:
+            # What transformers' first float of it raises (the warm-up steps, or the schedule's lambda); checked here
+            # so that no prediction carries a step count too long to print or too costly to compute with.
+            raise OverflowError("int too large to convert to float")
+        steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
+                             settings.ignore_data_skip)
+        warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
+    except (ArithmeticError, ValueError) as exc:
+        # transformers does the same arithmetic (math.ceil of epochs x steps, of max_steps x a warm-up ratio) and
+        # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
+        return replace(found, step_error=Raised.of(exc))
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler)
+    if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
+        return replace(found, crash=crash)
+    restores = trainer_view.is_deepspeed(ck) or (
+        trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None
+    )
+    base = _base_lr(ck) if restores else settings.learning_rate
+    found = replace(found, steps=steps, warmup=warmup, restores=restores, base_lr=base)
+    return _predict_lrs(found, ck, steps, warmup, plan.lr_steps)
+
+
+def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr_steps: int) -> Prediction:
+    """``p`` with the resumed schedule and the LRs of the first ``lr_steps`` resumed optimizer steps."""
+    s = p.settings
+    try:
+        sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
+                                lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
+        lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
+    except schedules.ScheduleError as exc:
+        return replace(p, schedule_rejected=str(exc))
+    except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
+        return replace(p, schedule_error=Raised.of(exc))
+    n = max(0, min(lr_steps, steps.steps_to_train))
+    p = replace(p, lr0=lr0, lr_count=n)
+    if n == 0:
+        return p
+    first = _first_lr(ck) if p.restores else None
+    base = p.base_lr
+    if p.restores and (first is None or base is None):
+        return replace(p, lr_unreadable=True)
+    start = p.start or 0
+    last_epoch = start
+    sched_state = trainer_view.scheduler_state(ck)
+    if sched_state is not None and sched_state.last_epoch is not None:
+        last_epoch = sched_state.last_epoch
+    try:
+        if p.restores:
+            assert first is not None and base is not None
+            lrs = [first] + [sched.lr(base, last_epoch + i) for i in range(1, n)]
+        else:
+            lrs = [sched.lr(s.learning_rate, i) for i in range(n)]
+    except (ArithmeticError, TypeError, ValueError) as exc:  # e.g. num_cycles "x": LambdaLR's float() raises too
+        return replace(p, lr_error=Raised.of(exc))
+    return replace(p, lrs=tuple(lrs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What raises before the first step
+
+# What the real loaders raise on a file the scan could not read (transformers 5.23, torch 2.13, safetensors 0.8):
+# tests/test_gate_damage.py resumes a real Trainer on each kind of damage. torch's zip reader (miniz) looks for the
+# end-of-central-directory record in the last 4 KiB and then reads backwards: a cut archive no longer than that
+# raises RuntimeError ("failed finding central directory"), a longer one OSError [Errno 22] (a seek before byte 0).
+_ZIP_TAIL_SCAN = 4096
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+_BROKEN = (ProblemKind.TRUNCATED, ProblemKind.MALFORMED, ProblemKind.INVALID_JSON, ProblemKind.UNREADABLE)
+
+
+def _load_error(f: FileFacts) -> tuple[str, str] | None:
+    """Why the loader of ``f`` raises and what it raises (``("is truncated", "OSError")``), or None when the scan
+    found nothing that stops it (damage the loader tolerates, such as a JSON key given twice, is not a crash)."""
+    name = f.name.lower()
+    if f.kind is FileKind.EMPTY:
+        if name.endswith(".json"):
+            return "is empty (0 bytes)", "json.JSONDecodeError"
+        if name.endswith(".safetensors"):
+            return "is empty (0 bytes)", "SafetensorError"
+        if name.endswith(_TORCH_SUFFIXES):
+            return "is empty (0 bytes)", "EOFError"
+        return None
+    problem = next((p for p in f.problems if p.kind in _BROKEN), None)
+    if problem is None:
+        return None
+    what = "is truncated" if problem.kind is ProblemKind.TRUNCATED else "is corrupt"
+    if problem.kind is ProblemKind.UNREADABLE:
+        return "cannot be read", "OSError"
+    if f.kind is FileKind.JSON or name.endswith(".json"):
+        # the scan also rejects a repeated key and bad UTF-8 (INVALID_JSON with another message): json.load does not
+        if problem.kind is ProblemKind.TRUNCATED or problem.message.startswith("invalid JSON at line"):
+            return what, "json.JSONDecodeError"
+        return None
+    if f.kind is FileKind.SAFETENSORS or name.endswith(".safetensors"):
+        return what, "SafetensorError"
+    if f.kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY) or name.endswith(_TORCH_SUFFIXES):
+        if f.kind is FileKind.TORCH_ZIP and f.content is None and problem.kind is ProblemKind.TRUNCATED:
+            return what, "RuntimeError" if f.size <= _ZIP_TAIL_SCAN else "OSError"
+        return what, "RuntimeError"
+    return None
+
+
+def _damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
+    """What raises when the file ``name`` that ``loader`` loads is unreadable (None when it loads)."""
+    f = ck.file(name)
+    bad = _load_error(f) if f is not None else None
+    if bad is None:
+        return None
+    return f"`{name}` {bad[0]}: train() raises {bad[1]} in {loader}"
+
+
+def _shard_names(ck: Checkpoint) -> list[str] | None:
+    """The shards ``load_sharded_checkpoint`` opens (the safetensors index first), or None when its index is
+    unusable (its own crash). Names that are not plain paths inside the folder are left to the scan rules."""
+    wm = trainer_view.weight_map(ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX))
+    if wm is None:
+        return None
+    return sorted(n for n in set(wm.values()) if n and not n.startswith("/") and ".." not in n.split("/"))
+
+
+def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
+    """What ``_load_from_checkpoint`` raises on a damaged file it reads: config.json, then the weights branch's."""
+    if branch == "deepspeed":
+        return None  # deepspeed_load_checkpoint reads its own global_step*/ files (not modelled here)
+    crash = _damaged(ck, "config.json", "_load_from_checkpoint (PreTrainedConfig.from_json_file)")
+    if crash is not None or branch not in ("full", "sharded"):
+        return crash  # adapter and FSDP weights are read by peft and accelerate: not modelled here
+    if branch == "full":
+        if ck.file(trainer_view.SAFE_WEIGHTS) is not None:
+            return _damaged(ck, trainer_view.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
+        return _damaged(ck, trainer_view.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
+    index = trainer_view.SAFE_INDEX if ck.file(trainer_view.SAFE_INDEX) is not None else trainer_view.BIN_INDEX
+    crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
+    loader = "safetensors.torch.load_file" if index == trainer_view.SAFE_INDEX else "torch.load"
+    for shard in _shard_names(ck) or ():
+        if ck.file(shard) is None:
+            return (f"`{shard}` (listed in `{index}`) is missing: train() raises FileNotFoundError in "
+                    f"load_sharded_checkpoint ({loader})")
+        crash = crash or _damaged(ck, shard, f"load_sharded_checkpoint ({loader})")
+    return crash
+
+
+def _crash(ck: Checkpoint, ts: trainer_view.TrainerStateView | None, branch: str) -> str | None:
+    """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing): the
+    weights and ``trainer_state.json`` that ``train()`` loads first (``_state_crash`` has the rest)."""
+    if branch == "none":
+        return "no weights file to load: train() raises ValueError(\"Can't find a valid checkpoint at ...\")"
+    crash = _weights_crash(ck, branch)
+    if crash is not None:
+        return crash
+    state = ck.file(trainer_view.TRAINER_STATE)
+    if state is None:
+        return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
+    if ts is None:
+        bad = _load_error(state)
+        if bad is not None:
+            return f"`trainer_state.json` {bad[0]}: train() raises {bad[1]} in TrainerState.load_from_json"
+        return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
+    if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
+        return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
+    if trainer_view.is_deepspeed(ck) and ck.file(trainer_view.SCHEDULER) is None:
+        return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
+    return None
+
+
+def _state_crash(
+    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None
+) -> str | None:
+    """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
+    ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``:
+    any one when the resume has no GradScaler, ``grad_scaler`` False; a damaged one otherwise), and the RNG file
+    ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when more than one
+    process runs; a missing one only logs)."""
+    loader = "_load_optimizer_and_scheduler (torch.load)"
+    if branch == "deepspeed":
+        crash = _damaged(ck, trainer_view.SCHEDULER, loader)
+    elif trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None:
+        crash = None
+        if branch != "fsdp":  # FSDP reads its optimizer through accelerate; every other resume reads optimizer.pt
+            if ck.file("optimizer.pt") is None:
+                return ("optimizer state without `optimizer.pt` (`optimizer.bin` or an `optimizer*` folder is read "
+                        "only under FSDP): train() raises FileNotFoundError in " + loader)
+            crash = _damaged(ck, "optimizer.pt", loader)
+        crash = crash or _damaged(ck, trainer_view.SCHEDULER, loader)
+    else:
+        crash = None
+    scaler = ck.file("scaler.pt")
+    bad = _load_error(scaler) if scaler is not None else None
+    # `accelerator.scaler.load_state_dict(torch.load(...))` whenever the file exists: without a GradScaler (no fp16,
+    # or fp16 on CPU) the attribute lookup on None raises before torch.load runs, whatever the file holds
+    if crash is None and scaler is not None and grad_scaler is False:
+        state = f"`scaler.pt` {bad[0]}" if bad is not None else "`scaler.pt` (saved by an fp16 run) is there"
+        crash = (f"{state} and the resume has no GradScaler: train() raises AttributeError in _load_scaler "
+                 "('NoneType' object has no attribute 'load_state_dict')")
+    elif crash is None and bad is not None and grad_scaler:
+        crash = f"`scaler.pt` {bad[0]}: train() raises {bad[1]} in _load_scaler (torch.load)"
+    elif crash is None and bad is not None:
+        crash = (f"`scaler.pt` {bad[0]}: train() raises in _load_scaler: AttributeError when the resume runs "
+                 f"without a GradScaler (no fp16), else {bad[1]} from torch.load")
+    if crash is not None or steps_to_train <= 0:
+        return crash
+    ranks = world_size or 1
+    for f in ck.files:
+        m = RNG_RE.match(ck.relname(f))
+        rank = None if m is None else (-1 if m.group(1) is None else int(m.group(1)))
+        if rank is not None and (rank == -1 if ranks == 1 else 0 <= rank < ranks):
+            crash = crash or _damaged(ck, ck.relname(f), "_load_rng_state (torch.load)")
+    return crash
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The LRs the checkpoint holds
+
+
+def _first_lr(ck: Checkpoint) -> float | None:
+    """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
+    opt = trainer_view.optimizer_state(ck)
+    if opt is not None and opt.groups and opt.groups[0].lr is not None:
+        return opt.groups[0].lr
+    return trainer_view.checkpoint_lr(ck)
+
+
+def _base_lr(ck: Checkpoint) -> float | None:
+    """``base_lrs[0]`` that ``LambdaLR.load_state_dict`` restores, else the optimizer's ``initial_lr``."""
+    sched = trainer_view.scheduler_state(ck)
+    if sched is not None and sched.base_lrs:
+        return sched.base_lrs[0]
+    opt = trainer_view.optimizer_state(ck)
+    if opt is not None and opt.groups:
+        return opt.groups[0].initial_lr
+    return None

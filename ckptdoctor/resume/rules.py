@@ -1,0 +1,404 @@
+"""Gate rules: hazards of one planned resume, judged by ``ckptdoctor gate`` over a ``ResumeContext``.
+
+They need what the user plans (epochs, learning rate, world size), which a scan does not know, so ``scan`` never runs
+them (``Selection.enabled`` refuses gate-only rules); they are registered like every other rule, so ``rules``,
+``explain``, the README catalog and SARIF output document them. Each reads the frozen ``Prediction``
+(``ckptdoctor.resume.predict``) and the checkpoint; ``gate_findings`` runs them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import cast
+
+from ckptdoctor import schedules, trainer_view
+from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.model import Checkpoint, ProblemKind, Tree
+from ckptdoctor.resume.plan import Plan, int_text, plan_from_training_args
+from ckptdoctor.resume.predict import RNG_RE, Prediction, StepPlan
+from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, rule
+from ckptdoctor.rules.training import saved_world_size
+
+JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
+LR_RTOL = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeContext:
+    """What a gate rule judges: the scanned tree, the plan, the checkpoint the resume loads (None: it finds none)
+    and the prediction for it (None without a checkpoint)."""
+
+    tree: Tree
+    plan: Plan
+    checkpoint: Checkpoint | None = None
+    prediction: Prediction | None = None
+
+
+def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
+    """The gate rules' findings on ``ctx`` under ``selection``: a rule it leaves out is dropped, and its severity
+    override wins over the hit's own, as ``run_rules`` does for a scan."""
+    # Selection.enabled leaves every gate-only rule out of a scan; here the gate is what runs them. A select list
+    # narrows the scan findings only: one written for `scan` (select = ["CKD1", "CKD2"]) must not silently turn
+    # the gate's own judgement off. Ignoring a gate rule by code or prefix does.
+    unselected = replace(selection, select=())
+    found: list[Finding] = []
+    for r in all_rules():
+        if not r.gate_only or not unselected.enabled(replace(r, gate_only=False)):
+            continue
+        for h in cast(GateRuleFunc, r.func)(ctx):  # a gate-only rule's function takes the context
+            sev = selection.severity.get(r.code, h.severity or r.severity)
+            found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
+    return found
+
+
+def format_lrs(lrs: Sequence[float]) -> str:
+    """LRs for a message or the text report: ``1e-05, 8e-06``."""
+    return ", ".join(f"{x:.4g}" for x in lrs)
+
+
+def _resumed(ctx: ResumeContext) -> tuple[Checkpoint, Prediction, StepPlan] | None:
+    """The checkpoint, its prediction and step plan when the resume gets past loading its files (else None)."""
+    p = ctx.prediction
+    if ctx.checkpoint is None or p is None or p.steps is None:
+        return None
+    return ctx.checkpoint, p, p.steps
+
+
+def _in_folder(ck: Checkpoint, name: str) -> str:
+    return name if ck.path in ("", ".") else f"{ck.path}/{name}"
+
+
+def _rng_ranks(ck: Checkpoint) -> int | None:
+    """Ranks that saved RNG state: 1 for ``rng_state.pth``, else the highest ``rng_state_R.pth`` + 1."""
+    ranks: set[int] = set()
+    for f in ck.files:
+        rel = ck.relname(f)
+        m = RNG_RE.match(rel)
+        if m:
+            ranks.add(int(m.group(1)) if m.group(1) is not None else -1)
+    if not ranks:
+        return None
+    return 1 if ranks == {-1} else max(ranks) + 1
+
+
+@rule("CKD407", "resume-trains-zero-steps", Severity.ERROR, gate_only=True)
+def resume_trains_zero_steps(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned resume would train zero steps: the checkpoint is already at or past the planned end.
+
+    ## What it does
+    Recomputes `max_steps`, the epochs already trained and the batches to skip as `Trainer._inner_training_loop`
+    will (`set_initial_training_values`, `_init_training_state`), from the checkpoint's `global_step` and the
+    planned `num_train_epochs` / `max_steps` and steps per epoch.
+
+    ## Why is this bad?
+    `train()` returns at once, reports success, and (with a save at the end) rewrites the checkpoint: the job
+    "finished" without training. It happens when a finished run is resumed with the same epochs, and when
+    `resume_from_checkpoint=True` picks a stale higher checkpoint of an earlier, longer run.
+
+    ## Example
+    A run of 2 epochs x 4 steps ends at `checkpoint-8`; resuming it with `num_train_epochs=2` trains nothing.
+
+    ## Fix safety
+    No fix: raise `num_train_epochs` / `max_steps`, or resume from the checkpoint you meant.
+
+    ## References
+    `src/transformers/trainer.py` `set_initial_training_values`, `_init_training_state`, `_run_epoch`;
+    `trainer_callback.DefaultFlowCallback.on_step_end`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[2].steps_to_train != 0:
+        return
+    ck, p, steps = resumed
+    s, start = p.settings, p.start or 0
+    span = (
+        f"max_steps {steps.max_steps}" if s.max_steps > 0
+        else f"{s.num_train_epochs:g} epochs x {s.steps_per_epoch} steps = max_steps {steps.max_steps}"
+    )
+    past = " (the checkpoint is past the planned end)" if start > steps.max_steps else ""
+    yield Hit(ck.path, f"resume starts at global_step {start} with {span}{past}: train() returns after 0 steps, "
+              "reporting success")
+
+
+@rule("CKD408", "resume-restarts-schedule", Severity.ERROR, gate_only=True)
+def resume_restarts_schedule(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resume would skip the optimizer and scheduler state: Adam restarts and the LR schedule starts over.
+
+    ## What it does
+    Applies `Trainer._load_optimizer_and_scheduler`'s test to the checkpoint the resume loads: optimizer state
+    (`optimizer.pt`, `optimizer.bin` or an `optimizer*` folder) and `scheduler.pt` must both exist.
+
+    ## Why is this bad?
+    When either is missing both are skipped without a log line: fresh AdamW moments, and a new schedule from its
+    step 0 (warm-up again, full base LR) while `global_step` continues. `save_only_model=True` checkpoints always
+    resume this way.
+
+    ## Example
+    `checkpoint-500/` written with `save_only_model=True`: weights and `trainer_state.json`, no `optimizer.pt` and
+    no `scheduler.pt`.
+
+    ## Fix safety
+    No fix: restore the missing files, or resume knowingly (the gate shows the LRs the restarted schedule uses).
+
+    ## References
+    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`, `create_scheduler`; ANATOMY §2.4, §2.6.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[1].restores or resumed[1].lr0 is None:
+        return
+    ck, p, _ = resumed
+    has_sched = ck.file(trainer_view.SCHEDULER) is not None
+    have = "optimizer state" if trainer_view.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
+    missing = "no `scheduler.pt`" if have == "optimizer state" else (
+        "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
+    lead = f"has {have} but {missing}" if have else f"has {missing}"
+    yield Hit(ck.path, f"{lead}: the resume restores neither; AdamW restarts from zero moments and the "
+              f"`{p.settings.lr_scheduler_type}` schedule restarts at its step 0 (LR {p.lr0:.4g}) while global_step "
+              f"continues at {p.start or 0}")
+
+
+@rule("CKD409", "planned-lr-ignored", Severity.ERROR, gate_only=True)
+def planned_lr_ignored(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned `learning_rate` differs from the base LR the checkpoint imposes, and will be ignored.
+
+    ## What it does
+    Compares the planned `learning_rate` with the `base_lrs` stored in `scheduler.pt` (else the optimizer's
+    `initial_lr`) when the resume restores optimizer and scheduler.
+
+    ## Why is this bad?
+    The scheduler is rebuilt for the new arguments and then `load_state_dict` overwrites its `base_lrs` with the
+    checkpoint's, and the optimizer's LR comes from `optimizer.pt`: the new learning rate has no effect, without a
+    warning. Polynomial and min-LR schedules even mix the two (their lambda divides by the new value).
+
+    ## Example
+    Resuming a run trained at 1e-3 with `learning_rate=5e-3` "to speed it up": every step still runs at 1e-3 x the
+    schedule.
+
+    ## Fix safety
+    No fix: keep the checkpoint's LR, or change the LR on purpose (for instance by editing the optimizer's param
+    groups in a callback after the resume).
+
+    ## References
+    `torch/optim/lr_scheduler.py` `LambdaLR.load_state_dict`; `Trainer._load_optimizer_and_scheduler`; ANATOMY §2.6.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, _ = resumed
+    s, base = p.settings, p.base_lr
+    if not p.restores or not p.lrs or base is None or math.isclose(s.learning_rate, base, rel_tol=LR_RTOL, abs_tol=0.0):
+        return
+    src = s.sources.get("learning_rate", "planned")
+    yield Hit(_in_folder(ck, trainer_view.SCHEDULER), f"learning_rate {s.learning_rate:g} ({src}) is ignored: the "
+              f"resume restores base LR {base:g} from the checkpoint; the first steps run at {format_lrs(p.lrs)}")
+
+
+@rule("CKD410", "resume-first-step-lr-zero", Severity.WARNING, gate_only=True)
+def resume_first_step_lr_zero(ctx: ResumeContext) -> Iterator[Hit]:
+    """The first optimizer step after the resume runs at learning rate 0.
+
+    ## What it does
+    Predicts the LR of the first resumed step: the LR stored in `optimizer.pt` when the state is restored, else the
+    restarted schedule's LR at its step 0.
+
+    ## Why is this bad?
+    A finished schedule stores LR 0, and resuming it with more epochs spends the first step at LR 0 before the new
+    schedule takes over; a restarted schedule with warm-up does the same. Usually harmless, but it is a sign the
+    resume is not continuing the schedule you think.
+
+    ## Example
+    The last checkpoint of a linear schedule, resumed with `num_train_epochs` raised from 2 to 3.
+
+    ## Fix safety
+    No fix: information about the planned resume.
+
+    ## References
+    `Trainer._load_optimizer_and_scheduler`; `src/transformers/optimization.py`; ANATOMY §2.6.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or not resumed[1].lrs or resumed[1].lrs[0] != 0.0:
+        return
+    ck, p, _ = resumed
+    why = "the LR stored in `optimizer.pt`" if p.restores else "the restarted schedule's warm-up"
+    yield Hit(ck.path, f"the first resumed optimizer step (step {(p.start or 0) + 1}) runs at LR 0 ({why})")
+
+
+@rule("CKD411", "resume-lr-jump", Severity.WARNING, gate_only=True)
+def resume_lr_jump(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resumed learning rate jumps well above the last LR the run used.
+
+    ## What it does
+    Compares the predicted LRs of the first resumed steps with the last `learning_rate` logged before the
+    checkpoint, when the run had finished its warm-up. A rise of more than 25% is reported.
+
+    ## Why is this bad?
+    A new `max_steps` (more epochs) rebuilds the schedule mid-way along a longer decay, and a restarted schedule
+    starts from the full base LR: either way the LR goes back up after it had decayed, which can undo training
+    (loss spikes, forgetting).
+
+    ## Example
+    A linear schedule at 1.25e-4 at its last step, resumed with 50% more epochs: the second resumed step runs at
+    2.5e-4.
+
+    ## Fix safety
+    No fix: plan the new schedule on purpose, or resume with the run's own settings.
+
+    ## References
+    `Trainer.create_scheduler`, `LambdaLR.get_lr`; ANATOMY §2.6.
+    """
+    resumed = _resumed(ctx)
+    ts = trainer_view.trainer_state(resumed[0]) if resumed is not None else None
+    if resumed is None or ts is None or not resumed[1].lrs:
+        return
+    ck, p, steps = resumed
+    lrs, start = p.lrs, p.start or 0
+    logged = [(s, lr) for s, lr in ts.learning_rates() if s <= start]  # the LR the run last trained with
+    if not logged or logged[-1][1] <= 0:
+        return
+    last = logged[-1]
+    own_warmup = plan_from_training_args(trainer_view.training_args(ck) or {}).get("warmup_steps", 0.0)
+    try:
+        if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
+            return  # the run was still warming up: a rising LR is its own schedule
+    except (ArithmeticError, ValueError):
+        pass  # its warm-up cannot be computed (NaN, inf, a ratio of an overflowing max_steps): judge the rise anyway
+    peak = max(range(len(lrs)), key=lambda i: lrs[i])
+    if lrs[peak] > last[1] * JUMP_FACTOR:
+        new_max = steps.max_steps
+        was = f" (the run's max_steps was {ts.max_steps}, the resume's is {new_max})" if ts.max_steps != new_max else ""
+        yield Hit(ck.path, f"LR rises from {last[1]:.4g} (logged at step {last[0]}) to {lrs[peak]:.4g} at step "
+                  f"{start + 1 + peak}: the resume does not continue the run's schedule{was}")
+
+
+@rule("CKD412", "lr-schedule-unpredictable", Severity.WARNING, gate_only=True)
+def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
+    """The gate cannot predict the learning rates of the resume.
+
+    ## What it does
+    Reports why the LR sequence is missing: a metric-driven schedule (`reduce_lr_on_plateau`, `greedy`), or an
+    optimizer / scheduler state whose LRs could not be read.
+
+    ## Why is this bad?
+    The rest of the prediction stands, but nothing checked the LRs the resume will use.
+
+    ## Example
+    `lr_scheduler_type="reduce_lr_on_plateau"`: the LR changes with evaluation results.
+
+    ## Fix safety
+    No fix.
+
+    ## References
+    `src/transformers/optimization.py` `get_scheduler`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, _ = resumed
+    stype = p.settings.lr_scheduler_type
+    if p.schedule_rejected is not None and stype in schedules.METRIC_DRIVEN:
+        yield Hit(ck.path, f"`{stype}`: {p.schedule_rejected}")
+    if p.lr_unreadable:
+        yield Hit(ck.path, "cannot read the LR stored in `optimizer.pt` / `scheduler.pt`; LRs not predicted")
+
+
+@rule("CKD413", "resume-will-fail", Severity.ERROR, gate_only=True)
+def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned resume raises before training: no checkpoint, no state, no weights, a damaged file it loads, or
+    an impossible schedule.
+
+    ## What it does
+    Follows `Trainer.train`'s resume path and names the exception it would raise: `get_last_checkpoint` finds no
+    `checkpoint-N` folder; `trainer_state.json` is missing, invalid or has a null `train_batch_size`;
+    `_load_from_checkpoint` finds no weights; a file the resume loads is cut short or broken (`config.json`, the
+    weights or a shard, `optimizer.pt` and `scheduler.pt` when both are restored, `scaler.pt`, each rank's
+    `rng_state`: `OSError`, `RuntimeError`, `SafetensorError`, `JSONDecodeError`, as measured with transformers
+    5.23); DeepSpeed finds no `scheduler.pt`; `get_scheduler` rejects the planned schedule.
+
+    ## Why is this bad?
+    The job fails after it got its allocation, often on every rank, with an error that rarely says what to do.
+
+    ## Example
+    `checkpoint-1500/` from a preempted save, without `trainer_state.json`: `FileNotFoundError`.
+
+    ## Fix safety
+    No fix here; `ckptdoctor scan` and `ckptdoctor fix` handle most causes (quarantining a torn checkpoint).
+
+    ## References
+    `src/transformers/trainer.py` `train`, `_load_from_checkpoint`, `_load_optimizer_and_scheduler`;
+    `trainer_utils.get_last_checkpoint`; `optimization.get_scheduler`.
+    """
+    ck, p = ctx.checkpoint, ctx.prediction
+    if ck is None or p is None:
+        yield Hit(".", _no_checkpoint(ctx))
+        return
+    s = p.settings
+    if p.crash is not None or p.start is None:
+        yield Hit(ck.path, p.crash or "`trainer_state.json` cannot be read: train() raises")
+    elif p.step_error is not None:
+        src, exc = s.sources, p.step_error
+        yield Hit(ck.path, f"num_train_epochs {s.num_train_epochs:g} ({src.get('num_train_epochs', 'default')}), "
+                  f"max_steps {int_text(s.max_steps)} ({src.get('max_steps', 'default')}), warmup_steps "
+                  f"{s.warmup_steps:g} ({src.get('warmup_steps', 'default')}): train() raises {exc.type} computing "
+                  f"max_steps and the warm-up steps ({exc.message})")
+    elif p.schedule_rejected is not None and s.lr_scheduler_type not in schedules.METRIC_DRIVEN:
+        yield Hit(ck.path, f"create_scheduler raises: {p.schedule_rejected}")
+    elif p.schedule_error is not None:
+        yield Hit(ck.path, f"create_scheduler raises {p.schedule_error.type} on lr_scheduler_kwargs "
+                  f"{schedules.brief(dict(s.lr_scheduler_kwargs))}: {p.schedule_error.message}")
+    elif p.lr_error is not None:
+        yield Hit(ck.path, f"the `{s.lr_scheduler_type}` schedule raises {p.lr_error.type} within the first "
+                  f"{p.lr_count} resumed steps")
+
+
+def _no_checkpoint(ctx: ResumeContext) -> str:
+    """What ``train()`` raises when the resume finds no checkpoint to load."""
+    if ctx.plan.checkpoint is not None:
+        # the scan could not open the root: transformers' os.path.isfile checks then find no weights file either
+        missing = any(p.path in ("", ".") and p.problem.kind is ProblemKind.UNREADABLE for p in ctx.tree.path_problems)
+        what = "no folder (the path is taken as given, from the working directory)" if missing else (
+            "a folder with no weights file")
+        return (f"resume_from_checkpoint={ctx.plan.checkpoint!r} names {what}: "
+                "train() raises ValueError(\"Can't find a valid checkpoint at ...\")")
+    return ("resume_from_checkpoint=True finds no `checkpoint-N` folder: train() raises "
+            "ValueError(\"No valid checkpoint found in output directory\")")
+
+
+@rule("CKD504", "world-size-mismatch", Severity.ERROR, gate_only=True)
+def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned number of processes differs from the number that saved the checkpoint.
+
+    ## What it does
+    Counts the ranks that wrote the checkpoint (FSDP `.distcp` files, DeepSpeed ZeRO partitions, per-rank
+    `rng_state_R.pth` files) and compares them with the planned world size. Sharded states are errors; RNG files
+    alone are warnings.
+
+    ## Why is this bad?
+    DeepSpeed ZeRO needs one optimizer partition per rank and fails otherwise; FSDP sharded states reshard only
+    through DCP. Each rank reads `rng_state_{rank}.pth` (or `rng_state.pth` alone): extra ranks, or a single
+    process after a multi-rank run, continue with fresh random state and the run is no longer reproducible.
+
+    ## Example
+    A checkpoint written by 4 GPUs resumed on 2.
+
+    ## Fix safety
+    No fix: resume with the saved world size, or convert the checkpoint (`zero_to_fp32.py`, DCP resharding).
+
+    ## References
+    `deepspeed/runtime/engine.py` `load_checkpoint`; accelerate `load_fsdp_optimizer`; `Trainer._load_rng_state`.
+    """
+    ck, planned = ctx.checkpoint, ctx.plan.world_size
+    if ck is None or ctx.prediction is None or planned is None:
+        return
+    saved = saved_world_size(ck)
+    kind = "FSDP/DeepSpeed shards"
+    sev = Severity.ERROR
+    if saved is None:
+        saved, kind, sev = _rng_ranks(ck), "RNG state files", Severity.WARNING
+    if saved is None or saved == planned:
+        return
+    if sev == Severity.ERROR:
+        tail = "the resume fails or must reshard"
+    else:
+        tail = "ranks without their own file continue with fresh random state"
+    yield Hit(ck.path, f"saved by {saved} ranks ({kind}) but planned world size is {planned}: {tail}", sev)
