@@ -62,7 +62,7 @@ class ScanRoot(click.Path):
     """A local path that must exist, or a URL root (``s3://``, ``gs://``, ``hf://``...) passed on for fsspec."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ckptdoctor.remote import is_remote  # only when a command parses its roots: --version stays instant
+        from ckptdoctor.sources import is_remote  # only when a command parses its roots: --version stays instant
 
         if isinstance(value, str) and is_remote(value):
             return value
@@ -519,7 +519,8 @@ def _write_manifests(trees: Sequence[Tree]) -> None:
 
 def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
     """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
-    from ckptdoctor.remote import check_remote_root, is_remote, log_on_one_line
+    from ckptdoctor.sources import is_remote
+    from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line
 
     for p in paths:
         if not is_remote(p):
