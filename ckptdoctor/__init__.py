@@ -1,5 +1,56 @@
-"""ckptdoctor: an fsck for machine-learning training checkpoints."""
+"""ckptdoctor: an fsck for machine-learning training checkpoints.
+
+The Python API, imported when first used (``import ckptdoctor`` loads nothing else, neither click nor tabulate)::
+
+    import ckptdoctor
+
+    report = ckptdoctor.scan("runs/my-run", fail_on="warning")  # as `ckptdoctor scan --fail-on warning runs/my-run`
+    for finding in report.findings:
+        print(finding.rule, finding.severity.value, finding.path, finding.message)
+    raise SystemExit(report.exit_code())                         # the command's exit code
+
+``scan`` and ``fix`` read each root's settings file as the command line does; ``undo`` restores a fix transaction.
+``Finding``, ``Severity``, ``Report`` and ``Selection`` are the types they take and return.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+__all__ = ["Finding", "Report", "Selection", "Severity", "__version__", "fix", "scan", "undo"]
+
+# name -> the module that defines it, imported on first use (PEP 562)
+_LAZY = {
+    "scan": "ckptdoctor.api",
+    "fix": "ckptdoctor.api",
+    "undo": "ckptdoctor.fixer.transaction",
+    "Finding": "ckptdoctor.findings",
+    "Severity": "ckptdoctor.findings",
+    "Report": "ckptdoctor.scanner",
+    "Selection": "ckptdoctor.rules",
+}
+
+if TYPE_CHECKING:
+    from ckptdoctor.api import fix, scan
+    from ckptdoctor.findings import Finding, Severity
+    from ckptdoctor.fixer.transaction import undo
+    from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import Report
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names, each imported from its module when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

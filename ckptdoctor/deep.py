@@ -3,7 +3,7 @@
 This is the only scan-path module that reads tensor data, and the only one that imports numpy, lazily, when
 ``--deep`` is asked for. Memory stays bounded (two chunk buffers per worker thread) whatever the model size:
 nothing is ever loaded whole. With ``checksums`` every file is read front to back once, and the same chunks feed
-both the sha256 and the tensor checks. Rules judge the results (``ckptdoctor.rules.deep``); this module only
+both the sha256 and the tensor checks. Rules judge the results (the ``deep_only`` rules); this module only
 measures, and reads (never writes) the checksum manifest.
 """
 
@@ -377,7 +377,7 @@ def _unreadable(e: OSError) -> ReadProblem:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checksum manifests (built and read here; ``ckptdoctor.fix.write_manifest`` is what writes one)
+# Checksum manifests (built and read here; ``ckptdoctor.fixer.write_manifest`` is what writes one)
 
 
 def manifest_document(tree: Tree, version: str, now: float | None = None) -> tuple[dict[str, Any], list[str]]:

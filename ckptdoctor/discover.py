@@ -23,7 +23,8 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.progress import when_done
 from ckptdoctor.readers import VANISHED
-from ckptdoctor.sources import OWN_DIR, Entry, L, M, Source, display, source_for
+from ckptdoctor.sources import source_for
+from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).

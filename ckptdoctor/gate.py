@@ -28,7 +28,8 @@ from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
 from ckptdoctor.rules import Selection, all_rules, get_rule, security_codes
 from ckptdoctor.rules.training import saved_world_size
-from ckptdoctor.scanner import FAIL_ON, Report
+from ckptdoctor.scanner import Report
+from ckptdoctor.settings import FAIL_ON
 
 SCHEMA = "ckptdoctor.gate/1"
 DEFAULT_LR_STEPS = 5
@@ -250,7 +251,7 @@ class GateResult:
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``ckptdoctor.gate/1`` document (plus ``resolved``: the arguments the prediction used)."""
-        from ckptdoctor.report import finding_json
+        from ckptdoctor.render.report import finding_json
 
         s = self.settings
         resolved: dict[str, Any] | None = None
@@ -680,7 +681,7 @@ def predict(
             # A `checkpoint-N` link out of the root: get_last_checkpoint picks it, the scan never reads it (CKD604,
             # an error there). The resume may well work; nothing here can say what it loads.
             out.items.extend(f for f in scanned if _in(f.path, pick))
-            from ckptdoctor.report import display_path
+            from ckptdoctor.render.report import display_path
 
             return GateResult(run_label, display_path(tree.root, pick), "none", None, None, None, (), out.sorted(),
                               fail_on=plan.fail_on)  # fmt: skip
@@ -696,7 +697,7 @@ def predict(
                     "ValueError(\"No valid checkpoint found in output directory\")")
         return GateResult(run_label, None, "none", None, None, None, (), out.sorted(), fail_on=plan.fail_on)
 
-    from ckptdoctor.report import display_path
+    from ckptdoctor.render.report import display_path
 
     kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     out = _Findings(tree.root, kept, selection)
@@ -1040,7 +1041,7 @@ def _check_plan(values: dict[str, Any]) -> None:
 
 def render_text(result: GateResult) -> str:
     """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
-    from ckptdoctor.report import plural, printable
+    from ckptdoctor.render.report import plural, printable
 
     lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
     if result.checkpoint is None:
@@ -1082,7 +1083,7 @@ def render_text(result: GateResult) -> str:
 
 def finding_line(f: Finding) -> str:
     """One finding as ``scan``'s text output prints it: ``path: CODE [severity] message`` (without its fix line)."""
-    from ckptdoctor.report import finding_text
+    from ckptdoctor.render.report import finding_text
 
     return finding_text(f)[0]
 
@@ -1238,7 +1239,7 @@ def gate_command(
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
     elif fmt in ("sarif", "github"):
-        from ckptdoctor import sarif
+        from ckptdoctor.render import sarif
 
         if fmt == "sarif":
             click.echo(sarif.render_sarif(result.findings))

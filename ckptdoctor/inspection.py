@@ -1,4 +1,4 @@
-"""``ckptdoctor inspect``: what the readers see in one file, as plain data for a table or JSON."""
+"""``ckptdoctor inspect``: what the readers see in one file, as plain data for JSON or ``render.inspect``'s text."""
 
 from __future__ import annotations
 
@@ -82,13 +82,6 @@ def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     }
 
 
-_MARKS = {"dangerous": " [dangerous: CKD601]", "unknown": " [not allowlisted: CKD602]", "allowed": ""}
-
-
-def _marked(names: list[str], verdicts: dict[str, str]) -> str:
-    return ", ".join(n + _MARKS.get(verdicts.get(n, ""), "") for n in names) or "none"
-
-
 def describe(facts: FileFacts) -> dict[str, Any]:
     """Plain data describing one file's facts and read problems."""
     out: dict[str, Any] = {"path": facts.path, "kind": facts.kind.value, "bytes": facts.size}
@@ -137,37 +130,3 @@ def inspect_file(path: str) -> dict[str, Any]:
             outcome = read_dcp_data(f, st.st_size)
         facts = FileFacts(facts.path, facts.size, facts.mtime, facts.kind, outcome.content, outcome.problems)
     return describe(facts)
-
-
-def _only_tensors(value: Any) -> bool:
-    """A plain state dict (every value a tensor) is already shown by the tensor table."""
-    if not isinstance(value, dict) or not value:
-        return False
-    return all(isinstance(v, dict) and "tensor" in v for v in value.values())
-
-
-def render_inspect_text(data: dict[str, Any]) -> str:
-    """The description as a short header, a tensor table or the pickle's globals and values, then problems."""
-    import json
-
-    from tabulate import tabulate
-
-    lines = [f"{data['path']}: {data['kind']}, {data['bytes']:,} bytes"]
-    tensors = data.get("tensors")
-    if tensors:
-        rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", t["bytes"]] for t in tensors]
-        lines.append(tabulate(rows, headers=["tensor", "dtype", "shape", "bytes"], tablefmt="simple"))
-    elif tensors is not None:
-        lines.append("no tensors")
-    if "globals" in data:
-        verdicts = data.get("verdicts", {})
-        lines.append("globals imported: " + _marked(data["globals"], verdicts))
-        lines.append("globals called:   " + _marked(data["calls"], verdicts))
-    for key in ("metadata", "keys", "value", "text"):
-        if key in data and data[key] is not None and not (key == "value" and _only_tensors(data[key])):
-            lines.append(f"{key}:")
-            lines.append(json.dumps(data[key], indent=2, default=str)[:20000])
-    if data["problems"]:
-        lines.append("problems:")
-        lines.extend(f"  [{p['kind']}] {p['message']}" for p in data["problems"])
-    return "\n".join(lines)

@@ -9,25 +9,30 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Tree
 from ckptdoctor.rules import Selection, run_rules
+from ckptdoctor.settings import ExitPolicy, fails
 
-FAIL_ON = ("error", "warning", "info", "never")
 CHECKSUMS = ("write", "verify")
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The result of scanning one or more roots: what was found on disk and the findings about it."""
+    """The result of scanning one or more roots: what was found on disk and the findings about it.
+
+    ``policy`` decides ``exit_code()`` as the command line does: ``ckptdoctor.scan`` sets the caller's fail-on and
+    each root's settings file's; the default fails on errors.
+    """
 
     trees: tuple[Tree, ...]
     findings: tuple[Finding, ...]
     seconds: float
+    policy: ExitPolicy = field(default_factory=ExitPolicy)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -38,14 +43,17 @@ class Report:
 
     def failed(self, fail_on: str = "error") -> bool:
         """True when a finding is at or above ``fail_on`` (``never`` never fails)."""
-        if fail_on == "never":
-            return False
-        threshold = Severity(fail_on).rank
-        return any(f.severity.rank >= threshold for f in self.findings)
+        return fails(self.findings, fail_on)
 
-    def exit_code(self, fail_on: str = "error") -> int:
-        """0 when nothing reaches ``fail_on``, else 1 (2 is reserved for usage errors)."""
-        return 1 if self.failed(fail_on) else 0
+    def exit_code(self, fail_on: str | None = None) -> int:
+        """0 when nothing reaches ``fail_on``, else 1 (2 is reserved for usage errors).
+
+        Without ``fail_on``: the code the command line gives, by ``policy`` (each root's settings file's fail-on
+        unless the caller gave one; a security error fails even a settings file's "never").
+        """
+        if fail_on is not None:
+            return 1 if self.failed(fail_on) else 0
+        return self.policy.exit_code(self.findings)
 
 
 def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
@@ -76,7 +84,7 @@ def scan(
     a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
-    the caller's step (``ckptdoctor.fix.write_manifest``): a scan never writes.
+    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes.
 
     ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
     function reads no settings file (``.ckptdoctor.toml``, ``[tool.ckptdoctor]``); the ``ckptdoctor`` command
@@ -174,7 +182,7 @@ def checked_selection(selection: Selection) -> Selection:
     Raises ``ValueError`` naming a code, prefix or name that matches no rule: a typo would select nothing, and a
     malicious checkpoint would pass a scan that checked nothing.
     """
-    from ckptdoctor.config import UnknownRule, rule_patterns, severity_overrides
+    from ckptdoctor.settings import UnknownRule, rule_patterns, severity_overrides
 
     try:
         select, ignore = rule_patterns(selection.select), rule_patterns(selection.ignore)

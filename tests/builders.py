@@ -70,7 +70,7 @@ def make_run(root: Path, steps: tuple[int, ...] = (2, 4), max_steps: int = 8) ->
 
 def comparable_report(report: Any) -> dict[str, Any]:
     """A scan's JSON report without what legitimately differs between a local and a remote root (roots, time)."""
-    from ckptdoctor.report import render_json
+    from ckptdoctor.render.report import render_json
 
     doc: dict[str, Any] = json.loads(render_json(report))
     doc.pop("roots")

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import cli
+from ckptdoctor.cli import options as cli
 from ckptdoctor.findings import Severity
-from ckptdoctor.fix import FixRefused, fix
-from ckptdoctor.fix.journal import _new_txid
+from ckptdoctor.fixer import FixRefused, fix
+from ckptdoctor.fixer.journal import _new_txid
 from ckptdoctor.rules import Selection
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import copy_fixture, invoke

@@ -1,10 +1,12 @@
-"""Architecture boundaries, checked statically on the package's source.
+"""Architecture boundaries, checked statically on the package's source (and one import in a subprocess).
 
 - Reading never executes: no pickle/marshal loading, torch.load, eval or exec anywhere outside the reference trainer.
 - The scan path imports neither torch, numpy, safetensors nor peft (the reference trainer may; ``--deep`` may import
   numpy lazily inside functions).
-- Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fix/`` that change the disk)
-  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fix/calls.py``).
+- Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fixer/`` that change the disk)
+  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fixer/calls.py``).
+- Layers: every import follows the flow (``LAYERS``), no import circle exists, and the core modules import without
+  click or tabulate.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdi
 # and durable writes, the journal, the lock, applying, undoing, transactions, manifests). The rest of the fixer
 # (planning, digests, rendering, the commands) reads only. The reference trainer writes checkpoints by design and is
 # never imported by the scan path.
-WRITERS = {"fix/calls.py", "fix/journal.py", "fix/guard.py", "fix/apply.py", "fix/recover.py", "fix/transaction.py",
-           "fix/manifest.py"}
+WRITERS = {"fixer/calls.py", "fixer/journal.py", "fixer/guard.py", "fixer/apply.py", "fixer/recover.py",
+           "fixer/transaction.py", "fixer/manifest.py"}
 # The fixer's write seam: every write system call goes through its `CALLS`; using it, or any name it defines, writes.
-SEAM = PKG / "fix" / "calls.py"
-SEAM_MODULE = "ckptdoctor.fix.calls"
+SEAM = PKG / "fixer" / "calls.py"
+SEAM_MODULE = "ckptdoctor.fixer.calls"
 
 
 def scan_path_modules() -> list[Path]:
@@ -98,7 +100,7 @@ def writes(path: Path) -> list[str]:
     seam_names = _seam_names()
     seam_aliases: set[str] = set()  # local names of the seam module itself, and of what was imported from it
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in (SEAM_MODULE, "ckptdoctor.fix"):
+        if isinstance(node, ast.ImportFrom) and node.module in (SEAM_MODULE, "ckptdoctor.fixer"):
             for a in node.names:
                 if node.module == SEAM_MODULE or a.name in seam_names or a.name == "calls":
                     seam_aliases.add(a.asname or a.name)
@@ -160,3 +162,122 @@ def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
             if any(m.startswith("ckptdoctor.reference") for m in mods):
                 bad.append(f"{path.relative_to(PKG)}:{node.lineno}")
     assert not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layers: data flows one way (sources -> readers -> model -> trainer_view -> rules -> scanner | gate | fixer ->
+# render -> cli). A module imports only from its own layer or the ones below it, and no import circle exists.
+
+LAYERS: list[set[str]] = [
+    # values: frozen facts, no I/O (the root package gives __version__; its API names are imported lazily, by name)
+    {"ckptdoctor", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
+     "ckptdoctor.progress", "ckptdoctor.schedules"},
+    {"ckptdoctor.readers"},  # bytes -> facts
+    {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
+    {"ckptdoctor.discover", "ckptdoctor.deep"},  # walking roots, reading tensor data
+    {"ckptdoctor.trainer_view"},  # what the Trainer picks and loads
+    {"ckptdoctor.rules", "ckptdoctor.pickle_analysis"},
+    {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
+    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.gate", "ckptdoctor.fixer"},
+    {"ckptdoctor.api"},  # ckptdoctor.scan / ckptdoctor.fix
+    {"ckptdoctor.render"},
+    {"ckptdoctor.integrations"},
+    {"ckptdoctor.cli", "ckptdoctor.__main__"},
+]
+# Imports against the flow that other branches of issue 14 remove (the gate package splits gate.py into prediction,
+# rules, rendering and a command). Delete each entry once its branch is merged.
+PENDING = {
+    ("ckptdoctor.gate", "ckptdoctor.cli"),
+    ("ckptdoctor.gate", "ckptdoctor.render.report"),
+    ("ckptdoctor.gate", "ckptdoctor.render.sarif"),
+}
+# Modules that must import without click or tabulate: the library under the command line.
+CORE = ["ckptdoctor", "ckptdoctor.model", "ckptdoctor.readers", "ckptdoctor.rules", "ckptdoctor.settings",
+        "ckptdoctor.scanner", "ckptdoctor.fixer", "ckptdoctor.api", "ckptdoctor.inspection", "ckptdoctor.render.report",
+        "ckptdoctor.render.sarif", "ckptdoctor.render.fix", "ckptdoctor.render.inspect"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package (the reference trainer aside) -> the package modules it imports, at any depth of
+    the code (an import inside a function runs too), except under ``if TYPE_CHECKING:`` (never runs)."""
+    paths = {_module_name(p): p for p in scan_path_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for m in node.body for n in ast.walk(m)}
+        base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    module = ".".join([*base[: len(base) - node.level + 1], *([module] if module else [])])
+                # `from ckptdoctor.fixer import calls` imports the submodule; `from ckptdoctor import __version__`
+                # the package
+                found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in paths else module for a in node.names}
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def layer(module: str) -> int:
+    """The index in ``LAYERS`` of the longest prefix naming ``module`` (a package names its submodules)."""
+    best = (-1, -1)
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and len(n) > best[0]:
+                best = (len(n), i)
+    assert best[1] >= 0, f"{module} is in no layer: add it to LAYERS where it belongs"
+    return best[1]
+
+
+def test_every_import_follows_the_flow() -> None:
+    graph = import_graph()
+    against = sorted(
+        f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if layer(b) > layer(a) and (a, b) not in PENDING
+    )
+    assert not against, against
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph = import_graph()
+    pending = {(a, b) for a, b in PENDING if b in graph.get(a, set())}
+    edges = {a: targets - {b for x, b in pending if x == a} for a, targets in graph.items()}
+    circles = []
+    for start in edges:  # a path back to `start`, depth first
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges[node]:
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not circles, sorted(circles)[:10]
+
+
+def test_core_modules_import_without_click_or_tabulate() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {CORE!r}]; "
+        "from ckptdoctor.rules import all_rules; all_rules(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'tabulate')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -81,7 +81,7 @@ def test_readme_json_schema_names_every_key() -> None:
 
 def _commands() -> list[tuple[str, click.Command]]:
     ctx = click.Context(main)
-    names = ["scan", "inspect", "rules", "explain", "gate"]  # fix and undo are documented in ckptdoctor/fix/
+    names = ["scan", "inspect", "rules", "explain", "gate"]  # fix and undo are documented in ckptdoctor/cli/fix.py
     out = [(n, main.get_command(ctx, n)) for n in names]
     return [(n, c) for n, c in out if c is not None]
 

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ckptdoctor.fix import fix, undo
+from ckptdoctor.fixer import fix, undo
 from ckptdoctor.reference.fsdp import train_fsdp
 from ckptdoctor.reference.scenarios import (
     PREEMPT_STEP,

@@ -19,7 +19,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.cli import main
 from ckptdoctor.findings import Applicability, Finding, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.rules import Selection
@@ -533,8 +533,8 @@ def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) 
     """The ancestor lookup that replaced comparing every path with every folder decides the same."""
     import random
 
-    from ckptdoctor.fix.paths import _under
-    from ckptdoctor.fix.plan import _below
+    from ckptdoctor.fixer.paths import _under
+    from ckptdoctor.fixer.plan import _below
 
     rng = random.Random(seed)
     names = ["a", "b", "ab", "a.b", "c"]

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import calls as fixcalls
+from ckptdoctor.fixer import calls as fixcalls
 from tests.builders import make_run
 from tests.test_fix import age, clone, run_cli, stub_run, tree_state
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import fix as fixmod
-from ckptdoctor.fix import calls as fixcalls
+from ckptdoctor import fixer as fixmod
+from ckptdoctor.fixer import calls as fixcalls
 from tests.builders import make_run, trainer_state
 from tests.test_fix import age, clone, deepspeed_checkpoint, run_cli, sharded_checkpoint, stub_run, tree_state
 from tests.test_fix_crash import _kill_at

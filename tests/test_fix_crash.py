@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
 

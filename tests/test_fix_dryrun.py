@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.cli import main
 from tests.payloads import hostile_payloads
 from tests.test_fix import age, deepspeed_checkpoint, sharded_checkpoint, tree_state

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import fix as fixmod
-from ckptdoctor.fix import calls as fixcalls
+from ckptdoctor import fixer as fixmod
+from ckptdoctor.fixer import calls as fixcalls
 from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ckptdoctor import deep
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix.paths import OWN_MANIFEST
+from ckptdoctor.fixer.paths import OWN_MANIFEST
 from tests.builders import make_run
 from tests.test_checksums import _verify, _write
 from tests.test_fix import age, run_cli, stub_run, tree_state

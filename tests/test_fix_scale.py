@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import apply, transaction
-from ckptdoctor.fix import calls as fixcalls
+from ckptdoctor.fixer import apply, transaction
+from ckptdoctor.fixer import calls as fixcalls
 from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
 from tests.test_fix_crash import _points, recover_either_way
 
@@ -174,7 +174,7 @@ def test_a_real_kill_between_batched_saves(mixed: dict[str, Any], tmp_path: Path
     nothing was done, the disk says three operations were; `undo` restores the tree."""
     root = clone(mixed["src"], tmp_path / "sigkill")
     code = (
-        "import sys; from ckptdoctor.fix import transaction; transaction.JOURNAL_SAVES = 1; "
+        "import sys; from ckptdoctor.fixer import transaction; transaction.JOURNAL_SAVES = 1; "
         "from ckptdoctor.cli import main; sys.argv[0] = 'ckptdoctor'; main()"
     )
     env = {**os.environ, fixmod.CRASH_ENV: "op:3"}

@@ -227,7 +227,7 @@ def test_cli_checkpoint_option_and_github_format(midway: Path) -> None:
 
 
 def test_gate_is_importable_without_torch() -> None:
-    code = "import sys, ckptdoctor.gate, ckptdoctor.sarif, ckptdoctor.cli; assert 'torch' not in sys.modules"
+    code = "import sys, ckptdoctor.gate, ckptdoctor.render.sarif, ckptdoctor.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 

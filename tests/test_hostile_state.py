@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ckptdoctor.report import render_json, render_text
-from ckptdoctor.sarif import render_github, render_sarif
+from ckptdoctor.render.report import render_json, render_text
+from ckptdoctor.render.sarif import render_github, render_sarif
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import copy_fixture
 

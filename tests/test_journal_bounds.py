@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import journal as jmod
-from ckptdoctor.fix import transaction
-from ckptdoctor.fix.digests import _sha
+from ckptdoctor.fixer import journal as jmod
+from ckptdoctor.fixer import transaction
+from ckptdoctor.fixer.digests import _sha
 from tests.builders import trainer_state
 from tests.test_fix import clone, mixed_run, run_cli, tree_state
 from tests.test_fix_adversarial import TXID, forge, journal_op

@@ -90,7 +90,7 @@ def test_a_link_out_of_an_older_checkpoint_is_a_warning(tmp_path: Path) -> None:
 
 
 def test_a_secret_behind_a_link_never_reaches_the_report(tmp_path: Path) -> None:
-    """The session-4 audit: followed, a `latest` linked to a key file was quoted by CKD503 in every format."""
+    """Links out of the root are not followed (292be50): when they were, CKD503 quoted a key file in every format."""
     secret = tmp_path / "id_ed25519"
     secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-key-material\n-----END OPENSSH PRIVATE KEY-----\n")
     root = tmp_path / "run"

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ckptdoctor import progress, sarif
+from ckptdoctor import progress
 from ckptdoctor.cli import main
 from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.render import sarif
 from ckptdoctor.rules import all_rules
 from tests.builders import make_checkpoint
 

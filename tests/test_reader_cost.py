@@ -63,7 +63,7 @@ def old_read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Re
         msg = jsonfiles._duplicate_message(text, e.key)
         return ReadOutcome(None, (ReadProblem(ProblemKind.INVALID_JSON, msg),))
     except json.JSONDecodeError as e:
-        if jsonfiles.cut_short(text, e):  # session 4: a document that ends early is TRUNCATED
+        if jsonfiles.cut_short(text, e):  # a document that ends early is TRUNCATED, as the reader says since dbabd70
             msg = f"JSON ends mid-document at line {e.lineno} column {e.colno}: {e.msg}"
             return ReadOutcome(None, (ReadProblem(ProblemKind.TRUNCATED, msg),))
         msg = f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"

@@ -31,7 +31,7 @@ from moto.server import ThreadedMotoServer
 from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
-from ckptdoctor.fix import FixRefused, fix
+from ckptdoctor.fixer import FixRefused, fix
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import is_remote
 from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE

@@ -442,10 +442,12 @@ def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -
         other = by_step[step]
         for key in ("loss", "learning_rate"):
             a, b = e.get(key), other.get(key)
-            # session 4: numbers read through trainer_view.number (a JSON integer past float range is an infinity)
+            # numbers read through trainer_view.number, as the rule reads them since a3d1d75 (a JSON integer past
+            # float range is an infinity)
             x, y = trainer_view.number(a), trainer_view.number(b)
             if x is not None and y is not None and a != b and not discovery._close(x, y):
-                return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"  # session 4 wording
+                # the rule's message since dbabd70: one number format per comparison (discovery.versus)
+                return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"
     return None
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.trainer_utils import load_sharded_checkpoint
 
-from ckptdoctor import fix as fixmod
+from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import Finding, OpKind, Severity
 from ckptdoctor.scanner import scan
 from tests.builders import trainer_state

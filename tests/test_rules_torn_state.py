@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ckptdoctor.findings import Applicability, Finding, Severity
-from ckptdoctor.fix import undo
+from ckptdoctor.fixer import undo
 from ckptdoctor.model import ProblemKind
 from ckptdoctor.readers.jsonfiles import read_json
 from ckptdoctor.rules.discovery import versus

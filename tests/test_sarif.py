@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptdoctor import sarif
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.gate import gate
+from ckptdoctor.render import sarif
 from ckptdoctor.scanner import scan
 from tests.builders import make_run
 

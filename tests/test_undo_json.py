@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.report import render_text
+from ckptdoctor.fixer.journal import load_journals
+from ckptdoctor.render.report import render_text
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import FIXTURES, copy_fixture, invoke
 from tests.test_fix import age, tree_state

@@ -1,7 +1,10 @@
 """The rule registry and engine: rules are pure functions of a ``Tree`` that yield hits; the engine makes findings.
 
-A rule is registered with ``@rule(code, name, severity)``; its docstring is its user-facing document, with the
-sections What it does / Why is this bad? / Example / Fix safety / References.
+A rule is registered with ``@rule(code, name, severity, ...)``: every fact about one rule (its fix safety, whether
+it needs ``--deep`` or a planned resume, its security severity) is given there and read from its ``Rule``. Its
+docstring is its user-facing document, with the sections What it does / Why is this bad? / Example / Fix safety /
+References. Each code family has its module: 0xx-1xx ``discovery``, 2xx ``weights``, 3xx ``adapters``, 4xx
+``training``, 5xx ``distributed``, 6xx ``security`` (the gate-only rules, whatever their family, with the gate).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ckptdoctor.findings import Finding, FixPlan, Severity
+from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.model import Tree
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
@@ -38,7 +41,7 @@ class Rule:
     severity: Severity
     func: RuleFunc = field(compare=False, repr=False)
     doc: str = ""
-    fix: str = ""  # "safe" (applied by `ckptdoctor fix`), "unsafe" (only with --unsafe-fixes), "" (none)
+    fix: Applicability | None = None  # SAFE (applied by `ckptdoctor fix`), UNSAFE (only with --unsafe-fixes), None
     deep_only: bool = False
     gate_only: bool = False  # emitted by `ckptdoctor gate` (needs the planned resume), documented here
     # GitHub rates a security alert by its rule's SARIF ``security-severity`` (a CVSS-like score as a string,
@@ -55,7 +58,7 @@ class Rule:
     @property
     def fixable(self) -> bool:
         """Whether ``ckptdoctor fix`` repairs what the rule finds (with ``--unsafe-fixes`` when ``fix`` is unsafe)."""
-        return bool(self.fix)
+        return self.fix is not None
 
     @property
     def summary(self) -> str:
@@ -68,7 +71,6 @@ _REGISTRY: dict[str, Rule] = {}
 
 # Modules that register rules when imported. Kept explicit so the registry's content never depends on import order.
 RULE_MODULES = (
-    "ckptdoctor.rules.files",
     "ckptdoctor.rules.discovery",
     "ckptdoctor.rules.weights",
     "ckptdoctor.rules.adapters",
@@ -76,7 +78,6 @@ RULE_MODULES = (
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
     "ckptdoctor.rules.gate",
-    "ckptdoctor.rules.deep",
 )
 
 
@@ -85,7 +86,7 @@ def rule(
     name: str,
     severity: Severity,
     *,
-    fix: str = "",
+    fix: Applicability | None = None,
     deep_only: bool = False,
     gate_only: bool = False,
     security_severity: str | None = None,
@@ -93,10 +94,13 @@ def rule(
 ) -> Callable[[RuleFunc], RuleFunc]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
-    ``fix`` is the applicability of the fix plans the rule attaches ("safe" or "unsafe"; a test checks the plans).
+    ``fix`` is the applicability of the fix plans the rule attaches (SAFE or UNSAFE, None for no fix; a test checks
+    the plans). ``deep_only``: it judges tensor data, so it runs only with ``--deep``. ``gate_only``: ``ckptdoctor
+    gate`` emits it for a planned resume; a scan never runs it. ``security_severity``: SARIF's score, and what makes
+    it a security rule. ``superseded_by_gate``: the gate replaces its finding by an exact prediction.
     """
-    if fix not in ("", "safe", "unsafe"):
-        raise ValueError(f"rule {code}: fix must be safe, unsafe or empty, not {fix!r}")
+    if fix not in (None, Applicability.SAFE, Applicability.UNSAFE):
+        raise ValueError(f"rule {code}: fix must be Applicability.SAFE, Applicability.UNSAFE or None, not {fix!r}")
 
     def register(func: RuleFunc) -> RuleFunc:
         if code in _REGISTRY:
@@ -218,7 +222,7 @@ def rules_markdown() -> str:
     """The rule catalog as the Markdown table embedded in the README (kept in sync by a test)."""
     lines = ["| code | name | severity | fix | what it finds |", "| --- | --- | --- | --- | --- |"]
     for r in all_rules():
-        fix = r.fix
+        fix = r.fix.value if r.fix is not None else ""
         deep = " (`--deep`)" if r.deep_only else " (`gate`)" if r.gate_only else ""
         lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {fix} | {r.summary}{deep} |")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Adapter rules: an adapter's weights against its `adapter_config.json`."""
+"""Adapter rules: an adapter's weights against its `adapter_config.json`, and (``--deep``) whether it trained."""
 
 from __future__ import annotations
 
@@ -167,3 +167,63 @@ def adapter_config_mismatch(tree: Tree) -> Iterator[Hit]:
                 problems = adapter_mismatches(cfg, tensors)
                 if problems:
                     yield Hit(f.path, "; ".join(problems[:3]))
+
+
+# --deep: what ``ckptdoctor.deep`` measured in the adapter weights.
+def is_lora_b(name: str) -> bool:
+    """Whether a tensor is a LoRA B matrix (``...lora_B.weight``, ``...lora_embedding_B``): PEFT zero-inits them."""
+    parts = name.split(".")
+    return "lora_B" in parts or "lora_embedding_B" in parts
+
+
+@rule("CKD303", "untrained-adapter", Severity.WARNING, deep_only=True)
+def untrained_adapter(tree: Tree) -> Iterator[Hit]:
+    """Every LoRA B matrix of an adapter is still zero although training ran.
+
+    ## What it does
+    With `--deep`, looks at the adapter weights (`adapter_model.safetensors` / `adapter_model.bin`, and those of
+    extra adapters in subfolders) of each checkpoint whose `global_step` is above 0, and reports the adapter when
+    every `lora_B` matrix is all zeros.
+
+    ## Why is this bad?
+    PEFT initializes `lora_B` to zeros so that a fresh adapter changes nothing; the first optimizer step moves
+    it. After training steps, all-zero B matrices mean the adapter never learned: its parameters were frozen or
+    not handed to the optimizer, the learning rate was 0, or the adapter saved is not the one that trained. The
+    checkpoint loads and evaluates exactly like the base model, and resuming from it trains from scratch.
+
+    ## Example
+    A script that called `get_peft_model` after building the optimizer: 500 steps later,
+    `checkpoint-500/adapter_model.safetensors` holds the initial adapter.
+
+    ## Fix safety
+    No automatic fix: check that the adapter's parameters are trainable and in the optimizer, then retrain.
+
+    ## References
+    peft `src/peft/tuners/lora/layer.py` (`reset_lora_parameters`: `nn.init.zeros_(self.lora_B[...])`).
+    """
+    data = {d.path: d for d in tree.data}
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            step = _global_step(ck)
+            if not step:
+                continue
+            for d in _adapter_dirs(ck):
+                for fname in (trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN):
+                    f = ck.file(_join(d, fname))
+                    measured = data.get(f.path) if f is not None else None
+                    if measured is None:
+                        continue
+                    b = [t for t in measured.tensors if is_lora_b(t.name)]
+                    if b and all(t.all_zero for t in b):
+                        yield Hit(
+                            measured.path,
+                            f"all {len(b)} LoRA B matrices are zero after {step:,} training steps: "
+                            "the adapter is still at its initialization",
+                        )
+
+
+def _global_step(ck: Checkpoint) -> int | None:
+    state = trainer_view.trainer_state(ck)
+    if state is not None and state.global_step is not None:
+        return state.global_step
+    return ck.step

@@ -1,4 +1,5 @@
-"""Discovery and resume-selection rules: which checkpoint a resume would pick, and whether it should."""
+"""Discovery and resume-selection rules: paths the scan could not read, which checkpoint a resume would pick,
+and whether it should."""
 
 from __future__ import annotations
 
@@ -18,6 +19,87 @@ from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run,
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
+
+
+# The path problems CKD001 reports; the corrupt-file rules (CKD202, CKD203, CKD211) leave them to it.
+PATH_KINDS = (
+    ProblemKind.UNREADABLE,
+    ProblemKind.SYMLINK_LOOP,
+    ProblemKind.BAD_NAME,
+    ProblemKind.SPECIAL_FILE,
+    ProblemKind.LIMIT,
+)
+# Paths a resume cannot open: in the checkpoint it picks, one of them is an error.
+_BLOCKING_KINDS = (ProblemKind.UNREADABLE, ProblemKind.SPECIAL_FILE, ProblemKind.SYMLINK_LOOP)
+# What a resume opens in the checkpoint folder itself: weights, adapters, optimizer, scheduler, scaler and RNG
+# states, DCP pieces, and the JSON files `_load_from_checkpoint` and `train()` parse. Anything in a subfolder
+# (DeepSpeed tags, FSDP and DCP folders, extra adapters) and names without a suffix (`latest`, folders) count too.
+_LOADED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata", ".index.json")
+_LOADED_JSON = ("config.json", "trainer_state.json", "adapter_config.json")
+
+
+def _resume_picks(tree: Tree) -> list[str]:
+    """The folders `resume_from_checkpoint=True` picks, one per run, and standalone checkpoints."""
+    out = [run.resume_pick for run in tree.runs if run.resume_pick is not None]
+    out.extend(ck.path for run in tree.runs if run.standalone for ck in run.checkpoints)
+    return out
+
+
+def _loaded(rel: str) -> bool:
+    """Whether a resume may open ``rel`` (relative to the checkpoint folder; "" is the folder itself)."""
+    name = rel.lower()
+    return rel == "" or "/" in rel or "." not in name or name.endswith(_LOADED_SUFFIXES) or name in _LOADED_JSON
+
+
+def _severity(path: str, kind: ProblemKind, picked: list[str]) -> Severity:
+    """Error when the resume would open ``path``: the folder it picks, or a file there a loader opens."""
+    if kind not in _BLOCKING_KINDS:
+        return Severity.WARNING
+    for ck in picked:
+        if ck in (".", ""):
+            rel = "" if path in (".", "") else path
+        elif path == ck or path.startswith(f"{ck}/"):
+            rel = path[len(ck) + 1 :]
+        else:
+            continue
+        if _loaded(rel):
+            return Severity.ERROR
+    return Severity.WARNING
+
+
+@rule("CKD001", "unreadable-path", Severity.WARNING)
+def unreadable_path(tree: Tree) -> Iterator[Hit]:
+    """A file or folder the scan could not read: permission denied, symlink loop, undecodable name, device file,
+    or a resource limit reached.
+
+    ## What it does
+    Reports every path discovery or a reader could not open or fully analyse. The scan goes on with the rest.
+    It is an error when the path is in the checkpoint `resume_from_checkpoint=True` picks (the folder itself, or a
+    file there a loader opens: weights, optimizer, scheduler and RNG states, `trainer_state.json`, `config.json`,
+    anything in its subfolders), a warning otherwise.
+
+    ## Why is this bad?
+    What ckptdoctor could not read, it could not check: a hazard may hide there. A resume that needs the file will
+    fail, or (for a name the Trainer's pattern does not match) silently ignore it. A file that vanished while
+    being scanned is not corrupt: a save or the Trainer's rotation (`save_total_limit`) was at work; scan again.
+
+    ## Example
+    `checkpoint-8/optimizer.pt` with mode 000 owned by another user.
+
+    ## Fix safety
+    No automatic fix: fix permissions or names by hand, then scan again.
+
+    ## References
+    Principle 4 of ckptdoctor: bad input is a finding, not a traceback.
+    """
+    picked = _resume_picks(tree)
+    for pp in tree.path_problems:
+        if pp.problem.kind in PATH_KINDS:
+            yield Hit(pp.path, pp.problem.message, _severity(pp.path, pp.problem.kind, picked))
+    for f in tree.all_files():
+        for p in f.problems:
+            if p.kind in PATH_KINDS:
+                yield Hit(f.path, p.message, _severity(f.path, p.kind, picked))
 
 
 def _when(t: float) -> str:
@@ -240,7 +322,7 @@ def stale_checkpoints(run: Run) -> tuple[Checkpoint, list[Checkpoint], str] | No
     return None if v is None else (v.newest, list(v.stale), v.why)
 
 
-@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fix="unsafe")
+@rule("CKD101", "stale-checkpoint-selected", Severity.ERROR, fix=Applicability.UNSAFE)
 def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
     """The checkpoint `resume_from_checkpoint=True` would pick belongs to an older run than the newest checkpoints.
 
@@ -352,7 +434,7 @@ def torn_evidence(
     return out
 
 
-@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix="safe")
+@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
 def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 
@@ -396,7 +478,7 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
             yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
 
 
-@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix="safe")
+@rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
 def leftover_temp_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A `tmp-checkpoint-N` staging folder (or similar) was left behind.
 
@@ -463,7 +545,7 @@ def _best_target(tree: Tree, run: Run, best: str) -> Checkpoint | None:
     return None
 
 
-@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fix="safe")
+@rule("CKD105", "best-checkpoint-missing", Severity.WARNING, fix=Applicability.SAFE)
 def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     """`best_model_checkpoint` names a folder that does not exist in this run.
 

@@ -120,7 +120,7 @@ def deepspeed_partition_missing(tree: Tree) -> Iterator[Hit]:
                 )
 
 
-@rule("CKD503", "deepspeed-latest-dangling", Severity.ERROR, fix="safe")
+@rule("CKD503", "deepspeed-latest-dangling", Severity.ERROR, fix=Applicability.SAFE)
 def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
     """DeepSpeed's `latest` file names a tag folder that does not exist.
 

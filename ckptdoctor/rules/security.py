@@ -1,4 +1,5 @@
-"""Security rules: pickles that would run code when loaded, unknown globals, links that leave the scan root."""
+"""Security rules: pickles that would run code when loaded, unknown globals, pickles no one can analyse, links that
+leave the scan root, archives laid out to evade scanners."""
 
 from __future__ import annotations
 
@@ -103,6 +104,34 @@ def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
                 f.path,
                 f"pickle imports {_names(verdict.unknown)}, outside the allowlist of globals genuine checkpoints use",
             )
+
+
+# a pickle no one can walk statically: whatever it would import and call is unchecked
+@rule("CKD603", "malformed-pickle", Severity.ERROR, security_severity="7.0")
+def malformed_pickle(tree: Tree) -> Iterator[Hit]:
+    """A pickle stream that is truncated, inconsistent, or built to confuse analysis.
+
+    ## What it does
+    Walks every pickle (inside torch archives, DCP `.metadata`, raw pickles) opcode by opcode without executing it,
+    and reports streams that no honest writer produces: no STOP, stack underflow, unknown opcodes, memo misses.
+
+    ## Why is this bad?
+    A loader either fails on it, or, worse, a crafted stream is read differently by a scanner and by
+    `pickle.load`, which is how payloads slip past security scanners.
+
+    ## Example
+    A `data.pkl` whose last bytes were cut off, or with opcodes after STOP.
+
+    ## Fix safety
+    No automatic fix. Do not load the file; restore it from a trusted copy.
+
+    ## References
+    CPython `Lib/pickletools.py`; picklescan and fickling bypass reports.
+    """
+    for f in tree.all_files():
+        for p in f.problems:
+            if p.kind == ProblemKind.MALFORMED_PICKLE:
+                yield Hit(f.path, p.message)
 
 
 # a link out of the folder: the load reads files outside what was reviewed

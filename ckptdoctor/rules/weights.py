@@ -1,4 +1,5 @@
-"""Weights rules: what a resume would load, and whether it is what the run trained."""
+"""Weights rules: what a resume would load, whether it is what the run trained, whether its files can be read at all,
+and (``--deep``) what their tensor data holds."""
 
 from __future__ import annotations
 
@@ -12,8 +13,20 @@ from typing import Any
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FolderRole, JsonFacts, TensorInfo, Tree
+from ckptdoctor.model import (
+    Checkpoint,
+    FileFacts,
+    FileKind,
+    FolderRole,
+    JsonFacts,
+    ProblemKind,
+    TensorData,
+    TensorInfo,
+    Tree,
+)
 from ckptdoctor.rules import Hit, rule
+from ckptdoctor.rules.adapters import is_lora_b
+from ckptdoctor.rules.discovery import PATH_KINDS
 
 STUB_MAX_TENSORS = 8  # "a few": more than this and it is a real (if wrong) model file, still reported
 _SHARD_RE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
@@ -45,7 +58,7 @@ def adapter_tensor_names(ck: Checkpoint) -> set[str]:
     return names
 
 
-@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix="safe")
+@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE)
 def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     """A full-weights file beside adapter files is loaded instead of the adapter, and holds none of its weights.
 
@@ -88,6 +101,100 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
         )
         plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
         yield Hit(stub.path, msg, fix=plan)
+
+
+# What a reader could not read in a weights, torch or JSON file. Every read problem reaches the user through
+# exactly one rule: paths no one could open CKD001, malformed pickles CKD603, evasion layouts CKD605, the rest
+# CKD202, CKD203 or CKD211 by the file's format.
+_TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".distcp")
+# JSON files whose corruption has its own rule elsewhere (CKD402, CKD301).
+_JSON_OWNED = ("trainer_state.json", "adapter_config.json")
+
+
+def _family(f: FileFacts) -> str:
+    """Which format family a file belongs to, by content when it was recognised, else by name."""
+    if f.kind == FileKind.SAFETENSORS:
+        return "safetensors"
+    if f.kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.DCP_DATA):
+        return "torch"
+    if f.kind in (FileKind.PICKLE, FileKind.DCP_METADATA):
+        return "pickle"
+    if f.kind == FileKind.JSON:
+        return "json"
+    name = f.name.lower()
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    if name.endswith(_TORCH_SUFFIXES):
+        return "torch"
+    if name.endswith(".json"):
+        return "json"
+    return "other"
+
+
+def _problems(f: FileFacts) -> Iterator[str]:
+    for p in f.problems:
+        if p.kind not in PATH_KINDS and p.kind not in (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE):
+            yield p.message
+    if f.kind == FileKind.EMPTY and _family(f) in ("safetensors", "torch", "json"):
+        yield f"`{f.path}` is empty (0 bytes)"
+
+
+@rule("CKD202", "corrupt-safetensors", Severity.ERROR)
+def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
+    """A safetensors file that the safetensors library would refuse to open.
+
+    ## What it does
+    Checks every `.safetensors` file the way `safetensors` itself validates it: header length, JSON header,
+    known dtypes, offsets contiguous with no holes or overlaps, shape × itemsize = byte span, and a file size that
+    covers the data exactly.
+
+    ## Why is this bad?
+    `safetensors.torch.load_file` raises (`SafetensorError: ... header too small`, `incomplete metadata`), so the
+    resume crashes after minutes of start-up, or a loader that skips the file trains from fresh weights.
+
+    ## Example
+    A `model-00002-of-00003.safetensors` copied while still being written: 1,048,576 bytes shorter than its header
+    declares.
+
+    ## Fix safety
+    No automatic fix: tensor data cannot be invented. Restore the file from a copy, or resume from an earlier
+    checkpoint (quarantining this one with `ckptdoctor fix` when it is the one resume would pick).
+
+    ## References
+    `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`).
+    """
+    for f in tree.all_files():
+        if _family(f) == "safetensors":
+            for msg in _problems(f):
+                yield Hit(f.path, msg)
+
+
+@rule("CKD203", "corrupt-torch-archive", Severity.ERROR)
+def corrupt_torch_archive(tree: Tree) -> Iterator[Hit]:
+    """A `torch.save` file (`.bin`, `.pt`, `.pth`) that `torch.load` would refuse: broken zip, missing or short
+    storage records, truncated legacy file.
+
+    ## What it does
+    Reads the zip central directory and walks the pickle statically, checking every storage record the pickle
+    references exists with the size its tensor needs.
+
+    ## Why is this bad?
+    `torch.load` raises (`failed finding central directory`, `failed locating file data/0`, `record size ... does
+    not match`), and the resume stops after the model was already partly restored.
+
+    ## Example
+    An `optimizer.pt` truncated by a full disk.
+
+    ## Fix safety
+    No automatic fix: restore the file or resume from an earlier checkpoint.
+
+    ## References
+    `torch/serialization.py` (`_load`, `_save`), `caffe2/serialize/inline_container.cc`.
+    """
+    for f in tree.all_files():
+        if _family(f) == "torch":
+            for msg in _problems(f):
+                yield Hit(f.path, msg)
 
 
 def _index_files(ck: Checkpoint) -> list[FileFacts]:
@@ -226,7 +333,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
     return _IndexCheck(problems, lossy, misrouted, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n")
 
 
-@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix="safe")
+@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix=Applicability.SAFE)
 def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """A shard index disagrees with the shards' own headers.
 
@@ -502,3 +609,214 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
             if not ts or all(t.numel == 0 for t in ts):
                 what = "no tensors" if not ts else f"{plural(len(ts), 'tensor')}, all of them empty"
                 yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): a resume loads nothing")
+
+
+@rule("CKD211", "corrupt-json", Severity.ERROR)
+def corrupt_json(tree: Tree) -> Iterator[Hit]:
+    """A JSON file a loader reads (`config.json`, a `*.index.json`, ...) that is not valid JSON or has duplicate
+    keys.
+
+    ## What it does
+    Parses every `.json` file strictly (duplicate keys rejected, with line and column). `trainer_state.json` and
+    `adapter_config.json` are reported by their own rules (CKD402, CKD301).
+
+    ## Why is this bad?
+    transformers parses `config.json` during every resume only to compare versions, yet a corrupt one aborts the
+    resume; a broken shard index fails `from_pretrained` and sharded resumes. Duplicate keys silently keep the last
+    value.
+
+    ## Example
+    `checkpoint-500/config.json` cut off mid-object by a crash (JSON files are written in place, not atomically).
+
+    ## Fix safety
+    No automatic fix in general; a shard index can be rebuilt from the shard headers (CKD205).
+
+    ## References
+    `src/transformers/trainer.py` `_load_from_checkpoint` (config check); `TrainerState.save_to_json`.
+    """
+    for f in tree.all_files():
+        if _family(f) == "json" and f.name not in _JSON_OWNED:
+            sev = Severity.ERROR if f.name == "config.json" or f.name.endswith(".index.json") else Severity.WARNING
+            for msg in _problems(f):
+                yield Hit(f.path, msg, sev)
+
+# Tensor-data rules (``--deep`` only): judgments on what ``ckptdoctor.deep`` measured in the bytes of each file.
+_FLOATS = frozenset({"F16", "BF16", "F32", "F64"})
+_EXAMPLES = 3
+
+
+def _examples(names: list[str]) -> str:
+    shown = ", ".join(names[:_EXAMPLES])
+    return shown + (f" and {len(names) - _EXAMPLES} more" if len(names) > _EXAMPLES else "")
+
+
+def _is_weights_file(name: str) -> bool:
+    """Model or adapter weights (not optimizer/scheduler/RNG state, whose zeros are often legitimate)."""
+    lower = name.lower()
+    if lower.endswith(".safetensors"):
+        return True
+    return lower.endswith(".bin") and lower.startswith(("pytorch_model", "adapter_model", "model"))
+
+
+@rule("CKD209", "nonfinite-weights", Severity.ERROR, deep_only=True)
+def nonfinite_weights(tree: Tree) -> Iterator[Hit]:
+    """A tensor holds NaN or Inf values.
+
+    ## What it does
+    With `--deep`, streams every floating-point tensor (F32, F64, F16, BF16) of every safetensors file and
+    `torch.save` archive (weights, adapters, optimizer state) in bounded chunks and counts NaN and Inf values.
+
+    ## Why is this bad?
+    A NaN in a weight or in Adam's `exp_avg`/`exp_avg_sq` spreads to every activation and gradient on the first
+    step after the resume: the loss turns NaN and every later checkpoint inherits it. Loading does not check the
+    values, so the resume itself succeeds and the damage shows up only in the logs, if someone reads them.
+
+    ## Example
+    A checkpoint saved on the step a loss spike overflowed in fp16: `model.layers.3.mlp.up_proj.weight` holds
+    NaN; resuming from it diverges at once, while the checkpoint before it is healthy.
+
+    ## Fix safety
+    No automatic fix: resume from an earlier checkpoint (and lower the learning rate or fix the overflow).
+
+    ## References
+    `torch.isfinite`; transformers `Trainer` logs `grad_norm` but never checks saved weights.
+    """
+    for d in tree.data:
+        bad = [t for t in d.tensors if t.nan or t.inf]
+        if not bad:
+            continue
+        nan, inf = sum(t.nan for t in bad), sum(t.inf for t in bad)
+        counts = " and ".join(p for p in (f"{nan:,} NaN" if nan else "", f"{inf:,} Inf" if inf else "") if p)
+        names = [f"`{t.name}` ({_count(t)})" for t in bad]
+        yield Hit(
+            d.path, f"{len(bad)} of {len(d.tensors)} floating-point tensors hold {counts} values: {_examples(names)}"
+        )
+
+
+def _count(t: TensorData) -> str:
+    parts = [f"{t.nan:,} NaN" if t.nan else "", f"{t.inf:,} Inf" if t.inf else ""]
+    return ", ".join(p for p in parts if p) + f" of {t.numel:,}"
+
+
+@rule("CKD212", "all-zero-tensor", Severity.WARNING, deep_only=True)
+def all_zero_tensor(tree: Tree) -> Iterator[Hit]:
+    """A weight matrix holds nothing but zeros.
+
+    ## What it does
+    With `--deep`, reports floating-point tensors of more than one element in model and adapter weights files
+    whose every value is zero. Biases (often zero-initialized and legitimately zero) and LoRA B matrices
+    (zero-initialized by design; see CKD303) are left out, as are optimizer, scheduler and RNG files.
+
+    ## Why is this bad?
+    A trained weight matrix is never exactly zero. All zeros mean the bytes were never written or were lost: a
+    preallocated file a crashed writer never filled, a sharded (ZeRO-3/FSDP) parameter saved without being
+    gathered, or a copy that wrote holes. The file loads without error and the model silently computes garbage.
+
+    ## Example
+    `model-00002-of-00004.safetensors` has a valid header but a copy tool left its data region as a sparse hole:
+    every tensor in it reads as zeros.
+
+    ## Fix safety
+    No automatic fix: restore the file from the source, or resume from another checkpoint.
+
+    ## References
+    safetensors stores raw little-endian bytes after the header; nothing in the format checks their content.
+    """
+    for d in tree.data:
+        if not _is_weights_file(d.path.rsplit("/", 1)[-1]):
+            continue
+        zero = [
+            t
+            for t in d.tensors
+            if t.all_zero and t.numel > 1 and t.dtype in _FLOATS and not is_lora_b(t.name) and not _is_bias(t.name)
+        ]
+        if zero:
+            names = [f"`{t.name}`" for t in zero]
+            yield Hit(
+                d.path, f"{len(zero)} of {len(d.tensors)} floating-point tensors are all zeros: {_examples(names)}"
+            )
+
+
+def _is_bias(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] == "bias" or name.endswith("_bias")
+
+
+@rule("CKD213", "tensor-data-unreadable", Severity.WARNING, deep_only=True)
+def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
+    """`--deep` could not read or decode some tensor data.
+
+    ## What it does
+    Reports files whose tensor bytes `--deep` could not stream (the file changed or vanished since its header
+    was read, a storage record has no local header, the data ends early) and floating-point tensors in dtypes it
+    does not decode yet (8-, 6- and 4-bit floats, complex, big-endian archives).
+
+    ## Why is this bad?
+    Those tensors were not checked for NaN, Inf or zeros: a clean `--deep` report does not cover them.
+
+    ## Example
+    A checkpoint still being written while it is scanned: `model.safetensors` grew between the header read and
+    the data read.
+
+    ## Fix safety
+    Nothing to fix in the files by itself; rescan when writers are done. Structural damage is reported by the
+    corrupt-file rules (CKD202, CKD203).
+
+    ## References
+    `ckptdoctor.deep` lists the decoded dtypes: F32, F64, F16, BF16.
+    """
+    for d in tree.data:
+        if d.problems:
+            yield Hit(d.path, "; ".join(p.message for p in d.problems[:_EXAMPLES]))
+        if d.skipped:
+            yield Hit(d.path, f"{len(d.skipped)} floating-point tensor(s) not checked: {_examples(list(d.skipped))}")
+
+
+@rule("CKD214", "checksum-mismatch", Severity.ERROR, deep_only=True)
+def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
+    """A file's size or sha256 differs from the checksum manifest, or a listed file is missing.
+
+    ## What it does
+    With `--deep --checksums verify`, reads every file under the root whole, computes its sha256 and compares size
+    and digest with `.ckptdoctor/manifest.json`, written earlier by `--deep --checksums write`. A file that differs
+    or that the manifest lists but the tree lacks is an error; a file the manifest does not list is a warning. A
+    manifest that cannot be read or does not follow `ckptdoctor.manifest/1` is reported at its own path.
+
+    ## Why is this bad?
+    A copy (rsync, `aws s3 cp`, a tape restore, a flaky network mount) can lose or flip bytes without any error. A
+    flipped byte inside a tensor's data keeps every header valid: the checkpoint loads, and the resume continues
+    from weights or optimizer moments that are not the ones that were saved. Only the content digest sees it.
+
+    ## Example
+    `ckptdoctor scan --deep --checksums write runs/a/checkpoint-500` on the training host, then, after copying
+    the folder to the cluster, `ckptdoctor scan --deep --checksums verify checkpoint-500`:
+    `model.safetensors` has the same size but a different sha256 because one byte changed in transit.
+
+    ## Fix safety
+    No automatic fix: copy the file again from the source and verify again. If the change was intended (for
+    instance `ckptdoctor fix` rewrote a JSON file), write a new manifest.
+
+    ## References
+    `hashlib.sha256`; `sha256sum -c`, which does the same for a list of files without knowing checkpoints.
+    """
+    m = tree.manifest
+    if m is None:
+        return
+    if m.problems:
+        yield Hit(m.path, "the checksum manifest cannot be used: " + "; ".join(p.message for p in m.problems))
+        return
+    files = {f.path: f for f in tree.all_files() if f.kind != FileKind.SPECIAL}
+    digests = {d.path: d.sha256 for d in tree.data}
+    for e in m.entries:
+        f = files.get(e.path)
+        sha = digests.get(e.path)
+        if f is None:
+            yield Hit(e.path, f"listed in the checksum manifest ({e.size:,} bytes) but missing")
+        elif f.size != e.size:
+            yield Hit(e.path, f"{f.size:,} bytes where the checksum manifest recorded {e.size:,}")
+        elif sha is not None and sha != e.sha256:
+            # sha is None when the file could not be read whole: CKD213 reports that.
+            yield Hit(e.path, f"sha256 `{sha[:16]}…` differs from `{e.sha256[:16]}…` in the checksum manifest")
+    listed = {e.path for e in m.entries}
+    for path, f in sorted(files.items()):
+        if path not in listed:
+            yield Hit(path, f"not listed in the checksum manifest ({f.size:,} bytes)", Severity.WARNING)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem
 from ckptdoctor.readers import read_dcp_items_from, read_open_file
-from ckptdoctor.sources import OWN_DIR, Entry
+from ckptdoctor.sources.interface import OWN_DIR, Entry
 
 if TYPE_CHECKING:  # fsspec is optional (the `remote` extra) and imported only for a URL root
     from fsspec import AbstractFileSystem

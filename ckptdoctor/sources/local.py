@@ -10,7 +10,7 @@ import stat
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem
 from ckptdoctor.readers import VANISHED, read_dcp_items_of, read_file
-from ckptdoctor.sources import Entry, display
+from ckptdoctor.sources.interface import Entry, display
 
 
 class LocalSource:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.fix.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
+from ckptdoctor.fixer.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import calls
-from ckptdoctor.fix.apply import _give_back, _keep_original, _move
-from ckptdoctor.fix.calls import _fsync_dir
-from ckptdoctor.fix.digests import Digest, _holds, _same_inode, digest
-from ckptdoctor.fix.errors import ConcurrentChange, FixRefused, _changed_msg
-from ckptdoctor.fix.journal import Journal, JournalOp
-from ckptdoctor.fix.paths import _abs, _parent, link_on_the_way
+from ckptdoctor.fixer import calls
+from ckptdoctor.fixer.apply import _give_back, _keep_original, _move
+from ckptdoctor.fixer.calls import _fsync_dir
+from ckptdoctor.fixer.digests import Digest, _holds, _same_inode, digest
+from ckptdoctor.fixer.errors import ConcurrentChange, FixRefused, _changed_msg
+from ckptdoctor.fixer.journal import Journal, JournalOp
+from ckptdoctor.fixer.paths import _abs, _parent, link_on_the_way
 
 
 def _op_state(abs_root: str, txid: str, op: JournalOp) -> tuple[str, str]:

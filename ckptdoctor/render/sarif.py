@@ -28,7 +28,7 @@ _GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.
 
 def finding_location(f: Finding) -> str:
     """The path a reader can open: the root the user gave joined with the finding's path, ``/``-separated."""
-    from ckptdoctor.report import display_path
+    from ckptdoctor.render.report import display_path
 
     return (display_path(f.root, f.path) or ".").replace(os.sep, "/")
 

@@ -26,7 +26,7 @@ hash and the ``os.replace`` is lost.
 Test hooks (never set in normal use): ``CKPTDOCTOR_TEST_CRASH=<point>`` or ``CKPTDOCTOR_TEST_CRASH_AFTER_OP=<k>``
 kill the process with SIGKILL at a named point (see ``crash_points``); ``calls.CALLS`` is the one indirection through
 which every write system call goes, so a test can make call k fail with ``ENOSPC`` or ``EIO``
-(patch ``ckptdoctor.fix.calls.CALLS``: it is deliberately not re-exported here, where a patch would not reach
+(patch ``ckptdoctor.fixer.calls.CALLS``: it is deliberately not re-exported here, where a patch would not reach
 the modules that write).
 
 The modules, each with one job, importing only those above them:
@@ -43,30 +43,27 @@ The modules, each with one job, importing only those above them:
 * ``recover``: recognising an operation's state on disk, undoing one operation;
 * ``transaction``: a transaction forward and back: ``apply_plan``, ``complete_interrupted``, ``undo``;
 * ``manifest``: checksum manifests (``write_manifest``);
-* ``run``, ``render``, ``command``: the ``fix`` API, its text and JSON output, the ``fix``/``undo`` commands.
+* ``run``: the ``fix`` API (its text and JSON output are ``render.fix``, the ``fix``/``undo`` commands ``cli.fix``).
 """
 
 from __future__ import annotations
 
-from ckptdoctor.fix.calls import WriteCalls, _exchange
-from ckptdoctor.fix.command import fix_command, undo_command
-from ckptdoctor.fix.crash import CRASH_AFTER_OP_ENV, CRASH_ENV, crash_points
-from ckptdoctor.fix.digests import Digest, digest
-from ckptdoctor.fix.errors import ConcurrentChange, FixRefused
-from ckptdoctor.fix.guard import BUSY_SECONDS, RootLock, preflight
-from ckptdoctor.fix.journal import JOURNAL_SCHEMA, Journal, JournalOp, load_journals
-from ckptdoctor.fix.manifest import MANIFEST_NAME, manifest_refusal, write_manifest
-from ckptdoctor.fix.paths import OWN_DIR, check_path, quarantine_path
-from ckptdoctor.fix.plan import REWRITE_MAX_BYTES, PlannedOp, RootPlan, Skipped, plan_root
-from ckptdoctor.fix.render import FIX_SCHEMA, fix_json, render_fix_text
-from ckptdoctor.fix.run import FixResult, fix
-from ckptdoctor.fix.transaction import apply_plan, complete_interrupted, undo
+from ckptdoctor.fixer.calls import WriteCalls, _exchange
+from ckptdoctor.fixer.crash import CRASH_AFTER_OP_ENV, CRASH_ENV, crash_points
+from ckptdoctor.fixer.digests import Digest, digest
+from ckptdoctor.fixer.errors import ConcurrentChange, FixRefused
+from ckptdoctor.fixer.guard import BUSY_SECONDS, RootLock, preflight
+from ckptdoctor.fixer.journal import JOURNAL_SCHEMA, Journal, JournalOp, load_journals
+from ckptdoctor.fixer.manifest import MANIFEST_NAME, manifest_refusal, write_manifest
+from ckptdoctor.fixer.paths import OWN_DIR, check_path, quarantine_path
+from ckptdoctor.fixer.plan import REWRITE_MAX_BYTES, PlannedOp, RootPlan, Skipped, plan_root
+from ckptdoctor.fixer.run import FixResult, fix
+from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted, undo
 
 __all__ = [
     "BUSY_SECONDS",
     "CRASH_AFTER_OP_ENV",
     "CRASH_ENV",
-    "FIX_SCHEMA",
     "JOURNAL_SCHEMA",
     "MANIFEST_NAME",
     "OWN_DIR",
@@ -89,15 +86,11 @@ __all__ = [
     "crash_points",
     "digest",
     "fix",
-    "fix_command",
-    "fix_json",
     "load_journals",
     "manifest_refusal",
     "plan_root",
     "preflight",
     "quarantine_path",
-    "render_fix_text",
     "undo",
-    "undo_command",
     "write_manifest",
 ]

@@ -5,20 +5,18 @@ from __future__ import annotations
 import os
 import time
 
-import click
-
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import calls
-from ckptdoctor.fix.apply import _apply_op
-from ckptdoctor.fix.calls import _ensure_dir, _quietly
-from ckptdoctor.fix.crash import _crash_point
-from ckptdoctor.fix.digests import Digest, _sha, digest
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.guard import RootLock, preflight
-from ckptdoctor.fix.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
-from ckptdoctor.fix.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path, link_on_the_way
-from ckptdoctor.fix.plan import RootPlan
-from ckptdoctor.fix.recover import _check_redo, _check_undo, _settle_temp, _undo_op
+from ckptdoctor.fixer import calls
+from ckptdoctor.fixer.apply import _apply_op
+from ckptdoctor.fixer.calls import _ensure_dir, _quietly
+from ckptdoctor.fixer.crash import _crash_point
+from ckptdoctor.fixer.digests import Digest, _sha, digest
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.guard import RootLock, preflight
+from ckptdoctor.fixer.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
+from ckptdoctor.fixer.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path, link_on_the_way
+from ckptdoctor.fixer.plan import RootPlan
+from ckptdoctor.fixer.recover import _check_redo, _check_undo, _settle_temp, _undo_op
 
 
 def _restore_times(abs_root: str, j: Journal) -> None:
@@ -151,15 +149,14 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
 
 
 def _after_fault(shown: str, root: str, j: Journal, e: Exception, written: bool) -> str:
-    what = e.message if isinstance(e, click.ClickException) else f"{e.strerror or e}" if isinstance(e, OSError) else e
+    what = f"{e.strerror or e}" if isinstance(e, OSError) else e
     if not written:
         return f"fix of {shown} failed before any change ({what}); nothing was changed"
     try:
         _backward(root, j, final="rolled-back", strict=False)
     except (OSError, FixRefused) as e2:
-        why = e2.message if isinstance(e2, click.ClickException) else e2
         return (
-            f"fix of {shown} failed ({what}) and could not be rolled back ({why}). Transaction {j.txid} is recorded "
+            f"fix of {shown} failed ({what}) and could not be rolled back ({e2}). Transaction {j.txid} is recorded "
             f"in the journal: run `ckptdoctor undo {shown}` to restore the tree, or `ckptdoctor fix {shown}` to "
             "complete it"
         )

@@ -10,11 +10,11 @@ import stat
 import time
 
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import calls
-from ckptdoctor.fix.calls import _ensure_dir, _quietly, _write_all
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _abs, _own, _parent, _under
-from ckptdoctor.fix.plan import RootPlan
+from ckptdoctor.fixer import calls
+from ckptdoctor.fixer.calls import _ensure_dir, _quietly, _write_all
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _abs, _own, _parent, _under
+from ckptdoctor.fixer.plan import RootPlan
 
 BUSY_SECONDS = 60.0  # a checkpoint touched more recently than this may still be being written
 

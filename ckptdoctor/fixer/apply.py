@@ -7,13 +7,13 @@ import os
 import stat
 
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix import calls
-from ckptdoctor.fix.calls import _NO_EXCHANGE, _ensure_dir, _fsync_dir, _quietly, _write_all
-from ckptdoctor.fix.crash import _crash_point
-from ckptdoctor.fix.digests import _holds, _same_inode, digest
-from ckptdoctor.fix.errors import ConcurrentChange, FixRefused, _changed_msg
-from ckptdoctor.fix.journal import JournalOp
-from ckptdoctor.fix.paths import _CHUNK, _CLOEXEC, _NOFOLLOW, _abs, _parent
+from ckptdoctor.fixer import calls
+from ckptdoctor.fixer.calls import _NO_EXCHANGE, _ensure_dir, _fsync_dir, _quietly, _write_all
+from ckptdoctor.fixer.crash import _crash_point
+from ckptdoctor.fixer.digests import _holds, _same_inode, digest
+from ckptdoctor.fixer.errors import ConcurrentChange, FixRefused, _changed_msg
+from ckptdoctor.fixer.journal import JournalOp
+from ckptdoctor.fixer.paths import _CHUNK, _CLOEXEC, _NOFOLLOW, _abs, _parent
 
 # errnos meaning "this filesystem has no hard links here": fall back to copying the original into the quarantine.
 _NO_LINK = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}

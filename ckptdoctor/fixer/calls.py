@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
 
 
 def _link(src: str, dst: str) -> None:

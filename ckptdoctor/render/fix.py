@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor.findings import Finding
-from ckptdoctor.fix.journal import Journal
-from ckptdoctor.fix.paths import quarantine_path
-from ckptdoctor.fix.run import FixResult
+from ckptdoctor.fixer.journal import Journal
+from ckptdoctor.fixer.paths import quarantine_path
+from ckptdoctor.fixer.run import FixResult
 
 FIX_SCHEMA = "ckptdoctor.fix/1"
 UNDO_SCHEMA = "ckptdoctor.undo/1"
@@ -27,7 +27,7 @@ def fix_hint(code: str) -> str | None:
     from ckptdoctor.rules import get_rule
 
     r = get_rule(code)
-    if r is None or r.fix:  # a fixable rule's section describes its fix, which this finding does not carry
+    if r is None or r.fixable:  # a fixable rule's section describes its fix, which this finding does not carry
         return None
     section = inspect.cleandoc(r.doc).partition("## Fix safety\n")[2].strip()
     para = section.split("\n\n", 1)[0].split("\n## ", 1)[0]
@@ -37,7 +37,7 @@ def fix_hint(code: str) -> str | None:
 def finding_lines(findings: Sequence[Finding]) -> list[str]:
     """Each finding as the scan's text report shows it (names escaped, its fix title), plus the rule's hint (its
     "Fix safety" line) when the rule has no fix."""
-    from ckptdoctor.report import finding_text
+    from ckptdoctor.render.report import finding_text
 
     out: list[str] = []
     for f in findings:
@@ -53,7 +53,7 @@ def render_fix_text(result: FixResult) -> str:
 
     A dry run shows what would remain (predicted) and, when the real run would be refused now, why.
     """
-    from ckptdoctor.report import plural
+    from ckptdoctor.render.report import plural
 
     out: list[str] = []
     verb = "would " if result.dry_run else ""
@@ -90,7 +90,7 @@ def render_fix_text(result: FixResult) -> str:
 
 def _dry_run_summary(result: FixResult) -> list[str]:
     """What would remain (predicted, as the real run lists it) and the dry run's last line."""
-    from ckptdoctor.report import plural
+    from ckptdoctor.render.report import plural
 
     n_left = len(result.remaining)
     left = finding_lines(result.remaining)
@@ -121,7 +121,7 @@ def fix_json(result: FixResult) -> dict[str, Any]:
     run, where a refusal is exit 2 with the reason on stderr).
     """
     from ckptdoctor import __version__
-    from ckptdoctor.report import finding_json
+    from ckptdoctor.render.report import finding_json
 
     refusals = result.refusals or (None,) * len(result.plans)
     roots = []
@@ -174,7 +174,7 @@ def render_undo_list(path: str, journals: Sequence[Journal]) -> str:
     """The transactions recorded under root ``path`` as a table (txid, local time, state, operations, rules)."""
     from tabulate import tabulate
 
-    from ckptdoctor.report import printable
+    from ckptdoctor.render.report import printable
 
     if not journals:
         return f"No fix transactions under {printable(path)}."

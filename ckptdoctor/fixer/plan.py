@@ -12,8 +12,8 @@ from typing import Any
 
 from ckptdoctor.deep import manifest_from_document
 from ckptdoctor.findings import Applicability, Finding, OpKind
-from ckptdoctor.fix.digests import _sha
-from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, check_path, quarantine_path
+from ckptdoctor.fixer.digests import _sha
+from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, check_path, quarantine_path
 from ckptdoctor.model import Tree
 
 REWRITE_MAX_BYTES = 64 * 1024 * 1024  # rewrites are for JSON indexes, trainer states and `latest`, never weights

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fix.calls import _atomic_write
-from ckptdoctor.fix.digests import Digest, _sha
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _own, _parent, quarantine_path, rel_problem
+from ckptdoctor.fixer.calls import _atomic_write
+from ckptdoctor.fixer.digests import Digest, _sha
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _own, _parent, quarantine_path, rel_problem
 
 JOURNAL_SCHEMA = "ckptdoctor.journal/1"
 # A journal holds the new text of its rewrites (each at most ``plan.REWRITE_MAX_BYTES``); a larger file is not one

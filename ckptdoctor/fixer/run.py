@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptdoctor.discover import unique_roots
 from ckptdoctor.findings import Finding, OpKind
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.guard import preflight
-from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.fix.plan import RootPlan, plan_root
-from ckptdoctor.fix.transaction import apply_plan, complete_interrupted
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.guard import preflight
+from ckptdoctor.fixer.journal import load_journals
+from ckptdoctor.fixer.plan import RootPlan, plan_root
+from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
+from ckptdoctor.settings import ExitPolicy
 
 if TYPE_CHECKING:
     from ckptdoctor.scanner import PathArg
@@ -24,7 +25,8 @@ class FixResult:
     """One ``fix`` over several roots: the plans, the transactions applied, and the rescan.
 
     In a dry run ``remaining`` and ``failed_on`` are the prediction (what the plan leaves) and ``refusals`` says,
-    per plan, why the real run would be refused now (None: it would not be).
+    per plan, why the real run would be refused now (None: it would not be). ``policy`` (set by ``ckptdoctor.fix``)
+    also fails what remains as the command line does: a security error even under a settings file's "never".
     """
 
     plans: tuple[RootPlan, ...]
@@ -34,19 +36,25 @@ class FixResult:
     remaining: tuple[Finding, ...] = ()
     failed_on: bool = False  # a remaining finding is at or above --fail-on
     refusals: tuple[str | None, ...] = ()
+    policy: ExitPolicy | None = None
 
     @property
     def would_change(self) -> bool:
         """Whether the plans hold an operation or an interrupted transaction to complete."""
         return any(p.ops or p.interrupted for p in self.plans)
 
-    def exit_code(self) -> int:
-        """1 when findings at or above --fail-on remain (a dry run: would remain, or it would change something)."""
-        if self.dry_run:
-            # As `ruff --diff`: 1 when it would change something. And 1 when the real run would exit 1, so a dry run
-            # never passes a check the real run fails. A predicted refusal is not 2: the dry run itself did its job.
-            return 1 if self.would_change or self.failed_on else 0
-        return 1 if self.failed_on else 0
+    def exit_code(self, *, on_security_kept: Callable[[], None] | None = None) -> int:
+        """1 when findings at or above --fail-on remain (a dry run: would remain, or it would change something).
+
+        With a ``policy``, also 1 when a security error remains that only a settings file's fail-on = "never" let
+        pass; ``on_security_kept()`` is then called (the command line says so on stderr).
+        """
+        # A dry run, as `ruff --diff`: 1 when it would change something. And 1 when the real run would exit 1, so a
+        # dry run never passes a check the real run fails. A predicted refusal is not 2: the dry run did its job.
+        code = 1 if self.failed_on or (self.dry_run and self.would_change) else 0
+        if self.policy is None:
+            return code
+        return max(code, self.policy.exit_code(self.remaining, on_security_kept=on_security_kept))
 
     @classmethod
     def merge(cls, results: Sequence[FixResult]) -> FixResult:
@@ -106,7 +114,7 @@ def _refusal(plan: RootPlan, force: bool) -> str | None:
     try:
         preflight(plan, force=force)
     except FixRefused as e:
-        return e.message.removesuffix("; nothing was changed")
+        return str(e).removesuffix("; nothing was changed")
     return None
 
 

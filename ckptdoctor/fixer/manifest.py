@@ -7,10 +7,10 @@ import os
 import stat
 from typing import Any
 
-from ckptdoctor.fix.calls import _atomic_write
-from ckptdoctor.fix.errors import FixRefused
-from ckptdoctor.fix.guard import RootLock, _read_only
-from ckptdoctor.fix.paths import OWN_DIR, _own
+from ckptdoctor.fixer.calls import _atomic_write
+from ckptdoctor.fixer.errors import FixRefused
+from ckptdoctor.fixer.guard import RootLock, _read_only
+from ckptdoctor.fixer.paths import OWN_DIR, _own
 
 MANIFEST_NAME = "manifest.json"
 

@@ -1,4 +1,4 @@
-"""The ``fix`` and ``undo`` commands."""
+"""The ``fix`` and ``undo`` commands: each root fixed under its own settings file; undo restores a transaction."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ from typing import Any
 
 import click
 
-# ScanRoot lets URL roots through to `_check_roots`, which refuses them clearly.
-from ckptdoctor.cli import ScanRoot, text_or_json
-from ckptdoctor.discover import unique_roots
-from ckptdoctor.fix.journal import load_journals
-from ckptdoctor.fix.render import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
-from ckptdoctor.fix.run import FixResult, _check_roots, fix
-from ckptdoctor.fix.transaction import undo
+# ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
+from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, text_or_json
+from ckptdoctor.fixer.journal import load_journals
+from ckptdoctor.fixer.transaction import undo
+from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
 
 _EPILOG_FIX = """\b
 Examples:
@@ -110,39 +108,27 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.cli import check_runnable, selection_groups, split_codes
+    from ckptdoctor.api import fix as api_fix
 
-    check_runnable(split_codes(select), deep=False)
-    paths = tuple(unique_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
-    _check_roots(paths)  # before the roots are grouped: one inside another is refused whatever their settings
     # Each root is fixed under its own settings file, as `scan` checks it.
-    groups = selection_groups(paths, select, ignore, no_config)
-    results = [
-        fix(
-            ps,
-            selection=selection,
-            unsafe=unsafe_fixes,
-            dry_run=dry_run,
-            force=force,
-            fail_on=fail_on or cfg_fail_on or "error",
-        )
-        for ps, selection, cfg_fail_on in groups
-    ]
-    result = FixResult.merge(results)
+    result = api_fix(
+        paths,
+        select=select,
+        ignore=ignore,
+        fail_on=fail_on,
+        no_config=no_config,
+        unsafe=unsafe_fixes,
+        dry_run=dry_run,
+        force=force,
+        on_kept=_note_kept,
+    )
     if fmt == "json":
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
     else:
         click.echo(render_fix_text(result))
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
-    # security error that remains (or, in a dry run, would remain); `_exit_code` says so on stderr.
-    from ckptdoctor.cli import _exit_code
-    from ckptdoctor.scanner import Report
-
-    protected = max(
-        _exit_code(Report((), r.remaining, 0.0), fail_on, cfg_fail_on)
-        for r, (_, _, cfg_fail_on) in zip(results, groups, strict=True)
-    )
-    sys.exit(max(result.exit_code(), protected))
+    # security error that remains (or, in a dry run, would remain); the note goes to stderr.
+    sys.exit(result.exit_code(on_security_kept=_note_security))
 
 
 @click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")
@@ -155,7 +141,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
 
     Refuses, changing nothing, when a file changed since the fix.
     """
-    from ckptdoctor.fix.errors import FixRefused
+    from ckptdoctor.fixer.errors import FixRefused
 
     try:
         if list_:
@@ -165,13 +151,13 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
         j, restored = undo(path, txid)
     except FixRefused as e:
         if fmt == "json":  # the document says why on stdout; the error line and exit 2 stay as in text
-            doc = undo_list_json(path, (), e.message) if list_ else undo_json(path, txid, refused=e.message)
+            doc = undo_list_json(path, (), str(e)) if list_ else undo_json(path, txid, refused=str(e))
             click.echo(_dumps(doc))
         raise
     if fmt == "json":
         click.echo(_dumps(undo_json(path, j.txid, restored=restored, operations=len(j.ops))))
         return
-    from ckptdoctor.report import plural
+    from ckptdoctor.render.report import plural
 
     click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")
 

@@ -1,14 +1,13 @@
-"""The fixer's refusals: ``FixRefused`` (exit code 2, no traceback) and ``ConcurrentChange``."""
+"""The fixer's refusals: ``FixRefused`` (a ``UsageError``: the command line exits 2) and ``ConcurrentChange``."""
 
 from __future__ import annotations
 
-import click
+from ckptdoctor.errors import UsageError
 
 
-class FixRefused(click.ClickException):
-    """The fixer will not (or could not) act: printed without a traceback, exit code 2 like a usage error."""
-
-    exit_code = 2
+class FixRefused(UsageError):
+    """The fixer will not (or could not) act; ``str()`` says why. The command line prints it as a usage error and
+    exits 2."""
 
 
 class ConcurrentChange(FixRefused):

@@ -1,0 +1,142 @@
+"""What the commands share: root and format options, the rule options, and how the library's errors, notes and
+exit policy reach the command line (``UsageError`` is exit 2, notes go to stderr)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ckptdoctor.errors import UsageError
+
+if TYPE_CHECKING:
+    from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import Report
+
+
+class UsageProblem(click.ClickException):
+    """A usage error or unusable input: printed without a traceback, exit code 2 (findings use 1)."""
+
+    exit_code = 2
+
+
+class ScanRoot(click.Path):
+    """A local path that must exist, or a URL root (``s3://``, ``gs://``, ``hf://``...) passed on for fsspec."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ckptdoctor.sources import is_remote  # only when a command parses its roots: --version stays instant
+
+        if isinstance(value, str) and is_remote(value):
+            return value
+        return super().convert(value, param, ctx)
+
+
+def _note_kept(source: str, codes: Sequence[str]) -> None:
+    """The command line's note on stderr for security rules a settings file may not turn off."""
+    from ckptdoctor.settings import kept_message
+
+    click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
+
+
+def resolve_selection(
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    on_kept: Callable[[str, Sequence[str]], None] | None = None,
+) -> tuple[Selection, str | None]:
+    """``settings.resolve_selection`` for a command: its ``UsageError`` is a ``UsageProblem`` (exit 2), and without
+    ``on_kept`` the note on security rules a settings file may not turn off goes to stderr."""
+    from ckptdoctor import settings
+
+    try:
+        return settings.resolve_selection(paths, select, ignore, no_config, on_kept=on_kept or _note_kept)
+    except UsageError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+# Set by a command that wrote nothing, once its output is out: ``cli.run`` may then end the process without
+# tearing down the interpreter (see ``cli.run``).
+def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> int:
+    """``settings.exit_code`` of ``report``, with its note on stderr when a security error overrides a settings
+    file's fail-on = "never"."""
+    from ckptdoctor.settings import exit_code
+
+    return exit_code(report.findings, fail_on, cfg_fail_on, on_security_kept=_note_security)
+
+
+def _note_security() -> None:
+    from ckptdoctor.settings import SECURITY_NEVER_NOTE
+
+    click.echo(SECURITY_NEVER_NOTE, err=True)
+
+_fast_exit = False
+
+
+def _read_only_done() -> None:
+    global _fast_exit
+    _fast_exit = True
+
+
+def text_or_json(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--format text|json`` option (default text, passed as ``fmt``) with its own help."""
+    return click.option(
+        "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help=help_text
+    )
+
+
+def rule_options(
+    *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--fail-on``, ``--select``, ``--ignore`` and ``--no-config`` (passed as ``fail_on``, ``select``, ``ignore``,
+    ``no_config``) of a command that runs rules under a root's settings file (``resolve_selection``).
+
+    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
+    ``root`` and ``each_root`` name the folder whose settings file counts.
+    """
+    options = (
+        click.option(
+            "--fail-on",
+            type=click.Choice(["error", "warning", "info", "never"]),
+            default=None,
+            help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
+            f"unusable.  [default: {root}'s settings file's fail-on, else error]",
+        ),
+        click.option(
+            "--select",
+            multiple=True,
+            metavar="CODES",
+            help="Run only these rules: codes, prefixes or names, comma-separated or repeated (CKD2,CKD601). "
+            f"{never_runs}  [default: the settings file's select, else {every_rule}]",
+        ),
+        click.option(
+            "--ignore",
+            multiple=True,
+            metavar="CODES",
+            help="Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings file, "
+            "this can turn off security rules (CKD6xx).  [default: none]",
+        ),
+        click.option(
+            "--no-config",
+            is_flag=True,
+            help=f"Ignore the settings file at {each_root} (.ckptdoctor.toml, or [tool.ckptdoctor] in "
+            "pyproject.toml).",
+        ),
+    )
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):  # decorators apply bottom-up: this keeps the listed order in --help
+            func = option(func)
+        return func
+
+    return apply
+
+def _use_color(stream: Any) -> bool:
+    """Colour only on a terminal that can show it: not with NO_COLOR set (no-color.org), nor with TERM=dumb."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -1,0 +1,89 @@
+"""The ``rules`` and ``explain`` commands: the rule registry as a table, JSON or markdown, and one rule's document."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ckptdoctor.cli.options import UsageProblem
+
+_EPILOG_RULES = """\b
+Examples:
+  ckptdoctor rules
+  ckptdoctor rules --format json | jq -r '.[] | select(.fixable) | .code'
+  ckptdoctor explain CKD201                    # one rule's full document
+"""
+
+
+@click.command(name="rules", epilog=_EPILOG_RULES, short_help="List every rule: code, name, severity, fix safety.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="text: a table; json: a list of {code, name, severity, fixable, fix (safe, unsafe or null), deep_only, "
+    "gate_only, summary}; markdown: the table the README embeds (it also marks the --deep and gate-only rules).",
+)
+def rules_cmd(fmt: str) -> None:
+    """List every rule: code, name, default severity, whether `ckptdoctor fix` can repair it, and a summary.
+
+    `ckptdoctor explain CODE` prints a rule's full document.
+    """
+    from ckptdoctor.rules import all_rules, rules_markdown
+
+    rules = all_rules()
+    if fmt == "markdown":
+        click.echo(rules_markdown())
+        return
+    if fmt == "json":
+        data = [
+            {
+                "code": r.code,
+                "name": r.name,
+                "severity": r.severity.value,
+                "fixable": r.fixable,
+                "fix": r.fix.value if r.fix is not None else None,
+                "deep_only": r.deep_only,
+                "gate_only": r.gate_only,
+                "summary": r.summary,
+            }
+            for r in rules
+        ]
+        click.echo(json.dumps(data, indent=2))
+        return
+    from tabulate import tabulate
+
+    rows = [[r.code, r.name, r.severity.value, r.fix.value if r.fix is not None else "", r.summary] for r in rules]
+    click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
+
+
+_EPILOG_EXPLAIN = """\b
+Examples:
+  ckptdoctor explain CKD201
+  ckptdoctor explain stub-weights-shadow-adapter
+
+\b
+Exit codes: 0 printed, 2 no such rule.
+"""
+
+
+@click.command(epilog=_EPILOG_EXPLAIN, short_help="Print one rule's document (by code, e.g. CKD201, or by name).")
+@click.argument("rule")
+def explain(rule: str) -> None:
+    """Print RULE's document (by code, e.g. CKD201, or by name): what it does, why, an example, fix safety.
+
+    Codes and names match in any case; `ckptdoctor rules` lists them all.
+    """
+    from ckptdoctor.rules import get_rule
+
+    r = get_rule(rule)
+    if r is None:
+        raise UsageProblem(f"no rule {rule!r} (see `ckptdoctor rules`)")
+    import inspect as _inspect
+
+    header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix.value} fix' if r.fix is not None else ''})"
+    click.echo(header)
+    click.echo("=" * len(header))
+    click.echo(_inspect.cleandoc(r.doc))

@@ -1,0 +1,228 @@
+"""The ``scan`` command: check roots under their settings files, render the report, exit by the exit policy."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import click
+
+from ckptdoctor import __version__
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _note_kept,
+    _note_security,
+    _read_only_done,
+    _use_color,
+    rule_options,
+)
+
+if TYPE_CHECKING:
+    from ckptdoctor.model import Tree
+    from ckptdoctor.scanner import Report
+
+_EPILOG_SCAN = """\b
+Examples:
+  ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
+  ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
+  ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
+  ckptdoctor scan --select CKD2 --fail-on warning model/
+  ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
+  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.render.sarif   # report, never fail
+  ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
+  ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
+  ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
+
+\b
+Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
+root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
+a finding, not 2.
+
+\b
+Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
+under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
+  select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
+An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
+rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
+"""
+
+
+@click.command(epilog=_EPILOG_SCAN, short_help="Check checkpoint folders, files or URLs for resume hazards.")
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "sarif", "github"]),
+    default="text",
+    show_default=True,
+    help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
+    "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
+)
+@rule_options(
+    never_runs="Selecting only gate rules, or only --deep rules without --deep, is a usage error (they would never "
+    "run).",
+    every_rule="every rule a scan runs",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1, max=256),
+    default=None,
+    metavar="N",
+    help="Read up to N files at once (helps on network file systems and object storage; on a local disk parsing "
+    "is the cost and one is fastest).  [default: 1 on a local disk, else min(8, 2 x CPUs)]",
+)
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also stream all tensor data (in bounded chunks) for NaN/Inf, all-zero tensors and untrained adapters. "
+    "Needs numpy; reads every byte, so it takes as long as reading the files.",
+)
+@click.option(
+    "--checksums",
+    type=click.Choice(["write", "verify"]),
+    default=None,
+    help="With --deep: also sha256 every file in the same read. write: record them in "
+    "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
+    "Roots must be folders.  [default: no checksums, even when a manifest exists]",
+)
+def scan(
+    paths: tuple[str, ...],
+    fmt: str,
+    fail_on: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    no_config: bool,
+    jobs: int | None,
+    deep: bool,
+    checksums: str | None,
+) -> None:
+    """Check checkpoint folders or files and report hazards for a resume.
+
+    PATHS may be an output_dir with checkpoint-N folders, one checkpoint folder, a save_pretrained model folder,
+    a folder of many runs, or a single file, on disk or at a URL (s3://, gs://, hf://... through fsspec: only
+    headers are fetched, with ranged requests). Nothing is loaded, executed or written (except the manifest of
+    --checksums write).
+
+    The report goes to stdout: one table per run (the checkpoint resume_from_checkpoint=True picks is marked),
+    then one line per finding with its fix, then a summary. Names with control characters are shown escaped
+    (\\x1b); --format json gives them exactly.
+    """
+    from ckptdoctor.discover import unique_roots
+    from ckptdoctor.render.report import printable, render_json, render_text
+
+    paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    _check_remote_roots(paths, deep)
+    _check_special_roots(paths)
+    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums)
+    if fmt == "json":
+        click.echo(render_json(report))
+    elif fmt == "sarif":
+        from ckptdoctor.render.sarif import render_sarif
+
+        click.echo(render_sarif(report.findings))
+    elif fmt == "github":
+        from ckptdoctor.render.report import summary_line
+        from ckptdoctor.render.sarif import render_github
+
+        click.echo(render_github(report.findings, notice=summary_line(report)))
+    else:
+        click.echo(render_text(report, color=_use_color(sys.stdout)))
+    for tree in report.trees:
+        if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
+            click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
+    if checksums == "write":
+        _write_manifests(report.trees)
+    code = report.policy.exit_code(report.findings, on_security_kept=_note_security)
+    if checksums != "write":
+        _read_only_done()
+    sys.exit(code)
+
+
+def _scan(
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    jobs: int | None,
+    deep: bool,
+    checksums: str | None,
+) -> Report:
+    """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
+    error."""
+    from ckptdoctor.api import scan as api_scan
+    from ckptdoctor.progress import progress_stream
+
+    def run() -> Report:
+        return api_scan(
+            paths,
+            select=select,
+            ignore=ignore,
+            fail_on=fail_on,
+            no_config=no_config,
+            deep=deep,
+            jobs=jobs,
+            checksums=checksums,
+            progress=progress_stream(),
+            on_kept=_note_kept,
+        )
+
+    if not deep:
+        return run()
+    from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import
+
+    try:
+        return run()
+    except DeepUnavailable as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def _check_special_roots(paths: Sequence[str]) -> None:
+    """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it:
+    ``scanner.check_roots``, whose refusals are said as usage errors."""
+    from ckptdoctor.scanner import check_roots
+
+    try:
+        check_roots(paths)
+    except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UsageProblem(f"{exc.filename}: {why}") from None
+    except ValueError as exc:  # its message names the root
+        raise UsageProblem(str(exc)) from None
+
+
+def _write_manifests(trees: Sequence[Tree]) -> None:
+    """Write each root's manifest (through the fixer, the only writer) and say so on stderr."""
+    from ckptdoctor.deep import manifest_document
+    from ckptdoctor.fixer import write_manifest
+
+    for tree in trees:
+        doc, missed = manifest_document(tree, __version__)
+        where = write_manifest(tree.root, doc)
+        click.echo(f"wrote {where}: sha256 of {len(doc['files'])} files", err=True)
+        if missed:
+            shown = ", ".join(missed[:5]) + (f" and {len(missed) - 5} more" if len(missed) > 5 else "")
+            click.echo(f"not in the manifest (could not be read whole, see CKD213): {shown}", err=True)
+
+
+def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
+    """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
+    from ckptdoctor.sources import is_remote
+    from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line
+
+    for p in paths:
+        if not is_remote(p):
+            continue
+        log_on_one_line()
+        if deep:
+            raise UsageProblem(f"{p}: --deep reads every tensor byte and works on local files only; drop --deep")
+        from ckptdoctor.progress import Waiting, progress_stream
+
+        with Waiting(progress_stream(), f"listing {p} (a backend may retry for a while)"):
+            why = check_remote_root(p)
+        if why is not None:
+            raise UsageProblem(why)

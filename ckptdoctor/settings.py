@@ -1,0 +1,420 @@
+"""Settings files, rule selection and the exit policy: what the command line and the Python API share (no click).
+
+A root's settings come from ``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml`` (``load_config``);
+``resolve_selection`` adds ``--select``/``--ignore`` to them; ``exit_code`` decides 0 or 1 from findings. Nothing
+here prints: what the command line says on stderr is handed to a callback, and errors are ``UsageError``s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckptdoctor.errors import UsageError
+from ckptdoctor.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from ckptdoctor.rules import Selection
+
+
+FAIL_ON = ("error", "warning", "info", "never")
+
+
+class ConfigError(UsageError):
+    """A settings file that cannot be used; the command line reports it as a usage error (exit 2)."""
+
+
+class UnknownRule(UsageError):
+    """A rule code, prefix or name that matches no rule: selecting it would silently check nothing."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(f"no rule code starts with {pattern!r} and no rule has that name (see `ckptdoctor rules`)")
+        self.pattern = pattern
+
+
+def rule_codes(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` (codes, prefixes or rule names, any case) stripped and upper-cased, each rule name replaced by its
+    code; anything else is kept as it is, for ``rule_patterns`` to judge."""
+    out = tuple(p.strip().upper() for p in patterns)
+    if all(p.startswith("CKD") for p in out):
+        return out  # codes only: the rule registry (every rule module) is not imported for nothing
+    from ckptdoctor.rules import all_rules
+
+    names = {r.name.upper(): r.code for r in all_rules()}
+    return tuple(names.get(p, p) for p in out)
+
+
+def rule_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` as ``rule_codes`` gives them, each checked to match a rule.
+
+    Raises ``UnknownRule`` (with the pattern as written) for one that matches no rule, an empty one included:
+    ``select = [""]`` or a typo must not select nothing (a clean scan that checked nothing).
+    """
+    from ckptdoctor.rules import all_rules  # the registry imports every rule module: only when a pattern is read
+
+    raws = tuple(patterns)
+    codes = [r.code for r in all_rules()]
+    out = rule_codes(raws)
+    for raw, p in zip(raws, out, strict=True):
+        if not p.startswith("CKD") or not any(code.startswith(p) for code in codes):
+            raise UnknownRule(raw)
+    return out
+
+
+def severity_overrides(raw: Mapping[str, Severity]) -> dict[str, Severity]:
+    """Severity overrides keyed by rule code, from keys that are codes, rule names or prefixes.
+
+    A prefix stands for every rule it matches (``CKD4 = "error"``); a more specific key wins whatever the order
+    (``CKD4`` then ``CKD404``: CKD404 keeps its own). Raises ``UnknownRule`` for a key that matches no rule and
+    ``ValueError`` for one rule given twice (``CKD601`` and ``unsafe-pickle-global``).
+    """
+    from ckptdoctor.rules import all_rules
+
+    codes = [r.code for r in all_rules()]
+    keyed: dict[str, tuple[str, Severity]] = {}  # resolved pattern -> (as written, severity)
+    for key, level in raw.items():
+        (pattern,) = rule_patterns([key])
+        if pattern in keyed:
+            raise ValueError(f"severity {key}: {keyed[pattern][0]} names the same rules; give one")
+        keyed[pattern] = (key, level)
+    out: dict[str, Severity] = {}
+    for pattern in sorted(keyed, key=len):  # shorter prefixes first, so the more specific key is applied last
+        for code in codes:
+            if code.startswith(pattern):
+                out[code] = keyed[pattern][1]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Rule selection settings read from a file; empty when no file configures ckptdoctor."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    severity: dict[str, Severity] = field(default_factory=dict)
+    fail_on: str | None = None
+    source: str | None = None
+
+
+def _codes(value: Any, key: str, src: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{src}: `{key}` must be a list of rule codes or prefixes")
+    return tuple(v.strip().upper() for v in value if v.strip())
+
+
+def _parse(table: Any, src: str) -> Config:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{src}: the ckptdoctor table must be a table")
+    known = {"select", "ignore", "severity", "fail-on", "fail_on"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{src}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    levels: dict[str, Severity] = {}
+    raw_sev = table.get("severity", {})
+    if not isinstance(raw_sev, dict):
+        raise ConfigError(f'{src}: `severity` must be a table of CODE = "error|warning|info"')
+    for code, level in raw_sev.items():
+        try:
+            levels[str(code)] = Severity(str(level).lower())
+        except ValueError:
+            raise ConfigError(f"{src}: severity for {code} must be error, warning or info, not {level!r}") from None
+    try:
+        # Keys are codes, prefixes or names, as in select/ignore; a security rule a prefix lowers is put back by
+        # ``rules.keep_security_rules`` (the overrides are per code by then).
+        sev = severity_overrides(levels)
+    except UnknownRule as exc:
+        raise ConfigError(
+            f"{src}: severity {exc.pattern}: not a rule code, prefix or name (see `ckptdoctor rules`)"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"{src}: {exc}") from None
+    if "fail-on" in table and "fail_on" in table:
+        raise ConfigError(f"{src}: give `fail-on` or `fail_on`, not both")
+    fail_on = table.get("fail-on", table.get("fail_on"))
+    if fail_on is not None and fail_on not in ("error", "warning", "info", "never"):
+        raise ConfigError(f"{src}: `fail-on` must be error, warning, info or never")
+    return Config(
+        select=_codes(table.get("select", []), "select", src),
+        ignore=_codes(table.get("ignore", []), "ignore", src),
+        severity=sev,
+        fail_on=fail_on,
+        source=src,
+    )
+
+
+def load_config(root: str) -> Config:
+    """Read ``.ckptdoctor.toml`` (whole file is the table) or ``pyproject.toml``'s ``[tool.ckptdoctor]`` at ``root``.
+
+    ``.ckptdoctor.toml`` wins when both exist. A file is looked for only in the root folder itself; for a URL root
+    (``s3://bucket/run/``) at that prefix, one small request per name.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
+    for name in (".ckptdoctor.toml", "pyproject.toml"):
+        found = _config_bytes(root, name)
+        if found is None:
+            continue
+        path, raw = found
+        if len(raw) > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a settings file")
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        except RecursionError:  # tomllib recurses per nested array or inline table; the file may be hostile
+            raise ConfigError(f"{path}: values nested too deeply; not a settings file") from None
+        tool = data.get("tool", {})
+        table = data if name == ".ckptdoctor.toml" else (tool.get("ckptdoctor") if isinstance(tool, dict) else None)
+        if table is None:
+            continue
+        return _parse(table, path)
+    return Config()
+
+
+_MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything bigger is not one
+
+
+def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
+    """The path and bytes of the settings file ``name`` beside ``root``, or None when there is none."""
+    from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources.fsspec import read_small_object
+
+    if is_remote(root):
+        url = root.rstrip("/") + "/" + name
+        try:
+            raw = read_small_object(url, _MAX_CONFIG_BYTES)
+        except OSError as exc:
+            raise ConfigError(f"{url}: {exc}") from None
+        return None if raw is None else (url, raw)
+    folder = root if os.path.isdir(root) else os.path.dirname(root) or "."
+    path = os.path.join(folder, name)
+    target = path
+    if os.path.islink(path):
+        # The folder may come from anyone: a settings file linked to /etc/passwd or ~/.netrc must not be read
+        # (its first line would be echoed in the parse error). A link to a file inside the folder is fine.
+        target = os.path.realpath(path)
+        inside = os.path.realpath(folder).rstrip(os.sep) + os.sep
+        if not target.startswith(inside):
+            raise ConfigError(f"{path}: a symbolic link to a file outside {folder}; not read as a settings file")
+    if not os.path.isfile(target):
+        return None
+    try:
+        # The resolved target, not following a link swapped in since, and not blocking on a FIFO swapped in.
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            return path, fh.read(_MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rule selection: --select/--ignore plus each root's settings file, for every command that runs rules
+
+KeptCallback = Callable[[str, Sequence[str]], None]
+"""Told ``(settings file, codes)`` when a settings file tried to turn off or lower security rules that stay on."""
+
+
+def kept_message(source: str, codes: Sequence[str], how: str) -> str:
+    """What is said when the settings file ``source`` may not turn off or lower the security rules ``codes``;
+    ``how`` says how the caller turns one off (an option on the command line, an argument in Python)."""
+    return (
+        f"ckptdoctor: {source} may not turn off or lower security rules ({', '.join(codes)}): they stay on (a "
+        f"settings file in a scanned folder can come from whoever made the checkpoint); {how} to turn one off."
+    )
+
+
+def warn_kept(source: str, codes: Sequence[str]) -> None:
+    """The Python API's word for security rules a settings file may not turn off: a ``UserWarning`` at the first
+    caller outside ckptdoctor (a script calling ``ckptdoctor.scan``), not the command line's note on stderr."""
+    import warnings
+
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("ckptdoctor."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(kept_message(source, codes, "pass ignore=[...]"), UserWarning, stacklevel=level)
+
+
+def split_codes(values: Sequence[str]) -> tuple[str, ...]:
+    """Rule codes from repeated and comma-separated ``--select``/``--ignore`` values, upper-cased; a rule's name
+    (``stub-weights-shadow-adapter``, as ``ckptdoctor explain`` takes it) stands for its code."""
+    return rule_codes(p for v in values for p in v.split(",") if p.strip())
+
+
+def _check_codes(codes: Sequence[str], option: str) -> None:
+    """A ``UsageError`` for a code or prefix that matches no rule (``rule_patterns`` decides)."""
+    try:
+        rule_patterns(codes)
+    except UnknownRule as exc:
+        c = exc.pattern
+        raise UsageError(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)") from None
+
+
+def resolve_selection(
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    on_kept: KeptCallback | None = None,
+) -> tuple[Selection, str | None]:
+    """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
+
+    Shared by every command and API call that runs rules, so they all read options and configuration the same way.
+    Raises ``UsageError`` for an unknown code, an empty ``--select``/``--ignore`` or a settings file that cannot be
+    used. When the settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which
+    stay on (the command line prints a note, the Python API warns; None: nothing is said).
+    """
+    from ckptdoctor.rules import Selection, all_rules, keep_security_rules
+
+    sel_codes, ign_codes = split_codes(select), split_codes(ignore)
+    for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
+        if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
+            raise UsageError(f"{option} was given no rule code")
+    _check_codes(sel_codes, "--select")
+    _check_codes(ign_codes, "--ignore")
+    cfg = Config() if no_config else load_config(paths[0])
+    # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
+    cfg = dataclasses.replace(cfg, select=rule_codes(cfg.select), ignore=rule_codes(cfg.ignore))
+    _check_codes(cfg.select, f"{cfg.source}: select")
+    _check_codes(cfg.ignore, f"{cfg.source}: ignore")
+    codes = {r.code for r in all_rules()}
+    for code in cfg.severity:
+        if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
+            raise UsageError(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
+    selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
+    if cfg.source is not None:
+        selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
+        if kept and on_kept is not None:
+            on_kept(str(cfg.source), kept)
+    return selection, cfg.fail_on
+
+
+Group = tuple[list[str], "Selection", "str | None"]
+"""Roots that share a selection and a settings file's fail-on: ``(roots, selection, fail_on)``."""
+
+
+def selection_groups(
+    paths: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    on_kept: KeptCallback | None = None,
+) -> list[Group]:
+    """The roots grouped by the selection and fail-on their own settings files give (``resolve_selection``).
+
+    Each root is judged by its own settings file: one may travel with each checkpoint, so the first root's must not
+    decide what the others are checked or fixed for. Neighbouring roots with the same settings share a group.
+    """
+    groups: list[Group] = []
+    for p in paths:
+        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config, on_kept=on_kept)
+        if groups and groups[-1][1:] == (selection, cfg_fail_on):
+            groups[-1][0].append(p)
+        else:
+            groups.append(([p], selection, cfg_fail_on))
+    return groups
+
+
+def check_runnable(codes: Sequence[str], deep: bool) -> None:
+    """``--select`` of rules a scan (or fix) never runs (gate-only, or deep-only without ``--deep``) would pass
+    silently: a ``UsageError`` instead."""
+    from ckptdoctor.rules import all_rules
+
+    for c in codes:
+        matched = [r for r in all_rules() if r.code.startswith(c)]
+        if matched and all(r.gate_only for r in matched):
+            raise UsageError(f"--select {c}: `ckptdoctor gate` runs {c}, a scan never does")
+        if matched and not deep and all(r.deep_only or r.gate_only for r in matched):
+            raise UsageError(f"--select {c}: {c} reads tensor data and runs only with --deep")
+
+
+def check_fail_on(fail_on: str | None) -> None:
+    """A ``UsageError`` for a fail-on that is not one of ``FAIL_ON`` (None: not given)."""
+    if fail_on is not None and fail_on not in FAIL_ON:
+        raise UsageError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The exit policy: 0 nothing at or above fail-on, 1 findings at or above it (2, a usage error, is the caller's)
+
+SECURITY_NEVER_NOTE = (
+    'ckptdoctor: security errors fail the scan even with fail-on = "never" in a settings file; pass '
+    "--fail-on never on the command line to override."
+)
+"""What the command line says on stderr when ``exit_code`` fails a scan its settings file's fail-on would pass."""
+
+
+def fails(findings: Iterable[Finding], fail_on: str = "error") -> bool:
+    """True when a finding is at or above ``fail_on`` (``never`` never fails)."""
+    if fail_on == "never":
+        return False
+    threshold = Severity(fail_on).rank
+    return any(f.severity.rank >= threshold for f in findings)
+
+
+def exit_code(
+    findings: Sequence[Finding],
+    fail_on: str | None,
+    settings_fail_on: str | None,
+    *,
+    on_security_kept: Callable[[], None] | None = None,
+) -> int:
+    """The exit code of ``findings`` under the caller's ``fail_on`` (``--fail-on``), else the settings file's.
+
+    A settings file's ``fail-on = "never"`` came with the checkpoint and cannot wave a security error through: then
+    the code is 1 and ``on_security_kept()`` is called (the command line prints ``SECURITY_NEVER_NOTE``).
+    """
+    code = 1 if fails(findings, fail_on or settings_fail_on or "error") else 0
+    if code == 0 and fail_on is None and settings_fail_on == "never":
+        from ckptdoctor.rules import security_codes
+
+        # As with keep_security_rules: a settings file from the scanned folder cannot wave a malicious pickle through.
+        security = security_codes()
+        if any(f.rule in security and f.severity is Severity.ERROR for f in findings):
+            if on_security_kept is not None:
+                on_security_kept()
+            code = 1
+    return code
+
+
+@dataclass(frozen=True, slots=True)
+class ExitPolicy:
+    """How the exit code of a scan (or of what a fix leaves) is decided, as the command line decides it.
+
+    ``fail_on`` is the caller's (``--fail-on``; None: not given) and ``groups`` the roots with their settings file's
+    fail-on (``selection_groups``). The default policy fails on errors, as a scan without settings does.
+    """
+
+    fail_on: str | None = None
+    groups: tuple[tuple[tuple[str, ...], str | None], ...] = ()
+
+    @classmethod
+    def of(cls, fail_on: str | None, groups: Sequence[Group]) -> ExitPolicy:
+        """The policy of ``selection_groups``' groups under the caller's ``fail_on``."""
+        return cls(fail_on, tuple((tuple(roots), cfg_fail_on) for roots, _, cfg_fail_on in groups))
+
+    def exit_code(self, findings: Sequence[Finding], *, on_security_kept: Callable[[], None] | None = None) -> int:
+        """The highest ``exit_code`` of each group's findings (a finding's ``root`` says its group; one under no
+        group is judged without settings). ``on_security_kept`` is called once per group it concerns."""
+        codes = [0]
+        placed: set[int] = set()
+        for roots, cfg_fail_on in self.groups:
+            mine = [f for f in findings if f.root in roots]
+            placed.update(id(f) for f in mine)
+            codes.append(exit_code(mine, self.fail_on, cfg_fail_on, on_security_kept=on_security_kept))
+        rest = [f for f in findings if id(f) not in placed]
+        codes.append(exit_code(rest, self.fail_on, None, on_security_kept=on_security_kept))
+        return max(codes)
