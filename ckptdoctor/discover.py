@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import os
 import re
-import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Generic
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -24,10 +22,13 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.progress import when_done
-from ckptdoctor.readers import VANISHED, read_dcp_items_of, read_file
+from ckptdoctor.readers import VANISHED
+from ckptdoctor.sources import source_for
+from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
+from ckptdoctor.sources.local import on_local_disk
 
-# How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None, limits).
-DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None", Limits], FileFacts]
+# How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
+DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
 
 # transformers trainer_utils `_re_checkpoint`, used by get_last_checkpoint (and so by resume_from_checkpoint=True).
 # Kept exactly, Unicode `\d` and `$` before a trailing newline included, so resume_pick agrees with it.
@@ -38,8 +39,6 @@ _ROTATION_RE = re.compile(r"checkpoint-\d+")
 _TEMP_PREFIX = "tmp-checkpoint-"
 # DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it).
 _DS_TAG_RE = re.compile(r"^global_step\d+$")
-# The fixer's own folder (quarantine, journal): never part of what is scanned.
-_OWN_DIR = ".ckptdoctor"
 
 # Files that make a folder a checkpoint or model folder: weights, adapters, training state, DeepSpeed/DCP pieces.
 # config.json alone is not enough (configs live in many folders that hold no model).
@@ -88,39 +87,9 @@ def default_jobs(root: str | None = None) -> int:
     the GIL), reads wait on the network or the disk: a few more threads than cores, bounded so a big machine does
     not open dozens of files at once.
     """
-    if root is not None and "://" not in root and _file_system_type(root) in _LOCAL_FILE_SYSTEMS:
+    if root is not None and "://" not in root and on_local_disk(root):
         return 1
     return max(1, min(8, (os.cpu_count() or 1) * 2))
-
-
-# File systems on a local block device or in memory (Linux names, as /proc/self/mountinfo gives them).
-_LOCAL_FILE_SYSTEMS = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "zfs", "f2fs", "jfs", "reiserfs", "nilfs2", "tmpfs",
-     "ramfs", "overlay", "squashfs", "erofs", "vfat", "exfat", "ntfs", "ntfs3", "hfsplus", "apfs"}
-)  # fmt: skip
-
-
-def _file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """The type of the file system holding ``path`` (the longest mount point above it), or None when unknown."""
-    try:
-        target = os.path.realpath(path)
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    best, fs_type = -1, None
-    for line in lines:
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-")
-            point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-            kind = fields[sep + 1]
-        except (ValueError, IndexError):
-            continue
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best:
-            best, fs_type = len(point), kind
-    return fs_type
 
 
 def discover(
@@ -134,43 +103,40 @@ def discover(
     ``jobs`` > 1 reads up to that many files at once (a bounded thread pool); the walk itself stays on this
     thread and every result lands where the sequential walk would put it, so the Tree is the same for any value.
     A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
-    (``ckptdoctor.remote``), into the same Tree. ``progress`` is called once per file read (from any thread).
+    (``ckptdoctor.sources.fsspec``), into the same Tree. ``progress`` is called once per file read (from any
+    thread).
     """
-    from ckptdoctor.remote import discover_remote, is_remote  # stdlib only; fsspec is imported for URLs alone
+    return _discover(root, source_for(root, limits), jobs, progress)
 
-    if is_remote(root):
-        return discover_remote(root, limits, jobs, progress)
-    real_root = os.path.realpath(root)
-    try:
-        st = os.stat(root)
-    except OSError as e:
-        return Tree(root=root, runs=(), path_problems=(_os_problem(".", e),))
-    if not stat.S_ISDIR(st.st_mode):
-        raw = os.path.basename(os.path.abspath(root))
-        name = _display(raw)
-        facts = read_file(real_root, name, st, limits)
-        if os.path.islink(root):
-            facts = dataclasses.replace(facts, is_link=True)
-        problems = () if name == raw else (_bad_name(name, raw),)
-        return Tree(root=root, runs=(), loose_files=(facts,), path_problems=problems, files_seen=1)
+
+def _discover(root: str, source: Source[L, M], jobs: int, progress: Callable[[], None] | None) -> Tree:
+    problems: list[PathProblem] = []
+    found = source.root(problems)
+    if isinstance(found, PathProblem):
+        return Tree(root=root, runs=(), path_problems=(found,))
+    if not found.is_dir:
+        name = display(found.name)
+        facts = source.read(found, name, False)
+        bad = () if name == found.name else (_bad_name(name, found.name),)
+        return Tree(root=root, runs=(), loose_files=(facts,), path_problems=bad, files_seen=1, abs_root=source.abs_root)
 
     if jobs <= 1:
-        walker = _Walker(real_root, limits, None, progress)
-        top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+        walker = _Walker(source, problems, None, progress)
+        top = walker.walk(found, ".", 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(real_root, limits, pool, progress)
-            top = walker.walk(real_root, ".", os.path.basename(os.path.abspath(root)), st, 0, frozenset())
+            walker = _Walker(source, problems, pool, progress)
+            top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
-    _drop_vanished(top, walker.problems)
-    _read_dcp_items(top, limits, read_dcp_items_of)
-    return build_tree(root, top, os.path.basename(os.path.abspath(root)), walker.problems, walker.files_seen)
+    _drop_vanished(top, problems)
+    _read_dcp_items(top, source.read_dcp_items)
+    return build_tree(root, top, found.name, problems, walker.files_seen, source.abs_root)
 
 
 def build_tree(
     root: str, top: _Dir, root_name: str, problems: list[PathProblem], files_seen: int, abs_root: str = ""
 ) -> Tree:
-    """Group a walked (and read) folder tree into the sorted ``Tree``: shared by the local and the remote walk."""
+    """Group a walked (and read) folder tree into the sorted ``Tree``."""
     grouper = _Grouper()
     grouper.visit_root(top, root_name)
     return Tree(
@@ -187,129 +153,84 @@ def build_tree(
 # The walk
 
 
-class _Walker:
-    """Depth-first walk with one stat per entry, reading each file as it is met (or handing it to ``pool``)."""
+class _Walker(Generic[L, M]):
+    """Depth-first walk through ``source``, one stat per entry, reading each file as it is met (or handing it to
+    ``pool``)."""
 
     def __init__(
         self,
-        real_root: str,
-        limits: Limits,
+        source: Source[L, M],
+        problems: list[PathProblem],
         pool: ThreadPoolExecutor | None,
         progress: Callable[[], None] | None = None,
     ) -> None:
-        self.real_root = real_root
-        self.limits = limits
+        self.source = source
+        self.limits = source.limits
         self.pool = pool
         self.progress = progress
-        self.problems: list[PathProblem] = []
+        self.problems = problems
         self.files_seen = 0
-        self.entries = 0
-        self.stopped = False
 
-    def walk(
-        self, abs_path: str, rel: str, name: str, st: os.stat_result, depth: int, ancestors: frozenset[tuple[int, int]]
-    ) -> _Dir:
-        """Walk one directory (already known to be one, ``st`` its stat) and everything below it."""
-        node = _Dir(rel=rel, name=name, mtime=st.st_mtime)
-        if self.stopped:
+    def walk(self, folder: Entry[M], rel: str, depth: int, ancestors: frozenset[Hashable]) -> _Dir:
+        """Walk one directory (already known to be one) and everything below it."""
+        node = _Dir(rel=rel, name=folder.name, mtime=folder.mtime)
+        source = self.source
+        if source.stopped:
             return node
         if depth > self.limits.dir_depth:
             msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
-            self._problem(rel, ProblemKind.LIMIT, msg)
+            self.problems.append(PathProblem(rel, ReadProblem(ProblemKind.LIMIT, msg)))
             return node
-        ancestors = ancestors | {(st.st_dev, st.st_ino)}
-        entries: list[os.DirEntry[str]] = []
-        try:
-            with os.scandir(abs_path) as it:
-                # Count while listing, so a folder with millions of entries stops at the limit, not in memory.
-                for entry in it:
-                    self.entries += 1
-                    if self.entries > self.limits.dir_entries:
-                        msg = f"more than {self.limits.dir_entries} entries under the root; the walk stopped here"
-                        self._problem(rel, ProblemKind.LIMIT, msg)
-                        self.stopped = True
-                        break
-                    entries.append(entry)
-        except OSError as e:
-            self.problems.append(_os_problem(rel, e, listed=rel != ".", folder=True))
+        ancestors = ancestors | {folder.key}
+        listed = source.listdir(folder, rel, self.problems)
+        if listed is None:
             return node
-        entries.sort(key=lambda e: e.name)
+        listed.sort(key=lambda e: e.name)
 
-        files: list[tuple[str, str, os.stat_result, bool]] = []  # (path to open, rel, stat, is_link)
-        subdirs: list[tuple[str, str, str, os.stat_result]] = []  # (path to walk, rel, raw name, stat)
-        for entry in entries:
-            if entry.name == _OWN_DIR:
+        files: list[tuple[Entry[M], str]] = []  # (file, rel)
+        subdirs: list[tuple[Entry[M], str]] = []  # (folder, rel)
+        for item in listed:
+            raw = item.name
+            if raw == OWN_DIR:
                 continue
-            shown = _display(entry.name)
+            shown = display(raw)
             crel = shown if rel == "." else f"{rel}/{shown}"
-            if shown != entry.name:
-                self.problems.append(_bad_name(crel, entry.name))
-            found = self._stat(entry, crel)
-            if found is None:
+            if shown != raw:
+                self.problems.append(_bad_name(crel, raw))
+            entry = source.entry(item, crel, self.problems)
+            if entry is None:
                 continue
-            open_path, est, is_link = found
-            if stat.S_ISDIR(est.st_mode):
-                node.dir_names.append(entry.name)
-                if open_path is not None:
-                    subdirs.append((open_path, crel, entry.name, est))
-            elif open_path is not None:
-                files.append((open_path, crel, est, is_link))
+            if entry.is_dir:
+                node.dir_names.append(raw)
+                if entry.followed:
+                    subdirs.append((entry, crel))
+            elif entry.followed:
+                files.append((entry, crel))
 
-        in_dcp = in_dcp_folder(f[1] for f in files)
-        for open_path, crel, est, is_link in files:
+        in_dcp = in_dcp_folder(crel for _, crel in files)
+        for entry, crel in files:
             if in_dcp and crel.endswith(".distcp"):
-                node.distcp[crel] = open_path
+                node.distcp[crel] = entry.path
             if self.pool is None:
-                node.files.append(_read(open_path, crel, est, self.limits, in_dcp, is_link))
+                node.files.append(source.read(entry, crel, in_dcp))
                 if self.progress is not None:
                     self.progress()
             else:
-                fut = self.pool.submit(_read, open_path, crel, est, self.limits, in_dcp, is_link)
+                fut = self.pool.submit(source.read, entry, crel, in_dcp)
                 if self.progress is not None:
                     fut.add_done_callback(when_done(self.progress))
                 node.pending.append(fut)
             self.files_seen += 1
-        for open_path, crel, raw, est in subdirs:
-            if (est.st_dev, est.st_ino) in ancestors:
-                target = _display(os.path.realpath(open_path))
+        for entry, crel in subdirs:
+            if entry.key in ancestors:
+                target = source.shown_target(entry.path)
                 self.problems.append(
                     PathProblem(crel, ReadProblem(ProblemKind.SYMLINK_LOOP, "leads back to a folder above it"), target)
                 )
                 continue
-            node.dirs.append(self.walk(open_path, crel, raw, est, depth + 1, ancestors))
+            node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
         node.has_run = _is_run(node) or any(d.has_run for d in node.dirs)
         return node
-
-    def _stat(self, entry: os.DirEntry[str], crel: str) -> tuple[str | None, os.stat_result, bool] | None:
-        """Stat one entry: (path to open or walk, or None when it must not be followed; stat; is_link).
-
-        Returns None (and records why) when the entry cannot be stat'ed at all.
-        """
-        try:
-            if not entry.is_symlink():
-                return entry.path, entry.stat(follow_symlinks=False), False
-            target = os.path.realpath(entry.path)
-            est = os.stat(entry.path)
-        except OSError as e:
-            self.problems.append(_os_problem(crel, e, link=entry.is_symlink(), listed=True))
-            return None
-        if not self._inside(target):
-            # Never read: the target is outside what the user asked to check, and a checkpoint folder may come from
-            # anyone. Followed, a link to ~/.ssh/id_ed25519 named `latest` put the key into the report (CKD503 quotes
-            # a tag), a link to /usr walked 135k files, twenty such links 4.6 GB, and mounts under a followed folder
-            # led into /proc (session 4 audit). The link is reported instead (CKD604, an error when the resume loads
-            # through it), and still counts as a folder for get_last_checkpoint, which only asks os.path.isdir.
-            msg = "symbolic link points outside the scan root; not followed"
-            self.problems.append(PathProblem(crel, ReadProblem(ProblemKind.LINK_ESCAPES_ROOT, msg), _display(target)))
-            return None, est, True
-        return target, est, True
-
-    def _inside(self, real: str) -> bool:
-        root = self.real_root
-        return real == root or real.startswith(root if root.endswith(os.sep) else root + os.sep)
-
-    def _problem(self, rel: str, kind: ProblemKind, message: str) -> None:
-        self.problems.append(PathProblem(rel, ReadProblem(kind, message)))
 
 
 def _drop_vanished(top: _Dir, problems: list[PathProblem]) -> None:
@@ -330,18 +251,13 @@ def _drop_vanished(top: _Dir, problems: list[PathProblem]) -> None:
         d.files = kept
 
 
-def _read(abs_path: str, rel: str, st: os.stat_result, limits: Limits, in_dcp: bool, is_link: bool) -> FileFacts:
-    facts = read_file(abs_path, rel, st, limits, in_dcp)
-    return dataclasses.replace(facts, is_link=True) if is_link else facts
-
-
 def in_dcp_folder(rels: Iterable[str]) -> bool:
     """Whether a folder holding files at ``rels`` is a torch.distributed.checkpoint folder, where `.metadata` is
     sniffed as DCP metadata."""
     return any(r.endswith(("/.metadata", ".distcp")) or r == ".metadata" for r in rels)
 
 
-def _read_dcp_items(top: _Dir, limits: Limits, read_items: DcpItemReader) -> None:
+def _read_dcp_items(top: _Dir, read_items: DcpItemReader) -> None:
     """Complete each `.distcp` file's facts with the pickles of its BYTE_IO items, located by the folder's
     `.metadata` (torch unpickles those with weights_only=False), so the cost is those items, not the file. Without
     readable metadata (a torn or doctored folder, rare) each file is searched for blobs, bounded by the limits."""
@@ -363,7 +279,7 @@ def _read_dcp_items(top: _Dir, limits: Limits, read_items: DcpItemReader) -> Non
         d.files = [
             f
             if f.path not in d.distcp or (has_metadata and f.path not in items)
-            else read_items(d.distcp[f.path], f, items.get(f.path) if has_metadata else None, limits)
+            else read_items(d.distcp[f.path], f, items.get(f.path) if has_metadata else None)
             for f in d.files
         ]
 
@@ -378,32 +294,8 @@ def _collect(node: _Dir) -> None:
         stack.extend(d.dirs)
 
 
-def _os_problem(rel: str, e: OSError, link: bool = False, listed: bool = False, folder: bool = False) -> PathProblem:
-    """A PathProblem for an OSError met while listing or stat'ing ``rel``: ``listed`` when a listing showed it a
-    moment ago (so ENOENT means it vanished), ``folder`` when it is a folder that could not be listed."""
-    if e.errno == errno.ELOOP:
-        return PathProblem(rel, ReadProblem(ProblemKind.SYMLINK_LOOP, "symbolic link loop"))
-    if link and e.errno == errno.ENOENT:
-        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, "broken symbolic link: target does not exist"))
-    if listed and e.errno == errno.ENOENT:
-        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, VANISHED))
-    if folder:  # it holds files nobody could check: not an empty folder
-        msg = f"cannot list this folder ({e.strerror or e}): what it holds was not checked"
-        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, msg))
-    return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {e.strerror or e}"))
-
-
 def _bad_name(rel: str, raw: str) -> PathProblem:
     return PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, f"name is not valid UTF-8: {os.fsencode(raw)!r}"))
-
-
-def _display(name: str) -> str:
-    """``name`` made printable: bytes that are not UTF-8 (surrogate-escaped by os) shown as ``\\xNN``."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(name).decode("utf-8", "backslashreplace")
-    return name
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -491,7 +383,7 @@ def _pick(node: _Dir) -> str | None:
     top = max(step for step, _ in numbered)
     tied = sorted(n for step, n in numbered if step == top)
     canonical = f"checkpoint-{top}"
-    name = _display(canonical if canonical in tied else tied[0])
+    name = display(canonical if canonical in tied else tied[0])
     return name if node.rel == "." else f"{node.rel}/{name}"
 
 

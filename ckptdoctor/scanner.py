@@ -127,7 +127,7 @@ def scan(
             if sel.deep:
                 from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
 
-                if "://" in tree.abs_root:  # a remote root (ckptdoctor.remote) keeps its URL as abs_root
+                if "://" in tree.abs_root:  # a remote root (ckptdoctor.sources.fsspec) keeps its URL as abs_root
                     raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
                 workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
                 data = check_tree(tree, workers, progress, checksums=checksums is not None)
@@ -163,7 +163,7 @@ def check_roots(paths: Sequence[str]) -> None:
     """
     import stat
 
-    from ckptdoctor.remote import is_remote  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
 
     for p in paths:
         if is_remote(p):

@@ -186,7 +186,8 @@ _MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything bigger is not one
 
 def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
     """The path and bytes of the settings file ``name`` beside ``root``, or None when there is none."""
-    from ckptdoctor.remote import is_remote, read_small_object  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources.fsspec import read_small_object
 
     if is_remote(root):
         url = root.rstrip("/") + "/" + name

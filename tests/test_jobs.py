@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
-from ckptdoctor.discover import _file_system_type, default_jobs, discover
+from ckptdoctor.discover import default_jobs, discover
 from ckptdoctor.model import FileKind, ProblemKind
 from ckptdoctor.scanner import scan
+from ckptdoctor.sources.local import _file_system_type
 from tests.builders import make_checkpoint, make_run
 from tests.payloads import save_dcp
 
@@ -137,14 +138,14 @@ def test_file_system_type_is_the_longest_mount_point_above(tmp_path: Path, path:
 
 
 def test_default_jobs_by_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ckptdoctor.discover as discover_module
+    import ckptdoctor.sources.local as local_source
 
     threads = max(1, min(8, (os.cpu_count() or 1) * 2))
-    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: "ext4")
+    monkeypatch.setattr(local_source, "_file_system_type", lambda path: "ext4")
     assert default_jobs(str(tmp_path)) == 1  # local disk: parsing holds the GIL, threads only contend
-    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: "nfs4")
+    monkeypatch.setattr(local_source, "_file_system_type", lambda path: "nfs4")
     assert default_jobs(str(tmp_path)) == threads
-    monkeypatch.setattr(discover_module, "_file_system_type", lambda path: None)  # unknown: assume it waits
+    monkeypatch.setattr(local_source, "_file_system_type", lambda path: None)  # unknown: assume it waits
     assert default_jobs(str(tmp_path)) == threads
     assert default_jobs("s3://bucket/run/") == threads
     assert default_jobs() == threads  # --deep: numpy and hashing release the GIL

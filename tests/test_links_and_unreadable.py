@@ -26,6 +26,7 @@ from ckptdoctor.model import FileFacts
 from ckptdoctor.readers import read_file
 from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
+from ckptdoctor.sources import local as local_source
 from tests import test_hostile_trees as hostile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -267,7 +268,7 @@ def test_a_file_vanishing_during_the_scan_is_reported_as_such(
             gone.unlink()  # save_total_limit's rotation got there first
         return real_read(abs_path, rel, *args)
 
-    monkeypatch.setattr(discover_mod, "read_file", rotate_then_read)
+    monkeypatch.setattr(local_source, "read_file", rotate_then_read)
     found = scan(str(root)).findings
     (hit,) = _at(found, f"checkpoint-4/{name}")
     assert hit.rule == "CKD001" and hit.severity is Severity.WARNING

@@ -32,8 +32,9 @@ from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
 from ckptdoctor.fixer import FixRefused, fix
-from ckptdoctor.remote import READAHEAD, WHOLE_FILE, is_remote
 from ckptdoctor.scanner import scan
+from ckptdoctor.sources import is_remote
+from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
 from tests.builders import comparable_report, trainer_state
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -258,7 +258,7 @@ def test_hf_scan_costs_a_few_requests_per_file(hub: _Hub, name: str) -> None:
 def test_hf_distcp_prefetch_reads_only_the_items(hub: _Hub) -> None:
     """`.distcp` items are prefetched exactly. fsspec's cat_ranges fallback for a file system without async
     support (HfFileSystem) opens the file per range with the default 5 MiB read-ahead: the 144 KB shard was
-    fetched whole (145,536 bytes) where 34,834 do; remote._prefetch now reads such spans without read-ahead."""
+    fetched whole (145,536 bytes) where 34,834 do; sources.fsspec._prefetch now reads such spans without read-ahead."""
     hub.clear()
     scan(f"hf://{REPO}/fsdp", jobs=2)
     path = "fsdp/checkpoint-4/optimizer_0/__1_0.distcp"

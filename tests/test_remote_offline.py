@@ -2,7 +2,7 @@
 
 Every endpoint is on loopback: a closed port (connection refused), a port whose accept queue is full (connection
 attempts are dropped, as behind a firewall: they time out), and a small HTTP server that answers late or with 403.
-The timing bounds are loose on purpose (a busy CI machine); the run-time targets are in ckptdoctor/remote.py.
+The timing bounds are loose on purpose (a busy CI machine); the run-time targets are in ckptdoctor/sources/fsspec.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 fsspec = pytest.importorskip("fsspec")
 
 from ckptdoctor.cli import main  # noqa: E402  (only once fsspec is known to be there)
-from ckptdoctor.remote import CONNECT_ATTEMPTS, CONNECT_TIMEOUT  # noqa: E402
+from ckptdoctor.sources.fsspec import CONNECT_ATTEMPTS, CONNECT_TIMEOUT  # noqa: E402
 
 BOUND = 30.0  # seconds: far above the ~10 s an unreachable endpoint costs, far below the minutes it used to
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -224,7 +224,7 @@ def test_connect_timeout_is_bounded_and_overridable(
     assert "timed out" in line.lower() or "timeout" in line.lower(), line
     assert f"127.0.0.1:{black_hole}" in line, line
     assert took < BOUND / 2, took  # 2 x 0.5 s plus a pause; the defaults would be 3 x 3 s
-    assert CONNECT_TIMEOUT * CONNECT_ATTEMPTS <= 10  # the defaults stay near the ~10 s promised in remote.py
+    assert CONNECT_TIMEOUT * CONNECT_ATTEMPTS <= 10  # the defaults stay near the ~10 s promised in sources/fsspec.py
 
 
 def test_hf_connect_timeout_is_huggingface_hubs(black_hole: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,7 +271,7 @@ def test_a_bad_setting_names_the_variable(closed_port: int, monkeypatch: pytest.
 def test_settings_the_user_chose_win(monkeypatch: pytest.MonkeyPatch) -> None:
     """fsspec's own settings (FSSPEC_S3=...) and botocore's variables keep their say over ckptdoctor's defaults."""
     pytest.importorskip("s3fs")
-    from ckptdoctor.remote import _storage_options
+    from ckptdoctor.sources.fsspec import _storage_options
 
     monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"connect_timeout": 20, "region_name": "x"}})
     opts = _storage_options("s3://bucket/run", 3.0, 3)

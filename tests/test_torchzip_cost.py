@@ -17,8 +17,8 @@ from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import ProblemKind, ReadOutcome, TorchFacts
 from ckptdoctor.readers import torchzip
 from ckptdoctor.readers.torchzip import read_torch
-from ckptdoctor.remote import remote_limits
 from ckptdoctor.scanner import scan
+from ckptdoctor.sources.fsspec import remote_limits
 
 torch = pytest.importorskip("torch")
 

@@ -26,7 +26,7 @@ class ScanRoot(click.Path):
     """A local path that must exist, or a URL root (``s3://``, ``gs://``, ``hf://``...) passed on for fsspec."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ckptdoctor.remote import is_remote  # only when a command parses its roots: --version stays instant
+        from ckptdoctor.sources import is_remote  # only when a command parses its roots: --version stays instant
 
         if isinstance(value, str) and is_remote(value):
             return value

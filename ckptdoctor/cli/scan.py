@@ -211,7 +211,8 @@ def _write_manifests(trees: Sequence[Tree]) -> None:
 
 def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
     """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
-    from ckptdoctor.remote import check_remote_root, is_remote, log_on_one_line
+    from ckptdoctor.sources import is_remote
+    from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line
 
     for p in paths:
         if not is_remote(p):

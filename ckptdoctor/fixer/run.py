@@ -71,7 +71,7 @@ class FixResult:
 
 
 def _check_roots(paths: Sequence[str]) -> None:
-    from ckptdoctor.remote import is_remote
+    from ckptdoctor.sources import is_remote
 
     reals: list[tuple[str, str]] = []
     for p in paths:

@@ -75,7 +75,7 @@ def read_open_file(
     """Sniff an already open, seekable binary file and run the reader for its kind; never raises.
 
     ``base`` carries the path to report, the real size and mtime (kind and content are filled in here). Shared by
-    local files and remote objects (``ckptdoctor.remote``), so both are read by exactly the same code.
+    local files and remote objects (``ckptdoctor.sources``), so both are read by exactly the same code.
     ``frameworks`` as for ``read_file``.
     """
     try:

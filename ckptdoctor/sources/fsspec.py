@@ -1,4 +1,4 @@
-"""Remote scan roots (``s3://``, ``gs://``, ``hf://``...): list a prefix and read file headers through fsspec.
+"""The fsspec source: a URL root (``s3://``, ``gs://``, ``hf://``...), listed once and read with ranged requests.
 
 An endpoint that cannot be reached fails in seconds, not after a backend's minute of retries: each connection
 attempt may take ``CKPTDOCTOR_CONNECT_TIMEOUT`` seconds (default 3) and an unreachable endpoint is tried
@@ -19,26 +19,21 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
-import re
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 from urllib.parse import urlsplit
 
-from ckptdoctor.discover import _OWN_DIR, _Dir, _is_run, _read_dcp_items, build_tree, in_dcp_folder
-from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem, Tree
-from ckptdoctor.progress import when_done
+from ckptdoctor.limits import Limits
+from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem
 from ckptdoctor.readers import read_dcp_items_from, read_open_file
+from ckptdoctor.sources.interface import OWN_DIR, Entry
 
 if TYPE_CHECKING:  # fsspec is optional (the `remote` extra) and imported only for a URL root
     from fsspec import AbstractFileSystem
 
-# A URL scheme as fsspec understands it (`s3://`, `gs://`, `hf://`, `file://`, chained `simplecache::s3://`).
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
 # Bytes fetched past each read that misses the cache ("readahead": one window, reads inside it are free). Readers
 # read a record's fixed part, then its variable part (a zip local header's 30 bytes, then its name and padding):
 # 1 KB turns that pair into one request without pulling tensor data. Measured on a sharded checkpoint against
@@ -65,11 +60,6 @@ class BadSetting(ValueError):
     """An environment variable ckptdoctor reads holds something it cannot use."""
 
 
-def is_remote(path: str) -> bool:
-    """True for a URL root handled by fsspec (``s3://bucket/run``); a local path that happens to exist stays local."""
-    return bool(_URL_RE.match(path)) and not os.path.exists(path)
-
-
 def check_remote_root(url: str) -> str | None:
     """Why ``url`` cannot be scanned (fsspec or its backend missing, nothing at that prefix), or None when it can.
 
@@ -89,102 +79,99 @@ def check_remote_root(url: str) -> str | None:
     return None
 
 
-def discover_remote(
-    root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1, progress: Callable[[], None] | None = None
-) -> Tree:
-    """``discover`` for a URL root: list everything under the prefix once, then read each file's header with ranged
-    requests (``READAHEAD`` past each read), ``jobs`` at a time; grouped by the same code as a local walk.
+class FsspecSource:
+    """A URL root through fsspec: everything under the prefix is listed with one request (prefixes are folders, as
+    get_last_checkpoint would see them on a mounted bucket), then each file's header is read with ranged requests
+    (``READAHEAD`` past each read). Nothing is ever written. A missing backend or a listing error is the root's
+    problem; a read error is the file's.
 
-    Prefixes are folders (as get_last_checkpoint would see them on a mounted bucket); nothing is ever written.
-    Never raises: a missing backend, a listing or a read error becomes a ``PathProblem`` or a file's problem.
+    The listing arrives flat, so its bounds apply as it is indexed: ``limits.dir_entries`` counts the whole listing
+    and ``limits.dir_depth`` drops (and reports once) every folder below it.
     """
-    limits = remote_limits(limits)
-    try:
-        fs, path = _filesystem(root)
-        path = path.rstrip("/")
-        # fsspec caches file system instances and their listings per process: a second scan in a long-lived
-        # process (a job launcher calling gate() before each resume) must see the bucket as it is now.
-        fs.invalidate_cache(path)
-        listing = cast("dict[str, dict[str, Any]]", fs.find(path, withdirs=True, detail=True))
-    except ImportError as e:
-        return _unreadable_root(root, f"{e}; {INSTALL_HINT}")
-    except Exception as e:  # backend errors have no common base class
-        return _unreadable_root(root, _listing_error(e))
-    name = path.rsplit("/", 1)[-1]
-    if not listing:
-        return _unreadable_root(root, "no such object or prefix")
-    own = listing.get(path)
-    if own is not None and own.get("type") == "file":  # the root is one object
-        facts = _read(fs, path, name, own, limits, False)
-        return Tree(root=root, runs=(), loose_files=(facts,), files_seen=1, abs_root=_abs_root(root))
 
-    walk = _Listing(limits)
-    top = walk.build(path, listing)
-    files_seen = 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ckptdoctor-remote") as pool:
-        reads: list[tuple[_Dir, Future[FileFacts]]] = []
-        for node, entries in walk.files:
-            in_dcp = in_dcp_folder(rel for rel, _, _ in entries)
-            for rel, full, info in entries:
-                if in_dcp and rel.endswith(".distcp"):
-                    node.distcp[rel] = full
-                fut = pool.submit(_read, fs, full, rel, info, limits, in_dcp)
-                if progress is not None:
-                    fut.add_done_callback(when_done(progress))
-                reads.append((node, fut))
-                files_seen += 1
-        for node, fut in reads:  # walk order, so any `jobs` gives the same Tree
-            node.files.append(fut.result())
+    def __init__(self, root: str, limits: Limits) -> None:
+        self.url = root
+        self.limits = remote_limits(limits)
+        self.abs_root = root.rstrip("/")
+        self.stopped = False  # the entry limit ends the indexing of the listing, not the walk
+        self._fs: AbstractFileSystem  # set by root()
+        self._folders: dict[str, _Folder] = {}  # folder path -> what the listing put in it
 
-    def read_items(full: str, facts: FileFacts, items: list[tuple[int, int]] | None, lim: Limits) -> FileFacts:
+    def root(self, problems: list[PathProblem]) -> Entry[dict[str, Any]] | PathProblem:
+        """List everything under the prefix (one request) and index it; the root object when it is one file."""
         try:
-            with _open(fs, full, facts.size) as f:
-                return read_dcp_items_from(_prefetch(fs, full, f, facts.size, items), facts, items, lim)
+            fs, path = _filesystem(self.url)
+            path = path.rstrip("/")
+            # fsspec caches file system instances and their listings per process: a second scan in a long-lived
+            # process (a job launcher calling gate() before each resume) must see the bucket as it is now.
+            fs.invalidate_cache(path)
+            listing = cast("dict[str, dict[str, Any]]", fs.find(path, withdirs=True, detail=True))
+        except ImportError as e:
+            return _unreadable_root(f"{e}; {INSTALL_HINT}")
+        except Exception as e:  # backend errors have no common base class
+            return _unreadable_root(_listing_error(e))
+        self._fs = fs
+        name = path.rsplit("/", 1)[-1]
+        if not listing:
+            return _unreadable_root("no such object or prefix")
+        own = listing.get(path)
+        if own is not None and own.get("type") == "file":  # the root is one object
+            return Entry(name, path, False, _mtime(own), path, own)
+        self._index(path, listing, problems)
+        return Entry(name, path, True, 0.0, path, {})
+
+    def listdir(
+        self, folder: Entry[dict[str, Any]], rel: str, problems: list[PathProblem]
+    ) -> list[Entry[dict[str, Any]]] | None:
+        """The files and folders the listing put in ``folder`` (no request)."""
+        node = self._folders[folder.path]
+        out = [Entry(name, full, False, _mtime(info), full, info) for name, full, info in node.files]
+        for name in node.dirs:
+            full = f"{folder.path}/{name}"
+            out.append(Entry(name, full, True, self._folders[full].mtime, full, {}))
+        return out
+
+    def entry(
+        self, listed: Entry[dict[str, Any]], rel: str, problems: list[PathProblem]
+    ) -> Entry[dict[str, Any]] | None:
+        """``listed`` as it is: the listing already said what each entry is."""
+        return listed
+
+    def read(self, entry: Entry[dict[str, Any]], rel: str, in_dcp: bool) -> FileFacts:
+        """Read one object's header (see ``_read``)."""
+        return _read(self._fs, entry.path, rel, entry.meta, self.limits, in_dcp)
+
+    def read_dcp_items(self, path: str, facts: FileFacts, items: list[tuple[int, int]] | None) -> FileFacts:
+        """The `.distcp` items at ``items``, prefetched in one concurrent batch (see ``_prefetch``)."""
+        try:
+            with _open(self._fs, path, facts.size) as f:
+                return read_dcp_items_from(_prefetch(self._fs, path, f, facts.size, items), facts, items, self.limits)
         except Exception as e:  # opening failed: the file stays as read, with why
             return _with_problem(facts, e)
 
-    _read_dcp_items(top, limits, read_items)
-    return build_tree(root, top, name, walk.problems, files_seen, _abs_root(root))
+    def shown_target(self, path: str) -> str:
+        """``path``: object storage has no links, so no loops either."""
+        return path
 
-
-def remote_limits(limits: Limits) -> Limits:
-    """``limits`` as remote reads apply them: the local header of each tensor storage record in a torch zip is not
-    cross-checked (``Limits.zip_data_local_headers``), since every one would be a request of its own (about 600
-    for a 7B AdamW state, 2,000 for 70B). Every record a loader parses is still checked. ``--deep`` (which would
-    read those records anyway) is refused for remote roots, so there is no case that keeps the check on."""
-    return replace(limits, zip_data_local_headers=False)
-
-
-class _Listing:
-    """Turn a flat listing (full path -> info) into the ``_Dir`` nodes a local walk would build."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.problems: list[PathProblem] = []
-        self.nodes: dict[str, _Dir] = {}
-        # Per folder, its files in name order: (rel, full path, info).
-        self.files: list[tuple[_Dir, list[tuple[str, str, dict[str, Any]]]]] = []
-
-    def build(self, path: str, listing: dict[str, dict[str, Any]]) -> _Dir:
-        top = _Dir(rel=".", name=path.rsplit("/", 1)[-1], mtime=0.0)
-        self.nodes[""] = top
+    def _index(self, path: str, listing: dict[str, dict[str, Any]], problems: list[PathProblem]) -> None:
+        """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""
+        self._folders[path] = _Folder()
         prefix = path + "/"
-        per_dir: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
         too_deep: set[str] = set()
         for count, full in enumerate(sorted(listing)):
             if count >= self.limits.dir_entries:
                 msg = f"more than {self.limits.dir_entries} entries under the root; the rest was not read"
-                self.problems.append(PathProblem(".", ReadProblem(ProblemKind.LIMIT, msg)))
+                problems.append(PathProblem(".", ReadProblem(ProblemKind.LIMIT, msg)))
                 break
             if not full.startswith(prefix):
                 continue
             rel = full[len(prefix) :].rstrip("/")
             parts = rel.split("/")
-            if not rel or _OWN_DIR in parts:
+            if not rel or OWN_DIR in parts:
                 continue
             if "" in parts:  # `a//b`: a key no file system could hold as a path
                 msg = "object key holds an empty path segment (`//`); not read"
-                self.problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
+                problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
                 continue
             info = listing[full]
             is_dir = info.get("type") == "directory"
@@ -194,36 +181,38 @@ class _Listing:
                 if folder not in too_deep:
                     too_deep.add(folder)
                     msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
-                    self.problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
+                    problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
                 continue
             if is_dir:
-                self._folder(parts).mtime = _mtime(info)
+                self._folder(path, parts).mtime = _mtime(info)
             else:
-                parent = "/".join(parts[:-1])
-                self._folder(parts[:-1])
-                per_dir.setdefault(parent, []).append((rel, full, info))
-        for key in sorted(per_dir):
-            self.files.append((self.nodes[key], per_dir[key]))
-        self._mark_runs(top)
-        return top
+                self._folder(path, parts[:-1]).files.append((parts[-1], full, info))
 
-    def _folder(self, parts: list[str]) -> _Dir:
-        """The node of the folder ``parts`` (relative to the root), creating it and its parents as needed."""
-        key = "/".join(parts)
-        node = self.nodes.get(key)
+    def _folder(self, path: str, parts: list[str]) -> _Folder:
+        """The folder ``parts`` below ``path``, created (with its parents) as needed."""
+        full = "/".join([path, *parts])
+        node = self._folders.get(full)
         if node is None:
-            parent = self._folder(parts[:-1])
-            node = _Dir(rel=key, name=parts[-1], mtime=0.0)
-            parent.dirs.append(node)
-            parent.dir_names.append(parts[-1])
-            self.nodes[key] = node
+            self._folder(path, parts[:-1]).dirs.append(parts[-1])
+            node = self._folders[full] = _Folder()
         return node
 
-    def _mark_runs(self, node: _Dir) -> bool:
-        node.has_run = _is_run(node)
-        for d in node.dirs:
-            node.has_run = self._mark_runs(d) or node.has_run
-        return node.has_run
+
+@dataclass(slots=True)
+class _Folder:
+    """A folder of the listing: its files (name, full path, info) in name order, subfolders in listing order."""
+
+    mtime: float = 0.0
+    files: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+
+
+def remote_limits(limits: Limits) -> Limits:
+    """``limits`` as remote reads apply them: the local header of each tensor storage record in a torch zip is not
+    cross-checked (``Limits.zip_data_local_headers``), since every one would be a request of its own (about 600
+    for a 7B AdamW state, 2,000 for 70B). Every record a loader parses is still checked. ``--deep`` (which would
+    read those records anyway) is refused for remote roots, so there is no case that keeps the check on."""
+    return replace(limits, zip_data_local_headers=False)
 
 
 def log_on_one_line() -> None:
@@ -517,12 +506,8 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
-def _abs_root(root: str) -> str:
-    return root.rstrip("/")
-
-
-def _unreadable_root(root: str, message: str) -> Tree:
-    return Tree(root=root, runs=(), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, message)),))
+def _unreadable_root(message: str) -> PathProblem:
+    return PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, message))
 
 
 def read_small_object(url: str, cap: int) -> bytes | None:
@@ -532,7 +517,7 @@ def read_small_object(url: str, cap: int) -> bytes | None:
     """
     try:
         fs, path = _filesystem(url)
-        fs.invalidate_cache(path)  # see discover_remote: never trust a listing from an earlier scan
+        fs.invalidate_cache(path)  # see FsspecSource.root: never trust a listing from an earlier scan
         with fs.open(path, "rb", block_size=cap + 1, cache_type="all") as f:
             return cast(bytes, f.read(cap + 1))
     except FileNotFoundError:
