@@ -19,17 +19,10 @@ import click
 
 from ckptdoctor import __version__
 from ckptdoctor.cli import inspect, options, rules, scan
-from ckptdoctor.cli.options import (  # re-exported: gate imports them from here
-    UsageProblem,
-    _exit_code,
-    _read_only_done,
-    resolve_selection,
-    rule_options,
-)
+from ckptdoctor.cli.options import UsageProblem
 from ckptdoctor.errors import UsageError
 
-__all__ = ["LazyGroup", "UsageProblem", "_exit_code", "_read_only_done", "main", "resolve_selection", "rule_options",
-           "run", "split_codes"]
+__all__ = ["LazyGroup", "main", "run"]
 
 
 def run() -> None:
@@ -117,13 +110,7 @@ for _command in (scan.scan, inspect.inspect, rules.rules_cmd, rules.explain):
     main.add_command(_command)
 
 
-def __getattr__(name: str) -> Any:
-    """``split_codes``, which ``gate`` imports from here, lives in ``settings`` (imported when first asked for)."""
-    if name == "split_codes":
-        from ckptdoctor.settings import split_codes
 
-        return split_codes
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

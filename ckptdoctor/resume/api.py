@@ -304,7 +304,7 @@ def rule_selection(
     on_kept: Callable[[str, Sequence[str]], None] | None = None,
 ) -> tuple[Selection, str | None]:
     """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
-    file's fail-on: ``ckptdoctor scan``'s own resolution (``cli.resolve_selection``), with the gate's usage check.
+    file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.resolve_selection``), with the gate's usage check.
 
     ``on_kept`` hears of security rules the settings file may not turn off (None: the CLI's note on stderr). Raises
     ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor data), or
