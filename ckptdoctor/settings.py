@@ -186,10 +186,11 @@ _MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything bigger is not one
 
 def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
     """The path and bytes of the settings file ``name`` beside ``root``, or None when there is none."""
-    from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
-    from ckptdoctor.sources.fsspec import read_small_object
+    from ckptdoctor.sources import is_remote
 
     if is_remote(root):
+        from ckptdoctor.sources.fsspec import read_small_object  # only a URL root pays for it
+
         url = root.rstrip("/") + "/" + name
         try:
             raw = read_small_object(url, _MAX_CONFIG_BYTES)

@@ -212,11 +212,12 @@ def _write_manifests(trees: Sequence[Tree]) -> None:
 def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
     """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
     from ckptdoctor.sources import is_remote
-    from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line
 
     for p in paths:
         if not is_remote(p):
             continue
+        from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line  # only a URL root pays for it
+
         log_on_one_line()
         if deep:
             raise UsageProblem(f"{p}: --deep reads every tensor byte and works on local files only; drop --deep")

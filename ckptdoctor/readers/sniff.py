@@ -8,8 +8,6 @@ import re
 import struct
 
 from ckptdoctor.model import FileKind
-from ckptdoctor.readers.hdf5 import SIGNATURE as _HDF5_SIGNATURE
-from ckptdoctor.readers.protowire import WireError, varint
 
 # Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, and a few
 # protocol-0 pickle opcodes.
@@ -107,6 +105,8 @@ def _framework_kind(head: bytes, lower: str, tail: bytes) -> FileKind | None:
     A torch name (``.bin``, ``.pt`` ...) stays torch's whatever its bytes, so that torch.load's refusal is what the
     rules report, except a ``.ckpt`` holding a MindSpore protobuf (MindSpore's own suffix).
     """
+    from ckptdoctor.readers.hdf5 import SIGNATURE as _HDF5_SIGNATURE  # only a framework sniff pays for these
+
     if lower.endswith(".ckpt") and (_looks_like_mindspore(head) or lower == _MINDSPORE_WEIGHTS):
         return FileKind.MINDSPORE
     if lower.endswith(_TORCH_SUFFIXES):
@@ -129,6 +129,8 @@ def _looks_like_mindspore(head: bytes) -> bool:
     """
     if head[:1] != b"\x0a":
         return False
+    from ckptdoctor.readers.protowire import WireError, varint
+
     try:
         value_len, pos = varint(head, 1, len(head))
         if head[pos : pos + 1] != b"\x0a":
@@ -153,6 +155,8 @@ def looks_like_tf_index_head(head: bytes) -> bool:
     the empty key (shared and non-shared lengths 0) and a ``BundleHeaderProto`` value (empty, or field 1, 2 or 3)."""
     if len(head) < 4 or head[0] != 0 or head[1] != 0:
         return False
+    from ckptdoctor.readers.protowire import WireError, varint
+
     try:
         n, pos = varint(head, 2, len(head))
     except WireError:

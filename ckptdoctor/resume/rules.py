@@ -11,15 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from ckptdoctor import schedules, trainer_view
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree
-from ckptdoctor.resume.plan import Plan, int_text, plan_from_training_args
-from ckptdoctor.resume.predict import RNG_RE, Prediction, StepPlan
 from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, rule
 from ckptdoctor.rules.training import saved_world_size
+
+if TYPE_CHECKING:
+    from ckptdoctor.resume.plan import Plan
+    from ckptdoctor.resume.predict import Prediction, StepPlan
+
+# Every scan imports this module (the registry documents these rules), and only the gate runs them: the plan,
+# the prediction and the schedules are imported by the rules that read them, so a scan's start-up does not pay.
 
 JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
 LR_RTOL = 1e-9
@@ -72,6 +77,8 @@ def _in_folder(ck: Checkpoint, name: str) -> str:
 
 def _rng_ranks(ck: Checkpoint) -> int | None:
     """Ranks that saved RNG state: 1 for ``rng_state.pth``, else the highest ``rng_state_R.pth`` + 1."""
+    from ckptdoctor.resume.predict import RNG_RE
+
     ranks: set[int] = set()
     for f in ck.files:
         rel = ck.relname(f)
@@ -257,6 +264,9 @@ def resume_lr_jump(ctx: ResumeContext) -> Iterator[Hit]:
     if not logged or logged[-1][1] <= 0:
         return
     last = logged[-1]
+    from ckptdoctor import schedules
+    from ckptdoctor.resume.plan import plan_from_training_args
+
     own_warmup = plan_from_training_args(trainer_view.training_args(ck) or {}).get("warmup_steps", 0.0)
     try:
         if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
@@ -295,6 +305,8 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None:
         return
     ck, p, _ = resumed
+    from ckptdoctor import schedules
+
     stype = p.settings.lr_scheduler_type
     if p.schedule_rejected is not None and stype in schedules.METRIC_DRIVEN:
         yield Hit(ck.path, f"`{stype}`: {p.schedule_rejected}")
@@ -332,6 +344,9 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     if ck is None or p is None:
         yield Hit(".", _no_checkpoint(ctx))
         return
+    from ckptdoctor import schedules
+    from ckptdoctor.resume.plan import int_text
+
     s = p.settings
     if p.crash is not None or p.start is None:
         yield Hit(ck.path, p.crash or "`trainer_state.json` cannot be read: train() raises")
