@@ -116,7 +116,7 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
             key = (reader, base.size, limits, hashlib.blake2b(data, digest_size=32).digest())
             known = _OUTCOMES.get(key)
             if known is not None:
-                return FileFacts(base.path, base.size, base.mtime, kind, known.content, tuple(known.problems))
+                return _facts(base, kind, known)
             f = io.BytesIO(data)
         outcome = reader(f, base.size, limits)
         if key is not None and isinstance(outcome, ReadOutcome):
@@ -129,7 +129,13 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
         return _with(base, kind, _bug(f"{kind.value} reader", e))
     if not isinstance(outcome, ReadOutcome):
         return _with(base, kind, _bug(f"{kind.value} reader", TypeError(f"returned {type(outcome).__name__}")))
-    return FileFacts(base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems))
+    return _facts(base, kind, outcome)
+
+
+def _facts(base: FileFacts, kind: FileKind, outcome: ReadOutcome) -> FileFacts:
+    return FileFacts(
+        base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems), False, outcome.alt_pickle
+    )
 
 
 # Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone; DCP_DATA (`.distcp`,
@@ -165,7 +171,7 @@ def _reader_for(kind: FileKind) -> Reader:
 
         return read_torch
     if kind is FileKind.PICKLE:
-        from ckptdoctor.readers.torchzip import read_raw_pickle
+        from ckptdoctor.readers.rawpickle import read_raw_pickle
 
         return read_raw_pickle
     if kind is FileKind.DCP_METADATA:
@@ -264,4 +270,4 @@ def read_dcp_items_from(
     except Exception as e:  # defence in depth, as for every reader
         return _with(facts, facts.kind, _bug("dcp item reader", e))
     return FileFacts(facts.path, facts.size, facts.mtime, facts.kind, outcome.content, tuple(outcome.problems),
-                     facts.is_link)
+                     facts.is_link, facts.alt_pickle)
