@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -154,6 +155,7 @@ _READ_KINDS = frozenset(
         FileKind.TF_INDEX,
         FileKind.TF_CHECKPOINT_STATE,
         FileKind.HDF5,
+        FileKind.NUMPY,
     }
 )
 
@@ -163,9 +165,7 @@ def _reader_for(kind: FileKind) -> Reader:
     # Imported here so that this package loads even while a reader module is missing or broken: the ImportError
     # then becomes a MALFORMED problem on the files of that kind instead of breaking every scan.
     if kind is FileKind.SAFETENSORS:
-        from ckptdoctor.readers.safetensors import read_safetensors
-
-        return read_safetensors
+        return _read_safetensors_or_pickle
     if kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY):
         from ckptdoctor.readers.torchzip import read_torch
 
@@ -202,7 +202,29 @@ def _reader_for(kind: FileKind) -> Reader:
         from ckptdoctor.readers.hdf5 import read_hdf5
 
         return read_hdf5
+    if kind is FileKind.NUMPY:
+        from ckptdoctor.readers.npy import read_numpy
+
+        return read_numpy
     raise ValueError(f"no reader for {kind.value} files")
+
+
+def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
+    """A safetensors file, and also the pickle a pickle loader reads from it when its first bytes start one.
+
+    The sniffer calls a file safetensors when a JSON header follows its first 8 bytes; those 8 bytes may also open
+    a pickle (a polyglot), which ``pickle.load``, ``np.load(allow_pickle=True)`` or a legacy ``torch.load`` would
+    run: that reading is judged too (``alt_pickle``).
+    """
+    from ckptdoctor.readers.rawpickle import pickled_head, read_as_pickle
+    from ckptdoctor.readers.safetensors import read_safetensors
+
+    outcome = read_safetensors(f, size, limits)
+    f.seek(0)
+    if not pickled_head(f.read(64)):
+        return outcome
+    alt = read_as_pickle(f, size, limits)
+    return outcome if alt is None else dataclasses.replace(outcome, alt_pickle=alt)
 
 
 def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:

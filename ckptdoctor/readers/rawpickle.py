@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -52,3 +53,33 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         )
     )
     return ReadOutcome(merge_pickles(facts, extra), tuple(more))
+
+
+def pickled_head(head: bytes) -> bool:
+    """Whether a pickle loader reading these first bytes would unpickle something: a protocol 2-5 header, or a
+    protocol 0/1 stream as the sniffer recognises one."""
+    from ckptdoctor.readers.sniff import looks_like_old_pickle
+
+    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or looks_like_old_pickle(head, False)
+
+
+def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> PickleFacts | None:
+    """The streams ``pickle.load`` (called again, as legacy ``torch.load`` does) reads from the start of a file the
+    sniffer gave another kind, when they import or call anything; None otherwise (the usual answer: a real
+    safetensors header is no pickle past its second byte).
+
+    Reads a growing prefix, and more only while the first stream runs on past it, so a large file that merely
+    starts like a pickle costs one small read.
+    """
+    n = min(size, limits.pickle_bytes, 1 << 16)
+    while True:
+        data = _read_at(f, 0, n)
+        _, _, end = walk_pickle(data, limits=limits)
+        if end < len(data) or n >= min(size, limits.pickle_bytes):
+            break
+        n = min(size, limits.pickle_bytes, n * 16)
+    outcome = read_raw_pickle(io.BytesIO(data), len(data), limits)
+    facts = outcome.content
+    if isinstance(facts, PickleFacts) and (facts.globals or facts.calls):
+        return facts
+    return None

@@ -7,13 +7,12 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
-from ckptdoctor.readers.pickle_walk import walk_pickle
+from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.torchstore import _Storages, _tensors
 from ckptdoctor.readers.zipdir import _names, _problem, _read_at
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C  # torch/serialization.py
 LEGACY_PROTOCOL_VERSION = 1001
-
 
 
 def _read_legacy(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
@@ -34,8 +33,14 @@ def _read_legacy(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
 
 
 def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool = False) -> ReadOutcome | None:
-    """One attempt on the first ``len(buf)`` bytes; None when the pickles continue past them (and not final)."""
+    """One attempt on the first ``len(buf)`` bytes; None when the pickles continue past them (and not final).
+
+    ``torch.load`` (``_legacy_load``) unpickles all five streams with the same unpickler, and the first three
+    before it checks their values: a call in any of them runs. Every stream walked is therefore judged, whatever
+    its value: the object's globals and calls are merged with those of the four others.
+    """
     problems: list[ReadProblem] = []
+    streams: list[PickleFacts] = []  # the streams other than the object, as far as they were walked
     pos = 0
 
     def step(persistent_load: Any = None) -> tuple[PickleFacts | None, tuple[ReadProblem, ...]]:
@@ -48,18 +53,32 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         # A walk that failed on a partial buffer may just need more bytes; on the full buffer it is final.
         return bool(probs) and not final and len(buf) < size
 
+    def failed(more: tuple[ReadProblem, ...]) -> ReadOutcome:
+        # Not a loadable file, but whatever the streams read so far import or call still runs at torch.load.
+        return ReadOutcome(None, (*problems, *more), merge_pickles(None, _calling(streams)))
+
     magic, probs = step()
+    if magic is not None:
+        streams.append(magic)
+    if ran_off(probs):
+        return None
     if probs or magic is None or magic.value != MAGIC_NUMBER:
         # Bytes that are neither a zip nor a legacy file (a zeroed or overwritten `.bin`): the walk's complaints are
         # about non-pickle bytes, so only the one fact that matters is reported.
-        return ReadOutcome(
-            None, (_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"),)
+        return failed(
+            (_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"),)
         )
     version, probs = step()
+    if version is not None:
+        streams.append(version)
+    if ran_off(probs):
+        return None
     if probs or version is None or version.value != LEGACY_PROTOCOL_VERSION:
         got = version.value if version is not None else None
-        return ReadOutcome(None, (*probs, _problem(ProblemKind.MALFORMED, f"invalid legacy protocol version {got!r}")))
+        return failed((*probs, _problem(ProblemKind.MALFORMED, f"invalid legacy protocol version {got!r}")))
     sys_info, probs = step()
+    if sys_info is not None:
+        streams.append(sys_info)
     if ran_off(probs):
         return None
     problems.extend(probs)
@@ -73,11 +92,14 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     problems.extend(probs)
     problems.extend(storages.problems)
     if probs:
-        return ReadOutcome(TorchFacts("legacy", "", (), obj, (), byteorder), tuple(problems))
+        merged = merge_pickles(obj, _calling(streams))
+        return ReadOutcome(TorchFacts("legacy", "", (), merged, (), byteorder), tuple(problems))
     keys, probs = step()
     if ran_off(probs):
         return None
     problems.extend(probs)
+    if keys is not None:
+        streams.append(keys)
     missing: set[str] = set()
     if keys is not None and not probs:
         if type(keys.value) is not list or not all(type(k) is str for k in keys.value):
@@ -88,7 +110,13 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     problems.extend(tensor_problems)
     if missing:
         tensors = tuple((p, replace(t, storage_nbytes=None) if t.storage_key in missing else t) for p, t in tensors)
-    return ReadOutcome(TorchFacts("legacy", "", (), obj, tensors, byteorder), tuple(problems))
+    merged = merge_pickles(obj, _calling(streams))
+    return ReadOutcome(TorchFacts("legacy", "", (), merged, tensors, byteorder), tuple(problems))
+
+
+def _calling(streams: list[PickleFacts]) -> list[PickleFacts]:
+    """The streams that import or call anything (a genuine file's magic, version, sys_info and keys do not)."""
+    return [s for s in streams if s.globals or s.calls]
 
 
 def _check_legacy_storages(

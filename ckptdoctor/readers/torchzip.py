@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts, ZipMember
+from ckptdoctor.model import NpyArray, PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts, ZipMember
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.sniff import TAR_BLOCK, looks_like_old_pickle, looks_like_tar
 from ckptdoctor.readers.torchlegacy import _read_legacy
 from ckptdoctor.readers.torchstore import STORAGE_DTYPES, _Storages, _tensors
 from ckptdoctor.readers.zipdir import (
@@ -34,13 +36,25 @@ __all__ = ["STORAGE_DTYPES", "Window", "read_torch", "read_zip_at"]
 
 
 def read_torch(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
-    """Read a ``torch.save`` file, zip or legacy format, without executing its pickle."""
+    """Read a ``torch.save`` file, zip, tar or magic-number format, without executing its pickles.
+
+    The format is chosen as ``torch.load`` chooses it (torch/serialization.py ``load``, ``_legacy_load``): a zip
+    by its first four bytes, else a tar when ``tarfile`` accepts its first block, else the magic-number streams.
+    A tar is also read the other way (a plain ``pickle.load`` reads its first bytes as a pickle).
+    """
     if size == 0:
         return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
     try:
-        head = _read_at(f, 0, 4)
-        if head in (_ZIP_LOCAL, _ZIP_EOCD):
+        head = _read_at(f, 0, TAR_BLOCK)
+        if head[:4] in (_ZIP_LOCAL, _ZIP_EOCD):
             return _read_zip(f, size, limits)
+        if looks_like_tar(head):
+            from ckptdoctor.readers.torchtar import read_tar
+
+            outcome = read_tar(f, size, limits)
+            other = _read_legacy(f, size, limits)
+            alt = other.content.pickle if isinstance(other.content, TorchFacts) else other.alt_pickle
+            return replace(outcome, alt_pickle=alt) if alt is not None and (alt.globals or alt.calls) else outcome
         return _read_legacy(f, size, limits)
     except OSError as exc:
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
@@ -85,6 +99,10 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     if beyond:
         problems.append(_problem(ProblemKind.MALFORMED, f"record(s) overlap the central directory: {_names(beyond)}"))
     main = by_name.get(f"{prefix}/data.pkl") if prefix else None
+    if main is None and prefix:
+        # miniz (torch's zip reader) finds a record case-insensitively when no name matches exactly.
+        wanted = f"{prefix}/data.pkl".lower()
+        main = next((m for m in members if m.name.lower() == wanted), None)
     # Every other record holding a pickle (a second data.pkl, `constants.pkl`, `x/evil.pkl`, a pickle under any
     # name) and every zip inside the zip is walked too: some loader may read it, and a scanner that looks only at
     # data.pkl is what such layouts are built to fool.
@@ -130,6 +148,8 @@ _TORCH_RECORDS = frozenset({".format_version", ".storage_alignment", "byteorder"
                             ".data/serialization_id"})  # fmt: skip
 _MAX_EXTRA_PICKLES = 64  # extra pickle records walked per archive; more is itself the finding
 _MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
+_HEAD = 256  # bytes of a record read to tell a pickle (any protocol), a zip or a .npy
+NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 
 def _layout_problems(
@@ -192,16 +212,29 @@ def _extra_pickles(
     folder = f"{prefix}/" if prefix else ""
     # By position: entries are interned (``_MEMBERS``), so a second entry identical to data.pkl's is the same object.
     main_at = next((i for i, m in enumerate(d.members) if m is main), -1)
+    main_folded = main.name.lower() if main is not None else None
     for i, m in enumerate(d.members):
         if i == main_at:
             continue
         rel = _relative(m.name, folder)
         if rel in _TORCH_RECORDS or _is_storage(rel, m.name):
             continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
-        named = m.name.endswith((".pkl", ".pickle"))
-        head = _member_head(f, m, 8)
+        folded = m.name.lower()
+        if folded == main_folded and main is not None and m.name != main.name:
+            # torch finds records with miniz's case-insensitive lookup: either may be the data.pkl it loads.
+            problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"record `{m.name}` differs from "
+                                     f"`{main.name}` only in case: torch may load either"))  # fmt: skip
+        named = folded.endswith((".pkl", ".pickle"))
+        head = _member_head(f, m, _HEAD)
         nested_zip = head[:4] == _ZIP_LOCAL
-        if not (named or nested_zip or _looks_pickled(head)):
+        if head[:6] == NPY_MAGIC:
+            # np.load reads any zip as an .npz, and unpickles the body of an object array.
+            facts = _npy_pickle(f, d, m, head, limits, problems)
+            if facts is not None:
+                found.append(facts)
+                names.append(m.name)
+            continue
+        if not (named or nested_zip or _looks_pickled(head) or looks_like_old_pickle(head, False)):
             continue
         if len(names) >= _MAX_EXTRA_PICKLES:
             problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
@@ -234,6 +267,30 @@ def _extra_pickles(
         )
     return found, problems
 
+
+
+def _npy_pickle(
+    f: BinaryIO, d: _Directory, m: ZipMember, head: bytes, limits: Limits, problems: list[ReadProblem]
+) -> PickleFacts | None:
+    """The pickle of a `.npy` record holding an object array (None for any other array)."""
+    from ckptdoctor.readers.npy import read_npy_record
+
+    array, _, probs = read_npy_record(head, m.name, limits)
+    if array is None and len(head) < m.size and any(p.kind == ProblemKind.TRUNCATED for p in probs):
+        array = NpyArray(m.name, (0, 0), "", False, (), True)  # a header longer than the head: read it all
+    if array is None:
+        problems.extend(probs)
+        return None
+    if not array.pickled:
+        return None
+    data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+    if data is None:
+        if p is not None:
+            problems.append(p)
+        return None
+    _, facts, probs = read_npy_record(data, m.name, limits)
+    problems.extend(probs)
+    return facts
 
 
 def read_zip_at(f: BinaryIO, start: int, length: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:

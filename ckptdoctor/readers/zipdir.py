@@ -318,7 +318,7 @@ def _is_storage(rel: str, name: str) -> bool:
 
     ``data/<key>``; a `.pkl`/`.pickle` name there is a pickle to walk, not a storage.
     """
-    return rel.startswith("data/") and not name.endswith((".pkl", ".pickle"))
+    return rel.startswith("data/") and not name.lower().endswith((".pkl", ".pickle"))
 
 
 def _member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
