@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import DcpMetadataFacts, FileFacts, PickleFacts, ProblemKind, TorchFacts, Tree
+from ckptdoctor.model import DcpMetadataFacts, FileFacts, NumpyFacts, PickleFacts, ProblemKind, TorchFacts, Tree
 from ckptdoctor.pickle_analysis import Verdict, judge
+from ckptdoctor.readers.pickle_walk import merge_pickles
 from ckptdoctor.rules import Hit, rule
 
 
@@ -33,12 +34,16 @@ def _names(items: tuple[str, ...], limit: int = 8) -> str:
 
 
 def _pickle(f: FileFacts) -> PickleFacts | None:
+    """Every stream a loader could unpickle from the file: its own, and those another loader reads (polyglots)."""
     c = f.content
+    own: PickleFacts | None = None
     if isinstance(c, PickleFacts):
-        return c
-    if isinstance(c, (TorchFacts, DcpMetadataFacts)):
-        return c.pickle
-    return None
+        own = c
+    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts)):
+        own = c.pickle
+    if f.alt_pickle is None or own is None:
+        return own or f.alt_pickle
+    return merge_pickles(own, [f.alt_pickle])
 
 
 # a pickle that calls os.system, eval & co runs that code at torch.load: code execution
