@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,8 @@ class Plan:
     fail_on: str = "error"
 
 
+# Each rank's RNG state (`_save_rng_state`): `rng_state.pth` for one process, `rng_state_R.pth` for rank R of many.
+RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 # The TrainingArguments that size an epoch: with the world size they make the train dataloader's length.
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 PLAN_FIELDS = frozenset(
@@ -362,7 +365,6 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
 def run_world_size(ck: Checkpoint) -> int | None:
     """How many processes saved ``ck``: its FSDP / DeepSpeed shards, else its RNG files (``rng_state.pth``: 1;
     ``rng_state_R.pth``: the highest R + 1); None when nothing says."""
-    from ckptdoctor.resume.predict import RNG_RE
     from ckptdoctor.rules.training import saved_world_size
 
     saved = saved_world_size(ck)

@@ -12,14 +12,11 @@ It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the fro
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
-
-RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+from ckptdoctor.resume.plan import INT_LIMIT, RNG_RE, GateInputError, Plan, Settings, int_text, resolve
 
 
 @dataclass(frozen=True, slots=True)
