@@ -12,14 +12,11 @@ It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the fro
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
-
-RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+from ckptdoctor.resume.plan import INT_LIMIT, RNG_RE, GateInputError, Plan, Settings, int_text, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +128,8 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     if crash is not None or start is None:
         return found
     if settings.steps_per_epoch is None:
+        if settings.steps_per_epoch_note is not None:  # a planned batch change it cannot size: CKD414 says so
+            return found
         raise GateInputError(
             f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
         )
@@ -165,7 +164,13 @@ def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr
                                 lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
         lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
     except schedules.ScheduleError as exc:
-        return replace(p, schedule_rejected=str(exc))
+        p = replace(p, schedule_rejected=str(exc))
+        if s.lr_scheduler_type in schedules.METRIC_DRIVEN and min(lr_steps, steps.steps_to_train) > 0:
+            # ReduceLROnPlateau and GreedyLR change the LR only when stepped with an evaluation's metrics: the first
+            # resumed step runs at the LR restored into the optimizer (a fresh one: the planned learning_rate)
+            first = _first_lr(ck) if p.restores else s.learning_rate
+            return p if first is None else replace(p, lr_count=1, lrs=(first,))
+        return p
     except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
         return replace(p, schedule_error=Raised.of(exc))
     n = max(0, min(lr_steps, steps.steps_to_train))
