@@ -32,8 +32,6 @@ KNOWN_MISSES: dict[str, str] = {
     "modelaudit/test_scan_zip_with_proto0_pickle_with_single_comment_token": "'#'-prefixed protocol-0 text in a zip "
     "(dead for pickle.load: '#' is no opcode; ModelAudit's text heuristic flags it): needs a content sniff that "
     "tolerates a junk first byte, or a decision that dead text is not a finding",
-    "fickling/cpython-154848_frame_boundary": "FRAME shorter than its opcodes: needs the walker to read an opcode that "
-    "runs past its FRAME the way CPython's unpickler does (it then runs the GLOBAL/REDUCE hidden in the BINBYTES)",
 }
 
 SAMPLES = peer_corpus.corpus(Path("/nonexistent/canary"))
