@@ -148,3 +148,20 @@ def test_unsupported_format_is_an_info_never_silence(tmp_path: Path) -> None:
     code, doc = _scan(tmp_path)
     infos = {(f["rule"], f["path"]) for f in doc["findings"]}
     assert code == 0 and infos == {("CKD216", "flax_model.msgpack"), ("CKD216", "model.keras")}
+
+
+def test_inspect_describes_the_framework_files() -> None:
+    def inspect(path: Path) -> dict[str, Any]:
+        result = CliRunner().invoke(main, ["inspect", str(path), "--format", "json"])
+        assert result.exit_code == 0, result.output
+        doc: dict[str, Any] = json.loads(result.output)
+        return doc
+
+    ms = inspect(MINDNLP / "checkpoint-6" / "mindspore_model.ckpt")
+    assert ms["kind"] == "mindspore-ckpt" and len(ms["tensors"]) == 29 and not ms["problems"]
+    idx = inspect(TF / "tf-trainer" / "checkpoint" / "ckpt-3.index")
+    assert idx["kind"] == "tf-index" and idx["shards"] == 1 and idx["tensors"]
+    state = inspect(TF / "tf-trainer" / "checkpoint" / "checkpoint")
+    assert state["value"]["model_checkpoint_path"] == "ckpt-3"
+    h5 = inspect(TF / "tf-trainer" / "tf_model.h5")
+    assert h5["kind"] == "hdf5" and h5["value"]["eof_address"] == h5["bytes"]

@@ -22,8 +22,8 @@ from ckptdoctor.model import (
     ProblemKind,
     ReadProblem,
     TensorData,
-    TfIndexFacts,
     TensorInfo,
+    TfIndexFacts,
     Tree,
 )
 from ckptdoctor.rules import Hit, rule
@@ -236,7 +236,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer_utils.py` `load_sharded_checkpoint`; TensorFlow
     `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`, `DataFilename`).
     """
-    for idx, shard, problem in tf_shard_problems(tree):
+    for idx, _shard, problem in tf_shard_problems(tree):
         if problem.kind is ProblemKind.MALFORMED:  # a shard the index places tensors in is absent
             yield Hit(idx.path, problem.message)
     for ck, _ in _checkpoints(tree):
