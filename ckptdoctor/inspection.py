@@ -90,8 +90,11 @@ def describe(facts: FileFacts) -> dict[str, Any]:
     """Plain data describing one file's facts and read problems."""
     out: dict[str, Any] = {"path": facts.path, "kind": facts.kind.value, "bytes": facts.size}
     c = facts.content
-    if isinstance(c, SafetensorsFacts):
-        out["metadata"] = c.metadata
+    if isinstance(c, (SafetensorsFacts, MindSporeFacts)):
+        if isinstance(c, SafetensorsFacts):
+            out["metadata"] = c.metadata
+        else:
+            out["values"] = c.values
         out["tensors"] = [
             {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes} for t in c.tensors
         ]
@@ -114,11 +117,6 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out["value"] = plain(c.value)
     elif isinstance(c, TextFacts):
         out["text"] = c.text
-    elif isinstance(c, MindSporeFacts):
-        out["values"] = c.values
-        out["tensors"] = [
-            {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes} for t in c.tensors
-        ]
     elif isinstance(c, TfIndexFacts):
         out["shards"] = c.num_shards
         out["tensors"] = [
