@@ -140,10 +140,11 @@ def resume_restarts_schedule(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None or resumed[1].restores or resumed[1].lr0 is None:
         return
     ck, p, _ = resumed
-    has_sched = ck.file(trainer_view.SCHEDULER) is not None
-    have = "optimizer state" if trainer_view.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
-    missing = "no `scheduler.pt`" if have == "optimizer state" else (
-        "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
+    has_sched = trainer_view.scheduler_file(ck) is not None
+    sched = f"`{trainer_view.MS_SCHEDULER if trainer_view.is_mindnlp(ck) else trainer_view.SCHEDULER}`"
+    have = "optimizer state" if trainer_view.has_optimizer_state(ck) else (sched if has_sched else "")
+    missing = f"no {sched}" if have == "optimizer state" else (
+        "no optimizer state" if have else f"no optimizer state and no {sched}")
     lead = f"has {have} but {missing}" if have else f"has {missing}"
     yield Hit(ck.path, f"{lead}: the resume restores neither; AdamW restarts from zero moments and the "
               f"`{p.settings.lr_scheduler_type}` schedule restarts at its step 0 (LR {p.lr0:.4g}) while global_step "
