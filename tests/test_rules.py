@@ -10,7 +10,6 @@ both.
 from __future__ import annotations
 
 import argparse
-
 import json
 import os
 import pickle

@@ -40,7 +40,7 @@ def _generated() -> frozenset[str]:
     """The globals in the generated ``allowlist.json`` (observed in real files, and sibling classes)."""
     try:
         doc = json.loads(resources.files("ckptdoctor.rules").joinpath("allowlist.json").read_text("utf-8"))
-        return frozenset(doc.get("observed", {})) | frozenset(doc.get("classes", ()))
+        return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ())) | frozenset(doc.get("classes", ()))
     except (OSError, ValueError):
         return frozenset()  # a missing data file makes the scan stricter, never looser
 
