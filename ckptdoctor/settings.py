@@ -290,10 +290,8 @@ def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], 
     try:
         with open(path, "rb") as fh:
             raw = fh.read(1 << 20)
-    except FileNotFoundError:
+    except OSError:  # absent, or not readable by this user (HOME inherited across sudo): no allowances, stricter
         raw = None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the user configuration: {exc.strerror or exc}") from None
     if raw is not None:
         if sys.version_info >= (3, 11):
             import tomllib
