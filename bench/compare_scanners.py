@@ -4,6 +4,9 @@ Usage (bench only; the scanners are not package dependencies)::
 
     pip install picklescan modelscan
     python bench/compare_scanners.py            # prints the tables and rewrites them in bench/SECURITY.md
+    python bench/compare_scanners.py --peers --peers-python VENV/bin/python
+        # the peers' own corpora (bench/peer_corpus.py): one row per peer, rewritten in docs/security.md;
+        # VENV has picklescan, fickling, modelscan and modelaudit installed (each is skipped when it is not)
 
 A payload counts as caught when the tool reports that file as dangerous (picklescan: a dangerous global;
 modelscan: any issue; ckptdoctor: CKD601 or CKD605). A clean file counts as a false alarm on the same criterion;
@@ -28,6 +31,9 @@ from ckptdoctor.scanner import scan  # noqa: E402
 
 SECURITY_MD = ROOT / "bench" / "SECURITY.md"
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+DOCS_SECURITY_MD = ROOT / "docs" / "security.md"
+PEERS_BEGIN, PEERS_END = "<!-- peers:begin -->", "<!-- peers:end -->"
+SECURITY_ERRORS = ("CKD601", "CKD603", "CKD605")
 
 
 def build_payloads(folder: Path, canary: Path) -> dict[str, str]:
@@ -98,9 +104,9 @@ def run_picklescan(folder: Path) -> dict[str, str] | None:
     return out
 
 
-def run_modelscan(folder: Path) -> tuple[dict[str, str], set[str]] | None:
+def run_modelscan(folder: Path, exe: str | None = None) -> tuple[dict[str, str], set[str]] | None:
     """(relative path -> "dangerous" for files with issues, files it scanned); None when not installed."""
-    exe = shutil.which("modelscan")
+    exe = exe or shutil.which("modelscan")
     if exe is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,11 +158,127 @@ def totals(files: dict[str, str], results: dict[str, tuple[dict[str, str], set[s
     return {t: sum(1 for rel in files if r[0].get(rel) == "dangerous") for t, r in results.items() if r is not None}
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The peers' own corpora
+
+# Run inside the peers' venv: prints {tool: {relative path: flagged}} for the in-process tools, null when absent.
+_PEER_SNIPPET = r"""
+import json, sys
+from pathlib import Path
+folder = Path(sys.argv[1])
+files = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+out = {}
+try:
+    from picklescan.scanner import SafetyLevel, scan_file_path
+    res = {}
+    for p in files:
+        try:
+            r = scan_file_path(str(p))
+            res[str(p.relative_to(folder))] = bool(r.infected_files or any(g.safety == SafetyLevel.Dangerous
+                                                                            for g in r.globals))
+        except Exception:
+            res[str(p.relative_to(folder))] = False
+    out["picklescan"] = res
+except ImportError:
+    out["picklescan"] = None
+try:
+    import fickling
+    from fickling.analysis import Severity
+    res = {}
+    for p in files:
+        try:
+            res[str(p.relative_to(folder))] = fickling.scan_file(str(p), graceful=True).severity > Severity.LIKELY_SAFE
+        except Exception:
+            res[str(p.relative_to(folder))] = False
+    out["fickling"] = res
+except ImportError:
+    out["fickling"] = None
+print(json.dumps(out))
+"""
+
+
+def run_peer_tools(folder: Path, python: str) -> dict[str, dict[str, bool] | None]:
+    """Each peer's verdict (flagged or not) per file under ``folder``, run with ``python`` (the peers' venv)."""
+    proc = subprocess.run([python, "-c", _PEER_SNIPPET, str(folder)], capture_output=True, text=True, timeout=1800)
+    lines = proc.stdout.strip().splitlines()
+    out: dict[str, dict[str, bool] | None] = json.loads(lines[-1]) if lines else {"picklescan": None, "fickling": None}
+    bindir = Path(python).parent
+    ms = run_modelscan(folder, str(bindir / "modelscan")) if (bindir / "modelscan").exists() else None
+    out["modelscan"] = {k: v == "dangerous" for k, v in ms[0].items()} if ms is not None else None
+    out["modelaudit"] = run_modelaudit(folder, bindir / "modelaudit") if (bindir / "modelaudit").exists() else None
+    return out
+
+
+def run_modelaudit(folder: Path, exe: Path) -> dict[str, bool]:
+    """relative path -> True for every file ModelAudit reports a critical or warning issue on."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "r.json"
+        subprocess.run([str(exe), "scan", str(folder), "--format", "json", "--no-cache", "-o", str(report)],
+                       capture_output=True, timeout=1800)  # fmt: skip
+        doc = json.loads(report.read_text()) if report.exists() else {}
+    out: dict[str, bool] = {}
+    for issue in doc.get("issues", []):
+        if issue.get("severity") in ("critical", "warning"):
+            where = str(issue.get("location") or "").split(" (pos", 1)[0].split(":", 1)[0]
+            for p in folder.rglob("*"):
+                if p.is_file() and where.startswith(str(p)):
+                    out[str(p.relative_to(folder))] = True
+    return out
+
+
+def peers_table(python: str) -> str:
+    """The per-peer table of docs/security.md: samples, flagged by the peer, flagged by ckptdoctor, missed."""
+    from bench import peer_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, canary = Path(tmp) / "corpus", Path(tmp) / "canary"
+        written = peer_corpus.write(folder, canary)
+        ours = {f.path for f in scan(str(folder)).findings if f.rule in SECURITY_ERRORS and f.severity.value == "error"}
+        tools = run_peer_tools(folder, python)
+        assert not canary.exists(), "a scanner executed a payload"
+    rows = [
+        "| peer's corpus | samples | flagged by the peer | flagged by ckptdoctor | missed by ckptdoctor |",
+        "|---|---|---|---|---|",
+    ]
+    missed_lines = []
+    for peer in peer_corpus.PEERS:
+        mine = [(s, str(p.relative_to(folder))) for s, p in written if s.peer == peer]
+        verdicts = tools.get(peer)
+        by_peer = "not installed" if verdicts is None else str(sum(1 for _, rel in mine if verdicts.get(rel)))
+        caught = sum(1 for _, rel in mine if rel in ours)
+        missed = [s for s, rel in mine if rel not in ours]
+        rows.append(f"| {peer} | {len(mine)} | {by_peer} | {caught} | {len(missed)} |")
+        missed_lines += [f"- {peer} `{s.ident}`: {s.klass}" for s in missed]
+    others = [t for t in peer_corpus.PEERS if tools.get(t) is not None]
+    cross = ["", "Each tool on the whole corpus (all four peers' samples, "
+             f"{len(written)} files): ckptdoctor {sum(1 for _, p in written if str(p.relative_to(folder)) in ours)}"]
+    cross[-1] += "".join(f", {t} {sum(1 for v in (tools[t] or {}).values() if v)}" for t in others) + "."
+    return "\n".join(rows + cross + ["", "Missed by ckptdoctor:", "", *(missed_lines or ["- none"])])
+
+
+def write_peers_section(text: str) -> None:
+    """Rewrite the block between the peers markers of docs/security.md."""
+    if not DOCS_SECURITY_MD.exists():
+        return
+    doc = DOCS_SECURITY_MD.read_text()
+    if PEERS_BEGIN in doc and PEERS_END in doc:
+        head, rest = doc.split(PEERS_BEGIN, 1)
+        DOCS_SECURITY_MD.write_text(f"{head}{PEERS_BEGIN}\n{text}\n{PEERS_END}{rest.split(PEERS_END, 1)[1]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print only; do not rewrite bench/SECURITY.md")
+    ap.add_argument("--peers", action="store_true", help="the peers' corpora table of docs/security.md instead")
+    ap.add_argument("--peers-python", default=sys.executable, help="python of the venv the peer scanners are in")
     args = ap.parse_args()
+    if args.peers:
+        text = peers_table(args.peers_python)
+        print(text)
+        if not args.no_write:
+            write_peers_section(text)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         bad, clean = Path(tmp) / "payloads", Path(tmp) / "clean"
         canary = Path(tmp) / "canary"

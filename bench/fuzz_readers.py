@@ -50,9 +50,10 @@ def _readers() -> dict[str, Callable[[BinaryIO, int, Limits], Any]]:
     from ckptdoctor.readers.deepspeed import read_latest
     from ckptdoctor.readers.jsonfiles import read_json
     from ckptdoctor.readers.pickle_walk import walk_pickle
+    from ckptdoctor.readers.rawpickle import read_raw_pickle
     from ckptdoctor.readers.safetensors import read_safetensors
     from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
-    from ckptdoctor.readers.torchzip import read_raw_pickle, read_torch
+    from ckptdoctor.readers.torchzip import read_torch
 
     def walk(f: BinaryIO, size: int, limits: Limits) -> Any:
         facts, problems, _ = walk_pickle(f.read(), limits=limits)

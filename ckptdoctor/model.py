@@ -254,6 +254,31 @@ class Hdf5Facts:
     eof_address: int  # relative to ``base_address``: the file must reach base + eof bytes
 
 
+@dataclass(frozen=True, slots=True)
+class NpyArray:
+    """One ``.npy`` array's header as ``numpy.lib.format.read_array`` reads it (never importing numpy).
+
+    ``name`` is its record in an `.npz` ("" for a lone `.npy`); ``descr`` the dtype as written (``'<f4'``, ``'|O'``,
+    or a structured dtype's repr); ``pickled``: the body is a pickle (object dtype), unpickled by
+    ``np.load(allow_pickle=True)``.
+    """
+
+    name: str
+    version: tuple[int, int]
+    descr: str
+    fortran_order: bool
+    shape: tuple[int, ...]
+    pickled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NumpyFacts:
+    """A `.npy` or `.npz` file: its arrays' headers, and the pickles of its object arrays walked statically (merged)."""
+
+    arrays: tuple[NpyArray, ...]
+    pickle: PickleFacts | None
+
+
 FileContent = (
     SafetensorsFacts
     | TorchFacts
@@ -265,6 +290,7 @@ FileContent = (
     | TfIndexFacts
     | TfCheckpointStateFacts
     | Hdf5Facts
+    | NumpyFacts
 )
 
 
@@ -286,6 +312,7 @@ class FileKind(str, enum.Enum):
     TF_DATA = "tf-data"  # TensorFlow bundle shard, `ckpt-N.data-0000K-of-0000M` (raw bytes, checked via the index)
     TF_CHECKPOINT_STATE = "tf-checkpoint-state"  # the text `checkpoint` file of tf.train.CheckpointManager
     HDF5 = "hdf5"  # `.h5` / `.hdf5` (Keras weights)
+    NUMPY = "numpy"  # `.npy` (by its magic) or `.npz` (a zip of `.npy` named so): what ``np.load`` reads
     OTHER = "other"  # not a format we read (README.md, tokenizer files ...)
     SPECIAL = "special"  # FIFO, socket, device: never opened
 
@@ -296,6 +323,9 @@ class ReadOutcome:
 
     content: FileContent | None
     problems: tuple[ReadProblem, ...] = ()
+    # The pickle streams another loader unpickles from the same bytes (a polyglot read another way: a safetensors
+    # header after a pickle's first bytes ...), merged; judged with the file's own pickle, and None for most files.
+    alt_pickle: PickleFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +339,7 @@ class FileFacts:
     content: FileContent | None = None
     problems: tuple[ReadProblem, ...] = ()
     is_link: bool = False
+    alt_pickle: PickleFacts | None = None  # as ``ReadOutcome.alt_pickle``
 
     @property
     def name(self) -> str:

@@ -15,6 +15,7 @@ from ckptdoctor.model import (
     DcpMetadataFacts,
     FileFacts,
     GlobalRef,
+    NumpyFacts,
     Opaque,
     PickleFacts,
     PickleValue,
@@ -22,7 +23,7 @@ from ckptdoctor.model import (
     TorchFacts,
     Tree,
 )
-from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, walk_pickle
+from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
 from ckptdoctor.rules.pickle_policy import Allowance, Standing, standing
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
@@ -115,13 +116,17 @@ def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowan
 
 
 def file_pickle(f: FileFacts) -> PickleFacts | None:
-    """The pickle stream a file holds (raw, torch zip or legacy, DCP .metadata and .distcp), if any."""
+    """Every stream a loader could unpickle from the file (raw, torch zip or legacy, DCP, numpy object arrays): its
+    own, and those another loader reads (polyglots), merged into one."""
     c = f.content
+    own: PickleFacts | None = None
     if isinstance(c, PickleFacts):
-        return c
-    if isinstance(c, (TorchFacts, DcpMetadataFacts)):
-        return c.pickle
-    return None
+        own = c
+    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts)):
+        own = c.pickle
+    if f.alt_pickle is None or own is None:
+        return own or f.alt_pickle
+    return merge_pickles(own, [f.alt_pickle])
 
 
 def tree_verdicts(tree: Tree, allow: tuple[Allowance, ...] = ()) -> tuple[tuple[str, Verdict], ...]:

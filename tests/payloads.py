@@ -496,3 +496,67 @@ def corpus(canary: Path) -> list[Payload]:
         loader="none",
     )
     return out
+
+
+def container_payloads(canary: Path) -> list[Payload]:
+    """A payload in every stream a loader unpickles, in every container: the legacy torch format's five streams,
+    the legacy tar format's members, a pickle whose first bytes also read as a safetensors header, numpy
+    object arrays (`.npy`, `.npz`, a `.npy` inside any zip), and a case-folded data.pkl.
+
+    Loaders: "torch-path" is ``torch.load(path, weights_only=False)`` (a path, so the tar format is tried), "pickle"
+    is ``pickle.load``, "numpy" is ``np.load(path, allow_pickle=True)`` with every array of an `.npz` accessed.
+    """
+    import io
+    import pickle as pk
+    import tarfile
+
+    touch = f"touch {canary}"
+    evil = _p2(_call(_g("posix", "system"), _s(touch)))
+    magic, version = pk.dumps(0x1950A86A20F9469CFC6C, protocol=2), pk.dumps(1001, protocol=2)
+    sys_info = pk.dumps({"protocol_version": 1001, "little_endian": True, "type_sizes": {}}, protocol=2)
+    obj, keys = pk.dumps({"a": 1}, protocol=2), pk.dumps([], protocol=2)
+    out: list[Payload] = []
+
+    def add(name: str, data: bytes, filename: str, loader: str) -> None:
+        out.append(Payload(name, filename, data, loader, "posix.system"))
+
+    add("legacy: protocol version stream", magic + evil + sys_info + obj + keys, "legacy1.bin", "torch-path")
+    add("legacy: sys_info stream", magic + version + evil + obj + keys, "legacy2.pt", "torch-path")
+    add("legacy: storage key stream", magic + version + sys_info + obj + evil, "legacy3.pth", "torch-path")
+
+    def tar(members: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 0
+                t.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    zero, views = pk.dumps(0, protocol=2), pk.dumps([], protocol=2)
+    clean = {"storages": zero + views, "tensors": zero, "pickle": obj}
+    add("tar: pickle member", tar({**clean, "pickle": evil}), "tar1.pt", "torch-path")
+    add("tar: storages count stream", tar({**clean, "storages": evil + views}), "tar2.bin", "torch-path")
+    add("tar: storage views stream", tar({**clean, "storages": zero + evil}), "tar3.ckpt", "torch-path")
+    add("tar: tensors stream", tar({**clean, "tensors": evil}), "model.tar", "torch-path")
+    # SHORT_BINSTRING whose text puts `{"` at byte 8: the sniffer's safetensors test matches, pickle.load runs it.
+    body = _call(_g("posix", "system"), _s(touch))
+    add("pickle read as safetensors", b'\x80\x02U\x0bxxxx{"a":1}0' + body + b".", "model.safetensors", "pickle")
+    npy_obj = b"\x80\x02" + b"0".join([b"N", body]) + b"."
+    add("npy object array", _npy("|O", (1,), npy_obj), "arrays.npy", "numpy")
+    add("npz object array", _zip({"a.npy": _npy("<i8", (1,), b"\0" * 8), "b.npy": _npy("|O", (1,), npy_obj)}),
+        "arrays.npz", "numpy")  # fmt: skip
+    add("npy inside a torch zip (np.load reads it as an npz)", _torch_zip(_p2(b"}"), extra={"archive/x.npy":
+        _npy("|O", (1,), npy_obj)}), "optimizer.pt", "numpy")  # fmt: skip
+    # miniz finds `archive/data.pkl` case-insensitively: a protocol-0 DATA.PKL is what torch.load runs.
+    legacy_case = _zip({"archive/DATA.PKL": f"cposix\nsystem\n(S'{touch}'\ntR.".encode(), "archive/version": b"3\n"})
+    add("zip: data.pkl case-folded", legacy_case, "rng_state.pth", "torch-path")
+    return out
+
+
+def _npy(descr: str, shape: tuple[int, ...], body: bytes) -> bytes:
+    """A version 1.0 `.npy` (numpy/lib/format.py layout): magic, header dict padded to 64 bytes, then ``body``."""
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin-1")
+    pad = 64 - (10 + len(header) + 1) % 64
+    header += b" " * pad + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + body

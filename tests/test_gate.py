@@ -256,6 +256,9 @@ def test_pre_commit_hooks_run_as_documented(midway: Path, tmp_path: Path) -> Non
         assert {"id", "name", "entry", "language"} <= set(h) <= allowed and h["language"] == "python"
     config = _example("pre-commit-example")
     (repo,) = config["repos"]
+    # Pin what exists: a release tag of this repository, or the commit-SHA placeholder the text explains.
+    tags = subprocess.run(["git", "tag", "--list"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    assert repo["rev"] == "<COMMIT_SHA>" or repo["rev"] in tags, repo["rev"]
     shutil.copytree(midway, tmp_path / "runs" / "my-run")
     for use in repo["hooks"]:
         hook = hooks[use["id"]]
@@ -271,6 +274,8 @@ def test_github_actions_example_runs(midway: Path, tmp_path: Path) -> None:
     workflow = _example("github-actions-example")
     job = workflow["jobs"]["gate"]
     shutil.copytree(midway, tmp_path / "runs" / "my-run")
+    (install,) = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
+    assert install.endswith('@${CKPTDOCTOR_SHA}"') and job["env"]["CKPTDOCTOR_SHA"] == "<COMMIT_SHA>"  # no tag exists
     ours = [s for s in job["steps"] if "ckptdoctor" in s.get("run", "") and "pip install" not in s["run"]]
     assert len(ours) == 2
     for step in ours:

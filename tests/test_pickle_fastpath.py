@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import GlobalRef, Opaque, TensorRef
-from ckptdoctor.readers import pickle_walk, read_file
+from ckptdoctor.readers import pickle_runs, pickle_walk, read_file
 
 
 @contextmanager
@@ -326,24 +326,24 @@ def test_globals_order_and_calls(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The run cache (pickle_walk._RUN_CACHE): runs met again at the same offset are looked up, not parsed
+# The run cache (pickle_runs._RUN_CACHE): runs met again at the same offset are looked up, not parsed
 
 
 @contextmanager
 def _counting_parses() -> Iterator[list[int]]:
     """Counts the runs actually parsed (cache misses)."""
     parsed: list[int] = []
-    real = pickle_walk._parse_run_unchecked
+    real = pickle_runs._parse_run_unchecked
 
     def spy(data: bytes, p: int, *rest: Any) -> Any:
         parsed.append(p)
         return real(data, p, *rest)
 
-    pickle_walk._parse_run_unchecked = spy  # type: ignore[assignment]
+    pickle_runs._parse_run_unchecked = spy  # type: ignore[assignment]
     try:
         yield parsed
     finally:
-        pickle_walk._parse_run_unchecked = real  # type: ignore[assignment]
+        pickle_runs._parse_run_unchecked = real  # type: ignore[assignment]
 
 
 def _stepped_states(tmp_path: Path) -> list[bytes]:
@@ -364,7 +364,7 @@ def _stepped_states(tmp_path: Path) -> list[bytes]:
 def test_runs_of_the_next_checkpoint_come_from_the_cache(tmp_path: Path) -> None:
     states = _stepped_states(tmp_path)
     assert states[0] != states[1]  # the learning rate in param_groups differs
-    pickle_walk._RUN_CACHE.clear()
+    pickle_runs._RUN_CACHE.clear()
     with _counting_parses() as parsed:
         first = _walk(states[0], True)
     assert len(parsed) >= 3 * 40 - 3  # step/exp_avg/exp_avg_sq of 40 parameters, but the first of each dtype
@@ -380,7 +380,7 @@ def test_a_cached_run_whose_memo_reads_differ_is_parsed_again(tmp_path: Path) ->
     data = _stepped_states(tmp_path)[0]
     other = data.replace(b"torch\nFloatStorage\n", b"torch\nShortStorage\n")  # same length: same offsets
     assert other != data and len(other) == len(data)
-    pickle_walk._RUN_CACHE.clear()
+    pickle_runs._RUN_CACHE.clear()
     _walk(data, True)  # fills the cache
     with _counting_parses() as parsed:
         assert _walk(other, True) == _walk(other, False)
@@ -389,11 +389,11 @@ def test_a_cached_run_whose_memo_reads_differ_is_parsed_again(tmp_path: Path) ->
 
 
 def test_the_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pickle_walk, "_RUN_CACHE_ENTRIES", 5)
-    pickle_walk._RUN_CACHE.clear()
+    monkeypatch.setattr(pickle_runs, "_RUN_CACHE_ENTRIES", 5)
+    pickle_runs._RUN_CACHE.clear()
     data = _stepped_states(tmp_path)[0]
     assert _walk(data, True) == _walk(data, False)
-    assert len(pickle_walk._RUN_CACHE) <= 5
+    assert len(pickle_runs._RUN_CACHE) <= 5
 
 
 def test_whole_files_of_consecutive_checkpoints_read_the_same(tmp_path: Path) -> None:
@@ -401,7 +401,7 @@ def test_whole_files_of_consecutive_checkpoints_read_the_same(tmp_path: Path) ->
     each checkpoint's optimizer.pt equal the generic walk's, read in any order and again."""
     _stepped_states(tmp_path)
     paths = sorted(tmp_path.glob("checkpoint-*.pt"))
-    pickle_walk._RUN_CACHE.clear()
+    pickle_runs._RUN_CACHE.clear()
     for p in [*paths, *reversed(paths)]:
         with _fast_path(True):
             fast = repr(read_file(str(p), p.name, os.stat(p)))

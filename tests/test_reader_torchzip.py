@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef, Opaque, ProblemKind, ReadOutcome, TensorRef, TorchFacts
-from ckptdoctor.readers.torchzip import STORAGE_DTYPES, read_raw_pickle, read_torch
+from ckptdoctor.readers.rawpickle import read_raw_pickle
+from ckptdoctor.readers.torchzip import STORAGE_DTYPES, read_torch
 from tests import payloads
 
 torch = pytest.importorskip("torch")

@@ -22,9 +22,10 @@ from ckptdoctor.pickle_analysis import judge
 from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_metadata
 from ckptdoctor.readers.deepspeed import read_latest
 from ckptdoctor.readers.jsonfiles import read_json
+from ckptdoctor.readers.rawpickle import read_raw_pickle
 from ckptdoctor.readers.safetensors import read_safetensors
 from ckptdoctor.readers.sniff import sniff
-from ckptdoctor.readers.torchzip import read_raw_pickle, read_torch
+from ckptdoctor.readers.torchzip import read_torch
 from tests import payloads
 
 torch = pytest.importorskip("torch")

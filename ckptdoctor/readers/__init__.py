@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -116,7 +117,7 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
             key = (reader, base.size, limits, hashlib.blake2b(data, digest_size=32).digest())
             known = _OUTCOMES.get(key)
             if known is not None:
-                return FileFacts(base.path, base.size, base.mtime, kind, known.content, tuple(known.problems))
+                return _facts(base, kind, known)
             f = io.BytesIO(data)
         outcome = reader(f, base.size, limits)
         if key is not None and isinstance(outcome, ReadOutcome):
@@ -129,7 +130,13 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
         return _with(base, kind, _bug(f"{kind.value} reader", e))
     if not isinstance(outcome, ReadOutcome):
         return _with(base, kind, _bug(f"{kind.value} reader", TypeError(f"returned {type(outcome).__name__}")))
-    return FileFacts(base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems))
+    return _facts(base, kind, outcome)
+
+
+def _facts(base: FileFacts, kind: FileKind, outcome: ReadOutcome) -> FileFacts:
+    return FileFacts(
+        base.path, base.size, base.mtime, kind, outcome.content, tuple(outcome.problems), False, outcome.alt_pickle
+    )
 
 
 # Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone; DCP_DATA (`.distcp`,
@@ -148,6 +155,7 @@ _READ_KINDS = frozenset(
         FileKind.TF_INDEX,
         FileKind.TF_CHECKPOINT_STATE,
         FileKind.HDF5,
+        FileKind.NUMPY,
     }
 )
 
@@ -157,15 +165,13 @@ def _reader_for(kind: FileKind) -> Reader:
     # Imported here so that this package loads even while a reader module is missing or broken: the ImportError
     # then becomes a MALFORMED problem on the files of that kind instead of breaking every scan.
     if kind is FileKind.SAFETENSORS:
-        from ckptdoctor.readers.safetensors import read_safetensors
-
-        return read_safetensors
+        return _read_safetensors_or_pickle
     if kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY):
         from ckptdoctor.readers.torchzip import read_torch
 
         return read_torch
     if kind is FileKind.PICKLE:
-        from ckptdoctor.readers.torchzip import read_raw_pickle
+        from ckptdoctor.readers.rawpickle import read_raw_pickle
 
         return read_raw_pickle
     if kind is FileKind.DCP_METADATA:
@@ -196,7 +202,29 @@ def _reader_for(kind: FileKind) -> Reader:
         from ckptdoctor.readers.hdf5 import read_hdf5
 
         return read_hdf5
+    if kind is FileKind.NUMPY:
+        from ckptdoctor.readers.npy import read_numpy
+
+        return read_numpy
     raise ValueError(f"no reader for {kind.value} files")
+
+
+def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
+    """A safetensors file, and also the pickle a pickle loader reads from it when its first bytes start one.
+
+    The sniffer calls a file safetensors when a JSON header follows its first 8 bytes; those 8 bytes may also open
+    a pickle (a polyglot), which ``pickle.load``, ``np.load(allow_pickle=True)`` or a legacy ``torch.load`` would
+    run: that reading is judged too (``alt_pickle``).
+    """
+    from ckptdoctor.readers.rawpickle import pickled_head, read_as_pickle
+    from ckptdoctor.readers.safetensors import read_safetensors
+
+    outcome = read_safetensors(f, size, limits)
+    f.seek(0)
+    if not pickled_head(f.read(64)):
+        return outcome
+    alt = read_as_pickle(f, size, limits)
+    return outcome if alt is None else dataclasses.replace(outcome, alt_pickle=alt)
 
 
 def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:
@@ -264,4 +292,4 @@ def read_dcp_items_from(
     except Exception as e:  # defence in depth, as for every reader
         return _with(facts, facts.kind, _bug("dcp item reader", e))
     return FileFacts(facts.path, facts.size, facts.mtime, facts.kind, outcome.content, tuple(outcome.problems),
-                     facts.is_link)
+                     facts.is_link, facts.alt_pickle)

@@ -20,7 +20,9 @@ from ckptdoctor.model import (
     ReadProblem,
     TorchFacts,
 )
-from ckptdoctor.readers.torchzip import merge_pickles, read_raw_pickle, read_zip_at
+from ckptdoctor.readers.pickle_walk import merge_pickles
+from ckptdoctor.readers.rawpickle import read_raw_pickle
+from ckptdoctor.readers.torchzip import read_zip_at
 
 __all__ = ["read_dcp_data", "read_dcp_items", "read_dcp_metadata"]
 

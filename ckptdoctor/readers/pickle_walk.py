@@ -8,48 +8,26 @@ import struct
 # _compat_pickle is the stdlib's table of Python 2 names (``__builtin__.eval`` -> ``builtins.eval``). The real
 # unpickler applies it to every global of a protocol < 3 stream, so we record the name it would really import.
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, ProblemKind, ReadProblem, TensorRef
+from ckptdoctor.readers.pickle_runs import _parse_run, _Run
+from ckptdoctor.readers.pickle_values import (
+    _SCALARS,
+    CYCLE,
+    OUT_OF_BAND,
+    TOO_DEEP,
+    _freeze,
+    _Key,
+    _Obj,
+    _SetNode,
+    iter_values,
+)
 
-__all__ = ["CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "iter_values", "walk_pickle"]
-
-# Placeholders the walk puts where a value would make the rebuilt structure cyclic or deeper than the limit.
-CYCLE = Opaque(None, ("<cycle>",))
-TOO_DEEP = Opaque(None, ("<nesting limit>",))
-OUT_OF_BAND = Opaque(None, ("<out-of-band buffer>",))
-
-
-class _Obj:
-    """A mutable stand-in for an object the stream would create; frozen into ``Opaque`` at the end."""
-
-    __slots__ = ("args", "func", "state")
-
-    def __init__(self, func: Any, args: Any, state: Any = None) -> None:
-        self.func = func
-        self.args = args
-        self.state = state
-
-
-class _SetNode:
-    """A set or frozenset under construction; its items become hashable only when frozen."""
-
-    __slots__ = ("frozen", "items")
-
-    def __init__(self, items: list[Any], frozen: bool) -> None:
-        self.items = items
-        self.frozen = frozen
-
-
-class _Key:
-    """An identity-hashed wrapper for a dict key that is not a plain scalar (hashing it could recurse or fail)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
+__all__ = ["CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "iter_values", "merge_pickles", "walk_pickle"]
 
 
 class _Malformed(Exception):
@@ -59,8 +37,6 @@ class _Malformed(Exception):
         super().__init__(message)
         self.kind = kind
 
-
-_SCALARS = frozenset({str, int, float, bool, bytes, type(None), complex, GlobalRef, TensorRef})
 
 # Torch dtype objects (``torch.float32``) pickle as globals; _rebuild_tensor_v3 passes one explicitly.
 TORCH_DTYPES: dict[str, str] = {
@@ -202,245 +178,8 @@ _unpack_u8 = struct.Struct("<Q").unpack_from
 _unpack_f8 = struct.Struct(">d").unpack_from
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The tensor fast path. torch.save (protocol 2) writes every tensor after the first of its kind as one fixed run of
-# opcodes (torch/_tensor.py ``_reduce_ex_internal``, torch/serialization.py ``persistent_id``):
-#
-#   <_rebuild_tensor_v2 from the memo> MARK MARK <pid items> TUPLE [PUT] BINPERSID <offset int> <shape> [PUT]
-#   <stride> [PUT] NEWFALSE|NEWTRUE <OrderedDict from the memo> EMPTY_TUPLE REDUCE [PUT] TUPLE [PUT] REDUCE [PUT]
-#
-# where a pid item is a memo read, a BINUNICODE or an int, each with an optional PUT, and a shape or stride is
-# EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE. ``_parse_run`` reads such a run without touching the
-# walk's state and answers None on any deviation: the generic loop then walks the same bytes and reports whatever
-# it reports. On a match the loop applies the run's effects at once, as the generic loop would have.
-
 _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
-_MAX_RUN_ITEMS = 64  # pid items or tuple ints; longer runs are left to the generic loop
-_MISS = object()
-
-
-def _int_at(data: bytes, p: int, n: int) -> tuple[Any, int]:
-    """BININT1/BININT2/BININT/LONG1 at ``p``: (the int or _MISS, offset after it)."""
-    op = data[p]
-    if op == 0x4B:
-        return data[p + 1], p + 2
-    if op == 0x4D:
-        return _unpack_u2(data, p + 1)[0], p + 3
-    if op == 0x4A:
-        return _unpack_i4(data, p + 1)[0], p + 5
-    if op == 0x8A:
-        end = p + 2 + data[p + 1]
-        if end <= n:
-            return int.from_bytes(data[p + 2 : end], "little", signed=True), end
-    return _MISS, p
-
-
-def _ints_tuple(data: bytes, p: int, n: int) -> tuple[tuple[int, ...] | None, int, int]:
-    """A shape/stride at ``p``: EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE.
-
-    Returns (the tuple or None, offset after it, opcodes read).
-    """
-    op = data[p]
-    if op == 0x29:  # EMPTY_TUPLE
-        return (), p + 1, 1
-    marked = op == 0x28
-    if marked:
-        p += 1
-    items: list[int] = []
-    while len(items) < _MAX_RUN_ITEMS:
-        op = data[p]
-        if op == 0x4B:  # BININT1 (shapes and strides are mostly small)
-            items.append(data[p + 1])
-            p += 2
-        else:
-            v, after = _int_at(data, p, n)
-            if v is _MISS:
-                break
-            items.append(v)
-            p = after
-    op = data[p]
-    k = len(items)
-    if marked:
-        return (tuple(items), p + 1, k + 2) if op == 0x74 else (None, p, 0)
-    # TUPLE1/2/3 take exactly that many items: with more or fewer, the stack holds something else.
-    if k and op - 0x84 == k:
-        return tuple(items), p + 1, k + 1
-    return None, p, 0
-
-
-def _memo_index(data: bytes, p: int, short: int, long: int) -> tuple[int, int]:
-    """The index of a memo opcode at ``p`` (``short``: 1-byte operand, ``long``: 4-byte) and the offset after it;
-    (-1, p) when the opcode at ``p`` is neither."""
-    op = data[p]
-    if op == short:
-        return data[p + 1], p + 2
-    if op == long:
-        return _unpack_u4(data, p + 1)[0], p + 5
-    return -1, p
-
-
-def _store(data: bytes, p: int, puts: dict[int, Any], value: Any) -> int:
-    """Record an optional BINPUT/LONG_BINPUT of ``value`` at ``p``; the offset after it, or -1 for an index
-    stored twice in the run (left to the generic loop)."""
-    idx, after = _memo_index(data, p, 0x71, 0x72)
-    if idx < 0:
-        return p
-    if idx in puts:
-        return -1
-    puts[idx] = value
-    return after
-
-
-# A parsed run, applied by ``_Walker._replay``: (end, opcodes, BINPERSID offset, opcodes through BINPERSID,
-# last opcode, its offset, memo stores known before persistent_load, pid, (offset, shape, stride, requires_grad,
-# hooks dict), the OrderedDict GlobalRef, memo index of the argument tuple, memo index of the tensor (-1: none)).
-_Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tuple[Any, ...], Any, int, int]
-
-# Runs already parsed, by the offset they start at: (their bytes, the run, the memo reads it depends on, the memo
-# index of its hooks dict). Every checkpoint of one training run pickles its optimizer state with the same bytes at
-# the same offsets (only the param_groups after it differ), so from the second optimizer.pt on a run is looked up
-# (bytes compared, memo reads re-checked) instead of parsed. Shared by threads: dict get/set are atomic, and a lost
-# race only costs a parse. Bounded: cleared when full. The last cell holds (storage, rebuild global, tensor) of the
-# run's last replay: a storage that is the same object (torchzip interns them) rebuilds the same tensor.
-_RUN_CACHE: dict[int, tuple[bytes, _Run, tuple[tuple[int, Any], ...], int, list[Any]]] = {}
-_RUN_CACHE_ENTRIES = 50_000
-_CACHEABLE_READS = frozenset({str, GlobalRef})  # equal values of these types are interchangeable (not 1 and True)
-
-
-def _parse_run(
-    data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int
-) -> tuple[_Run, int, list[Any]] | None:
-    """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p``, the memo index of its hooks dict
-    (-1: not stored) and its replay cell (see ``_RUN_CACHE``), or None unless it matches exactly.
-
-    ``room_*`` are the opcodes and memo entries the limits still allow: a run that could trip one is left to the
-    generic loop, which reports it at the opcode where it trips. Never raises, never changes ``memo``. Looks the
-    run up in ``_RUN_CACHE`` first and caches what it parses.
-    """
-    entry = _RUN_CACHE.get(p)
-    run: _Run | None = None
-    hooks_idx = -1
-    cell: list[Any] = [None]
-    if entry is not None and data.startswith(entry[0], p):
-        run, hooks_idx, cell = entry[1], entry[3], entry[4]
-        for idx, value in entry[2]:
-            got = memo.get(idx, _MISS)
-            if got is not value and (type(got) is not type(value) or got != value):
-                run = None
-                break
-    if run is None:
-        reads: list[tuple[int, Any]] = []
-        try:
-            run = _parse_run_unchecked(data, p, memo, reads)
-        except (IndexError, struct.error, UnicodeDecodeError):
-            return None  # truncated or undecodable: the generic loop reports it at its opcode
-        if run is None:
-            return None
-        hooks = run[8][4]
-        hooks_idx = next((i for i, v in run[6].items() if v is hooks), -1)
-        if _CACHEABLE_READS.issuperset(type(v) for _, v in reads):
-            if len(_RUN_CACHE) >= _RUN_CACHE_ENTRIES:
-                _RUN_CACHE.clear()
-            cell = [None]
-            _RUN_CACHE[p] = (data[p : run[0]], run, tuple(reads), hooks_idx, cell)
-    if run[1] > room_ops or len(run[6]) > room_memo:
-        return None
-    return run, hooks_idx, cell
-
-
-def _memo_read(
-    data: bytes, p: int, memo: dict[int, Any], puts: dict[int, Any], reads: list[tuple[int, Any]]
-) -> tuple[Any, int]:
-    """BINGET/LONG_BINGET at ``p`` of an entry stored before the run: (value or _MISS, offset after it); the read
-    is added to ``reads``."""
-    idx, p = _memo_index(data, p, 0x68, 0x6A)
-    if idx < 0 or idx in puts:  # a read of a store made inside the run: too unusual to be worth replaying here
-        return _MISS, p
-    value = memo.get(idx, _MISS)
-    reads.append((idx, value))
-    return value, p
-
-
-def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any], reads: list[tuple[int, Any]]) -> _Run | None:
-    n = len(data)
-    if data[p] != 0x28 or data[p + 1] != 0x28:  # MARK MARK
-        return None
-    p += 2
-    k = 2  # opcodes read
-    puts: dict[int, Any] = {}
-    items: list[Any] = []
-    while True:  # pid items (an int, a BINUNICODE or a memo read, each maybe stored) up to TUPLE
-        op = data[p]
-        if op == 0x68 or op == 0x6A:  # BINGET / LONG_BINGET
-            v, p = _memo_read(data, p, memo, puts, reads)
-        elif op == 0x58:  # BINUNICODE
-            end = p + 5 + _unpack_u4(data, p + 1)[0]
-            if end > n:
-                return None
-            v = data[p + 5 : end].decode("utf-8", "surrogatepass")
-            p = end
-        elif op == 0x74:  # TUPLE
-            break
-        else:
-            v, p = _int_at(data, p, n)
-        if v is _MISS or len(items) >= _MAX_RUN_ITEMS:
-            return None
-        items.append(v)
-        q = _store(data, p, puts, v)
-        if q < 0:
-            return None
-        k += 1 + (q != p)
-        p = q
-    pid = tuple(items)
-    q = _store(data, p + 1, puts, pid)
-    if q < 0 or data[q] != 0x51:  # BINPERSID
-        return None
-    k += 2 + (q != p + 1)  # TUPLE, its store, BINPERSID
-    pid_at, pid_ops = q, k
-    offset, q = _int_at(data, q + 1, n)
-    if offset is _MISS:
-        return None
-    k += 1
-    dims: list[tuple[int, ...]] = []
-    while len(dims) < 2:  # the shape, then the stride, each maybe stored
-        dim, p, ops = _ints_tuple(data, q, n)
-        if dim is None:
-            return None
-        q = _store(data, p, puts, dim)
-        if q < 0:
-            return None
-        k += ops + (q != p)
-        dims.append(dim)
-    shape, stride = dims
-    grad = data[q]
-    if grad != 0x88 and grad != 0x89:  # NEWTRUE / NEWFALSE
-        return None
-    od, p = _memo_read(data, q + 1, memo, puts, reads)
-    if type(od) is not GlobalRef or od.name != "OrderedDict" or od.module != "collections":
-        return None
-    if data[p] != 0x29 or data[p + 1] != 0x52:  # EMPTY_TUPLE REDUCE: OrderedDict()
-        return None
-    hooks: dict[Any, Any] = {}
-    q = _store(data, p + 2, puts, hooks)
-    if q < 0 or data[q] != 0x74:  # TUPLE: the arguments
-        return None
-    k += 5 + (q != p + 2)  # requires_grad, the OrderedDict read, EMPTY_TUPLE, REDUCE, its store, TUPLE
-    # The argument tuple and the tensor exist only once persistent_load has answered: they are stored as None
-    # here and overwritten by the replay (nothing reads the memo in between).
-    p = _store(data, q + 1, puts, None)
-    if p < 0 or data[p] != 0x52:  # REDUCE: the tensor
-        return None
-    args_idx = next(reversed(puts)) if p != q + 1 else -1
-    end = _store(data, p + 1, puts, None)
-    if end < 0:
-        return None
-    last_op, last_at, result_idx = 0x52, p, -1
-    if end != p + 1:
-        last_op, last_at, result_idx = data[p + 1], p + 1, next(reversed(puts))
-    k += 1 + (args_idx >= 0) + (result_idx >= 0)
-    tail = (offset, shape, stride, grad == 0x88, hooks)
-    return end, k, pid_at, pid_ops, last_op, last_at, puts, pid, tail, od, args_idx, result_idx
 
 
 def walk_pickle(
@@ -1003,207 +742,21 @@ class _Walker:
         raise _Malformed(f"{opname} on a {type(target).__name__}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Freezing: internal nodes -> model values, iteratively, with cycles and over-deep nesting cut.
+def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleFacts | None:
+    """``main`` with the globals and calls of the ``extra`` streams found in the same file added.
 
-
-def _hashable(v: Any, depth: int = 0) -> Any:
-    """A hashable equivalent of a frozen value (lists -> tuples, dicts -> pairs), depth-bounded."""
-    t = type(v)
-    if t in _SCALARS:
-        return v
-    if depth > 32:
-        raise ValueError("too deep for a key")
-    if t is tuple or t is list:
-        return tuple(_hashable(x, depth + 1) for x in v)
-    if t is dict:
-        return tuple((_hashable(k, depth + 1), _hashable(x, depth + 1)) for k, x in v.items())
-    if t is set or t is frozenset:
-        return frozenset(_hashable(x, depth + 1) for x in v)
-    if t is Opaque:
-        return Opaque(v.func, _hashable(v.args, depth + 1), _hashable(v.state, depth + 1))
-    raise ValueError("unhashable")
-
-
-def _as_key(v: Any) -> Any:
-    try:
-        h = _hashable(v)
-        hash(h)
-        return h
-    except (ValueError, TypeError, RecursionError):
-        return f"<unhashable {type(v).__name__}>"
-
-
-def _build(node: Any, kids: list[Any]) -> Any:
-    t = type(node)
-    if t is list:
-        return kids
-    if t is tuple:
-        return tuple(kids)
-    if t is dict:
-        d: dict[Any, Any] = {}
-        for i in range(0, len(kids), 2):
-            k = kids[i]
-            if type(k) not in _SCALARS:
-                k = _as_key(k)
-                if k in d:
-                    k = f"{k}#{i // 2}"  # keep colliding stand-in keys apart
-            d[k] = kids[i + 1]
-        return d
-    if t is _SetNode:
-        items = [x if type(x) in _SCALARS else _as_key(x) for x in kids]
-        return frozenset(items) if node.frozen else set(items)
-    if t is _Key:
-        return kids[0]
-    # _Obj
-    return Opaque(kids[0], kids[1], kids[2])
-
-
-def _children(node: Any) -> list[Any]:
-    t = type(node)
-    if t is list or t is tuple:
-        return list(node)
-    if t is dict:
-        out: list[Any] = []
-        for k, v in node.items():
-            out.append(k.obj if type(k) is _Key else k)
-            out.append(v)
-        return out
-    if t is _SetNode:
-        return list(node.items)
-    if t is _Key:
-        return [node.obj]
-    return [node.func, node.args, node.state]
-
-
-_NODES = frozenset({list, tuple, dict, _SetNode, _Key, _Obj})
-
-
-def _freeze(root: Any, limit: int) -> tuple[Any, bool]:
-    """Turn the walk's internal graph into model values; returns (value, whether nesting was cut).
-
-    Every node ends up with a height <= ``limit`` (children that would exceed it become ``TOO_DEEP``), so no
-    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``.
+    The value stays ``main``'s (None when there is no main stream): rules that judge what loading the file could
+    run see every stream; rules that read the value see the one the loader returns.
     """
-    if type(root) not in _NODES:
-        return root, False
-    done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
-    scalar_types = _SCALARS.issuperset
-    active: set[int] = set()
-    cut = False
-    # Each frame: [node, children, next index, frozen kids, max child height]
-    frames: list[list[Any]] = [[root, _children(root), 0, [], 0]]
-    active.add(id(root))
-    result: Any = None
-    while frames:
-        fr = frames[-1]
-        node, kids, i, out = fr[0], fr[1], fr[2], fr[3]
-        pushed = False
-        while i < len(kids):
-            c = kids[i]
-            i += 1
-            if type(c) not in _NODES:
-                out.append(c)
-                continue
-            cid = id(c)
-            got = done.get(cid)
-            if got is not None:
-                if got[1] >= limit:
-                    out.append(TOO_DEEP)
-                    cut = True
-                else:
-                    out.append(got[0])
-                    if got[1] > fr[4]:
-                        fr[4] = got[1]
-                continue
-            if cid in active:
-                out.append(CYCLE)
-                continue
-            ct = type(c)
-            if (ct is list or ct is tuple) and scalar_types(map(type, c)):
-                # Leaf containers (most of any real pickle) are final as they are: skip a frame.
-                done[cid] = (c, 1)
-                out.append(c)
-                if fr[4] < 1:
-                    fr[4] = 1
-                continue
-            if ct is dict and scalar_types(map(type, c.values())) and scalar_types(map(type, c)):
-                done[cid] = (c, 1)
-                out.append(c)
-                if fr[4] < 1:
-                    fr[4] = 1
-                continue
-            fr[2] = i
-            active.add(cid)
-            frames.append([c, _children(c), 0, [], 0])
-            pushed = True
-            break
-        if pushed:
-            continue
-        frames.pop()
-        active.discard(id(node))
-        frozen = _build(node, out)
-        height = fr[4] + 1
-        done[id(node)] = (frozen, height)
-        if not frames:
-            result = frozen
-        elif height >= limit:
-            frames[-1][3].append(TOO_DEEP)
-            cut = True
-        else:
-            frames[-1][3].append(frozen)
-            if height > frames[-1][4]:
-                frames[-1][4] = height
-    return result, cut
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Walking a rebuilt value
-
-
-def _key_text(k: Any) -> str:
-    if type(k) is str:
-        return k
-    if type(k) in (int, bool, float, type(None)):
-        return str(k)
-    if type(k) is bytes:
-        return k.decode("utf-8", "replace")
-    if type(k) is GlobalRef:
-        return k.dotted
-    return f"<{type(k).__name__}>"
-
-
-def iter_values(value: PickleValue, path: str = "") -> Iterator[tuple[str, PickleValue]]:
-    """Every value reachable from ``value`` with its dotted path (``state.0.exp_avg``), root first.
-
-    Dict keys and list positions make the path; an ``Opaque`` contributes its state's keys (object attributes)
-    and ``args.N``. Iterative; a container reached twice is entered only the first time, so shared structure
-    never multiplies the work.
-    """
-    seen: set[int] = set()
-    todo: list[tuple[str, Any]] = [(path, value)]
-    while todo:
-        p, v = todo.pop()
-        yield p, v
-        t = type(v)
-        if t is dict or t is list or t is tuple or t is Opaque:
-            if id(v) in seen:
-                continue
-            seen.add(id(v))
-        else:
-            continue
-        pre = f"{p}." if p else ""
-        kids: list[tuple[str, Any]]
-        if t is dict:
-            kids = [(pre + _key_text(k), x) for k, x in v.items()]
-        elif t is Opaque:
-            kids = []
-            if type(v.args) is tuple:
-                kids.extend((f"{pre}args.{i}", x) for i, x in enumerate(v.args))
-            if type(v.state) is dict:
-                kids.extend((pre + _key_text(k), x) for k, x in v.state.items())
-            elif v.state is not None:
-                kids.append((pre + "state", v.state))
-        else:
-            kids = [(f"{pre}{i}", x) for i, x in enumerate(v)]
-        todo.extend(reversed(kids))
+    if not extra:
+        return main
+    base = main if main is not None else PickleFacts(extra[0].protocol, None, (), (), 0)
+    globals_ = dict.fromkeys(base.globals)
+    calls = dict.fromkeys(base.calls)
+    opcodes, pids = base.opcodes, base.persistent_ids
+    for e in extra:
+        globals_.update(dict.fromkeys(e.globals))
+        calls.update(dict.fromkeys(e.calls))
+        opcodes += e.opcodes
+        pids += e.persistent_ids
+    return replace(base, globals=tuple(globals_), calls=tuple(calls), opcodes=opcodes, persistent_ids=pids)

@@ -9,14 +9,18 @@ import struct
 
 from ckptdoctor.model import FileKind
 
-# Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, and a few
-# protocol-0 pickle opcodes.
-HEAD_BYTES: int = 256
+# Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, a few
+# protocol-0 pickle opcodes, and a tar header block.
+HEAD_BYTES: int = 512
+TAR_BLOCK = 512
+# The members torch.load's legacy tar format reads (torch/serialization.py ``_legacy_load.legacy_load``).
+_TORCH_TAR_MEMBERS = (b"storages", b"tensors", b"pickle")
 
 _ZIP_MAGIC = b"PK\x03\x04"
 # torch/serialization.py MAGIC_NUMBER, pickled first by the legacy format: PROTO 2, LONG1 with 10 bytes.
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _JSON_WS = b" \t\r\n"
+_NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 # Names whose files are pickles when their content looks like a pickle at all (protocol 0/1 need this hint).
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck")
@@ -71,14 +75,18 @@ def sniff(
     if in_dcp_dir and lower.endswith(".metadata"):
         return FileKind.DCP_METADATA
     if head.startswith(_ZIP_MAGIC):
-        return FileKind.TORCH_ZIP
+        return FileKind.NUMPY if lower.endswith(".npz") else FileKind.TORCH_ZIP
+    if head.startswith(_NPY_MAGIC):
+        return FileKind.NUMPY  # np.load reads it by this magic whatever the name
     if head.startswith(_LEGACY_MAGIC):
         return FileKind.TORCH_LEGACY
+    if head[:1] in (b"s", b"t", b"p") and head[:100].split(b"\0", 1)[0] in _TORCH_TAR_MEMBERS and looks_like_tar(head):
+        return FileKind.TORCH_LEGACY  # torch.load reads it as its oldest (tar) format, whatever the name
     if _looks_like_safetensors(head):
         return FileKind.SAFETENSORS
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return FileKind.PICKLE
-    if _looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES)):
+    if looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES)):
         return FileKind.PICKLE
     if lower.endswith(".json"):
         return FileKind.JSON
@@ -97,6 +105,28 @@ def sniff(
     if head.lstrip(_JSON_WS)[:1] in (b"{", b"[") and not lower.endswith(_TEXT_SUFFIXES):
         return FileKind.JSON
     return FileKind.OTHER
+
+
+def looks_like_tar(head: bytes) -> bool:
+    """Whether ``tarfile`` accepts the first ``TAR_BLOCK`` bytes of ``head`` as a first header: not all zeros,
+    and a checksum field matching the header's unsigned or signed byte sum (``tarfile.TarInfo.frombuf``)."""
+    block = head[:TAR_BLOCK]
+    if len(block) != TAR_BLOCK or block.count(0) == TAR_BLOCK:
+        return False
+    field = block[148:156]
+    if field[0] in (0o200, 0o377):  # tarfile's base-256 numbers
+        chksum = int.from_bytes(field[1:], "big")
+        if field[0] == 0o377:
+            chksum -= 256**7
+    else:
+        try:
+            chksum = int(field.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
+        except (UnicodeDecodeError, ValueError):
+            return False
+    body = block[:148] + b" " * 8 + block[156:]
+    unsigned = 256 + sum(block[:148]) + sum(block[156:])
+    signed = unsigned - 256 * sum(1 for b in body if b > 127)
+    return chksum in (unsigned, signed)
 
 
 def _framework_kind(head: bytes, lower: str, tail: bytes) -> FileKind | None:
@@ -179,7 +209,7 @@ def _looks_like_safetensors(head: bytes) -> bool:
     return after[:1] in (b"", b'"', b"}")
 
 
-def _looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
+def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
     """A protocol 0/1 pickle: the head decodes as pickle opcodes with consistent stack effects.
 
     Parsed with ``pickletools.genops``, never executed. Simulating what each opcode takes from the stack, and

@@ -487,7 +487,10 @@ class _Empty:
 
 def _with_problem(facts: FileFacts, e: Exception) -> FileFacts:
     problem = ReadProblem(ProblemKind.UNREADABLE, f"cannot read: {type(e).__name__}: {e}")
-    return FileFacts(facts.path, facts.size, facts.mtime, facts.kind, facts.content, (*facts.problems, problem))
+    return FileFacts(
+        facts.path, facts.size, facts.mtime, facts.kind, facts.content, (*facts.problems, problem), facts.is_link,
+        facts.alt_pickle,
+    )
 
 
 def _mtime(info: dict[str, Any]) -> float:

@@ -1,0 +1,257 @@
+"""The values a pickle walk rebuilds: its working nodes, freezing them into model values, and walking the result.
+
+Split from the opcode loop (``pickle_walk``): what the loop builds and how it becomes a frozen ``PickleValue``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ckptdoctor.model import GlobalRef, Opaque, PickleValue, TensorRef
+
+__all__ = ["CYCLE", "OUT_OF_BAND", "TOO_DEEP", "iter_values"]
+
+# Values that are leaves of a rebuilt structure (hashable as they are).
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None), complex, GlobalRef, TensorRef})
+
+# Placeholders the walk puts where a value would make the rebuilt structure cyclic or deeper than the limit.
+CYCLE = Opaque(None, ("<cycle>",))
+TOO_DEEP = Opaque(None, ("<nesting limit>",))
+OUT_OF_BAND = Opaque(None, ("<out-of-band buffer>",))
+
+
+class _Obj:
+    """A mutable stand-in for an object the stream would create; frozen into ``Opaque`` at the end."""
+
+    __slots__ = ("args", "func", "state")
+
+    def __init__(self, func: Any, args: Any, state: Any = None) -> None:
+        self.func = func
+        self.args = args
+        self.state = state
+
+
+class _SetNode:
+    """A set or frozenset under construction; its items become hashable only when frozen."""
+
+    __slots__ = ("frozen", "items")
+
+    def __init__(self, items: list[Any], frozen: bool) -> None:
+        self.items = items
+        self.frozen = frozen
+
+
+class _Key:
+    """An identity-hashed wrapper for a dict key that is not a plain scalar (hashing it could recurse or fail)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Freezing: internal nodes -> model values, iteratively, with cycles and over-deep nesting cut.
+
+
+def _hashable(v: Any, depth: int = 0) -> Any:
+    """A hashable equivalent of a frozen value (lists -> tuples, dicts -> pairs), depth-bounded."""
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if depth > 32:
+        raise ValueError("too deep for a key")
+    if t is tuple or t is list:
+        return tuple(_hashable(x, depth + 1) for x in v)
+    if t is dict:
+        return tuple((_hashable(k, depth + 1), _hashable(x, depth + 1)) for k, x in v.items())
+    if t is set or t is frozenset:
+        return frozenset(_hashable(x, depth + 1) for x in v)
+    if t is Opaque:
+        return Opaque(v.func, _hashable(v.args, depth + 1), _hashable(v.state, depth + 1))
+    raise ValueError("unhashable")
+
+
+def _as_key(v: Any) -> Any:
+    try:
+        h = _hashable(v)
+        hash(h)
+        return h
+    except (ValueError, TypeError, RecursionError):
+        return f"<unhashable {type(v).__name__}>"
+
+
+def _build(node: Any, kids: list[Any]) -> Any:
+    t = type(node)
+    if t is list:
+        return kids
+    if t is tuple:
+        return tuple(kids)
+    if t is dict:
+        d: dict[Any, Any] = {}
+        for i in range(0, len(kids), 2):
+            k = kids[i]
+            if type(k) not in _SCALARS:
+                k = _as_key(k)
+                if k in d:
+                    k = f"{k}#{i // 2}"  # keep colliding stand-in keys apart
+            d[k] = kids[i + 1]
+        return d
+    if t is _SetNode:
+        items = [x if type(x) in _SCALARS else _as_key(x) for x in kids]
+        return frozenset(items) if node.frozen else set(items)
+    if t is _Key:
+        return kids[0]
+    # _Obj
+    return Opaque(kids[0], kids[1], kids[2])
+
+
+def _children(node: Any) -> list[Any]:
+    t = type(node)
+    if t is list or t is tuple:
+        return list(node)
+    if t is dict:
+        out: list[Any] = []
+        for k, v in node.items():
+            out.append(k.obj if type(k) is _Key else k)
+            out.append(v)
+        return out
+    if t is _SetNode:
+        return list(node.items)
+    if t is _Key:
+        return [node.obj]
+    return [node.func, node.args, node.state]
+
+
+_NODES = frozenset({list, tuple, dict, _SetNode, _Key, _Obj})
+
+
+def _freeze(root: Any, limit: int) -> tuple[Any, bool]:
+    """Turn the walk's internal graph into model values; returns (value, whether nesting was cut).
+
+    Every node ends up with a height <= ``limit`` (children that would exceed it become ``TOO_DEEP``), so no
+    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``.
+    """
+    if type(root) not in _NODES:
+        return root, False
+    done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
+    scalar_types = _SCALARS.issuperset
+    active: set[int] = set()
+    cut = False
+    # Each frame: [node, children, next index, frozen kids, max child height]
+    frames: list[list[Any]] = [[root, _children(root), 0, [], 0]]
+    active.add(id(root))
+    result: Any = None
+    while frames:
+        fr = frames[-1]
+        node, kids, i, out = fr[0], fr[1], fr[2], fr[3]
+        pushed = False
+        while i < len(kids):
+            c = kids[i]
+            i += 1
+            if type(c) not in _NODES:
+                out.append(c)
+                continue
+            cid = id(c)
+            got = done.get(cid)
+            if got is not None:
+                if got[1] >= limit:
+                    out.append(TOO_DEEP)
+                    cut = True
+                else:
+                    out.append(got[0])
+                    if got[1] > fr[4]:
+                        fr[4] = got[1]
+                continue
+            if cid in active:
+                out.append(CYCLE)
+                continue
+            ct = type(c)
+            if (ct is list or ct is tuple) and scalar_types(map(type, c)):
+                # Leaf containers (most of any real pickle) are final as they are: skip a frame.
+                done[cid] = (c, 1)
+                out.append(c)
+                if fr[4] < 1:
+                    fr[4] = 1
+                continue
+            if ct is dict and scalar_types(map(type, c.values())) and scalar_types(map(type, c)):
+                done[cid] = (c, 1)
+                out.append(c)
+                if fr[4] < 1:
+                    fr[4] = 1
+                continue
+            fr[2] = i
+            active.add(cid)
+            frames.append([c, _children(c), 0, [], 0])
+            pushed = True
+            break
+        if pushed:
+            continue
+        frames.pop()
+        active.discard(id(node))
+        frozen = _build(node, out)
+        height = fr[4] + 1
+        done[id(node)] = (frozen, height)
+        if not frames:
+            result = frozen
+        elif height >= limit:
+            frames[-1][3].append(TOO_DEEP)
+            cut = True
+        else:
+            frames[-1][3].append(frozen)
+            if height > frames[-1][4]:
+                frames[-1][4] = height
+    return result, cut
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Walking a rebuilt value
+
+
+def _key_text(k: Any) -> str:
+    if type(k) is str:
+        return k
+    if type(k) in (int, bool, float, type(None)):
+        return str(k)
+    if type(k) is bytes:
+        return k.decode("utf-8", "replace")
+    if type(k) is GlobalRef:
+        return k.dotted
+    return f"<{type(k).__name__}>"
+
+
+def iter_values(value: PickleValue, path: str = "") -> Iterator[tuple[str, PickleValue]]:
+    """Every value reachable from ``value`` with its dotted path (``state.0.exp_avg``), root first.
+
+    Dict keys and list positions make the path; an ``Opaque`` contributes its state's keys (object attributes)
+    and ``args.N``. Iterative; a container reached twice is entered only the first time, so shared structure
+    never multiplies the work.
+    """
+    seen: set[int] = set()
+    todo: list[tuple[str, Any]] = [(path, value)]
+    while todo:
+        p, v = todo.pop()
+        yield p, v
+        t = type(v)
+        if t is dict or t is list or t is tuple or t is Opaque:
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+        else:
+            continue
+        pre = f"{p}." if p else ""
+        kids: list[tuple[str, Any]]
+        if t is dict:
+            kids = [(pre + _key_text(k), x) for k, x in v.items()]
+        elif t is Opaque:
+            kids = []
+            if type(v.args) is tuple:
+                kids.extend((f"{pre}args.{i}", x) for i, x in enumerate(v.args))
+            if type(v.state) is dict:
+                kids.extend((pre + _key_text(k), x) for k, x in v.state.items())
+            elif v.state is not None:
+                kids.append((pre + "state", v.state))
+        else:
+            kids = [(f"{pre}{i}", x) for i, x in enumerate(v)]
+        todo.extend(reversed(kids))

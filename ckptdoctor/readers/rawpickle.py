@@ -1,0 +1,85 @@
+"""Plain pickle files (``pickle.dump`` output), and the streams a loader calling ``pickle.load`` again would read."""
+
+from __future__ import annotations
+
+import io
+from typing import BinaryIO
+
+from ckptdoctor.limits import DEFAULT_LIMITS, Limits
+from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem
+from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.zipdir import _problem, _read_at
+
+__all__ = ["read_raw_pickle"]
+
+_MAX_EXTRA_PICKLES = 64  # further streams walked after the first
+
+
+
+def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
+    """Walk a plain pickle file (``pickle.dump`` output); content is its ``PickleFacts``."""
+    if size == 0:
+        return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
+    if size > limits.pickle_bytes:
+        return ReadOutcome(
+            None, (_problem(ProblemKind.LIMIT, f"pickle is {size} bytes (limit {limits.pickle_bytes})"),)
+        )
+    try:
+        data = _read_at(f, 0, size)
+    except OSError as exc:
+        return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+    facts, problems, end = walk_pickle(data, limits=limits)
+    if facts is None or problems or end >= size:
+        return ReadOutcome(facts, problems)
+    # Bytes after STOP: pickle.load stops there, but a loader that calls it again (as legacy torch.load does)
+    # runs the next stream. Walk what follows as further streams and report the layout.
+    first_end = end
+    extra: list[PickleFacts] = []
+    more: list[ReadProblem] = []
+    while end < size and len(extra) < _MAX_EXTRA_PICKLES:
+        nxt, probs, new_end = walk_pickle(data, limits=limits, start=end)
+        if nxt is None or new_end <= end:
+            break
+        extra.append(nxt)
+        more.extend(probs)
+        if probs:
+            break
+        end = new_end
+    more.append(
+        _problem(
+            ProblemKind.SUSPICIOUS_ARCHIVE,
+            f"{size - first_end} bytes after the pickle's STOP opcode"
+            + (f", holding {len(extra)} more pickle stream(s)" if extra else ""),
+        )
+    )
+    return ReadOutcome(merge_pickles(facts, extra), tuple(more))
+
+
+def pickled_head(head: bytes) -> bool:
+    """Whether a pickle loader reading these first bytes would unpickle something: a protocol 2-5 header, or a
+    protocol 0/1 stream as the sniffer recognises one."""
+    from ckptdoctor.readers.sniff import looks_like_old_pickle
+
+    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or looks_like_old_pickle(head, False)
+
+
+def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> PickleFacts | None:
+    """The streams ``pickle.load`` (called again, as legacy ``torch.load`` does) reads from the start of a file the
+    sniffer gave another kind, when they import or call anything; None otherwise (the usual answer: a real
+    safetensors header is no pickle past its second byte).
+
+    Reads a growing prefix, and more only while the first stream runs on past it, so a large file that merely
+    starts like a pickle costs one small read.
+    """
+    n = min(size, limits.pickle_bytes, 1 << 16)
+    while True:
+        data = _read_at(f, 0, n)
+        _, _, end = walk_pickle(data, limits=limits)
+        if end < len(data) or n >= min(size, limits.pickle_bytes):
+            break
+        n = min(size, limits.pickle_bytes, n * 16)
+    outcome = read_raw_pickle(io.BytesIO(data), len(data), limits)
+    facts = outcome.content
+    if isinstance(facts, PickleFacts) and (facts.globals or facts.calls):
+        return facts
+    return None
