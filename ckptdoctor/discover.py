@@ -14,7 +14,9 @@ from ckptdoctor.model import (
     Checkpoint,
     DcpMetadataFacts,
     FileFacts,
+    FileKind,
     FolderRole,
+    Framework,
     PathProblem,
     ProblemKind,
     ReadProblem,
@@ -46,6 +48,16 @@ _CKPT_NAMES = frozenset(
     {"trainer_state.json", "adapter_config.json", "latest", "checkpoint-is-incomplete.txt", ".metadata"}
 )
 _CKPT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".index.json", ".distcp")
+
+# Other stacks' checkpoints. MindNLP 0.4's Trainer writes `optimizer.ckpt`, `scheduler.json` and (with
+# save_safetensors=False) `mindspore_model.ckpt` into checkpoint-N folders (mindnlp/engine/trainer/base.py
+# OPTIMIZER_NAME, SCHEDULER_NAME; mindnlp/configs.py WEIGHTS_NAME). A tf.train.CheckpointManager folder holds the
+# text `checkpoint` file and `ckpt-N.index` / `ckpt-N.data-K-of-M` bundles; Keras and TFTrainer's save_model write
+# `.h5` weights. Such folders are checkpoints even outside a run of checkpoint-N folders.
+_MINDNLP_NAMES = frozenset({"optimizer.ckpt", "scheduler.json", "mindspore_model.ckpt"})
+_TF_BUNDLE_KINDS = frozenset({FileKind.TF_INDEX, FileKind.TF_CHECKPOINT_STATE})
+_TF_KINDS = _TF_BUNDLE_KINDS | {FileKind.TF_DATA, FileKind.HDF5}
+_TORCH_KINDS = frozenset({FileKind.SAFETENSORS, FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.DCP_DATA})
 
 
 @dataclass
@@ -229,7 +241,7 @@ class _Walker(Generic[L, M]):
                 )
                 continue
             node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
-        node.has_run = _is_run(node) or any(d.has_run for d in node.dirs)
+        node.has_run = _is_run(node) or _is_framework_folder(node) or any(d.has_run for d in node.dirs)
         return node
 
 
@@ -328,8 +340,15 @@ class _Grouper:
             self.loose.extend(_all_files(node))
             return
         if not _is_run(node):
-            self.loose.extend(node.files)
-            for d in node.dirs:
+            dirs = node.dirs
+            if _is_framework_folder(node):
+                # A TensorFlow checkpoint folder or Keras weights: one checkpoint, restored as a whole.
+                dirs = [d for d in node.dirs if d.has_run]
+                ck = _checkpoint(node, FolderRole.MODEL, None, [d for d in node.dirs if not d.has_run])
+                self.runs.append(Run(path=node.rel, checkpoints=(ck,), resume_pick=None, standalone=True))
+            else:
+                self.loose.extend(node.files)
+            for d in dirs:
                 self.visit(d)
             return
         checkpoints: list[Checkpoint] = []
@@ -339,7 +358,7 @@ class _Grouper:
                 checkpoints.append(_checkpoint(d, *_role(d.name), d.dirs))
             else:
                 others.append(d)
-        if any(_is_ckpt_file(f.name) for f in node.files):
+        if any(_is_ckpt_file(f.name) for f in node.files) or _is_framework_folder(node):
             # save_model's final files at the run's top level (plus the subfolders such writers create there).
             parts = [d for d in others if not d.has_run and _is_model_subfolder(d)]
             checkpoints.append(_checkpoint(node, FolderRole.MODEL, None, parts))
@@ -404,7 +423,32 @@ def _is_model_subfolder(node: _Dir) -> bool:
 
 
 def _looks_like_model(node: _Dir) -> bool:
-    return any(_is_ckpt_file(f.name) for f in node.files) or any(_is_model_subfolder(d) for d in node.dirs)
+    return (
+        any(_is_ckpt_file(f.name) for f in node.files)
+        or _is_framework_folder(node)
+        or any(_is_model_subfolder(d) for d in node.dirs)
+    )
+
+
+def _is_framework_folder(node: _Dir) -> bool:
+    """A TensorFlow checkpoint folder (a `checkpoint` state file or a bundle index), or Keras `.h5` weights with no
+    torch weights beside them (a model repository often ships `tf_model.h5` next to `model.safetensors`)."""
+    kinds = {f.kind for f in node.files}
+    return bool(kinds & _TF_BUNDLE_KINDS) or (FileKind.HDF5 in kinds and not kinds & _TORCH_KINDS)
+
+
+def framework_of(files: Iterable[FileFacts], base: str) -> Framework:
+    """Which stack wrote the checkpoint folder ``base`` holding ``files``: MindNLP by its Trainer's file names or a
+    MindSpore `.ckpt`, TensorFlow by its bundle files or HDF5 weights without torch weights, else PyTorch."""
+    kinds: set[FileKind] = set()
+    for f in files:
+        rel = f.path[len(base) + 1 :] if base not in ("", ".") else f.path
+        if f.kind is FileKind.MINDSPORE or ("/" not in rel and rel in _MINDNLP_NAMES):
+            return Framework.MINDNLP
+        kinds.add(f.kind)
+    if kinds & _TF_KINDS and not kinds & _TORCH_KINDS:
+        return Framework.TENSORFLOW
+    return Framework.PYTORCH
 
 
 def _all_files(node: _Dir) -> list[FileFacts]:
@@ -426,5 +470,10 @@ def _checkpoint(node: _Dir, role: FolderRole, step: int | None, subdirs: list[_D
         files.extend(_all_files(d))
         mtime = max(mtime, _newest(d))
     return Checkpoint(
-        path=node.rel, role=role, step=step, files=tuple(sorted(files, key=lambda f: f.path)), mtime=mtime
+        path=node.rel,
+        role=role,
+        step=step,
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        mtime=mtime,
+        framework=framework_of(files, node.rel),
     )

@@ -11,12 +11,16 @@ from ckptdoctor.model import (
     FileFacts,
     FileKind,
     GlobalRef,
+    Hdf5Facts,
     JsonFacts,
+    MindSporeFacts,
     Opaque,
     PickleFacts,
     SafetensorsFacts,
     TensorRef,
     TextFacts,
+    TfCheckpointStateFacts,
+    TfIndexFacts,
     TorchFacts,
 )
 
@@ -85,8 +89,11 @@ def describe(facts: FileFacts) -> dict[str, Any]:
     """Plain data describing one file's facts and read problems."""
     out: dict[str, Any] = {"path": facts.path, "kind": facts.kind.value, "bytes": facts.size}
     c = facts.content
-    if isinstance(c, SafetensorsFacts):
-        out["metadata"] = c.metadata
+    if isinstance(c, (SafetensorsFacts, MindSporeFacts)):
+        if isinstance(c, SafetensorsFacts):
+            out["metadata"] = c.metadata
+        else:
+            out["values"] = c.values
         out["tensors"] = [
             {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes} for t in c.tensors
         ]
@@ -109,6 +116,20 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out["value"] = plain(c.value)
     elif isinstance(c, TextFacts):
         out["text"] = c.text
+    elif isinstance(c, TfIndexFacts):
+        out["shards"] = c.num_shards
+        out["tensors"] = [
+            {"name": e.key, "dtype": e.dtype, "shape": list(e.shape), "bytes": e.size, "shard": e.shard_id,
+             "offset": e.offset}
+            for e in c.entries
+        ]
+    elif isinstance(c, TfCheckpointStateFacts):
+        out["value"] = {"model_checkpoint_path": c.model_checkpoint_path,
+                        "all_model_checkpoint_paths": list(c.all_model_checkpoint_paths)}
+    elif isinstance(c, Hdf5Facts):
+        out["value"] = {"superblock_offset": c.superblock_offset, "version": c.version,
+                        "offset_size": c.offset_size, "length_size": c.length_size,
+                        "base_address": c.base_address, "eof_address": c.eof_address}
     out["problems"] = [{"kind": p.kind.value, "message": p.message} for p in facts.problems]
     return out
 
@@ -119,7 +140,7 @@ def inspect_file(path: str) -> dict[str, Any]:
 
     st = os.stat(path)
     real = os.path.realpath(path)
-    facts = read_file(real, os.path.basename(path), st)
+    facts = read_file(real, os.path.basename(path), st, frameworks=True)
     if facts.kind == FileKind.DCP_DATA:
         # Asked about this one file: search the whole `.distcp` for its torch.save blobs (a scan reads only the
         # items its folder's `.metadata` locates).

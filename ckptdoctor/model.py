@@ -350,6 +350,14 @@ class FileFacts:
 # Checkpoints and runs
 
 
+class Framework(str, enum.Enum):
+    """Which training stack wrote a checkpoint, decided by discovery from the files it holds."""
+
+    PYTORCH = "pytorch"  # the transformers Trainer on torch (also accelerate, DeepSpeed, FSDP, TRL)
+    MINDNLP = "mindnlp"  # the MindNLP 0.4 Trainer on MindSpore: optimizer.ckpt, scheduler.json, mindspore_model.ckpt
+    TENSORFLOW = "tensorflow"  # tf.train.Checkpoint bundles (`checkpoint`, ckpt-N.index/.data-*) and Keras `.h5`
+
+
 class FolderRole(str, enum.Enum):
     """How the Trainer sees a folder."""
 
@@ -368,6 +376,7 @@ class Checkpoint:
     step: int | None  # from the folder name (CHECKPOINT role only)
     files: tuple[FileFacts, ...]
     mtime: float = 0.0  # newest mtime among the folder and its files
+    framework: Framework = Framework.PYTORCH
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""

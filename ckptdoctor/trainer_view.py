@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 from ckptdoctor.model import (
     Checkpoint,
     FileFacts,
+    FileKind,
+    Framework,
     JsonFacts,
+    MindSporeFacts,
     Opaque,
     SafetensorsFacts,
     TensorInfo,
@@ -35,6 +38,22 @@ OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 SCHEDULER = "scheduler.pt"
 FULL_WEIGHT_FILES = (SAFE_WEIGHTS, BIN_WEIGHTS)
 WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEIGHTS, SAFE_INDEX)
+
+# The MindNLP 0.4 Trainer's names (mindnlp/engine/trainer/base.py OPTIMIZER_NAME, SCHEDULER_NAME; mindnlp/configs.py
+# WEIGHTS_NAME). Both state files are torch-style zip archives holding one pickle, `scheduler.json` included.
+MS_WEIGHTS = "mindspore_model.ckpt"
+MS_OPTIMIZER = "optimizer.ckpt"
+MS_SCHEDULER = "scheduler.json"
+
+
+def is_mindnlp(ck: Checkpoint) -> bool:
+    """A checkpoint the MindNLP Trainer wrote (discovery decides from its files)."""
+    return ck.framework is Framework.MINDNLP
+
+
+def scheduler_file(ck: Checkpoint) -> FileFacts | None:
+    """The scheduler state the resume restores: `scheduler.json` for MindNLP, else `scheduler.pt`."""
+    return ck.file(MS_SCHEDULER if is_mindnlp(ck) else SCHEDULER)
 
 
 _T = TypeVar("_T")
@@ -206,6 +225,31 @@ class _MergedSteps(Mapping[int, dict[str, Any]]):
         return repr(self._get())
 
 
+def logged_warmup_steps(ts: TrainerStateView, base_lr: float) -> int | None:
+    """The linear warm-up length a run's logged LRs show: the first logged step ``k`` whose LR is below ``base_lr``
+    gives ``k * base_lr / lr`` (the warm-up lambda is ``step / warmup_steps``, logged after the scheduler stepped),
+    when that is a whole number and every earlier logged LR rose; 0 when the first logged LR is already ``base_lr``;
+    None when the history shows neither (no LRs, or not a linear warm-up)."""
+    lrs = ts.learning_rates()
+    if not lrs or not finite(base_lr) or base_lr <= 0:
+        return None
+    step, lr = lrs[0]
+    if math.isclose(lr, base_lr, rel_tol=1e-6):
+        return 0 if step == 1 else None
+    if not 0 < lr < base_lr or step < 1:
+        return None
+    w = step * base_lr / lr
+    if not math.isclose(w, round(w), rel_tol=0, abs_tol=1e-6):
+        return None
+    warmup = round(w)
+    for k, v in lrs[1:]:
+        if k >= warmup:
+            break
+        if not math.isclose(v, base_lr * k / warmup, rel_tol=1e-6):
+            return None
+    return warmup
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # scheduler.pt / optimizer.pt
 
@@ -236,8 +280,8 @@ def _state_dict(v: Any) -> dict[Any, Any] | None:
 
 
 def scheduler_state(ck: Checkpoint) -> SchedulerView | None:
-    """The scheduler state, or None when ``scheduler.pt`` is absent or holds no state dict."""
-    return _scheduler_state(ck.file(SCHEDULER))
+    """The scheduler state, or None when the scheduler file is absent or holds no state dict."""
+    return _scheduler_state(scheduler_file(ck))
 
 
 @per_file
@@ -276,7 +320,10 @@ class OptimizerView:
 
 
 def optimizer_file(ck: Checkpoint) -> FileFacts | None:
-    """``optimizer.pt`` or ``optimizer.bin``, whichever exists (the Trainer accepts both)."""
+    """``optimizer.pt`` or ``optimizer.bin``, whichever exists (the Trainer accepts both); MindNLP's
+    ``optimizer.ckpt``."""
+    if is_mindnlp(ck):
+        return ck.file(MS_OPTIMIZER)
     for name in OPTIMIZER_FILES:
         f = ck.file(name)
         if f is not None:
@@ -312,6 +359,8 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
             per: dict[str, tuple[int, ...]] = {}
             for name, t in v.items():
                 shape = getattr(t, "shape", None)
+                if shape is None and isinstance(t, Opaque):
+                    shape = mindspore_tensor_shape(t)
                 if isinstance(name, str) and isinstance(shape, tuple):
                     per[name] = shape
                 if name == "step":
@@ -322,10 +371,29 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
     return OptimizerView(tuple(groups), shapes, steps)
 
 
+def mindspore_tensor_shape(v: Opaque) -> tuple[int, ...] | None:
+    """The shape of a MindSpore tensor pickled inline (MindNLP's ``optimizer.ckpt``): a
+    ``mindspore.common.tensor.Tensor`` whose state wraps a numpy array rebuilt by ``_reconstruct`` and given its
+    shape by the array's BUILD state ``(version, shape, dtype, is_fortran, bytes)``; None for anything else."""
+    if v.func is None or v.func.dotted != "mindspore.common.tensor.Tensor":
+        return None
+    inner = v.state.get("value") if isinstance(v.state, dict) else v.args
+    arrays = inner if isinstance(inner, (list, tuple)) else (inner,)
+    for a in arrays[:1]:
+        if isinstance(a, Opaque) and isinstance(a.state, tuple) and len(a.state) >= 2:
+            shape = a.state[1]
+            if isinstance(shape, tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+                return shape
+    return None
+
+
 def has_optimizer_state(ck: Checkpoint) -> bool:
-    """transformers' test: `optimizer.pt`/`optimizer.bin`, or any sub-folder whose name contains `optimizer`."""
+    """transformers' test: `optimizer.pt`/`optimizer.bin`, or any sub-folder whose name contains `optimizer`
+    (MindNLP: `optimizer.ckpt`)."""
     if optimizer_file(ck) is not None:
         return True
+    if is_mindnlp(ck):
+        return False
     return any("/" in ck.relname(f) and "optimizer" in ck.relname(f).split("/", 1)[0] for f in ck.files)
 
 
@@ -384,7 +452,7 @@ def tensors_of(f: FileFacts | None) -> tuple[TensorInfo, ...] | None:
 @per_file
 def _tensors_of(f: FileFacts) -> tuple[TensorInfo, ...] | None:
     c = f.content
-    if isinstance(c, SafetensorsFacts):
+    if isinstance(c, (SafetensorsFacts, MindSporeFacts)):
         return c.tensors
     if isinstance(c, TorchFacts):
         return tuple(TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors)
@@ -445,8 +513,16 @@ def weights_branch(ck: Checkpoint) -> str:
     """Which loader a resume would use, in transformers 5.x ``_load_from_checkpoint`` order (ANATOMY §2.3).
 
     ``fsdp`` and ``deepspeed`` assume the resume runs under that backend; ``adapter`` assumes a PeftModel (adapter
-    files on disk are our evidence of that); ``none`` is "Can't find a valid checkpoint".
+    files on disk are our evidence of that); ``none`` is "Can't find a valid checkpoint". MindNLP's
+    ``_load_from_checkpoint`` loads ``model.safetensors`` or ``mindspore_model.ckpt``, else a sharded checkpoint
+    (its adapter branch is commented out), and accepts the folder when any weights, index or adapter file exists.
     """
+    if is_mindnlp(ck):
+        if ck.file(SAFE_WEIGHTS) is not None or ck.file(MS_WEIGHTS) is not None:
+            return "full"
+        if any(ck.file(n) is not None for n in (SAFE_INDEX, BIN_INDEX, ADAPTER_SAFE, ADAPTER_BIN)):
+            return "sharded"
+        return "none"
     if is_deepspeed(ck):
         return "deepspeed"
     if is_fsdp(ck):
@@ -461,8 +537,9 @@ def weights_branch(ck: Checkpoint) -> str:
 
 
 def loaded_weight_file(ck: Checkpoint) -> FileFacts | None:
-    """The single full-weights file branch A would load: ``model.safetensors`` first, else ``pytorch_model.bin``."""
-    return ck.file(SAFE_WEIGHTS) or ck.file(BIN_WEIGHTS)
+    """The single full-weights file branch A would load: ``model.safetensors`` first, else ``pytorch_model.bin``
+    (MindNLP: else ``mindspore_model.ckpt``)."""
+    return ck.file(SAFE_WEIGHTS) or ck.file(MS_WEIGHTS if is_mindnlp(ck) else BIN_WEIGHTS)
 
 
 def kinds(ck: Checkpoint) -> list[str]:
@@ -472,15 +549,21 @@ def kinds(ck: Checkpoint) -> list[str]:
         out.append("fsdp")
     if is_deepspeed(ck):
         out.append("deepspeed")
-    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None:
+    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None or (
+        is_mindnlp(ck) and ck.file(MS_WEIGHTS) is not None
+    ):
         out.append("full")
     if ck.file(SAFE_INDEX) is not None or ck.file(BIN_INDEX) is not None:
         out.append("sharded")
     if has_adapter(ck):
         out.append("adapter")
+    if any(f.kind is FileKind.TF_INDEX for f in ck.files):
+        out.append("tf-bundle")
+    if any(f.kind is FileKind.HDF5 for f in ck.files):
+        out.append("hdf5")
     if has_optimizer_state(ck):  # the test the resume makes (FSDP keeps it in an `optimizer_0/` folder)
         out.append("optimizer")
-    if ck.file(SCHEDULER) is not None:
+    if scheduler_file(ck) is not None:
         out.append("scheduler")
     if ck.file(TRAINER_STATE) is not None:
         out.append("trainer-state")
@@ -493,7 +576,7 @@ def tensor_count(ck: Checkpoint) -> int | None:
     for f in ck.files:
         rel = ck.relname(f)
         base = rel.rsplit("/", 1)[-1]
-        is_weights = base in FULL_WEIGHT_FILES or base in (ADAPTER_SAFE, ADAPTER_BIN)
+        is_weights = base in FULL_WEIGHT_FILES or base in (ADAPTER_SAFE, ADAPTER_BIN) or base == MS_WEIGHTS
         is_shard = (base.startswith("model-") and base.endswith(".safetensors")) or (
             base.startswith("pytorch_model-") and base.endswith(".bin")
         )

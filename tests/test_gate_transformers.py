@@ -76,9 +76,10 @@ def make_trainer(out: Path, seen: Observed, callbacks: list[Any] | None = None, 
         "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": [], "use_cpu": True,
         "disable_tqdm": True, "seed": 0, "dataloader_num_workers": 0,
     }
+    eval_dataset = overrides.pop("eval_dataset", None)
     kwargs.update(overrides)
     trainer = RecordingTrainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(),
-                               callbacks=[Recorder(seen), *(callbacks or [])])
+                               eval_dataset=eval_dataset, callbacks=[Recorder(seen), *(callbacks or [])])
     trainer.seen = seen
     return trainer
 

@@ -156,7 +156,8 @@ def test_planned_training_args_of_the_wrong_type_are_usage_errors(
 
 
 def test_valid_planned_training_args_still_plan(run: Path, tmp_path: Path) -> None:
-    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=3, learning_rate=1e-3, report_to=[])
+    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=3, learning_rate=1e-3, report_to=[],
+                             per_device_train_batch_size=4)  # the run's: a new one would change the epoch
     path = tmp_path / "ta.json"
     path.write_text(args.to_json_string())
     result = CliRunner().invoke(main, ["gate", str(run), "--training-args", str(path), "--format", "json"])

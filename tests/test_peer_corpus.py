@@ -23,27 +23,15 @@ from ckptdoctor.scanner import scan
 ROOT = Path(__file__).resolve().parents[1]
 SECURITY_RULES = ("CKD601", "CKD603", "CKD605")
 
-_NPY = "numpy .npy/.npz: needs the body of an object array judged as the pickle np.load(allow_pickle=True) reads"
 _TAR = "tar container: needs every pickle member of a (compressed, nested) tar judged"
 # slug -> "<class>: needs <what>", for the classes the readers and the policy do not catch yet.
 KNOWN_MISSES: dict[str, str] = {
-    "picklescan/dns_exfiltration.npy": _NPY,
-    "modelaudit/test_object_dtype_triggers_cve": _NPY,
-    "modelaudit/test_structured_with_object_field_triggers_cve": _NPY,
-    "fickling/test_polyglot_legacy_tar": "legacy torch tar: needs the `storages`, `tensors` and `pickle` members "
-    "judged as torch.load reads them (it tries tar before the magic number)",
     "fickling/test_polyglot_recursive_tar": _TAR,
     "modelaudit/test_scan_tar_with_pickle_file": _TAR,
     "modelaudit/test_nested_compressed_tar_scanning": _TAR,
-    "modelaudit/test_scan_zip_with_proto0_pickle_disguised_as_text": "pickle in a plain zip under a text name: needs "
-    "zip members sniffed by content, not only torch-layout records and *.pkl names",
-    "modelaudit/test_scan_zip_with_prefixed_proto0_pickle_disguised_as_text": "pickle in a plain zip under a text "
-    "name: needs zip members sniffed by content",
     "modelaudit/test_scan_zip_with_proto0_pickle_with_single_comment_token": "'#'-prefixed protocol-0 text in a zip "
     "(dead for pickle.load: '#' is no opcode; ModelAudit's text heuristic flags it): needs a content sniff that "
     "tolerates a junk first byte, or a decision that dead text is not a finding",
-    "fickling/cpython-154848_frame_boundary": "FRAME shorter than its opcodes: needs the walker to read an opcode that "
-    "runs past its FRAME the way CPython's unpickler does (it then runs the GLOBAL/REDUCE hidden in the BINBYTES)",
 }
 
 SAMPLES = peer_corpus.corpus(Path("/nonexistent/canary"))

@@ -206,3 +206,33 @@ def test_mutations_never_raise(cut: int, flips: list[tuple[int, int]]) -> None:
     for at, byte in flips:
         data[at] = byte
     walk_pickle(bytes(data[:cut] if cut % 3 == 0 else data))
+
+
+def test_an_opcode_running_past_its_frame_is_malformed_and_a_clean_framed_pickle_is_not() -> None:
+    """CPython's C unpickler reading a file drops what is left of a frame when an argument runs past it and reads
+    the argument from the bytes after the frame, while ``pickle.loads`` refuses the data: a payload can hide in the
+    reading a walk does not take (CPython issue 154848), so such a stream is malformed (CKD603), never walked one way.
+    """
+    import io
+    import pickle
+    import struct
+
+    hidden = b"cos\nsystem\nVtrue\n\x85R"
+    # FRAME of 2 bytes ("B\x07"), then BINBYTES' length read from past the frame: 1 byte, then the hidden call.
+    data = b"\x80\x05N0(\x95" + struct.pack("<Q", 2) + b"B\x07\x01\x00\x00\x00\x00" + hidden + b"1."
+    seen: list[tuple[str, str]] = []
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            seen.append((module, name))
+            raise pickle.UnpicklingError("refused")
+
+    with pytest.raises(pickle.UnpicklingError):
+        Recording(io.BytesIO(data)).load()
+    assert seen == [("os", "system")]  # the file reading reaches the call
+    facts, problems, _ = walk_pickle(data)
+    assert [p.kind for p in problems] == [ProblemKind.MALFORMED_PICKLE]
+    assert "past the end of its FRAME" in problems[0].message
+    framed = pickle.dumps({"a": list(range(70000)), "b": "x" * 100000}, protocol=5)  # several frames
+    facts, problems, _ = walk_pickle(framed)
+    assert facts is not None and problems == ()

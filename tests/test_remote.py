@@ -355,3 +355,29 @@ def test_remote_errors_are_values(fixtures_url: str, monkeypatch: pytest.MonkeyP
     states = [f for r in report.trees[0].runs for c in r.checkpoints for f in c.files if f.name == "trainer_state.json"]
     assert len(states) == 2
     assert all(any("Access Denied" in p.message for p in f.problems) for f in states)
+
+
+@pytest.mark.slow
+def test_gate_of_an_s3_run_matches_the_local_gate_and_the_resume(
+    server: tuple[str, _RequestLog], tmp_path: Path
+) -> None:
+    """`ckptdoctor gate` of a run in object storage predicts what it predicts locally, which is what the real
+    Trainer's resume does."""
+    pytest.importorskip("transformers")
+    from ckptdoctor.resume import gate
+    from tests.test_gate_transformers import ALL, assert_predicted, train
+
+    out = tmp_path / "out"
+    train(out)
+    url = _upload(out, "gate-run")
+    remote = gate(url, num_train_epochs=3, lr_steps=ALL)
+    local = gate(out, num_train_epochs=3, lr_steps=ALL)
+    assert remote.checkpoint is not None and remote.checkpoint.endswith("gate-run/checkpoint-8")
+    fields = ("weights_branch", "start_step", "max_steps", "steps_to_train", "lr", "verdict", "base_lr")
+    assert {k: getattr(remote, k) for k in fields} == {k: getattr(local, k) for k in fields}
+    assert [(f.rule, f.message) for f in remote.findings] == [(f.rule, f.message) for f in local.findings]
+    cli = CliRunner().invoke(main, ["gate", url, "--checkpoint", "checkpoint-4", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["start_step"] == 4
+    assert CliRunner().invoke(main, ["gate", url.rstrip("/") + "-nothing/"]).exit_code == 2
+    assert_predicted(local, train(out, resume=True, num_train_epochs=3))

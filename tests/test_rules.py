@@ -406,6 +406,37 @@ def cut_rng_pickle(copy: Copy) -> Path:
     return root
 
 
+SAMPLES = Path(__file__).parent / "data"  # real MindNLP and TensorFlow/Keras output (tests/test_frameworks.py)
+
+
+def sample(rel: str, change: Callable[[Path], None] = lambda root: None) -> Callable[[Copy], Path]:
+    """A writable copy of the real sample ``tests/data/<rel>``, changed by ``change``."""
+
+    def make(copy: Copy) -> Path:
+        root = copy("clean-full").parent / "sample"
+        shutil.copytree(SAMPLES / rel, root)
+        for p in root.rglob("*"):
+            p.chmod(0o644 if p.is_file() else 0o755)
+        change(root)
+        return root
+
+    return make
+
+
+def _drop_tf_bundle_3(root: Path) -> None:
+    for p in (root / "checkpoint").glob("ckpt-3.*"):
+        p.unlink()
+
+
+def _cut_h5(root: Path) -> None:
+    with open(root / "tf_model.h5", "r+b") as f:
+        f.truncate(1000)
+
+
+def _add_flax(root: Path) -> None:
+    (root / "flax_model.msgpack").write_bytes(b"\x81\xa6params\x80")
+
+
 @dataclass(frozen=True, slots=True)
 class Fires:
     """Rule ``code`` reports ``path`` with ``severity`` and a message holding every fragment of ``says``."""
@@ -431,6 +462,12 @@ WARN, ERR, INFO = Severity.WARNING, Severity.ERROR, Severity.INFO
 LORA_Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 
 FIRES: tuple[Fires, ...] = (
+    Fires("CKD107", "tf-bundle-deleted", sample("tf/tf-trainer", _drop_tf_bundle_3), "checkpoint/checkpoint", ERR,
+          ("model_checkpoint_path", '"ckpt-3"', "NotFoundError")),
+    Fires("CKD215", "truncated-h5", sample("tf/tf-trainer", _cut_h5), "tf_model.h5", ERR,
+          ("HDF5", "16,208 missing", "truncated")),
+    Fires("CKD216", "flax-msgpack", sample("tf/keras-weights", _add_flax), "flax_model.msgpack", INFO,
+          ("Flax msgpack", "not checked")),
     Fires("CKD001", "symlink-loop", link_loop, f"{CK8}/a.json", WARN, ("symbolic link loop",)),
     Fires("CKD001", "undecodable-name", bad_name, f"{CK8}/notes-\\xe9t\\xe9.txt", WARN, ("not valid UTF-8",)),
     Fires("CKD101", "stale-higher", clean("stale-higher"), "checkpoint-12", ERR,
@@ -519,6 +556,10 @@ FIRES: tuple[Fires, ...] = (
 )
 
 SILENT: tuple[Silent, ...] = (
+    Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
+    Silent("CKD215", "mindnlp", sample("mindnlp")),
+    Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),
+    Silent("CKD216", "keras-weights", sample("tf/keras-weights")),
     Silent("CKD001", "link-inside-root", link_inside),
     Silent("CKD101", "stale-quarantined", stale_removed),
     Silent("CKD101", "clean-full", clean("clean-full")),

@@ -10,11 +10,19 @@ from typing import Any
 import click
 
 from ckptdoctor import schedules
-from ckptdoctor.cli.options import UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
 from ckptdoctor.render.gate import render_text, summary
 from ckptdoctor.resume.api import run_gate
-from ckptdoctor.resume.plan import DEFAULT_LR_STEPS, MAX_LR_STEPS, GateInputError, parse_kwargs, plan_from_training_args
+from ckptdoctor.resume.plan import (
+    DEFAULT_LR_STEPS,
+    MAX_LR_STEPS,
+    GateInputError,
+    parse_kwargs,
+    plan_from_training_args,
+    read_training_args,
+)
 from ckptdoctor.scanner import Report
+from ckptdoctor.sources import is_remote
 
 _EPILOG = """\b
 Examples:
@@ -22,7 +30,9 @@ Examples:
   ckptdoctor gate runs/my-run --num-train-epochs 5     # what will 2 more epochs do?
   ckptdoctor gate fixtures/lr-finished --max-steps 16  # resume a finished run: LR 0, then a new schedule
   ckptdoctor gate runs/my-run --checkpoint checkpoint-800 --learning-rate 1e-4 --format json
-  ckptdoctor gate runs/my-run --training-args args.json --world-size 8 --format github   # in CI, before launch
+  ckptdoctor gate runs/my-run --training-args job/training_args.bin --world-size 8 --format github  # in CI
+  ckptdoctor gate runs/my-run --per-device-train-batch-size 16    # a new batch size: new steps per epoch
+  ckptdoctor gate s3://bucket/runs/my-run                         # a run in object storage, as `scan` reads it
   ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
 
 \b
@@ -32,7 +42,7 @@ Options left out are the run's own: read from the checkpoint's training_args.bin
 \b
 Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
 `ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
-scan findings only (the gate rules CKD407-413 and CKD504 run unless ignored), its fail-on when --fail-on is not
+scan findings only (the gate rules CKD407-414 and CKD504 run unless ignored), its fail-on when --fail-on is not
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
@@ -44,7 +54,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 
 
 @click.command("gate", epilog=_EPILOG, short_help="Predict what a resume will load, train and at which LRs.")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dir", type=ScanRoot(exists=True, file_okay=False))
 @click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR), as "
               "resume_from_checkpoint=PATH does.  [default: the highest-numbered checkpoint-N in RUN_DIR, as "
               "resume_from_checkpoint=True picks]")
@@ -64,20 +74,29 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up as a "
               "ratio of max_steps (4.x's warmup_ratio; not with --warmup-steps).  [default: the run's own]")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1),
-              help="Optimizer steps per epoch of the resumed run; give it when the dataset, batch size, gradient "
-              "accumulation or world size changes.  [default: the checkpoint's, from trainer_state.json]")
-@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on, compared with "
-              "the ranks that saved the checkpoint (CKD504).  [default: not checked]")
+              help="Optimizer steps per epoch of the resumed run; give it when the dataset changes, or when a new "
+              "batch size cannot be sized (CKD414).  [default: the checkpoint's, from trainer_state.json, or "
+              "derived from it for a planned batch size, gradient accumulation or world size]")
+@click.option("--per-device-train-batch-size", type=click.IntRange(min=1), help="Planned "
+              "per_device_train_batch_size. A new batch size changes the steps per epoch: they are derived from "
+              "the run's recorded train_batch_size, or reported unknown (CKD414).  [default: the run's own]")
+@click.option("--gradient-accumulation-steps", type=click.IntRange(min=1), help="Planned "
+              "gradient_accumulation_steps; changes the steps per epoch as a new batch size does.  "
+              "[default: the run's own]")
+@click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on: compared with "
+              "the ranks that saved the checkpoint (CKD504), and a change of it changes the steps per epoch.  "
+              "[default: the run's own, not checked]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
-              metavar="FILE.json", help="The planned TrainingArguments as JSON (args.to_json_string()); the options "
-              "above override it.  [default: none: the run's own arguments]")
+              metavar="FILE", help="The planned TrainingArguments: a training_args.bin (read statically, never "
+              "loaded), a JSON file (args.to_json_string()), or YAML when PyYAML is installed; the options above "
+              "override it.  [default: none: the run's own arguments]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
               show_default=True, help="text: the prediction, findings and verdict for people; json: one "
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
-@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-413, CKD504) run "
+@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
 def gate_command(
@@ -91,6 +110,8 @@ def gate_command(
     warmup_steps: float | None,
     warmup_ratio: float | None,
     steps_per_epoch: int | None,
+    per_device_train_batch_size: int | None,
+    gradient_accumulation_steps: int | None,
     world_size: int | None,
     training_args_file: str | None,
     lr_steps: int,
@@ -104,7 +125,7 @@ def gate_command(
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
-    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-413,
+    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-414,
     CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
     reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
     from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
@@ -121,18 +142,19 @@ def gate_command(
     file_args: dict[str, Any] | None = None
     if training_args_file is not None:
         try:
-            with open(training_args_file, encoding="utf-8") as fh:
-                loaded = json.load(fh)
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
-            raise UsageProblem(f"--training-args {training_args_file}: {exc or type(exc).__name__}") from None
-        if not isinstance(loaded, dict):
-            raise UsageProblem(f"--training-args {training_args_file}: not a JSON object")
-        file_args = loaded
-        try:
+            file_args = read_training_args(training_args_file)
             plan_from_training_args(file_args, strict=True)
         except GateInputError as exc:
-            raise UsageProblem(f"--training-args {training_args_file}: {exc}") from None
-    if checkpoint is not None and not (os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))):
+            message = str(exc).removeprefix(f"{training_args_file}: ")
+            raise UsageProblem(f"--training-args {training_args_file}: {message}") from None
+    remote = is_remote(run_dir)
+    if remote:  # click checked a local RUN_DIR; a URL's prefix is listed once, as `scan` lists its roots
+        from ckptdoctor.cli.scan import _check_remote_roots
+
+        _check_remote_roots([run_dir], deep=False)
+    if checkpoint is not None and not remote and not is_remote(checkpoint) and not (
+        os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))
+    ):
         raise UsageProblem(f"--checkpoint {checkpoint}: no such folder (nor in {run_dir})")
     try:
         planned = {
@@ -140,6 +162,8 @@ def gate_command(
             "lr_scheduler_type": lr_scheduler_type, "lr_scheduler_kwargs": kwargs,
             "warmup_steps": warmup_steps if warmup_steps is not None else warmup_ratio,
             "steps_per_epoch": steps_per_epoch, "world_size": world_size,
+            "per_device_train_batch_size": per_device_train_batch_size,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,

@@ -30,6 +30,30 @@ from ckptdoctor.readers.pickle_values import (
 __all__ = ["CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "iter_values", "merge_pickles", "walk_pickle"]
 
 
+def _check_frame(data: bytes, start: int, end: int) -> None:
+    """Raise ``_Malformed`` unless the opcodes of the frame ``data[start:end]`` end exactly at its end.
+
+    Writers end a frame between opcodes. When an opcode's argument runs past the frame, CPython's C unpickler reading
+    a file (``torch.load``, ``pickle.load``) drops the frame's remaining bytes and reads the argument from the bytes
+    after it, while ``pickle.loads`` refuses the data: one stream, two meanings, and a payload can hide in the one
+    this walk would not take (CPython issue 154848). Only framed pickles (protocol 4 and 5) pay for this pass.
+    """
+    import io
+    import pickletools
+
+    try:
+        for opcode, _, at in pickletools.genops(io.BytesIO(data[start:end])):
+            if opcode.name == "STOP":
+                return
+            if opcode.name == "FRAME":
+                raise _Malformed(f"a FRAME opens at byte {start + (at or 0)}, inside the frame before it")
+    except ValueError as exc:  # an argument cut by the frame's end, or a byte that is no opcode
+        if str(exc) == "pickle exhausted before seeing STOP":  # the last opcode ended with the frame: as written
+            return
+        raise _Malformed(f"an opcode runs past the end of its FRAME at byte {end} ({exc}): the unpickler reading "
+                         "a file and pickle.loads read different streams") from None
+
+
 class _Malformed(Exception):
     """Internal: aborts the walk with a MALFORMED_PICKLE (or LIMIT) problem."""
 
@@ -610,6 +634,7 @@ class _Walker:
                     frame_len = _unpack_u8(take(8))[0]
                     if frame_len > n - pos:
                         raise _Malformed(f"truncated stream: frame of {frame_len} bytes, {n - pos} left")
+                    _check_frame(data, pos, pos + frame_len)
                 elif op == 0x80:  # PROTO
                     if pos >= n:
                         raise _Malformed("truncated stream")

@@ -20,8 +20,10 @@ def render_text(result: GateResult) -> str:
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
         if total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
-            why = ("the resume raises before its first step" if any(f.rule == "CKD413" for f in result.findings)
-                   else "the checkpoint was not read (CKD604)")
+            rules = {f.rule for f in result.findings}
+            why = ("the resume raises before its first step" if "CKD413" in rules
+                   else "the planned batch size changes the steps per epoch by an unknown amount (CKD414)"
+                   if "CKD414" in rules else "the checkpoint was not read (CKD604)")
             lines.append(f"  steps            {at}: not predicted, {why}")
         elif s is not None and start is not None and total:
             end = start + todo
@@ -62,8 +64,9 @@ def summary(result: GateResult) -> str:
         return "resume finds no checkpoint"
     lrs = f"; first LRs {format_lrs(result.lr)}" if result.lr else ""
     if result.max_steps is None or result.steps_to_train is None:
-        return (f"resume loads {result.checkpoint} ({result.weights_branch}) and raises before its first step; "
-                f"verdict {result.verdict}")
+        what = "and raises before its first step" if any(f.rule == "CKD413" for f in result.findings) else (
+            "; its steps are not predicted")
+        return f"resume loads {result.checkpoint} ({result.weights_branch}) {what}; verdict {result.verdict}"
     return (
         f"resume loads {result.checkpoint} ({result.weights_branch}) at step {result.start_step} and trains "
         f"{result.steps_to_train} of max_steps {result.max_steps}{lrs}; verdict {result.verdict}"

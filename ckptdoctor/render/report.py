@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptdoctor import __version__, trainer_view
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json
-from ckptdoctor.model import Checkpoint, FolderRole, Run, Tree
+from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Tree
 from ckptdoctor.scanner import Report
 
 SCHEMA = "ckptdoctor.report/1"
@@ -33,6 +33,9 @@ def _lr(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+_FRAMEWORK_NAMES = {Framework.PYTORCH: "PyTorch", Framework.MINDNLP: "MindNLP", Framework.TENSORFLOW: "TensorFlow"}
+
+
 def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
     """One checkpoint as the JSON report describes it."""
     ts = trainer_view.trainer_state(ck)
@@ -42,6 +45,7 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
         "global_step": ts.global_step if ts else None,
         "max_steps": ts.max_steps if ts else None,
         "kinds": trainer_view.kinds(ck),
+        "framework": ck.framework.value,
         "files": len(ck.files),
         "bytes": sum(f.size for f in ck.files),
         "tensors": trainer_view.tensor_count(ck),
@@ -203,6 +207,13 @@ def render_text(report: Report, *, color: bool = False) -> str:
                 if pick
                 else ("given directly (pass it as resume_from_checkpoint)" if run.standalone else "nothing to resume")
             )
+            frameworks = sorted({ck.framework for ck in run.checkpoints if ck.framework is not Framework.PYTORCH})
+            if frameworks:  # another stack's checkpoints: say whose, and how it restores a TF folder
+                names = ", ".join(_FRAMEWORK_NAMES[fw] for fw in frameworks)
+                if frameworks == [Framework.TENSORFLOW] and not pick:
+                    bundle = any(f.name == "checkpoint" for ck in run.checkpoints for f in ck.files)
+                    pick_txt = "a restart restores the bundle `checkpoint` names" if bundle else "weights for Keras"
+                pick_txt = f"{names}; {pick_txt}"
             out.append(st.bold(f"{title}") + st.dim(f"  ({pick_txt})"))
             out.append(_run_table(tree, run, tree_findings))
             out.append("")

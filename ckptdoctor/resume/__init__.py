@@ -1,7 +1,7 @@
 """The pre-resume gate: predict what ``trainer.train(resume_from_checkpoint=...)`` will do, and judge it first.
 
 ``plan``: what the resume is planned with, and every argument it will use. ``predict``: the pure arithmetic of
-transformers' resume path, a frozen ``Prediction`` (no findings, no text). ``rules``: the gate rules (CKD407-413,
+transformers' resume path, a frozen ``Prediction`` (no findings, no text). ``rules``: the gate rules (CKD407-414,
 CKD504), registered like every other rule and run over a ``ResumeContext``. ``api``: ``gate()`` and its
 ``GateResult``. ``_text`` and ``_cli`` render a result and make the ``ckptdoctor gate`` command (click): they import
 the rest of this package, never the reverse.

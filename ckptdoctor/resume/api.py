@@ -211,19 +211,20 @@ def gate(
 
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
     ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
-    ``ignore_data_skip``, ``grad_scaler``: whether the resuming Trainer has a GradScaler,
-    ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt`` in the checkpoint is
-    CKD413); ``training_args`` is a ``TrainingArguments``-like mapping read first, which explicit keywords override
-    (a value of the wrong type or not finite in either raises ``GateInputError`` naming it). Anything not planned
-    is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
-    --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken
-    from the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only;
-    never imports torch.
+    ``per_device_train_batch_size``, ``gradient_accumulation_steps`` (a change of these three derives the steps per
+    epoch from the run's, or is CKD414 when it cannot), ``ignore_data_skip``, ``grad_scaler``: whether the resuming
+    Trainer has a GradScaler, ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt``
+    in the checkpoint is CKD413); ``training_args`` is a ``TrainingArguments``-like mapping read first, which
+    explicit keywords override (a value of the wrong type or not finite in either raises ``GateInputError`` naming
+    it). Anything not planned is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
+    --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken from
+    the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only; never
+    imports torch.
 
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
     (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
     ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False. The file's ignore and severity apply
-    to the scan findings and to the gate's own rules (CKD407-413, CKD504); its select, like ``select``, narrows
+    to the scan findings and to the gate's own rules (CKD407-414, CKD504); its select, like ``select``, narrows
     the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
     (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
     defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An
@@ -261,19 +262,27 @@ def run_gate(
     check_plan(values)
     if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
         values.pop("max_steps", None)  # epochs planned explicitly: an epoch-based run, whatever the file says
+    from ckptdoctor.sources import is_remote
+
     target = os.fspath(run_dir)
+    remote = is_remote(target)
     ck_arg: str | None = None
     if checkpoint is not None:
         ck_arg = os.fspath(checkpoint)
-        inside = os.path.join(target, ck_arg)
-        in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
-        target = inside if in_run else ck_arg
+        if is_remote(ck_arg):
+            target = ck_arg
+        elif remote:  # a name inside a URL run (no cheap "is it a folder" there: a missing one scans empty)
+            target = ck_arg if not checkpoint_in_run else f"{target.rstrip('/')}/{ck_arg.strip('/')}"
+        else:
+            inside = os.path.join(target, ck_arg)
+            in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
+            target = inside if in_run else ck_arg
     selection, cfg_fail_on = rule_selection(
         os.fspath(run_dir), select, ignore, config, on_kept=on_kept, allow_global=allow_global
     )
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     scanned: Sequence[Finding] = ()
-    if ck_arg is not None and not os.path.isdir(target):
+    if ck_arg is not None and not is_remote(target) and not os.path.isdir(target):
         # No folder there (or a file): train() finds no weights file in it and raises; nothing to scan.
         tree = Tree(target, (), path_problems=(PathProblem(".", ReadProblem(ProblemKind.UNREADABLE, "not a folder")),))
     else:

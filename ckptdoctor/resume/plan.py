@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,15 +63,22 @@ class Plan:
     lr_scheduler_kwargs: Mapping[str, Any] | None = None
     steps_per_epoch: int | None = None
     world_size: int | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
     ignore_data_skip: bool | None = None
     grad_scaler: bool | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
 
+# Each rank's RNG state (`_save_rng_state`): `rng_state.pth` for one process, `rng_state_R.pth` for rank R of many.
+RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+# The TrainingArguments that size an epoch: with the world size they make the train dataloader's length.
+BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 PLAN_FIELDS = frozenset(
     ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs",
-     "steps_per_epoch", "world_size", "ignore_data_skip", "grad_scaler")
+     "steps_per_epoch", "world_size", "per_device_train_batch_size", "gradient_accumulation_steps",
+     "ignore_data_skip", "grad_scaler")
 )  # fmt: skip
 
 
@@ -113,6 +123,10 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
             out[key] = value
     if trainer_view._int(args.get("max_steps")) is not None:
         out["max_steps"] = int(args["max_steps"])
+    for key in BATCH_FIELDS:
+        count = trainer_view._int(args.get(key))
+        if count is not None and count >= 1:
+            out[key] = count
     if isinstance(args.get("lr_scheduler_type"), str):
         out["lr_scheduler_type"] = args["lr_scheduler_type"]
     kwargs = parse_kwargs(args.get("lr_scheduler_kwargs"))
@@ -128,6 +142,75 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     return out
 
 
+_YAML_NUMBERS = ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio")
+
+
+def read_training_args(path: str) -> dict[str, Any]:
+    """The ``TrainingArguments`` a launcher holds in the file ``path``, as a mapping for ``plan_from_training_args``.
+
+    ``training_args.bin`` (``torch.save`` of ``TrainingArguments``, what ``Trainer._save`` writes) is read exactly
+    as a scan reads the checkpoint's own: its pickle walked opcode by opcode, never loaded
+    (``trainer_view.training_args``). Anything else is JSON (``args.to_json_string()``), or YAML when PyYAML is
+    importable (a YAML 1.1 parser reads ``2e-5`` as a string: such strings of the float fields become numbers, as
+    ``HfArgumentParser`` makes them). Raises ``GateInputError`` saying why the file cannot be used.
+    """
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh:
+            data = fh.read(_ARGS_FILE_CAP + 1)
+    except OSError as exc:
+        raise GateInputError(f"{path}: {exc.strerror or exc}") from None
+    if data[:2] == b"PK" or data[:1] == b"\x80":  # a torch zip archive, or a legacy (bare pickle) torch.save
+        from ckptdoctor.readers import read_file
+
+        facts = read_file(os.path.realpath(path), os.path.basename(path), st)
+        args = trainer_view._training_args(facts)
+        if args is None:
+            why = facts.problems[0].message if facts.problems else "it holds no TrainingArguments state"
+            raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}")
+        return args
+    if len(data) > _ARGS_FILE_CAP:
+        raise GateInputError(f"{path}: over {_ARGS_FILE_CAP // 2**20} MiB: not a TrainingArguments file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GateInputError(f"{path}: neither a training_args.bin nor UTF-8 JSON or YAML") from None
+    try:
+        loaded = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested 10^5 deep
+        loaded = _yaml(path, text, exc)
+    if not isinstance(loaded, dict):
+        raise GateInputError(f"{path}: not a mapping of TrainingArguments (a JSON or YAML object)")
+    return loaded
+
+
+_ARGS_FILE_CAP = 16 * 2**20  # a TrainingArguments JSON is a few KiB
+
+
+def _yaml(path: str, text: str, json_error: BaseException) -> Any:
+    """``text`` read as YAML when PyYAML is importable (never a dependency of ckptdoctor), else the JSON error."""
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        raise GateInputError(f"{path}: not JSON ({json_error or type(json_error).__name__}); YAML is read only when "
+                             "PyYAML is installed") from None
+    try:
+        loaded = yaml.safe_load(text)  # safe_load builds plain values only: no tags that construct objects
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise GateInputError(f"{path}: neither JSON nor YAML ({_first_line(exc)})") from None
+    if isinstance(loaded, dict):
+        for key in _YAML_NUMBERS:
+            v = loaded.get(key)
+            if isinstance(v, str):
+                with contextlib.suppress(ValueError):  # else left as is: the strict check names it
+                    loaded[key] = float(v)
+    return loaded
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__).splitlines()[0]
+
+
 def _check_training_args(args: Mapping[str, Any]) -> None:
     """``GateInputError`` for a planned ``TrainingArguments`` value that ``plan_from_training_args`` would skip."""
     brief = schedules.brief
@@ -139,6 +222,10 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
     v = args.get("max_steps")
     if v is not None and trainer_view._int(v) is None:
         raise GateInputError(f"training_args max_steps must be an integer, not {brief(v)}")
+    for key in BATCH_FIELDS:
+        v = args.get(key)
+        if v is not None and (trainer_view._int(v) is None or v < 1):
+            raise GateInputError(f"training_args {key} must be an integer >= 1, not {brief(v)}")
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
         raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
@@ -160,7 +247,8 @@ def check_plan(values: dict[str, Any]) -> None:
         number = trainer_view.number(v)
         if v is not None and (number is None or not math.isfinite(number)):
             raise GateInputError(f"{key} must be a finite number, not {brief(v)}")
-    for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1)):
+    for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1),
+                     ("per_device_train_batch_size", 1), ("gradient_accumulation_steps", 1)):
         v = values.get(key)
         if v is not None and (trainer_view._int(v) is None or (low is not None and v < low) or abs(v) >= INT_LIMIT):
             raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
@@ -196,6 +284,9 @@ class Settings:
     ignore_data_skip: bool
     steps_per_epoch: int | None
     sources: Mapping[str, str] = field(default_factory=dict)
+    # How steps_per_epoch was derived from a planned batch size, gradient accumulation or world size; when it is
+    # None (sources says "unknown"), why it cannot be known (CKD414).
+    steps_per_epoch_note: str | None = None
 
 
 def steps_per_epoch_of(ts: trainer_view.TrainerStateView) -> int | None:
@@ -254,11 +345,9 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
     kw = pick("lr_scheduler_kwargs", plan.lr_scheduler_kwargs, parse_kwargs(args.get("lr_scheduler_kwargs")))
     skip_flag = args.get("ignore_data_skip")
     ignore = pick("ignore_data_skip", plan.ignore_data_skip, skip_flag if isinstance(skip_flag, bool) else None)
-    upe = plan.steps_per_epoch
-    sources["steps_per_epoch"] = "planned"
+    upe, sources["steps_per_epoch"], upe_note = plan.steps_per_epoch, "planned", None
     if upe is None:
-        upe = steps_per_epoch_of(ts) if ts else None
-        sources["steps_per_epoch"] = "trainer_state.json" if upe is not None else "unknown"
+        upe, sources["steps_per_epoch"], upe_note = derive_steps_per_epoch(plan, ck, ts, args)
     return Settings(
         num_train_epochs=float(epochs),
         max_steps=int(max_steps),
@@ -269,4 +358,122 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
         ignore_data_skip=bool(ignore),
         steps_per_epoch=upe,
         sources=sources,
+        steps_per_epoch_note=upe_note,
     )
+
+
+def run_world_size(ck: Checkpoint) -> int | None:
+    """How many processes saved ``ck``: its FSDP / DeepSpeed shards, else its RNG files (``rng_state.pth``: 1;
+    ``rng_state_R.pth``: the highest R + 1); None when nothing says."""
+    from ckptdoctor.rules.training import saved_world_size
+
+    saved = saved_world_size(ck)
+    if saved is not None:
+        return saved
+    ranks = {-1 if m.group(1) is None else int(m.group(1)) for m in map(RNG_RE.match, map(ck.relname, ck.files)) if m}
+    if not ranks:
+        return None
+    return 1 if ranks == {-1} else max(ranks) + 1
+
+
+def updates_per_epoch(samples: int, batch: int, world: int, accumulation: int, drop_last: bool) -> int:
+    """Optimizer updates per epoch of ``samples`` examples: the DataLoader's batches (``drop_last`` floors them),
+    each process's share of them (accelerate's ``BatchSamplerShard.__len__`` with even batches), then
+    ``Trainer.set_initial_training_values``' ``max(ceil(len_dataloader / gradient_accumulation_steps), 1)``."""
+    batches = samples // batch if drop_last else -(-samples // batch)
+    per_rank = batches // world if drop_last or batches % world == 0 else batches // world + 1
+    return max(-(-per_rank // accumulation), 1)
+
+
+def derive_steps_per_epoch(
+    plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None, args: Mapping[str, Any]
+) -> tuple[int | None, str, str | None]:
+    """Steps per epoch of the resume when it is not planned: ``(value, source, note)``.
+
+    With the run's batch size, gradient accumulation and world size it is the run's own (``trainer_state.json``).
+    When the plan changes one of them, the Trainer recomputes it from the new dataloader: the run's recorded
+    ``train_batch_size`` (``per_device_train_batch_size x max(1, n_gpu)``), its ``gradient_accumulation_steps``
+    (``training_args.bin``) and world size (its shard or RNG files) turn its steps per epoch into the range of
+    dataset lengths that give them, and the new arguments turn that range into the new steps per epoch. When the
+    range gives more than one value, or a run value is not recorded, the value is None and the note says why.
+    """
+    upe0 = steps_per_epoch_of(ts) if ts else None
+    wanted = (plan.per_device_train_batch_size, plan.gradient_accumulation_steps, plan.world_size)
+    if all(v is None for v in wanted):
+        return upe0, "trainer_state.json" if upe0 is not None else "unknown", None
+    batch0 = ts.train_batch_size if ts else None
+    device0 = trainer_view._int(args.get("per_device_train_batch_size"))
+    accum0 = trainer_view._int(args.get("gradient_accumulation_steps")) or (1 if args else None)
+    world0 = run_world_size(ck)
+    unknown: list[str] = []
+    batch1 = batch0
+    if plan.per_device_train_batch_size is not None and plan.per_device_train_batch_size != device0:
+        if batch0 is None or device0 is None or device0 < 1 or batch0 % device0:
+            unknown.append("the run's train_batch_size (trainer_state.json) and per_device_train_batch_size "
+                           "(training_args.bin)")
+        else:  # the run's n_gpu factor (DataParallel) is kept: only the per-device batch is planned
+            batch1 = plan.per_device_train_batch_size * (batch0 // device0)
+    accum1 = plan.gradient_accumulation_steps or accum0
+    if plan.gradient_accumulation_steps is not None and accum0 is None:
+        unknown.append("the run's gradient_accumulation_steps (training_args.bin)")
+    world1 = plan.world_size or world0
+    if plan.world_size is not None and world0 is None:
+        unknown.append("the run's world size (no RNG or shard files)")
+    if not unknown and (batch1, accum1, world1) == (batch0, accum0, world0):
+        return upe0, "trainer_state.json" if upe0 is not None else "unknown", None
+    if upe0 is None:
+        unknown.append("the run's steps per epoch (trainer_state.json)")
+    if batch0 is None or batch0 < 1:
+        unknown.append("the run's train_batch_size (trainer_state.json)")
+    if accum1 is None:
+        unknown.append("the run's gradient_accumulation_steps (training_args.bin)")
+    change = _change(plan, device0, accum0, world0)
+    if unknown:
+        return None, "unknown", f"{change} changes the steps per epoch, and {', '.join(dict.fromkeys(unknown))} " \
+            "cannot be read"
+    assert upe0 is not None and batch0 is not None and accum1 is not None and batch1 is not None
+    accum0, world0, world1 = accum0 or 1, world0 or 1, world1 or 1
+    drop = args.get("dataloader_drop_last") is True
+    low, high = _samples_for(upe0, batch0, world0, accum0, drop)
+    run = (f"the run's {upe0} steps per epoch at train_batch_size {batch0}, gradient_accumulation_steps {accum0}, "
+           f"world size {world0} mean {low:,}" + (f" to {high:,} samples" if high != low else " samples"))
+    if low > high:
+        return None, "unknown", f"{change} changes the steps per epoch, and no dataset length gives the run's " \
+            f"{upe0} steps per epoch at train_batch_size {batch0}"
+    first, last = (updates_per_epoch(n, batch1, world1, accum1, drop) for n in (low, high))
+    if first != last:
+        return None, "unknown", f"{change} changes the steps per epoch: {run}, which give {first} to {last} steps " \
+            "per epoch"
+    return first, "derived", f"{change}: {run}, {first} steps per epoch"
+
+
+def _change(plan: Plan, device0: int | None, accum0: int | None, world0: int | None) -> str:
+    """What the plan changes, for a message: ``per_device_train_batch_size 8 -> 4``."""
+    def text(v: int | None) -> str:
+        return "?" if v is None else int_text(v)
+
+    parts = [f"{name} {text(old)} -> {int_text(new)}" for name, old, new in (
+        ("per_device_train_batch_size", device0, plan.per_device_train_batch_size),
+        ("gradient_accumulation_steps", accum0, plan.gradient_accumulation_steps),
+        ("world size", world0, plan.world_size),
+    ) if new is not None and new != old]
+    return "planned " + ", ".join(parts) if parts else "the plan"
+
+
+def _samples_for(updates: int, batch: int, world: int, accumulation: int, drop_last: bool) -> tuple[int, int]:
+    """The dataset lengths whose epoch makes ``updates`` optimizer updates (``updates_per_epoch`` never decreases
+    with the length, so they form one range); ``low > high`` when none does."""
+    def first_reaching(target: int) -> int:
+        lo, hi = 1, (target + 1) * accumulation * world * batch + world * batch  # hi always reaches the target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if updates_per_epoch(mid, batch, world, accumulation, drop_last) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    low = first_reaching(updates)
+    if updates_per_epoch(low, batch, world, accumulation, drop_last) != updates:
+        return low, low - 1
+    return low, first_reaching(updates + 1) - 1

@@ -12,14 +12,11 @@ It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the fro
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
-
-RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+from ckptdoctor.resume.plan import INT_LIMIT, RNG_RE, GateInputError, Plan, Settings, int_text, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +121,8 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     start = (ts.global_step or 0) if ts is not None else None
     crash = _crash(ck, ts, branch)
     settings = resolve(plan, ck, ts)
+    if trainer_view.is_mindnlp(ck):
+        settings = _mindnlp_settings(settings, ts)
     if start is not None and abs(start) >= INT_LIMIT:
         raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
                              "predicted from it")
@@ -131,6 +130,8 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     if crash is not None or start is None:
         return found
     if settings.steps_per_epoch is None:
+        if settings.steps_per_epoch_note is not None:  # a planned batch change it cannot size: CKD414 says so
+            return found
         raise GateInputError(
             f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
         )
@@ -150,11 +151,22 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
         return replace(found, crash=crash)
     restores = trainer_view.is_deepspeed(ck) or (
-        trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None
+        trainer_view.has_optimizer_state(ck) and trainer_view.scheduler_file(ck) is not None
     )
     base = _base_lr(ck) if restores else settings.learning_rate
     found = replace(found, steps=steps, warmup=warmup, restores=restores, base_lr=base)
     return _predict_lrs(found, ck, steps, warmup, plan.lr_steps)
+
+
+def _mindnlp_settings(s: Settings, ts: trainer_view.TrainerStateView | None) -> Settings:
+    """MindNLP writes no ``training_args.bin``: a warm-up nobody planned is read from the run's logged LRs (its
+    LambdaLR logs ``base_lr * step / warmup_steps`` during warm-up) instead of defaulting to 0."""
+    if s.sources.get("warmup_steps") != "default" or ts is None:
+        return s
+    warmup = trainer_view.logged_warmup_steps(ts, s.learning_rate)
+    if warmup is None:
+        return s
+    return replace(s, warmup_steps=float(warmup), sources={**s.sources, "warmup_steps": "trainer_state.json"})
 
 
 def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr_steps: int) -> Prediction:
@@ -165,7 +177,13 @@ def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr
                                 lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
         lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
     except schedules.ScheduleError as exc:
-        return replace(p, schedule_rejected=str(exc))
+        p = replace(p, schedule_rejected=str(exc))
+        if s.lr_scheduler_type in schedules.METRIC_DRIVEN and min(lr_steps, steps.steps_to_train) > 0:
+            # ReduceLROnPlateau and GreedyLR change the LR only when stepped with an evaluation's metrics: the first
+            # resumed step runs at the LR restored into the optimizer (a fresh one: the planned learning_rate)
+            first = _first_lr(ck) if p.restores else s.learning_rate
+            return p if first is None else replace(p, lr_count=1, lrs=(first,))
+        return p
     except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
         return replace(p, schedule_error=Raised.of(exc))
     n = max(0, min(lr_steps, steps.steps_to_train))
@@ -222,7 +240,9 @@ def _load_error(f: FileFacts) -> tuple[str, str] | None:
     what = "is truncated" if problem.kind is ProblemKind.TRUNCATED else "is corrupt"
     if problem.kind is ProblemKind.UNREADABLE:
         return "cannot be read", "OSError"
-    if f.kind is FileKind.JSON or name.endswith(".json"):
+    # MindNLP's `scheduler.json` is a zip archive, read as one (the torch branch below)
+    if f.kind is FileKind.JSON or (name.endswith(".json") and not (
+            f.kind is FileKind.TORCH_ZIP and name == trainer_view.MS_SCHEDULER)):
         # the scan also rejects a repeated key and bad UTF-8 (INVALID_JSON with another message): json.load does not
         if problem.kind is ProblemKind.TRUNCATED or problem.message.startswith("invalid JSON at line"):
             return what, "json.JSONDecodeError"
@@ -245,6 +265,16 @@ def _damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
     return f"`{name}` {bad[0]}: train() raises {bad[1]} in {loader}"
 
 
+def _mindnlp_damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
+    """``_damaged`` for a file MindNLP loads (its exception types are not modelled, only that it raises)."""
+    f = ck.file(name)
+    bad = _load_error(f) if f is not None else None
+    broken = next((p for p in f.problems if p.kind in _BROKEN), None) if f is not None else None
+    if bad is None and f is not None and f.kind is FileKind.MINDSPORE and broken is not None:
+        bad = ("is truncated" if broken.kind is ProblemKind.TRUNCATED else "is corrupt", "")
+    return None if bad is None else f"`{name}` {bad[0]}: train() raises in {loader}"
+
+
 def _shard_names(ck: Checkpoint) -> list[str] | None:
     """The shards ``load_sharded_checkpoint`` opens (the safetensors index first), or None when its index is
     unusable (its own crash). Names that are not plain paths inside the folder are left to the scan rules."""
@@ -264,6 +294,8 @@ def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
     if branch == "full":
         if ck.file(trainer_view.SAFE_WEIGHTS) is not None:
             return _damaged(ck, trainer_view.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
+        if trainer_view.is_mindnlp(ck):
+            return _mindnlp_damaged(ck, trainer_view.MS_WEIGHTS, "_load_from_checkpoint (mindspore.load_checkpoint)")
         return _damaged(ck, trainer_view.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
     index = trainer_view.SAFE_INDEX if ck.file(trainer_view.SAFE_INDEX) is not None else trainer_view.BIN_INDEX
     crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
@@ -307,6 +339,13 @@ def _state_crash(
     any one when the resume has no GradScaler, ``grad_scaler`` False; a damaged one otherwise), and the RNG file
     ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when more than one
     process runs; a missing one only logs)."""
+    if trainer_view.is_mindnlp(ck):
+        # MindNLP loads both state files when both exist, and has no scaler or RNG file
+        if trainer_view.optimizer_file(ck) is None or trainer_view.scheduler_file(ck) is None:
+            return None
+        loader = "MindNLP's _load_optimizer_and_scheduler"
+        return (_mindnlp_damaged(ck, trainer_view.MS_OPTIMIZER, loader)
+                or _mindnlp_damaged(ck, trainer_view.MS_SCHEDULER, loader))
     loader = "_load_optimizer_and_scheduler (torch.load)"
     if branch == "deepspeed":
         crash = _damaged(ck, trainer_view.SCHEDULER, loader)

@@ -75,21 +75,6 @@ def _in_folder(ck: Checkpoint, name: str) -> str:
     return name if ck.path in ("", ".") else f"{ck.path}/{name}"
 
 
-def _rng_ranks(ck: Checkpoint) -> int | None:
-    """Ranks that saved RNG state: 1 for ``rng_state.pth``, else the highest ``rng_state_R.pth`` + 1."""
-    from ckptdoctor.resume.predict import RNG_RE
-
-    ranks: set[int] = set()
-    for f in ck.files:
-        rel = ck.relname(f)
-        m = RNG_RE.match(rel)
-        if m:
-            ranks.add(int(m.group(1)) if m.group(1) is not None else -1)
-    if not ranks:
-        return None
-    return 1 if ranks == {-1} else max(ranks) + 1
-
-
 @rule("CKD407", "resume-trains-zero-steps", Severity.ERROR, gate_only=True)
 def resume_trains_zero_steps(ctx: ResumeContext) -> Iterator[Hit]:
     """The planned resume would train zero steps: the checkpoint is already at or past the planned end.
@@ -155,10 +140,11 @@ def resume_restarts_schedule(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None or resumed[1].restores or resumed[1].lr0 is None:
         return
     ck, p, _ = resumed
-    has_sched = ck.file(trainer_view.SCHEDULER) is not None
-    have = "optimizer state" if trainer_view.has_optimizer_state(ck) else ("`scheduler.pt`" if has_sched else "")
-    missing = "no `scheduler.pt`" if have == "optimizer state" else (
-        "no optimizer state" if have else "no optimizer state and no `scheduler.pt`")
+    has_sched = trainer_view.scheduler_file(ck) is not None
+    sched = f"`{trainer_view.MS_SCHEDULER if trainer_view.is_mindnlp(ck) else trainer_view.SCHEDULER}`"
+    have = "optimizer state" if trainer_view.has_optimizer_state(ck) else (sched if has_sched else "")
+    missing = f"no {sched}" if have == "optimizer state" else (
+        "no optimizer state" if have else f"no optimizer state and no {sched}")
     lead = f"has {have} but {missing}" if have else f"has {missing}"
     yield Hit(ck.path, f"{lead}: the resume restores neither; AdamW restarts from zero moments and the "
               f"`{p.settings.lr_scheduler_type}` schedule restarts at its step 0 (LR {p.lr0:.4g}) while global_step "
@@ -233,16 +219,20 @@ def resume_first_step_lr_zero(ctx: ResumeContext) -> Iterator[Hit]:
 
 @rule("CKD411", "resume-lr-jump", Severity.WARNING, gate_only=True)
 def resume_lr_jump(ctx: ResumeContext) -> Iterator[Hit]:
-    """The resumed learning rate jumps well above the last LR the run used.
+    """The resumed learning rate jumps well above the last LR the run used, where the uninterrupted run would not.
 
     ## What it does
     Compares the predicted LRs of the first resumed steps with the last `learning_rate` logged before the
-    checkpoint, when the run had finished its warm-up. A rise of more than 25% is reported.
+    checkpoint, and with the LR the same run would have used at those steps had it not been interrupted (its own
+    schedule, `max_steps` and warm-up, from `trainer_state.json` and `training_args.bin`). A rise of more than 25%
+    over both is reported; past the run's own `max_steps`, over the last LR alone. When the run's own schedule
+    cannot be read, a rise during its warm-up is not reported.
 
     ## Why is this bad?
     A new `max_steps` (more epochs) rebuilds the schedule mid-way along a longer decay, and a restarted schedule
     starts from the full base LR: either way the LR goes back up after it had decayed, which can undo training
-    (loss spikes, forgetting).
+    (loss spikes, forgetting). A rise the run's own schedule makes (a `cosine_with_restarts` cycle, a warm-up) is
+    not a jump: the uninterrupted run uses the same LRs.
 
     ## Example
     A linear schedule at 1.25e-4 at its last step, resumed with 50% more epochs: the second resumed step runs at
@@ -252,7 +242,8 @@ def resume_lr_jump(ctx: ResumeContext) -> Iterator[Hit]:
     No fix: plan the new schedule on purpose, or resume with the run's own settings.
 
     ## References
-    `Trainer.create_scheduler`, `LambdaLR.get_lr`; ANATOMY §2.6.
+    `Trainer.create_scheduler`, `LambdaLR.get_lr`; `src/transformers/optimization.py`
+    `_get_cosine_with_hard_restarts_schedule_with_warmup_lr_lambda`.
     """
     resumed = _resumed(ctx)
     ts = trainer_view.trainer_state(resumed[0]) if resumed is not None else None
@@ -264,21 +255,58 @@ def resume_lr_jump(ctx: ResumeContext) -> Iterator[Hit]:
     if not logged or logged[-1][1] <= 0:
         return
     last = logged[-1]
+    own = _uninterrupted(ck, ts, start, len(lrs))
+    if own is None and _warming_up(ck, ts, start):
+        return  # the run was still warming up and its schedule is unknown: a rising LR may be its own
+    jumps = [i for i, lr in enumerate(lrs) if lr > last[1] * JUMP_FACTOR
+             and (own is None or own[i] is None or lr > (own[i] or 0.0) * JUMP_FACTOR)]
+    if jumps:
+        i = max(jumps, key=lambda j: lrs[j])
+        lr, ref = lrs[i], own[i] if own is not None else None
+        new_max = steps.max_steps
+        was = f", where the uninterrupted run uses {ref:.4g}" if ref is not None else ""
+        changed = f" (the run's max_steps was {ts.max_steps}, the resume's is {new_max})" if ts.max_steps != new_max \
+            else ""
+        yield Hit(ck.path, f"LR rises from {last[1]:.4g} (logged at step {last[0]}) to {lr:.4g} at step "
+                  f"{start + 1 + i}{was}: the resume does not continue the run's schedule{changed}")
+
+
+def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int, n: int) -> list[float | None] | None:
+    """The LRs the run itself, not interrupted, uses at the ``n`` optimizer steps after ``start`` (None for a step
+    past its own ``max_steps``), from its own schedule; None when that schedule cannot be rebuilt."""
+    from ckptdoctor import schedules
+    from ckptdoctor.resume.plan import INT_LIMIT, parse_kwargs, plan_from_training_args
+
+    args = trainer_view.training_args(ck)
+    total = ts.max_steps
+    if not args or not isinstance(args.get("lr_scheduler_type"), str) or not total or not 0 < total < INT_LIMIT:
+        return None
+    sched_state = trainer_view.scheduler_state(ck)
+    base = sched_state.base_lrs[0] if sched_state is not None and sched_state.base_lrs else None
+    lr_init = trainer_view.number(args.get("learning_rate"))
+    base = base if base is not None else lr_init
+    if base is None or lr_init is None:
+        return None
+    try:
+        warmup = schedules.warmup_steps_for(plan_from_training_args(args).get("warmup_steps", 0.0), total)
+        sched = schedules.build(args["lr_scheduler_type"], num_warmup_steps=warmup, num_training_steps=total,
+                                lr_init=lr_init, kwargs=parse_kwargs(args.get("lr_scheduler_kwargs")))
+        # the optimizer step after global_step g uses the scheduler at step g (LambdaLR steps after each update)
+        return [sched.lr(base, start + i) if start + 1 + i <= total else None for i in range(n)]
+    except (schedules.ScheduleError, ArithmeticError, TypeError, ValueError):
+        return None
+
+
+def _warming_up(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int) -> bool:
+    """True when the run was still in its own warm-up at ``start`` (False when that cannot be computed)."""
     from ckptdoctor import schedules
     from ckptdoctor.resume.plan import plan_from_training_args
 
     own_warmup = plan_from_training_args(trainer_view.training_args(ck) or {}).get("warmup_steps", 0.0)
     try:
-        if ts.max_steps and start < schedules.warmup_steps_for(own_warmup, ts.max_steps):
-            return  # the run was still warming up: a rising LR is its own schedule
+        return bool(ts.max_steps) and start < schedules.warmup_steps_for(own_warmup, ts.max_steps or 0)
     except (ArithmeticError, ValueError):
-        pass  # its warm-up cannot be computed (NaN, inf, a ratio of an overflowing max_steps): judge the rise anyway
-    peak = max(range(len(lrs)), key=lambda i: lrs[i])
-    if lrs[peak] > last[1] * JUMP_FACTOR:
-        new_max = steps.max_steps
-        was = f" (the run's max_steps was {ts.max_steps}, the resume's is {new_max})" if ts.max_steps != new_max else ""
-        yield Hit(ck.path, f"LR rises from {last[1]:.4g} (logged at step {last[0]}) to {lrs[peak]:.4g} at step "
-                  f"{start + 1 + peak}: the resume does not continue the run's schedule{was}")
+        return False  # its warm-up cannot be computed (NaN, inf, a ratio of an overflowing max_steps)
 
 
 @rule("CKD412", "lr-schedule-unpredictable", Severity.WARNING, gate_only=True)
@@ -292,6 +320,9 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     ## Why is this bad?
     The rest of the prediction stands, but nothing checked the LRs the resume will use.
 
+    The first resumed LR of a metric-driven schedule is known and predicted: the LR `optimizer.pt` stores (the
+    Trainer steps `ReduceLROnPlateau` and `GreedyLR` only after an evaluation, with its metrics).
+
     ## Example
     `lr_scheduler_type="reduce_lr_on_plateau"`: the LR changes with evaluation results.
 
@@ -299,7 +330,8 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     No fix.
 
     ## References
-    `src/transformers/optimization.py` `get_scheduler`.
+    `src/transformers/optimization.py` `get_scheduler`, `GreedyLR`; `Trainer._evaluate` (steps the scheduler with
+    the metrics); `torch/optim/lr_scheduler.py` `ReduceLROnPlateau.step`.
     """
     resumed = _resumed(ctx)
     if resumed is None:
@@ -309,7 +341,12 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
 
     stype = p.settings.lr_scheduler_type
     if p.schedule_rejected is not None and stype in schedules.METRIC_DRIVEN:
-        yield Hit(ck.path, f"`{stype}`: {p.schedule_rejected}")
+        where = "the LR stored in `optimizer.pt`" if p.restores else "the planned learning_rate (fresh optimizer)"
+        first = f"the first resumed step (step {(p.start or 0) + 1}) runs at {p.lrs[0]:.4g} ({where}); " if p.lrs \
+            else ""
+        yield Hit(ck.path, f"`{stype}`: {first}later steps keep it until an evaluation steps the scheduler with its "
+                  "metrics, which lower (or, for greedy, raise) it: those LRs depend on evaluation results and "
+                  "cannot be predicted")
     if p.lr_unreadable:
         yield Hit(ck.path, "cannot read the LR stored in `optimizer.pt` / `scheduler.pt`; LRs not predicted")
 
@@ -379,6 +416,43 @@ def _no_checkpoint(ctx: ResumeContext) -> str:
             "ValueError(\"No valid checkpoint found in output directory\")")
 
 
+@rule("CKD414", "resume-steps-unknown", Severity.WARNING, gate_only=True)
+def resume_steps_unknown(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned batch size, gradient accumulation or world size changes the steps per epoch, by an amount the
+    checkpoint does not pin down.
+
+    ## What it does
+    When the plan changes `per_device_train_batch_size`, `gradient_accumulation_steps` or the world size, the
+    Trainer recomputes the steps per epoch (and an epoch-based `max_steps`) from the new dataloader. The gate
+    derives them from the run's recorded `train_batch_size` (`trainer_state.json`), its steps per epoch and
+    gradient accumulation, and its world size: the dataset lengths these allow, split by the new arguments. It
+    reports when a value it needs is not recorded, or when the dataset lengths the run allows give different steps
+    per epoch under the plan. Then nothing about steps and LRs is predicted.
+
+    ## Why is this bad?
+    A guess would be a silent wrong answer: halving the batch size doubles the steps per epoch, so an epoch-based
+    resume trains twice as many steps (and a restarted schedule runs on a different `max_steps`) than the run's own
+    figures say.
+
+    ## Example
+    A run of 10 samples at batch 8 (2 steps per epoch: 9 to 16 samples) resumed at batch 3: 3 to 6 steps per epoch.
+
+    ## Fix safety
+    No fix: pass the new steps per epoch (`--steps-per-epoch`, `steps_per_epoch=`; `check_resume` reads them from
+    the Trainer's dataloader).
+
+    ## References
+    `src/transformers/trainer.py` `set_initial_training_values`, `get_train_dataloader`; accelerate
+    `data_loader.BatchSamplerShard.__len__`.
+    """
+    ck, p = ctx.checkpoint, ctx.prediction
+    if ck is None or p is None or p.crash is not None or p.start is None or p.steps is not None:
+        return
+    note = p.settings.steps_per_epoch_note
+    if p.settings.steps_per_epoch is None and note is not None:
+        yield Hit(ck.path, f"{note}: steps and LRs not predicted; pass the new steps per epoch (--steps-per-epoch)")
+
+
 @rule("CKD504", "world-size-mismatch", Severity.ERROR, gate_only=True)
 def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     """The planned number of processes differs from the number that saved the checkpoint.
@@ -409,7 +483,9 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     kind = "FSDP/DeepSpeed shards"
     sev = Severity.ERROR
     if saved is None:
-        saved, kind, sev = _rng_ranks(ck), "RNG state files", Severity.WARNING
+        from ckptdoctor.resume.plan import run_world_size
+
+        saved, kind, sev = run_world_size(ck), "RNG state files", Severity.WARNING
     if saved is None or saved == planned:
         return
     if sev == Severity.ERROR:

@@ -641,3 +641,58 @@ def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
             if trainer_view.weights_branch(ck) == "none":
                 picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""
                 yield Hit(ck.path, f'no weights file a resume could load{picked} ("Can\'t find a valid checkpoint")')
+
+
+def _tf_prefix(folder: str, abs_folder: str, path: str) -> str | None:
+    """The root-relative bundle prefix a `checkpoint` entry names (None: an absolute path outside its folder)."""
+    if path.startswith("/") or (len(path) > 2 and path[1] == ":"):
+        if not abs_folder or not path.startswith(abs_folder.rstrip("/") + "/"):
+            return None
+        path = path[len(abs_folder.rstrip("/")) + 1 :]
+    return f"{folder}/{path}" if folder else path
+
+
+@rule("CKD107", "tf-checkpoint-dangling", Severity.ERROR)
+def tf_checkpoint_dangling(tree: Tree) -> Iterator[Hit]:
+    """A TensorFlow `checkpoint` file names a checkpoint whose `.index` does not exist.
+
+    ## What it does
+    Reads the text `checkpoint` file `tf.train.CheckpointManager` keeps and checks that `model_checkpoint_path` (the
+    checkpoint a restart restores) and every `all_model_checkpoint_paths` entry name a `<prefix>.index` beside it.
+
+    ## Why is this bad?
+    `CheckpointManager.__init__` takes `latest_checkpoint` from this file as written, and the TFTrainer restored
+    `latest_checkpoint` at every start: `Checkpoint.restore` of a prefix with no files raises `NotFoundError`, so
+    training cannot start. A dangling older entry makes the manager's rotation delete nothing it expects.
+
+    ## Example
+    `ckpt-3.index` and its data deleted to free space, while `checkpoint` still says `model_checkpoint_path:
+    "ckpt-3"`.
+
+    ## Fix safety
+    No automatic fix: edit `checkpoint` to name the newest bundle that exists, or restore the missing one.
+
+    ## References
+    `tensorflow/python/checkpoint/checkpoint_management.py` (`CheckpointManager.__init__`, `latest_checkpoint`,
+    `get_checkpoint_state`); transformers 4.x `src/transformers/trainer_tf.py` (`TFTrainer.train`).
+    """
+    from ckptdoctor.model import TfCheckpointStateFacts
+
+    files = {f.path for f in tree.all_files()}
+    for f in tree.all_files():
+        c = f.content
+        if f.kind is not FileKind.TF_CHECKPOINT_STATE or not isinstance(c, TfCheckpointStateFacts):
+            continue
+        folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
+        abs_folder = os.path.join(tree.abs_root, folder) if tree.abs_root else ""
+        wanted = [("model_checkpoint_path", c.model_checkpoint_path)] if c.model_checkpoint_path else []
+        wanted += [("all_model_checkpoint_paths", p) for p in c.all_model_checkpoint_paths
+                   if p != c.model_checkpoint_path]
+        for field, path in wanted:
+            prefix = _tf_prefix(folder, abs_folder, path)
+            if prefix is not None and f"{prefix}.index" in files:
+                continue
+            where = "an absolute path outside this folder" if prefix is None else f"but `{path}.index` does not exist"
+            effect = ("restoring `latest_checkpoint` raises NotFoundError" if field == "model_checkpoint_path"
+                      else "an older checkpoint the manager still lists is gone")
+            yield Hit(f.path, f'{field} names "{path}", {where}: {effect}')

@@ -136,6 +136,10 @@ ALLOWED: frozenset[str] = frozenset(
         "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
         "deepspeed.runtime.zero.config.ZeroStageEnum",
         "deepspeed.utils.tensor_fragment.fragment_address",
+        # MindNLP 0.4 optimizer.ckpt: MindSpore tensors pickled inline, a Tensor rebuilt from a numpy array
+        # (`_reconstruct` + `_codecs.encode` bytes, allowed above) that Tensor only wraps; the resume reads them back in
+        # mindnlp/engine/trainer/base.py `Trainer._load_optimizer_and_scheduler` (mindspore/common/tensor.py `Tensor`)
+        "mindspore.common.tensor.Tensor",
         # ckptdoctor's own reference trainer writes its args dataclass
         "ckptdoctor.reference.train.TrainConfig",
     }

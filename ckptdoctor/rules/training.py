@@ -116,7 +116,7 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Checks that optimizer state (`optimizer.pt`, `optimizer.bin` or an `optimizer*` folder) and `scheduler.pt` are
-    both present or both absent.
+    both present or both absent; in a MindNLP checkpoint, `optimizer.ckpt` and `scheduler.json`.
 
     ## Why is this bad?
     `Trainer._load_optimizer_and_scheduler` restores them only when both exist, and otherwise skips both without a
@@ -129,14 +129,17 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     No automatic fix: restore the missing file, or accept a restarted schedule knowingly.
 
     ## References
-    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`; ANATOMY H25.
+    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`; ANATOMY H25. MindNLP 0.4:
+    `mindnlp/engine/trainer/base.py` `Trainer._load_optimizer_and_scheduler` (the same both-or-neither test).
     """
     for ck, _ in _checkpoints(tree):
         if trainer_view.is_deepspeed(ck) or ck.file(trainer_view.TRAINER_STATE) is None:
             continue
-        opt, sched = trainer_view.has_optimizer_state(ck), ck.file(trainer_view.SCHEDULER) is not None
+        opt, sched = trainer_view.has_optimizer_state(ck), trainer_view.scheduler_file(ck) is not None
         if opt != sched:
-            have, missing = ("optimizer state", "`scheduler.pt`") if opt else ("`scheduler.pt`", "optimizer state")
+            sched_name = f"`{trainer_view.MS_SCHEDULER if trainer_view.is_mindnlp(ck) else trainer_view.SCHEDULER}`"
+            opt_name = f"`{trainer_view.MS_OPTIMIZER}`" if trainer_view.is_mindnlp(ck) else "optimizer state"
+            have, missing = (opt_name, sched_name) if opt else (sched_name, opt_name)
             yield Hit(ck.path, f"has {have} but no {missing}: a resume restores neither and restarts the LR schedule")
 
 
@@ -156,7 +159,8 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Looks for `rng_state.pth` (one process) or `rng_state_{rank}.pth` (one per rank) in checkpoints that hold
-    optimizer state (a `save_only_model` checkpoint never has RNG files).
+    optimizer state (a `save_only_model` checkpoint never has RNG files). MindNLP checkpoints are skipped: its
+    Trainer neither saves nor loads RNG state (`_load_rng_state` calls are commented out in its `train` loop).
 
     ## Why is this bad?
     The resume logs one INFO line and goes on with fresh random state: dropout masks and data order differ from the
@@ -174,8 +178,8 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
     for ck, _ in _checkpoints(tree):
         if not (trainer_view.has_optimizer_state(ck) or trainer_view.is_deepspeed(ck) or trainer_view.is_fsdp(ck)):
             continue
-        if ck.file(trainer_view.TRAINER_STATE) is None:
-            continue  # a torn save: CKD102 says more
+        if ck.file(trainer_view.TRAINER_STATE) is None or trainer_view.is_mindnlp(ck):
+            continue  # a torn save: CKD102 says more; MindNLP has no RNG file to miss
         ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := _RNG_RE.match(f.name))}
         world = saved_world_size(ck)
         if not ranks:
@@ -283,7 +287,7 @@ def _resumed_with_other_adapter(run: Run) -> Iterator[Hit]:
         ts_a, ts_b = trainer_view.trainer_state(older), trainer_view.trainer_state(newer)
         if a is None or b is None or a == b or ts_a is None or ts_b is None:
             continue
-        if not (trainer_view.has_optimizer_state(older) and older.file(trainer_view.SCHEDULER) is not None):
+        if not (trainer_view.has_optimizer_state(older) and trainer_view.scheduler_file(older) is not None):
             continue  # the Trainer restores the optimizer only when both files exist
         if _adapter_tensors(older) == _adapter_tensors(newer) or _in_checkpoint_mismatch(newer) is not None:
             continue  # same tensors under another config (CKD302), or a copied adapter (reported in-checkpoint)

@@ -20,8 +20,10 @@ from ckptdoctor.model import (
     FolderRole,
     JsonFacts,
     ProblemKind,
+    ReadProblem,
     TensorData,
     TensorInfo,
+    TfIndexFacts,
     Tree,
 )
 from ckptdoctor.rules import Hit, rule
@@ -107,12 +109,22 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
 # exactly one rule: paths no one could open CKD001, malformed pickles CKD603, evasion layouts CKD605, the rest
 # CKD202, CKD203 or CKD211 by the file's format.
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".distcp")
+# Other frameworks' files, read by their own readers and judged by CKD215 (and CKD204, CKD107 for TF bundles).
+_FRAMEWORK_KINDS = frozenset(
+    {FileKind.MINDSPORE, FileKind.TF_INDEX, FileKind.TF_DATA, FileKind.TF_CHECKPOINT_STATE, FileKind.HDF5}
+)
+# Zip-based formats of other stacks that ckptdoctor does not read (a Keras 3 `.keras` archive, numpy's `.npz`).
+_UNSUPPORTED_ZIPS = (".keras", ".npz")
 # JSON files whose corruption has its own rule elsewhere (CKD402, CKD301).
 _JSON_OWNED = ("trainer_state.json", "adapter_config.json")
 
 
 def _family(f: FileFacts) -> str:
     """Which format family a file belongs to, by content when it was recognised, else by name."""
+    if f.kind in _FRAMEWORK_KINDS:
+        return "framework"
+    if f.name.lower().endswith(_UNSUPPORTED_ZIPS):
+        return "other"  # a zip of another format (CKD216 names it), not a torch archive
     if f.kind == FileKind.SAFETENSORS:
         return "safetensors"
     if f.kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.DCP_DATA):
@@ -206,10 +218,13 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     """A shard index names a shard file that does not exist.
 
     ## What it does
-    Reads `model.safetensors.index.json` / `pytorch_model.bin.index.json` and checks every shard it names exists.
+    Reads `model.safetensors.index.json` / `pytorch_model.bin.index.json` and checks every shard it names exists;
+    for a TensorFlow bundle, checks that every data shard `ckpt-N.index` places tensors in
+    (`ckpt-N.data-0000K-of-0000M`) exists.
 
     ## Why is this bad?
-    A sharded resume (`load_sharded_checkpoint`) and `from_pretrained` fail with `FileNotFoundError` after start-up.
+    A sharded resume (`load_sharded_checkpoint`) and `from_pretrained` fail with `FileNotFoundError` after start-up;
+    TensorFlow's `Checkpoint.restore` fails with `NotFoundError` on the missing data file.
 
     ## Example
     `model-00002-of-00003.safetensors` lost in a partial copy.
@@ -218,8 +233,12 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     No automatic fix: the tensor data is gone. Restore the shard or use an earlier checkpoint.
 
     ## References
-    `src/transformers/trainer_utils.py` `load_sharded_checkpoint`.
+    `src/transformers/trainer_utils.py` `load_sharded_checkpoint`; TensorFlow
+    `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`, `DataFilename`).
     """
+    for idx, _shard, problem in tf_shard_problems(tree):
+        if problem.kind is ProblemKind.MALFORMED:  # a shard the index places tensors in is absent
+            yield Hit(idx.path, problem.message)
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
             wm = trainer_view.weight_map(idx)
@@ -820,3 +839,124 @@ def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
     for path, f in sorted(files.items()):
         if path not in listed:
             yield Hit(path, f"not listed in the checksum manifest ({f.size:,} bytes)", Severity.WARNING)
+
+
+def tf_shard_problems(tree: Tree) -> tuple[tuple[FileFacts, str, ReadProblem], ...]:
+    """Every TensorFlow bundle index's shards checked against it (``tfbundle.shard_problems``): (the index, the
+    shard's root-relative path, the problem). Missing shards are MALFORMED, short ones TRUNCATED."""
+    return _tf_shard_problems(tree)
+
+
+@trainer_view.per_object
+def _tf_shard_problems(tree: Tree) -> tuple[tuple[FileFacts, str, ReadProblem], ...]:
+    files = tree.all_files()
+    indexes = [f for f in files if f.kind is FileKind.TF_INDEX and isinstance(f.content, TfIndexFacts)]
+    if not indexes:
+        return ()
+    from ckptdoctor.readers.tfbundle import shard_problems  # only a tree with a TF bundle pays for it
+
+    by_folder: dict[str, dict[str, int]] = {}
+    for f in files:
+        folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
+        by_folder.setdefault(folder, {})[f.name] = f.size
+    out: list[tuple[FileFacts, str, ReadProblem]] = []
+    for idx in indexes:
+        assert isinstance(idx.content, TfIndexFacts)
+        folder = idx.path.rsplit("/", 1)[0] if "/" in idx.path else ""
+        prefix = idx.name[: -len(".index")]
+        for name, problem in shard_problems(prefix, idx.content, by_folder.get(folder, {})):
+            out.append((idx, f"{folder}/{name}" if folder else name, problem))
+    return tuple(out)
+
+
+_FORMAT_NAMES = {
+    FileKind.MINDSPORE: "MindSpore checkpoint",
+    FileKind.TF_INDEX: "TensorFlow bundle index",
+    FileKind.TF_DATA: "TensorFlow data shard",
+    FileKind.TF_CHECKPOINT_STATE: "TensorFlow `checkpoint` state",
+    FileKind.HDF5: "HDF5 file",
+}
+
+
+@rule("CKD215", "corrupt-framework-checkpoint", Severity.ERROR)
+def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
+    """A MindSpore `.ckpt`, TensorFlow bundle file or HDF5 (Keras) weights file that its framework would refuse.
+
+    ## What it does
+    Walks a MindSpore `.ckpt` (protobuf `Checkpoint`: every value's length, tag, dims, dtype and byte count), a
+    TensorFlow `ckpt-N.index` (LevelDB-format table: footer, block crcs, every `BundleEntryProto`) and the text
+    `checkpoint` state; checks every data shard `ckpt-N.data-*` is long enough for the entries the index places
+    in it (with `--deep`, their crc32c too) and an HDF5 file's superblock and end-of-file address against its size.
+    Nothing is loaded and no framework needs to be installed.
+
+    ## Why is this bad?
+    `mindspore.load_checkpoint` (MindNLP's resume of `mindspore_model.ckpt`) raises on a cut protobuf; TensorFlow's
+    `Checkpoint.restore` raises `DataLossError` on a short or corrupt shard; h5py and Keras refuse a truncated
+    `.h5` ("truncated file"). The resume stops, or a script that catches the error trains from fresh weights.
+
+    ## Example
+    `ckpt-3.data-00000-of-00001` cut to 100 bytes by a full disk; `tf_model.h5` copied while still being written.
+
+    ## Fix safety
+    No automatic fix: the bytes are gone. Restore the file, or resume from an earlier checkpoint.
+
+    ## References
+    `mindspore/train/serialization.py` (`load_checkpoint`, `_parse_ckpt_proto`); TensorFlow
+    `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`), `tensorflow/python/checkpoint/
+    checkpoint_management.py`; the HDF5 File Format Specification, "Superblock" (End of File Address).
+    """
+    for f in tree.all_files():
+        if f.kind in _FRAMEWORK_KINDS:
+            what = _FORMAT_NAMES[f.kind]
+            for msg in _problems(f):
+                yield Hit(f.path, f"{what}: {msg}")
+    for _idx, shard, problem in tf_shard_problems(tree):
+        if problem.kind is not ProblemKind.MALFORMED:  # missing shards are CKD204's
+            yield Hit(shard, f"TensorFlow data shard: {problem.message}")
+
+
+# Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said, never passed over.
+_UNSUPPORTED = (
+    (".gguf", "GGUF (llama.cpp)"),
+    (".msgpack", "Flax msgpack"),
+    (".keras", "Keras 3 `.keras` archive"),
+    (".onnx", "ONNX"),
+    (".tflite", "TensorFlow Lite"),
+    (".pdparams", "PaddlePaddle parameters"),
+    (".pdopt", "PaddlePaddle optimizer state"),
+    (".npz", "numpy `.npz` archive"),
+    ("saved_model.pb", "TensorFlow SavedModel"),
+    ("saved_model.pbtxt", "TensorFlow SavedModel"),
+    (".meta", "TensorFlow 1.x MetaGraph"),
+)
+
+
+@rule("CKD216", "unsupported-checkpoint-format", Severity.INFO)
+def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
+    """A file that looks like a checkpoint in a format ckptdoctor does not read, so nothing in it was checked.
+
+    ## What it does
+    Names files of checkpoint formats outside what ckptdoctor reads (safetensors, torch, MindSpore `.ckpt`,
+    TensorFlow bundles, HDF5): GGUF, Flax `.msgpack`, Keras 3 `.keras`, ONNX, TensorFlow Lite and SavedModel,
+    TensorFlow 1.x `.meta`, PaddlePaddle `.pdparams`/`.pdopt`, numpy `.npz`.
+
+    ## Why is this bad?
+    It is not bad in itself: the finding says that a clean report covers the other files only, so a damaged file of
+    this format would go unnoticed here.
+
+    ## Example
+    A Flax run's `flax_model.msgpack` beside its `config.json`.
+
+    ## Fix safety
+    Nothing to fix; check the file with its own framework's tools.
+
+    ## References
+    The formats' own loaders (`gguf`, `flax.serialization`, `keras.saving`, `onnx.load`, `tf.saved_model.load`,
+    `paddle.load`, `numpy.load`).
+    """
+    for f in tree.all_files():
+        lower = f.name.lower()
+        for suffix, what in _UNSUPPORTED:
+            if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
+                yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
+                break

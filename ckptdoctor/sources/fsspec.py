@@ -467,10 +467,10 @@ def _read(
     size = info.get("size")
     base = FileFacts(rel, size if isinstance(size, int) and size >= 0 else 0, _mtime(info), FileKind.OTHER)
     if base.size == 0:  # nothing to fetch: sniffed from the name alone, as a local empty file is
-        return read_open_file(cast("BinaryIO", _Empty()), base, limits, in_dcp)
+        return read_open_file(cast("BinaryIO", _Empty()), base, limits, in_dcp, frameworks=True)
     try:
         with _open(fs, full, base.size) as f:
-            return read_open_file(f, base, limits, in_dcp)
+            return read_open_file(f, base, limits, in_dcp, frameworks=True)
     except Exception as e:  # opening or closing failed (backend errors have no common base)
         return _with_problem(base, e)
 

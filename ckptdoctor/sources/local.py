@@ -88,7 +88,7 @@ class LocalSource:
 
     def read(self, entry: Entry[os.stat_result], rel: str, in_dcp: bool) -> FileFacts:
         """Read one file with ``read_file`` (which opens it without following links, never a FIFO or a device)."""
-        facts = read_file(entry.path, rel, entry.meta, self.limits, in_dcp)
+        facts = read_file(entry.path, rel, entry.meta, self.limits, in_dcp, True)  # frameworks: MindSpore, TF, HDF5 too
         return dataclasses.replace(facts, is_link=True) if entry.is_link else facts
 
     def read_dcp_items(self, path: str, facts: FileFacts, items: list[tuple[int, int]] | None) -> FileFacts:
