@@ -924,7 +924,6 @@ _UNSUPPORTED = (
     (".tflite", "TensorFlow Lite"),
     (".pdparams", "PaddlePaddle parameters"),
     (".pdopt", "PaddlePaddle optimizer state"),
-    (".npz", "numpy `.npz` archive"),
     ("saved_model.pb", "TensorFlow SavedModel"),
     ("saved_model.pbtxt", "TensorFlow SavedModel"),
     (".meta", "TensorFlow 1.x MetaGraph"),
@@ -938,7 +937,8 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     ## What it does
     Names files of checkpoint formats outside what ckptdoctor reads (safetensors, torch, MindSpore `.ckpt`,
     TensorFlow bundles, HDF5): GGUF, Flax `.msgpack`, Keras 3 `.keras`, ONNX, TensorFlow Lite and SavedModel,
-    TensorFlow 1.x `.meta`, PaddlePaddle `.pdparams`/`.pdopt`, numpy `.npz`.
+    TensorFlow 1.x `.meta`, PaddlePaddle `.pdparams`/`.pdopt`. (numpy `.npy`/`.npz` files are read: their headers,
+    and the pickled body of an object array, which the security rules judge.)
 
     ## Why is this bad?
     It is not bad in itself: the finding says that a clean report covers the other files only, so a damaged file of
@@ -952,7 +952,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
 
     ## References
     The formats' own loaders (`gguf`, `flax.serialization`, `keras.saving`, `onnx.load`, `tf.saved_model.load`,
-    `paddle.load`, `numpy.load`).
+    `paddle.load`).
     """
     for f in tree.all_files():
         lower = f.name.lower()
