@@ -5,13 +5,16 @@ Usage::
     python bench/make_allowlist.py            # write ckptdoctor/rules/allowlist.json
     python bench/make_allowlist.py --check    # exit 1 when the pinned file misses a global found now
 
-Every global comes from a file the libraries really wrote here (torch optimizers and schedulers, the Trainer's own
-checkpoint files from a 2-step ``transformers.Trainer`` run, accelerate ``save_state``, a peft adapter saved as
-``.bin``, numpy arrays, ``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is
-installed), read back with ckptdoctor's own static readers (nothing is unpickled). On top of that, the enum
-classes of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
-TrainingArguments setting pickles another member of the same family (an enum member is rebuilt by value lookup:
-no code of ours or theirs runs).
+Every global comes from a file the libraries really wrote: in each stack of the matrix (``STACKS``: TRL 1.16,
+DeepSpeed 0.19.8, transformers 4.57, bitsandbytes 0.50.2, as ``pip --target`` layers over this environment or venvs
+under ``--stacks``; a stack that is absent is recorded as such, never guessed), and here (torch optimizers and
+schedulers, the Trainer's own checkpoint files from a 2-step ``transformers.Trainer`` run, accelerate
+``save_state``, a peft adapter saved as ``.bin``, numpy arrays, ``torch.distributed.checkpoint``, DeepSpeed ZeRO
+1/2/3 engines when ``deepspeed`` is installed), read back with ckptdoctor's own static readers (nothing is
+unpickled). On top of that, the enum classes of the modules whose classes appear in ``training_args.bin`` are listed
+by introspection, since another TrainingArguments setting pickles another member of the same family (an enum member
+is rebuilt by value lookup: no code of ours or theirs runs), and the classes of DCP's metadata and planner modules
+and numpy's dtype classes by exact name (they replace the ``module.*`` entries the policy no longer has).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from ckptdoctor.readers import read_file  # noqa: E402
 
 OUT = ROOT / "ckptdoctor" / "rules" / "allowlist.json"
 
-# Modules whose enum classes can appear in training_args.bin / accelerate state for other settings.
+# Modules whose enum classes can appear in training_args.bin / accelerate state for other settings, and modules
+# whose every class is data a loader rebuilds (DCP metadata, numpy dtype classes): listed by exact name.
 ENUM_MODULES = (
     "transformers.training_args",
     "transformers.trainer_utils",
@@ -46,6 +50,96 @@ ENUM_MODULES = (
     "transformers.utils.generic",
     "accelerate.utils.dataclasses",
 )
+CLASS_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.planner",
+    "numpy.dtypes",
+)
+
+# The matrix: (stack, layer or venv under --stacks, script). A layer is put on PYTHONPATH over this interpreter; a
+# venv (a folder with bin/python) runs its own interpreter. Each script writes files into argv[1] the way the stack's
+# Trainer does (``torch.save(args, "training_args.bin")``, optimizer state) and prints its versions as JSON.
+_ARGS_COMMON = """
+import json, os, sys, warnings, importlib
+warnings.simplefilter("ignore")
+import torch
+out = sys.argv[1]; os.makedirs(out, exist_ok=True)
+def versions(*names):
+    v = {}
+    for n in names:
+        try: v[n] = importlib.import_module(n).__version__
+        except Exception: v[n] = "not installed"
+    return v
+"""
+_TRL = _ARGS_COMMON + """
+import trl
+done = []
+for n in ["SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "ORPOConfig", "PPOConfig",
+          "CPOConfig", "BCOConfig", "RLOOConfig", "OnlineDPOConfig", "PRMConfig", "GKDConfig"]:
+    cls = getattr(trl, n, None)
+    if cls is None: continue
+    try: a = cls(output_dir=os.path.join(out, n), bf16=False, use_cpu=True, report_to="none")
+    except Exception: continue
+    torch.save(a, os.path.join(out, f"training_args-{n}.bin")); done.append(n)
+print(json.dumps({"versions": versions("trl", "transformers", "torch"), "configs": done}))
+"""
+_DEEPSPEED = _ARGS_COMMON + """
+from transformers import TrainingArguments
+for stage in (1, 2, 3):
+    ds = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+          "train_batch_size": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}}
+    a = TrainingArguments(output_dir=os.path.join(out, f"z{stage}"), use_cpu=True, report_to="none", deepspeed=ds)
+    torch.save(a, os.path.join(out, f"training_args-zero{stage}.bin"))
+print(json.dumps({"versions": versions("deepspeed", "transformers", "accelerate", "torch"), "configs": [1, 2, 3]}))
+"""
+_TRANSFORMERS = _ARGS_COMMON + """
+import transformers
+logs = os.path.join(out, "logs")  # 4.x's default logging_dir holds the host name
+args = [transformers.TrainingArguments(output_dir=os.path.join(out, "a"), logging_dir=logs, report_to="none"),
+        transformers.TrainingArguments(output_dir=os.path.join(out, "b"), logging_dir=logs, report_to="none",
+                                       eval_strategy="steps", save_strategy="epoch", lr_scheduler_type="cosine",
+                                       optim="adafactor", hub_strategy="checkpoint", debug="underflow_overflow"),
+        transformers.Seq2SeqTrainingArguments(output_dir=os.path.join(out, "c"), logging_dir=logs,
+                                              report_to="none", predict_with_generate=True)]
+for i, a in enumerate(args):
+    torch.save(a, os.path.join(out, f"training_args-{i}.bin"))
+print(json.dumps({"versions": versions("transformers", "accelerate", "peft", "torch"), "configs": len(args)}))
+"""
+_BNB = _ARGS_COMMON + """
+import bitsandbytes as bnb
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 4))
+opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)
+model(torch.randn(2, 64)).sum().backward(); opt.step()
+torch.save(opt.state_dict(), os.path.join(out, "optimizer.pt"))
+print(json.dumps({"versions": versions("bitsandbytes", "torch"), "configs": ["AdamW8bit"]}))
+"""
+STACKS = (
+    ("trl-1.16", "trl-1.16", _TRL),
+    ("deepspeed-0.19.8", "deepspeed-0.19.8", _DEEPSPEED),
+    ("transformers-4.57", "tf457", _TRANSFORMERS),
+    ("bitsandbytes-0.50.2", "bnb-0.50.2", _BNB),
+)
+
+
+def write_stacks(folder: Path, stacks_dir: Path) -> dict[str, Any]:
+    """Run each stack of the matrix that is installed under ``stacks_dir``; returns what each covered."""
+    covered: dict[str, Any] = {}
+    for name, sub, script in STACKS:
+        where = stacks_dir / sub
+        if not where.is_dir():
+            covered[name] = "not installed here"
+            continue
+        venv_python = where / "bin" / "python"
+        python = str(venv_python) if venv_python.exists() else sys.executable
+        env = dict(os.environ)
+        if not venv_python.exists():
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH", "")]))
+        out = folder / name
+        proc = subprocess.run([python, "-c", script, str(out)], capture_output=True, text=True, env=env,
+                              timeout=900)  # fmt: skip
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        covered[name] = json.loads(lines[-1]) if proc.returncode == 0 and lines else f"failed: {proc.stderr[-300:]}"
+    return covered
 
 
 def globals_in(folder: Path) -> dict[str, set[str]]:
@@ -215,8 +309,9 @@ def write_deepspeed(folder: Path) -> list[str]:
     return done
 
 
-def introspected_enums(modules: Iterable[str]) -> set[str]:
-    """Enum classes defined in ``modules`` (members pickle as a call of their class with the value)."""
+def introspected_classes(modules: Iterable[str], *, enums_only: bool = False) -> set[str]:
+    """The classes ``modules`` define (numpy.dtypes: expose), or only their enum classes (members pickle as a call
+    of their class with the value): data classes a loader rebuilds by name."""
     out: set[str] = set()
     for name in modules:
         try:
@@ -224,7 +319,9 @@ def introspected_enums(modules: Iterable[str]) -> set[str]:
         except Exception:
             continue
         for attr, obj in vars(mod).items():
-            if isinstance(obj, type) and issubclass(obj, enum.Enum) and obj.__module__ == name:
+            if not isinstance(obj, type) or attr.startswith("__"):
+                continue
+            if (obj.__module__ == name or name == "numpy.dtypes") and (not enums_only or issubclass(obj, enum.Enum)):
                 out.add(f"{name}.{attr}")
     return out
 
@@ -239,7 +336,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build(work: Path, *, trainer: bool = True, deepspeed: bool = True) -> dict[str, Any]:
+def build(
+    work: Path, *, trainer: bool = True, deepspeed: bool = True, stacks_dir: Path | None = None
+) -> dict[str, Any]:
     """Write every real file into ``work`` and return the allowlist document."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -250,15 +349,19 @@ def build(work: Path, *, trainer: bool = True, deepspeed: bool = True) -> dict[s
         if trainer:
             run_trainer(work)
     ds = write_deepspeed(work) if deepspeed else []
+    stacks = write_stacks(work / "stacks", stacks_dir) if stacks_dir is not None else {}
     found = globals_in(work)
-    enums = introspected_enums(ENUM_MODULES)
+    enums = introspected_classes(ENUM_MODULES, enums_only=True)
+    classes = introspected_classes(CLASS_MODULES)
     return {
         "about": "Pickle globals that genuine checkpoint files import. Generated by bench/make_allowlist.py; "
         "do not edit by hand (hand-reviewed additions live in ckptdoctor/rules/pickle_policy.py).",
         "versions": versions(),
+        "stacks": stacks,
         "deepspeed_runs": ds,
         "observed": {g: sorted(files)[:4] for g, files in sorted(found.items())},
         "enums": sorted(enums - set(found)),
+        "classes": sorted(classes - set(found) - enums),
     }
 
 
@@ -267,18 +370,20 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="compare with the pinned file instead of writing it")
     ap.add_argument("--no-trainer", action="store_true")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--stacks", type=Path, default=Path("/work/stacks"), help="where the matrix's stacks live")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        doc = build(Path(tmp), trainer=not args.no_trainer, deepspeed=not args.no_deepspeed)
+        doc = build(Path(tmp), trainer=not args.no_trainer, deepspeed=not args.no_deepspeed, stacks_dir=args.stacks)
     if args.check:
         pinned = json.loads(OUT.read_text())
-        known = set(pinned["observed"]) | set(pinned["enums"])
+        known = set(pinned["observed"]) | set(pinned["enums"]) | set(pinned.get("classes", ()))
         missing = sorted(set(doc["observed"]) - known)
         print("missing from the pinned allowlist:", missing or "none")
         sys.exit(1 if missing else 0)
     OUT.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     print(f"wrote {OUT}: {len(doc['observed'])} observed globals, {len(doc['enums'])} enum classes, "
-          f"DeepSpeed runs: {doc['deepspeed_runs'] or 'none'}")  # fmt: skip
+          f"{len(doc['classes'])} data classes, DeepSpeed runs: {doc['deepspeed_runs'] or 'none'}, "
+          f"stacks: {', '.join(doc['stacks'])}")  # fmt: skip
 
 
 if __name__ == "__main__":

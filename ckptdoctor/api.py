@@ -49,6 +49,7 @@ def scan(
     limits: Limits = DEFAULT_LIMITS,
     progress: TextIO | None = None,
     on_kept: KeptCallback | None = None,
+    allow_global: Codes = (),
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -59,7 +60,8 @@ def scan(
     A settings file that tries to turn off security rules keeps them on and ``on_kept(source, codes)`` is told
     (default: a ``UserWarning``). ``deep``, ``jobs``, ``checksums``, ``limits`` and ``progress`` are
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
-    step (``ckptdoctor.fixer.write_manifest``), as a scan never writes.
+    step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
+    patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -73,7 +75,9 @@ def scan(
     roots = unique_roots(as_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     select, ignore = _codes(select), _codes(ignore)
     check_runnable(split_codes(select), deep)
-    groups = selection_groups(roots, select, ignore, no_config, on_kept=on_kept or warn_kept)
+    groups = selection_groups(
+        roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
+    )
     if checksums is not None:
         _check_checksums(roots, checksums, deep)
     parts = [
@@ -125,13 +129,15 @@ def fix(
     dry_run: bool = False,
     force: bool = False,
     on_kept: KeptCallback | None = None,
+    allow_global: Codes = (),
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
     Each root is fixed under its own settings file plus ``select``/``ignore``, as ``scan`` reads them; ``fail_on``,
-    ``no_config`` and ``on_kept`` are ``scan``'s. ``result.exit_code()`` is the command's exit code (a dry run: 1
-    when it would change something). Raises ``UsageError`` where the command exits 2, ``FixRefused`` (one) included:
-    a remote root, a root inside another, a read-only tree, a run being written (``force`` acts anyway).
+    ``no_config``, ``on_kept`` and ``allow_global`` are ``scan``'s. ``result.exit_code()`` is the command's exit
+    code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
+    ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
+    (``force`` acts anyway).
     """
     from ckptdoctor.discover import unique_roots
     from ckptdoctor.fixer.run import FixResult, _check_roots
@@ -143,7 +149,9 @@ def fix(
     check_runnable(split_codes(select), deep=False)
     roots = unique_roots(as_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
     _check_roots(roots)  # before the roots are grouped: one inside another is refused whatever their settings
-    groups = selection_groups(roots, select, ignore, no_config, on_kept=on_kept or warn_kept)
+    groups = selection_groups(
+        roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
+    )
     results = [
         fix_roots(
             ps,

@@ -69,13 +69,12 @@ def plain(value: Any, depth: int = 0) -> Any:
 def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     if pf is None:
         return {}
-    from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
+    from ckptdoctor.rules.pickle_policy import Standing, standing
 
-    # What the scan's pickle rules make of each global (CKD601 dangerous, CKD602 unknown), so that a file looked
-    # at here on its own does not read as harmless.
-    verdicts = {
-        g.dotted: "dangerous" if is_dangerous(g) else "allowed" if is_allowed(g) else "unknown" for g in pf.globals
-    }
+    # What the pickle policy makes of each global on its own (dangerous: CKD601 wherever it appears; unknown:
+    # CKD601 when called, or not proved a class), so that a file looked at here on its own does not read as harmless.
+    words = {Standing.ALLOWED: "allowed", Standing.UNSAFE: "dangerous"}
+    verdicts = {g.dotted: words.get(standing(g)[0], "unknown") for g in pf.globals}
     return {
         "protocol": pf.protocol,
         "opcodes": pf.opcodes,

@@ -461,6 +461,24 @@ class Manifest:
 
 
 @dataclass(frozen=True, slots=True)
+class PickleVerdict:
+    """What loading one file's pickle streams could do, as the pickle policy judges it (``ckptdoctor.pickle_analysis``).
+
+    ``unsafe``: why loading it runs code (CKD601, an error); ``unknown``: proven classes of packages outside the known
+    ones that the streams only name (CKD602, a warning); ``allowed_by_user``: (global, pattern, origin) for each
+    global only a user allowance let through; ``admitted``: (global, fact) for each global a fact admitted rather
+    than the allowlist; ``nested``: pickles found inside its values.
+    """
+
+    unsafe: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    nested: int = 0
+    calls_unsafe: bool = False  # an unsafe global is called (not only imported) by the outer stream
+    allowed_by_user: tuple[tuple[str, str, str], ...] = ()
+    admitted: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Tree:
     """Everything one scan root holds, as discovered and read."""
 
@@ -472,6 +490,9 @@ class Tree:
     abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
     data: tuple[FileData, ...] = ()  # tensor-data results, filled by ``--deep`` only, sorted by path
     manifest: Manifest | None = None  # the checksum manifest to verify against (``--checksums verify`` only)
+    # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
+    # (``pickle_analysis.with_verdicts``); None when not judged yet
+    pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []

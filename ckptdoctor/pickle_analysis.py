@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import base64
 import binascii
-import enum
-import functools
+import dataclasses
 import io
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, TorchFacts
-from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, walk_pickle
-from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
+from ckptdoctor.model import (
+    DcpMetadataFacts,
+    FileFacts,
+    GlobalRef,
+    NumpyFacts,
+    Opaque,
+    PickleFacts,
+    PickleValue,
+    PickleVerdict,
+    TorchFacts,
+    Tree,
+)
+from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
+from ckptdoctor.rules.pickle_policy import Allowance, Standing, standing
 
-__all__ = ["Verdict", "describe", "judge"]
+__all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
 _MAX_NESTED = 64  # nested pickles walked per file
 _MAX_NESTED_DEPTH = 3  # pickle in bytes in a pickle in bytes ...
@@ -25,15 +34,7 @@ _MAX_VALUES = 2_000_000  # values visited per stream while looking for nested pi
 _MIN_B64 = 16  # shorter strings cannot hold a pickle that calls anything
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What loading a pickle could do. ``unsafe``: why loading it runs code (error); ``unknown``: imported
-    globals outside the allowlist that nothing calls (warning); ``nested``: pickles found inside its values."""
-
-    unsafe: tuple[str, ...] = ()
-    unknown: tuple[str, ...] = ()
-    nested: int = 0
-    calls_unsafe: bool = False  # an unsafe global is called (not only imported) by the outer stream
+Verdict = PickleVerdict  # the verdict is a value of the model: the tree carries it, the rules report it
 
 
 def describe(g: GlobalRef) -> str:
@@ -47,59 +48,155 @@ def describe(g: GlobalRef) -> str:
     return f"`{g.dotted}`"
 
 
-def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS) -> Verdict:
-    """Judge every global ``pf`` imports or calls, then the pickles nested in its values.
+# Fields every TrainingArguments since transformers 4.0 has (and so every subclass: TRL configs, Seq2Seq, in-house
+# ones). A stream that NEWOBJs a class with no arguments and BUILDs a dict holding all of them rebuilds
+# TrainingArguments data: ``__new__`` then ``__dict__.update`` (transformers/training_args.py, ``TrainingArguments``).
+TRAINING_ARGS_FIELDS = frozenset(
+    {"output_dir", "per_device_train_batch_size", "learning_rate", "num_train_epochs", "max_steps", "seed",
+     "lr_scheduler_type", "warmup_steps", "logging_steps", "save_steps", "gradient_accumulation_steps",
+     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm"}
+)  # fmt: skip
 
-    Unsafe: anything dangerous (imported or called), any call of a global outside the allowlist, anything the walk
-    could not resolve (computed names, extension codes, calls of computed objects), and attribute chains outside
-    the allowlist (``GLOBAL transformers.trainer_utils os.system`` reaches ``os``).
+
+class _Judge:
+    """Judges the globals of one file's streams under one set of user allowances."""
+
+    def __init__(self, allow: tuple[Allowance, ...]) -> None:
+        self.allow = allow
+        self.unsafe: dict[str, None] = {}
+        self.unknown: dict[str, None] = {}
+        self.by_user: dict[tuple[str, str, str], None] = {}
+        self.admitted: dict[tuple[str, str], None] = {}
+
+    def globals_of(self, pf: PickleFacts, where: str, clean: bool = True) -> None:
+        called = set(pf.calls)
+        pending: list[tuple[GlobalRef, Standing, str]] = []
+        for g in (*pf.globals, *pf.calls):
+            st, why = standing(g)
+            if st is Standing.ALLOWED:
+                if why != "allowlist":
+                    self.admitted[(g.dotted, why)] = None
+                continue
+            if st is not Standing.UNSAFE:
+                user = next((a for a in self.allow if a.admits(g)), None)
+                if user is not None:
+                    self.by_user[(g.dotted, user.pattern, user.origin)] = None
+                    continue
+            pending.append((g, st, why))
+        if not pending:
+            return
+        data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
+        passed = _passed_anywhere(pf.value) if any(g not in called for g, _, _ in pending) else set()
+        for g, st, _ in pending:
+            text = where + describe(g)
+            if st is Standing.UNPROVEN and g in data:
+                self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
+            elif st is Standing.UNKNOWN and g not in called and g not in passed:
+                if clean:
+                    self.unknown[text] = None
+            elif clean or "computed" not in text:
+                # A stream that does not walk cleanly may be random bytes that happen to start like a pickle: only
+                # what is dangerous counts then (a payload may break its stream after the call on purpose).
+                self.unsafe[text] = None
+
+
+def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = ()) -> Verdict:
+    """Judge every global ``pf`` imports or calls, then the pickles nested in its values (see ``pickle_policy``).
+
+    Unsafe: anything dangerous or computed (imported or called), attribute chains outside the allowlist, any global
+    no fact proves to be a class (deny by default), a class outside the known packages that is called or passed to
+    a call (in its arguments, dict keys and sets included). ``allow`` are the user's allowances.
     """
-    unsafe: dict[str, None] = {}
-    unknown: dict[str, None] = {}
-    _judge_globals(pf, unsafe, unknown, "")
-    calls_unsafe = any(_standing(g)[0] in unsafe for g in pf.calls)
+    j = _Judge(allow)
+    j.globals_of(pf, "")
+    calls_unsafe = any(describe(g) in j.unsafe for g in pf.calls)
     budget = [_MAX_NESTED, limits.pickle_bytes]
-    nested = _nested(pf, limits, unsafe, unknown, 1, budget)
-    return Verdict(tuple(unsafe), tuple(unknown), nested, calls_unsafe)
+    nested = _nested(pf, limits, j, 1, budget)
+    return Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), tuple(sorted(j.admitted)))
 
 
-def _judge_globals(pf: PickleFacts, unsafe: dict[str, None], unknown: dict[str, None], where: str) -> None:
-    called = set(pf.calls)
-    for g in (*pf.globals, *pf.calls):
-        text, standing = _standing(g)
-        if standing is _Standing.ALLOWED:
+def file_pickle(f: FileFacts) -> PickleFacts | None:
+    """Every stream a loader could unpickle from the file (raw, torch zip or legacy, DCP, numpy object arrays): its
+    own, and those another loader reads (polyglots), merged into one."""
+    c = f.content
+    own: PickleFacts | None = None
+    if isinstance(c, PickleFacts):
+        own = c
+    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts)):
+        own = c.pickle
+    if f.alt_pickle is None or own is None:
+        return own or f.alt_pickle
+    return merge_pickles(own, [f.alt_pickle])
+
+
+def tree_verdicts(tree: Tree, allow: tuple[Allowance, ...] = ()) -> tuple[tuple[str, Verdict], ...]:
+    """The verdict of every file of ``tree`` holding pickle streams, by path: what ``with_verdicts`` attaches."""
+    return tuple((f.path, judge(pf, allow=allow)) for f in tree.all_files() if (pf := file_pickle(f)) is not None)
+
+
+def with_verdicts(tree: Tree, allow: tuple[tuple[str, str], ...] = ()) -> Tree:
+    """``tree`` carrying its pickle verdicts, judged once under the user's allowances ((pattern, origin) pairs)."""
+    allowances = tuple(Allowance(p, o) for p, o in allow)
+    return dataclasses.replace(tree, pickle_verdicts=tree_verdicts(tree, allowances))
+
+
+def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
+    """Classes the stream rebuilds as TrainingArguments data: the root value, or a value of a root dict or list."""
+    roots = [value]
+    if type(value) is dict:
+        roots.extend(list(value.values())[:64])
+    elif type(value) in (list, tuple):
+        roots.extend(value[:64])
+    out: set[GlobalRef] = set()
+    for v in roots:
+        if (
+            type(v) is Opaque
+            and v.func is not None
+            and v.args == ()
+            and type(v.state) is dict
+            and v.state.keys() >= TRAINING_ARGS_FIELDS
+        ):
+            out.add(v.func)
+    return out
+
+
+_MAX_PASSED = 100_000  # values looked at for globals handed to calls
+
+
+def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
+    """Globals inside any call's arguments or state, dict keys and sets included: the callee (or a ``__setstate__``)
+    may call them, and hashing a key calls its ``__hash__``."""
+    out: set[GlobalRef] = set()
+    todo: list[tuple[Any, bool]] = [(value, False)]
+    seen: set[int] = set()
+    count = 0
+    while todo and count < _MAX_PASSED:
+        v, inside = todo.pop()
+        count += 1
+        t = type(v)
+        if t is GlobalRef:
+            if inside:
+                out.add(v)
             continue
-        if standing is _Standing.UNSAFE or g in called:
-            unsafe[where + text] = None
-        else:
-            unknown[where + text] = None
+        if t in (dict, list, tuple, set, frozenset, Opaque):
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+        if t is dict:
+            # a key that is not a plain scalar is hashed and compared while the dict is built
+            todo.extend((k, inside or type(k) is not str) for k in v)
+            todo.extend((x, inside) for x in v.values())
+        elif t is set or t is frozenset:
+            todo.extend((x, True) for x in v)
+        elif t is list or t is tuple:
+            todo.extend((x, inside) for x in v)
+        elif t is Opaque:
+            todo.append((v.args, True))
+            todo.append((v.state, True))
+    return out
 
 
-class _Standing(enum.Enum):
-    UNSAFE = "unsafe"  # unresolved, dangerous, or an attribute chain outside the allowlist
-    ALLOWED = "allowed"
-    UNKNOWN = "unknown"  # unsafe when the stream calls it, else unknown
-
-
-@functools.lru_cache(maxsize=4096)
-def _standing(g: GlobalRef) -> tuple[str, _Standing]:
-    """How ``g`` reads and what it is, whoever imports it: the same few globals recur in every file of a run."""
-    unresolved = g.module.startswith("<") or g.name.startswith("<")
-    if unresolved or is_dangerous(g):
-        return describe(g), _Standing.UNSAFE
-    if is_allowed(g):
-        return describe(g), _Standing.ALLOWED
-    return describe(g), _Standing.UNSAFE if "." in g.name else _Standing.UNKNOWN
-
-
-def _nested(
-    pf: PickleFacts,
-    limits: Limits,
-    unsafe: dict[str, None],
-    unknown: dict[str, None],
-    depth: int,
-    budget: list[int],
-) -> int:
+def _nested(pf: PickleFacts, limits: Limits, j: _Judge, depth: int, budget: list[int]) -> int:
     """Walk pickles hidden in ``pf``'s bytes and strings (raw, base64, torch zip); returns how many were walked."""
     if pf.value is None or depth > _MAX_NESTED_DEPTH:
         return 0
@@ -117,15 +214,8 @@ def _nested(
         budget[1] -= len(blob)
         count += 1
         facts, clean = inner
-        sub_unsafe: dict[str, None] = {}
-        sub_unknown: dict[str, None] = {}
-        _judge_globals(facts, sub_unsafe, sub_unknown, "nested pickle: ")
-        # A stream that does not walk cleanly may be random bytes that happen to start like a pickle: only what
-        # is dangerous counts then (a payload may break its stream after the call on purpose, and still runs).
-        unsafe.update(sub_unsafe if clean else {k: None for k in sub_unsafe if "computed" not in k})
-        if clean:
-            unknown.update(sub_unknown)
-        count += _nested(facts, limits, unsafe, unknown, depth + 1, budget)
+        j.globals_of(facts, "nested pickle: ", clean)
+        count += _nested(facts, limits, j, depth + 1, budget)
     return count
 
 

@@ -57,8 +57,18 @@ class Report:
 
 
 def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
-    """Run the rules on one discovered tree."""
-    return run_rules(tree, selection or Selection())
+    """Run the rules on one discovered tree (judging its pickles first when it was not)."""
+    selection = selection or Selection()
+    if tree.pickle_verdicts is None:
+        tree = judged(tree, selection)
+    return run_rules(tree, selection)
+
+
+def judged(tree: Tree, selection: Selection) -> Tree:
+    """``tree`` with the verdict of each of its pickles, judged once under the selection's allowances."""
+    from ckptdoctor.pickle_analysis import with_verdicts
+
+    return with_verdicts(tree, selection.allow_globals)
 
 
 PathArg = str | os.PathLike[str]
@@ -133,6 +143,7 @@ def scan(
                 data = check_tree(tree, workers, progress, checksums=checksums is not None)
                 manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
                 tree = dataclasses.replace(tree, data=data, manifest=manifest)
+            tree = judged(tree, sel)
             trees.append(tree)
             findings.extend(scan_tree(tree, sel))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)

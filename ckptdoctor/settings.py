@@ -262,6 +262,59 @@ def _check_codes(codes: Sequence[str], option: str) -> None:
         raise UsageError(f"{option} {c}: no rule code starts with {c!r} (see `ckptdoctor rules`)") from None
 
 
+USER_CONFIG_ENV = "CKPTDOCTOR_USER_CONFIG"
+
+
+def user_config_path() -> str:
+    """The user's own configuration file: ``$CKPTDOCTOR_USER_CONFIG``, else ``$XDG_CONFIG_HOME/ckptdoctor/
+    config.toml``, else ``~/.config/ckptdoctor/config.toml``. It never travels with a checkpoint."""
+    explicit = os.environ.get(USER_CONFIG_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "ckptdoctor", "config.toml")
+
+
+def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
+    """The user's pickle-global allowances as (pattern, origin): ``--allow-global`` patterns, then the
+    ``allow-globals`` list of the user configuration file (``user_config_path``). A settings file inside a scanned
+    folder cannot hold them (it is not the user's: an unknown setting there is a usage error).
+
+    Raises ``UsageError`` for a pattern that is not ``module.Name``/``module.*``, or names something dangerous, and
+    for a user configuration file that cannot be read as TOML with only that key.
+    """
+    from ckptdoctor.rules.pickle_policy import check_pattern
+
+    out: list[tuple[str, str]] = [(p.strip(), "--allow-global") for p in allow_global]
+    path = user_config_path()
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(1 << 20)
+    except OSError:  # absent, or not readable by this user (HOME inherited across sudo): no allowances, stricter
+        raw = None
+    if raw is not None:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - exercised on 3.10 only
+            import tomli as tomllib
+        try:
+            table = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"{path}: not valid TOML: {exc}") from None
+        unknown = sorted(set(table) - {"allow-globals"})
+        if unknown:
+            raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: allow-globals")
+        listed = table.get("allow-globals", [])
+        if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+            raise UsageError(f"{path}: `allow-globals` must be a list of strings")
+        out.extend((x.strip(), path) for x in listed)
+    for pattern, origin in out:
+        why = check_pattern(pattern)
+        if why is not None:
+            raise UsageError(f"{origin}: {why}")
+    return tuple(dict.fromkeys(out))
+
+
 def resolve_selection(
     paths: Sequence[str],
     select: Sequence[str],
@@ -269,13 +322,15 @@ def resolve_selection(
     no_config: bool,
     *,
     on_kept: KeptCallback | None = None,
+    allow_global: Sequence[str] = (),
 ) -> tuple[Selection, str | None]:
     """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
 
     Shared by every command and API call that runs rules, so they all read options and configuration the same way.
     Raises ``UsageError`` for an unknown code, an empty ``--select``/``--ignore`` or a settings file that cannot be
     used. When the settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which
-    stay on (the command line prints a note, the Python API warns; None: nothing is said).
+    stay on (the command line prints a note, the Python API warns; None: nothing is said). ``allow_global`` are
+    ``--allow-global`` patterns, joined by the user configuration's (``user_allowances``).
     """
     from ckptdoctor.rules import Selection, all_rules, keep_security_rules
 
@@ -294,7 +349,12 @@ def resolve_selection(
     for code in cfg.severity:
         if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
             raise UsageError(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
-    selection = Selection(select=sel_codes or cfg.select, ignore=ign_codes + cfg.ignore, severity=dict(cfg.severity))
+    selection = Selection(
+        select=sel_codes or cfg.select,
+        ignore=ign_codes + cfg.ignore,
+        severity=dict(cfg.severity),
+        allow_globals=user_allowances(allow_global),
+    )
     if cfg.source is not None:
         selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
         if kept and on_kept is not None:
@@ -313,6 +373,7 @@ def selection_groups(
     no_config: bool,
     *,
     on_kept: KeptCallback | None = None,
+    allow_global: Sequence[str] = (),
 ) -> list[Group]:
     """The roots grouped by the selection and fail-on their own settings files give (``resolve_selection``).
 
@@ -321,7 +382,9 @@ def selection_groups(
     """
     groups: list[Group] = []
     for p in paths:
-        selection, cfg_fail_on = resolve_selection([p], select, ignore, no_config, on_kept=on_kept)
+        selection, cfg_fail_on = resolve_selection(
+            [p], select, ignore, no_config, on_kept=on_kept, allow_global=allow_global
+        )
         if groups and groups[-1][1:] == (selection, cfg_fail_on):
             groups[-1][0].append(p)
         else:

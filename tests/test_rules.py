@@ -9,6 +9,7 @@ both.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -179,7 +180,8 @@ def rewrite_member(path: Path, suffix: str, change: Callable[[bytes], bytes]) ->
 
 
 class WarmupCallback:
-    """A user's callback class; a reference to it ends up pickled in a callback's state file."""
+    """A user's callback class, not installed (its source is under the working folder, which the policy never
+    reads: the scanned folder may be it); a reference to it pickled in a callback's state file is unproven."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -390,6 +392,13 @@ def callback_state(copy: Copy) -> Path:
     return root
 
 
+def installed_class_state(copy: Copy) -> Path:
+    """A state file naming (never calling) a class of an installed package outside the known ones."""
+    root = copy("clean-full")
+    torch.save({"parser": argparse.ArgumentParser, "step": 8}, root / CK8 / "callback_state.pt")
+    return root
+
+
 def cut_rng_pickle(copy: Copy) -> Path:
     """rng_state.pth whose data.pkl lost its last 30 bytes inside an intact zip."""
     root = copy("clean-full")
@@ -536,8 +545,10 @@ FIRES: tuple[Fires, ...] = (
           ("names `global_step8`", "present: global_step4")),
     Fires("CKD601", "malicious-training-args", malicious_args, f"{CK8}/training_args.bin", ERR,
           (f"calls `{os.name}.system`", "can run code")),
-    Fires("CKD602", "callback-class", callback_state, f"{CK8}/callback_state.pt", WARN,
-          (f"`{__name__}.WarmupCallback`", "outside the allowlist")),
+    Fires("CKD601", "callback-class", callback_state, f"{CK8}/callback_state.pt", ERR,
+          (f"`{__name__}.WarmupCallback`", "can run code")),
+    Fires("CKD602", "installed-class", installed_class_state, f"{CK8}/callback_state.pt", WARN,
+          ("`argparse.ArgumentParser`", "outside the allowlist")),
     Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
     Fires("CKD605", "duplicate-data-pkl", smuggled_pickle, f"{CK8}/optimizer.pt", ERR, ("data.pkl",)),
     Fires("CKD604", "weights-linked-out", link_outside, f"{CK8}/model.safetensors", ERR,  # in the picked checkpoint

@@ -46,7 +46,7 @@ from ckptdoctor.model import (
     TensorRef,
 )
 from ckptdoctor.readers.pickle_walk import iter_values
-from ckptdoctor.rules import discovery, security
+from ckptdoctor.rules import discovery
 from ckptdoctor.scanner import scan
 from tests import builders, payloads
 
@@ -256,7 +256,8 @@ def pickles(root: Path) -> Path:
         "set": {b"\x80\x02N."},  # set members are not walked
         "nested-zip": _state_dict_pickle(inner_evil),
         "many": [inner_unknown] * 70,  # more nested pickles than the per-file budget
-        "class-ref": {"cls": Custom, "t": (Custom, 1)},  # imported, never called: CKD602
+        "class-ref": {"cls": Custom, "t": (Custom, 1)},  # unproven (not installed): CKD601
+        "installed-class-ref": {"cls": argparse.Namespace, "t": (argparse.Namespace, 1)},  # named, never called: CKD602
         "nested-class-ref": {"blob": pickle.dumps(Custom, protocol=2), "s": "z" * 15},
         "mixed": [Custom, inner_evil, pickle.dumps(Custom, protocol=4)],
     }
@@ -524,15 +525,15 @@ def test_merged_steps_match_the_old_dict() -> None:
 
 
 def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CKD601 and CKD602 share one verdict per file (judging walks every value of the pickle)."""
+    """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
     calls: list[int] = []
-    real = security.judge
+    real = pickle_analysis.judge
 
-    def counting(pf: Any, *args: Any) -> Any:
+    def counting(pf: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(id(pf))
-        return real(pf, *args)
+        return real(pf, *args, **kwargs)
 
-    monkeypatch.setattr(security, "judge", counting)
+    monkeypatch.setattr(pickle_analysis, "judge", counting)
     scan(str(run), jobs=1)
     assert calls and len(calls) == len(set(calls)) == 2 * 3  # optimizer.pt, scheduler.pt, rng_state.pth

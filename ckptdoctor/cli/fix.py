@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, text_or_json
+from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, allow_global_option, text_or_json
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -93,6 +93,7 @@ the fix (nothing is changed then), 130 interrupted.
     is_flag=True,
     help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
 )
+@allow_global_option
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -103,6 +104,7 @@ def fix_command(
     fail_on: str | None,
     force: bool,
     no_config: bool,
+    allow_global: tuple[str, ...],
 ) -> None:
     """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
 
@@ -121,6 +123,7 @@ def fix_command(
         dry_run=dry_run,
         force=force,
         on_kept=_note_kept,
+        allow_global=allow_global,
     )
     if fmt == "json":
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))

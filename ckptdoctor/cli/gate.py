@@ -120,6 +120,7 @@ def gate_command(
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     no_config: bool,
+    allow_global: tuple[str, ...],
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
@@ -166,7 +167,7 @@ def gate_command(
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
-                          planned, on_kept=_note_kept)
+                          planned, on_kept=_note_kept, allow_global=allow_global)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -88,11 +88,24 @@ def text_or_json(help_text: str) -> Callable[[Callable[..., Any]], Callable[...,
     )
 
 
+allow_global_option = click.option(
+    "--allow-global",
+    "allow_global",
+    multiple=True,
+    metavar="PATTERN",
+    help="Allow this pickle global (pkg.mod.Name, or pkg.mod.* for a module and its submodules): your own classes; "
+    "never anything that runs code. Added to `allow-globals` of the user configuration "
+    "(~/.config/ckptdoctor/config.toml, or $CKPTDOCTOR_USER_CONFIG); each use is shown in the report.",
+)
+"""``--allow-global`` (passed as ``allow_global``): the user's pickle-global allowances for this run."""
+
+
 def rule_options(
     *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--fail-on``, ``--select``, ``--ignore`` and ``--no-config`` (passed as ``fail_on``, ``select``, ``ignore``,
-    ``no_config``) of a command that runs rules under a root's settings file (``resolve_selection``).
+    """``--fail-on``, ``--select``, ``--ignore``, ``--no-config`` and ``--allow-global`` (passed as ``fail_on``,
+    ``select``, ``ignore``, ``no_config``, ``allow_global``) of a command that runs rules under a root's settings
+    file (``resolve_selection``).
 
     ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
     ``root`` and ``each_root`` name the folder whose settings file counts.
@@ -125,6 +138,7 @@ def rule_options(
             help=f"Ignore the settings file at {each_root} (.ckptdoctor.toml, or [tool.ckptdoctor] in "
             "pyproject.toml).",
         ),
+        allow_global_option,
     )
 
     def apply(func: Callable[..., Any]) -> Callable[..., Any]:

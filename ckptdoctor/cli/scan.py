@@ -99,6 +99,7 @@ def scan(
     jobs: int | None,
     deep: bool,
     checksums: str | None,
+    allow_global: tuple[str, ...],
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -117,7 +118,7 @@ def scan(
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
-    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums)
+    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":
@@ -151,6 +152,7 @@ def _scan(
     jobs: int | None,
     deep: bool,
     checksums: str | None,
+    allow_global: Sequence[str] = (),
 ) -> Report:
     """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
     error."""
@@ -169,6 +171,7 @@ def _scan(
             checksums=checksums,
             progress=progress_stream(),
             on_kept=_note_kept,
+            allow_global=allow_global,
         )
 
     if not deep:

@@ -58,8 +58,21 @@ def ordered(run: Run) -> list[Checkpoint]:
     return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
 
 
+def allowances(report: Report) -> list[dict[str, str]]:
+    """Each pickle global only the user's allowances let through: file, global, pattern, origin (``--allow-global``
+    or the user configuration file's path)."""
+    out = []
+    for tree in report.trees:
+        for path, verdict in tree.pickle_verdicts or ():
+            for dotted, pattern, origin in verdict.allowed_by_user:
+                file = display_path(tree.root, path)
+                out.append({"file": file, "global": dotted, "pattern": pattern, "origin": origin})
+    return out
+
+
 def to_json(report: Report) -> dict[str, Any]:
-    """The report as the documented ``ckptdoctor.report/1`` document."""
+    """The report as the documented ``ckptdoctor.report/1`` document (``allowed_globals`` when a user allowance
+    let a pickle global through)."""
     runs = []
     for tree in report.trees:
         for run in tree.runs:
@@ -71,7 +84,7 @@ def to_json(report: Report) -> dict[str, Any]:
                     "checkpoints": [checkpoint_row(ck) for ck in ordered(run)],
                 }
             )
-    return {
+    doc: dict[str, Any] = {
         "schema": SCHEMA,
         "version": __version__,
         "roots": [t.root for t in report.trees],
@@ -85,6 +98,10 @@ def to_json(report: Report) -> dict[str, Any]:
             "seconds": round(report.seconds, 4),
         },
     }
+    allowed = allowances(report)
+    if allowed:
+        doc["allowed_globals"] = allowed
+    return doc
 
 
 def render_json(report: Report) -> str:
@@ -203,6 +220,13 @@ def render_text(report: Report, *, color: bool = False) -> str:
     if report.findings:
         for f in report.findings:
             out.extend(_finding_text(f, st))
+        out.append("")
+    allowed = allowances(report)
+    for a in allowed:
+        origin = a["origin"] if a["origin"] == "--allow-global" else f"allow-globals in {a['origin']}"
+        out.append(st.dim(f"{printable(a['file'])}: pickle global `{printable(a['global'])}` allowed by "
+                          f"{printable(origin)} `{printable(a['pattern'])}`"))  # fmt: skip
+    if allowed:
         out.append("")
     out.append(summary_line(report))
     return "\n".join(out)

@@ -204,6 +204,7 @@ def gate(
     select: Sequence[str] = (),
     ignore: Sequence[str] = (),
     config: bool = True,
+    allow_global: Sequence[str] = (),
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
@@ -227,10 +228,11 @@ def gate(
     the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
     (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
     defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An
-    unknown code, a deep-only selection or a bad settings file raises ``GateInputError``.
+    unknown code, a deep-only selection or a bad settings file raises ``GateInputError``. ``allow_global`` are
+    ``scan``'s user allowances of pickle globals.
     """
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
-                    planned, on_kept=_warn_kept)
+                    planned, on_kept=_warn_kept, allow_global=allow_global)
 
 
 def run_gate(
@@ -245,6 +247,7 @@ def run_gate(
     config: bool,
     planned: Mapping[str, Any],
     on_kept: Callable[[str, Sequence[str]], None] | None,
+    allow_global: Sequence[str] = (),
 ) -> GateResult:
     """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note)."""
     unknown = sorted(set(planned) - PLAN_FIELDS)
@@ -274,7 +277,9 @@ def run_gate(
             inside = os.path.join(target, ck_arg)
             in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
             target = inside if in_run else ck_arg
-    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), select, ignore, config, on_kept=on_kept)
+    selection, cfg_fail_on = rule_selection(
+        os.fspath(run_dir), select, ignore, config, on_kept=on_kept, allow_global=allow_global
+    )
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     scanned: Sequence[Finding] = ()
     if ck_arg is not None and not is_remote(target) and not os.path.isdir(target):
@@ -311,6 +316,7 @@ def rule_selection(
     config: bool,
     *,
     on_kept: Callable[[str, Sequence[str]], None] | None = None,
+    allow_global: Sequence[str] = (),
 ) -> tuple[Selection, str | None]:
     """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
     file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.resolve_selection``), with the gate's usage check.
@@ -330,6 +336,6 @@ def rule_selection(
             raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
                                  "gate never does")
     try:
-        return resolve_selection([run_dir], select, ignore, not config, on_kept=on_kept)
+        return resolve_selection([run_dir], select, ignore, not config, on_kept=on_kept, allow_global=allow_global)
     except UsageError as exc:
         raise GateInputError(str(exc)) from None

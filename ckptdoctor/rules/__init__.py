@@ -156,6 +156,9 @@ class Selection:
     severity: Mapping[str, Severity] = field(default_factory=dict)
     deep: bool = False
     keep: tuple[str, ...] = ()  # codes that run whatever select/ignore say (see ``keep_security_rules``)
+    # the user's pickle-global allowances, (pattern, origin): ``--allow-global`` or the user configuration file,
+    # never a settings file in the scanned folder (``ckptdoctor.rules.pickle_policy.Allowance``)
+    allow_globals: tuple[tuple[str, str], ...] = ()
 
     def enabled(self, r: Rule) -> bool:
         if r.gate_only:

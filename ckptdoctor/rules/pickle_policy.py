@@ -1,25 +1,46 @@
-"""Which pickle globals genuine checkpoint files import (allowed), and which can run code (dangerous).
+"""The pickle policy: which globals a stream may name and have called, decided from facts, never by importing.
 
-The allowlist holds what torch, transformers, accelerate, peft, numpy and DeepSpeed really write: the generated
-``allowlist.json`` (bench/make_allowlist.py reads files those libraries wrote) plus the reviewed entries below
-(ANATOMY §1.7, §1.9, §4, §5). A global matches an entry exactly, or a ``module.*`` entry by module prefix (only for
-modules that define nothing but data classes). A name with a dot (``Path.write_text``) is an attribute chain the
-unpickler follows from the module (protocol 4+): it matches exact entries only.
+Loading a pickle imports every global it names and calls the ones it REDUCEs (``cls(*args)``, ``func(*args)``),
+NEWOBJs (``cls.__new__(cls)``) or BUILDs (``__setstate__``). Enums and config dataclasses are rebuilt that way as
+data; code runs when a function, or a class with a hostile ``__init__``/``__reduce__``, is called. A global is:
+
+- **allowed** when it is an exact entry of the allowlist: the generated ``allowlist.json`` (bench/make_allowlist.py
+  reads files that a matrix of real stacks wrote) plus the reviewed entries below. Entries name classes, or exact
+  functions proved harmless (torch's tensor rebuilders); there are no ``module.*`` entries;
+- **allowed** when the installed package's source (read with ``ast``, never imported) shows it is a class of a known
+  package (transformers, TRL, accelerate, peft, DeepSpeed, torch ...), or a class anywhere that derives from one,
+  or from ``enum.Enum``, and defines none of the hooks unpickling calls (``__reduce__``, ``__setstate__``,
+  ``__new__``...): a ``TrainingArguments`` subclass of any package;
+- **allowed** when the stream itself rebuilds it as ``TrainingArguments`` data (``NEWOBJ`` with no arguments, then
+  a ``BUILD`` of a dict holding TrainingArguments' own fields; see ``pickle_analysis``);
+- **unknown** (CKD602, a warning) when it is a proven class of an installed package outside the known ones that
+  the stream only names (never calls);
+- **unsafe** (CKD601, an error) otherwise: anything dangerous, computed, an attribute chain, a function, a class of
+  an unknown package that is called, or a name no fact proves to be a class (deny by default).
+
+The user's own allowances (``--allow-global``, the user-level configuration) are ``Allowance`` values applied on
+top; they never admit a dangerous or computed name. docs/security.md holds the threat model.
 """
 
 from __future__ import annotations
 
+import ast
+import enum
+import functools
 import json
+import os
+import sys
+from dataclasses import dataclass
 from importlib import resources
 
 from ckptdoctor.model import GlobalRef
 
 
 def _generated() -> frozenset[str]:
-    """The globals in the generated ``allowlist.json`` (observed in real files, and sibling enum classes)."""
+    """The globals in the generated ``allowlist.json`` (observed in real files, and sibling classes)."""
     try:
         doc = json.loads(resources.files("ckptdoctor.rules").joinpath("allowlist.json").read_text("utf-8"))
-        return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ()))
+        return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ())) | frozenset(doc.get("classes", ()))
     except (OSError, ValueError):
         return frozenset()  # a missing data file makes the scan stricter, never looser
 
@@ -48,6 +69,15 @@ ALLOWED: frozenset[str] = frozenset(
         "builtins.object",
         "copyreg._reconstructor",
         "enum.Enum",
+        # plain stdlib value classes (rebuilt from their own fields)
+        "datetime.datetime",
+        "datetime.date",
+        "datetime.timedelta",
+        "datetime.timezone",
+        "decimal.Decimal",
+        "fractions.Fraction",
+        "uuid.UUID",
+        "collections.deque",
         # torch tensors, storages, dtypes
         "torch._utils._rebuild_tensor",
         "torch._utils._rebuild_tensor_v2",
@@ -75,11 +105,8 @@ ALLOWED: frozenset[str] = frozenset(
         "numpy._core.multiarray.scalar",
         "numpy.dtype",
         "numpy.ndarray",
-        "numpy.dtypes.*",
         # torch.distributed.checkpoint .metadata
-        "torch.distributed.checkpoint.metadata.*",
         "torch.distributed.checkpoint.filesystem._StorageInfo",
-        "torch.distributed.checkpoint.planner.*",
         "pathlib.PosixPath",
         "pathlib.WindowsPath",
         "pathlib.PurePosixPath",
@@ -275,17 +302,27 @@ DANGEROUS_GLOBALS: frozenset[str] = frozenset(
 )
 
 
+# Top-level packages whose classes are rebuilt as data by the stacks that write checkpoints. A class of one of these
+# (proved by its source) may be named and constructed; its functions may not (unless listed exactly above).
+KNOWN_PACKAGES: frozenset[str] = frozenset(
+    {"torch", "transformers", "trl", "accelerate", "peft", "deepspeed", "bitsandbytes", "numpy", "safetensors",
+     "datasets", "tokenizers"}
+)  # fmt: skip
+# Bases that make a class of any package data when it derives from them (besides the known packages' classes).
+_DATA_BASES = frozenset({"enum.Enum", "enum.IntEnum", "enum.StrEnum", "enum.Flag", "enum.IntFlag"})
+# Hooks the unpickler calls on a class (NEWOBJ, REDUCE of the class, BUILD): a class defining one runs its own code.
+_HOOKS = frozenset({"__reduce__", "__reduce_ex__", "__setstate__", "__new__", "__getattr__", "__getattribute__",
+                    "__setattr__", "__init_subclass__", "__class_getitem__"})  # fmt: skip
+_MAX_SOURCE = 4 << 20  # bytes of one module's source read
+_MAX_HOPS = 12  # re-exports and base classes followed
+
+
 def is_allowed(g: GlobalRef) -> bool:
-    """True when ``g`` is something genuine checkpoint files import."""
+    """True when ``g`` is an exact allowlist entry (generated or reviewed), or a torch dtype or storage class."""
     dotted = g.dotted
     if dotted in ALLOWED or dotted in GENERATED:
         return True
-    if "." in g.name or g.module.startswith("<"):
-        return False  # attribute chains and unresolved names match nothing by pattern
-    if g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES):
-        return True
-    parts = g.module.split(".")
-    return any(".".join(parts[:i]) + ".*" in ALLOWED for i in range(1, len(parts) + 1))
+    return g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES)
 
 
 def is_dangerous(g: GlobalRef) -> bool:
@@ -308,3 +345,235 @@ def is_dangerous(g: GlobalRef) -> bool:
         if ".".join(chain[i - 1 : i + 1]) in DANGEROUS_GLOBALS or f"builtins.{chain[i]}" in DANGEROUS_GLOBALS:
             return True
     return False
+
+
+class Standing(enum.Enum):
+    """What the policy makes of one global, before the stream's own facts and the user's allowances."""
+
+    ALLOWED = "allowed"
+    UNKNOWN = "unknown"  # a proven class outside the known packages: a warning if only named, an error if called
+    UNPROVEN = "unproven"  # nothing proves it a class: an error, unless the stream rebuilds it as TrainingArguments
+    UNSAFE = "unsafe"  # dangerous, computed, or an attribute chain: an error whatever the stream does with it
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """One user allowance: ``pattern`` (``pkg.mod.Name``, or ``pkg.mod.*`` for that module and its submodules) and
+    where it came from (``--allow-global``, or the user configuration file's path)."""
+
+    pattern: str
+    origin: str
+
+    def admits(self, g: GlobalRef) -> bool:
+        """Whether this allowance admits ``g``. Attribute chains match only an exact pattern."""
+        if self.pattern == g.dotted:
+            return True
+        if not self.pattern.endswith(".*") or "." in g.name:
+            return False
+        base = self.pattern[:-2]
+        return g.module == base or g.module.startswith(base + ".")
+
+
+def check_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be an allowance (None when it can): it must be a dotted name of a module and a name,
+    or ``module.*``; it may not name anything dangerous."""
+    text = pattern.strip()
+    parts = text.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in (parts[:-1] if parts[-1] == "*" else parts)):
+        return f"`{pattern}` is not `module.Name` or `module.*`"
+    module = ".".join(parts[:-1])
+    if is_dangerous(GlobalRef(module, parts[-1] if parts[-1] != "*" else "_")):
+        return f"`{pattern}` names a module or callable that runs code; it cannot be allowed"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def standing(g: GlobalRef) -> tuple[Standing, str]:
+    """What ``g`` is, and the fact that says so (shown by ``inspect``). Cached: the same few globals recur."""
+    if g.module.startswith("<") or g.name.startswith("<") or is_dangerous(g):
+        return Standing.UNSAFE, "runs code or is computed at load time"
+    if is_allowed(g):
+        return Standing.ALLOWED, "allowlist"
+    if "." in g.name:
+        return Standing.UNSAFE, "an attribute chain outside the allowlist"
+    facts = class_facts(g.module, g.name)
+    if facts is None:
+        return Standing.UNPROVEN, "not proved to be a class of a known package"
+    top = facts.dotted.split(".", 1)[0]
+    hooks = sorted(facts.hooks)
+    if top in KNOWN_PACKAGES and facts.dotted.split(".")[0] == g.module.split(".")[0]:
+        return Standing.ALLOWED, f"a class of {top} (read from its source)"
+    base = _data_base(facts, 0)
+    if base is not None and not hooks:
+        return Standing.ALLOWED, f"a class deriving from {base} (read from its source)"
+    why = f" defining {', '.join(hooks)}" if hooks else ""
+    return Standing.UNKNOWN, f"a class of {top}{why}, outside the known packages"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFacts:
+    """A class found in an installed package's source: where it is defined, its bases (dotted, as imported) and
+    the unpickling hooks it defines itself."""
+
+    dotted: str
+    bases: tuple[str, ...]
+    hooks: frozenset[str]
+
+
+def class_facts(module: str, name: str, hops: int = 0) -> ClassFacts | None:
+    """The class ``module.name`` as its installed source defines it (following re-exports), or None when no
+    source proves it is a class. Nothing is imported: sources are located with ``PathFinder`` and parsed."""
+    if hops > _MAX_HOPS:
+        return None
+    defs = _module_defs(module)
+    if defs is None:
+        return None
+    d = defs.get(name)
+    if d is None:
+        return None
+    if isinstance(d, ClassFacts):
+        return d
+    if d.startswith("module:"):  # ``import x.y as name``: a module is not a class
+        return None
+    target_mod, _, target_name = d.rpartition(".")
+    if not target_mod:
+        return None
+    found = class_facts(target_mod, target_name, hops + 1)
+    if found is None and _module_defs(d) is not None:
+        return None  # the name is a submodule
+    return found
+
+
+def _data_base(facts: ClassFacts, hops: int) -> str | None:
+    """The base that makes ``facts`` data (a known package's class, or an enum), following bases by source."""
+    if hops > _MAX_HOPS:
+        return None
+    for b in facts.bases:
+        if b in _DATA_BASES or b.split(".", 1)[0] in KNOWN_PACKAGES:
+            return b
+        mod, _, name = b.rpartition(".")
+        parent = class_facts(mod, name) if mod else None
+        if parent is not None and not parent.hooks:
+            found = _data_base(parent, hops + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _search_path() -> list[str]:
+    """Where installed packages live: ``sys.path`` without the working folder, which may be the scanned one (a
+    checkpoint folder holding ``evil/__init__.py`` must not vouch for ``evil.Cls``)."""
+    cwd = os.getcwd()
+    return [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd]
+
+
+@functools.lru_cache(maxsize=512)
+def _module_defs(module: str) -> dict[str, ClassFacts | str] | None:
+    """Top-level names of an installed module's source: classes, and re-exports as ``pkg.mod.name`` (or
+    ``module:pkg.mod`` for an imported module); None when the module has no readable Python source."""
+    from importlib.machinery import PathFinder
+
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    path: list[str] | None = _search_path()
+    spec = None
+    for i in range(len(parts)):
+        try:
+            spec = PathFinder.find_spec(".".join(parts[: i + 1]), path)
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+        path = list(locations) if locations is not None else None
+        if path is None and i < len(parts) - 1:
+            return None
+    origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        with open(origin, "rb") as fh:
+            source = fh.read(_MAX_SOURCE + 1)
+        if len(source) > _MAX_SOURCE:
+            return None
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return None
+    package = module if origin.endswith("__init__.py") else module.rpartition(".")[0]
+    out: dict[str, ClassFacts | str] = {}
+    conflicted: set[str] = set()
+
+    def put(name: str, value: ClassFacts | str) -> None:
+        old = out.get(name)
+        if old is not None and old != value and not (isinstance(old, str) and isinstance(value, str)):
+            conflicted.add(name)  # defined two ways (a class in one branch, a function in another): not proved
+        out[name] = value
+
+    def absolute(level: int, mod: str | None) -> str:
+        if level == 0:
+            return mod or ""
+        base = package.split(".")
+        base = base[: len(base) - (level - 1)] if level > 1 else base
+        return ".".join([*base, mod] if mod else base)
+
+    def dotted(expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            d = out.get(expr.id)
+            if isinstance(d, ClassFacts):
+                return d.dotted
+            if isinstance(d, str):
+                return d.removeprefix("module:")
+            return f"builtins.{expr.id}" if expr.id in ("object", "dict", "str", "int") else f"{module}.{expr.id}"
+        if isinstance(expr, ast.Attribute):
+            head = dotted(expr.value)
+            return f"{head}.{expr.attr}" if head else None
+        if isinstance(expr, ast.Subscript):  # Generic[T], dict[str, int]
+            return dotted(expr.value)
+        return None
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                bases = tuple(b for b in map(dotted, node.bases) if b)
+                funcs = (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+                hooks = frozenset(n.name for n in funcs if n.name in _HOOKS) | frozenset(
+                    t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name) and t.id in _HOOKS
+                )  # fmt: skip
+                if any(k.arg == "metaclass" for k in node.keywords):
+                    hooks |= {"metaclass"}
+                put(node.name, ClassFacts(f"{module}.{node.name}", bases, hooks))
+            elif isinstance(node, ast.ImportFrom):
+                src = absolute(node.level, node.module)
+                for a in node.names:
+                    if a.name != "*":
+                        put(a.asname or a.name, f"{src}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    put(a.asname or a.name.split(".")[0], "module:" + (a.name if a.asname else a.name.split(".")[0]))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                put(node.name, f"<function>.{node.name}")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                alias = dotted(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        put(t.id, alias if alias else f"<value>.{t.id}")
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for h in node.handlers:
+                    visit(h.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(tree.body)
+    for name in conflicted:
+        out[name] = f"<conflict>.{name}"
+    return out

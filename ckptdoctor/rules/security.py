@@ -6,26 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import DcpMetadataFacts, FileFacts, NumpyFacts, PickleFacts, ProblemKind, TorchFacts, Tree
-from ckptdoctor.pickle_analysis import Verdict, judge
-from ckptdoctor.readers.pickle_walk import merge_pickles
+from ckptdoctor.model import FileFacts, ProblemKind, Tree
+from ckptdoctor.pickle_analysis import Verdict, tree_verdicts
 from ckptdoctor.rules import Hit, rule
 
 
 def _verdicts(tree: Tree) -> tuple[tuple[FileFacts, Verdict], ...]:
-    """Every file holding pickle streams (raw, torch zip or legacy, DCP .metadata and .distcp) with its verdict.
-
-    Judged once per scan: CKD601 and CKD602 both read the verdicts, and judging walks every value of every pickle.
-    The last tree's verdicts are kept (the rules of one scan run one after another on the same tree).
-    """
-    if _last and _last[0][0] is tree:
-        return _last[0][1]
-    out = tuple((f, judge(pf)) for f in tree.all_files() if (pf := _pickle(f)) is not None)
-    _last[:] = [(tree, out)]
-    return out
-
-
-_last: list[tuple[Tree, tuple[tuple[FileFacts, Verdict], ...]]] = []
+    """Every file holding pickle streams with the verdict the scan judged once (``Tree.pickle_verdicts``); a tree
+    that was not judged (a rule run on its own) is judged here, with no user allowances."""
+    judged = tree.pickle_verdicts if tree.pickle_verdicts is not None else tree_verdicts(tree)
+    by_path = dict(judged)
+    return tuple((f, by_path[f.path]) for f in tree.all_files() if f.path in by_path)
 
 
 def _names(items: tuple[str, ...], limit: int = 8) -> str:
@@ -33,29 +24,21 @@ def _names(items: tuple[str, ...], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _pickle(f: FileFacts) -> PickleFacts | None:
-    """Every stream a loader could unpickle from the file: its own, and those another loader reads (polyglots)."""
-    c = f.content
-    own: PickleFacts | None = None
-    if isinstance(c, PickleFacts):
-        own = c
-    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts)):
-        own = c.pickle
-    if f.alt_pickle is None or own is None:
-        return own or f.alt_pickle
-    return merge_pickles(own, [f.alt_pickle])
-
-
 # a pickle that calls os.system, eval & co runs that code at torch.load: code execution
 @rule("CKD601", "unsafe-pickle-global", Severity.ERROR, security_severity="9.0")
 def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
-    """A pickle imports a callable that can run code, or calls a global the analysis does not know.
+    """A pickle names a callable that can run code when it is loaded.
 
     ## What it does
-    Walks every pickle statically (never loading it) and lists the globals it imports and calls. Reports globals
-    that execute code or reach the operating system (`os.system`, `posix.system`, `subprocess`, `builtins.eval` /
-    `exec` / `getattr` / `__import__`, `importlib`, `operator.methodcaller` / `attrgetter`, `functools.partial`,
-    `runpy`, `pty`, `socket`, `torch.load`, `numpy.load` ...), and any call of a global outside the allowlist.
+    Walks every pickle statically (never loading it) and judges each global it names by facts, never by importing
+    it (docs/security.md): globals that execute code or reach the operating system (`os.system`, `subprocess`,
+    `builtins.eval` / `exec` / `getattr`, `importlib`, `operator.methodcaller`, `functools.partial`, `runpy`,
+    `socket`, `torch.load`, `numpy.load` ...) are errors wherever they appear; so is any other global that is not
+    on the allowlist generated from real stacks' files, not proved by its installed source to be a class of a
+    known package (or a class deriving from one, or an enum), and not rebuilt by the stream as TrainingArguments
+    data: functions and unproven names are denied by default. A class of another package is an error when the
+    stream calls it or passes it to a call (arguments, dict keys and sets included). Your own classes can be
+    allowed with `--allow-global` or the user configuration; each use is shown in the report.
 
     ## Why is this bad?
     `pickle.load` calls these while reading: loading the file runs the attacker's code with your credentials.
@@ -84,15 +67,17 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
 # an unknown import is executed on load; usually a custom class, sometimes a payload
 @rule("CKD602", "unknown-pickle-global", Severity.WARNING, security_severity="5.0")
 def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
-    """A pickle imports a global outside the allowlist that is not known to be dangerous.
+    """A pickle names a class of a package outside the known ones, without calling it.
 
     ## What it does
-    Compares every imported global with an allowlist built from what torch, transformers, accelerate, peft, numpy
-    and DeepSpeed really write, and reports the others (globals that are called are CKD601).
+    Reports globals that the installed package's source proves to be classes, of a package other than the ones
+    checkpoints come from (torch, transformers, TRL, accelerate, peft, DeepSpeed ...), which the stream names but
+    never calls nor hands to a call. Anything called, and anything not proved a class, is CKD601.
 
     ## Why is this bad?
-    An unknown class is imported (and its module executed) by `pickle.load`, and `weights_only=True` loads refuse
-    it. It often means a custom class in a checkpoint that will not load elsewhere; sometimes it is a payload.
+    `pickle.load` imports the class's module (running its top-level code), and `weights_only=True` loads refuse
+    it. It often means a custom class in a checkpoint that will not load elsewhere; allow it with
+    `--allow-global` when it is yours.
 
     ## Example
     `optimizer.pt` from a third-party optimizer that stores `mylib.schedules.WarmupState` objects.

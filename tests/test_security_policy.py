@@ -1,0 +1,314 @@
+"""The pickle policy on real files from real stacks (never blocked) and on what must be blocked: wildcards gone,
+functions denied by default, classes handed to calls in dict keys; the user's escape hatch and how it is reported;
+and the soundness property: whenever the static verdict has no security finding, a real unpickler whose
+``find_class`` records every global sees only names the policy allows.
+
+tests/data/stacks/ holds ``training_args.bin`` files written by ``torch.save(args)`` (what ``Trainer._save``
+does) under TRL 1.16 (transformers 5.24) and DeepSpeed 0.19.8 ZeRO-2/3 configs, made with bench/make_allowlist.py's
+stacks; TRL is not installed in the test environment, so they pass on the stream's own facts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import pickle
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptdoctor import scan
+from ckptdoctor.cli import main
+from ckptdoctor.model import GlobalRef
+from ckptdoctor.pickle_analysis import judge
+from ckptdoctor.readers.pickle_walk import walk_pickle
+from ckptdoctor.rules import pickle_policy
+from ckptdoctor.rules.pickle_policy import Standing, standing
+
+torch = pytest.importorskip("torch")
+
+STACKS = Path(__file__).parent / "data" / "stacks"
+SECURITY = ("CKD601", "CKD602", "CKD603", "CKD605")
+
+
+def _security(root: Path, **kw: object) -> list[str]:
+    report = scan(str(root), no_config=True, **kw)  # type: ignore[arg-type]
+    return [f"{f.rule} {f.path}: {f.message}" for f in report.findings if f.rule in SECURITY]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_policy_caches() -> Iterator[None]:
+    """Source facts are cached per process; tests that add or remove packages start and end clean."""
+    pickle_policy.standing.cache_clear()
+    pickle_policy._module_defs.cache_clear()
+    yield
+    pickle_policy.standing.cache_clear()
+    pickle_policy._module_defs.cache_clear()
+
+
+def test_real_trl_and_deepspeed_training_args_are_clean() -> None:
+    assert importlib.util.find_spec("trl") is None, "TRL must not be installed here: the verdict comes from facts"
+    files = sorted(p.name for p in STACKS.iterdir())
+    assert {f"trl-1.16-{c}.bin" for c in ("SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig")} <= set(
+        files
+    )
+    assert _security(STACKS) == []
+
+
+def test_a_trl_config_is_admitted_by_the_stream_facts_not_a_name_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "trl.trainer.dpo_config.DPOConfig" in pickle_policy.GENERATED  # the matrix saw it
+    # Without that entry (another TRL release, another TrainingArguments subclass) the stream's facts decide.
+    monkeypatch.setattr(pickle_policy, "GENERATED", frozenset(g for g in pickle_policy.GENERATED if "trl" not in g))
+    pickle_policy.standing.cache_clear()
+    data = (STACKS / "trl-1.16-DPOConfig.bin").read_bytes()
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    facts, _, _ = walk_pickle(pkl, persistent_load=lambda pid: None)
+    assert facts is not None
+    dpo = GlobalRef("trl.trainer.dpo_config", "DPOConfig")
+    assert standing(dpo)[0] is Standing.UNPROVEN  # no source, not in a hand list
+    verdict = judge(facts)
+    assert not verdict.unsafe and not verdict.unknown
+    assert any(g == dpo.dotted and "TrainingArguments data" in why for g, why in verdict.admitted)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("transformers.integrations.deepspeed", "HfDeepSpeedConfig"),
+        ("transformers.integrations.deepspeed", "HfTrainerDeepSpeedConfig"),
+        ("transformers.training_args_seq2seq", "Seq2SeqTrainingArguments"),
+        ("accelerate.utils.dataclasses", "GradientAccumulationPlugin"),
+        ("accelerate.utils.dataclasses", "FullyShardedDataParallelPlugin"),
+        ("peft.tuners.lora.config", "LoraConfig"),
+        ("torch.distributed.checkpoint.planner", "WriteItem"),
+        ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+    ],
+)
+def test_classes_of_installed_known_packages_are_proved_by_their_source(module: str, name: str) -> None:
+    assert standing(GlobalRef(module, name))[0] is Standing.ALLOWED
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("torch.distributed.checkpoint.planner", "reduce"),  # a re-exported function (functools.reduce)
+        ("torch.distributed.checkpoint.metadata", "os"),  # a module
+        ("torch.distributed.checkpoint.planner", "dataclass"),
+        ("transformers.trainer_utils", "set_seed"),  # a function of a module whose enums are allowed
+        ("transformers.trainer_utils", "os.system"),
+        ("numpy.dtypes", "_add_dtype_helper"),
+    ],
+)
+def test_no_wildcard_lets_a_function_or_module_through(module: str, name: str) -> None:
+    assert standing(GlobalRef(module, name))[0] in (Standing.UNPROVEN, Standing.UNSAFE)
+    assert not any(e.endswith("*") for e in pickle_policy.ALLOWED | pickle_policy.GENERATED)
+
+
+def _write_pkg(root: Path, body: str) -> None:
+    (root / "inhouse_args").mkdir(parents=True)
+    (root / "inhouse_args" / "__init__.py").write_text(textwrap.dedent(body))
+
+
+INHOUSE = """
+    from dataclasses import dataclass, field
+    from transformers import TrainingArguments
+
+    @dataclass
+    class MyArgs(TrainingArguments):
+        team: str = field(default="search")
+
+    class Evil(MyArgs):
+        def __reduce__(self):
+            return (print, ("x",))
+"""
+
+
+def test_an_inhouse_training_arguments_subclass_passes_installed_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkgs = tmp_path / "site"
+    _write_pkg(pkgs, INHOUSE)
+    monkeypatch.syspath_prepend(str(pkgs))
+    import inhouse_args
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save(inhouse_args.MyArgs(output_dir=str(tmp_path / "o"), report_to="none"), run / "training_args.bin")
+    assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.ALLOWED  # derives from TrainingArguments
+    assert standing(GlobalRef("inhouse_args", "Evil"))[0] is Standing.UNKNOWN  # defines __reduce__ itself
+    assert _security(run) == []
+    monkeypatch.syspath_prepend(str(tmp_path / "nothing"))
+    import sys
+
+    sys.path.remove(str(pkgs))
+    pickle_policy.standing.cache_clear()
+    pickle_policy._module_defs.cache_clear()
+    assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.UNPROVEN
+    assert _security(run) == []  # the stream rebuilds TrainingArguments data: NEWOBJ + BUILD of its fields
+
+
+def test_a_package_in_the_working_folder_vouches_for_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_pkg(tmp_path, "class Cfg:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert standing(GlobalRef("inhouse_args", "Cfg"))[0] is Standing.UNPROVEN
+
+
+# GLOBAL collections.OrderedDict, MARK, {argparse.ArgumentParser: 1}, TUPLE, REDUCE: a class in a dict key handed
+# to a call. The callee may call what it is handed; hashing a key calls its __hash__.
+KEY_IN_CALL = b"\x80\x02ccollections\nOrderedDict\n(}cargparse\nArgumentParser\nK\x01st" + b"R."
+CLASS_NAMED = pickle.dumps({"parser": argparse.ArgumentParser}, protocol=2)
+FUNC_NAMED = pickle.dumps({"f": json.dumps}, protocol=2)
+
+
+def test_a_class_in_a_dict_key_handed_to_a_call_is_an_error(tmp_path: Path) -> None:
+    assert pickle.loads(KEY_IN_CALL)  # a valid stream
+    for name, data in (("key.pkl", KEY_IN_CALL), ("func.pkl", FUNC_NAMED), ("named.pkl", CLASS_NAMED)):
+        (tmp_path / name).write_bytes(data)
+    found = _security(tmp_path)
+    assert any(f.startswith("CKD601 key.pkl") and "argparse.ArgumentParser" in f for f in found), found
+    assert any(f.startswith("CKD601 func.pkl") and "json.dumps" in f for f in found), found  # a function: denied
+    assert any(f.startswith("CKD602 named.pkl") for f in found), found  # a proven class, only named: a warning
+
+
+def test_allow_global_on_the_command_line_is_shown_in_text_and_json(tmp_path: Path) -> None:
+    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    runner = CliRunner()
+    env = {"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "absent.toml")}
+    denied = runner.invoke(main, ["scan", "--no-config", str(tmp_path)], env=env)
+    assert denied.exit_code == 1 and "CKD601" in denied.output and "argparse.Namespace" in denied.output
+    text = runner.invoke(main, ["scan", "--allow-global", "argparse.*", str(tmp_path)], env=env)
+    assert text.exit_code == 0, text.output
+    assert "pickle global `argparse.Namespace` allowed by --allow-global `argparse.*`" in text.output
+    doc = json.loads(runner.invoke(main, ["scan", "--format", "json", "--allow-global", "argparse.Namespace",
+                                          str(tmp_path)], env=env).output)  # fmt: skip
+    assert doc["findings"] == []
+    assert doc["allowed_globals"] == [
+        {"file": str(tmp_path / "ns.pkl"), "global": "argparse.Namespace", "pattern": "argparse.Namespace",
+         "origin": "--allow-global"}
+    ]  # fmt: skip
+
+
+def test_the_user_configuration_allows_and_a_scanned_settings_file_cannot(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    user = tmp_path / "user.toml"
+    user.write_text('allow-globals = ["argparse.Namespace"]\n')
+    runner = CliRunner()
+    ok = runner.invoke(main, ["scan", str(run)], env={"CKPTDOCTOR_USER_CONFIG": str(user)})
+    assert ok.exit_code == 0 and f"allowed by allow-globals in {user}" in ok.output, ok.output
+    (run / ".ckptdoctor.toml").write_text('allow-globals = ["argparse.Namespace"]\n')
+    smuggled = runner.invoke(main, ["scan", str(run)], env={"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "none")})
+    assert smuggled.exit_code == 2 and "unknown setting" in smuggled.output
+
+
+@pytest.mark.parametrize("pattern", ["os.*", "builtins.eval", "posix.system", "subprocess.Popen", "os", "a b.c"])
+def test_allow_global_never_admits_code(tmp_path: Path, pattern: str) -> None:
+    result = CliRunner().invoke(main, ["scan", "--allow-global", pattern, str(tmp_path)],
+                                env={"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "none")})  # fmt: skip
+    assert result.exit_code == 2, result.output
+
+
+def test_gate_and_fix_take_allow_global(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for cmd in (["gate"], ["fix", "--dry-run"]):
+        result = runner.invoke(main, [*cmd, "--help"])
+        assert "--allow-global" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Soundness: the static verdict against the real unpickler, with no code run.
+
+POOL = [
+    ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("builtins", "set"),
+    ("argparse", "Namespace"), ("argparse", "ArgumentParser"), ("json", "dumps"), ("os", "system"),
+    ("builtins", "eval"), ("transformers.training_args", "TrainingArguments"), ("inhouse.nowhere", "Cfg"),
+    ("torch.distributed.checkpoint.planner", "reduce"), ("numpy", "dtype"), ("builtins", "getattr"),
+]  # fmt: skip
+
+
+class _Stub:
+    """What the recording unpickler hands back for every global: inert, accepts any call, state or item."""
+
+    def __init__(self, *a: object, **k: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def __call__(self, *a: object, **k: object) -> _Stub:
+        return _Stub()
+
+
+class _Recorder(pickle.Unpickler):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.seen: list[tuple[str, str]] = []
+
+    def find_class(self, module: str, name: str) -> type[_Stub]:  # refuses every real global: a stub instead
+        self.seen.append((module, name))
+        return _Stub
+
+
+def _glob(i: int, stack_global: bool) -> bytes:
+    m, n = POOL[i]
+    if stack_global:
+        return b"\x8c" + bytes([len(m)]) + m.encode() + b"\x8c" + bytes([len(n)]) + n.encode() + b"\x93"
+    return b"c" + m.encode() + b"\n" + n.encode() + b"\n"
+
+
+ITEM = st.tuples(st.integers(0, len(POOL) - 1), st.booleans(), st.sampled_from(["name", "call", "newobj", "key",
+                                                                                "set", "arg"]))  # fmt: skip
+
+
+def _stream(items: list[tuple[int, bool, str]]) -> bytes:
+    out = [b"\x80\x04", b"]("]  # a list, MARK
+    for i, sg, how in items:
+        g = _glob(i, sg)
+        if how == "name":
+            out.append(g)
+        elif how == "call":
+            out.append(g + b")R")
+        elif how == "newobj":
+            out.append(g + b")\x81}\x8c\x01aK\x01sb")
+        elif how == "key":
+            out.append(b"}" + g + b"K\x01s")
+        elif how == "set":
+            out.append(b"\x8f(" + g + b"\x90")
+        else:  # handed to an allowed callable inside a dict key
+            out.append(b"ccollections\nOrderedDict\n(}" + g + b"K\x01st" + b"R")
+    out.append(b"e.")
+    return b"".join(out)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ITEM, min_size=1, max_size=6), st.integers(0, 3))
+def test_a_clean_verdict_means_the_unpickler_sees_only_allowed_names(items: list[tuple[int, bool, str]],
+                                                                      cut: int) -> None:  # fmt: skip
+    data = _stream(items)
+    data = data[: len(data) - cut] if cut else data  # hostile: truncated streams too
+    facts, problems, _ = walk_pickle(data)
+    if facts is None or problems:
+        return  # CKD603 (malformed) or unreadable: a security finding either way
+    verdict = judge(facts)
+    rec = _Recorder(data)
+    with contextlib.suppress(Exception):  # a refused or malformed stream stops the load: what it saw still counts
+        rec.load()
+    if verdict.unsafe or verdict.unknown:
+        return
+    admitted = {g for g, _ in verdict.admitted}
+    for m, n in rec.seen:
+        g = GlobalRef(m, n)
+        assert standing(g)[0] is Standing.ALLOWED or g.dotted in admitted, (g, items)
