@@ -8,6 +8,7 @@ so rules, reports and the gate share one reading of each file.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +37,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 SCHEDULER = "scheduler.pt"
+# Each rank's RNG state (`Trainer._save_rng_state`): `rng_state.pth` for one process, `rng_state_R.pth` for rank R.
+RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 FULL_WEIGHT_FILES = (SAFE_WEIGHTS, BIN_WEIGHTS)
 WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEIGHTS, SAFE_INDEX)
 

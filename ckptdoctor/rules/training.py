@@ -14,7 +14,6 @@ from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
 from ckptdoctor.rules.weights import plural, saved_shard_tensors
 
-_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
 _DS_RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 # Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).
@@ -180,7 +179,8 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
             continue
         if ck.file(trainer_view.TRAINER_STATE) is None or trainer_view.is_mindnlp(ck):
             continue  # a torn save: CKD102 says more; MindNLP has no RNG file to miss
-        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := _RNG_RE.match(f.name))}
+        rng = trainer_view.RNG_RE
+        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := rng.match(f.name))}
         world = saved_world_size(ck)
         if not ranks:
             yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")
