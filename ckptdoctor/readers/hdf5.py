@@ -12,12 +12,14 @@ the same open file object, and every group is walked: each dataset's name, dtype
 listed from its object header (no data is read), and the storage of contiguous and chunked datasets is checked to
 lie within the file. An object h5py cannot open (a damaged object header, a group whose links cannot be listed) or
 storage past the end is a problem of the file: Keras (``keras/src/saving/saving_lib.py``, ``H5IOStore``) and
-transformers (``modeling_tf_utils.py``, ``load_tf_weights_from_h5``) read every dataset, so they would fail on it. h5py is imported here only, on the first ``.h5`` file read.
+transformers (``modeling_tf_utils.py``, ``load_tf_weights_from_h5``) read every dataset, so they would fail on it.
+h5py is imported here only, on the first ``.h5`` file read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from types import ModuleType
 from typing import Any, BinaryIO
@@ -121,10 +123,9 @@ def _read(f: BinaryIO, size: int) -> ReadOutcome:
 def h5py_module() -> ModuleType | None:
     """h5py, imported on first use, or None when it is not installed (or fails to import)."""
     try:
-        import h5py
+        return importlib.import_module("h5py")
     except Exception:  # ImportError, or a broken install (a missing libhdf5): read the superblock only
         return None
-    return h5py
 
 
 _LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}  # H5D_COMPACT ... H5D_VIRTUAL
@@ -160,8 +161,10 @@ class _Walk:
             return
         for name in names:
             if self.objects >= self.limits.hdf5_objects:
-                self.problem(ProblemKind.LIMIT, f"more than {self.limits.hdf5_objects:,} objects: "
-                             "the rest were not listed")
+                if self.objects == self.limits.hdf5_objects:  # said once, by the first group to meet it
+                    self.objects += 1
+                    self.problem(ProblemKind.LIMIT, f"more than {self.limits.hdf5_objects:,} objects: "
+                                 "the rest were not listed")
                 return
             self.objects += 1
             child = f"{path}/{name}" if path else name
