@@ -457,6 +457,8 @@ def _tensors_of(f: FileFacts) -> tuple[TensorInfo, ...] | None:
     c = f.content
     if isinstance(c, (SafetensorsFacts, MindSporeFacts)):
         return c.tensors
+    if f.kind is FileKind.EMPTY and f.name.lower() == MS_WEIGHTS:
+        return ()  # protobuf writes a `Checkpoint` with no values as zero bytes
     if isinstance(c, TorchFacts):
         return tuple(TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors)
     return None

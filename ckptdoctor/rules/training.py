@@ -229,8 +229,8 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     if opt is None or not opt.groups:
         return None
     branch, shapes = trainable
-    if shapes and all(0 in s for s in shapes):
-        return None  # an empty (ZeRO-3 style) weights file: CKD210 reports it, and nothing is left to compare
+    if all(0 in s for s in shapes):
+        return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
     problems: list[str] = []
     count = opt.param_count
     if branch == "adapter" and count != len(shapes):
@@ -307,11 +307,11 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     """The optimizer state's parameters disagree with the trainable tensors the checkpoint holds.
 
     ## What it does
-    Compares `optimizer.pt`'s parameter count and per-parameter state shapes (`exp_avg`) with the adapter tensors
-    (LoRA) or the full weights. Across the checkpoints of one run, it also reports a checkpoint whose adapter
-    (`target_modules` or `r` in `adapter_config.json`) differs from the previous checkpoint's while their
-    `log_history` tells one story: the run was resumed with another adapter, from optimizer state built for the
-    old one.
+    Compares `optimizer.pt`'s (MindNLP: `optimizer.ckpt`'s) parameter count and per-parameter state shapes
+    (`exp_avg`) with the adapter tensors (LoRA) or the full weights. Across the checkpoints of one run, it also
+    reports a checkpoint whose adapter (`target_modules` or `r` in `adapter_config.json`) differs from the previous
+    checkpoint's while their `log_history` tells one story: the run was resumed with another adapter, from
+    optimizer state built for the old one.
 
     ## Why is this bad?
     `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,
