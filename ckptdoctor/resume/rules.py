@@ -71,6 +71,12 @@ def _resumed(ctx: ResumeContext) -> tuple[Checkpoint, Prediction, StepPlan] | No
     return ctx.checkpoint, p, p.steps
 
 
+def _optimizer_name(ck: Checkpoint) -> str:
+    """The optimizer file the resume restores the LR from (``optimizer.pt``, ``.bin``, MindNLP's ``optimizer.ckpt``)."""
+    f = trainer_view.optimizer_file(ck)
+    return ck.relname(f) if f is not None else "optimizer.pt"
+
+
 def _in_folder(ck: Checkpoint, name: str) -> str:
     return name if ck.path in ("", ".") else f"{ck.path}/{name}"
 
@@ -213,7 +219,7 @@ def resume_first_step_lr_zero(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None or not resumed[1].lrs or resumed[1].lrs[0] != 0.0:
         return
     ck, p, _ = resumed
-    why = "the LR stored in `optimizer.pt`" if p.restores else "the restarted schedule's warm-up"
+    why = f"the LR stored in `{_optimizer_name(ck)}`" if p.restores else "the restarted schedule's warm-up"
     yield Hit(ck.path, f"the first resumed optimizer step (step {(p.start or 0) + 1}) runs at LR 0 ({why})")
 
 
@@ -341,7 +347,8 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
 
     stype = p.settings.lr_scheduler_type
     if p.schedule_rejected is not None and stype in schedules.METRIC_DRIVEN:
-        where = "the LR stored in `optimizer.pt`" if p.restores else "the planned learning_rate (fresh optimizer)"
+        fresh = "the planned learning_rate (fresh optimizer)"
+        where = f"the LR stored in `{_optimizer_name(ck)}`" if p.restores else fresh
         first = f"the first resumed step (step {(p.start or 0) + 1}) runs at {p.lrs[0]:.4g} ({where}); " if p.lrs \
             else ""
         yield Hit(ck.path, f"`{stype}`: {first}later steps keep it until an evaluation steps the scheduler with its "
