@@ -130,6 +130,14 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out["value"] = {"superblock_offset": c.superblock_offset, "version": c.version,
                         "offset_size": c.offset_size, "length_size": c.length_size,
                         "base_address": c.base_address, "eof_address": c.eof_address}
+        if c.datasets is None:
+            out["value"]["datasets"] = "not listed: install h5py (pip install 'ckptdoctor[h5]')"
+        else:
+            out["tensors"] = [
+                {"name": d.name, "dtype": d.dtype, "shape": list(d.shape), "bytes": d.storage_bytes,
+                 "layout": d.layout, "offset": d.offset}
+                for d in c.datasets
+            ]
     out["problems"] = [{"kind": p.kind.value, "message": p.message} for p in facts.problems]
     return out
 

@@ -33,6 +33,10 @@ class Limits:
     # Bytes of one `.distcp` file searched for the torch.save blobs inside it (DCP loads their pickles with
     # weights_only=False, so every one is walked); a larger file is analysed up to here and reported.
     dcp_data_bytes: int = 64_000_000_000
+    # Objects (groups and datasets) of one HDF5 file listed through h5py, and chunks of one chunked dataset checked
+    # against the file's end; a Keras weights file holds a few hundred objects and no chunked datasets.
+    hdf5_objects: int = 100_000
+    hdf5_chunks: int = 1_000_000
     # Text files we read whole (`latest`).
     text_bytes: int = 4096
     # Directory walk: depth and number of entries before discovery stops and reports.

@@ -243,8 +243,28 @@ class TfCheckpointStateFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Hdf5Dataset:
+    """One dataset of an HDF5 file as h5py describes it from the file's metadata (no data is read).
+
+    ``dtype`` is numpy's name (``float32``); ``layout`` HDF5's storage layout (``contiguous``, ``chunked``,
+    ``compact``, ``virtual``); ``storage_bytes`` the bytes allocated for its data (H5Dget_storage_size), and
+    ``offset`` where a contiguous dataset's bytes start in the file (None for other layouts and unallocated data).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str
+    storage_bytes: int
+    offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Hdf5Facts:
-    """An HDF5 file's superblock (``tf_model.h5``, ``*.weights.h5``), read without h5py."""
+    """An HDF5 file's superblock (``tf_model.h5``, ``*.weights.h5``), read without h5py, and its datasets.
+
+    ``datasets`` is None when h5py is not installed (the ``h5`` extra) or the superblock already shows damage.
+    """
 
     superblock_offset: int  # 0, or the size of a user block (512, 1024, 2048, ...)
     version: int
@@ -252,6 +272,7 @@ class Hdf5Facts:
     length_size: int
     base_address: int
     eof_address: int  # relative to ``base_address``: the file must reach base + eof bytes
+    datasets: tuple[Hdf5Dataset, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

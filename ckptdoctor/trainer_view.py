@@ -8,6 +8,7 @@ so rules, reports and the gate share one reading of each file.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +37,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 SCHEDULER = "scheduler.pt"
+# Each rank's RNG state (`Trainer._save_rng_state`): `rng_state.pth` for one process, `rng_state_R.pth` for rank R.
+RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 FULL_WEIGHT_FILES = (SAFE_WEIGHTS, BIN_WEIGHTS)
 WEIGHT_CANDIDATES = (ADAPTER_BIN, ADAPTER_SAFE, BIN_WEIGHTS, BIN_INDEX, SAFE_WEIGHTS, SAFE_INDEX)
 
@@ -454,6 +457,8 @@ def _tensors_of(f: FileFacts) -> tuple[TensorInfo, ...] | None:
     c = f.content
     if isinstance(c, (SafetensorsFacts, MindSporeFacts)):
         return c.tensors
+    if f.kind is FileKind.EMPTY and f.name.lower() == MS_WEIGHTS:
+        return ()  # protobuf writes a `Checkpoint` with no values as zero bytes
     if isinstance(c, TorchFacts):
         return tuple(TensorInfo(name, t.dtype, t.shape, t.numel * _itemsize(t.dtype)) for name, t in c.tensors)
     return None

@@ -456,7 +456,8 @@ def test_every_truncation_of_the_checkpoint_state_parses_or_is_a_problem() -> No
 
 
 @pytest.mark.parametrize("path", [TF_TRAINER / "tf_model.h5", KERAS / "model.weights.h5"], ids=["tf", "keras"])
-def test_hdf5_samples(path: Path) -> None:
+def test_hdf5_samples(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ckptdoctor.readers.hdf5.h5py_module", lambda: None)  # the superblock alone, as without h5py
     outcome = read_bytes(read_hdf5, path.read_bytes())
     assert outcome == ReadOutcome(Hdf5Facts(0, 0, 8, 8, 0, path.stat().st_size))
 
@@ -489,7 +490,8 @@ def test_hdf5_flipped_superblock_bytes(at: int, value: int, words: str) -> None:
     assert words in p.message
 
 
-def test_hdf5_user_block_and_version_2() -> None:
+def test_hdf5_user_block_and_version_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ckptdoctor.readers.hdf5.h5py_module", lambda: None)  # the superblock alone, as without h5py
     sample = (TF_TRAINER / "tf_model.h5").read_bytes()
     shifted = bytearray(b"\x00" * 512 + sample)
     shifted[512 + 24 : 512 + 32] = (512).to_bytes(8, "little")  # base address: the superblock's own offset

@@ -9,10 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptdoctor.errors import UsageError
-
 if TYPE_CHECKING:
-    from ckptdoctor.rules import Selection
     from ckptdoctor.scanner import Report
 
 
@@ -40,26 +37,6 @@ def _note_kept(source: str, codes: Sequence[str]) -> None:
     click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
 
 
-def resolve_selection(
-    paths: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    no_config: bool,
-    *,
-    on_kept: Callable[[str, Sequence[str]], None] | None = None,
-) -> tuple[Selection, str | None]:
-    """``settings.resolve_selection`` for a command: its ``UsageError`` is a ``UsageProblem`` (exit 2), and without
-    ``on_kept`` the note on security rules a settings file may not turn off goes to stderr."""
-    from ckptdoctor import settings
-
-    try:
-        return settings.resolve_selection(paths, select, ignore, no_config, on_kept=on_kept or _note_kept)
-    except UsageError as exc:
-        raise UsageProblem(str(exc)) from None
-
-
-# Set by a command that wrote nothing, once its output is out: ``cli.run`` may then end the process without
-# tearing down the interpreter (see ``cli.run``).
 def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> int:
     """``settings.exit_code`` of ``report``, with its note on stderr when a security error overrides a settings
     file's fail-on = "never"."""
@@ -73,6 +50,9 @@ def _note_security() -> None:
 
     click.echo(SECURITY_NEVER_NOTE, err=True)
 
+
+# Set by a command that wrote nothing, once its output is out: ``cli.run`` may then end the process without
+# tearing down the interpreter (see ``cli.run``).
 _fast_exit = False
 
 

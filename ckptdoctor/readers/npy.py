@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import NpyArray, NumpyFacts, PickleFacts, ProblemKind, ReadOutcome, ReadProblem
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.sniff import NPY_MAGIC
 from ckptdoctor.readers.zipdir import (
     _ZIP_EOCD,
     _ZIP_LOCAL,
@@ -28,9 +29,8 @@ from ckptdoctor.readers.zipdir import (
     _read_at,
 )
 
-__all__ = ["NPY_MAGIC", "read_npy_record", "read_numpy"]
+__all__ = ["read_npy_record", "read_numpy"]
 
-NPY_MAGIC = b"\x93NUMPY"
 _MAX_HEADER = 1 << 20  # numpy refuses headers past 10,000 bytes unless allow_pickle: bounded here instead
 _MAX_RECORDS = 4096  # `.npz` members read per file
 _OBJECT = re.compile(r"^[|<>=]?O\d*$")  # the dtype string of Python objects ('|O', 'O', 'O8')
@@ -42,7 +42,12 @@ def read_numpy(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadO
     if head in (_ZIP_LOCAL, _ZIP_EOCD):
         return _read_npz(f, size, limits)
     cap = min(size, limits.pickle_bytes)
-    first = _read_at(f, 0, min(size, 1 << 16))
+    # Enough for the version and header length, then for the whole header (up to _MAX_HEADER, as _header allows).
+    first = _read_at(f, 0, min(size, 12))
+    if len(first) >= 10 and first[6:7] in (b"\x01", b"\x02", b"\x03"):
+        wide = first[6] != 1
+        n = struct.unpack_from("<I" if wide else "<H", first, 8)[0] if len(first) >= (12 if wide else 10) else 0
+        first = _read_at(f, 0, min(size, (12 if wide else 10) + min(n, _MAX_HEADER)))
     parsed = _header(first, size)
     if isinstance(parsed, ReadProblem):
         return ReadOutcome(None, (parsed,))

@@ -20,7 +20,7 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # torch/serialization.py MAGIC_NUMBER, pickled first by the legacy format: PROTO 2, LONG1 with 10 bytes.
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _JSON_WS = b" \t\r\n"
-_NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
+NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 # Names whose files are pickles when their content looks like a pickle at all (protocol 0/1 need this hint).
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck")
@@ -76,7 +76,7 @@ def sniff(
         return FileKind.DCP_METADATA
     if head.startswith(_ZIP_MAGIC):
         return FileKind.NUMPY if lower.endswith(".npz") else FileKind.TORCH_ZIP
-    if head.startswith(_NPY_MAGIC):
+    if head.startswith(NPY_MAGIC):
         return FileKind.NUMPY  # np.load reads it by this magic whatever the name
     if head.startswith(_LEGACY_MAGIC):
         return FileKind.TORCH_LEGACY

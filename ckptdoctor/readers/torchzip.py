@@ -9,7 +9,7 @@ from typing import BinaryIO
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import NpyArray, PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts, ZipMember
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import TAR_BLOCK, looks_like_old_pickle, looks_like_tar
+from ckptdoctor.readers.sniff import NPY_MAGIC, TAR_BLOCK, looks_like_old_pickle, looks_like_tar
 from ckptdoctor.readers.torchlegacy import _read_legacy
 from ckptdoctor.readers.torchstore import STORAGE_DTYPES, _Storages, _tensors
 from ckptdoctor.readers.zipdir import (
@@ -149,7 +149,6 @@ _TORCH_RECORDS = frozenset({".format_version", ".storage_alignment", "byteorder"
 _MAX_EXTRA_PICKLES = 64  # extra pickle records walked per archive; more is itself the finding
 _MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
 _HEAD = 256  # bytes of a record read to tell a pickle (any protocol), a zip or a .npy
-NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 
 def _layout_problems(

@@ -3,8 +3,8 @@
 ``plan``: what the resume is planned with, and every argument it will use. ``predict``: the pure arithmetic of
 transformers' resume path, a frozen ``Prediction`` (no findings, no text). ``rules``: the gate rules (CKD407-414,
 CKD504), registered like every other rule and run over a ``ResumeContext``. ``api``: ``gate()`` and its
-``GateResult``. ``_text`` and ``_cli`` render a result and make the ``ckptdoctor gate`` command (click): they import
-the rest of this package, never the reverse.
+``GateResult``. ``render/gate.py`` renders a result and ``cli/gate.py`` is the ``ckptdoctor gate`` command: they
+import this package, never the reverse.
 
 The names below are loaded on first use: the rule registry imports ``ckptdoctor.resume.rules`` on every scan, which
 must not pull in the API (and through it the scanner). ``predict()`` is not among them: it would hide the module.

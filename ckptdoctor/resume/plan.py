@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +70,6 @@ class Plan:
     fail_on: str = "error"
 
 
-# Each rank's RNG state (`_save_rng_state`): `rng_state.pth` for one process, `rng_state_R.pth` for rank R of many.
-RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 # The TrainingArguments that size an epoch: with the world size they make the train dataloader's length.
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 PLAN_FIELDS = frozenset(
@@ -370,7 +367,8 @@ def run_world_size(ck: Checkpoint) -> int | None:
     saved = saved_world_size(ck)
     if saved is not None:
         return saved
-    ranks = {-1 if m.group(1) is None else int(m.group(1)) for m in map(RNG_RE.match, map(ck.relname, ck.files)) if m}
+    matches = map(trainer_view.RNG_RE.match, map(ck.relname, ck.files))
+    ranks = {-1 if m.group(1) is None else int(m.group(1)) for m in matches if m}
     if not ranks:
         return None
     return 1 if ranks == {-1} else max(ranks) + 1

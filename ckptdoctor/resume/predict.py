@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
-from ckptdoctor.resume.plan import INT_LIMIT, RNG_RE, GateInputError, Plan, Settings, int_text, resolve
+from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +376,7 @@ def _state_crash(
         return crash
     ranks = world_size or 1
     for f in ck.files:
-        m = RNG_RE.match(ck.relname(f))
+        m = trainer_view.RNG_RE.match(ck.relname(f))
         rank = None if m is None else (-1 if m.group(1) is None else int(m.group(1)))
         if rank is not None and (rank == -1 if ranks == 1 else 0 <= rank < ranks):
             crash = crash or _damaged(ck, ck.relname(f), "_load_rng_state (torch.load)")

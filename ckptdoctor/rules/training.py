@@ -14,7 +14,6 @@ from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
 from ckptdoctor.rules.weights import plural, saved_shard_tensors
 
-_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
 _DS_RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 # Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).
@@ -180,7 +179,8 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
             continue
         if ck.file(trainer_view.TRAINER_STATE) is None or trainer_view.is_mindnlp(ck):
             continue  # a torn save: CKD102 says more; MindNLP has no RNG file to miss
-        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := _RNG_RE.match(f.name))}
+        rng = trainer_view.RNG_RE
+        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := rng.match(f.name))}
         world = saved_world_size(ck)
         if not ranks:
             yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")
@@ -229,8 +229,8 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     if opt is None or not opt.groups:
         return None
     branch, shapes = trainable
-    if shapes and all(0 in s for s in shapes):
-        return None  # an empty (ZeRO-3 style) weights file: CKD210 reports it, and nothing is left to compare
+    if all(0 in s for s in shapes):
+        return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
     problems: list[str] = []
     count = opt.param_count
     if branch == "adapter" and count != len(shapes):
@@ -307,11 +307,11 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     """The optimizer state's parameters disagree with the trainable tensors the checkpoint holds.
 
     ## What it does
-    Compares `optimizer.pt`'s parameter count and per-parameter state shapes (`exp_avg`) with the adapter tensors
-    (LoRA) or the full weights. Across the checkpoints of one run, it also reports a checkpoint whose adapter
-    (`target_modules` or `r` in `adapter_config.json`) differs from the previous checkpoint's while their
-    `log_history` tells one story: the run was resumed with another adapter, from optimizer state built for the
-    old one.
+    Compares `optimizer.pt`'s (MindNLP: `optimizer.ckpt`'s) parameter count and per-parameter state shapes
+    (`exp_avg`) with the adapter tensors (LoRA) or the full weights. Across the checkpoints of one run, it also
+    reports a checkpoint whose adapter (`target_modules` or `r` in `adapter_config.json`) differs from the previous
+    checkpoint's while their `log_history` tells one story: the run was resumed with another adapter, from
+    optimizer state built for the old one.
 
     ## Why is this bad?
     `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,

@@ -123,6 +123,8 @@ def _family(f: FileFacts) -> str:
     """Which format family a file belongs to, by content when it was recognised, else by name."""
     if f.kind in _FRAMEWORK_KINDS:
         return "framework"
+    if f.kind == FileKind.EMPTY and f.name.lower() == trainer_view.MS_WEIGHTS:
+        return "framework"  # zero bytes is a MindSpore `Checkpoint` with no values (CKD210), not a torch archive
     if f.name.lower().endswith(_UNSUPPORTED_ZIPS):
         return "other"  # a zip of another format (CKD216 names it), not a torch archive
     if f.kind == FileKind.SAFETENSORS:
@@ -531,6 +533,9 @@ def _layer_index(name: str) -> int | None:
     return None if m is None else int(m.group(1))
 
 
+_MINDNLP_WEIGHT_FILES = (*trainer_view.FULL_WEIGHT_FILES, trainer_view.MS_WEIGHTS)
+
+
 def _config(ck: Checkpoint) -> dict[str, Any] | None:
     f = ck.file("config.json")
     if f is not None and isinstance(f.content, JsonFacts) and isinstance(f.content.value, dict):
@@ -539,10 +544,12 @@ def _config(ck: Checkpoint) -> dict[str, Any] | None:
 
 
 def _all_weight_tensors(ck: Checkpoint) -> list[TensorInfo]:
+    """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too)."""
+    names = _MINDNLP_WEIGHT_FILES if trainer_view.is_mindnlp(ck) else trainer_view.FULL_WEIGHT_FILES
     out: list[TensorInfo] = []
     for f in ck.files:
         rel = ck.relname(f)
-        if rel in trainer_view.FULL_WEIGHT_FILES or (_SHARD_RE.match(rel) is not None):
+        if rel in names or (_SHARD_RE.match(rel) is not None):
             out.extend(trainer_view.tensors_of(f) or ())
     return out
 
@@ -602,7 +609,8 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
     ## Why is this bad?
     An adapter file with no tensors resumes from a fresh adapter with no warning at all; an empty full-weights
     file resumes from the initial weights with only a missing-keys warning. DeepSpeed ZeRO-3 without
-    `stage3_gather_16bit_weights_on_model_save` writes exactly this.
+    `stage3_gather_16bit_weights_on_model_save` writes exactly this. A MindNLP `mindspore_model.ckpt` with no
+    tensors (zero bytes is a valid, empty MindSpore checkpoint) makes the resume raise instead.
 
     ## Example
     `adapter_model.safetensors` of 40 bytes next to `global_step500/` holding the real partitions.
@@ -611,7 +619,8 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
     No automatic fix: consolidate the weights (e.g. `zero_to_fp32.py`) or resume with the backend that wrote them.
 
     ## References
-    `src/transformers/trainer.py` `_load_from_checkpoint`; deepspeedai/DeepSpeed#7900; huggingface/trl#4416.
+    `src/transformers/trainer.py` `_load_from_checkpoint`; deepspeedai/DeepSpeed#7900; huggingface/trl#4416;
+    `mindspore/train/serialization.py` `load_checkpoint` (the empty parameter dict check).
     """
     for ck, _ in _checkpoints(tree):
         branch = trainer_view.weights_branch(ck)
@@ -627,7 +636,13 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
                 continue
             if not ts or all(t.numel == 0 for t in ts):
                 what = "no tensors" if not ts else f"{plural(len(ts), 'tensor')}, all of them empty"
-                yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): a resume loads nothing")
+                # MindSpore refuses a file that yields no parameter; torch, safetensors and peft load nothing quietly
+                outcome = (
+                    "mindspore.load_checkpoint raises ValueError (\"The loaded parameter dict is empty\")"
+                    if ck.relname(f) == trainer_view.MS_WEIGHTS and not ts
+                    else "a resume loads nothing"
+                )
+                yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): {outcome}")
 
 
 @rule("CKD211", "corrupt-json", Severity.ERROR)
