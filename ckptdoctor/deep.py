@@ -1,5 +1,8 @@
 """``--deep``: stream every tensor's bytes in bounded chunks and record NaN/Inf, all-zero tensors and checksums.
 
+TensorFlow data shards (``ckpt-N.data-K-of-M``) are streamed the same way, each entry's bytes against the crc32c
+its ``ckpt-N.index`` records (``ckptdoctor.readers.tfbundle.crc_spans``).
+
 This is the only scan-path module that reads tensor data, and the only one that imports numpy, lazily, when
 ``--deep`` is asked for. Memory stays bounded (two chunk buffers per worker thread) whatever the model size:
 nothing is ever loaded whole. With ``checksums`` every file is read front to back once, and the same chunks feed
@@ -9,6 +12,7 @@ measures, and reads (never writes) the checksum manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import itertools
@@ -21,7 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ckptdoctor.model import (
     FileData,
@@ -33,10 +37,14 @@ from ckptdoctor.model import (
     ReadProblem,
     SafetensorsFacts,
     TensorData,
+    TfIndexFacts,
     TorchFacts,
     Tree,
 )
 from ckptdoctor.progress import Meter
+
+if TYPE_CHECKING:
+    from ckptdoctor.readers.tfbundle import CrcSpan
 
 # 1 MiB: large enough that per-call overhead vanishes, small enough that the bytes just read are still in the
 # CPU cache when numpy reduces them (measured in bench/RESULTS.md: 4-16 MiB chunks were slower).
@@ -70,12 +78,15 @@ class DeepUnavailable(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class _Span:
-    """One tensor's bytes in a file: where they start, how many, and how to decode them."""
+    """One tensor's bytes in a file: where they start, how many, and how to decode them (or, for a TensorFlow
+    bundle entry, ``crc``: the crc32c its index records, checked instead of decoding the values)."""
 
     name: str
     dtype: str
     start: int
     nbytes: int
+    crc: CrcSpan | None = None
+    index: str = ""  # the name of the index that records ``crc``
 
     @property
     def end(self) -> int:
@@ -87,6 +98,28 @@ def is_deep_candidate(f: FileFacts) -> bool:
     return isinstance(f.content, SafetensorsFacts) or (isinstance(f.content, TorchFacts) and f.content.format == "zip")
 
 
+# A TensorFlow data shard's place in its bundle: the index's facts, the shard's number, the index's file name.
+TfShard = tuple[TfIndexFacts, int, str]
+
+
+def tf_shards(tree: Tree) -> dict[str, TfShard]:
+    """Every data shard a readable ``ckpt-N.index`` of ``tree`` places entries in, by root-relative path (present
+    or not: ``check_tree`` reads only the files discovery found)."""
+    indexes = [f for f in tree.all_files() if f.kind is FileKind.TF_INDEX and isinstance(f.content, TfIndexFacts)]
+    if not indexes:
+        return {}
+    from ckptdoctor.readers.tfbundle import shard_name  # only a tree with a TF bundle pays for it
+
+    out: dict[str, TfShard] = {}
+    for idx in indexes:
+        assert isinstance(idx.content, TfIndexFacts)
+        folder = idx.path[: -len(idx.name)]
+        prefix = idx.name[: -len(".index")]
+        for k in range(min(idx.content.num_shards, len(idx.content.entries))):
+            out[folder + shard_name(prefix, k, idx.content.num_shards)] = (idx.content, k, idx.name)
+    return out
+
+
 def check_tree(
     tree: Tree, jobs: int = 1, progress: TextIO | None = None, checksums: bool = False
 ) -> tuple[FileData, ...]:
@@ -94,18 +127,20 @@ def check_tree(
 
     ``jobs`` files are read at once (numpy, hashlib and file reads release the GIL, so threads use several cores).
     ``progress``, when given (a TTY), gets a one-line progress display. ``checksums`` also reads every other
-    regular file and records each file's sha256 (``FileData.sha256``). Raises ``DeepUnavailable`` without numpy.
+    regular file and records each file's sha256 (``FileData.sha256``). TensorFlow data shards are checked against
+    the crc32c of their index's entries (``FileData.corrupt``). Raises ``DeepUnavailable`` without numpy.
     """
     np = _numpy()
-    wanted = (lambda f: f.kind != FileKind.SPECIAL) if checksums else is_deep_candidate
-    files = sorted((f for f in tree.all_files() if wanted(f)), key=lambda f: f.path)
+    tf = tf_shards(tree)
+    kind = (lambda f: f.kind != FileKind.SPECIAL) if checksums else is_deep_candidate
+    files = sorted((f for f in tree.all_files() if kind(f) or f.path in tf), key=lambda f: f.path)
     base = tree.abs_root or os.path.abspath(tree.root)
     single = not os.path.isdir(base)
     bar = Meter(progress, len(files), sum(f.size for f in files)) if progress is not None else None
 
     def one(f: FileFacts) -> FileData:
         path = base if single else os.path.join(base, *f.path.split("/"))
-        result = check_file(path, f, np, bar.advance if bar is not None else None, checksums)
+        result = check_file(path, f, np, bar.advance if bar is not None else None, checksums, tf.get(f.path))
         if bar is not None:
             bar.file_done()
         return result
@@ -136,11 +171,13 @@ def check_file(
     np: Any = None,
     advance: Callable[[int], None] | None = None,
     checksum: bool = False,
+    tf_shard: TfShard | None = None,
 ) -> FileData:
     """Stream the tensors of one file (``facts`` from its header read) and measure each; never raises on bad input.
 
     The file must still be the one the header came from: a different size means it changed under the scan.
     ``checksum`` reads the whole file (not only its tensor data) and records its sha256 in the same pass.
+    ``tf_shard`` (for a TensorFlow data shard) checks each of its index's entries against its crc32c.
     """
     np = np if np is not None else _numpy()
     try:
@@ -155,9 +192,10 @@ def check_file(
             if st.st_size != facts.size:
                 msg = f"changed while scanning: {facts.size:,} bytes when its header was read, {st.st_size:,} now"
                 return FileData(facts.path, (), 0, (ReadProblem(ProblemKind.UNREADABLE, msg),))
-            spans, skipped, problems = _plan(f, facts)
+            spans, skipped, problems, corrupt = _plan(f, facts, tf_shard)
             digest = hashlib.sha256() if checksum else None
-            return _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance, digest)
+            data = _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance, digest)
+            return dataclasses.replace(data, corrupt=corrupt + data.corrupt) if corrupt else data
         except OSError as e:
             return FileData(facts.path, (), 0, (_unreadable(e),))
 
@@ -166,13 +204,28 @@ def check_file(
 # Where each tensor's bytes are
 
 
-def _plan(f: Any, facts: FileFacts) -> tuple[list[_Span], list[str], list[ReadProblem]]:
-    """The spans to measure (float tensors in a decodable dtype), the float tensors skipped, and problems."""
+def _plan(
+    f: Any, facts: FileFacts, tf_shard: TfShard | None = None
+) -> tuple[list[_Span], list[str], list[ReadProblem], tuple[ReadProblem, ...]]:
+    """The spans to measure (float tensors in a decodable dtype, TensorFlow entries with a crc32c), the float
+    tensors skipped, problems reading the file, and corruption found while planning (TensorFlow entries)."""
+    if tf_shard is not None:
+        return _tf_spans(f, facts.size, *tf_shard)
     if isinstance(facts.content, SafetensorsFacts):
-        return _safetensors_spans(facts.content)
+        return (*_safetensors_spans(facts.content), ())
     if isinstance(facts.content, TorchFacts):
-        return _torch_spans(f, facts.content)
-    return [], [], []
+        return (*_torch_spans(f, facts.content), ())
+    return [], [], [], ()
+
+
+def _tf_spans(
+    f: Any, size: int, index: TfIndexFacts, shard_id: int, index_name: str
+) -> tuple[list[_Span], list[str], list[ReadProblem], tuple[ReadProblem, ...]]:
+    from ckptdoctor.readers.tfbundle import crc_spans
+
+    spans, corrupt = crc_spans(index, shard_id, f, size)
+    out = [_Span(s.entry.key, s.entry.dtype, s.start, s.length, s, index_name) for s in spans]
+    return out, [], [], tuple(corrupt)
 
 
 def _safetensors_spans(c: SafetensorsFacts) -> tuple[list[_Span], list[str], list[ReadProblem]]:
@@ -260,7 +313,7 @@ def _measure(
         else:
             inside.append(sp)
     inside.sort(key=lambda s: s.start)
-    stats = [_Stats() for _ in inside]
+    stats: list[_Stats | _Crc] = [_Crc(sp.crc) if sp.crc is not None else _Stats() for sp in inside]
     # Reads never cross a span boundary, so every read starts on an element of each span it lies in (spans that
     # share bytes are views of one storage, whose offsets count whole elements).
     cuts = {p for sp in inside for p in (sp.start, sp.end)} | ({0, size} if digest is not None else set())
@@ -292,11 +345,13 @@ def _measure(
             if got < want:
                 where_ = ", ".join(f"`{inside[i].name}`" for i in active) or f"byte {at + got:,}"
                 problems.append(ReadProblem(ProblemKind.TRUNCATED, f"{where_}: the file ended while reading it"))
-                return FileData(rel, _results(inside, stats, skipped, lo), total, tuple(problems), tuple(skipped))
+                tensors, corrupt = _results(inside, stats, skipped, lo)
+                return FileData(rel, tensors, total, tuple(problems), tuple(skipped), corrupt=corrupt)
             at += got
         where = hi
     sha = digest.hexdigest() if digest is not None else None
-    return FileData(rel, _results(inside, stats, skipped, size + 1), total, tuple(problems), tuple(skipped), sha)
+    tensors, corrupt = _results(inside, stats, skipped, size + 1)
+    return FileData(rel, tensors, total, tuple(problems), tuple(skipped), sha, corrupt)
 
 
 class _Stats:
@@ -320,18 +375,45 @@ class _Stats:
         self.nonzero = self.nonzero or z
 
 
-def _results(spans: list[_Span], stats: list[_Stats], skipped: list[str], done: int) -> tuple[TensorData, ...]:
-    """The spans read to their end (before offset ``done``), in file order; misaligned ones go to ``skipped``."""
+class _Crc:
+    """The running crc32c of one TensorFlow bundle entry's bytes (``add`` has ``_Stats.add``'s signature)."""
+
+    __slots__ = ("crc", "extend")
+
+    def __init__(self, span: CrcSpan) -> None:
+        from ckptdoctor.readers.tfbundle import crc32c_extender
+
+        self.crc = span.seed
+        self.extend = crc32c_extender()
+
+    def add(self, np: Any, buf: bytearray, offset: int, got: int, dtype: str, scratch: Any) -> None:
+        self.crc = self.extend(bytes(memoryview(buf)[:got]), self.crc)
+
+
+def _results(
+    spans: list[_Span], stats: list[_Stats | _Crc], skipped: list[str], done: int
+) -> tuple[tuple[TensorData, ...], tuple[ReadProblem, ...]]:
+    """The spans read to their end (before offset ``done``), in file order, and the TensorFlow entries among them
+    that fail their crc32c; misaligned spans go to ``skipped``."""
     out: list[TensorData] = []
+    corrupt: list[ReadProblem] = []
     for sp, st in zip(spans, stats, strict=True):
         if sp.end > done and sp.nbytes > 0:
+            continue
+        if isinstance(st, _Crc):
+            from ckptdoctor.readers.tfbundle import crc_mismatch
+
+            assert sp.crc is not None
+            bad = crc_mismatch(sp.crc, st.crc, f"`{sp.index}`")
+            if bad is not None:
+                corrupt.append(bad)
             continue
         if st.bad:
             skipped.append(f"{sp.name} ({sp.dtype}, a view misaligned with another view of its storage)")
             continue
         numel = sp.nbytes // _ITEMSIZE[sp.dtype]
         out.append(TensorData(sp.name, sp.dtype, numel, st.nan, st.inf, sp.nbytes > 0 and not st.nonzero))
-    return tuple(out)
+    return tuple(out), tuple(corrupt)
 
 
 def _read_into(f: Any, view: memoryview) -> int:

@@ -459,6 +459,7 @@ class FileData:
     problems: tuple[ReadProblem, ...] = ()
     skipped: tuple[str, ...] = ()  # tensors not checked, e.g. dtypes the deep reader does not decode
     sha256: str | None = None  # hex digest of the whole file, with ``--checksums`` (None when not read whole)
+    corrupt: tuple[ReadProblem, ...] = ()  # bytes that fail the file's own checksums (TensorFlow entries' crc32c)
 
 
 @dataclass(frozen=True, slots=True)

@@ -917,7 +917,8 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
 
     ## References
     `mindspore/train/serialization.py` (`load_checkpoint`, `_parse_ckpt_proto`); TensorFlow
-    `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`), `tensorflow/python/checkpoint/
+    `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`;
+    `BundleReader::GetValue` fails with "Checksum does not match" on an entry's crc32c), `tensorflow/python/checkpoint/
     checkpoint_management.py`; the HDF5 File Format Specification, "Superblock" (End of File Address).
     """
     for f in tree.all_files():
@@ -928,6 +929,10 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
     for _idx, shard, problem in tf_shard_problems(tree):
         if problem.kind is not ProblemKind.MALFORMED:  # missing shards are CKD204's
             yield Hit(shard, f"TensorFlow data shard: {problem.message}")
+    for d in tree.data:  # --deep: entries whose bytes fail the crc32c their index records
+        if d.corrupt:
+            yield Hit(d.path, "TensorFlow data shard: " + "; ".join(p.message for p in d.corrupt[:_EXAMPLES])
+                      + (f" and {len(d.corrupt) - _EXAMPLES} more" if len(d.corrupt) > _EXAMPLES else ""))
 
 
 # Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said, never passed over.
