@@ -142,71 +142,37 @@ def _facts(base: FileFacts, kind: FileKind, outcome: ReadOutcome) -> FileFacts:
 # Kinds read past the sniff head. OTHER, EMPTY and SPECIAL are described by their stat alone; DCP_DATA (`.distcp`,
 # mostly tensor bytes) is read by discovery afterwards, at the items its folder's `.metadata` locates; TF_DATA
 # (raw tensor bytes) is checked against its index (`tfbundle.shard_problems`, and `crc_problems` with --deep).
-_READ_KINDS = frozenset(
-    {
-        FileKind.SAFETENSORS,
-        FileKind.TORCH_ZIP,
-        FileKind.TORCH_LEGACY,
-        FileKind.PICKLE,
-        FileKind.DCP_METADATA,
-        FileKind.JSON,
-        FileKind.TEXT,
-        FileKind.MINDSPORE,
-        FileKind.TF_INDEX,
-        FileKind.TF_CHECKPOINT_STATE,
-        FileKind.HDF5,
-        FileKind.NUMPY,
-    }
-)
+# Each read kind's reader (`module:function` in this package), imported on first use: a kind that no file has costs
+# nothing, and a reader module that is missing or broken makes its files MALFORMED instead of breaking every scan.
+# SAFETENSORS is read by `_read_safetensors_or_pickle`, below.
+_READERS: dict[FileKind, str] = {
+    FileKind.TORCH_ZIP: "torchzip:read_torch",
+    FileKind.TORCH_LEGACY: "torchzip:read_torch",
+    FileKind.PICKLE: "rawpickle:read_raw_pickle",
+    FileKind.DCP_METADATA: "dcp:read_dcp_metadata",
+    FileKind.JSON: "jsonfiles:read_json",
+    FileKind.TEXT: "deepspeed:read_latest",
+    FileKind.MINDSPORE: "mindspore:read_mindspore",
+    FileKind.TF_INDEX: "tfbundle:read_tf_index",
+    FileKind.TF_CHECKPOINT_STATE: "tfbundle:read_tf_checkpoint_state",
+    FileKind.HDF5: "hdf5:read_hdf5",
+    FileKind.NUMPY: "npy:read_numpy",
+}
+_READ_KINDS = frozenset({FileKind.SAFETENSORS, *_READERS})
 
 
 def _reader_for(kind: FileKind) -> Reader:
-    """The reader for ``kind`` (one of ``_READ_KINDS``), imported on first use."""
-    # Imported here so that this package loads even while a reader module is missing or broken: the ImportError
-    # then becomes a MALFORMED problem on the files of that kind instead of breaking every scan.
+    """The reader for ``kind`` (one of ``_READ_KINDS``), imported on first use (``_READERS``)."""
     if kind is FileKind.SAFETENSORS:
         return _read_safetensors_or_pickle
-    if kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY):
-        from ckptdoctor.readers.torchzip import read_torch
+    where = _READERS.get(kind)
+    if where is None:
+        raise ValueError(f"no reader for {kind.value} files")
+    import importlib
 
-        return read_torch
-    if kind is FileKind.PICKLE:
-        from ckptdoctor.readers.rawpickle import read_raw_pickle
-
-        return read_raw_pickle
-    if kind is FileKind.DCP_METADATA:
-        from ckptdoctor.readers.dcp import read_dcp_metadata
-
-        return read_dcp_metadata
-    if kind is FileKind.JSON:
-        from ckptdoctor.readers.jsonfiles import read_json
-
-        return read_json
-    if kind is FileKind.TEXT:
-        from ckptdoctor.readers.deepspeed import read_latest
-
-        return read_latest
-    if kind is FileKind.MINDSPORE:
-        from ckptdoctor.readers.mindspore import read_mindspore
-
-        return read_mindspore
-    if kind is FileKind.TF_INDEX:
-        from ckptdoctor.readers.tfbundle import read_tf_index
-
-        return read_tf_index
-    if kind is FileKind.TF_CHECKPOINT_STATE:
-        from ckptdoctor.readers.tfbundle import read_tf_checkpoint_state
-
-        return read_tf_checkpoint_state
-    if kind is FileKind.HDF5:
-        from ckptdoctor.readers.hdf5 import read_hdf5
-
-        return read_hdf5
-    if kind is FileKind.NUMPY:
-        from ckptdoctor.readers.npy import read_numpy
-
-        return read_numpy
-    raise ValueError(f"no reader for {kind.value} files")
+    module, name = where.split(":")
+    reader: Reader = getattr(importlib.import_module(f"ckptdoctor.readers.{module}"), name)
+    return reader
 
 
 def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
