@@ -26,7 +26,7 @@ from ckptdoctor.model import (
     TorchFacts,
 )
 
-# transformers' _load_from_checkpoint candidates (trainer.py; ANATOMY §2.3)
+# transformers' Trainer._load_from_checkpoint candidates (src/transformers/trainer.py)
 SAFE_WEIGHTS = "model.safetensors"
 BIN_WEIGHTS = "pytorch_model.bin"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -259,7 +259,7 @@ def logged_warmup_steps(ts: TrainerStateView, base_lr: float) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerView:
-    """``LambdaLR.state_dict()`` as saved in ``scheduler.pt`` (ANATOMY §1.5)."""
+    """``LambdaLR.state_dict()`` as saved in ``scheduler.pt`` (``torch/optim/lr_scheduler.py``)."""
 
     last_epoch: int | None
     base_lrs: tuple[float, ...]
@@ -515,7 +515,7 @@ def has_adapter(ck: Checkpoint) -> bool:
 
 
 def weights_branch(ck: Checkpoint) -> str:
-    """Which loader a resume would use, in transformers 5.x ``_load_from_checkpoint`` order (ANATOMY §2.3).
+    """Which loader a resume would use, in ``Trainer._load_from_checkpoint`` order (transformers 5.x).
 
     ``fsdp`` and ``deepspeed`` assume the resume runs under that backend; ``adapter`` assumes a PeftModel (adapter
     files on disk are our evidence of that); ``none`` is "Can't find a valid checkpoint". MindNLP's

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from ckptdoctor.rules import DOC_SECTIONS, all_rules, get_rule
 
@@ -67,3 +70,26 @@ def test_lookup_by_code_or_name() -> None:
     assert r is not None and r.name == "stub-weights-shadow-adapter"
     assert get_rule("stub-weights-shadow-adapter") is r
     assert get_rule("CKD999") is None
+
+
+def test_rule_documents_cite_sources_a_user_can_open() -> None:
+    """References name library source or our shipped docs, never the team's private notebook."""
+    for r in all_rules():
+        assert "ANATOMY" not in r.doc, f"{r.code} cites a notebook users do not have"
+
+
+def test_shipped_package_never_cites_the_notebook() -> None:
+    import ckptdoctor
+
+    root = Path(ckptdoctor.__file__).parent
+    hits = [str(p.relative_to(root)) for p in root.rglob("*.py") if "ANATOMY" in p.read_text(encoding="utf-8")]
+    assert hits == []
+
+
+def test_explain_through_the_cli_shows_the_library_source() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "ckptdoctor", "explain", "CKD208"], capture_output=True, text=True, check=False
+    )
+    assert p.returncode == 0, p.stderr
+    assert "src/transformers/utils/loading_report.py" in p.stdout
+    assert "ANATOMY" not in p.stdout

@@ -1,6 +1,7 @@
 """FSDP2-style training on 2 CPU processes over gloo, saving sharded state with ``torch.distributed.checkpoint``.
 
-The checkpoint holds what accelerate writes for ``SHARDED_STATE_DICT`` under the Trainer (ANATOMY.md §1.2, §4):
+The checkpoint holds what accelerate writes for ``SHARDED_STATE_DICT`` under the Trainer
+(``src/accelerate/utils/fsdp_utils.py`` ``save_fsdp_model``, ``save_fsdp_optimizer``):
 ``pytorch_model_fsdp_0/`` and ``optimizer_0/`` (``.metadata`` + ``__R_0.distcp`` per rank), ``rng_state_R.pth``
 per rank, ``scheduler.pt`` and ``trainer_state.json``, and no config, weights file or training_args.bin.
 Resume reads the same files back; a missing rank file fails it on every rank.

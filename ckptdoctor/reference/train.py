@@ -2,7 +2,7 @@
 
 Read it top to bottom: configuration, seeding and data, the tiny model, the optimizer and the schedules, the
 checkpoint writer, the resume path, and the training loop. Everything runs on CPU in well under a second per
-checkpoint. The on-disk layout and the resume decisions follow ANATOMY.md §1-§3 (transformers
+checkpoint. The on-disk layout and the resume decisions follow transformers (``src/transformers/trainer.py``
 ``Trainer._save_checkpoint``, ``_load_from_checkpoint``, ``_load_optimizer_and_scheduler``, ``_load_rng_state``,
 ``trainer_utils.get_last_checkpoint`` and ``rotate_checkpoints``); this module is their readable twin, so every
 hazard ckptdoctor detects can be produced for real and every fix can be proved by resuming after it.

@@ -1,10 +1,11 @@
 """The resume's prediction: what ``trainer.train(resume_from_checkpoint=...)`` will do, as plain arithmetic.
 
-The prediction follows transformers 5.x's resume path step by step (ANATOMY §2): ``get_last_checkpoint``; the
-weights branch of ``_load_from_checkpoint``; ``TrainerState.load_from_json``; ``set_initial_training_values`` and
-``_init_training_state`` (max_steps, epochs already trained, batches skipped); ``create_scheduler`` for the new
-max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then ``_run_epoch``, whose first optimizer
-step uses the LR restored into the optimizer and whose later steps use ``base_lr * lambda(last_epoch)``.
+The prediction follows transformers 5.x's resume path (``src/transformers/trainer.py``) step by step:
+``get_last_checkpoint``; the weights branch of ``_load_from_checkpoint``; ``TrainerState.load_from_json``;
+``set_initial_training_values`` and ``_init_training_state`` (max_steps, epochs already trained, batches skipped);
+``create_scheduler`` for the new max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then
+``_run_epoch``, whose first optimizer step uses the LR restored into the optimizer and whose later steps use
+``base_lr * lambda(last_epoch)``.
 Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
 It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the frozen ``Prediction``.
 """

@@ -140,7 +140,8 @@ def resume_restarts_schedule(ctx: ResumeContext) -> Iterator[Hit]:
     No fix: restore the missing files, or resume knowingly (the gate shows the LRs the restarted schedule uses).
 
     ## References
-    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`, `create_scheduler`; ANATOMY §2.4, §2.6.
+    `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler` (both or neither, no log line),
+    `Trainer.create_scheduler`; docs/gate.md.
     """
     resumed = _resumed(ctx)
     if resumed is None or resumed[1].restores or resumed[1].lr0 is None:
@@ -179,7 +180,9 @@ def planned_lr_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     groups in a callback after the resume).
 
     ## References
-    `torch/optim/lr_scheduler.py` `LambdaLR.load_state_dict`; `Trainer._load_optimizer_and_scheduler`; ANATOMY §2.6.
+    `torch/optim/lr_scheduler.py` `LRScheduler.load_state_dict` (`__dict__.update`, restoring `base_lrs`);
+    `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler`, `Trainer.create_scheduler`;
+    `src/transformers/optimization.py` `get_polynomial_decay_schedule_with_warmup`.
     """
     resumed = _resumed(ctx)
     if resumed is None:
@@ -213,7 +216,8 @@ def resume_first_step_lr_zero(ctx: ResumeContext) -> Iterator[Hit]:
     No fix: information about the planned resume.
 
     ## References
-    `Trainer._load_optimizer_and_scheduler`; `src/transformers/optimization.py`; ANATOMY §2.6.
+    `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler` (the first step runs at the `lr` stored
+    in `optimizer.pt`); `src/transformers/optimization.py` `get_linear_schedule_with_warmup`; docs/gate.md.
     """
     resumed = _resumed(ctx)
     if resumed is None or not resumed[1].lrs or resumed[1].lrs[0] != 0.0:

@@ -346,7 +346,8 @@ def stale_checkpoint_selected(tree: Tree) -> Iterator[Hit]:
     judgement about which run you mean to continue, so it only runs with `--unsafe-fixes`.
 
     ## References
-    `src/transformers/trainer_utils.py` `get_last_checkpoint`; ANATOMY "Stale higher checkpoint".
+    `src/transformers/trainer_utils.py` `get_last_checkpoint` (highest folder number, no content check);
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` (writes `checkpoint-{global_step}` over what is there).
     """
     for run in tree.runs:
         v = stale_verdict(run)

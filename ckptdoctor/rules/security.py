@@ -86,7 +86,8 @@ def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
     No automatic fix. Check where the class comes from; if it is yours, this is informational.
 
     ## References
-    `torch/_weights_only_unpickler.py` (`_get_allowed_globals`); ANATOMY of genuine files' globals.
+    `torch/_weights_only_unpickler.py` `_get_allowed_globals`; docs/security.md ("The policy", "Real stacks
+    covered": the allowlist generated from genuine files).
     """
     for f, verdict in _verdicts(tree):
         if verdict.unknown and not verdict.unsafe:

@@ -47,7 +47,9 @@ def lr_schedule_finished(tree: Tree) -> Iterator[Hit]:
     No fix: this is information. Use `ckptdoctor gate` to see the LRs a planned resume would use.
 
     ## References
-    `src/transformers/optimization.py` (schedules end at 0); `Trainer._load_optimizer_and_scheduler`; ANATOMY §2.6.
+    `src/transformers/optimization.py` `get_linear_schedule_with_warmup`, `get_cosine_schedule_with_warmup` (end at
+    0); `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler`, `Trainer.create_scheduler`;
+    `torch/optim/lr_scheduler.py` `LRScheduler.load_state_dict`.
     """
     for ck, _ in _checkpoints(tree):
         ts = trainer_view.trainer_state(ck)
@@ -128,7 +130,8 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     No automatic fix: restore the missing file, or accept a restarted schedule knowingly.
 
     ## References
-    `src/transformers/trainer.py` `_load_optimizer_and_scheduler`; ANATOMY H25. MindNLP 0.4:
+    `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler` (loads both only when the optimizer
+    state and `scheduler.pt` both exist, else skips both without a log line). MindNLP 0.4:
     `mindnlp/engine/trainer/base.py` `Trainer._load_optimizer_and_scheduler` (the same both-or-neither test).
     """
     for ck, _ in _checkpoints(tree):
@@ -327,7 +330,9 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     No automatic fix: resume without optimizer state knowingly, or restore the original adapter config.
 
     ## References
-    `torch/optim/optimizer.py` `load_state_dict`; ANATOMY H27.
+    `torch/optim/optimizer.py` `Optimizer.load_state_dict` (checks group count and sizes only);
+    `torch/optim/adam.py` `_fused_adam` (no shape check); `src/transformers/trainer.py`
+    `Trainer.get_decay_parameter_names` (how the Trainer groups parameters).
     """
     for ck, _ in _checkpoints(tree):
         problem = _in_checkpoint_mismatch(ck)
@@ -363,7 +368,9 @@ def lr_jump_in_history(tree: Tree) -> Iterator[Hit]:
     No fix: the history is what happened. Use `ckptdoctor gate` before the next resume.
 
     ## References
-    `Trainer._load_optimizer_and_scheduler`, `Trainer.create_scheduler`; ANATOMY §2.6, H25, H26.
+    `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler`, `Trainer.create_scheduler`;
+    `torch/optim/lr_scheduler.py` `LRScheduler.load_state_dict` (the rebuilt schedule takes the old `last_epoch`);
+    docs/gate.md.
     """
     for run in tree.runs:
         cks = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]

@@ -81,7 +81,8 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     adapter resume reads is touched.
 
     ## References
-    `src/transformers/trainer.py` `_load_from_checkpoint` (branch order); ANATOMY H18 and "Stub shadowing".
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (the full-weights branch comes before the PEFT
+    `load_adapter` branch and loads with `load_state_dict(state_dict, False)`), `Trainer._issue_warnings_after_load`.
     """
     for ck, _ in _checkpoints(tree):
         if not trainer_view.has_adapter(ck):
@@ -449,7 +450,9 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
     No automatic fix: decide which form is current and quarantine the other.
 
     ## References
-    `src/transformers/trainer.py` `_load_from_checkpoint`; ANATOMY H5, H18.
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (`model.safetensors`, else `pytorch_model.bin`,
+    else `load_sharded_checkpoint`); `src/transformers/modeling_utils.py` `PreTrainedModel.save_pretrained` (its
+    clean-up removes only stale `-NNNNN-of-NNNNN` shards, so an older single file survives a sharded re-save).
     """
     for ck, _ in _checkpoints(tree):
         present = sum(ck.file(rel) is not None for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS))
@@ -502,8 +505,9 @@ def prefixed_state_dict_keys(tree: Tree) -> Iterator[Hit]:
     No automatic fix yet (it would rewrite tensor files); strip the prefix when saving.
 
     ## References
-    `src/transformers/trainer.py` `_load_from_checkpoint` (`load_state_dict(state_dict, False)`); ANATOMY
-    "Silent fresh weights".
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (`load_state_dict(state_dict, False)`),
+    `Trainer._issue_warnings_after_load` (warnings only); the prefixes come from `torch/_dynamo/eval_frame.py`
+    `OptimizedModule` (`_orig_mod`) and `torch/nn/parallel/distributed.py` `DistributedDataParallel` (`module`).
     """
     for ck, _ in _checkpoints(tree):
         f = trainer_view.loaded_weight_file(ck)
@@ -573,7 +577,10 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
     No automatic fix: which side is right depends on what you trained.
 
     ## References
-    `PreTrainedModel.from_pretrained` size checks; ANATOMY "What resume does not read".
+    `src/transformers/core_model_loading.py` `set_param_for_module` (records shape mismatches) and
+    `src/transformers/utils/loading_report.py` `log_state_dict_report` (raises unless `ignore_mismatched_sizes`),
+    both under `PreTrainedModel.from_pretrained`; `src/transformers/trainer.py` `Trainer._load_from_checkpoint`
+    reads `config.json` only for its `transformers_version`.
     """
     for ck, _ in _checkpoints(tree):
         cfg = _config(ck)
