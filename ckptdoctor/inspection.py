@@ -69,11 +69,13 @@ def plain(value: Any, depth: int = 0) -> Any:
 def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     if pf is None:
         return {}
-    from ckptdoctor.rules.pickle_policy import Standing, standing
+    from ckptdoctor.limits import DEFAULT_LIMITS
+    from ckptdoctor.rules.pickle_policy import FileStandings, Standing
 
     # What the pickle policy makes of each global on its own (dangerous: CKD601 wherever it appears; unknown:
     # CKD601 when called, or not proved a class), so that a file looked at here on its own does not read as harmless.
     words = {Standing.ALLOWED: "allowed", Standing.UNSAFE: "dangerous"}
+    standing = FileStandings(DEFAULT_LIMITS.pickle_source_globals)  # as bounded as a scan's judging
     verdicts = {g.dotted: words.get(standing(g)[0], "unknown") for g in pf.globals}
     return {
         "protocol": pf.protocol,

@@ -489,7 +489,8 @@ class PickleVerdict:
     ``unsafe``: why loading it runs code (CKD601, an error); ``unknown``: proven classes of packages outside the known
     ones that the streams only name (CKD602, a warning); ``allowed_by_user``: (global, pattern, origin) for each
     global only a user allowance let through; ``admitted``: (global, fact) for each global a fact admitted rather
-    than the allowlist; ``nested``: pickles found inside its values.
+    than the allowlist; ``nested``: pickles found inside its values; ``limit``: the LIMIT note of a file naming more
+    globals than the policy looks up.
     """
 
     unsafe: tuple[str, ...] = ()
@@ -498,6 +499,9 @@ class PickleVerdict:
     calls_unsafe: bool = False  # an unsafe global is called (not only imported) by the outer stream
     allowed_by_user: tuple[tuple[str, str, str], ...] = ()
     admitted: tuple[tuple[str, str], ...] = ()
+    # the LIMIT note when the file names more globals than are judged by source (``Limits.pickle_source_globals``)
+    # and one left unjudged is unsafe; empty otherwise
+    limit: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
-from ckptdoctor.rules.pickle_policy import Allowance, Standing, standing
+from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
@@ -61,8 +61,10 @@ TRAINING_ARGS_FIELDS = frozenset(
 class _Judge:
     """Judges the globals of one file's streams under one set of user allowances."""
 
-    def __init__(self, allow: tuple[Allowance, ...]) -> None:
+    def __init__(self, allow: tuple[Allowance, ...], standing: FileStandings) -> None:
         self.allow = allow
+        self.standing = standing
+        self.limit = ""  # the LIMIT note, when a global the limit left unjudged by source is unsafe
         self.unsafe: dict[str, None] = {}
         self.unknown: dict[str, None] = {}
         self.by_user: dict[tuple[str, str, str], None] = {}
@@ -72,7 +74,7 @@ class _Judge:
         called = set(pf.calls)
         pending: list[tuple[GlobalRef, Standing, str]] = []
         for g in (*pf.globals, *pf.calls):
-            st, why = standing(g)
+            st, why = self.standing(g)
             if st is Standing.ALLOWED:
                 if why != "allowlist":
                     self.admitted[(g.dotted, why)] = None
@@ -87,7 +89,7 @@ class _Judge:
             return
         data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
         passed = _passed_anywhere(pf.value) if any(g not in called for g, _, _ in pending) else set()
-        for g, st, _ in pending:
+        for g, st, why in pending:
             text = where + describe(g)
             if st is Standing.UNPROVEN and g in data:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
@@ -98,6 +100,8 @@ class _Judge:
                 # A stream that does not walk cleanly may be random bytes that happen to start like a pickle: only
                 # what is dangerous counts then (a payload may break its stream after the call on purpose).
                 self.unsafe[text] = None
+                if why == self.standing.note():
+                    self.limit = why
 
 
 def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = ()) -> Verdict:
@@ -107,12 +111,13 @@ def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowan
     no fact proves to be a class (deny by default), a class outside the known packages that is called or passed to
     a call (in its arguments, dict keys and sets included). ``allow`` are the user's allowances.
     """
-    j = _Judge(allow)
+    j = _Judge(allow, FileStandings(limits.pickle_source_globals))
     j.globals_of(pf, "")
     calls_unsafe = any(describe(g) in j.unsafe for g in pf.calls)
     budget = [_MAX_NESTED, limits.pickle_bytes]
     nested = _nested(pf, limits, j, 1, budget)
-    return Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), tuple(sorted(j.admitted)))
+    admitted = tuple(sorted(j.admitted))
+    return Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), admitted, j.limit)
 
 
 def file_pickle(f: FileFacts) -> PickleFacts | None:

@@ -15,7 +15,7 @@ from typing import TextIO
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Tree
-from ckptdoctor.rules import Selection, run_rules
+from ckptdoctor.rules import Selection, judged, run_rules
 from ckptdoctor.settings import ExitPolicy, fails
 
 CHECKSUMS = ("write", "verify")
@@ -57,18 +57,9 @@ class Report:
 
 
 def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
-    """Run the rules on one discovered tree (judging its pickles first when it was not)."""
-    selection = selection or Selection()
-    if tree.pickle_verdicts is None:
-        tree = judged(tree, selection)
+    """Run the rules on one discovered tree (``run_rules`` judges its pickles first, under the selection's
+    allowances, when it was not)."""
     return run_rules(tree, selection)
-
-
-def judged(tree: Tree, selection: Selection) -> Tree:
-    """``tree`` with the verdict of each of its pickles, judged once under the selection's allowances."""
-    from ckptdoctor.pickle_analysis import with_verdicts
-
-    return with_verdicts(tree, selection.allow_globals)
 
 
 PathArg = str | os.PathLike[str]

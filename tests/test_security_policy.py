@@ -27,11 +27,15 @@ from hypothesis import strategies as st
 
 from ckptdoctor import scan
 from ckptdoctor.cli import main
+from ckptdoctor.discover import discover
+from ckptdoctor.findings import Severity
+from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef
 from ckptdoctor.pickle_analysis import judge
 from ckptdoctor.readers.pickle_walk import walk_pickle
-from ckptdoctor.rules import pickle_policy
+from ckptdoctor.rules import Selection, pickle_policy, run_rules
 from ckptdoctor.rules.pickle_policy import Standing, standing
+from ckptdoctor.scanner import scan_tree
 
 torch = pytest.importorskip("torch")
 
@@ -47,11 +51,11 @@ def _security(root: Path, **kw: object) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_policy_caches() -> Iterator[None]:
     """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    pickle_policy.standing.cache_clear()
-    pickle_policy._module_defs.cache_clear()
+    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs):
+        cached.cache_clear()
     yield
-    pickle_policy.standing.cache_clear()
-    pickle_policy._module_defs.cache_clear()
+    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs):
+        cached.cache_clear()
 
 
 def test_real_trl_and_deepspeed_training_args_are_clean() -> None:
@@ -68,6 +72,7 @@ def test_a_trl_config_is_admitted_by_the_stream_facts_not_a_name_list(monkeypatc
     # Without that entry (another TRL release, another TrainingArguments subclass) the stream's facts decide.
     monkeypatch.setattr(pickle_policy, "GENERATED", frozenset(g for g in pickle_policy.GENERATED if "trl" not in g))
     pickle_policy.standing.cache_clear()
+    pickle_policy._settled.cache_clear()  # the allowlist's answers are cached too
     data = (STACKS / "trl-1.16-DPOConfig.bin").read_bytes()
     import zipfile
 
@@ -180,6 +185,49 @@ def test_a_class_in_a_dict_key_handed_to_a_call_is_an_error(tmp_path: Path) -> N
     assert any(f.startswith("CKD601 key.pkl") and "argparse.ArgumentParser" in f for f in found), found
     assert any(f.startswith("CKD601 func.pkl") and "json.dumps" in f for f in found), found  # a function: denied
     assert any(f.startswith("CKD602 named.pkl") for f in found), found  # a proven class, only named: a warning
+
+
+def test_a_pickle_naming_thousands_of_modules_costs_a_bounded_number_of_source_lookups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each global the allowlist does not settle costs a sys.path search and maybe a parse: a hostile stream naming
+    5,000 distinct modules gets ``Limits.pickle_source_globals`` lookups, and the rest are unsafe all the same."""
+    names = 5000
+    body = b"".join(b"cckd_no_such_module_%d\nCls\n" % i for i in range(names))
+    (tmp_path / "many.pkl").write_bytes(b"\x80\x02(" + body + b"l.")  # MARK, 5,000 GLOBALs, LIST, STOP
+    looked_up: list[str] = []
+    real = pickle_policy._module_defs
+
+    def counting(module: str) -> object:
+        looked_up.append(module)
+        return real(module)
+
+    monkeypatch.setattr(pickle_policy, "_module_defs", counting)
+    report = scan(str(tmp_path), no_config=True)
+    assert 0 < len(set(looked_up)) <= len(looked_up) <= Limits().pickle_source_globals
+    [finding] = [f for f in report.findings if f.rule == "CKD601"]
+    assert finding.severity is Severity.ERROR and f"and {names - 8} more" in finding.message
+    assert "(limit)" in finding.message, finding.message  # the LIMIT note: not everything was looked up
+
+
+def test_past_the_limit_a_proven_class_is_unproven_and_the_verdict_says_why() -> None:
+    pf, _, _ = walk_pickle(pickle.dumps([argparse.Namespace, argparse.ArgumentParser], protocol=2))
+    assert pf is not None
+    free = judge(pf)
+    assert len(free.unknown) == 2 and not free.unsafe and not free.limit  # proven classes, only named: CKD602
+    capped = judge(pf, Limits(pickle_source_globals=1))
+    assert capped.unknown == ("`argparse.Namespace`",) and capped.unsafe == ("`argparse.ArgumentParser`",)
+    assert "more than 1 globals" in capped.limit
+
+
+def test_run_rules_on_a_tree_without_verdicts_honours_the_selection_allowances(tmp_path: Path) -> None:
+    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    tree = discover(str(tmp_path))
+    assert tree.pickle_verdicts is None
+    allow = Selection(allow_globals=(("argparse.*", "--allow-global"),))
+    for run in (run_rules, scan_tree):
+        assert [f.rule for f in run(tree, Selection())] == ["CKD601"]
+        assert run(tree, allow) == []
 
 
 def test_allow_global_on_the_command_line_is_shown_in_text_and_json(tmp_path: Path) -> None:

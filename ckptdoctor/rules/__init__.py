@@ -201,12 +201,25 @@ def keep_security_rules(combined: Selection, command_line: Selection) -> tuple[S
     return replace(combined, keep=tuple(kept), severity=severity), tuple(sorted(set(changed)))
 
 
+def judged(tree: Tree, selection: Selection | None = None) -> Tree:
+    """``tree`` carrying the verdict of each of its pickles (``Tree.pickle_verdicts``), judged once under the
+    selection's allowances (``Selection.allow_globals``); a tree that carries verdicts already is returned as is.
+    The one place verdicts are made: the scanner, ``run_rules`` and the security rules all come through here."""
+    if tree.pickle_verdicts is not None:
+        return tree
+    from ckptdoctor.pickle_analysis import with_verdicts  # imports the policy: only for a tree not judged yet
+
+    return with_verdicts(tree, (selection or Selection()).allow_globals)
+
+
 def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     """Apply every enabled rule to ``tree``; findings are deduplicated and sorted deterministically.
 
-    A rule that raises is itself a bug; it is reported as an internal error finding instead of aborting the scan.
+    A tree without pickle verdicts is judged first, under ``selection``'s allowances (``judged``). A rule that
+    raises is itself a bug; it is reported as an internal error finding instead of aborting the scan.
     """
     selection = selection or Selection()
+    tree = judged(tree, selection)
     found: dict[tuple[str, str, str], Finding] = {}
     for r in all_rules():
         if not selection.enabled(r):

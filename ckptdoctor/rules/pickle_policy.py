@@ -388,14 +388,26 @@ def check_pattern(pattern: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def standing(g: GlobalRef) -> tuple[Standing, str]:
-    """What ``g`` is, and the fact that says so (shown by ``inspect``). Cached: the same few globals recur."""
+def _settled(g: GlobalRef) -> tuple[Standing, str] | None:
+    """What ``g`` is by name alone (dangerous, computed, allowlisted, an attribute chain), or None when only the
+    installed source can tell."""
     if g.module.startswith("<") or g.name.startswith("<") or is_dangerous(g):
         return Standing.UNSAFE, "runs code or is computed at load time"
     if is_allowed(g):
         return Standing.ALLOWED, "allowlist"
     if "." in g.name:
         return Standing.UNSAFE, "an attribute chain outside the allowlist"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def standing(g: GlobalRef) -> tuple[Standing, str]:
+    """What ``g`` is, and the fact that says so (shown by ``inspect``). Cached: the same few globals recur. Reads
+    installed source for a name the allowlist does not settle: judge a file's globals through ``FileStandings``,
+    which bounds how many it may look up."""
+    settled = _settled(g)
+    if settled is not None:
+        return settled
     facts = class_facts(g.module, g.name)
     if facts is None:
         return Standing.UNPROVEN, "not proved to be a class of a known package"
@@ -408,6 +420,35 @@ def standing(g: GlobalRef) -> tuple[Standing, str]:
         return Standing.ALLOWED, f"a class deriving from {base} (read from its source)"
     why = f" defining {', '.join(hooks)}" if hooks else ""
     return Standing.UNKNOWN, f"a class of {top}{why}, outside the known packages"
+
+
+class FileStandings:
+    """The standings of one file's globals, reading installed source for at most ``limit`` distinct globals
+    (``Limits.pickle_source_globals``): each lookup searches ``sys.path`` and may parse megabytes, and a hostile
+    pickle can name any number of modules. Past the limit a global is UNPROVEN (an error unless the user allows it
+    or the stream rebuilds it as TrainingArguments data), and ``over`` says so. Which globals are looked up follows
+    the stream's order, never the caches' state, so the verdict is the same on every run."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.looked_up: set[GlobalRef] = set()
+        self.over = False  # a global went unjudged by source because of the limit
+
+    def __call__(self, g: GlobalRef) -> tuple[Standing, str]:
+        """``standing(g)``, or UNPROVEN without any lookup once ``limit`` distinct globals were looked up."""
+        settled = _settled(g)
+        if settled is not None:
+            return settled
+        if g not in self.looked_up:
+            if len(self.looked_up) >= self.limit:
+                self.over = True
+                return Standing.UNPROVEN, self.note()
+            self.looked_up.add(g)
+        return standing(g)
+
+    def note(self) -> str:
+        """The LIMIT note of a file that names more globals than are looked up."""
+        return f"not looked up: the file names more than {self.limit} globals the allowlist does not settle (limit)"
 
 
 @dataclass(frozen=True, slots=True)

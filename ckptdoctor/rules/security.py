@@ -7,15 +7,15 @@ from collections.abc import Iterator
 
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import FileFacts, ProblemKind, Tree
-from ckptdoctor.pickle_analysis import Verdict, tree_verdicts
-from ckptdoctor.rules import Hit, rule
+from ckptdoctor.pickle_analysis import Verdict
+from ckptdoctor.rules import Hit, judged, rule
 
 
 def _verdicts(tree: Tree) -> tuple[tuple[FileFacts, Verdict], ...]:
-    """Every file holding pickle streams with the verdict the scan judged once (``Tree.pickle_verdicts``); a tree
-    that was not judged (a rule run on its own) is judged here, with no user allowances."""
-    judged = tree.pickle_verdicts if tree.pickle_verdicts is not None else tree_verdicts(tree)
-    by_path = dict(judged)
+    """Every file holding pickle streams with the verdict judged once, by ``judged`` under the selection's
+    allowances (``run_rules`` judges a tree that comes without verdicts); a rule function called on its own, with
+    no selection, judges through the same function with no allowances."""
+    by_path = dict(judged(tree).pickle_verdicts or ())
     return tuple((f, by_path[f.path]) for f in tree.all_files() if f.path in by_path)
 
 
@@ -59,7 +59,8 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
         unresolved = any(p.kind == ProblemKind.MALFORMED_PICKLE for p in f.problems)
         if verdict.unsafe:
             verb = "calls" if verdict.calls_unsafe else "imports"
-            yield Hit(f.path, f"pickle {verb} {_names(verdict.unsafe)}: loading this file can run code")
+            note = f" ({verdict.limit})" if verdict.limit else ""
+            yield Hit(f.path, f"pickle {verb} {_names(verdict.unsafe)}: loading this file can run code{note}")
         elif unresolved and verdict.unknown:
             yield Hit(f.path, "pickle could not be fully analysed and imports globals outside the allowlist")
 
