@@ -18,7 +18,7 @@ from transformers import TrainingArguments  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.resume.plan import read_training_args  # noqa: E402
 from tests.builders import make_run  # noqa: E402
-from tests.payloads import _reducer  # noqa: E402
+from tests.payloads import _reducer, hostile_payloads  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,14 @@ def test_a_payload_in_training_args_bin_fails_the_gate(midway: Path, tmp_path: P
     hits = [f for f in json.loads(out)["findings"] if f["rule"] == "CKD601"]
     assert code == 1 and [f["path"] for f in hits] == [given], out
     assert not canary.exists()
+
+
+def test_a_bare_payload_is_a_usage_error_that_says_so(midway: Path, tmp_path: Path) -> None:
+    """No TrainingArguments in it: nothing to plan (exit 2), and the message warns that loading it runs code."""
+    path = tmp_path / "training_args.bin"
+    path.write_bytes(hostile_payloads(tmp_path / "canary")["os.system"][0])
+    code, out = _gate(str(midway), "--training-args", str(path))
+    assert code == 2 and "loading it can run code" in out and "posix.system" in out, out
 
 
 class LauncherTag:

@@ -181,7 +181,7 @@ def read_training_args(path: str) -> ArgsFile:
                 args = trainer_view._training_args(facts)
                 if args is None:
                     why = facts.problems[0].message if facts.problems else "it holds no TrainingArguments state"
-                    raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}")
+                    raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}{_unsafe(facts)}")
                 return ArgsFile(args, facts)
             if isinstance(facts.content, JsonFacts) and isinstance(facts.content.value, dict):
                 return ArgsFile(facts.content.value)  # parsed by the JSON reader already
@@ -202,6 +202,16 @@ def read_training_args(path: str) -> ArgsFile:
     if not isinstance(loaded, dict):
         raise GateInputError(f"{path}: not a mapping of TrainingArguments (a JSON or YAML object)")
     return ArgsFile(loaded)
+
+
+def _unsafe(facts: FileFacts) -> str:
+    """What loading a file that is no TrainingArguments could run, as CKD601 says it (empty when nothing): an
+    unusable --training-args is a usage error, and the user should not try ``torch.load`` on it to see why."""
+    from ckptdoctor.pickle_analysis import file_pickle, judge
+
+    pf = file_pickle(facts)
+    unsafe = judge(pf).unsafe if pf is not None else ()
+    return f"; and loading it can run code: its pickle names {', '.join(unsafe[:8])}" if unsafe else ""
 
 
 _ARGS_FILE_CAP = 16 * 2**20  # a TrainingArguments JSON is a few KiB
