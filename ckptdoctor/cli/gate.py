@@ -11,6 +11,7 @@ import click
 
 from ckptdoctor import schedules
 from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import render_text, summary
 from ckptdoctor.resume.api import run_gate
 from ckptdoctor.resume.plan import (
@@ -88,7 +89,8 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               "[default: the run's own, not checked]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
               metavar="FILE", help="The planned TrainingArguments: a training_args.bin (read statically, never "
-              "loaded), a JSON file (args.to_json_string()), or YAML when PyYAML is installed; the options above "
+              "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
+              "(args.to_json_string()), or YAML when PyYAML is installed; the options above "
               "override it.  [default: none: the run's own arguments]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
@@ -140,9 +142,11 @@ def gate_command(
         if kwargs is None and lr_scheduler_kwargs.strip():
             raise UsageProblem("--lr-scheduler-kwargs must be a JSON object")
     file_args: dict[str, Any] | None = None
+    args_facts: FileFacts | None = None  # a training_args.bin the launcher will torch.load: judged as scan does
     if training_args_file is not None:
         try:
-            file_args = read_training_args(training_args_file)
+            args_file = read_training_args(training_args_file)
+            file_args, args_facts = args_file.args, args_file.facts
             plan_from_training_args(file_args, strict=True)
         except GateInputError as exc:
             message = str(exc).removeprefix(f"{training_args_file}: ")
@@ -167,7 +171,7 @@ def gate_command(
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
-                          planned, on_kept=_note_kept, allow_global=allow_global)
+                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -12,7 +12,7 @@ from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json
-from ckptdoctor.model import PathProblem, ProblemKind, ReadProblem, Tree
+from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
@@ -26,8 +26,8 @@ from ckptdoctor.resume.plan import (
 )
 from ckptdoctor.resume.predict import predict, resume_checkpoint
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
-from ckptdoctor.rules import Selection, all_rules, get_rule, security_codes
-from ckptdoctor.scanner import Report
+from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
+from ckptdoctor.scanner import Report, judged
 from ckptdoctor.settings import FAIL_ON
 
 SCHEMA = "ckptdoctor.gate/1"
@@ -248,8 +248,13 @@ def run_gate(
     planned: Mapping[str, Any],
     on_kept: Callable[[str, Sequence[str]], None] | None,
     allow_global: Sequence[str] = (),
+    args_file: FileFacts | None = None,
 ) -> GateResult:
-    """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note)."""
+    """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note).
+
+    ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
+    launcher ``torch.load``s it, so its security findings join the gate's.
+    """
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
@@ -291,7 +296,17 @@ def run_gate(
         report = scan(target, selection=selection)
         tree, scanned = report.trees[0], report.findings
     result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+    if args_file is not None:
+        result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))
     return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+
+
+def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
+    """The security findings (CKD6xx) a scan of the one file ``facts`` makes: its pickles judged under the
+    selection's ``--allow-global`` allowances, reported at ``facts.path`` (the file as given)."""
+    tree = judged(Tree("", (), loose_files=(facts,)), selection)
+    codes = security_codes()
+    return [f for f in run_rules(tree, selection) if f.rule in codes]
 
 
 def _warn_kept(source: str, codes: Sequence[str]) -> None:

@@ -10,13 +10,14 @@ import contextlib
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.errors import UsageError
-from ckptdoctor.model import Checkpoint
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, JsonFacts
 
 DEFAULT_LR_STEPS = 5
 MAX_LR_STEPS = 100_000  # a prediction is read by people and scripts; more would only take minutes and gigabytes
@@ -142,30 +143,52 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
 _YAML_NUMBERS = ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio")
 
 
-def read_training_args(path: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ArgsFile:
+    """A ``--training-args`` file as read: its ``TrainingArguments`` mapping, and its ``FileFacts`` when it holds
+    pickle streams (a ``training_args.bin``), whose verdict the gate reports as a scan would (None for JSON/YAML)."""
+
+    args: dict[str, Any]
+    facts: FileFacts | None = None
+
+
+# What ``torch.load`` unpickles: the kinds a ``training_args.bin`` can be (and a bare pickle of the arguments).
+_PICKLE_KINDS = frozenset({FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.PICKLE})
+_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def read_training_args(path: str) -> ArgsFile:
     """The ``TrainingArguments`` a launcher holds in the file ``path``, as a mapping for ``plan_from_training_args``.
 
+    The file is opened once and sniffed and read by ``ckptdoctor.readers``, as a scan reads it. A
     ``training_args.bin`` (``torch.save`` of ``TrainingArguments``, what ``Trainer._save`` writes) is read exactly
     as a scan reads the checkpoint's own: its pickle walked opcode by opcode, never loaded
-    (``trainer_view.training_args``). Anything else is JSON (``args.to_json_string()``), or YAML when PyYAML is
-    importable (a YAML 1.1 parser reads ``2e-5`` as a string: such strings of the float fields become numbers, as
-    ``HfArgumentParser`` makes them). Raises ``GateInputError`` saying why the file cannot be used.
+    (``trainer_view.training_args``); its facts are kept (path: ``path`` as given) for the gate to judge.
+    Anything else is JSON (``args.to_json_string()``), or YAML when PyYAML is importable (a YAML 1.1 parser reads
+    ``2e-5`` as a string: such strings of the float fields become numbers, as ``HfArgumentParser`` makes them).
+    Raises ``GateInputError`` saying why the file cannot be used.
     """
+    from ckptdoctor.readers import read_open_file
+
     try:
-        st = os.stat(path)
-        with open(path, "rb") as fh:
+        fd = os.open(os.path.realpath(path), _OPEN)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):  # click checked it exists; a FIFO or device is never read
+                raise GateInputError(f"{path}: not a regular file")
+            facts = read_open_file(fh, FileFacts(path, st.st_size, st.st_mtime, FileKind.OTHER))
+            if facts.kind in _PICKLE_KINDS:
+                args = trainer_view._training_args(facts)
+                if args is None:
+                    why = facts.problems[0].message if facts.problems else "it holds no TrainingArguments state"
+                    raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}{_unsafe(facts)}")
+                return ArgsFile(args, facts)
+            if isinstance(facts.content, JsonFacts) and isinstance(facts.content.value, dict):
+                return ArgsFile(facts.content.value)  # parsed by the JSON reader already
+            fh.seek(0)
             data = fh.read(_ARGS_FILE_CAP + 1)
     except OSError as exc:
         raise GateInputError(f"{path}: {exc.strerror or exc}") from None
-    if data[:2] == b"PK" or data[:1] == b"\x80":  # a torch zip archive, or a legacy (bare pickle) torch.save
-        from ckptdoctor.readers import read_file
-
-        facts = read_file(os.path.realpath(path), os.path.basename(path), st)
-        args = trainer_view._training_args(facts)
-        if args is None:
-            why = facts.problems[0].message if facts.problems else "it holds no TrainingArguments state"
-            raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}")
-        return args
     if len(data) > _ARGS_FILE_CAP:
         raise GateInputError(f"{path}: over {_ARGS_FILE_CAP // 2**20} MiB: not a TrainingArguments file")
     try:
@@ -178,7 +201,17 @@ def read_training_args(path: str) -> dict[str, Any]:
         loaded = _yaml(path, text, exc)
     if not isinstance(loaded, dict):
         raise GateInputError(f"{path}: not a mapping of TrainingArguments (a JSON or YAML object)")
-    return loaded
+    return ArgsFile(loaded)
+
+
+def _unsafe(facts: FileFacts) -> str:
+    """What loading a file that is no TrainingArguments could run, as CKD601 says it (empty when nothing): an
+    unusable --training-args is a usage error, and the user should not try ``torch.load`` on it to see why."""
+    from ckptdoctor.pickle_analysis import file_pickle, judge
+
+    pf = file_pickle(facts)
+    unsafe = judge(pf).unsafe if pf is not None else ()
+    return f"; and loading it can run code: its pickle names {', '.join(unsafe[:8])}" if unsafe else ""
 
 
 _ARGS_FILE_CAP = 16 * 2**20  # a TrainingArguments JSON is a few KiB
