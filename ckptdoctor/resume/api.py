@@ -27,7 +27,7 @@ from ckptdoctor.resume.plan import (
 from ckptdoctor.resume.predict import predict, resume_checkpoint
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
-from ckptdoctor.scanner import Report, judged
+from ckptdoctor.scanner import Report
 from ckptdoctor.settings import FAIL_ON
 
 SCHEMA = "ckptdoctor.gate/1"
@@ -304,7 +304,7 @@ def run_gate(
 def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
     """The security findings (CKD6xx) a scan of the one file ``facts`` makes: its pickles judged under the
     selection's ``--allow-global`` allowances, reported at ``facts.path`` (the file as given)."""
-    tree = judged(Tree("", (), loose_files=(facts,)), selection)
+    tree = Tree("", (), loose_files=(facts,))  # run_rules judges its pickles under the selection's allowances
     codes = security_codes()
     return [f for f in run_rules(tree, selection) if f.rule in codes]
 
