@@ -22,7 +22,6 @@ from ckptdoctor.resume.plan import (
     plan_from_training_args,
     read_training_args,
 )
-from ckptdoctor.scanner import Report
 from ckptdoctor.sources import is_remote
 
 _EPILOG = """\b
@@ -187,6 +186,6 @@ def gate_command(
         click.echo(render_text(result))
     # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
     cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
-    code = _exit_code(Report((), result.findings, 0.0), fail_on, cfg_fail_on)
+    code = _exit_code(result.findings, fail_on, cfg_fail_on)
     _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
     sys.exit(code)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from ckptdoctor.scanner import Report
+    from ckptdoctor.findings import Finding
 
 
 class UsageProblem(click.ClickException):
@@ -37,12 +37,12 @@ def _note_kept(source: str, codes: Sequence[str]) -> None:
     click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
 
 
-def _exit_code(report: Report, fail_on: str | None, cfg_fail_on: str | None) -> int:
-    """``settings.exit_code`` of ``report``, with its note on stderr when a security error overrides a settings
+def _exit_code(findings: Sequence[Finding], fail_on: str | None, cfg_fail_on: str | None) -> int:
+    """``settings.exit_code`` of ``findings``, with its note on stderr when a security error overrides a settings
     file's fail-on = "never"."""
     from ckptdoctor.settings import exit_code
 
-    return exit_code(report.findings, fail_on, cfg_fail_on, on_security_kept=_note_security)
+    return exit_code(findings, fail_on, cfg_fail_on, on_security_kept=_note_security)
 
 
 def _note_security() -> None:

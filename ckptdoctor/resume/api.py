@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
-from ckptdoctor.findings import Finding, Severity, display_path, finding_json
+from ckptdoctor.findings import Finding, display_path, finding_json
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
@@ -27,7 +27,6 @@ from ckptdoctor.resume.plan import (
 from ckptdoctor.resume.predict import predict, resume_checkpoint
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
-from ckptdoctor.scanner import Report
 from ckptdoctor.settings import FAIL_ON
 
 SCHEMA = "ckptdoctor.gate/1"
@@ -59,11 +58,10 @@ class GateResult:
         """True when a finding reaches ``fail_on``, or, under a settings file's ``fail-on = "never"``, when a
         security rule (CKD6xx) reports an error: as ``ckptdoctor scan``, a file that came with the checkpoint
         cannot wave its own malicious pickle through."""
-        if Report((), self.findings, 0.0).failed(self.fail_on):
-            return True
-        return self.fail_on_from_settings and any(
-            f.rule in security_codes() and f.severity is Severity.ERROR for f in self.findings
-        )
+        from ckptdoctor.settings import exit_code
+
+        caller, settings_fail_on = (None, self.fail_on) if self.fail_on_from_settings else (self.fail_on, None)
+        return exit_code(self.findings, caller, settings_fail_on) != 0
 
     @property
     def verdict(self) -> str:
