@@ -176,7 +176,8 @@ def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     checkpoint (quarantining this one with `ckptdoctor fix` when it is the one resume would pick).
 
     ## References
-    `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`).
+    safetensors `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`: the checks its
+    loader makes before any tensor is read).
     """
     for f in tree.all_files():
         if _family(f) == "safetensors":
@@ -720,7 +721,8 @@ def nonfinite_weights(tree: Tree) -> Iterator[Hit]:
     No automatic fix: resume from an earlier checkpoint (and lower the learning rate or fix the overflow).
 
     ## References
-    `torch.isfinite`; transformers `Trainer` logs `grad_norm` but never checks saved weights.
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (loads the values as stored) and
+    `Trainer._inner_training_loop` (logs `grad_norm`, never checks saved weights); `torch.isfinite`.
     """
     for d in tree.data:
         bad = [t for t in d.tensors if t.nan or t.inf]
@@ -761,7 +763,8 @@ def all_zero_tensor(tree: Tree) -> Iterator[Hit]:
     No automatic fix: restore the file from the source, or resume from another checkpoint.
 
     ## References
-    safetensors stores raw little-endian bytes after the header; nothing in the format checks their content.
+    safetensors `safetensors/src/tensor.rs` (`SafeTensors::deserialize` checks offsets, never values);
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (loads the values as stored).
     """
     for d in tree.data:
         if not _is_weights_file(d.path.rsplit("/", 1)[-1]):
@@ -803,7 +806,8 @@ def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
     corrupt-file rules (CKD202, CKD203).
 
     ## References
-    `ckptdoctor.deep` lists the decoded dtypes: F32, F64, F16, BF16.
+    `ckptdoctor/deep.py` (the dtypes `--deep` decodes: F32, F64, F16, BF16); safetensors
+    `safetensors/src/tensor.rs` `Dtype` (every dtype a file may declare).
     """
     for d in tree.data:
         if d.problems:
@@ -837,7 +841,8 @@ def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
     instance `ckptdoctor fix` rewrote a JSON file), write a new manifest.
 
     ## References
-    `hashlib.sha256`; `sha256sum -c`, which does the same for a list of files without knowing checkpoints.
+    CPython `Lib/hashlib.py` (`sha256`); GNU coreutils `sha256sum -c`, which does the same for a list of files
+    without knowing checkpoints.
     """
     m = tree.manifest
     if m is None:
@@ -978,8 +983,10 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     Nothing to fix; check the file with its own framework's tools.
 
     ## References
-    The formats' own loaders (`gguf`, `flax.serialization`, `keras.saving`, `onnx.load`, `tf.saved_model.load`,
-    `paddle.load`).
+    The formats' own loaders: llama.cpp `gguf-py/gguf/gguf_reader.py` (`GGUFReader`), flax
+    `flax/serialization.py` (`msgpack_restore`), keras `keras/src/saving/saving_api.py` (`load_model`), onnx
+    `onnx/__init__.py` (`load_model`), tensorflow `tensorflow/python/saved_model/load.py` (`load`), paddle
+    `python/paddle/framework/io.py` (`load`).
     """
     for f in tree.all_files():
         lower = f.name.lower()
