@@ -8,8 +8,18 @@ from typing import Any
 
 import click
 
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    _note_kept,
+    _note_security,
+    allow_global_option,
+    output_options,
+    text_or_json,
+    text_width,
+)
+
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, allow_global_option, text_or_json
+from ckptdoctor.cli.output import emit
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -80,6 +90,7 @@ the fix (nothing is changed then), 130 interrupted.
     help="Leave what these rules find (codes or prefixes), added to the settings file's ignore.  [default: none]",
 )
 @text_or_json("text: the plan and what is left; json: one ckptdoctor.fix/1 document.")
+@output_options("Print only what remains (dry run: what would remain), not the plan nor the summary (text).")
 @click.option(
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
@@ -101,6 +112,9 @@ def fix_command(
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     fmt: str,
+    output_file: str | None,
+    quiet: bool,
+    silent: bool,
     fail_on: str | None,
     force: bool,
     no_config: bool,
@@ -126,9 +140,10 @@ def fix_command(
         allow_global=allow_global,
     )
     if fmt == "json":
-        click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
+        text = json.dumps(fix_json(result), indent=2, allow_nan=False)
     else:
-        click.echo(render_fix_text(result))
+        text = render_fix_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
+    emit(text, output_file, silent)
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
     # security error that remains (or, in a dry run, would remain); the note goes to stderr.
     sys.exit(result.exit_code(on_security_kept=_note_security))

@@ -10,9 +10,19 @@ from typing import Any
 import click
 
 from ckptdoctor import schedules
-from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _exit_code,
+    _note_kept,
+    _read_only_done,
+    output_options,
+    rule_options,
+    text_width,
+)
+from ckptdoctor.cli.output import emit
 from ckptdoctor.model import FileFacts
-from ckptdoctor.render.gate import render_text, summary
+from ckptdoctor.render.gate import gate_json, render_text, summary
 from ckptdoctor.resume.api import run_gate
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
@@ -97,6 +107,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               show_default=True, help="text: the prediction, findings and verdict for people; json: one "
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
+@output_options("Print the findings only: no prediction, no verdict line (text; other formats are unchanged).")
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
@@ -117,6 +128,9 @@ def gate_command(
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
+    output_file: str | None,
+    quiet: bool,
+    silent: bool,
     fail_on: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -174,16 +188,17 @@ def gate_command(
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
+        text = json.dumps(gate_json(result), indent=2, allow_nan=False)
     elif fmt in ("sarif", "github"):
         from ckptdoctor.render import sarif
 
         if fmt == "sarif":
-            click.echo(sarif.render_sarif(result.findings))
+            text = sarif.render_sarif(result.findings)
         else:
-            click.echo(sarif.render_github(result.findings, notice=summary(result)))
+            text = sarif.render_github(result.findings, notice=summary(result))
     else:
-        click.echo(render_text(result))
+        text = render_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
+    emit(text, output_file, silent)
     # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
     cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
     code = _exit_code(result.findings, fail_on, cfg_fail_on)

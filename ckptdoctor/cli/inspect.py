@@ -44,4 +44,8 @@ def inspect(file: str, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(data, indent=2, allow_nan=False, default=str))
     else:
-        click.echo(render_inspect_text(data))
+        import sys
+
+        from ckptdoctor.cli.options import terminal_width
+
+        click.echo(render_inspect_text(data, terminal_width(sys.stdout)))

@@ -134,3 +134,51 @@ def _use_color(stream: Any) -> bool:
         return False
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
+
+
+def terminal_width(stream: Any) -> int | None:
+    """The width to fit text output to: the terminal's (``COLUMNS`` first, as ``shutil.get_terminal_size`` reads
+    it; 80 when it cannot tell) when ``stream`` is a terminal, else None: a pipe or a file gets every line whole,
+    as ruff writes to a pipe, so scripts and ``grep`` see one line per finding."""
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        return None
+    import shutil
+
+    return max(shutil.get_terminal_size((80, 24)).columns, 20)
+
+
+def output_options(quiet_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--output-file``, ``-q/--quiet`` and ``-s/--silent`` (passed as ``output_file``, ``quiet``, ``silent``);
+    ``quiet_help`` says what ``-q`` keeps of the command's text."""
+    options = (
+        click.option(
+            "--output-file",
+            "-o",
+            type=click.Path(dir_okay=False, writable=True),
+            default=None,
+            metavar="PATH",
+            help="Write the report (any --format) to PATH instead of stdout; text is then written whole, without "
+            "colour or wrapping.",
+        ),
+        click.option("--quiet", "-q", is_flag=True, help=quiet_help),
+        click.option(
+            "--silent",
+            "-s",
+            is_flag=True,
+            help="Print no report on stdout (any --format): only the exit code, and errors on stderr, tell the "
+            "result. --output-file still gets the report.",
+        ),
+    )
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return apply
+
+
+def text_width(output_file: str | None, stream: Any) -> int | None:
+    """``terminal_width`` of stdout, or None when the report goes to a file."""
+    return None if output_file is not None else terminal_width(stream)
