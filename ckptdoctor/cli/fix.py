@@ -31,7 +31,6 @@ Examples:
   ckptdoctor fix --unsafe-fixes --select CKD101 runs/my-run/
   ckptdoctor undo runs/my-run/                 # restore the last fix byte for byte
 
-\b
 Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep their
 original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under its
 own settings file; a folder named twice (X ./X/) is fixed once. A .ckptdoctor/ folder that came with a download
@@ -50,17 +49,22 @@ Examples:
   ckptdoctor undo --txid 20261121T101500Z-ab12cd runs/my-run/
   ckptdoctor undo --format json runs/my-run/   # what was restored, as one JSON document
 
-\b
 --format json prints one ckptdoctor.undo/1 document (also when refused; the error line still goes to stderr):
-  {"schema": "ckptdoctor.undo/1", "version": "...", "action": "list" | "undo", "root": PATH,
-   "refused": null | "why nothing was done",
-   --list:  "transactions": [{"txid", "state", "created" (Unix seconds), "created_utc" (ISO 8601),
-                              "operations" (how many), "rules": [...]}, ...]   (oldest first)
-   undo:    "txid": the transaction undone (refused: the --txid asked for, else null),
-            "operations": how many it holds (refused: null), "restored": how many were put back}
-  ckptdoctor undo --list --format json runs/my-run/ | jq -r '.transactions[-1].txid'
 
 \b
+  {"schema": "ckptdoctor.undo/1", "version": "...",
+   "action": "list" | "undo", "root": PATH,
+   "refused": null | "why nothing was done",
+   --list: "transactions": [{"txid", "state",
+             "created" (Unix seconds), "created_utc" (ISO 8601),
+             "operations" (how many), "rules": [...]}, ...]
+           (oldest first)
+   undo:   "txid": the transaction undone
+             (refused: the --txid asked for, else null),
+           "operations": how many it holds (refused: null),
+           "restored": how many were put back}
+  ckptdoctor undo --list --format json run/ | jq '.transactions[-1]'
+
 Exit codes: 0 restored (or listed), 2 nothing to undo, no such transaction, or refused because a file changed since
 the fix (nothing is changed then), 130 interrupted.
 """

@@ -44,19 +44,17 @@ Examples:
   ckptdoctor gate runs/my-run --per-device-train-batch-size 16    # a new batch size: new steps per epoch
   ckptdoctor gate s3://bucket/runs/my-run                         # a run in object storage, as `scan` reads it
   ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
+  ckptdoctor gate runs/my-run --format json -o gate.json -s       # the document to a file, only the exit code
 
-\b
 Options left out are the run's own: read from the checkpoint's training_args.bin and trainer_state.json (or
 --training-args), else transformers' defaults; --format json lists each value used and where it came from.
 
-\b
 Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
 `ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
 scan findings only (the gate rules CKD407-414 and CKD504 run unless ignored), its fail-on when --fail-on is not
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
-\b
 Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
 finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
 checkpoint whose global_step is beyond any float (nothing can be predicted from it).
@@ -75,8 +73,9 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--learning-rate", type=float, help="Planned learning_rate. A restored scheduler keeps the "
               "checkpoint's base LR, so a different value is ignored (CKD409).  [default: the run's own]")
 @click.option("--lr-scheduler-type", type=click.Choice([*schedules.SUPPORTED, *schedules.METRIC_DRIVEN]),
-              help="Planned lr_scheduler_type (the last two are metric-driven: reported as unpredictable).  "
-              "[default: the run's own]")
+              metavar="NAME", help="Planned lr_scheduler_type: "
+              f"{', '.join(schedules.SUPPORTED)}, or the metric-driven {' or '.join(schedules.METRIC_DRIVEN)} "
+              "(reported as unpredictable).  [default: the run's own]")
 @click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, a JSON object, e.g. '
               '\'{"num_cycles": 2}\'.  [default: the run\'s own]')
 @click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps; below 1 it is a ratio of "

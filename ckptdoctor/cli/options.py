@@ -182,3 +182,39 @@ def output_options(quiet_help: str) -> Callable[[Callable[..., Any]], Callable[.
 def text_width(output_file: str | None, stream: Any) -> int | None:
     """``terminal_width`` of stdout, or None when the report goes to a file."""
     return None if output_file is not None else terminal_width(stream)
+
+
+class FittingHelpFormatter(click.HelpFormatter):
+    """click's help formatter, with the verbatim (``\\b``) lines of an epilog fitted to the width too: an example
+    too wide for it shows its ``# comment`` on the line above, and anything still too wide continues on the next
+    line, indented."""
+
+    def write_text(self, text: str) -> None:
+        from click.formatting import wrap_text
+
+        indent = " " * self.current_indent
+        wrapped = wrap_text(text, self.width, initial_indent=indent, subsequent_indent=indent,
+                            preserve_paragraphs=True)  # fmt: skip
+        self.write("".join(ln + "\n" for line in wrapped.splitlines() for ln in self._fit(line)))
+
+    def _fit(self, line: str) -> list[str]:
+        if len(line) <= self.width:
+            return [line]
+        import re
+        import textwrap
+
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        example = re.match(r"(\s*)(\S.*?)\s{2,}(# .*)$", line)
+        if example:
+            return [*self._fit(lead + example[3]), *self._fit(lead + example[2])]
+        # a command without quotes continues as a shell reads it, with " \\" (inside quotes it would be literal)
+        command = line.lstrip().startswith("ckptdoctor ") and not set("'\"") & set(line)
+        lines = textwrap.wrap(line.strip(), self.width - 2 * command, initial_indent=lead,
+                              subsequent_indent=lead + "    ", break_on_hyphens=False, break_long_words=False)
+        return [ln + " \\" for ln in lines[:-1]] + lines[-1:] if command else lines
+
+
+class FittingContext(click.Context):
+    """The commands' context: help fitted to the terminal by ``FittingHelpFormatter``."""
+
+    formatter_class = FittingHelpFormatter

@@ -31,23 +31,29 @@ _EPILOG_SCAN = """\b
 Examples:
   ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
   ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
-  ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
+  ckptdoctor scan --format json runs/ | jq '.findings[].rule'
   ckptdoctor scan --select CKD2 --fail-on warning model/
   ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
-  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.render.sarif   # report, never fail
+  ckptdoctor scan --format sarif --fail-on never run/ > out.sarif   # report, never fail
   ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
   ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
   ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
+  ckptdoctor scan --statistics runs/           # how many findings of each rule
+  ckptdoctor scan -q -o report.txt runs/       # the findings only, to a file
 
-\b
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
 root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
 a finding, not 2.
 
-\b
 Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
 under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
-  select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
+
+\b
+  select = ["CKD1", "CKD2"]
+  ignore = ["CKD206"]
+  fail-on = "warning"
+  [severity] CKD404 = "warning"
+
 An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
 rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
 """
