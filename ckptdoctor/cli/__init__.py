@@ -71,6 +71,7 @@ class LazyGroup(click.Group):
             ctx.exit(130)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd: click.Command | None
         if cmd_name in self.lazy:
             import importlib
 
