@@ -197,3 +197,28 @@ def test_gate_json_has_version_and_summary_counts() -> None:
     assert list(doc)[:2] == ["schema", "version"] and doc["version"] == scan["version"]
     severities = [f["severity"] for f in doc["findings"]]
     assert doc["summary"] == {s: severities.count(s) for s in ("error", "warning", "info")}
+
+
+def test_the_readme_terminal_example_is_real() -> None:
+    """The README's 80-column example is what a terminal shows (colours aside)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("# on an 80-column terminal", 1)[1].split("```", 1)[0]
+    command, _, expected = block.split("\n", 1)[1].partition("\n")
+    assert command.startswith("$ ckptdoctor ")
+    shown = on_terminal(*command.split()[2:])
+    assert _timeless(shown).rstrip("\n") == _timeless(expected).rstrip("\n")
+
+
+def test_any_width_fits_in_process() -> None:
+    """Every width from 30 to 130 columns: no line of the scan or gate text is over it (tables, headers, messages,
+    fix lines, the prediction)."""
+    from ckptdoctor import gate, scan
+    from ckptdoctor.render import gate as gate_text
+    from ckptdoctor.render.report import render_text
+
+    report = scan([str(REPO / "fixtures")])
+    result = gate(str(REPO / "fixtures" / "lr-finished"), max_steps=16)
+    for width in range(30, 131, 7):
+        text = render_text(report, width=width) + "\n" + gate_text.render_text(result, width=width)
+        lines = text.splitlines()
+        assert not [ln for ln in lines if len(ln) > width], width

@@ -378,8 +378,11 @@ def _finding_text(f: Finding, st: _Style, width: int | None = None) -> tuple[lis
         header = f"{where}: {f.rule} [{f.severity.value}] {f.name}"
         if len(header) <= width:
             head = [f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {f.name}"]
-        else:
-            head = _fit_styled(header, width, st.bold)
+        else:  # a long path: alone on its line(s), the rule below it
+            head = _fit_styled(f"{where}:", width, st.bold)
+            rule = f"  {f.rule} [{f.severity.value}] {f.name}"
+            fits = len(rule) <= width
+            head += [f"  {st.bold(f.rule)} [{sev}] {f.name}"] if fits else _fit_styled(rule, width, st.bold)
         head.extend(fit(f"  {printable(f.message)}", width, ""))
     fix: list[str] = []
     if f.fix is not None:
