@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
     Checkpoint,
     FileFacts,
@@ -496,8 +497,13 @@ def is_fsdp(ck: Checkpoint) -> bool:
 
 
 def is_deepspeed(ck: Checkpoint) -> bool:
-    """A DeepSpeed checkpoint: a ``global_step*/`` folder with model or optimizer states."""
-    return any(ck.relname(f).startswith("global_step") and "/" in ck.relname(f) for f in ck.files)
+    """A DeepSpeed checkpoint: a ``global_step*/`` folder, or a tag folder of any name holding DeepSpeed's model or
+    optimizer states (``discover.is_deepspeed_tag``)."""
+    for f in ck.files:
+        rel = ck.relname(f)
+        if "/" in rel and (rel.startswith("global_step") or (rel.count("/") == 1 and is_deepspeed_state(f.name))):
+            return True
+    return False
 
 
 def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
@@ -554,8 +560,10 @@ def kinds(ck: Checkpoint) -> list[str]:
         out.append("fsdp")
     if is_deepspeed(ck):
         out.append("deepspeed")
-    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None or (
-        is_mindnlp(ck) and ck.file(MS_WEIGHTS) is not None
+    if (
+        ck.file(SAFE_WEIGHTS) is not None
+        or ck.file(BIN_WEIGHTS) is not None
+        or (is_mindnlp(ck) and ck.file(MS_WEIGHTS) is not None)
     ):
         out.append("full")
     if ck.file(SAFE_INDEX) is not None or ck.file(BIN_INDEX) is not None:

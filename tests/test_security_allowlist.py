@@ -166,8 +166,6 @@ def test_accelerate_save_state_with_deepspeed_has_no_security_finding() -> None:
     assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
 
 
-@pytest.mark.xfail(strict=True, reason="CKD503 knows only global_stepN tags; accelerate's DeepSpeed tag is "
-                   "pytorch_model (discover._DS_TAG_RE, rules/distributed._ds_tags)")  # fmt: skip
 def test_accelerate_save_state_with_deepspeed_raises_no_alarm() -> None:
     assert _alarms(ACCELERATE_DS) == []
 
