@@ -51,56 +51,55 @@ def _fmt_bytes(n: int) -> str:
     return plural(n, "byte")
 
 
-def adapter_tensor_names(ck: Checkpoint) -> set[str]:
-    names: set[str] = set()
-    for rel in (trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN):
-        ts = trainer_view.tensors_of(ck.file(rel))
-        if ts:
-            names.update(t.name for t in ts)
-    return names
-
-
 @rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE)
 def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
-    """A full-weights file beside adapter files is loaded instead of the adapter, and holds none of its weights.
+    """A full-weights file beside adapter files is loaded instead of them and does not restore every adapter tensor.
 
     ## What it does
-    In a folder with `adapter_model.safetensors` / `adapter_model.bin`, looks for `model.safetensors` or
-    `pytorch_model.bin` and checks whether it holds any of the adapter's tensors.
+    In a folder with `adapter_model.safetensors` / `adapter_model.bin`, takes the full-weights file the resume
+    loads (`model.safetensors`, else `pytorch_model.bin`) and counts the adapter tensors it restores: the
+    PeftModel's adapter parameters (the adapter files' keys with the adapter name `default` put back, as peft loads
+    them) whose exact name the file holds. Reports "restores N of M adapter tensors" when N is below M.
 
     ## Why is this bad?
-    `Trainer._load_from_checkpoint` tries the full-weights files first, loads them with `strict=False`, and never
-    calls the adapter loader. Training goes on from a freshly initialised adapter with the restored optimizer
-    state: the loss jumps and the only trace is a "There were missing keys" log line.
+    `Trainer._load_from_checkpoint` tries the full-weights files first, loads them into the PeftModel with
+    `load_state_dict(state_dict, False)`, and never calls the adapter loader. An adapter tensor the file does not
+    hold under its exact PeftModel name keeps its fresh initialisation (LoRA B: zeros) while the optimizer state is
+    restored: the loss jumps and the only trace is a "There were missing keys" log line.
 
     ## Example
-    A callback saved `torch.save({}, "pytorch_model.bin")` (about 1.3 KB) into every LoRA checkpoint.
+    A callback saved `torch.save({}, "pytorch_model.bin")` (about 1.3 KB) into every LoRA checkpoint; or
+    `peft_model.get_base_model().save_pretrained(ckpt)`, whose `model.safetensors` holds the LoRA weights as
+    `model.layers.0.self_attn.q_proj.lora_A.default.weight` where the PeftModel's parameter is
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight` (0 of them restored). A
+    `torch.save(peft_model.state_dict(), "pytorch_model.bin")` holds the PeftModel's own names and is silent.
 
     ## Fix safety
-    Safe: the stub is quarantined (moved, restorable with `ckptdoctor undo`), so the adapter loads. Nothing the
+    Safe: the file is quarantined (moved, restorable with `ckptdoctor undo`), so the adapter loads. Nothing the
     adapter resume reads is touched.
 
     ## References
     `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (the full-weights branch comes before the PEFT
-    `load_adapter` branch and loads with `load_state_dict(state_dict, False)`), `Trainer._issue_warnings_after_load`.
+    `load_adapter` branch and loads with `load_state_dict(state_dict, False)`), `Trainer._issue_warnings_after_load`;
+    `src/peft/utils/save_and_load.py` `set_peft_model_state_dict` and `get_peft_model_state_dict` (the adapter
+    name removed on save and put back on load).
     """
     for ck, _ in _checkpoints(tree):
-        if not trainer_view.has_adapter(ck):
+        found = trainer_view.adapter_restore(ck)
+        if found is None or found.complete:
             continue
-        stub = trainer_view.loaded_weight_file(ck)
-        tensors = trainer_view.tensors_of(stub)
-        if stub is None or tensors is None:
-            continue
-        adapter_names = adapter_tensor_names(ck)
-        shared = [t for t in tensors if t.name in adapter_names or ".lora_" in t.name]
-        if shared:
-            continue
+        stub = found.file
         adapter = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
         target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
-        kind = "a stub" if len(tensors) <= STUB_MAX_TENSORS else "a full model without adapter weights"
+        if found.foreign:
+            kind = f"its adapter tensors are named like `{found.foreign[0]}`, not as the PeftModel's parameters"
+        elif found.restored:
+            kind = "it holds only some of the adapter's tensors"
+        else:
+            kind = "a stub" if found.tensors <= STUB_MAX_TENSORS else "a full model without adapter weights"
         msg = (
-            f"`{stub.path}` holds {plural(len(tensors), 'tensor')} "
-            f"({_fmt_bytes(stub.size)}), none of the adapter's, and would be loaded instead of {target} ({kind})"
+            f"`{stub.path}` holds {plural(found.tensors, 'tensor')} ({_fmt_bytes(stub.size)}) and would be loaded "
+            f"instead of {target}: it restores {found.restored:,} of {plural(found.total, 'adapter tensor')} ({kind})"
         )
         plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
         yield Hit(stub.path, msg, fix=plan)
