@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -545,6 +545,31 @@ def loaded_weight_file(ck: Checkpoint) -> FileFacts | None:
     """The single full-weights file branch A would load: ``model.safetensors`` first, else ``pytorch_model.bin``
     (MindNLP: else ``mindspore_model.ckpt``)."""
     return ck.file(SAFE_WEIGHTS) or ck.file(MS_WEIGHTS if is_mindnlp(ck) else BIN_WEIGHTS)
+
+
+def competing_weight_forms(ck: Checkpoint) -> tuple[tuple[str, tuple[FileFacts, ...] | None], ...]:
+    """The full-weight forms of a folder that holds more than one (empty otherwise), in the order
+    ``Trainer._load_from_checkpoint`` prefers them: ``model.safetensors``, ``pytorch_model.bin``, then the shard
+    indexes (``load_sharded_checkpoint``). Each is its name and the files holding its tensors: the single file, or
+    the index's shards that exist (None when the index is not a valid one). Only the first is loaded."""
+    singles = [f for f in (ck.file(SAFE_WEIGHTS), ck.file(BIN_WEIGHTS)) if f is not None]
+    indexes = [f for f in (ck.file(SAFE_INDEX), ck.file(BIN_INDEX)) if f is not None]
+    if len(singles) + len(indexes) < 2:
+        return ()  # one form: nothing competes (and an index's shards are never looked up)
+    forms: list[tuple[str, tuple[FileFacts, ...] | None]] = [(ck.relname(f), (f,)) for f in singles]
+    for idx in indexes:
+        wm = weight_map(idx)
+        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(set(wm.values()))) if f is not None)
+        forms.append((idx.name, shards))
+    return tuple(forms)
+
+
+def value_compared_files(checkpoints: Iterable[Checkpoint]) -> frozenset[str]:
+    """The files whose tensor values ``--deep`` digests: every form of a folder with competing full-weight forms
+    (``competing_weight_forms``), so that forms alike in names and shapes can be told apart by value."""
+    return frozenset(
+        f.path for ck in checkpoints for _, files in competing_weight_forms(ck) for f in files or ()
+    )
 
 
 def kinds(ck: Checkpoint) -> list[str]:

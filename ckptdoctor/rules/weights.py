@@ -15,6 +15,7 @@ from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
+    FileData,
     FileFacts,
     FileKind,
     FolderRole,
@@ -436,14 +437,18 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Finds folders holding more than one of `model.safetensors`, `pytorch_model.bin` and a shard index, compares
-    their tensor names, dtypes and shapes, and says which one the Trainer loads.
+    their tensor names, dtypes and shapes, and says which one the Trainer loads. With `--deep`, forms alike in all
+    of those are compared by value too (a digest of each tensor's bytes, read only in such folders).
 
     ## Why is this bad?
     The Trainer loads `model.safetensors`, else `pytorch_model.bin`, and a sharded set only when neither single
-    file exists: a stale single file left by an older save beats a newer sharded set, silently.
+    file exists: a stale single file left by an older save beats a newer sharded set, silently. Two forms with
+    the same names and shapes can still hold different steps' weights: whoever reads the other one (an export,
+    an evaluation script, a tool that prefers `.bin`) gets another model than the resume.
 
     ## Example
-    A folder re-saved with sharding that still holds the old `model.safetensors`.
+    A folder re-saved with sharding that still holds the old `model.safetensors`; or a `pytorch_model.bin` copied
+    from step 4 beside step 8's `model.safetensors` (same names and shapes: only `--deep` tells them apart).
 
     ## Fix safety
     No automatic fix: decide which form is current and quarantine the other.
@@ -453,37 +458,55 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
     else `load_sharded_checkpoint`); `src/transformers/modeling_utils.py` `PreTrainedModel.save_pretrained` (its
     clean-up removes only stale `-NNNNN-of-NNNNN` shards, so an older single file survives a sharded re-save).
     """
+    data = {d.path: d for d in tree.data}
     for ck, _ in _checkpoints(tree):
-        present = sum(ck.file(rel) is not None for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS))
-        if present + len(_index_files(ck)) < 2:
-            continue  # one form: nothing to compare (its signature would walk every shard's header)
-        forms: list[tuple[str, dict[str, tuple[str, tuple[int, ...]]] | None]] = []
-        for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS):
-            f = ck.file(rel)
-            if f is not None:
-                ts = trainer_view.tensors_of(f)
-                forms.append((rel, _signature(ts) if ts is not None else None))
-        for idx in _index_files(ck):
-            wm = trainer_view.weight_map(idx)
-            if wm is None:
-                forms.append((idx.name, None))
-                continue
-            sig: dict[str, tuple[str, tuple[int, ...]]] = {}
-            for shard in set(wm.values()):
-                ts = trainer_view.tensors_of(ck.file(shard))
-                if ts:
-                    sig.update(_signature(ts))
-            forms.append((idx.name, sig))
-        if len(forms) < 2:
+        forms = trainer_view.competing_weight_forms(ck)
+        if not forms:
             continue
-        loaded = forms[0][0]
-        sigs = [s for _, s in forms]
-        if all(s is not None for s in sigs) and all(s == sigs[0] for s in sigs):
+        sigs = [_form_signature(name, files) for name, files in forms]
+        loaded, others = forms[0][0], ", ".join(f"`{name}`" for name, _ in forms[1:])
+        if not (all(s is not None for s in sigs) and all(s == sigs[0] for s in sigs)):
+            yield Hit(
+                ck.path,
+                f"holds {len(forms)} differing full-weight forms; a resume loads `{loaded}` and ignores {others}",
+            )
             continue
-        others = ", ".join(f"`{name}`" for name, _ in forms[1:])
-        yield Hit(
-            ck.path, f"holds {len(forms)} differing full-weight forms; a resume loads `{loaded}` and ignores {others}"
-        )
+        values = [_form_values(files, data) for _, files in forms]
+        shared = set.intersection(*(set(v) for v in values))
+        differ = sorted(n for n in shared if len({v[n] for v in values}) > 1)
+        if differ:
+            yield Hit(
+                ck.path,
+                f"holds {len(forms)} full-weight forms with the same tensor names, dtypes and shapes but different "
+                f"values ({len(differ):,} of {plural(len(shared), 'tensor')} compared differ, e.g. `{differ[0]}`); "
+                f"a resume loads `{loaded}` and ignores {others}",
+            )
+
+
+def _form_signature(name: str, files: tuple[FileFacts, ...] | None) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """Names, dtypes and shapes of a weights form's tensors: None when its single file, or its index, cannot be
+    read; a shard that cannot be read is left out (CKD202/CKD203 report it), the others still compare."""
+    if files is None:
+        return None
+    if name in trainer_view.FULL_WEIGHT_FILES:
+        ts = trainer_view.tensors_of(files[0])
+        return None if ts is None else _signature(ts)
+    sig: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in files:
+        ts = trainer_view.tensors_of(f)
+        if ts:
+            sig.update(_signature(ts))
+    return sig
+
+
+def _form_values(files: tuple[FileFacts, ...] | None, data: dict[str, FileData]) -> dict[str, str]:
+    """Each tensor's value digest in a weights form (``--deep``), for the tensors that have one."""
+    out: dict[str, str] = {}
+    for f in files or ():
+        d = data.get(f.path)
+        if d is not None:
+            out.update((t.name, t.digest) for t in d.tensors if t.digest is not None)
+    return out
 
 
 @rule("CKD207", "prefixed-state-dict-keys", Severity.WARNING)
