@@ -172,3 +172,17 @@ def test_adapter_keys_map_to_the_parameters_peft_loads_them_into(tmp_path: Path)
         torch.save(whole, ck / "pytorch_model.bin")
         (found,) = [trainer_view.adapter_restore(c) for r in discover(str(ck)).runs for c in r.checkpoints]
         assert found is not None and (found.restored, found.total) == (restored, 8 + len(saved))
+
+
+@pytest.mark.slow
+def test_the_fix_lets_the_real_resume_restore_the_adapter(built: Path, tmp_path: Path) -> None:
+    """CKD201's quarantine of a base model's `model.safetensors`: the next real resume loads the adapter, all of it."""
+    from ckptdoctor.api import fix
+
+    out = planted(built, tmp_path, "base-save-pretrained")
+    result = fix(out, select=["CKD201"], force=True)  # force: a copy made a moment ago looks like a run being written
+    assert result.exit_code() == 0 and not (out / "checkpoint-2" / "model.safetensors").exists()
+    assert ckd201(out) == []
+    snap = Snapshot()
+    trainer(out, lora_model(1), [snap]).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert really_restored(out, snap.params) == (ADAPTER_TENSORS, ADAPTER_TENSORS // 2)

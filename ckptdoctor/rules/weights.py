@@ -60,7 +60,9 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     In a folder with `adapter_model.safetensors` / `adapter_model.bin`, takes the full-weights file the resume
     loads (`model.safetensors`, else `pytorch_model.bin`) and counts the adapter tensors it restores: the
     PeftModel's adapter parameters (the adapter files' keys with the adapter name `default` put back, as peft loads
-    them) whose exact name the file holds. Reports "restores N of M adapter tensors" when N is below M.
+    them) whose exact name the file holds. Reports "restores N of M adapter tensors" when N is below M. The
+    adapter files are the evidence that the Trainer holds a PeftModel, as they are for the resume's adapter branch
+    (a model with transformers-native adapters, `model.add_adapter`, has the base model's names instead).
 
     ## Why is this bad?
     `Trainer._load_from_checkpoint` tries the full-weights files first, loads them into the PeftModel with
