@@ -27,9 +27,7 @@ import gzip
 import io
 import pickle
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from bench.peer_corpus import _tar, _torch_zip, _zip  # noqa: E402
 from ckptdoctor.model import FileFacts, FileKind, ProblemKind  # noqa: E402
 from ckptdoctor.pickle_analysis import file_pickle, judge  # noqa: E402
 from ckptdoctor.readers import read_open_file  # noqa: E402
@@ -49,35 +48,17 @@ _FINDING_KINDS = (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE)
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
-def _tar(name: str, data: bytes, mode: str = "w") -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode=mode) as t:  # type: ignore[call-overload]
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
-def _zip(records: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-        for name, data in records.items():
-            z.writestr(name, data)
-    return out.getvalue()
-
-
 def pack(data: bytes, container: str) -> tuple[str, bytes]:
     """``data`` (one pickle stream) as a file of ``container``: (file name, bytes)."""
     if container == "torch-zip":
-        return "pytorch_model.bin", _zip({"archive/data.pkl": data, "archive/byteorder": b"little",
-                                          "archive/version": b"3\n"})  # fmt: skip
+        return "pytorch_model.bin", _torch_zip(data)
     if container == "zip-record":
         clean = pickle.dumps({}, protocol=2)
         return "model.pt", _zip({"archive/data.pkl": clean, "archive/extra.pkl": data, "archive/version": b"3\n"})
     if container == "tar":
-        return "archive.anything", _tar("x/model.pkl", data)
+        return "archive.anything", _tar({"x/model.pkl": data})
     if container == "tar.gz":
-        return "archive.tar.gz", _tar("inner.tar", _tar("m", data), "w:gz")
+        return "archive.tar.gz", _tar({"inner.tar": _tar({"m": data})}, "w:gz")
     if container == "gz":
         return "state.pkl.gz", gzip.compress(data)
     if container == "legacy":  # the magic number stream, then the hostile one where the protocol stream goes

@@ -13,12 +13,12 @@ import subprocess
 import sys
 import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.peer_corpus import _tar, _zip
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import ArchiveFacts, FileKind, ProblemKind
 from ckptdoctor.readers.archive import ArchiveScan, FileReader
@@ -35,24 +35,6 @@ class _Payload:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (subprocess.call, (["touch", self.canary],))
-
-
-def _tar(members: dict[str, bytes], mode: str = "w", fmt: int = tarfile.PAX_FORMAT) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode=mode, format=fmt) as t:  # type: ignore[call-overload]
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
-def _zip(members: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        for name, data in members.items():
-            z.writestr(name, data)
-    return out.getvalue()
 
 
 def _errors(path: Path) -> list[tuple[str, str]]:
