@@ -28,6 +28,7 @@ import io
 import pickle
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from hypothesis.errors import HypothesisDeprecationWarning  # noqa: E402
 
 from bench.peer_corpus import _tar, _torch_zip, _zip  # noqa: E402
 from ckptdoctor.model import FileFacts, FileKind, ProblemKind  # noqa: E402
@@ -131,6 +133,9 @@ _LEAF = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) 
 
 
 def _data() -> st.SearchStrategy[Any]:
+    # Hypothesis warns that ``extend`` ignores its argument (its check feeds it an empty strategy, and a list or dict
+    # of nothing is still a value); it does recurse: values four containers deep are drawn.
+    warnings.filterwarnings("ignore", message="extend=", category=HypothesisDeprecationWarning)
     return st.recursive(
         _LEAF,
         lambda kids: st.lists(kids, max_size=5)

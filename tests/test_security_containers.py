@@ -173,3 +173,13 @@ def test_nested_pickles_that_only_build_data_are_not_errors(tmp_path: Path) -> N
     (tmp_path / "evil" / "state.pkl").write_bytes(pickle.dumps({"twice": evil}, protocol=4))
     found = [(f.rule, f.message) for f in scan(str(tmp_path / "evil")).findings]
     assert any(rule == "CKD601" and "nested pickle: `os.system`" in msg for rule, msg in found), found
+
+
+def test_empty_bytes_in_a_torch_save_is_data(tmp_path: Path) -> None:
+    """torch.save pickles with protocol 2, which writes b"" as a call of `builtins.bytes` with no argument (found by
+    bench/soundness.py's clean run): no security finding."""
+    import torch
+
+    torch.save({"w": torch.zeros(2), "blob": b"", "ok": b"ab"}, tmp_path / "optimizer.pt")
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps({"k": [b"", bytearray()]}, protocol=0))
+    assert [f.rule for f in scan(str(tmp_path)).findings if f.rule.startswith("CKD6")] == []
