@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench.peer_corpus import _tar, _zip
+from ckptdoctor.inspection import inspect_file
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import ArchiveFacts, FileKind, ProblemKind
 from ckptdoctor.readers.archive import ArchiveScan, FileReader
@@ -101,6 +102,8 @@ def test_clean_archives_of_real_saves_raise_nothing(tmp_path: Path) -> None:
     facts = read_archive(io.BytesIO(packed), len(packed), Limits())
     assert isinstance(facts.content, ArchiveFacts)
     assert facts.content.fmt == "tar.gz" and facts.content.members == 3 and facts.problems == ()
+    shown = inspect_file(str(tmp_path / "run.tar.gz"))
+    assert (shown["kind"], shown["format"], shown["members"]) == ("archive", "tar.gz", 3)
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
