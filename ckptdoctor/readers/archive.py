@@ -280,7 +280,7 @@ class ArchiveScan:
                 try:
                     size = int(pax["size"])
                 except ValueError:
-                    size = -1
+                    size = 0  # tarfile's ``_apply_pax_info``: an unreadable number is 0
                 if size < 0:
                     return
             long_name, pax_next = None, {}
