@@ -196,3 +196,23 @@ def test_junk_byte_before_a_calling_pickle_in_a_zip(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "texts.zip").write_bytes(_zip(texts))
     assert [r for r in _errors(tmp_path / "b") if r[0] == "CKD601"] == []
+
+
+def test_a_corrupt_nested_stream_does_not_hide_the_members_after_it(tmp_path: Path) -> None:
+    """A broken .xz member ends that member only (tarfile lists and extracts the rest): the payload after it is
+    found, in a tar of any name and in a torch legacy tar (found by bench/fuzz_readers.py: the torch reader raised)."""
+    canary = tmp_path / "canary"
+    evil = pickle.dumps(_Payload(str(canary)), protocol=2)
+    broken = bytearray(_tar({"m": b"x" * 4000}, "w:xz"))
+    broken[60:80] = b"\xff" * 20
+    empty = pickle.dumps(0, protocol=2)
+    files = {
+        "a.tar": _tar({"first.tar.xz": bytes(broken), "later.bin": evil}),
+        "model.pth": _tar({"storages": empty, "tensors": empty, "pickle": empty, "x.xz": bytes(broken), "y": evil}),
+    }
+    for name, data in files.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(data)
+        assert any(rule == "CKD601" for rule, _ in _errors(folder)), name
+    assert not canary.exists()

@@ -306,7 +306,12 @@ class ArchiveScan:
         if _looks_like_tar(head) or _compression(head) is not None:
             if depth >= self.limits.archive_depth:
                 raise Over(f"archives nested more than {self.limits.archive_depth} deep")
-            self.archive(_Pushback(head, r), name, depth + 1)
+            try:
+                self.archive(_Pushback(head, r), name, depth + 1)
+            except Exception as exc:  # a corrupt nested stream ends that member only: the archive around it goes on
+                if not _corrupt_stream(exc):
+                    raise
+                self.problems.append(_problem(ProblemKind.MALFORMED, f"{where}compressed stream is unreadable: {exc}"))
             return
         npy = head.startswith(NPY_MAGIC)
         torch = head.startswith((_ZIP_LOCAL, LEGACY_MAGIC))
@@ -393,6 +398,14 @@ def _read_member(f: BinaryIO, size: int, limits: Limits, npy: bool, read_torch: 
     return read_raw_pickle(f, size, limits)
 
 
+def _corrupt_stream(exc: Exception) -> bool:
+    """What the decompressors raise on corrupt or truncated input: EOFError, OSError (``gzip.BadGzipFile``, bz2's
+    invalid data), ValueError, ``zlib.error``, ``lzma.LZMAError`` (checked by module: nothing imported for it)."""
+    if isinstance(exc, Over):
+        return False
+    return isinstance(exc, (EOFError, OSError, ValueError)) or type(exc).__module__ in ("zlib", "_lzma", "lzma", "_bz2")
+
+
 def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) -> ReadOutcome:
     """Read a tar (any name) or a gzip/bz2/xz stream: ``ArchiveFacts`` with every member's pickle streams merged
     (``readers.torchzip.read_archive`` is the reader the dispatch calls)."""
@@ -405,10 +418,8 @@ def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader
         fmt = scan.archive(_Pushback(head, rest), "", 0)
     except Over as exc:
         scan.problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{exc}: the rest is not checked"))
-    except (EOFError, ValueError, OSError) as exc:  # a corrupt compressed stream (BadGzipFile is an OSError)
-        scan.problems.append(_problem(ProblemKind.MALFORMED, f"compressed stream is unreadable: {exc}"))
-    except Exception as exc:  # zlib.error, lzma.LZMAError: the rest of a corrupt stream is what no loader reads
-        if type(exc).__module__ not in ("zlib", "_lzma", "lzma", "_bz2"):
+    except Exception as exc:  # the rest of a corrupt compressed stream is what no loader reads either
+        if not _corrupt_stream(exc):
             raise
         scan.problems.append(_problem(ProblemKind.MALFORMED, f"compressed stream is unreadable: {exc}"))
     merged = merge_pickles(None, scan.pickles)
