@@ -53,7 +53,7 @@ def _readers() -> dict[str, Callable[[BinaryIO, int, Limits], Any]]:
     from ckptdoctor.readers.rawpickle import read_raw_pickle
     from ckptdoctor.readers.safetensors import read_safetensors
     from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
-    from ckptdoctor.readers.torchzip import read_torch
+    from ckptdoctor.readers.torchzip import read_archive, read_torch
 
     def walk(f: BinaryIO, size: int, limits: Limits) -> Any:
         facts, problems, _ = walk_pickle(f.read(), limits=limits)
@@ -74,6 +74,7 @@ def _readers() -> dict[str, Callable[[BinaryIO, int, Limits], Any]]:
         "safetensors": read_safetensors,
         "json": read_json,
         "latest": read_latest,
+        "archive": read_archive,
         "sniff": sniffer,
     }
 
@@ -95,6 +96,13 @@ def make_seeds(folder: Path) -> dict[str, bytes]:
     for name, (data, _) in payloads.hostile_payloads(Path("/nonexistent/canary")).items():
         seeds[f"payload:{name}"] = data
     seeds["latest"] = b"global_step12"
+    from bench.peer_corpus import _tar
+
+    members = {"run/model.bin": seeds["model.bin"], "run/args.pkl": seeds["payload:" + next(
+        n for n in payloads.hostile_payloads(Path("/nonexistent/canary")))]}  # fmt: skip
+    seeds["archive.tar"] = _tar({**members, "inner.tar.xz": _tar(members, "w:xz")})
+    seeds["archive.tar.gz"] = _tar(members, "w:gz")
+    seeds["archive.tar.bz2"] = _tar(members, "w:bz2")
     return seeds
 
 

@@ -142,9 +142,9 @@ def _torch_zip(data_pkl: bytes, prefix: str = "archive") -> bytes:
     return _zip({f"{prefix}/data.pkl": data_pkl, f"{prefix}/byteorder": b"little", f"{prefix}/version": b"3\n"})
 
 
-def _tar(members: dict[str, bytes], mode: str = "w") -> bytes:
+def _tar(members: dict[str, bytes], mode: str = "w", fmt: int = tarfile.DEFAULT_FORMAT) -> bytes:
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode=mode) as t:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=out, mode=mode, format=fmt) as t:  # type: ignore[call-overload]
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), 1_700_000_000

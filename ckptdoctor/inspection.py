@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ckptdoctor.model import (
+    ArchiveFacts,
     DcpMetadataFacts,
     FileFacts,
     FileKind,
@@ -114,6 +115,10 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out.update(_pickle_part(c.pickle))
     elif isinstance(c, PickleFacts):
         out.update(_pickle_part(c))
+    elif isinstance(c, ArchiveFacts):
+        out["format"] = c.fmt
+        out["members"] = c.members
+        out.update(_pickle_part(c.pickle))
     elif isinstance(c, JsonFacts):
         out["value"] = plain(c.value)
     elif isinstance(c, TextFacts):

@@ -41,6 +41,13 @@ class Limits:
     # against the file's end; a Keras weights file holds a few hundred objects and no chunked datasets.
     hdf5_objects: int = 100_000
     hdf5_chunks: int = 1_000_000
+    # Tar archives and gzip/bz2/xz streams (``readers/archive.py``): members listed, archives nested in archives,
+    # bytes decompressed in all (past it the rest is unchecked, so the archive is reported: a decompression bomb is
+    # a finding, never a hang), and the bytes of one PAX extended header or GNU long name (tarfile reads them whole).
+    archive_members: int = 100_000
+    archive_depth: int = 4
+    archive_decompressed_bytes: int = 2_000_000_000
+    archive_header_bytes: int = 1_000_000
     # Text files we read whole (`latest`).
     text_bytes: int = 4096
     # Directory walk: depth and number of entries before discovery stops and reports.

@@ -300,6 +300,18 @@ class NumpyFacts:
     pickle: PickleFacts | None
 
 
+@dataclass(frozen=True, slots=True)
+class ArchiveFacts:
+    """A tar archive (plain or gzip/bz2/xz compressed) or a compressed single file, read by headers and sniffed
+    member heads, never extracted: ``fmt`` is how it is packed (``tar``, ``tar.gz``, ``gz`` ...), ``members`` how
+    many members were listed (nested archives' included), and ``pickle`` every stream a loader could unpickle from
+    a member (any name, by content), walked statically and merged."""
+
+    fmt: str
+    members: int
+    pickle: PickleFacts | None
+
+
 FileContent = (
     SafetensorsFacts
     | TorchFacts
@@ -312,6 +324,7 @@ FileContent = (
     | TfCheckpointStateFacts
     | Hdf5Facts
     | NumpyFacts
+    | ArchiveFacts
 )
 
 
@@ -334,6 +347,7 @@ class FileKind(str, enum.Enum):
     TF_CHECKPOINT_STATE = "tf-checkpoint-state"  # the text `checkpoint` file of tf.train.CheckpointManager
     HDF5 = "hdf5"  # `.h5` / `.hdf5` (Keras weights)
     NUMPY = "numpy"  # `.npy` (by its magic) or `.npz` (a zip of `.npy` named so): what ``np.load`` reads
+    ARCHIVE = "archive"  # a tar (any name but torch's) or a gzip/bz2/xz stream: its members sniffed for pickles
     OTHER = "other"  # not a format we read (README.md, tokenizer files ...)
     SPECIAL = "special"  # FIFO, socket, device: never opened
 

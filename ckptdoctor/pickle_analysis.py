@@ -12,6 +12,7 @@ from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
+    ArchiveFacts,
     DcpMetadataFacts,
     FileFacts,
     GlobalRef,
@@ -121,13 +122,13 @@ def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowan
 
 
 def file_pickle(f: FileFacts) -> PickleFacts | None:
-    """Every stream a loader could unpickle from the file (raw, torch zip or legacy, DCP, numpy object arrays): its
-    own, and those another loader reads (polyglots), merged into one."""
+    """Every stream a loader could unpickle from the file (raw, torch zip or legacy, DCP, numpy object arrays, tar
+    and compressed members): its own, and those another loader reads (polyglots), merged into one."""
     c = f.content
     own: PickleFacts | None = None
     if isinstance(c, PickleFacts):
         own = c
-    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts)):
+    elif isinstance(c, (TorchFacts, DcpMetadataFacts, NumpyFacts, ArchiveFacts)):
         own = c.pickle
     if f.alt_pickle is None or own is None:
         return own or f.alt_pickle

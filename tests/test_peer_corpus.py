@@ -23,16 +23,8 @@ from ckptdoctor.scanner import scan
 ROOT = Path(__file__).resolve().parents[1]
 SECURITY_RULES = ("CKD601", "CKD603", "CKD605")
 
-_TAR = "tar container: needs every pickle member of a (compressed, nested) tar judged"
 # slug -> "<class>: needs <what>", for the classes the readers and the policy do not catch yet.
-KNOWN_MISSES: dict[str, str] = {
-    "fickling/test_polyglot_recursive_tar": _TAR,
-    "modelaudit/test_scan_tar_with_pickle_file": _TAR,
-    "modelaudit/test_nested_compressed_tar_scanning": _TAR,
-    "modelaudit/test_scan_zip_with_proto0_pickle_with_single_comment_token": "'#'-prefixed protocol-0 text in a zip "
-    "(dead for pickle.load: '#' is no opcode; ModelAudit's text heuristic flags it): needs a content sniff that "
-    "tolerates a junk first byte, or a decision that dead text is not a finding",
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 SAMPLES = peer_corpus.corpus(Path("/nonexistent/canary"))
 

@@ -150,3 +150,36 @@ def test_a_clean_legacy_tar_is_read_and_raises_nothing(tmp_path: Path) -> None:
     facts = read_file(str(path), "old.pt", path.stat())
     assert facts.problems == ()
     assert facts.content is not None and getattr(facts.content, "format", None) == "tar"
+
+
+def test_nested_pickles_that_only_build_data_are_not_errors(tmp_path: Path) -> None:
+    """A pickle inside a value (raw bytes, base64 text, a torch.save zip, two levels deep) that only rebuilds data
+    raises nothing; the same nesting around a call is CKD601, attributed to the nested pickle."""
+    import base64
+    import collections
+
+    import torch
+
+    inner = pickle.dumps(collections.OrderedDict(lr=0.1, betas=(0.9, 0.99)), protocol=2)
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, buf)
+    twice = pickle.dumps({"again": inner}, protocol=4)
+    clean = {"raw": inner, "b64": base64.b64encode(inner).decode(), "pt": buf.getvalue(), "twice": twice}
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "state.pkl").write_bytes(pickle.dumps(clean, protocol=4))
+    assert [f.rule for f in scan(str(tmp_path / "clean")).findings] == []
+    evil = pickle.dumps({"again": b'cos\nsystem\n(S"true"\ntR.'.replace(b"c", b"\x80\x02c", 1)}, protocol=4)
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "state.pkl").write_bytes(pickle.dumps({"twice": evil}, protocol=4))
+    found = [(f.rule, f.message) for f in scan(str(tmp_path / "evil")).findings]
+    assert any(rule == "CKD601" and "nested pickle: `os.system`" in msg for rule, msg in found), found
+
+
+def test_empty_bytes_in_a_torch_save_is_data(tmp_path: Path) -> None:
+    """torch.save pickles with protocol 2, which writes b"" as a call of `builtins.bytes` with no argument (found by
+    bench/soundness.py's clean run): no security finding."""
+    import torch
+
+    torch.save({"w": torch.zeros(2), "blob": b"", "ok": b"ab"}, tmp_path / "optimizer.pt")
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps({"k": [b"", bytearray()]}, protocol=0))
+    assert [f.rule for f in scan(str(tmp_path)).findings if f.rule.startswith("CKD6")] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.peer_corpus import _tar
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ReadOutcome, TorchFacts
 from ckptdoctor.pickle_analysis import judge
@@ -25,7 +27,7 @@ from ckptdoctor.readers.jsonfiles import read_json
 from ckptdoctor.readers.rawpickle import read_raw_pickle
 from ckptdoctor.readers.safetensors import read_safetensors
 from ckptdoctor.readers.sniff import sniff
-from ckptdoctor.readers.torchzip import read_torch
+from ckptdoctor.readers.torchzip import read_archive, read_torch
 from tests import payloads
 
 torch = pytest.importorskip("torch")
@@ -47,6 +49,9 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     save_file({"w": torch.zeros(3, 2)}, str(folder / "m.safetensors"))
     out = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     out["state.json"] = json.dumps({"global_step": 8, "log_history": [{"loss": 1.5}]}).encode()
+    members = {"run/model.bin": out["model.bin"], "run/args.pkl": pickle.dumps({"lr": 0.1}), "run/x": b"text"}
+    out["archive.tar"] = _tar({**members, "inner.tar.xz": _tar(members, "w:xz")})
+    out["archive.tar.gz"] = _tar(members, "w:gz")
     return out
 
 
@@ -89,6 +94,8 @@ _CASES: list[tuple[str, str, Reader]] = [
     ("dcp data", "__0_0.distcp", read_dcp_data),
     ("safetensors", "m.safetensors", read_safetensors),
     ("json", "state.json", read_json),
+    ("tar", "archive.tar", read_archive),
+    ("tar.gz", "archive.tar.gz", read_archive),
 ]
 
 
@@ -105,12 +112,13 @@ def test_mutations_of_real_files_never_raise(seeds: dict[str, bytes], label: str
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(st.sampled_from([b"", b"PK\x03\x04", b"PK\x05\x06", b"\x80\x02", b"\x80\x04\x95", b"{", b"\x08\0\0\0\0\0\0\0"]),
+@given(st.sampled_from([b"", b"PK\x03\x04", b"PK\x05\x06", b"\x80\x02", b"\x80\x04\x95", b"{", b"\x08\0\0\0\0\0\0\0",
+                        b"\x1f\x8b\x08", b"BZh91AY&SY", b"\xfd7zXZ\x00"]),
        st.binary(max_size=600))  # fmt: skip
 def test_any_bytes_never_raise(head: bytes, body: bytes) -> None:
     data = head + body
     for reader in (read_torch, read_raw_pickle, read_dcp_metadata, read_dcp_data, read_safetensors, read_json,
-                   read_latest):  # fmt: skip
+                   read_latest, read_archive):  # fmt: skip
         _check(reader, data)
     sniff(data[:256], "x.bin", len(data))
 

@@ -31,7 +31,7 @@ from ckptdoctor.discover import discover
 from ckptdoctor.findings import Severity
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef
-from ckptdoctor.pickle_analysis import judge
+from ckptdoctor.pickle_analysis import Verdict, judge
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.rules import Selection, pickle_policy, run_rules
 from ckptdoctor.rules.pickle_policy import Standing, standing
@@ -341,22 +341,30 @@ def _stream(items: list[tuple[int, bool, str]]) -> bytes:
     return b"".join(out)
 
 
+def unallowed_seen(data: bytes, verdict: object = None) -> list[GlobalRef]:
+    """The globals a recording unpickler of ``data`` resolves that the policy does not allow, when the static verdict
+    (``verdict``, else ``data`` walked and judged as a raw pickle) has no security finding; [] otherwise. Not empty
+    means unsound. Shared with bench/soundness.py, which runs the same property far longer."""
+    if verdict is None:
+        facts, problems, _ = walk_pickle(data)
+        if facts is None or problems:
+            return []  # CKD603 (malformed) or unreadable: a security finding either way
+        verdict = judge(facts)
+    assert isinstance(verdict, Verdict)
+    rec = _Recorder(data)
+    with contextlib.suppress(Exception):  # a refused or malformed stream stops the load: what it saw still counts
+        rec.load()
+    if verdict.unsafe or verdict.unknown:
+        return []
+    admitted = {g for g, _ in verdict.admitted}
+    seen = [GlobalRef(m, n) for m, n in rec.seen]
+    return [g for g in seen if standing(g)[0] is not Standing.ALLOWED and g.dotted not in admitted]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(ITEM, min_size=1, max_size=6), st.integers(0, 3))
 def test_a_clean_verdict_means_the_unpickler_sees_only_allowed_names(items: list[tuple[int, bool, str]],
                                                                       cut: int) -> None:  # fmt: skip
     data = _stream(items)
     data = data[: len(data) - cut] if cut else data  # hostile: truncated streams too
-    facts, problems, _ = walk_pickle(data)
-    if facts is None or problems:
-        return  # CKD603 (malformed) or unreadable: a security finding either way
-    verdict = judge(facts)
-    rec = _Recorder(data)
-    with contextlib.suppress(Exception):  # a refused or malformed stream stops the load: what it saw still counts
-        rec.load()
-    if verdict.unsafe or verdict.unknown:
-        return
-    admitted = {g for g, _ in verdict.admitted}
-    for m, n in rec.seen:
-        g = GlobalRef(m, n)
-        assert standing(g)[0] is Standing.ALLOWED or g.dotted in admitted, (g, items)
+    assert unallowed_seen(data) == [], items

@@ -157,6 +157,7 @@ _READERS: dict[FileKind, str] = {
     FileKind.TF_CHECKPOINT_STATE: "tfbundle:read_tf_checkpoint_state",
     FileKind.HDF5: "hdf5:read_hdf5",
     FileKind.NUMPY: "npy:read_numpy",
+    FileKind.ARCHIVE: "torchzip:read_archive",
 }
 _READ_KINDS = frozenset({FileKind.SAFETENSORS, *_READERS})
 

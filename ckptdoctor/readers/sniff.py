@@ -18,17 +18,20 @@ _TORCH_TAR_MEMBERS = (b"storages", b"tensors", b"pickle")
 
 _ZIP_MAGIC = b"PK\x03\x04"
 # torch/serialization.py MAGIC_NUMBER, pickled first by the legacy format: PROTO 2, LONG1 with 10 bytes.
-_LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _JSON_WS = b" \t\r\n"
 NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 # Names whose files are pickles when their content looks like a pickle at all (protocol 0/1 need this hint).
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck")
+# Names whose own readers keep them whatever archive their bytes look like: torch.load tries a tar itself (and the
+# torch reader judges every member of one), and a safetensors name that holds something else is CKD202's.
+_KEEP_NAMED = (".bin", ".pt", ".pth", ".ckpt", ".safetensors")
 # Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents.
 _TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html")
 # A protocol 0/1 stream must decode this many opcodes from the head before content alone calls it a pickle.
 _MIN_PICKLE_OPS = 3
-_OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
+OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
 # Opcodes that import a global or call one: a stream that reaches one is dangerous, hence a pickle.
 _CALL_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
 
@@ -78,10 +81,12 @@ def sniff(
         return FileKind.NUMPY if lower.endswith(".npz") else FileKind.TORCH_ZIP
     if head.startswith(NPY_MAGIC):
         return FileKind.NUMPY  # np.load reads it by this magic whatever the name
-    if head.startswith(_LEGACY_MAGIC):
+    if head.startswith(LEGACY_MAGIC):
         return FileKind.TORCH_LEGACY
     if head[:1] in (b"s", b"t", b"p") and head[:100].split(b"\0", 1)[0] in _TORCH_TAR_MEMBERS and looks_like_tar(head):
         return FileKind.TORCH_LEGACY  # torch.load reads it as its oldest (tar) format, whatever the name
+    if (looks_like_tar(head) or compression(head) is not None) and not lower.endswith(_KEEP_NAMED):
+        return FileKind.ARCHIVE  # extracted and its members unpickled by whoever unpacks it
     if _looks_like_safetensors(head):
         return FileKind.SAFETENSORS
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
@@ -105,6 +110,18 @@ def sniff(
     if head.lstrip(_JSON_WS)[:1] in (b"{", b"[") and not lower.endswith(_TEXT_SUFFIXES):
         return FileKind.JSON
     return FileKind.OTHER
+
+
+def compression(head: bytes) -> str | None:
+    """``gz``, ``bz2`` or ``xz`` when ``head`` opens such a stream (their magic numbers: RFC 1952 with deflate,
+    bzip2's ``BZh`` + block size + block magic, the xz stream header), else None."""
+    if head.startswith(b"\x1f\x8b\x08"):
+        return "gz"
+    if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bz2"
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return "xz"
+    return None
 
 
 def looks_like_tar(head: bytes) -> bool:
@@ -209,6 +226,15 @@ def _looks_like_safetensors(head: bytes) -> bool:
     return after[:1] in (b"", b'"', b"}")
 
 
+def shifted_head(head: bytes) -> bool:
+    """``head``'s first byte is no pickle opcode and a pickle starts right after it: a protocol 2-5 header, or a
+    protocol 0/1 stream that imports or calls something (``looks_like_old_pickle``)."""
+    if len(head) <= 2 or chr(head[0]) in OPCODE_CODES:
+        return False
+    rest = head[1:]
+    return (rest[0] == 0x80 and 2 <= rest[1] <= 5) or looks_like_old_pickle(rest, False)
+
+
 def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
     """A protocol 0/1 pickle: the head decodes as pickle opcodes with consistent stack effects.
 
@@ -249,6 +275,6 @@ def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
     except Exception:
         # genops raises ValueError (and friends) at the end of the head or on a byte that is no opcode. Only the
         # first is a pickle cut short: a known opcode whose argument runs past the head, or nothing left at all.
-        if end < len(head) and head[end : end + 1].decode("latin-1") not in _OPCODE_CODES:
+        if end < len(head) and head[end : end + 1].decode("latin-1") not in OPCODE_CODES:
             return calls or (name_hint and ops > 0)
     return calls or ops >= _MIN_PICKLE_OPS or (name_hint and ops > 0)

@@ -5,8 +5,9 @@ torch/serialization.py ``_legacy_load`` opens any non-zip file it was given by p
 unpickler, the streams of three members: ``storages`` (a count, then per storage a pickled
 ``(key, location, storage type)`` followed by the raw storage, then the pickled storage views), ``tensors`` (a
 count, then per tensor a pickled ``(key, storage id, type)`` followed by its raw geometry) and ``pickle`` (the
-object). Here the tar directory is read with ``tarfile`` (headers only, nothing extracted to disk) and every stream
-of those members is walked statically, in the order torch reads them.
+object). Every stream of those members is walked statically, in the order torch reads them. The headers are parsed
+by ``readers/archive.py`` (bounded, where ``tarfile`` reads PAX and GNU long-name bodies whole), and every other
+member a loader could unpickle is judged too.
 """
 
 from __future__ import annotations
@@ -16,80 +17,60 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
+from ckptdoctor.readers.archive import ArchiveScan, FileReader, Over, TorchReader
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.torchstore import STORAGE_DTYPES
 from ckptdoctor.readers.zipdir import _problem
 
 __all__ = ["read_tar"]
 
+_TORCH_MEMBERS = ("storages", "tensors", "pickle")
 _MAX_ITEMS = 1_000_000  # storages or tensors a member may declare; more is walked no further
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
 
 
-def read_tar(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
-    """Walk every stream ``torch.load`` would unpickle from the tar members ``storages``, ``tensors``, ``pickle``."""
-    import tarfile  # only a file whose first block is a tar header pays for it
-
+def read_tar(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) -> ReadOutcome:
+    """Walk every stream ``torch.load`` would unpickle from the tar members ``storages``, ``tensors``, ``pickle``,
+    and every other member a loader could unpickle (``readers/archive.py``, by content, any name; a torch file
+    among them by ``read_torch``)."""
     problems: list[ReadProblem] = []
-    f.seek(0)
+    scan = ArchiveScan(limits, read_torch)
+    data_of: dict[str, bytes | None] = {}  # the last member of each name, as ``getmember`` answers
+    names: list[str] = []
     try:
-        tar = tarfile.open(fileobj=f, mode="r:", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed below
-    except (tarfile.TarError, EOFError, ValueError, OverflowError) as exc:
-        return ReadOutcome(None, (_problem(ProblemKind.MALFORMED, f"not a readable tar archive: {exc}"),))
-    members: dict[str, Any] = {}
-    try:
-        count = 0
-        while True:
-            try:
-                m = tar.next()
-            except (tarfile.TarError, EOFError, ValueError, OverflowError) as exc:
-                problems.append(_problem(ProblemKind.MALFORMED, f"tar header {count + 1} is unreadable: {exc}"))
-                break
-            if m is None:
-                break
-            count += 1
-            if count > limits.zip_entries:
-                problems.append(_problem(ProblemKind.LIMIT, f"tar holds more than {limits.zip_entries} members"))
-                break
-            members[m.name] = m  # ``getmember`` answers the last member of a name, as here
-        streams: list[PickleFacts] = []
-        main: PickleFacts | None = None
-        for name in ("storages", "tensors", "pickle"):
-            m = members.get(name)
-            if m is None:
-                problems.append(_problem(ProblemKind.MALFORMED, f"legacy tar has no `{name}` member"))
-                continue
-            data = _member(tar, m, limits, problems)
-            if data is None:
-                continue
-            if name == "pickle":
-                main = _walk(data, 0, limits, problems, name, streams, _persistent)[0]
+        for m, data in scan.tar(FileReader(f, 0, size), ""):
+            names.append(m.name)
+            if m.name not in _TORCH_MEMBERS:
+                scan.member(data, m.name, m.size, 1)
+            elif m.size > limits.pickle_bytes:
+                data_of[m.name] = None
+                problems.append(_problem(ProblemKind.LIMIT, f"tar member `{m.name}` is {m.size} bytes"))
             else:
-                _walk_records(data, name, limits, problems, streams)
-    finally:
-        tar.close()
-    if not problems and len(members) > 3:
-        extra = sorted(set(members) - {"storages", "tensors", "pickle"})
+                data_of[m.name] = data.read(m.size)
+    except Over as exc:
+        problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{exc}: the rest is not checked"))
+    if not names:
+        return ReadOutcome(None, (_problem(ProblemKind.MALFORMED, "not a readable tar archive"),))
+    streams: list[PickleFacts] = []
+    main: PickleFacts | None = None
+    for name in _TORCH_MEMBERS:
+        if name not in data_of:
+            problems.append(_problem(ProblemKind.MALFORMED, f"legacy tar has no `{name}` member"))
+            continue
+        raw = data_of[name]
+        if raw is None:
+            continue
+        if name == "pickle":
+            main = _walk(raw, 0, limits, problems, name, streams, _persistent)[0]
+        else:
+            _walk_records(raw, name, limits, problems, streams)
+    problems.extend(scan.problems)
+    extra = sorted(set(names) - set(_TORCH_MEMBERS))
+    if extra:
         problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"legacy tar holds other members: {extra[:5]}"))
-    calling = [s for s in streams if s is not main and (s.globals or s.calls)]
+    calling = [s for s in (*streams, *scan.pickles) if s is not main and (s.globals or s.calls)]
     return ReadOutcome(TorchFacts("tar", "", (), merge_pickles(main, calling), ()), tuple(problems))
-
-
-def _member(tar: Any, m: Any, limits: Limits, problems: list[ReadProblem]) -> bytes | None:
-    """A member's bytes as ``extractfile`` reads them from the archive (bounded), or None with the problem."""
-    if m.size > limits.pickle_bytes:
-        problems.append(_problem(ProblemKind.LIMIT, f"tar member `{m.name}` is {m.size} bytes"))
-        return None
-    try:
-        fobj = tar.extractfile(m)
-        data = fobj.read(limits.pickle_bytes + 1) if fobj is not None else None
-    except Exception as exc:  # tarfile raises many kinds on crafted link chains and sparse maps
-        problems.append(_problem(ProblemKind.MALFORMED, f"tar member `{m.name}` is unreadable: {exc}"))
-        return None
-    if data is None:
-        problems.append(_problem(ProblemKind.MALFORMED, f"tar member `{m.name}` is not a regular file"))
-    return data
 
 
 def _persistent(pid: Any) -> Any:

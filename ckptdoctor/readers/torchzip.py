@@ -7,9 +7,25 @@ from dataclasses import replace
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import NpyArray, PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts, ZipMember
+from ckptdoctor.model import (
+    ArchiveFacts,
+    NpyArray,
+    PickleFacts,
+    ProblemKind,
+    ReadOutcome,
+    ReadProblem,
+    TorchFacts,
+    ZipMember,
+)
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import NPY_MAGIC, TAR_BLOCK, looks_like_old_pickle, looks_like_tar
+from ckptdoctor.readers.sniff import (
+    NPY_MAGIC,
+    TAR_BLOCK,
+    compression,
+    looks_like_old_pickle,
+    looks_like_tar,
+    shifted_head,
+)
 from ckptdoctor.readers.torchlegacy import _read_legacy
 from ckptdoctor.readers.torchstore import STORAGE_DTYPES, _Storages, _tensors
 from ckptdoctor.readers.zipdir import (
@@ -29,7 +45,7 @@ from ckptdoctor.readers.zipdir import (
     _relative,
 )
 
-__all__ = ["STORAGE_DTYPES", "Window", "read_torch", "read_zip_at"]
+__all__ = ["STORAGE_DTYPES", "Window", "read_archive", "read_torch", "read_zip_at"]
 
 
 # Readers
@@ -51,13 +67,20 @@ def read_torch(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadO
         if looks_like_tar(head):
             from ckptdoctor.readers.torchtar import read_tar
 
-            outcome = read_tar(f, size, limits)
+            outcome = read_tar(f, size, limits, read_torch)
             other = _read_legacy(f, size, limits)
             alt = other.content.pickle if isinstance(other.content, TorchFacts) else other.alt_pickle
             return replace(outcome, alt_pickle=alt) if alt is not None and (alt.globals or alt.calls) else outcome
         return _read_legacy(f, size, limits)
     except OSError as exc:
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+
+
+def read_archive(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
+    """Read a tar of any name or a gzip/bz2/xz stream (``readers/archive.py``), torch files inside by ``read_torch``."""
+    from ckptdoctor.readers import archive
+
+    return archive.read_archive(f, size, limits, read_torch)
 
 
 def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOutcome:
@@ -148,7 +171,7 @@ _TORCH_RECORDS = frozenset({".format_version", ".storage_alignment", "byteorder"
                             ".data/serialization_id"})  # fmt: skip
 _MAX_EXTRA_PICKLES = 64  # extra pickle records walked per archive; more is itself the finding
 _MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
-_HEAD = 256  # bytes of a record read to tell a pickle (any protocol), a zip or a .npy
+_HEAD = TAR_BLOCK  # bytes of a record read to tell a pickle (any protocol), a zip, a .npy or a tar
 
 
 def _layout_problems(
@@ -233,7 +256,10 @@ def _extra_pickles(
                 found.append(facts)
                 names.append(m.name)
             continue
-        if not (named or nested_zip or _looks_pickled(head) or looks_like_old_pickle(head, False)):
+        archive = looks_like_tar(head) or compression(head) is not None
+        shifted = not (named or nested_zip or archive) and shifted_head(head)
+        pickled = named or _looks_pickled(head) or looks_like_old_pickle(head, False)
+        if not (pickled or nested_zip or archive or shifted):
             continue
         if len(names) >= _MAX_EXTRA_PICKLES:
             problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
@@ -253,6 +279,12 @@ def _extra_pickles(
                 found.append(inner.content.pickle)
             problems.extend(ReadProblem(q.kind, f"in zip record `{m.name}`: {q.message}") for q in inner.problems)
             continue
+        if archive or shifted:
+            outcome = _archive_or_shifted(data, archive, limits)
+            if isinstance(outcome.content, ArchiveFacts) and outcome.content.pickle is not None:
+                found.append(outcome.content.pickle)
+            problems.extend(ReadProblem(q.kind, f"in record `{m.name}`: {q.message}") for q in outcome.problems)
+            continue
         facts, walk_problems, _ = walk_pickle(data, limits=limits)
         if facts is not None:
             found.append(facts)
@@ -266,6 +298,19 @@ def _extra_pickles(
         )
     return found, problems
 
+
+
+def _archive_or_shifted(data: bytes, archive: bool, limits: Limits) -> ReadOutcome:
+    """A record holding a tar or compressed stream, read as ``readers/archive.py`` reads one; or a record whose first
+    byte is no opcode and whose next bytes are a pickle that imports or calls (``archive.shifted_pickle``)."""
+    from ckptdoctor.readers.archive import SHIFTED, shifted_pickle
+
+    if archive:
+        return read_archive(io.BytesIO(data), len(data), limits)
+    facts = shifted_pickle(data, limits)
+    if facts is None:
+        return ReadOutcome(None)
+    return ReadOutcome(ArchiveFacts("", 0, facts), (_problem(ProblemKind.SUSPICIOUS_ARCHIVE, SHIFTED),))
 
 
 def _npy_pickle(

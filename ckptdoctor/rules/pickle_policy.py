@@ -57,6 +57,9 @@ ALLOWED: frozenset[str] = frozenset(
         "builtins.set",
         "builtins.frozenset",
         "builtins.bytearray",
+        # protocols 0-2 (torch.save's default) write b"" as a call of bytes with no argument (Lib/pickle.py
+        # ``save_bytes``); like bytearray, an argument can only make it allocate zeroed memory, never run code
+        "builtins.bytes",
         "builtins.complex",
         "builtins.slice",
         "builtins.float",

@@ -176,7 +176,10 @@ def suspicious_archive_layout(tree: Tree) -> Iterator[Hit]:
     more than one pickle record (or a zip inside the zip), data before or after the archive, local headers that
     disagree with the central directory (of every record a loader parses; of the tensor data records too with
     `--deep`, which reads them anyway: a plain scan costs one read per file, not one per tensor), and pickle files
-    with more bytes after their STOP opcode. Every pickle found this way is walked too, and judged by CKD601.
+    with more bytes after their STOP opcode. Also tar archives and compressed streams that go past the scan's bounds
+    (members, nesting, decompressed bytes, header sizes: a decompression bomb), whose rest is then unchecked, and zip
+    or tar records whose first byte is no pickle opcode before a pickle that imports or calls (a payload staged for
+    a loader that skips that byte). Every pickle found this way is walked too, and judged by CKD601.
 
     ## Why is this bad?
     Two zip readers can see two different archives in the same bytes: a scanner reads the harmless `data.pkl`,
