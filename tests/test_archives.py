@@ -150,6 +150,23 @@ def test_a_decompression_bomb_is_a_finding_not_a_hang() -> None:
     assert "decompresses to more than 5000000 bytes" in out.problems[0].message
 
 
+
+def test_a_big_archive_past_the_budget_is_unchecked_not_malicious(tmp_path: Path) -> None:
+    """An archive that outgrows the decompression budget at a ratio no bomb has (tensors compress by little) is a
+    resource limit, CKD001's warning that the rest is not checked, never CKD605's error: archived checkpoints live in
+    output folders."""
+    import os
+
+    from ckptdoctor.scanner import scan
+
+    big = gzip.compress(_tar({"weights.bin": os.urandom(3_000_000), "late.pkl": pickle.dumps(1)}), 1)
+    out = read_archive(io.BytesIO(big), len(big), Limits(archive_decompressed_bytes=1_000_000))
+    assert [p.kind for p in out.problems] == [ProblemKind.LIMIT]
+    assert "not checked" in out.problems[0].message
+    (tmp_path / "checkpoint-8.tar.gz").write_bytes(big)
+    report = scan(str(tmp_path), limits=Limits(archive_decompressed_bytes=1_000_000))
+    assert [(f.rule, f.severity.value) for f in report.findings] == [("CKD001", "warning")]
+
 def test_member_count_and_nesting_are_bounded() -> None:
     many = _tar({f"m{i}": b"x" for i in range(30)})
     out = read_archive(io.BytesIO(many), len(many), Limits(archive_members=10))

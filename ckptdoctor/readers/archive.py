@@ -61,7 +61,18 @@ TorchReader = Callable[[BinaryIO, int, Limits], ReadOutcome]
 
 
 class Over(Exception):
-    """A bound was reached: the message says which; what follows is not checked."""
+    """A bound was reached: the message says which; what follows is not checked. ``kind`` is how it is reported:
+    a layout no writer makes (a bomb, a header body of megabytes, nesting past the bound) is ``SUSPICIOUS_ARCHIVE``
+    (CKD605); a big archive that merely outgrows the decompression budget is a ``LIMIT`` (CKD001: not checked)."""
+
+    def __init__(self, message: str, kind: ProblemKind = ProblemKind.SUSPICIOUS_ARCHIVE) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# Decompressed-to-compressed ratio past which an archive that outgrows ``Limits.archive_decompressed_bytes`` is a
+# bomb: gzip/xz shrink checkpoint tensors by well under 10x, a bomb of zeros by about 1,000x.
+BOMB_RATIO = 100
 
 
 class _Reader(Protocol):
@@ -223,6 +234,7 @@ class ArchiveScan:
 
     limits: Limits
     read_torch: TorchReader
+    size: int = 0  # the file's size on disk, for the ratio that tells a bomb from a big archive
     members: int = 0
     inflated: int = 0
     walked: int = 0
@@ -233,7 +245,11 @@ class ArchiveScan:
         """Charge ``n`` decompressed bytes; raises ``Over`` past ``Limits.archive_decompressed_bytes``."""
         self.inflated += n
         if self.inflated > self.limits.archive_decompressed_bytes:
-            raise Over(f"decompresses to more than {self.limits.archive_decompressed_bytes} bytes")
+            cap = self.limits.archive_decompressed_bytes
+            if self.size and self.inflated <= BOMB_RATIO * self.size:
+                raise Over(f"decompresses to more than {cap} bytes (Limits.archive_decompressed_bytes)",
+                           ProblemKind.LIMIT)  # fmt: skip
+            raise Over(f"decompresses to more than {cap} bytes")
 
     def tar(self, r: _Reader, where: str) -> Iterator[tuple[TarMember, _Limited]]:
         """Each member of the tar read from ``r`` with a reader of its data (whatever the caller leaves unread is
@@ -409,7 +425,7 @@ def _corrupt_stream(exc: Exception) -> bool:
 def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) -> ReadOutcome:
     """Read a tar (any name) or a gzip/bz2/xz stream: ``ArchiveFacts`` with every member's pickle streams merged
     (``readers.torchzip.read_archive`` is the reader the dispatch calls)."""
-    scan = ArchiveScan(limits, read_torch)
+    scan = ArchiveScan(limits, read_torch, size)
     fmt = "archive"
     head = _read_at(f, 0, TAR_BLOCK)
     try:
@@ -417,7 +433,7 @@ def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader
         rest.skip(len(head))
         fmt = scan.archive(_Pushback(head, rest), "", 0)
     except Over as exc:
-        scan.problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{exc}: the rest is not checked"))
+        scan.problems.append(_problem(exc.kind, f"{exc}: the rest is not checked"))
     except Exception as exc:  # the rest of a corrupt compressed stream is what no loader reads either
         if not _corrupt_stream(exc):
             raise

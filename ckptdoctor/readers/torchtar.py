@@ -35,7 +35,7 @@ def read_tar(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) ->
     and every other member a loader could unpickle (``readers/archive.py``, by content, any name; a torch file
     among them by ``read_torch``)."""
     problems: list[ReadProblem] = []
-    scan = ArchiveScan(limits, read_torch)
+    scan = ArchiveScan(limits, read_torch, size)
     data_of: dict[str, bytes | None] = {}  # the last member of each name, as ``getmember`` answers
     names: list[str] = []
     try:
@@ -49,7 +49,7 @@ def read_tar(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) ->
             else:
                 data_of[m.name] = data.read(m.size)
     except Over as exc:
-        problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{exc}: the rest is not checked"))
+        problems.append(_problem(exc.kind, f"{exc}: the rest is not checked"))
     if not names:
         return ReadOutcome(None, (_problem(ProblemKind.MALFORMED, "not a readable tar archive"),))
     streams: list[PickleFacts] = []
