@@ -13,19 +13,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from ckptdoctor.errors import UsageError
+from ckptdoctor.findings import Finding
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.settings import (
     ExitPolicy,
     KeptCallback,
+    RootSettings,
     check_fail_on,
     check_runnable,
     selection_groups,
+    settings_used,
     split_codes,
     warn_kept,
+    with_nested,
 )
 
 if TYPE_CHECKING:
     from ckptdoctor.fixer.run import FixResult
+    from ckptdoctor.model import Tree
     from ckptdoctor.scanner import PathArg, Report
 
 Codes = Sequence[str] | str
@@ -82,14 +87,61 @@ def scan(
         _check_checksums(roots, checksums, deep)
     parts = [
         scan_roots(ps, selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums)
-        for ps, sel, _ in groups
+        for ps, sel, _, _ in groups
     ]
+    trees: list[Tree] = []
+    findings: list[Finding] = []
+    settings: list[RootSettings] = []
+    folders: list[list[str]] = []
+    for group, part in zip(groups, parts, strict=True):
+        for tree, rs in zip(part.trees, group.settings, strict=True):
+            mine = [f for f in part.findings if f.root == tree.root]
+            if not no_config:
+                rs, mine = _nested_settings(tree, rs, mine, select, ignore, deep, on_kept or warn_kept, allow_global)
+            trees.append(tree)
+            findings.extend(mine)
+            settings.append(rs)
+            folders.append(_folders(tree))
     return Report(
-        tuple(t for r in parts for t in r.trees),
-        tuple(f for r in parts for f in r.findings),
+        tuple(trees),
+        tuple(findings),
         sum(r.seconds for r in parts),
-        ExitPolicy.of(fail_on, groups),
+        ExitPolicy.of_settings(fail_on, settings),
+        settings_used(zip(settings, folders, strict=True)),
     )
+
+
+def _folders(tree: Tree) -> list[str]:
+    """The run and checkpoint folders discovery found in ``tree``, relative to its root."""
+    return [p for run in tree.runs for p in (run.path, *(ck.path for ck in run.checkpoints))]
+
+
+def _nested_settings(
+    tree: Tree,
+    settings: RootSettings,
+    findings: list[Finding],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    deep: bool,
+    on_kept: KeptCallback,
+    allow_global: Codes,
+) -> tuple[RootSettings, list[Finding]]:
+    """The settings files below ``tree``'s root applied to the folders they govern, as ruff applies the closest
+    configuration to each file: the rules are run again under each nested file's selection and each finding is
+    kept from the run of the scope holding its path. The scan's own listing finds the files (no extra look at the
+    disk); a tree without one is returned as it is."""
+    nested = with_nested(
+        settings, (f.path for f in tree.all_files()), select, ignore, on_kept=on_kept, allow_global=_codes(allow_global)
+    )
+    if len(nested.scopes) == 1:
+        return settings, findings
+    from ckptdoctor.rules import run_rules
+
+    out = [f for f in findings if nested.scope_of(f.path) is nested.scopes[0]]
+    for scope in nested.scopes[1:]:
+        selection = dataclasses.replace(scope.selection, deep=deep or scope.selection.deep)
+        out.extend(f for f in run_rules(tree, selection) if nested.scope_of(f.path) is scope)
+    return nested, sorted(out, key=Finding.sort_key)
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
@@ -161,6 +213,6 @@ def fix(
             force=force,
             fail_on=fail_on or cfg_fail_on or "error",
         )
-        for ps, selection, cfg_fail_on in groups
+        for ps, selection, cfg_fail_on, _ in groups
     ]
     return dataclasses.replace(FixResult.merge(results), policy=ExitPolicy.of(fail_on, groups))

@@ -9,7 +9,15 @@ from typing import Any
 import click
 
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, allow_global_option, text_or_json
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    _note_kept,
+    _note_security,
+    allow_global_option,
+    print_settings,
+    show_settings_option,
+    text_or_json,
+)
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -94,6 +102,7 @@ the fix (nothing is changed then), 130 interrupted.
     help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
 )
 @allow_global_option
+@show_settings_option
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -105,6 +114,7 @@ def fix_command(
     force: bool,
     no_config: bool,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
 
@@ -112,6 +122,8 @@ def fix_command(
     """
     from ckptdoctor.api import fix as api_fix
 
+    if show_settings:  # fix applies each root's closest file (not yet the files below it, as scan does)
+        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
     # Each root is fixed under its own settings file, as `scan` checks it.
     result = api_fix(
         paths,

@@ -10,7 +10,16 @@ from typing import Any
 import click
 
 from ckptdoctor import schedules
-from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _exit_code,
+    _note_kept,
+    _read_only_done,
+    print_settings,
+    rule_options,
+    show_settings_option,
+)
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import render_text, summary
 from ckptdoctor.resume.api import run_gate
@@ -100,6 +109,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
+@show_settings_option
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -122,6 +132,7 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
@@ -131,6 +142,8 @@ def gate_command(
     reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
     from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
     """
+    if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
+        print_settings([run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
     if num_train_epochs is not None and max_steps is not None:
         raise UsageProblem("give --num-train-epochs or --max-steps, not both")
     if warmup_steps is not None and warmup_ratio is not None:

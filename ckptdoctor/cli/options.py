@@ -80,6 +80,44 @@ allow_global_option = click.option(
 """``--allow-global`` (passed as ``allow_global``): the user's pickle-global allowances for this run."""
 
 
+show_settings_option = click.option(
+    "--show-settings",
+    is_flag=True,
+    help="Print which settings file applies to which folder (the closest .ckptdoctor.toml or [tool.ckptdoctor] "
+    "from each folder upward, else the user configuration) and the values they resolve to, then exit 0 without "
+    "checking anything; with --format json, one ckptdoctor.settings/1 document.",
+)
+"""``--show-settings`` (passed as ``show_settings``), as ``ruff check --show-settings``."""
+
+
+def print_settings(
+    paths: Sequence[str],
+    fmt: str,
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    allow_global: Sequence[str],
+    *,
+    nested: bool = True,
+) -> None:
+    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0; a settings file
+    that cannot be used is a usage error, as when checking."""
+    import sys
+
+    from ckptdoctor.errors import UsageError
+    from ckptdoctor.render.settings import render_settings_text, settings_json
+    from ckptdoctor.settings import show_settings
+
+    try:
+        found = show_settings(paths, select, ignore, no_config, allow_global=allow_global, nested=nested)
+    except UsageError as exc:
+        raise UsageProblem(str(exc)) from None
+    click.echo(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on))
+    _read_only_done()
+    sys.exit(0)
+
+
 def rule_options(
     *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

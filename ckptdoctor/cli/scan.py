@@ -17,7 +17,9 @@ from ckptdoctor.cli.options import (
     _note_security,
     _read_only_done,
     _use_color,
+    print_settings,
     rule_options,
+    show_settings_option,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +91,7 @@ rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and -
     "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
     "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
+@show_settings_option
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -100,6 +103,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -116,6 +120,8 @@ def scan(
     from ckptdoctor.render.report import printable, render_json, render_text
 
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    if show_settings:
+        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global)
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)
