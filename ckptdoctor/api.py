@@ -1,5 +1,5 @@
 """The Python API behind ``ckptdoctor.scan`` and ``ckptdoctor.fix``: the command line's ``scan`` and ``fix``, each
-root under its own settings file, returning what the command renders and the exit code it would give.
+folder under its closest settings file, returning what the command renders and the exit code it would give.
 
 ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as given and read no
 settings file. The ``ckptdoctor`` command calls these functions, so both resolve settings the same way.
@@ -58,12 +58,13 @@ def scan(
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
-    Each root is checked under its own settings file (``.ckptdoctor.toml``, or ``[tool.ckptdoctor]`` in
-    ``pyproject.toml``; not with ``no_config``) plus ``select``/``ignore``, exactly as the command line resolves
-    them. ``report.exit_code()`` is the command's exit code: ``fail_on`` (error, warning, info or never) when given,
-    else each root's settings file's fail-on, else error; a security error fails even a settings file's "never".
-    A settings file that tries to turn off security rules keeps them on and ``on_kept(source, codes)`` is told
-    (default: a ``UserWarning``). ``deep``, ``jobs``, ``checksums``, ``limits`` and ``progress`` are
+    Each run and checkpoint folder is checked under the closest settings file from it upward (``.ckptdoctor.toml``,
+    or ``[tool.ckptdoctor]`` in ``pyproject.toml``; else the user configuration; none with ``no_config``) plus
+    ``select``/``ignore``, exactly as the command line resolves them; ``report.settings`` lists the files applied
+    and where. ``report.exit_code()`` is the command's exit code: ``fail_on`` (error, warning, info or never) when
+    given, else each folder's settings file's fail-on, else error; a security error fails even a project file's
+    "never". A project file that tries to turn off security rules keeps them on and ``on_kept(source, codes)`` is
+    told (default: a ``UserWarning``). ``deep``, ``jobs``, ``checksums``, ``limits`` and ``progress`` are
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
@@ -185,7 +186,8 @@ def fix(
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
-    Each root is fixed under its own settings file plus ``select``/``ignore``, as ``scan`` reads them; ``fail_on``,
+    Each root is fixed under the closest settings file from it upward plus ``select``/``ignore``, as ``scan``
+    reads them (files below the root are not applied by a fix); ``fail_on``,
     ``no_config``, ``on_kept`` and ``allow_global`` are ``scan``'s. ``result.exit_code()`` is the command's exit
     code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written

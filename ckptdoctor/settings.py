@@ -1,7 +1,9 @@
 """Settings files, rule selection and the exit policy: what the command line and the Python API share (no click).
 
-A root's settings come from ``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml`` (``load_config``);
-``resolve_selection`` adds ``--select``/``--ignore`` to them; ``exit_code`` decides 0 or 1 from findings. Nothing
+A folder's settings come from the closest ``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml`` from
+it upward (``find_config``, as ruff finds its configuration), else from the user configuration (``user_config``);
+``root_settings`` resolves them with ``--select``/``--ignore`` for each root and the files below it (``Scope``,
+``RootSettings``); ``exit_code`` and ``ExitPolicy`` decide 0 or 1 from findings. Nothing
 here prints: what the command line says on stderr is handed to a callback, and errors are ``UsageError``s.
 """
 
@@ -374,11 +376,18 @@ def _user_table() -> tuple[str, dict[str, Any]] | None:
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
     try:
-        return path, tomllib.loads(raw.decode("utf-8"))
+        table = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise UsageError(f"{path}: values nested too deeply; not a settings file") from None
+    unknown = sorted(set(table) - _USER_KEYS)
+    if unknown:  # checked whether or not a project file is found, so a typo is never silently ignored
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_USER_KEYS))}")
+    return path, table
+
+
+_USER_KEYS = frozenset({"allow-globals", "select", "ignore", "severity", "fail-on", "fail_on"})
 
 
 def user_config() -> Config:
@@ -395,15 +404,7 @@ def user_config() -> Config:
     ordinary = {k: v for k, v in table.items() if k != "allow-globals"}
     if not ordinary:
         return Config()
-    try:
-        cfg = _parse(ordinary, path)
-    except ConfigError as exc:
-        if "unknown setting" in str(exc):
-            known = "allow-globals, fail-on, ignore, select, severity"
-            unknown = sorted(set(ordinary) - {"select", "ignore", "severity", "fail-on", "fail_on"})
-            raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {known}") from None
-        raise
-    return dataclasses.replace(cfg, trusted=True)
+    return dataclasses.replace(_parse(ordinary, path), trusted=True)
 
 
 def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:

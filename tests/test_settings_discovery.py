@@ -181,3 +181,12 @@ def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path) -> 
     ]
     assert [(u.path, list(u.folders)) for u in report.settings] == [(s["path"], s["folders"]) for s in doc["settings"]]
     assert any("may not turn off or lower security rules" in str(w.message) for w in caught)
+
+
+def test_a_user_configuration_typo_is_a_usage_error_even_under_a_project_file(repo: Path, tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text('ignroe = ["CKD101"]\n')
+    (repo / "runs" / "a" / ".ckptdoctor.toml").write_text('select = ["CKD1"]\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user)}
+    proc = subprocess.run([str(BIN), "scan", str(repo / "runs" / "a")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "unknown setting(s) ignroe" in proc.stderr

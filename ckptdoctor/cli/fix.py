@@ -99,7 +99,8 @@ the fix (nothing is changed then), 130 interrupted.
 @click.option(
     "--no-config",
     is_flag=True,
-    help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
+    help="Ignore every settings file (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml) and the user "
+    "configuration's rule settings (not its allow-globals).",
 )
 @allow_global_option
 @show_settings_option

@@ -108,7 +108,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               "annotation lines.")
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
-              every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
+              every_rule="every rule the gate runs")
 @show_settings_option
 def gate_command(
     run_dir: str,

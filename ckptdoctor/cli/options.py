@@ -118,15 +118,13 @@ def print_settings(
     sys.exit(0)
 
 
-def rule_options(
-    *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rule_options(*, never_runs: str, every_rule: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--fail-on``, ``--select``, ``--ignore``, ``--no-config`` and ``--allow-global`` (passed as ``fail_on``,
     ``select``, ``ignore``, ``no_config``, ``allow_global``) of a command that runs rules under a root's settings
     file (``resolve_selection``).
 
-    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
-    ``root`` and ``each_root`` name the folder whose settings file counts.
+    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default.
+    The settings files are the closest from each folder upward (``settings.find_config``).
     """
     options = (
         click.option(
@@ -134,7 +132,7 @@ def rule_options(
             type=click.Choice(["error", "warning", "info", "never"]),
             default=None,
             help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
-            f"unusable.  [default: {root}'s settings file's fail-on, else error]",
+            "unusable.  [default: the closest settings file's fail-on, else error]",
         ),
         click.option(
             "--select",
@@ -153,8 +151,8 @@ def rule_options(
         click.option(
             "--no-config",
             is_flag=True,
-            help=f"Ignore the settings file at {each_root} (.ckptdoctor.toml, or [tool.ckptdoctor] in "
-            "pyproject.toml).",
+            help="Ignore every settings file (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml) and the "
+            "user configuration's rule settings (not its allow-globals).",
         ),
         allow_global_option,
     )

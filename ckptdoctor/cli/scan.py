@@ -44,11 +44,13 @@ root that is missing or not a folder or regular file (a FIFO, socket or device).
 a finding, not 2.
 
 \b
-Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
-under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
+Settings: each run and checkpoint folder is checked under the closest .ckptdoctor.toml, or pyproject.toml with
+[tool.ckptdoctor], from that folder upward (as ruff finds its configuration; .ckptdoctor.toml wins in one folder),
+else under the user configuration (~/.config/ckptdoctor/config.toml); --show-settings shows which file applies where:
   select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
-An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
-rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
+An unknown code there is exit 2, as on the command line. A project file cannot turn off or lower the security
+rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here, and the user
+configuration, can.
 """
 
 
