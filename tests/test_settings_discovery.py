@@ -162,19 +162,16 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
         assert [s["file"] for s in doc["roots"][0]["scopes"]] == [f"{runs}/b/.ckptdoctor.toml"]
 
 
-def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path) -> None:
+def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
     (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
     runs = hostile / "runs"
     code, doc, _ = cli("scan", "--format", "json", str(runs))
     assert isinstance(doc, dict)
-    os.environ["CKPTDOCTOR_USER_CONFIG"] = "/nonexistent/user.toml"
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            report = ckptdoctor.scan(str(runs))
-    finally:
-        del os.environ["CKPTDOCTOR_USER_CONFIG"]
+    monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = ckptdoctor.scan(str(runs))
     assert report.exit_code() == code
     assert [(f.rule, f.path, f.severity.value) for f in report.findings] == [
         (f["rule"], f["path"], f["severity"]) for f in doc["findings"]
@@ -190,3 +187,17 @@ def test_a_user_configuration_typo_is_a_usage_error_even_under_a_project_file(re
     env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user)}
     proc = subprocess.run([str(BIN), "scan", str(repo / "runs" / "a")], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "unknown setting(s) ignroe" in proc.stderr
+
+
+def test_gate_and_its_python_api_read_the_repository_file_above_the_run(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (repo / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    run = repo / "runs" / "a"
+    _, doc, _ = cli("gate", "--format", "json", str(run))
+    assert isinstance(doc, dict)
+    rules = {f["rule"] for f in doc["findings"]}
+    assert "CKD101" not in rules and rules
+    monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")
+    result = ckptdoctor.gate(str(run))
+    assert {f.rule for f in result.findings} == rules
