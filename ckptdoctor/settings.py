@@ -252,18 +252,19 @@ def nested_configs(root: str, files: Iterable[str]) -> list[tuple[str, Config]]:
 def walk_configs(root: str) -> list[str]:
     """Paths (relative to ``root``, ``/`` separators) of every file named like a settings file below ``root``, for
     ``--show-settings``, which shows what a scan would apply without discovering checkpoints. Links to folders are
-    not followed, as discovery does not follow them out of the root."""
+    not followed, and the fixer's ``.ckptdoctor/`` is skipped, as discovery skips it."""
     from ckptdoctor.sources import is_remote
 
     if is_remote(root) or not os.path.isdir(root):
         return []
     out: list[str] = []
+    from ckptdoctor.sources.interface import OWN_DIR
+
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if d != OWN_DIR)  # the fixer's folder, which discovery skips too
         rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
-        if rel == ".":
-            continue
-        out.extend(f"{rel}/{name}" for name in CONFIG_NAMES if name in filenames or name in dirnames)
+        if rel != ".":
+            out.extend(f"{rel}/{name}" for name in CONFIG_NAMES if name in filenames)
     return out
 
 

@@ -128,6 +128,9 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
     (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nselect = ["CKD1"]\nfail-on = "warning"\n')
     (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
     runs = hostile / "runs"
+    quarantined = runs / ".ckptdoctor" / "quarantine" / "t1" / "old-run"  # the fixer's folder: skipped, as a scan does
+    quarantined.mkdir(parents=True)
+    (quarantined / ".ckptdoctor.toml").write_text('ignore = ["CKD1"]\n')
     code, text, _ = cli("scan", "--show-settings", str(runs))
     assert code == 0 and "Found" not in str(text)
     assert str(text).splitlines() == [
