@@ -50,7 +50,7 @@ class Report:
     def exit_code(self, fail_on: str | None = None) -> int:
         """0 when nothing reaches ``fail_on``, else 1 (2 is reserved for usage errors).
 
-        Without ``fail_on``: the code the command line gives, by ``policy`` (each root's settings file's fail-on
+        Without ``fail_on``: the code the command line gives, by ``policy`` (each folder's settings file's fail-on
         unless the caller gave one; a security error fails even a settings file's "never").
         """
         if fail_on is not None:

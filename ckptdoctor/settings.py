@@ -308,7 +308,7 @@ def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rule selection: --select/--ignore plus each root's settings file, for every command that runs rules
+# Rule selection: --select/--ignore plus each folder's closest settings file, for every command that runs rules
 
 KeptCallback = Callable[[str, Sequence[str]], None]
 """Told ``(settings file, codes)`` when a settings file tried to turn off or lower security rules that stay on."""

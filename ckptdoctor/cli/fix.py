@@ -1,4 +1,4 @@
-"""The ``fix`` and ``undo`` commands: each root fixed under its own settings file; undo restores a transaction."""
+"""The ``fix`` and ``undo`` commands: each root fixed under its closest settings file; undo restores a transaction."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ the fix (nothing is changed then), 130 interrupted.
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
     default=None,
-    help="Exit 1 when a finding this severe remains after the fix.  [default: the root's settings file's fail-on, "
+    help="Exit 1 when a finding this severe remains after the fix.  [default: the closest settings file's fail-on, "
     "else error]",
 )
 @click.option("--force", is_flag=True, help="Act even on a run written in the last 60 seconds.")
@@ -125,7 +125,7 @@ def fix_command(
 
     if show_settings:  # fix applies each root's closest file (not yet the files below it, as scan does)
         print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
-    # Each root is fixed under its own settings file, as `scan` checks it.
+    # Each root is fixed under its closest settings file (from it upward), as `scan` checks it.
     result = api_fix(
         paths,
         select=select,

@@ -138,9 +138,9 @@ def gate_command(
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
     learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-414,
-    CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
-    reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
-    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    CKD504) plus every scan finding about that checkpoint, under the closest settings file from RUN_DIR upward, as
+    `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the
+    run's own (read from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
     """
     if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
         print_settings([run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
