@@ -9,7 +9,8 @@ The Python API, imported when first used (``import ckptdoctor`` loads nothing el
         print(finding.rule, finding.severity.value, finding.path, finding.message)
     raise SystemExit(report.exit_code())                         # the command's exit code
 
-``scan``, ``gate`` and ``fix`` read each root's settings file as the command line does; ``undo`` restores a fix
+``scan``, ``gate`` and ``fix`` find settings files as the command line does (the closest from each folder
+upward); ``undo`` restores a fix
 transaction. ``Finding``, ``Severity``, ``Report``, ``GateResult`` and ``Selection`` are the types they take and
 return.
 """

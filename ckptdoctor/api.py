@@ -1,5 +1,5 @@
 """The Python API behind ``ckptdoctor.scan`` and ``ckptdoctor.fix``: the command line's ``scan`` and ``fix``, each
-root under its own settings file, returning what the command renders and the exit code it would give.
+folder under its closest settings file, returning what the command renders and the exit code it would give.
 
 ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as given and read no
 settings file. The ``ckptdoctor`` command calls these functions, so both resolve settings the same way.
@@ -13,19 +13,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from ckptdoctor.errors import UsageError
+from ckptdoctor.findings import Finding
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.settings import (
     ExitPolicy,
     KeptCallback,
+    RootSettings,
     check_fail_on,
     check_runnable,
     selection_groups,
+    settings_used,
     split_codes,
     warn_kept,
+    with_nested,
 )
 
 if TYPE_CHECKING:
     from ckptdoctor.fixer.run import FixResult
+    from ckptdoctor.model import Tree
     from ckptdoctor.scanner import PathArg, Report
 
 Codes = Sequence[str] | str
@@ -53,12 +58,13 @@ def scan(
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
-    Each root is checked under its own settings file (``.ckptdoctor.toml``, or ``[tool.ckptdoctor]`` in
-    ``pyproject.toml``; not with ``no_config``) plus ``select``/``ignore``, exactly as the command line resolves
-    them. ``report.exit_code()`` is the command's exit code: ``fail_on`` (error, warning, info or never) when given,
-    else each root's settings file's fail-on, else error; a security error fails even a settings file's "never".
-    A settings file that tries to turn off security rules keeps them on and ``on_kept(source, codes)`` is told
-    (default: a ``UserWarning``). ``deep``, ``jobs``, ``checksums``, ``limits`` and ``progress`` are
+    Each run and checkpoint folder is checked under the closest settings file from it upward (``.ckptdoctor.toml``,
+    or ``[tool.ckptdoctor]`` in ``pyproject.toml``; else the user configuration; none with ``no_config``) plus
+    ``select``/``ignore``, exactly as the command line resolves them; ``report.settings`` lists the files applied
+    and where. ``report.exit_code()`` is the command's exit code: ``fail_on`` (error, warning, info or never) when
+    given, else each folder's settings file's fail-on, else error; a security error fails even a project file's
+    "never". A project file that tries to turn off security rules keeps them on and ``on_kept(source, codes)`` is
+    told (default: a ``UserWarning``). ``deep``, ``jobs``, ``checksums``, ``limits`` and ``progress`` are
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
@@ -82,14 +88,61 @@ def scan(
         _check_checksums(roots, checksums, deep)
     parts = [
         scan_roots(ps, selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums)
-        for ps, sel, _ in groups
+        for ps, sel, _, _ in groups
     ]
+    trees: list[Tree] = []
+    findings: list[Finding] = []
+    settings: list[RootSettings] = []
+    folders: list[list[str]] = []
+    for group, part in zip(groups, parts, strict=True):
+        for tree, rs in zip(part.trees, group.settings, strict=True):
+            mine = [f for f in part.findings if f.root == tree.root]
+            if not no_config:
+                rs, mine = _nested_settings(tree, rs, mine, select, ignore, deep, on_kept or warn_kept, allow_global)
+            trees.append(tree)
+            findings.extend(mine)
+            settings.append(rs)
+            folders.append(_folders(tree))
     return Report(
-        tuple(t for r in parts for t in r.trees),
-        tuple(f for r in parts for f in r.findings),
+        tuple(trees),
+        tuple(findings),
         sum(r.seconds for r in parts),
-        ExitPolicy.of(fail_on, groups),
+        ExitPolicy.of_settings(fail_on, settings),
+        settings_used(zip(settings, folders, strict=True)),
     )
+
+
+def _folders(tree: Tree) -> list[str]:
+    """The run and checkpoint folders discovery found in ``tree``, relative to its root."""
+    return [p for run in tree.runs for p in (run.path, *(ck.path for ck in run.checkpoints))]
+
+
+def _nested_settings(
+    tree: Tree,
+    settings: RootSettings,
+    findings: list[Finding],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    deep: bool,
+    on_kept: KeptCallback,
+    allow_global: Codes,
+) -> tuple[RootSettings, list[Finding]]:
+    """The settings files below ``tree``'s root applied to the folders they govern, as ruff applies the closest
+    configuration to each file: the rules are run again under each nested file's selection and each finding is
+    kept from the run of the scope holding its path. The scan's own listing finds the files (no extra look at the
+    disk); a tree without one is returned as it is."""
+    nested = with_nested(
+        settings, (f.path for f in tree.all_files()), select, ignore, on_kept=on_kept, allow_global=_codes(allow_global)
+    )
+    if len(nested.scopes) == 1:
+        return settings, findings
+    from ckptdoctor.rules import run_rules
+
+    out = [f for f in findings if nested.scope_of(f.path) is nested.scopes[0]]
+    for scope in nested.scopes[1:]:
+        selection = dataclasses.replace(scope.selection, deep=deep or scope.selection.deep)
+        out.extend(f for f in run_rules(tree, selection) if nested.scope_of(f.path) is scope)
+    return nested, sorted(out, key=Finding.sort_key)
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
@@ -133,7 +186,8 @@ def fix(
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
-    Each root is fixed under its own settings file plus ``select``/``ignore``, as ``scan`` reads them; ``fail_on``,
+    Each root is fixed under the closest settings file from it upward plus ``select``/``ignore``, as ``scan``
+    reads them (files below the root are not applied by a fix); ``fail_on``,
     ``no_config``, ``on_kept`` and ``allow_global`` are ``scan``'s. ``result.exit_code()`` is the command's exit
     code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
@@ -161,6 +215,6 @@ def fix(
             force=force,
             fail_on=fail_on or cfg_fail_on or "error",
         )
-        for ps, selection, cfg_fail_on in groups
+        for ps, selection, cfg_fail_on, _ in groups
     ]
     return dataclasses.replace(FixResult.merge(results), policy=ExitPolicy.of(fail_on, groups))

@@ -17,7 +17,7 @@ from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Tree
 from ckptdoctor.rules import Selection, judged, run_rules
-from ckptdoctor.settings import ExitPolicy, fails
+from ckptdoctor.settings import ExitPolicy, SettingsUse, fails
 
 CHECKSUMS = ("write", "verify")
 
@@ -27,13 +27,15 @@ class Report:
     """The result of scanning one or more roots: what was found on disk and the findings about it.
 
     ``policy`` decides ``exit_code()`` as the command line does: ``ckptdoctor.scan`` sets the caller's fail-on and
-    each root's settings file's; the default fails on errors.
+    each folder's settings file's; the default fails on errors. ``settings`` lists the settings files applied and
+    the folders each governed (empty from ``scan``, which reads none).
     """
 
     trees: tuple[Tree, ...]
     findings: tuple[Finding, ...]
     seconds: float
     policy: ExitPolicy = field(default_factory=ExitPolicy)
+    settings: tuple[SettingsUse, ...] = ()
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -49,7 +51,7 @@ class Report:
     def exit_code(self, fail_on: str | None = None) -> int:
         """0 when nothing reaches ``fail_on``, else 1 (2 is reserved for usage errors).
 
-        Without ``fail_on``: the code the command line gives, by ``policy`` (each root's settings file's fail-on
+        Without ``fail_on``: the code the command line gives, by ``policy`` (each folder's settings file's fail-on
         unless the caller gave one; a security error fails even a settings file's "never").
         """
         if fail_on is not None:

@@ -1,7 +1,9 @@
 """Settings files, rule selection and the exit policy: what the command line and the Python API share (no click).
 
-A root's settings come from ``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml`` (``load_config``);
-``resolve_selection`` adds ``--select``/``--ignore`` to them; ``exit_code`` decides 0 or 1 from findings. Nothing
+A folder's settings come from the closest ``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml`` from
+it upward (``find_config``, as ruff finds its configuration), else from the user configuration (``user_config``);
+``root_settings`` resolves them with ``--select``/``--ignore`` for each root and the files below it (``Scope``,
+``RootSettings``); ``exit_code`` and ``ExitPolicy`` decide 0 or 1 from findings. Nothing
 here prints: what the command line says on stderr is handed to a callback, and errors are ``UsageError``s.
 """
 
@@ -13,7 +15,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding, Severity
@@ -99,6 +101,9 @@ class Config:
     severity: dict[str, Severity] = field(default_factory=dict)
     fail_on: str | None = None
     source: str | None = None
+    # True only for the user configuration file (``user_config``): it never travels with a checkpoint, so it may
+    # turn off or lower security rules as the command line may. Every project file found is untrusted.
+    trusted: bool = False
 
 
 def _codes(value: Any, key: str, src: str) -> tuple[str, ...]:
@@ -150,10 +155,11 @@ def _parse(table: Any, src: str) -> Config:
 
 
 def load_config(root: str) -> Config:
-    """Read ``.ckptdoctor.toml`` (whole file is the table) or ``pyproject.toml``'s ``[tool.ckptdoctor]`` at ``root``.
+    """Read ``.ckptdoctor.toml`` (whole file is the table) or ``pyproject.toml``'s ``[tool.ckptdoctor]`` in the
+    folder ``root`` itself (the folder of a file root); ``find_config`` looks upward from there.
 
-    ``.ckptdoctor.toml`` wins when both exist. A file is looked for only in the root folder itself; for a URL root
-    (``s3://bucket/run/``) at that prefix, one small request per name.
+    ``.ckptdoctor.toml`` wins when both exist; a ``pyproject.toml`` without ``[tool.ckptdoctor]`` does not count.
+    For a URL root (``s3://bucket/run/``) at that prefix, one small request per name.
     """
     if sys.version_info >= (3, 11):
         import tomllib
@@ -179,6 +185,87 @@ def load_config(root: str) -> Config:
             continue
         return _parse(table, path)
     return Config()
+
+
+CONFIG_NAMES = (".ckptdoctor.toml", "pyproject.toml")
+"""The names of a project settings file, in the order they win when both are in one folder."""
+
+
+def _maybe_config(folder: str) -> bool:
+    """True when ``folder`` holds an entry named like a settings file: ``os.stat`` only, so the upward walk from a
+    scan root costs two failed stats per folder and reads TOML only where a file is."""
+    for name in CONFIG_NAMES:
+        try:
+            os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        return True
+    return False
+
+
+def find_config(root: str) -> Config:
+    """The settings of the closest settings file from ``root`` upward, as ruff finds its configuration.
+
+    Looks in ``root`` (the folder of a file root), then each parent up to the filesystem root, and stops at the
+    first folder whose ``.ckptdoctor.toml``, or ``pyproject.toml`` with ``[tool.ckptdoctor]``, configures
+    ckptdoctor (``load_config``). Nothing is merged: the closest file is used whole. When no project file is found,
+    the user configuration file (``user_config``) applies, as ruff's does. A URL root is looked at only at its own
+    prefix (its parents are other people's buckets and cost a request each), then the user configuration.
+    """
+    from ckptdoctor.sources import is_remote
+
+    if is_remote(root):
+        cfg = load_config(root)
+        return cfg if cfg.source is not None else user_config()
+    folder = os.path.abspath(root if os.path.isdir(root) else os.path.dirname(root) or ".")
+    relative = not os.path.isabs(root)  # a file found is named as the root was given: relative to the cwd or not
+    while True:
+        if _maybe_config(folder):
+            cfg = load_config(os.path.relpath(folder) if relative else folder)
+            if cfg.source is not None:
+                return cfg
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return user_config()
+        folder = parent
+
+
+def nested_configs(root: str, files: Iterable[str]) -> list[tuple[str, Config]]:
+    """The settings files strictly below ``root`` among ``files`` (paths relative to the root, ``/`` separators,
+    as discovery lists them), as ``(folder relative to the root, Config)``, outermost first.
+
+    The scan's own listing is used, so finding them costs no extra look at the disk; a ``pyproject.toml`` without
+    ``[tool.ckptdoctor]`` does not count. ``root``'s own file is ``find_config``'s, and is left out here.
+    """
+    folders = sorted(
+        {f.rsplit("/", 1)[0] for f in files if "/" in f and f.rsplit("/", 1)[1] in CONFIG_NAMES},
+        key=lambda d: (d.count("/"), d),
+    )
+    out = []
+    for rel in folders:
+        cfg = load_config(os.path.join(root, *rel.split("/")))
+        if cfg.source is not None:
+            out.append((rel, cfg))
+    return out
+
+
+def walk_configs(root: str) -> list[str]:
+    """Paths (relative to ``root``, ``/`` separators) of every file named like a settings file below ``root``, for
+    ``--show-settings``, which shows what a scan would apply without discovering checkpoints. Links to folders are
+    not followed, and the fixer's ``.ckptdoctor/`` is skipped, as discovery skips it."""
+    from ckptdoctor.sources import is_remote
+
+    if is_remote(root) or not os.path.isdir(root):
+        return []
+    out: list[str] = []
+    from ckptdoctor.sources.interface import OWN_DIR
+
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != OWN_DIR)  # the fixer's folder, which discovery skips too
+        rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        if rel != ".":
+            out.extend(f"{rel}/{name}" for name in CONFIG_NAMES if name in filenames)
+    return out
 
 
 _MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything bigger is not one
@@ -221,7 +308,7 @@ def _config_bytes(root: str, name: str) -> tuple[str, bytes] | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rule selection: --select/--ignore plus each root's settings file, for every command that runs rules
+# Rule selection: --select/--ignore plus each folder's closest settings file, for every command that runs rules
 
 KeptCallback = Callable[[str, Sequence[str]], None]
 """Told ``(settings file, codes)`` when a settings file tried to turn off or lower security rules that stay on."""
@@ -275,35 +362,66 @@ def user_config_path() -> str:
     return os.path.join(base, "ckptdoctor", "config.toml")
 
 
+def _user_table() -> tuple[str, dict[str, Any]] | None:
+    """The user configuration file's path and table, or None when there is none (or this user cannot read it).
+
+    Raises ``UsageError`` for a file that is not TOML."""
+    path = user_config_path()
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_CONFIG_BYTES)
+    except OSError:  # absent, or not readable by this user (HOME inherited across sudo): no settings, stricter
+        return None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        table = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: values nested too deeply; not a settings file") from None
+    unknown = sorted(set(table) - _USER_KEYS)
+    if unknown:  # checked whether or not a project file is found, so a typo is never silently ignored
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_USER_KEYS))}")
+    return path, table
+
+
+_USER_KEYS = frozenset({"allow-globals", "select", "ignore", "severity", "fail-on", "fail_on"})
+
+
+def user_config() -> Config:
+    """The ordinary settings of the user configuration file (``user_config_path``): the keys a project file takes
+    (select, ignore, severity, fail-on), used when no project file is found from a root upward (``find_config``).
+
+    It is ``trusted``: it never travels with a checkpoint, so, like the command line, it may turn off or lower
+    security rules. Empty (no ``source``) when the file is absent or holds only ``allow-globals``.
+    """
+    found = _user_table()
+    if found is None:
+        return Config()
+    path, table = found
+    ordinary = {k: v for k, v in table.items() if k != "allow-globals"}
+    if not ordinary:
+        return Config()
+    return dataclasses.replace(_parse(ordinary, path), trusted=True)
+
+
 def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
     """The user's pickle-global allowances as (pattern, origin): ``--allow-global`` patterns, then the
     ``allow-globals`` list of the user configuration file (``user_config_path``). A settings file inside a scanned
     folder cannot hold them (it is not the user's: an unknown setting there is a usage error).
 
     Raises ``UsageError`` for a pattern that is not ``module.Name``/``module.*``, or names something dangerous, and
-    for a user configuration file that cannot be read as TOML with only that key.
+    for a user configuration file that cannot be read as TOML or whose ``allow-globals`` is not a list of strings.
     """
     from ckptdoctor.rules.pickle_policy import check_pattern
 
     out: list[tuple[str, str]] = [(p.strip(), "--allow-global") for p in allow_global]
-    path = user_config_path()
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(1 << 20)
-    except OSError:  # absent, or not readable by this user (HOME inherited across sudo): no allowances, stricter
-        raw = None
-    if raw is not None:
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - exercised on 3.10 only
-            import tomli as tomllib
-        try:
-            table = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"{path}: not valid TOML: {exc}") from None
-        unknown = sorted(set(table) - {"allow-globals"})
-        if unknown:
-            raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: allow-globals")
+    found = _user_table()
+    if found is not None:
+        path, table = found
         listed = table.get("allow-globals", [])
         if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
             raise UsageError(f"{path}: `allow-globals` must be a list of strings")
@@ -315,6 +433,116 @@ def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], 
     return tuple(dict.fromkeys(out))
 
 
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The settings one folder of a root is checked under: the closest settings file's (``config``) with the
+    command line's ``--select``/``--ignore`` over it, resolved to a ``selection`` and the file's ``fail_on``.
+
+    ``folder`` is relative to ``root`` (``/`` separators); ``""`` is the root itself and every folder below it that
+    no nested file governs. ``kept`` are the security rules the file tried to turn off or lower and that stay on.
+    """
+
+    root: str
+    folder: str
+    config: Config
+    selection: Selection
+    fail_on: str | None
+    kept: tuple[str, ...] = ()
+
+    def holds(self, root: str, path: str) -> bool:
+        """True when ``path`` (relative to ``root``, as a finding's) is this scope's folder or below it."""
+        if root != self.root:
+            return False
+        return not self.folder or path == self.folder or path.startswith(self.folder + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class RootSettings:
+    """Every scope of one root: ``scopes[0]`` the root's own (``find_config``), then the settings files found
+    below it (``nested_configs``), outermost first. The deepest scope holding a path decides for it."""
+
+    root: str
+    scopes: tuple[Scope, ...]
+
+    def scope_of(self, path: str) -> Scope:
+        """The scope whose settings apply to ``path`` (relative to the root): the closest file above it."""
+        best = self.scopes[0]
+        for scope in self.scopes[1:]:
+            if scope.holds(self.root, path) and len(scope.folder) > len(best.folder):
+                best = scope
+        return best
+
+
+class _Resolver:
+    """Resolves settings files against one command line: ``--select``/``--ignore`` checked once, the user's
+    allowances read once, and each file's codes checked as the command line's are."""
+
+    def __init__(
+        self,
+        select: Sequence[str],
+        ignore: Sequence[str],
+        no_config: bool,
+        on_kept: KeptCallback | None,
+        allow_global: Sequence[str],
+    ) -> None:
+        sel_codes, ign_codes = split_codes(select), split_codes(ignore)
+        for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
+            if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
+                raise UsageError(f"{option} was given no rule code")
+        _check_codes(sel_codes, "--select")
+        _check_codes(ign_codes, "--ignore")
+        self.select, self.ignore, self.no_config, self.on_kept = sel_codes, ign_codes, no_config, on_kept
+        self.allowances = user_allowances(allow_global)
+
+    def scope(self, root: str, folder: str, cfg: Config) -> Scope:
+        """``cfg`` (a settings file, or none) resolved for ``folder`` of ``root``."""
+        from ckptdoctor.rules import Selection, all_rules, keep_security_rules
+
+        # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command
+        # line.
+        cfg = dataclasses.replace(cfg, select=rule_codes(cfg.select), ignore=rule_codes(cfg.ignore))
+        _check_codes(cfg.select, f"{cfg.source}: select")
+        _check_codes(cfg.ignore, f"{cfg.source}: ignore")
+        codes = {r.code for r in all_rules()}
+        for code in cfg.severity:
+            if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
+                raise UsageError(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
+        selection = Selection(
+            select=self.select or cfg.select,
+            ignore=self.ignore + cfg.ignore,
+            severity=dict(cfg.severity),
+            allow_globals=self.allowances,
+        )
+        kept: tuple[str, ...] = ()
+        if cfg.source is not None and not cfg.trusted:
+            selection, kept = keep_security_rules(selection, Selection(select=self.select, ignore=self.ignore))
+            if kept and self.on_kept is not None:
+                self.on_kept(str(cfg.source), kept)
+        return Scope(root, folder, cfg, selection, cfg.fail_on, kept)
+
+    def root(self, root: str, nested_files: Iterable[str] = ()) -> RootSettings:
+        """The settings of ``root``: the closest file from it upward, then the files among ``nested_files``."""
+        scopes = [self.scope(root, "", Config() if self.no_config else find_config(root))]
+        if not self.no_config:
+            scopes.extend(self.scope(root, folder, cfg) for folder, cfg in nested_configs(root, nested_files))
+        return RootSettings(root, tuple(scopes))
+
+
+def show_settings(
+    roots: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    allow_global: Sequence[str] = (),
+    nested: bool = True,
+) -> list[RootSettings]:
+    """What ``--show-settings`` shows: each root's ``RootSettings`` with the settings files below it (``nested``;
+    found by walking the folder, ``walk_configs``, as nothing is discovered or read but settings files)."""
+    found = {r: walk_configs(r) for r in roots} if nested and not no_config else None
+    return root_settings(roots, select, ignore, no_config, allow_global=allow_global, nested=found)
+
+
 def resolve_selection(
     paths: Sequence[str],
     select: Sequence[str],
@@ -324,46 +552,43 @@ def resolve_selection(
     on_kept: KeptCallback | None = None,
     allow_global: Sequence[str] = (),
 ) -> tuple[Selection, str | None]:
-    """The rule selection from --select/--ignore plus the settings file at ``paths[0]``, and that file's fail-on.
+    """The rule selection from --select/--ignore plus the settings file closest to ``paths[0]`` (``find_config``:
+    upward from it, else the user configuration), and that file's fail-on.
 
     Shared by every command and API call that runs rules, so they all read options and configuration the same way.
     Raises ``UsageError`` for an unknown code, an empty ``--select``/``--ignore`` or a settings file that cannot be
-    used. When the settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told which
-    stay on (the command line prints a note, the Python API warns; None: nothing is said). ``allow_global`` are
-    ``--allow-global`` patterns, joined by the user configuration's (``user_allowances``).
+    used. When a project settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told
+    which stay on (the command line prints a note, the Python API warns; None: nothing is said). ``allow_global``
+    are ``--allow-global`` patterns, joined by the user configuration's (``user_allowances``).
     """
-    from ckptdoctor.rules import Selection, all_rules, keep_security_rules
-
-    sel_codes, ign_codes = split_codes(select), split_codes(ignore)
-    for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
-        if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
-            raise UsageError(f"{option} was given no rule code")
-    _check_codes(sel_codes, "--select")
-    _check_codes(ign_codes, "--ignore")
-    cfg = Config() if no_config else load_config(paths[0])
-    # A typo in a settings file must not select nothing (a clean scan that checked nothing): as on the command line.
-    cfg = dataclasses.replace(cfg, select=rule_codes(cfg.select), ignore=rule_codes(cfg.ignore))
-    _check_codes(cfg.select, f"{cfg.source}: select")
-    _check_codes(cfg.ignore, f"{cfg.source}: ignore")
-    codes = {r.code for r in all_rules()}
-    for code in cfg.severity:
-        if code not in codes:  # overrides apply to exact codes only: a prefix would silently change nothing
-            raise UsageError(f"{cfg.source}: severity {code}: not a rule code (see `ckptdoctor rules`)")
-    selection = Selection(
-        select=sel_codes or cfg.select,
-        ignore=ign_codes + cfg.ignore,
-        severity=dict(cfg.severity),
-        allow_globals=user_allowances(allow_global),
-    )
-    if cfg.source is not None:
-        selection, kept = keep_security_rules(selection, Selection(select=sel_codes, ignore=ign_codes))
-        if kept and on_kept is not None:
-            on_kept(str(cfg.source), kept)
-    return selection, cfg.fail_on
+    scope = root_settings([paths[0]], select, ignore, no_config, on_kept=on_kept, allow_global=allow_global)[0]
+    first = scope.scopes[0]
+    return first.selection, first.fail_on
 
 
-Group = tuple[list[str], "Selection", "str | None"]
-"""Roots that share a selection and a settings file's fail-on: ``(roots, selection, fail_on)``."""
+def root_settings(
+    roots: Sequence[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    no_config: bool,
+    *,
+    on_kept: KeptCallback | None = None,
+    allow_global: Sequence[str] = (),
+    nested: Mapping[str, Iterable[str]] | None = None,
+) -> list[RootSettings]:
+    """Each root's ``RootSettings``: its own closest file (``find_config``) and, for a root in ``nested``, the
+    settings files among the listed paths below it (``nested_configs``). Raises as ``resolve_selection``."""
+    resolver = _Resolver(select, ignore, no_config, on_kept, allow_global)
+    return [resolver.root(r, (nested or {}).get(r, ())) for r in roots]
+
+
+class Group(NamedTuple):
+    """Roots whose own settings give one selection and fail-on, with each root's settings."""
+
+    roots: list[str]
+    selection: Selection
+    fail_on: str | None
+    settings: list[RootSettings]
 
 
 def selection_groups(
@@ -375,20 +600,22 @@ def selection_groups(
     on_kept: KeptCallback | None = None,
     allow_global: Sequence[str] = (),
 ) -> list[Group]:
-    """The roots grouped by the selection and fail-on their own settings files give (``resolve_selection``).
+    """The roots grouped by the selection and fail-on their own settings files give (``root_settings``).
 
-    Each root is judged by its own settings file: one may travel with each checkpoint, so the first root's must not
-    decide what the others are checked or fixed for. Neighbouring roots with the same settings share a group.
+    Each root is judged by its own closest settings file: one may travel with each checkpoint, so the first root's
+    must not decide what the others are checked or fixed for. Neighbouring roots with the same settings share a
+    group. Files below a root are applied once the scan has listed them (``api.scan``).
     """
     groups: list[Group] = []
-    for p in paths:
-        selection, cfg_fail_on = resolve_selection(
-            [p], select, ignore, no_config, on_kept=on_kept, allow_global=allow_global
-        )
-        if groups and groups[-1][1:] == (selection, cfg_fail_on):
-            groups[-1][0].append(p)
+    for rs in root_settings(paths, select, ignore, no_config, on_kept=on_kept, allow_global=allow_global):
+        top = rs.scopes[0]
+        key = (top.selection, top.fail_on, top.config.trusted)
+        last = groups[-1] if groups else None
+        if last is not None and (last.selection, last.fail_on, last.settings[0].scopes[0].config.trusted) == key:
+            last.roots.append(rs.root)
+            last.settings.append(rs)
         else:
-            groups.append(([p], selection, cfg_fail_on))
+            groups.append(Group([rs.root], top.selection, top.fail_on, [rs]))
     return groups
 
 
@@ -458,27 +685,95 @@ def exit_code(
 class ExitPolicy:
     """How the exit code of a scan (or of what a fix leaves) is decided, as the command line decides it.
 
-    ``fail_on`` is the caller's (``--fail-on``; None: not given) and ``groups`` the roots with their settings file's
-    fail-on (``selection_groups``). The default policy fails on errors, as a scan without settings does.
+    ``fail_on`` is the caller's (``--fail-on``; None: not given) and ``scopes`` each folder's settings, as
+    ``(root, folder, the settings file's fail-on, trusted)`` (``RootSettings``): a finding is judged under the
+    deepest scope holding its path. The default policy fails on errors, as a scan without settings does.
     """
 
     fail_on: str | None = None
-    groups: tuple[tuple[tuple[str, ...], str | None], ...] = ()
+    scopes: tuple[tuple[str, str, str | None, bool], ...] = ()
 
     @classmethod
     def of(cls, fail_on: str | None, groups: Sequence[Group]) -> ExitPolicy:
         """The policy of ``selection_groups``' groups under the caller's ``fail_on``."""
-        return cls(fail_on, tuple((tuple(roots), cfg_fail_on) for roots, _, cfg_fail_on in groups))
+        return cls.of_settings(fail_on, [rs for g in groups for rs in g.settings])
+
+    @classmethod
+    def of_settings(cls, fail_on: str | None, settings: Sequence[RootSettings]) -> ExitPolicy:
+        """The policy of every scope of ``settings`` under the caller's ``fail_on``."""
+        return cls(
+            fail_on,
+            tuple((s.root, s.folder, s.fail_on, s.config.trusted) for rs in settings for s in rs.scopes),
+        )
+
+    def _scope(self, f: Finding) -> tuple[str | None, bool]:
+        best: tuple[str, str, str | None, bool] | None = None
+        for scope in self.scopes:
+            root, folder = scope[0], scope[1]
+            if root != f.root or (folder and f.path != folder and not f.path.startswith(folder + "/")):
+                continue
+            if best is None or len(folder) > len(best[1]):
+                best = scope
+        return (None, False) if best is None else (best[2], best[3])
 
     def exit_code(self, findings: Sequence[Finding], *, on_security_kept: Callable[[], None] | None = None) -> int:
-        """The highest ``exit_code`` of each group's findings (a finding's ``root`` says its group; one under no
-        group is judged without settings). ``on_security_kept`` is called once per group it concerns."""
+        """The highest ``exit_code`` of the findings of each settings file's fail-on (a finding's ``root`` and
+        ``path`` say its scope; one under no scope is judged without settings). The user configuration's fail-on
+        is trusted as ``--fail-on`` is; ``on_security_kept`` is called once per fail-on it concerns."""
+        parts: dict[tuple[str | None, bool], list[Finding]] = {(None, False): []}
+        for f in findings:
+            parts.setdefault(self._scope(f), []).append(f)
         codes = [0]
-        placed: set[int] = set()
-        for roots, cfg_fail_on in self.groups:
-            mine = [f for f in findings if f.root in roots]
-            placed.update(id(f) for f in mine)
-            codes.append(exit_code(mine, self.fail_on, cfg_fail_on, on_security_kept=on_security_kept))
-        rest = [f for f in findings if id(f) not in placed]
-        codes.append(exit_code(rest, self.fail_on, None, on_security_kept=on_security_kept))
+        for (cfg_fail_on, trusted), mine in parts.items():
+            if trusted:
+                codes.append(exit_code(mine, self.fail_on or cfg_fail_on, None))
+            else:
+                codes.append(exit_code(mine, self.fail_on, cfg_fail_on, on_security_kept=on_security_kept))
         return max(codes)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsUse:
+    """A settings file a command applied: its ``path`` (or URL), whether it is the ``trusted`` user configuration,
+    and the ``folders`` it applied to (each root, run and checkpoint folder it governs, as the user can paste them)."""
+
+    path: str
+    trusted: bool
+    folders: tuple[str, ...]
+
+
+def settings_used(pairs: Iterable[tuple[RootSettings, Iterable[str]]]) -> tuple[SettingsUse, ...]:
+    """The settings files of ``pairs`` (a root's settings and the folders discovery found in it, relative to the
+    root; the root itself is always counted) with the folders each one governs, in the order first used."""
+    from ckptdoctor.findings import display_path
+
+    used: dict[str, tuple[bool, list[str]]] = {}
+    for rs, folders in pairs:
+        for folder in dict.fromkeys([".", *folders]):
+            scope = rs.scope_of("" if folder == "." else folder)
+            if scope.config.source is None:
+                continue
+            entry = used.setdefault(scope.config.source, (scope.config.trusted, []))
+            shown = display_path(rs.root, folder)
+            if shown not in entry[1]:
+                entry[1].append(shown)
+    return tuple(SettingsUse(path, trusted, tuple(folders)) for path, (trusted, folders) in used.items())
+
+
+def with_nested(
+    settings: RootSettings,
+    files: Iterable[str],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    *,
+    on_kept: KeptCallback | None = None,
+    allow_global: Sequence[str] = (),
+) -> RootSettings:
+    """``settings`` (a root's own scope) with a scope for each settings file among ``files`` below the root
+    (``nested_configs``), resolved against the same command line. Unchanged when none configures ckptdoctor."""
+    found = nested_configs(settings.root, files)
+    if not found:
+        return settings
+    resolver = _Resolver(select, ignore, False, on_kept, allow_global)
+    scopes = [resolver.scope(settings.root, folder, cfg) for folder, cfg in found]
+    return RootSettings(settings.root, (settings.scopes[0], *scopes))

@@ -65,7 +65,10 @@ def test_shown_session_is_real(doc: str, command: str, expected: str, tmp_path: 
     args = command.split()[1:]
     for arg in args:
         name = arg.rstrip("/")
-        if name.startswith("fixtures/"):
+        if name.startswith("docs/examples/"):  # an example tree whose settings files sit above the folder named
+            top = "/".join(name.split("/")[:3])
+            shutil.copytree(REPO / top, tmp_path / top, copy_function=shutil.copy2, dirs_exist_ok=True)
+        elif name.startswith("fixtures/"):
             shutil.copytree(REPO / name, tmp_path / name, copy_function=shutil.copy2)
             _age(tmp_path / name)
         elif name in TRAINED_RUNS:
@@ -78,15 +81,21 @@ def test_shown_session_is_real(doc: str, command: str, expected: str, tmp_path: 
     assert _normalize(proc.stdout) == _normalize(expected), f"{doc}: `{command}` prints something else now"
 
 
-def test_readme_json_schema_names_every_key() -> None:
+def test_readme_json_schema_names_every_key(tmp_path: Path) -> None:
     """The README's sketch of `--format json` names exactly the keys a real report has, at each level."""
+    user = tmp_path / "config.toml"
+    user.write_text('fail-on = "error"\n')  # a settings file the report lists, changing nothing
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     sketch = readme.split("## JSON report", 1)[1].split("```", 2)[1]
     documented = set(re.findall(r'"([a-z_]+)":', sketch))
     proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "fixtures/stub-shadow"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+                          cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CKPTDOCTOR_USER_CONFIG": str(user)})  # fmt: skip
     doc = json.loads(proc.stdout)
+    assert doc["settings"], "the user configuration was not listed"
     real = set(doc) | set(doc["summary"])
+    for used in doc["settings"]:
+        real |= set(used)
     for run_ in doc["runs"]:
         real |= set(run_)
         for ck in run_["checkpoints"]:

@@ -1,4 +1,4 @@
-"""The ``fix`` and ``undo`` commands: each root fixed under its own settings file; undo restores a transaction."""
+"""The ``fix`` and ``undo`` commands: each root fixed under its closest settings file; undo restores a transaction."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from ckptdoctor.cli.options import (
     _note_security,
     allow_global_option,
     output_options,
+    print_settings,
+    show_settings_option,
     text_or_json,
     text_width,
 )
@@ -99,16 +101,18 @@ the fix (nothing is changed then), 130 interrupted.
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
     default=None,
-    help="Exit 1 when a finding this severe remains after the fix.  [default: the root's settings file's fail-on, "
+    help="Exit 1 when a finding this severe remains after the fix.  [default: the closest settings file's fail-on, "
     "else error]",
 )
 @click.option("--force", is_flag=True, help="Act even on a run written in the last 60 seconds.")
 @click.option(
     "--no-config",
     is_flag=True,
-    help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
+    help="Ignore every settings file (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml) and the user "
+    "configuration's rule settings (not its allow-globals).",
 )
 @allow_global_option
+@show_settings_option
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -123,6 +127,7 @@ def fix_command(
     force: bool,
     no_config: bool,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
 
@@ -130,7 +135,9 @@ def fix_command(
     """
     from ckptdoctor.api import fix as api_fix
 
-    # Each root is fixed under its own settings file, as `scan` checks it.
+    if show_settings:  # fix applies each root's closest file (not yet the files below it, as scan does)
+        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
+    # Each root is fixed under its closest settings file (from it upward), as `scan` checks it.
     result = api_fix(
         paths,
         select=select,

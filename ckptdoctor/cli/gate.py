@@ -17,7 +17,9 @@ from ckptdoctor.cli.options import (
     _note_kept,
     _read_only_done,
     output_options,
+    print_settings,
     rule_options,
+    show_settings_option,
     text_width,
 )
 from ckptdoctor.cli.output import emit
@@ -109,7 +111,8 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @output_options("Print the findings only: no prediction, no verdict line (text; other formats are unchanged).")
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
-              every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
+              every_rule="every rule the gate runs")
+@show_settings_option
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -135,15 +138,18 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
     learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-414,
-    CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
-    reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
-    from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    CKD504) plus every scan finding about that checkpoint, under the closest settings file from RUN_DIR upward, as
+    `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the
+    run's own (read from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
     """
+    if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
+        print_settings([run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
     if num_train_epochs is not None and max_steps is not None:
         raise UsageProblem("give --num-train-epochs or --max-steps, not both")
     if warmup_steps is not None and warmup_ratio is not None:

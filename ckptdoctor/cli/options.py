@@ -80,15 +80,51 @@ allow_global_option = click.option(
 """``--allow-global`` (passed as ``allow_global``): the user's pickle-global allowances for this run."""
 
 
-def rule_options(
-    *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+show_settings_option = click.option(
+    "--show-settings",
+    is_flag=True,
+    help="Print which settings file applies to which folder (the closest .ckptdoctor.toml or [tool.ckptdoctor] "
+    "from each folder upward, else the user configuration) and the values they resolve to, then exit 0 without "
+    "checking anything; with --format json, one ckptdoctor.settings/1 document.",
+)
+"""``--show-settings`` (passed as ``show_settings``), as ``ruff check --show-settings``."""
+
+
+def print_settings(
+    paths: Sequence[str],
+    fmt: str,
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    allow_global: Sequence[str],
+    *,
+    nested: bool = True,
+) -> None:
+    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0; a settings file
+    that cannot be used is a usage error, as when checking."""
+    import sys
+
+    from ckptdoctor.errors import UsageError
+    from ckptdoctor.render.settings import render_settings_text, settings_json
+    from ckptdoctor.settings import show_settings
+
+    try:
+        found = show_settings(paths, select, ignore, no_config, allow_global=allow_global, nested=nested)
+    except UsageError as exc:
+        raise UsageProblem(str(exc)) from None
+    click.echo(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on))
+    _read_only_done()
+    sys.exit(0)
+
+
+def rule_options(*, never_runs: str, every_rule: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--fail-on``, ``--select``, ``--ignore``, ``--no-config`` and ``--allow-global`` (passed as ``fail_on``,
     ``select``, ``ignore``, ``no_config``, ``allow_global``) of a command that runs rules under a root's settings
     file (``resolve_selection``).
 
-    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
-    ``root`` and ``each_root`` name the folder whose settings file counts.
+    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default.
+    The settings files are the closest from each folder upward (``settings.find_config``).
     """
     options = (
         click.option(
@@ -96,7 +132,7 @@ def rule_options(
             type=click.Choice(["error", "warning", "info", "never"]),
             default=None,
             help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
-            f"unusable.  [default: {root}'s settings file's fail-on, else error]",
+            "unusable.  [default: the closest settings file's fail-on, else error]",
         ),
         click.option(
             "--select",
@@ -115,8 +151,8 @@ def rule_options(
         click.option(
             "--no-config",
             is_flag=True,
-            help=f"Ignore the settings file at {each_root} (.ckptdoctor.toml, or [tool.ckptdoctor] in "
-            "pyproject.toml).",
+            help="Ignore every settings file (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml) and the "
+            "user configuration's rule settings (not its allow-globals).",
         ),
         allow_global_option,
     )

@@ -18,7 +18,9 @@ from ckptdoctor.cli.options import (
     _read_only_done,
     _use_color,
     output_options,
+    print_settings,
     rule_options,
+    show_settings_option,
     text_width,
 )
 from ckptdoctor.cli.output import emit
@@ -45,8 +47,10 @@ Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage 
 root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
 a finding, not 2.
 
-Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
-under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
+Settings: each run and checkpoint folder is checked under the closest .ckptdoctor.toml, or pyproject.toml with
+[tool.ckptdoctor], from that folder upward (as ruff finds its configuration; .ckptdoctor.toml wins in one folder),
+else under the user configuration (~/.config/ckptdoctor/config.toml); --show-settings shows which file applies
+where. In a settings file:
 
 \b
   select = ["CKD1", "CKD2"]
@@ -54,8 +58,9 @@ under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is
   fail-on = "warning"
   [severity] CKD404 = "warning"
 
-An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
-rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
+An unknown code there is exit 2, as on the command line. A project file cannot turn off or lower the security
+rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here, and the user
+configuration, can.
 """
 
 
@@ -105,6 +110,7 @@ rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and -
     "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
     "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
+@show_settings_option
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -120,6 +126,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
+    show_settings: bool,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -138,6 +145,8 @@ def scan(
     if statistics and fmt in ("sarif", "github"):
         raise UsageProblem(f"--statistics prints text or json, not {fmt}")
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    if show_settings:
+        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global)
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)

@@ -72,8 +72,8 @@ def allowances(report: Report) -> list[dict[str, str]]:
 
 
 def to_json(report: Report) -> dict[str, Any]:
-    """The report as the documented ``ckptdoctor.report/1`` document (``allowed_globals`` when a user allowance
-    let a pickle global through)."""
+    """The report as the documented ``ckptdoctor.report/1`` document: ``settings`` lists each settings file applied
+    with the folders it governed (``allowed_globals`` when a user allowance let a pickle global through)."""
     runs = []
     for tree in report.trees:
         for run in tree.runs:
@@ -98,6 +98,7 @@ def to_json(report: Report) -> dict[str, Any]:
             "files": report.files,
             "seconds": round(report.seconds, 4),
         },
+        "settings": [{"path": u.path, "trusted": u.trusted, "folders": list(u.folders)} for u in report.settings],
     }
     allowed = allowances(report)
     if allowed:

@@ -1,0 +1,206 @@
+"""Settings found the way ruff finds them (issue 18, point 3): the closest settings file from each scanned folder
+upward, the user configuration when there is none, the security rule for every file found, ``--show-settings``
+and the settings files listed in the JSON report. Each through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import ckptdoctor
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent / "ckptdoctor"
+EVIL = b"cos\nsystem\n(S'true'\ntR."  # a pickle that calls os.system when loaded: CKD601 [error]
+
+
+def cli(*args: str, user: Path | None = None) -> tuple[int, dict | str, str]:
+    """Run the installed ``ckptdoctor`` script (this checkout on PYTHONPATH); JSON output parsed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user or "/nonexistent/user.toml")}
+    proc = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    out: dict | str = json.loads(proc.stdout) if "json" in args else proc.stdout
+    return proc.returncode, out, proc.stderr
+
+
+def rules_in(doc: dict, run: str) -> set[str]:
+    return {f["rule"] for f in doc["findings"] if f"/{run}/" in f"/{f['path']}/"}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository holding ``runs/a`` and ``runs/b``: the same two runs (CKD101 [error] and CKD401 [info] each)."""
+    for name in ("a", "b"):
+        shutil.copytree(REPO / "fixtures" / "stale-higher", tmp_path / "runs" / name)
+    return tmp_path
+
+
+def test_a_file_in_a_run_applies_to_that_run_when_scanning_the_folder_of_runs(repo: Path) -> None:
+    (repo / "runs" / "b" / ".ckptdoctor.toml").write_text('ignore = ["CKD101"]\n')
+    code, doc, _ = cli("scan", "--format", "json", str(repo / "runs"))
+    assert isinstance(doc, dict)
+    assert (rules_in(doc, "a"), rules_in(doc, "b")) == ({"CKD101", "CKD401"}, {"CKD401"})
+    assert code == 1  # runs/a still has its error
+    b = str(repo / "runs" / "b")
+    assert doc["settings"] == [
+        {"path": f"{b}/.ckptdoctor.toml", "trusted": False,
+         "folders": [b, f"{b}/checkpoint-12", f"{b}/checkpoint-4", f"{b}/checkpoint-8"]}
+    ]  # fmt: skip
+
+
+def test_the_repository_pyproject_above_the_root_applies(repo: Path) -> None:
+    (repo / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    (repo / "runs" / "pyproject.toml").write_text('[project]\nname = "y"\n')  # no [tool.ckptdoctor]: not counted
+    code, doc, _ = cli("scan", "--format", "json", str(repo / "runs" / "a"))
+    assert isinstance(doc, dict)
+    assert (code, {f["rule"] for f in doc["findings"]}) == (0, {"CKD401"})
+    assert [s["path"] for s in doc["settings"]] == [str(repo / "pyproject.toml")]
+
+
+def test_the_closest_file_wins_whole_and_nothing_is_merged(repo: Path) -> None:
+    (repo / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    (repo / "runs" / "b" / ".ckptdoctor.toml").write_text('ignore = ["CKD401"]\nfail-on = "never"\n')
+    code, doc, _ = cli("scan", "--format", "json", str(repo / "runs"))
+    assert isinstance(doc, dict)
+    assert (rules_in(doc, "a"), rules_in(doc, "b")) == ({"CKD401"}, {"CKD101"})
+    assert code == 0  # b's error passes under b's own fail-on; a has only an info
+    assert [s["path"] for s in doc["settings"]] == [str(repo / "pyproject.toml"), str(repo / "runs/b/.ckptdoctor.toml")]
+
+
+def test_the_user_configuration_applies_only_when_no_project_file_is_found(repo: Path, tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text('ignore = ["CKD101"]\nallow-globals = ["argparse.Namespace"]\n')
+    code, doc, _ = cli("scan", "--format", "json", str(repo / "runs" / "a"), user=user)
+    assert isinstance(doc, dict)
+    assert (code, {f["rule"] for f in doc["findings"]}) == (0, {"CKD401"})
+    assert doc["settings"][0]["path"] == str(user) and doc["settings"][0]["trusted"] is True
+    (repo / "runs" / "a" / ".ckptdoctor.toml").write_text('select = ["CKD1"]\n')
+    _, doc, _ = cli("scan", "--format", "json", str(repo / "runs" / "a"), user=user)
+    assert isinstance(doc, dict)
+    assert {f["rule"] for f in doc["findings"]} == {"CKD101"}  # the project file, not the user's ignore
+
+
+@pytest.fixture
+def hostile(repo: Path) -> Path:
+    (repo / "runs" / "b" / "checkpoint-12" / "evil.pkl").write_bytes(EVIL)
+    return repo
+
+
+HIDE = 'ignore = ["CKD6", "CKD101", "CKD401"]\nfail-on = "never"\n[severity]\nCKD601 = "info"\n'
+
+
+@pytest.mark.parametrize("where", ["runs/b/.ckptdoctor.toml", "runs/b/checkpoint-12/.ckptdoctor.toml"])
+def test_a_file_at_or_below_the_root_cannot_lower_security(hostile: Path, where: str) -> None:
+    (hostile / where).write_text(HIDE)
+    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs"))
+    assert isinstance(doc, dict)
+    security = [(f["rule"], f["severity"]) for f in doc["findings"] if f["rule"].startswith("CKD6")]
+    assert security == [("CKD601", "error")]
+    assert code == 1 and "may not turn off or lower security rules" in err
+
+
+def test_a_file_above_the_root_cannot_lower_security_either(hostile: Path) -> None:
+    """Above the root is not the same as the user's: `scan download/checkpoint-12` puts the downloaded run's own
+    file above the root. Only the command line and the user configuration may turn a security rule off."""
+    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs" / "b" / "checkpoint-12"))
+    assert isinstance(doc, dict)
+    assert [f["rule"] for f in doc["findings"]] == ["CKD601"] and code == 1
+    assert "may not turn off or lower security rules" in err
+
+
+def test_the_user_configuration_may_turn_a_security_rule_off(hostile: Path, tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text(HIDE)
+    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs" / "b"), user=user)
+    assert isinstance(doc, dict)
+    assert (code, doc["findings"], err) == (0, [], "")
+
+
+def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile: Path) -> None:
+    (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nselect = ["CKD1"]\nfail-on = "warning"\n')
+    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    runs = hostile / "runs"
+    quarantined = runs / ".ckptdoctor" / "quarantine" / "t1" / "old-run"  # the fixer's folder: skipped, as a scan does
+    quarantined.mkdir(parents=True)
+    (quarantined / ".ckptdoctor.toml").write_text('ignore = ["CKD1"]\n')
+    code, text, _ = cli("scan", "--show-settings", str(runs))
+    assert code == 0 and "Found" not in str(text)
+    assert str(text).splitlines() == [
+        f"{runs}",
+        f"  file: {hostile}/pyproject.toml [tool.ckptdoctor]",
+        "  select: CKD1",
+        "  ignore: none",
+        "  severity: the catalog defaults",
+        "  fail-on: warning (settings file)",
+        "  kept on: CKD601, CKD602, CKD603, CKD604, CKD605",
+        f"{runs}/b (and below)",
+        f"  file: {runs}/b/.ckptdoctor.toml",
+        "  select: every rule",
+        "  ignore: CKD6, CKD101, CKD401",
+        "  severity: the catalog defaults",
+        "  fail-on: never (settings file)",
+        "  kept on: CKD601, CKD602, CKD603, CKD604, CKD605",
+        "",
+        "A project file cannot turn off or lower security rules (kept on); --ignore, --fail-on",
+        "and the user configuration can.",
+    ]
+    code, doc, _ = cli("scan", "--show-settings", "--format", "json", "--fail-on", "info", str(runs))
+    assert isinstance(doc, dict) and code == 0 and doc["schema"] == "ckptdoctor.settings/1"
+    scopes = doc["roots"][0]["scopes"]
+    assert [(s["folder"], s["file"], s["fail_on"], s["fail_on_from"]) for s in scopes] == [
+        (str(runs), f"{hostile}/pyproject.toml", "info", "--fail-on"),
+        (f"{runs}/b", f"{runs}/b/.ckptdoctor.toml", "info", "--fail-on"),
+    ]
+    for command in (["gate"], ["fix", "--dry-run"]):
+        code, doc, _ = cli(*command, "--show-settings", "--format", "json", str(runs / "b"))
+        assert isinstance(doc, dict) and code == 0
+        assert [s["file"] for s in doc["roots"][0]["scopes"]] == [f"{runs}/b/.ckptdoctor.toml"]
+
+
+def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    runs = hostile / "runs"
+    code, doc, _ = cli("scan", "--format", "json", str(runs))
+    assert isinstance(doc, dict)
+    monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = ckptdoctor.scan(str(runs))
+    assert report.exit_code() == code
+    assert [(f.rule, f.path, f.severity.value) for f in report.findings] == [
+        (f["rule"], f["path"], f["severity"]) for f in doc["findings"]
+    ]
+    assert [(u.path, list(u.folders)) for u in report.settings] == [(s["path"], s["folders"]) for s in doc["settings"]]
+    assert any("may not turn off or lower security rules" in str(w.message) for w in caught)
+
+
+def test_a_user_configuration_typo_is_a_usage_error_even_under_a_project_file(repo: Path, tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text('ignroe = ["CKD101"]\n')
+    (repo / "runs" / "a" / ".ckptdoctor.toml").write_text('select = ["CKD1"]\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user)}
+    proc = subprocess.run([str(BIN), "scan", str(repo / "runs" / "a")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "unknown setting(s) ignroe" in proc.stderr
+
+
+def test_gate_and_its_python_api_read_the_repository_file_above_the_run(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (repo / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    run = repo / "runs" / "a"
+    _, doc, _ = cli("gate", "--format", "json", str(run))
+    assert isinstance(doc, dict)
+    rules = {f["rule"] for f in doc["findings"]}
+    assert "CKD101" not in rules and rules
+    monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")
+    result = ckptdoctor.gate(str(run))
+    assert {f.rule for f in result.findings} == rules
