@@ -56,5 +56,5 @@ def test_an_empty_selection_is_a_usage_error(stub: Path, option: str, value: str
 
 
 def test_rules_json_says_which_rules_only_the_gate_runs() -> None:
-    rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])}
+    rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])["rules"]}
     assert rules["CKD407"]["gate_only"] is True and rules["CKD201"]["gate_only"] is False

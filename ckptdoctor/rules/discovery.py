@@ -67,7 +67,12 @@ def _severity(path: str, kind: ProblemKind, picked: list[str]) -> Severity:
     return Severity.WARNING
 
 
-@rule("CKD001", "unreadable-path", Severity.WARNING)
+@rule(
+    "CKD001",
+    "unreadable-path",
+    Severity.WARNING,
+    severity_when=((Severity.ERROR, "the resume would open it: in the checkpoint it picks, a file a loader reads"),),
+)
 def unreadable_path(tree: Tree) -> Iterator[Hit]:
     """A file or folder the scan could not read: permission denied, symlink loop, undecodable name, device file,
     or a resource limit reached.
@@ -435,7 +440,13 @@ def torn_evidence(
     return out
 
 
-@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
+@rule(
+    "CKD102",
+    "incomplete-checkpoint",
+    Severity.WARNING,
+    fix=Applicability.SAFE,
+    severity_when=((Severity.ERROR, "it is the checkpoint the resume picks, or a checkpoint scanned alone"),),
+)
 def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 

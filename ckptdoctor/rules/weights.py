@@ -355,7 +355,13 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
     return _IndexCheck(problems, lossy, misrouted, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n")
 
 
-@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix=Applicability.SAFE)
+@rule(
+    "CKD205",
+    "shard-index-mismatch",
+    Severity.ERROR,
+    fix=Applicability.SAFE,
+    severity_when=((Severity.WARNING, "every tensor still loads: only routing or total_size is wrong"),),
+)
 def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """A shard index disagrees with the shards' own headers.
 
@@ -652,7 +658,12 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
                 yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): {outcome}")
 
 
-@rule("CKD211", "corrupt-json", Severity.ERROR)
+@rule(
+    "CKD211",
+    "corrupt-json",
+    Severity.ERROR,
+    severity_when=((Severity.WARNING, "the file is neither `config.json` nor a shard index"),),
+)
 def corrupt_json(tree: Tree) -> Iterator[Hit]:
     """A JSON file a loader reads (`config.json`, a `*.index.json`, ...) that is not valid JSON or has duplicate
     keys.
@@ -812,7 +823,13 @@ def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
             yield Hit(d.path, f"{len(d.skipped)} floating-point tensor(s) not checked: {_examples(list(d.skipped))}")
 
 
-@rule("CKD214", "checksum-mismatch", Severity.ERROR, deep_only=True)
+@rule(
+    "CKD214",
+    "checksum-mismatch",
+    Severity.ERROR,
+    deep_only=True,
+    severity_when=((Severity.WARNING, "a file is on disk but not in the manifest"),),
+)
 def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
     """A file's size or sha256 differs from the checksum manifest, or a listed file is missing.
 
