@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ckptdoctor.fixer.run import FixResult
     from ckptdoctor.scanner import PathArg, Report
 
+NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: what allow_empty accepts
+
 Codes = Sequence[str] | str
 """Rule codes, prefixes or names: one string (``"CKD2,CKD601"``) or several, as ``--select``/``--ignore`` take."""
 
@@ -50,6 +52,7 @@ def scan(
     progress: TextIO | None = None,
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
+    allow_empty: bool = False,
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -62,6 +65,8 @@ def scan(
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
+    A root holding no checkpoint at all (empty, only logs, unreadable: a mistyped path) is CKD002, an error, unless
+    ``allow_empty`` (``--allow-empty``).
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -75,6 +80,8 @@ def scan(
     roots = unique_roots(as_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     select, ignore = _codes(select), _codes(ignore)
     check_runnable(split_codes(select), deep)
+    if allow_empty:
+        ignore = (*ignore, NO_CHECKPOINT)
     groups = selection_groups(
         roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
     )

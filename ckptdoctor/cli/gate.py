@@ -10,7 +10,15 @@ from typing import Any
 import click
 
 from ckptdoctor import schedules
-from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _exit_code,
+    _note_kept,
+    _read_only_done,
+    allow_empty_option,
+    rule_options,
+)
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import render_text, summary
 from ckptdoctor.resume.api import run_gate
@@ -100,6 +108,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
+@allow_empty_option("with no checkpoint in RUN_DIR the gate passes (the run starts afresh)")
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -122,6 +131,7 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
+    allow_empty: bool,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
@@ -170,7 +180,8 @@ def gate_command(
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
-                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts)
+                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts,
+                          allow_empty=allow_empty)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

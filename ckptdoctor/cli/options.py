@@ -80,6 +80,16 @@ allow_global_option = click.option(
 """``--allow-global`` (passed as ``allow_global``): the user's pickle-global allowances for this run."""
 
 
+def allow_empty_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all (CKD002)."""
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help=f"Accept a root that holds no checkpoint yet (a launcher gating before the first save): {what}. "
+        "Without it such a root (a mistyped or unmounted path) is CKD002, an error.",
+    )
+
+
 def rule_options(
     *, never_runs: str, every_rule: str, root: str = "the root", each_root: str = "each root"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -17,6 +17,7 @@ from ckptdoctor.cli.options import (
     _note_security,
     _read_only_done,
     _use_color,
+    allow_empty_option,
     rule_options,
 )
 
@@ -39,7 +40,7 @@ Examples:
 \b
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
 root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
-a finding, not 2.
+a finding, not 2; so is a root holding no checkpoint at all (CKD002, an error, unless --allow-empty).
 
 \b
 Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
@@ -89,6 +90,7 @@ rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and -
     "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
     "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
+@allow_empty_option("CKD002 is not reported (as with --ignore CKD002)")
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -100,6 +102,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
+    allow_empty: bool,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -113,12 +116,12 @@ def scan(
     (\\x1b); --format json gives them exactly.
     """
     from ckptdoctor.discover import unique_roots
-    from ckptdoctor.render.report import printable, render_json, render_text
+    from ckptdoctor.render.report import render_json, render_text
 
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
-    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)
+    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global, allow_empty)
     if fmt == "json":
         click.echo(render_json(report))
     elif fmt == "sarif":
@@ -132,9 +135,6 @@ def scan(
         click.echo(render_github(report.findings, notice=summary_line(report)))
     else:
         click.echo(render_text(report, color=_use_color(sys.stdout)))
-    for tree in report.trees:
-        if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
-            click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
     if checksums == "write":
         _write_manifests(report.trees)
     code = report.policy.exit_code(report.findings, on_security_kept=_note_security)
@@ -153,6 +153,7 @@ def _scan(
     deep: bool,
     checksums: str | None,
     allow_global: Sequence[str] = (),
+    allow_empty: bool = False,
 ) -> Report:
     """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
     error."""
@@ -172,6 +173,7 @@ def _scan(
             progress=progress_stream(),
             on_kept=_note_kept,
             allow_global=allow_global,
+            allow_empty=allow_empty,
         )
 
     if not deep:

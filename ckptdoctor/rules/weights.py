@@ -28,7 +28,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.adapters import is_lora_b
-from ckptdoctor.rules.discovery import PATH_KINDS
+from ckptdoctor.rules.discovery import PATH_KINDS, UNSUPPORTED_FORMATS
 
 STUB_MAX_TENSORS = 8  # "a few": more than this and it is a real (if wrong) model file, still reported
 _SHARD_RE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
@@ -959,21 +959,6 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
                       + (f" and {len(d.corrupt) - _EXAMPLES} more" if len(d.corrupt) > _EXAMPLES else ""))
 
 
-# Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said, never passed over.
-_UNSUPPORTED = (
-    (".gguf", "GGUF (llama.cpp)"),
-    (".msgpack", "Flax msgpack"),
-    (".keras", "Keras 3 `.keras` archive"),
-    (".onnx", "ONNX"),
-    (".tflite", "TensorFlow Lite"),
-    (".pdparams", "PaddlePaddle parameters"),
-    (".pdopt", "PaddlePaddle optimizer state"),
-    ("saved_model.pb", "TensorFlow SavedModel"),
-    ("saved_model.pbtxt", "TensorFlow SavedModel"),
-    (".meta", "TensorFlow 1.x MetaGraph"),
-)
-
-
 @rule("CKD216", "unsupported-checkpoint-format", Severity.INFO)
 def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """A file that looks like a checkpoint in a format ckptdoctor does not read, so nothing in it was checked.
@@ -1000,7 +985,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """
     for f in tree.all_files():
         lower = f.name.lower()
-        for suffix, what in _UNSUPPORTED:
+        for suffix, what in UNSUPPORTED_FORMATS:
             if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
                 yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
                 break
