@@ -137,12 +137,13 @@ def fix(
     force: bool = False,
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
+    allow_empty: bool = False,
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
     Each root is fixed under its own settings file plus ``select``/``ignore``, as ``scan`` reads them; ``fail_on``,
-    ``no_config``, ``on_kept`` and ``allow_global`` are ``scan``'s. ``result.exit_code()`` is the command's exit
-    code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
+    ``no_config``, ``on_kept``, ``allow_global`` and ``allow_empty`` are ``scan``'s. ``result.exit_code()`` is the
+    command's exit code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
     (``force`` acts anyway).
     """
@@ -154,6 +155,8 @@ def fix(
     check_fail_on(fail_on)
     select, ignore = _codes(select), _codes(ignore)
     check_runnable(split_codes(select), deep=False)
+    if allow_empty:
+        ignore = (*ignore, NO_CHECKPOINT)
     roots = unique_roots(as_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
     _check_roots(roots)  # before the roots are grouped: one inside another is refused whatever their settings
     groups = selection_groups(

@@ -6,9 +6,11 @@ Driven through the installed command (`python -m ckptdoctor`, a subprocess) and 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,22 @@ def test_the_gate_fails_an_empty_run_dir_unless_allowed(roots: dict[str, Path]) 
     torn = shutil.copytree(REPO / "fixtures" / "interrupted-save", roots["empty"].parent / "torn")
     code, _, _ = cli("gate", "--allow-empty", str(torn))
     assert code == 1
+
+
+def test_a_fix_that_leaves_a_run_empty_says_so_unless_allowed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "tmp-checkpoint-4").mkdir(parents=True)  # a staging folder only (CKD103): the fix quarantines it
+    (run / "tmp-checkpoint-4" / "config.json").write_text("{}")
+    old = time.time() - 3600
+    for p in (run / "tmp-checkpoint-4" / "config.json", run / "tmp-checkpoint-4", run):
+        os.utime(p, (old, old))
+    code, out, _ = cli("fix", "--dry-run", "--allow-empty", "--format", "json", str(run))
+    assert code == 1 and json.loads(out)["remaining"] == []  # dry run: 1, it would change something
+    code, out, _ = cli("fix", "--format", "json", str(run))
+    assert code == 1 and [f["rule"] for f in json.loads(out)["remaining"]] == ["CKD002"]
+    assert cli("undo", str(run))[0] == 0
+    code, out, _ = cli("fix", "--allow-empty", "--format", "json", str(run))
+    assert code == 0 and json.loads(out)["remaining"] == []
 
 
 def test_readme_documents_the_empty_root() -> None:

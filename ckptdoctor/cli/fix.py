@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, allow_global_option, text_or_json
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    _note_kept,
+    _note_security,
+    allow_empty_option,
+    allow_global_option,
+    text_or_json,
+)
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -96,6 +103,7 @@ the fix (nothing is changed then), 130 interrupted.
     help="Ignore the settings file at each root (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml).",
 )
 @allow_global_option
+@allow_empty_option("CKD002 does not remain (a run whose only folders the fix quarantines is left empty)")
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -107,6 +115,7 @@ def fix_command(
     force: bool,
     no_config: bool,
     allow_global: tuple[str, ...],
+    allow_empty: bool,
 ) -> None:
     """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
 
@@ -126,6 +135,7 @@ def fix_command(
         force=force,
         on_kept=_note_kept,
         allow_global=allow_global,
+        allow_empty=allow_empty,
     )
     if fmt == "json":
         click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
