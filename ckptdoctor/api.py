@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ckptdoctor.model import Tree
     from ckptdoctor.scanner import PathArg, Report
 
+NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: what allow_empty accepts
+
 Codes = Sequence[str] | str
 """Rule codes, prefixes or names: one string (``"CKD2,CKD601"``) or several, as ``--select``/``--ignore`` take."""
 
@@ -55,6 +57,7 @@ def scan(
     progress: TextIO | None = None,
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
+    allow_empty: bool = False,
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -68,6 +71,8 @@ def scan(
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
+    A root holding no checkpoint at all (empty, only logs, unreadable: a mistyped path) is CKD002, an error, unless
+    ``allow_empty`` (``--allow-empty``).
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -81,6 +86,8 @@ def scan(
     roots = unique_roots(as_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     select, ignore = _codes(select), _codes(ignore)
     check_runnable(split_codes(select), deep)
+    if allow_empty:
+        ignore = (*ignore, NO_CHECKPOINT)
     groups = selection_groups(
         roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
     )
@@ -183,13 +190,14 @@ def fix(
     force: bool = False,
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
+    allow_empty: bool = False,
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
     Each root is fixed under the closest settings file from it upward plus ``select``/``ignore``, as ``scan``
-    reads them (files below the root are not applied by a fix); ``fail_on``,
-    ``no_config``, ``on_kept`` and ``allow_global`` are ``scan``'s. ``result.exit_code()`` is the command's exit
-    code (a dry run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
+    reads them (files below the root are not applied by a fix); ``fail_on``, ``no_config``, ``on_kept``,
+    ``allow_global`` and ``allow_empty`` are ``scan``'s. ``result.exit_code()`` is the command's exit code (a dry
+    run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
     (``force`` acts anyway).
     """
@@ -201,6 +209,8 @@ def fix(
     check_fail_on(fail_on)
     select, ignore = _codes(select), _codes(ignore)
     check_runnable(split_codes(select), deep=False)
+    if allow_empty:
+        ignore = (*ignore, NO_CHECKPOINT)
     roots = unique_roots(as_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
     _check_roots(roots)  # before the roots are grouped: one inside another is refused whatever their settings
     groups = selection_groups(

@@ -409,8 +409,19 @@ def _pick(node: _Dir) -> str | None:
     os.listdir order, are broken deterministically: the canonical ``checkpoint-<n>`` the Trainer writes, else the
     name that sorts first.
     """
+    name = last_checkpoint(node.dir_names)
+    if name is None:
+        return None
+    name = display(name)
+    return name if node.rel == "." else f"{node.rel}/{name}"
+
+
+def last_checkpoint(names: Iterable[str]) -> str | None:
+    """The folder name ``get_last_checkpoint`` returns among a run's subfolder ``names`` (None: no `checkpoint-N`);
+    ties between names of the same number go to the canonical ``checkpoint-<n>``, else the name that sorts first.
+    Discovery picks with it, and ``fix --dry-run`` predicts the pick once folders are quarantined."""
     numbered: list[tuple[int, str]] = []
-    for n in node.dir_names:
+    for n in names:
         m = _RESUME_RE.search(n)
         if m:
             numbered.append((int(m.group(1)), n))
@@ -419,8 +430,7 @@ def _pick(node: _Dir) -> str | None:
     top = max(step for step, _ in numbered)
     tied = sorted(n for step, n in numbered if step == top)
     canonical = f"checkpoint-{top}"
-    name = display(canonical if canonical in tied else tied[0])
-    return name if node.rel == "." else f"{node.rel}/{name}"
+    return canonical if canonical in tied else tied[0]
 
 
 def _is_ckpt_file(name: str) -> bool:

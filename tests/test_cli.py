@@ -170,7 +170,7 @@ def test_inspect_marks_what_the_scan_would_flag_in_a_pickle(tmp_path: Path) -> N
 
 def test_rules_and_explain() -> None:
     code, out = run("rules", "--format", "json")
-    assert code == 0 and any(r["code"] == "CKD201" for r in json.loads(out))
+    assert code == 0 and any(r["code"] == "CKD201" for r in json.loads(out)["rules"])
     code, out = run("explain", "CKD201")
     assert code == 0 and "## Why is this bad?" in out
     code, _ = run("explain", "nope")

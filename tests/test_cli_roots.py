@@ -1,5 +1,5 @@
 """What a demanding user of ruff expects from the scan command line: a root named twice is scanned once, an empty
-root is said to be empty, rules can be named as `explain` names them, and an empty --select is a mistake."""
+root fails unless allowed, rules can be named as `explain` names them, and an empty --select is a mistake."""
 
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ def test_a_root_named_twice_is_scanned_once(stub: Path, monkeypatch: pytest.Monk
     assert [f["rule"] for f in twice["findings"]] == [f["rule"] for f in once["findings"]]
 
 
-def test_an_empty_root_passes_with_a_warning(tmp_path: Path) -> None:
+def test_an_empty_root_is_an_error_finding_unless_allowed(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    code, out, err = invoke("scan", str(tmp_path / "empty"))
-    assert code == 0 and "No problems found in 0 files" in out
-    assert "warning: no files under" in err and "nothing was checked" in err
-    code, out, err = invoke("scan", "--format", "json", str(tmp_path / "empty"))
-    assert code == 0 and json.loads(out)["summary"]["files"] == 0 and "no files under" in err
+    code, out, _ = invoke("scan", "--format", "json", str(tmp_path / "empty"))
+    doc = json.loads(out)
+    assert code == 1 and doc["summary"]["files"] == 0
+    assert [(f["rule"], f["severity"], f["path"]) for f in doc["findings"]] == [("CKD002", "error", ".")]
+    code, out, _ = invoke("scan", "--format", "json", "--allow-empty", str(tmp_path / "empty"))
+    assert code == 0 and json.loads(out)["findings"] == []
 
 
 def test_rules_can_be_selected_and_ignored_by_name(stub: Path) -> None:
@@ -56,5 +57,5 @@ def test_an_empty_selection_is_a_usage_error(stub: Path, option: str, value: str
 
 
 def test_rules_json_says_which_rules_only_the_gate_runs() -> None:
-    rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])}
+    rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])["rules"]}
     assert rules["CKD407"]["gate_only"] is True and rules["CKD201"]["gate_only"] is False

@@ -265,6 +265,16 @@ def temp_left(copy: Copy) -> Path:
     return root
 
 
+def logs_only(copy: Copy) -> Path:
+    """An output_dir whose checkpoints are gone (rotated, moved, never saved): only TensorBoard-style logs remain."""
+    root = copy("clean-full")
+    for ck in root.glob("checkpoint-*"):
+        shutil.rmtree(ck)
+    (root / "runs").mkdir()
+    (root / "runs" / "events.txt").write_text("step 4 loss 2.1\n")
+    return root
+
+
 def backup_copy(copy: Copy) -> Path:
     """A hand-made backup `checkpoint-8.bak`: invisible to resume, not a staging folder."""
     root = copy("clean-full")
@@ -462,6 +472,7 @@ WARN, ERR, INFO = Severity.WARNING, Severity.ERROR, Severity.INFO
 LORA_Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 
 FIRES: tuple[Fires, ...] = (
+    Fires("CKD002", "logs-only", logs_only, ".", ERR, ("no checkpoint here", "none of its 1 file", "--allow-empty")),
     Fires("CKD107", "tf-bundle-deleted", sample("tf/tf-trainer", _drop_tf_bundle_3), "checkpoint/checkpoint", ERR,
           ("model_checkpoint_path", '"ckpt-3"', "NotFoundError")),
     Fires("CKD215", "truncated-h5", sample("tf/tf-trainer", _cut_h5), "tf_model.h5", ERR,
@@ -561,6 +572,9 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD216", "keras-weights", sample("tf/keras-weights")),
     Silent("CKD001", "link-inside-root", link_inside),
+    Silent("CKD002", "clean-full", clean("clean-full")),
+    Silent("CKD002", "fsdp", clean("fsdp")),
+    Silent("CKD002", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD101", "stale-quarantined", stale_removed),
     Silent("CKD101", "clean-full", clean("clean-full")),
     Silent("CKD102", "clean-full", clean("clean-full")),

@@ -12,6 +12,7 @@ from ckptdoctor.cli.options import (
     ScanRoot,
     _note_kept,
     _note_security,
+    allow_empty_option,
     allow_global_option,
     output_options,
     print_settings,
@@ -34,14 +35,16 @@ Examples:
   ckptdoctor undo runs/my-run/                 # restore the last fix byte for byte
 
 Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep their
-original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under its
-own settings file; a folder named twice (X ./X/) is fixed once. A .ckptdoctor/ folder that came with a download
+original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under its own
+settings file; a folder named twice (X ./X/) is fixed once. A .ckptdoctor/ folder that came with a download
 (journals, quarantine, lock) is checked and refused unless it is what the fixer itself writes. A dry run also lists
-what would remain after the fix (predicted from the plan; the real run rescans) and says when the real run would be
-refused now (a run written in the last 60 seconds, a read-only tree): that is shown, not exit 2. Exit codes: 0
-nothing left at or above --fail-on (dry run: nothing to change and nothing at or above it would remain), 1 findings
-remain (dry run: it would change something, or findings at or above --fail-on would remain), 2 usage error or
-refusal (read-only, busy, locked, changed files, a .ckptdoctor/ the fixer did not write), 130 interrupted.
+what would remain after the fix (predicted from the plan; the real run rescans), where resume_from_checkpoint=True
+would pick up when the fix quarantines the checkpoint it picks (the real run says where it now picks up; JSON: each
+root's "resume": [{"run", "before", "after"}]), and says when the real run would be refused now (a run written in
+the last 60 seconds, a read-only tree): that is shown, not exit 2. Exit codes: 0 nothing left at or above --fail-on
+(dry run: nothing to change and nothing at or above it would remain), 1 findings remain (dry run: it would change
+something, or findings at or above --fail-on would remain), 2 usage error or refusal (read-only, busy, locked,
+changed files, a .ckptdoctor/ the fixer did not write), 130 interrupted.
 """
 
 _EPILOG_UNDO = """\b
@@ -113,6 +116,7 @@ the fix (nothing is changed then), 130 interrupted.
 )
 @allow_global_option
 @show_settings_option
+@allow_empty_option("CKD002 does not remain (a run whose only folders the fix quarantines is left empty)")
 def fix_command(
     paths: tuple[str, ...],
     dry_run: bool,
@@ -128,6 +132,7 @@ def fix_command(
     no_config: bool,
     allow_global: tuple[str, ...],
     show_settings: bool,
+    allow_empty: bool,
 ) -> None:
     """Repair what the scan finds, safely: plan, journal, apply atomically; undo restores byte for byte.
 
@@ -149,6 +154,7 @@ def fix_command(
         force=force,
         on_kept=_note_kept,
         allow_global=allow_global,
+        allow_empty=allow_empty,
     )
     if fmt == "json":
         text = json.dumps(fix_json(result), indent=2, allow_nan=False)

@@ -16,6 +16,7 @@ from ckptdoctor.cli.options import (
     _exit_code,
     _note_kept,
     _read_only_done,
+    allow_empty_option,
     output_options,
     print_settings,
     rule_options,
@@ -113,6 +114,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs")
 @show_settings_option
+@allow_empty_option("with no checkpoint in RUN_DIR the gate passes (the run starts afresh)")
 def gate_command(
     run_dir: str,
     checkpoint: str | None,
@@ -139,6 +141,7 @@ def gate_command(
     no_config: bool,
     allow_global: tuple[str, ...],
     show_settings: bool,
+    allow_empty: bool,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
@@ -189,7 +192,8 @@ def gate_command(
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
-                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts)
+                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts,
+                          allow_empty=allow_empty)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

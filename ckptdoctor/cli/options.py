@@ -118,6 +118,16 @@ def print_settings(
     sys.exit(0)
 
 
+def allow_empty_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all (CKD002)."""
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help=f"Accept a root that holds no checkpoint yet (a launcher gating before the first save): {what}. "
+        "Without it such a root (a mistyped or unmounted path) is CKD002, an error.",
+    )
+
+
 def rule_options(*, never_runs: str, every_rule: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--fail-on``, ``--select``, ``--ignore``, ``--no-config`` and ``--allow-global`` (passed as ``fail_on``,
     ``select``, ``ignore``, ``no_config``, ``allow_global``) of a command that runs rules under a root's settings

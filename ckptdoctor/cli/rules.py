@@ -8,10 +8,12 @@ import click
 
 from ckptdoctor.cli.options import UsageProblem
 
+RULES_SCHEMA = "ckptdoctor.rules/1"
+
 _EPILOG_RULES = """\b
 Examples:
   ckptdoctor rules
-  ckptdoctor rules --format json | jq -r '.[] | select(.fixable) | .code'
+  ckptdoctor rules --format json | jq -r '.rules[] | select(.fixable) | .code'
   ckptdoctor explain CKD201                    # one rule's full document
 """
 
@@ -23,11 +25,14 @@ Examples:
     type=click.Choice(["text", "json", "markdown"]),
     default="text",
     show_default=True,
-    help="text: a table; json: a list of {code, name, severity, fixable, fix (safe, unsafe or null), deep_only, "
-    "gate_only, summary}; markdown: the table the README embeds (it also marks the --deep and gate-only rules).",
+    help='text: a table; json: {"schema": "ckptdoctor.rules/1", "version", "rules": [{code, name, severity (the '
+    "default), severity_when ([{severity, when}]: the other severities a finding can have, and when), fixable, fix "
+    "(safe, unsafe or null), deep_only, gate_only, summary}]}; markdown: the table the README embeds (it also marks "
+    "the --deep and gate-only rules).",
 )
 def rules_cmd(fmt: str) -> None:
-    """List every rule: code, name, default severity, whether `ckptdoctor fix` can repair it, and a summary.
+    """List every rule: code, name, default severity (and when it changes), whether `ckptdoctor fix` can repair
+    it, and a summary.
 
     `ckptdoctor explain CODE` prints a rule's full document.
     """
@@ -38,11 +43,14 @@ def rules_cmd(fmt: str) -> None:
         click.echo(rules_markdown())
         return
     if fmt == "json":
+        from ckptdoctor import __version__
+
         data = [
             {
                 "code": r.code,
                 "name": r.name,
                 "severity": r.severity.value,
+                "severity_when": [{"severity": sev.value, "when": when} for sev, when in r.severity_when],
                 "fixable": r.fixable,
                 "fix": r.fix.value if r.fix is not None else None,
                 "deep_only": r.deep_only,
@@ -51,11 +59,11 @@ def rules_cmd(fmt: str) -> None:
             }
             for r in rules
         ]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps({"schema": RULES_SCHEMA, "version": __version__, "rules": data}, indent=2))
         return
     from tabulate import tabulate
 
-    rows = [[r.code, r.name, r.severity.value, r.fix.value if r.fix is not None else "", r.summary] for r in rules]
+    rows = [[r.code, r.name, r.severity_text, r.fix.value if r.fix is not None else "", r.summary] for r in rules]
     click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
 
 
@@ -86,4 +94,8 @@ def explain(rule: str) -> None:
     header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix.value} fix' if r.fix is not None else ''})"
     click.echo(header)
     click.echo("=" * len(header))
+    for sev, when in r.severity_when:  # the catalog says every severity a finding can be reported at
+        click.echo(f"Reported as {sev.value} when {when}.")
+    if r.severity_when:
+        click.echo()
     click.echo(_inspect.cleandoc(r.doc))

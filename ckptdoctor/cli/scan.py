@@ -17,6 +17,7 @@ from ckptdoctor.cli.options import (
     _note_security,
     _read_only_done,
     _use_color,
+    allow_empty_option,
     output_options,
     print_settings,
     rule_options,
@@ -45,7 +46,7 @@ Examples:
 
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
 root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
-a finding, not 2.
+a finding, not 2; so is a root holding no checkpoint at all (CKD002, an error, unless --allow-empty).
 
 Settings: each run and checkpoint folder is checked under the closest .ckptdoctor.toml, or pyproject.toml with
 [tool.ckptdoctor], from that folder upward (as ruff finds its configuration; .ckptdoctor.toml wins in one folder),
@@ -111,6 +112,7 @@ configuration, can.
     "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
 @show_settings_option
+@allow_empty_option("CKD002 is not reported (as with --ignore CKD002)")
 def scan(
     paths: tuple[str, ...],
     fmt: str,
@@ -127,6 +129,7 @@ def scan(
     checksums: str | None,
     allow_global: tuple[str, ...],
     show_settings: bool,
+    allow_empty: bool,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -140,7 +143,7 @@ def scan(
     (\\x1b); --format json gives them exactly.
     """
     from ckptdoctor.discover import unique_roots
-    from ckptdoctor.render.report import printable, render_json, render_text
+    from ckptdoctor.render.report import render_json, render_text
 
     if statistics and fmt in ("sarif", "github"):
         raise UsageProblem(f"--statistics prints text or json, not {fmt}")
@@ -149,7 +152,7 @@ def scan(
         print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global)
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
-    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)
+    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global, allow_empty)
     width = text_width(output_file, sys.stdout)
     if statistics:
         from ckptdoctor.render.report import render_statistics, statistics_json
@@ -175,9 +178,6 @@ def scan(
         color = output_file is None and _use_color(sys.stdout)
         text = render_text(report, color=color, width=width, quiet=quiet)
     emit(text, output_file, silent)
-    for tree in report.trees:
-        if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
-            click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)
     if checksums == "write":
         _write_manifests(report.trees)
     code = report.policy.exit_code(report.findings, on_security_kept=_note_security)
@@ -196,6 +196,7 @@ def _scan(
     deep: bool,
     checksums: str | None,
     allow_global: Sequence[str] = (),
+    allow_empty: bool = False,
 ) -> Report:
     """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
     error."""
@@ -215,6 +216,7 @@ def _scan(
             progress=progress_stream(),
             on_kept=_note_kept,
             allow_global=allow_global,
+            allow_empty=allow_empty,
         )
 
     if not deep:

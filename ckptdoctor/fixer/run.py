@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,10 +15,28 @@ from ckptdoctor.fixer.guard import preflight
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.plan import RootPlan, plan_root
 from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
+from ckptdoctor.model import FolderRole, Tree
 from ckptdoctor.settings import ExitPolicy
 
 if TYPE_CHECKING:
     from ckptdoctor.scanner import PathArg
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where ``resume_from_checkpoint=True`` picks up in one run of a fixed root, before and after the fix: the
+    folder ``get_last_checkpoint`` returns, relative to the root (None: none, and ``train()`` raises). After a real
+    fix it is the rescan's pick (what ``ckptdoctor gate`` loads); after a dry run, predicted from the plan."""
+
+    root: str
+    run: str
+    before: str | None
+    after: str | None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the fix changes where the resume picks up (it quarantined the folder picked before)."""
+        return self.before != self.after
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +56,7 @@ class FixResult:
     failed_on: bool = False  # a remaining finding is at or above --fail-on
     refusals: tuple[str | None, ...] = ()
     policy: ExitPolicy | None = None
+    resume_points: tuple[ResumePoint, ...] = ()  # each run's pick before and after (predicted in a dry run)
 
     @property
     def would_change(self) -> bool:
@@ -67,6 +87,7 @@ class FixResult:
             tuple(f for r in results for f in r.remaining),
             any(r.failed_on for r in results),
             tuple(x for r in results for x in r.refusals),
+            resume_points=tuple(p for r in results for p in r.resume_points),
         )
 
 
@@ -102,9 +123,35 @@ def predicted_remaining(plan: RootPlan, findings: Iterable[Finding]) -> list[Fin
     """
     fixed = {id(f) for f in plan.planned}
     moved = tuple(op.path for op in plan.ops if op.kind == OpKind.QUARANTINE)
-    return [
-        f for f in findings if id(f) not in fixed and not any(f.path == m or f.path.startswith(m + "/") for m in moved)
-    ]
+    return [f for f in findings if id(f) not in fixed and not _under(f.path, moved)]
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(path == m or path.startswith(m + "/") for m in folders)
+
+
+def resume_points(plan: RootPlan, after: Tree | None) -> list[ResumePoint]:
+    """Each run's pick in ``plan.tree`` and in ``after`` (the rescan: discovery's pick, which the gate loads), or,
+    without a rescan (a dry run), the pick once the plan's quarantines are done: ``get_last_checkpoint`` over the
+    run's `checkpoint-N` folders that stay (``discover.last_checkpoint``, the rule discovery picks by)."""
+    from ckptdoctor.discover import last_checkpoint
+
+    moved = tuple(op.path for op in plan.ops if op.kind == OpKind.QUARANTINE)
+    later = {r.path: r.resume_pick for r in after.runs} if after is not None else {}
+    out: list[ResumePoint] = []
+    for run in plan.tree.runs:
+        if run.standalone:
+            continue  # a checkpoint given by path: nothing picks it
+        if after is not None:
+            pick = later.get(run.path)
+        elif run.resume_pick is None or not _under(run.resume_pick, moved):
+            pick = run.resume_pick  # quarantines only take folders away: the pick moves only when it goes
+        else:
+            kept = [c.path for c in run.checkpoints if c.role is FolderRole.CHECKPOINT and not _under(c.path, moved)]
+            name = last_checkpoint(posixpath.basename(p) for p in kept)
+            pick = None if name is None else name if run.path == "." else f"{run.path}/{name}"
+        out.append(ResumePoint(plan.root, run.path, run.resume_pick, pick))
+    return out
 
 
 def _refusal(plan: RootPlan, force: bool) -> str | None:
@@ -145,6 +192,7 @@ def fix(
     plans: list[RootPlan] = []
     txids: list[str | None] = []
     predicted: list[Finding] = []
+    points: list[ResumePoint] = []
     for root in roots:
         if dry_run:
             interrupted = tuple(j.txid for j in load_journals(root) if j.state in ("applying", "undoing"))
@@ -158,14 +206,20 @@ def fix(
         if dry_run:
             txids.append(None)
             predicted.extend(predicted_remaining(plan, report.findings))
+            points.extend(resume_points(plan, None))
             continue
         j = apply_plan(plan, force=force)
         txids.append(None if j is None else j.txid)
     if dry_run:
         left = Report((), tuple(predicted), 0.0)
         refusals = tuple(_refusal(p, force) for p in plans)
-        return FixResult(tuple(plans), tuple(txids), True, 0, left.findings, left.failed(fail_on), refusals)
+        return FixResult(
+            tuple(plans), tuple(txids), True, 0, left.findings, left.failed(fail_on), refusals,
+            resume_points=tuple(points),
+        )
     after = scan(roots, selection=selection)
+    for plan, tree in zip(plans, after.trees, strict=True):
+        points.extend(resume_points(plan, tree))
     left_keys = {(f.root, f.rule, f.path) for f in after.findings}
     fixed = sum(
         1
@@ -175,5 +229,6 @@ def fix(
         if (f.root, f.rule, f.path) not in left_keys
     )
     return FixResult(
-        tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on), (None,) * len(plans)
+        tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on), (None,) * len(plans),
+        resume_points=tuple(points),
     )

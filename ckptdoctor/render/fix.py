@@ -84,6 +84,7 @@ def _render_fix_text(result: FixResult, width: int | None) -> list[str]:
             out.append(f"  skipped [{s.finding.rule}] {s.finding.fix.title if s.finding.fix else ''}: {s.reason}")
         for f in plan.manual:
             out.append(f"  manual [{f.rule}] {f.fix.title if f.fix else f.message}")
+        out.extend(_resume_lines(result, plan.root))
         if refused:
             out.append(f"  without --dry-run this fix would be refused now: {refused}")
     out.append("")
@@ -95,6 +96,25 @@ def _render_fix_text(result: FixResult, width: int | None) -> list[str]:
         if tx is not None:
             out.append(f"Transaction {tx} applied to {plan.root}; `ckptdoctor undo {plan.root}` restores it.")
     out.append(f"Fixed {plural(result.fixed, 'problem')}, {n_left:,} remain{'s' if n_left == 1 else ''}.")
+    return out
+
+
+def _resume_lines(result: FixResult, root: str) -> list[str]:
+    """Where the resume picks up now in each run of ``root`` whose pick the fix moved (a dry run: would)."""
+    from ckptdoctor.render.report import printable
+
+    out: list[str] = []
+    for p in result.resume_points:
+        if p.root != root or not p.moved:
+            continue
+        run = "" if p.run in ("", ".") else f" in `{printable(p.run)}`"
+        if p.after is None:
+            now = "would find" if result.dry_run else "now finds"
+            out.append(f"  resume_from_checkpoint=True{run} {now} no checkpoint: train() raises (start afresh)")
+        else:
+            now = "would pick up" if result.dry_run else "now picks up"
+            was = f" instead of `{printable(p.before)}`" if p.before is not None else ""
+            out.append(f"  resume_from_checkpoint=True{run} {now} from `{printable(p.after)}`{was}")
     return out
 
 
@@ -124,6 +144,9 @@ def _dry_run_summary(result: FixResult, width: int | None) -> list[str]:
 def fix_json(result: FixResult) -> dict[str, Any]:
     """The ``ckptdoctor.fix/1`` document.
 
+    Each root's ``resume`` lists its runs' picks: ``{"run", "before", "after"}``, the folder
+    ``resume_from_checkpoint=True`` picks up from before and after the fix (relative to the root; null: none), after
+    the rescan in a real run and predicted in a dry run.
     In a dry run ``summary.fixed`` is 0, ``summary.would_fix`` the problems the plan fixes (the text's "Would fix N
     problems"; null in a real run, where ``fixed`` counts what the rescan no longer finds),
     ``summary.remain`` and ``remaining`` are the prediction (what the plan would leave) and each
@@ -157,6 +180,11 @@ def fix_json(result: FixResult) -> dict[str, Any]:
                 "skipped": [{"rule": s.finding.rule, "path": s.finding.path, "reason": s.reason} for s in plan.skipped],
                 "manual": [{"rule": f.rule, "path": f.path} for f in plan.manual],
                 "refused": refused,
+                "resume": [
+                    {"run": p.run, "before": p.before, "after": p.after}
+                    for p in result.resume_points
+                    if p.root == plan.root
+                ],
             }
         )
     return {

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree
-from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, rule
+from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, rule
 from ckptdoctor.rules.training import saved_world_size
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
     for r in all_rules():
         if not r.gate_only or not unselected.enabled(replace(r, gate_only=False)):
             continue
-        for h in cast(GateRuleFunc, r.func)(ctx):  # a gate-only rule's function takes the context
+        for h in declared(r, cast(GateRuleFunc, r.func)(ctx)):  # a gate-only rule's function takes the context
             sev = selection.severity.get(r.code, h.severity or r.severity)
             found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
     return found
@@ -464,7 +464,13 @@ def resume_steps_unknown(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(ck.path, f"{note}: steps and LRs not predicted; pass the new steps per epoch (--steps-per-epoch)")
 
 
-@rule("CKD504", "world-size-mismatch", Severity.ERROR, gate_only=True)
+@rule(
+    "CKD504",
+    "world-size-mismatch",
+    Severity.ERROR,
+    gate_only=True,
+    severity_when=((Severity.WARNING, "only the per-rank RNG state files tell the saved world size"),),
+)
 def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     """The planned number of processes differs from the number that saved the checkpoint.
 

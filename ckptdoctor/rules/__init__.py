@@ -55,6 +55,9 @@ class Rule:
     # a settings file cannot turn it off or lower it, nor let its errors pass (``keep_security_rules``).
     security_severity: str | None = None
     superseded_by_gate: bool = False  # `ckptdoctor gate` replaces this scan rule's finding by its exact prediction
+    # the other severities a finding of this rule can be reported at, each with when: (ERROR, "the resume picks
+    # the folder"). A hit at a severity the catalog does not declare is an internal error (``run_rules``).
+    severity_when: tuple[tuple[Severity, str], ...] = ()
 
     @property
     def security(self) -> bool:
@@ -65,6 +68,18 @@ class Rule:
     def fixable(self) -> bool:
         """Whether ``ckptdoctor fix`` repairs what the rule finds (with ``--unsafe-fixes`` when ``fix`` is unsafe)."""
         return self.fix is not None
+
+    @property
+    def severities(self) -> frozenset[Severity]:
+        """Every severity a finding of this rule can be reported at (before a user's severity override)."""
+        return frozenset((self.severity, *(sev for sev, _ in self.severity_when)))
+
+    @property
+    def severity_text(self) -> str:
+        """The default severity and when it changes: ``warning (error when the resume picks the folder)``."""
+        if not self.severity_when:
+            return self.severity.value
+        return f"{self.severity.value} ({'; '.join(f'{sev.value} when {when}' for sev, when in self.severity_when)})"
 
     @property
     def summary(self) -> str:
@@ -97,6 +112,7 @@ def rule(
     gate_only: bool = False,
     security_severity: str | None = None,
     superseded_by_gate: bool = False,
+    severity_when: Sequence[tuple[Severity, str]] = (),
 ) -> Callable[[_F], _F]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
@@ -104,7 +120,12 @@ def rule(
     the plans). ``deep_only``: it judges tensor data, so it runs only with ``--deep``. ``gate_only``: ``ckptdoctor
     gate`` emits it for a planned resume; a scan never runs it. ``security_severity``: SARIF's score, and what makes
     it a security rule. ``superseded_by_gate``: the gate replaces its finding by an exact prediction.
+    ``severity_when``: the other severities a hit may carry, each with the condition, so that the catalog (``rules``,
+    ``explain``, the README table, SARIF) says every severity a finding of the rule can have.
     """
+    when = tuple(severity_when)
+    if any(sev == severity for sev, _ in when) or len({sev for sev, _ in when}) != len(when):
+        raise ValueError(f"rule {code}: severity_when repeats a severity: {when!r}")
     if fix not in (None, Applicability.SAFE, Applicability.UNSAFE):
         raise ValueError(f"rule {code}: fix must be Applicability.SAFE, Applicability.UNSAFE or None, not {fix!r}")
 
@@ -113,7 +134,7 @@ def rule(
             raise ValueError(f"rule {code} registered twice")
         _REGISTRY[code] = Rule(
             code, name, severity, func, func.__doc__ or "", fix, deep_only, gate_only, security_severity,
-            superseded_by_gate,
+            superseded_by_gate, when,
         )
         return func
 
@@ -226,7 +247,7 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
             continue
         default = selection.severity.get(r.code, r.severity)
         try:
-            hits: Iterator[Hit] | Iterable[Hit] = list(r.func(tree))
+            hits: Iterator[Hit] | Iterable[Hit] = declared(r, r.func(tree))
         except Exception as exc:  # defence in depth: one broken rule must not hide the others' findings
             hits = [Hit(".", f"internal error in rule {r.code}: {type(exc).__name__}: {exc}", Severity.ERROR)]
         for h in hits:
@@ -236,11 +257,21 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     return sorted(found.values(), key=Finding.sort_key)
 
 
+def declared(r: Rule, hits: Iterable[Hit]) -> list[Hit]:
+    """``hits`` as a list; ``ValueError`` for one at a severity ``r``'s catalog entry does not declare (a rule bug:
+    a script mapping rule to severity from the catalog would be wrong)."""
+    out = list(hits)
+    for h in out:
+        if h.severity is not None and h.severity not in r.severities:
+            raise ValueError(f"{r.code} reported at {h.severity.value}, which its catalog entry does not declare")
+    return out
+
+
 def rules_markdown() -> str:
     """The rule catalog as the Markdown table embedded in the README (kept in sync by a test)."""
     lines = ["| code | name | severity | fix | what it finds |", "| --- | --- | --- | --- | --- |"]
     for r in all_rules():
         fix = r.fix.value if r.fix is not None else ""
         deep = " (`--deep`)" if r.deep_only else " (`gate`)" if r.gate_only else ""
-        lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {fix} | {r.summary}{deep} |")
+        lines.append(f"| {r.code} | `{r.name}` | {r.severity_text} | {fix} | {r.summary}{deep} |")
     return "\n".join(lines)

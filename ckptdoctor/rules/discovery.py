@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, ProblemKind, Run, Tree
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
@@ -67,7 +67,88 @@ def _severity(path: str, kind: ProblemKind, picked: list[str]) -> Severity:
     return Severity.WARNING
 
 
-@rule("CKD001", "unreadable-path", Severity.WARNING)
+# Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said (CKD216), never
+# passed over, and a root holding one is not empty (CKD002).
+UNSUPPORTED_FORMATS = (
+    (".gguf", "GGUF (llama.cpp)"),
+    (".msgpack", "Flax msgpack"),
+    (".keras", "Keras 3 `.keras` archive"),
+    (".onnx", "ONNX"),
+    (".tflite", "TensorFlow Lite"),
+    (".pdparams", "PaddlePaddle parameters"),
+    (".pdopt", "PaddlePaddle optimizer state"),
+    ("saved_model.pb", "TensorFlow SavedModel"),
+    ("saved_model.pbtxt", "TensorFlow SavedModel"),
+    (".meta", "TensorFlow 1.x MetaGraph"),
+)
+# What is not checkpoint state by itself: a root holding only these (logs, notes, JSON, tokenizer files) is empty.
+_NOT_STATE = (FileKind.JSON, FileKind.TEXT, FileKind.EMPTY, FileKind.OTHER, FileKind.SPECIAL)
+
+
+def _holds_state(f: FileFacts) -> bool:
+    """Whether ``f`` is checkpoint state: a format a loader reads (weights, optimizer, pickles, bundles), or one of
+    another stack that CKD216 names."""
+    if f.kind not in _NOT_STATE:
+        return True
+    name = f.name.lower()
+    return any(name.endswith(suffix) for suffix, _ in UNSUPPORTED_FORMATS)
+
+
+def holds_checkpoint(tree: Tree) -> bool:
+    """Whether ``tree`` holds any checkpoint: a checkpoint or model folder, or a loose file of checkpoint state.
+    CKD002 reports a root without one; ``gate --allow-empty`` accepts it as a run not saved yet."""
+    return any(run.checkpoints for run in tree.runs) or any(_holds_state(f) for f in tree.loose_files)
+
+
+ALLOW_EMPTY_HINT = "--allow-empty where no save is expected yet"
+
+
+@rule("CKD002", "no-checkpoint-found", Severity.ERROR)
+def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
+    """A scanned root holds no checkpoint at all: no checkpoint or model folder, no weights or state file.
+
+    ## What it does
+    Reports a root (a folder, or a file given by name) in which discovery found no `checkpoint-N` folder, no model
+    or adapter folder and no file of a checkpoint format (safetensors, `torch.save` archives, pickles, DCP,
+    MindSpore, TensorFlow and HDF5 files, or a format CKD216 names): an empty folder, a folder of logs, or a root
+    that could not be read. `--allow-empty` (`allow_empty=True` in the Python API) turns it off.
+
+    ## Why is this bad?
+    A gate that checks nothing must not pass. `ckptdoctor scan --fail-on error "$OUTPUT_DIR"` with a mistyped or
+    unset variable, or an output_dir on a volume that was not mounted, would otherwise report "No problems found
+    in 0 files" and exit 0, and the job would go on to resume from nothing or train from scratch. pytest exits 5
+    when it collects no test for the same reason.
+
+    ## Example
+    `ckptdoctor scan runs/my-rnu` where `runs/my-rnu/` exists but is empty, or holds only `logs/` and
+    `README.md`. A launcher that gates before the first save passes `--allow-empty` to accept exactly that.
+
+    ## Fix safety
+    No fix: point the scan at the folder the checkpoints are in, or pass `--allow-empty` when none is expected
+    yet. A root that does not exist is a usage error (exit 2), not this finding.
+
+    ## References
+    `src/transformers/trainer_utils.py` `get_last_checkpoint` (returns None for such a folder, and
+    `train(resume_from_checkpoint=True)` raises "No valid checkpoint found in output directory").
+    """
+    if holds_checkpoint(tree):
+        return
+    n = tree.files_seen
+    if n:
+        what = f"none of its {n:,} file{'s' if n != 1 else ''} is a weights, optimizer or other state file"
+    elif any(pp.path in (".", "") for pp in tree.path_problems):
+        what = "it could not be read"
+    else:
+        what = "it is empty"
+    yield Hit(".", f"no checkpoint here: {what} (a mistyped path?); pass {ALLOW_EMPTY_HINT}")
+
+
+@rule(
+    "CKD001",
+    "unreadable-path",
+    Severity.WARNING,
+    severity_when=((Severity.ERROR, "the resume would open it: in the checkpoint it picks, a file a loader reads"),),
+)
 def unreadable_path(tree: Tree) -> Iterator[Hit]:
     """A file or folder the scan could not read: permission denied, symlink loop, undecodable name, device file,
     or a resource limit reached.
@@ -437,7 +518,13 @@ def torn_evidence(
     return out
 
 
-@rule("CKD102", "incomplete-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
+@rule(
+    "CKD102",
+    "incomplete-checkpoint",
+    Severity.WARNING,
+    fix=Applicability.SAFE,
+    severity_when=((Severity.ERROR, "it is the checkpoint the resume picks, or a checkpoint scanned alone"),),
+)
 def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A checkpoint folder left by an interrupted save: what is written last is missing, or files are cut short.
 

@@ -127,7 +127,13 @@ def malformed_pickle(tree: Tree) -> Iterator[Hit]:
 
 
 # a link out of the folder: the load reads files outside what was reviewed
-@rule("CKD604", "link-escapes-root", Severity.WARNING, security_severity="4.0")
+@rule(
+    "CKD604",
+    "link-escapes-root",
+    Severity.WARNING,
+    security_severity="4.0",
+    severity_when=((Severity.ERROR, "the resume loads through the link"),),
+)
 def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     """A symbolic link inside the scanned folder points outside it.
 

@@ -29,7 +29,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.adapters import is_lora_b
-from ckptdoctor.rules.discovery import PATH_KINDS
+from ckptdoctor.rules.discovery import PATH_KINDS, UNSUPPORTED_FORMATS
 
 STUB_MAX_TENSORS = 8  # "a few": more than this and it is a real (if wrong) model file, still reported
 _SHARD_RE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
@@ -358,7 +358,13 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
     return _IndexCheck(problems, lossy, misrouted, json.dumps(rebuilt, indent=2, sort_keys=True) + "\n")
 
 
-@rule("CKD205", "shard-index-mismatch", Severity.ERROR, fix=Applicability.SAFE)
+@rule(
+    "CKD205",
+    "shard-index-mismatch",
+    Severity.ERROR,
+    fix=Applicability.SAFE,
+    severity_when=((Severity.WARNING, "every tensor still loads: only routing or total_size is wrong"),),
+)
 def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
     """A shard index disagrees with the shards' own headers.
 
@@ -677,7 +683,12 @@ def empty_weights_file(tree: Tree) -> Iterator[Hit]:
                 yield Hit(f.path, f"`{ck.relname(f)}` holds {what} ({_fmt_bytes(f.size)}): {outcome}")
 
 
-@rule("CKD211", "corrupt-json", Severity.ERROR)
+@rule(
+    "CKD211",
+    "corrupt-json",
+    Severity.ERROR,
+    severity_when=((Severity.WARNING, "the file is neither `config.json` nor a shard index"),),
+)
 def corrupt_json(tree: Tree) -> Iterator[Hit]:
     """A JSON file a loader reads (`config.json`, a `*.index.json`, ...) that is not valid JSON or has duplicate
     keys.
@@ -840,7 +851,13 @@ def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
             yield Hit(d.path, f"{len(d.skipped)} floating-point tensor(s) not checked: {_examples(list(d.skipped))}")
 
 
-@rule("CKD214", "checksum-mismatch", Severity.ERROR, deep_only=True)
+@rule(
+    "CKD214",
+    "checksum-mismatch",
+    Severity.ERROR,
+    deep_only=True,
+    severity_when=((Severity.WARNING, "a file is on disk but not in the manifest"),),
+)
 def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
     """A file's size or sha256 differs from the checksum manifest, or a listed file is missing.
 
@@ -971,21 +988,6 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
                       + (f" and {len(d.corrupt) - _EXAMPLES} more" if len(d.corrupt) > _EXAMPLES else ""))
 
 
-# Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said, never passed over.
-_UNSUPPORTED = (
-    (".gguf", "GGUF (llama.cpp)"),
-    (".msgpack", "Flax msgpack"),
-    (".keras", "Keras 3 `.keras` archive"),
-    (".onnx", "ONNX"),
-    (".tflite", "TensorFlow Lite"),
-    (".pdparams", "PaddlePaddle parameters"),
-    (".pdopt", "PaddlePaddle optimizer state"),
-    ("saved_model.pb", "TensorFlow SavedModel"),
-    ("saved_model.pbtxt", "TensorFlow SavedModel"),
-    (".meta", "TensorFlow 1.x MetaGraph"),
-)
-
-
 @rule("CKD216", "unsupported-checkpoint-format", Severity.INFO)
 def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """A file that looks like a checkpoint in a format ckptdoctor does not read, so nothing in it was checked.
@@ -1014,7 +1016,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """
     for f in tree.all_files():
         lower = f.name.lower()
-        for suffix, what in _UNSUPPORTED:
+        for suffix, what in UNSUPPORTED_FORMATS:
             if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
                 yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
                 break
