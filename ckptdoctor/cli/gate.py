@@ -42,7 +42,7 @@ Options left out are the run's own: read from the checkpoint's training_args.bin
 \b
 Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
 `ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
-scan findings only (the gate rules CKD407-414 and CKD504 run unless ignored), its fail-on when --fail-on is not
+scan findings only (the gate rules CKD407-415 and CKD504 run unless ignored), its fail-on when --fail-on is not
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
@@ -86,6 +86,13 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on: compared with "
               "the ranks that saved the checkpoint (CKD504), and a change of it changes the steps per epoch.  "
               "[default: the run's own, not checked]")
+@click.option("--transformers-version", metavar="X.Y", help="The transformers version the resume will run "
+              "under: the gate follows its resume path (4.x differs from 5.x in the weights file it loads, the batch "
+              "size it resumes at, and some schedules).  [default: the installed transformers, else the "
+              "checkpoint's transformers_version, else 5.x]")
+@click.option("--save-safetensors/--no-save-safetensors", default=None, help="The resuming save_safetensors "
+              "(transformers 4.x only: with --no-save-safetensors it loads pytorch_model.bin, never "
+              "model.safetensors).  [default: the run's own, else True]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
               metavar="FILE", help="The planned TrainingArguments: a training_args.bin (read statically, never "
               "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
@@ -97,7 +104,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               show_default=True, help="text: the prediction, findings and verdict for people; json: one "
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
-@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
+@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-415, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
 def gate_command(
@@ -114,6 +121,8 @@ def gate_command(
     per_device_train_batch_size: int | None,
     gradient_accumulation_steps: int | None,
     world_size: int | None,
+    transformers_version: str | None,
+    save_safetensors: bool | None,
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
@@ -126,7 +135,8 @@ def gate_command(
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
-    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-414,
+    learning rates, following the resume path of the transformers version it will run under (5.x or 4.x), then
+    judges the plan: the gate rules (CKD407-415,
     CKD504) plus every scan finding about that checkpoint, under RUN_DIR's settings file as `ckptdoctor scan`
     reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the run's own (read
     from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
@@ -167,6 +177,7 @@ def gate_command(
             "steps_per_epoch": steps_per_epoch, "world_size": world_size,
             "per_device_train_batch_size": per_device_train_batch_size,
             "gradient_accumulation_steps": gradient_accumulation_steps,
+            "transformers_version": transformers_version, "save_safetensors": save_safetensors,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
