@@ -39,8 +39,10 @@ needs_tf4 = pytest.mark.skipif(
 def tf4(jobs: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
     """Run ``jobs`` in the transformers 4.x interpreter (tests/tf4_trainer.py) and return their results."""
     (tmp / "jobs.json").write_text(json.dumps(jobs))
+    # check_resume imports ckptdoctor in that interpreter: this checkout's, first on its path
+    path = os.pathsep.join(p for p in (str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([TF4_PYTHON, str(SCRIPT), str(tmp / "jobs.json"), str(tmp / "results.json")],
-                          capture_output=True, text=True, timeout=900, env={**os.environ, "WANDB_DISABLED": "true"})
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-4000:]
     results: list[dict[str, Any]] = json.loads((tmp / "results.json").read_text())
     return results
@@ -56,13 +58,14 @@ RUNS: dict[str, dict[str, Any]] = {
 }
 # Each resume: the run it copies, the job's arguments and the gate's planned arguments for the same resume
 RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "full": ("full", {"args": {"num_train_epochs": 3}}, {"num_train_epochs": 3}),
-    "lora-bin": ("lora-bin", {"lora": True, "args": {"save_safetensors": False, "num_train_epochs": 3}},
-                 {"num_train_epochs": 3, "save_safetensors": False}),
+    "full": ("full", {"args": {"num_train_epochs": 3}, "check_resume": True}, {"num_train_epochs": 3}),
+    "lora-bin": ("lora-bin", {"lora": True, "args": {"save_safetensors": False, "num_train_epochs": 3},
+                              "check_resume": True}, {"num_train_epochs": 3, "save_safetensors": False}),
     "warmup-ratio": ("cosine-ratio", {"args": {"lr_scheduler_type": "cosine", "warmup_ratio": 0.25,
                                                 "num_train_epochs": 3}},
                      {"training_args": {"lr_scheduler_type": "cosine", "warmup_ratio": 0.25, "num_train_epochs": 3}}),
-    "no-safetensors": ("full", {"args": {"save_safetensors": False}}, {"save_safetensors": False}),
+    "no-safetensors": ("full", {"args": {"save_safetensors": False}, "check_resume": True},
+                       {"save_safetensors": False}),
     "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}}, {"per_device_train_batch_size": 8}),
     "inverse-sqrt": ("inverse-sqrt", {"args": {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
                                                 "lr_scheduler_kwargs": {"timescale": 3}, "num_train_epochs": 3}},
@@ -73,17 +76,36 @@ RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Train each run once with the 4.x Trainer, then resume a copy of it from checkpoint-4 per case (two
-    subprocesses in all): each case's output folder as it was before its resume, and what the resume did."""
-    base = tmp_path_factory.mktemp("tf4")
+    subprocesses in all): each case's output folder as it was before its resume, and what the resume did.
+
+    Done once per test session: pytest-xdist workers share the session's temporary root, and the first worker to
+    take the lock runs the Trainers while the others wait for its results."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # popen-gwN's parent: this session's root, the same for every worker
+    base, done = shared / "tf4-resumes", shared / "tf4-resumes.json"
+    with open(shared / "tf4-resumes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            found = _train_and_resume(base)
+            done.write_text(json.dumps(found))
+        found = json.loads(done.read_text())
+    return {case: (Path(folder), seen) for case, (folder, seen) in found.items()}
+
+
+def _train_and_resume(base: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    base.mkdir()
     trained = tf4([{"out": str(base / name), **job} for name, job in RUNS.items()], base)
     assert all(r["raised"] is None for r in trained), trained
-    cases: dict[str, Path] = {}
+    cases: dict[str, str] = {}
     jobs = []
     for case, (run, job, _) in RESUMES.items():
         before, out = base / "before" / case, base / "resumed" / case
         shutil.copytree(base / run, before)
         shutil.copytree(base / run, out)
-        cases[case] = before
+        cases[case] = str(before)
         jobs.append({"out": str(out), "resume": str(out / "checkpoint-4"), **job})
     (base / "resumes").mkdir()
     results = tf4(jobs, base / "resumes")
@@ -123,6 +145,11 @@ def test_the_gate_predicts_a_real_4x_resume(case: str, resumed: dict[str, tuple[
     assert_same(pred, seen)
     if case == "warmup-ratio":
         assert pred.warmup_steps == 3
+    if "check_resume" in seen:  # the same prediction from inside the 4.x training script, its version unplanned
+        cr = seen["check_resume"]
+        assert (cr["start"], cr["steps_to_train"], cr["lrs"], cr["verdict"], cr["weights_file"]) == (
+            pred.start_step, pred.steps_to_train, list(pred.lr), "pass", pred.weights_file)
+        assert cr["version"] == [seen["version"], "planned"]
 
 
 @pytest.mark.slow
@@ -135,6 +162,8 @@ def test_save_safetensors_false_reads_pytorch_model_bin(resumed: dict[str, tuple
     (crash,) = [f for f in pred.findings if f.rule == "CKD413"]
     assert "FileNotFoundError" in crash.message and "pytorch_model.bin" in crash.message
     assert pred.verdict == "fail" and pred.steps_to_train is None and pred.weights_file == "pytorch_model.bin"
+    cr = seen["check_resume"]  # check_resume reads save_safetensors and the version from the Trainer
+    assert cr["verdict"] == "fail" and "CKD413" in cr["rules"] and cr["weights_file"] == "pytorch_model.bin"
     five = ask(folder, "no-safetensors", seen, transformers_version="5.23")  # 5.x has no such argument
     assert five.verdict == "pass" and five.weights_file == "model.safetensors"
 

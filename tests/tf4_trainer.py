@@ -1,12 +1,14 @@
 """Train or resume a tiny real Trainer of another transformers version, for tests that compare the gate with it.
 
 Run as a script by the interpreter of that version (``CKPTDOCTOR_TF4_PYTHON``; tests/test_gate_tf4.py), never
-imported by the suite and never importing ckptdoctor: ``python tests/tf4_trainer.py JOBS.json RESULTS.json``
+imported by the suite: ``python tests/tf4_trainer.py JOBS.json RESULTS.json``
 reads a list of jobs and writes the list of their results to RESULTS.json. A job is ``{"out": output_dir, "args":
 {TrainingArguments overrides}, "lora": bool, "resume": null | true | "checkpoint path"}``; its result says what
 ``train()`` did: the checkpoint ``_load_from_checkpoint`` was given, the global_step at ``on_train_begin``, the LR
 of every optimizer step, the files read while loading the weights (``torch.load``,
-``safetensors.torch.load_file`` and peft's adapter loaders), or the exception ``train()`` raised.
+``safetensors.torch.load_file`` and peft's adapter loaders), or the exception ``train()`` raised. A job with
+``"check_resume": true`` first asks ckptdoctor's ``check_resume`` (the only use of ckptdoctor here) and adds its
+prediction under ``check_resume``.
 """
 
 from __future__ import annotations
@@ -105,11 +107,28 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     trainer = RecordingTrainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(),
                                callbacks=[Recorder(seen)])
     trainer.seen = seen
+    if job.get("check_resume"):
+        seen["check_resume"] = ask_check_resume(trainer, job["resume"])
     try:
         trainer.train(resume_from_checkpoint=job.get("resume"))
     except Exception as exc:  # the resume's own failure is a result to compare with the gate's prediction
         seen["raised"] = {"type": type(exc).__name__, "message": str(exc)}
     return seen
+
+
+def ask_check_resume(trainer: Trainer, resume: str) -> dict[str, Any]:
+    """What ckptdoctor's ``check_resume`` predicts for ``trainer.train(resume_from_checkpoint=resume)``."""
+    from ckptdoctor.integrations.transformers import ResumeGateError, check_resume
+
+    try:
+        result = check_resume(trainer, resume, lr_steps=1000)
+    except ResumeGateError as exc:
+        result = exc.result
+    s = result.settings
+    return {"start": result.start_step, "steps_to_train": result.steps_to_train, "lrs": list(result.lr),
+            "verdict": result.verdict, "weights_file": result.weights_file, "rules": sorted({f.rule for f in
+            result.findings}), "version": None if s is None else [s.transformers_version,
+                                                                   s.sources["transformers_version"]]}
 
 
 def main() -> None:

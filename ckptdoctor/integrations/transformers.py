@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,12 @@ def planned_from_args(args: Any, dataloader: Any = None, accelerator: Any = None
         planned["steps_per_epoch"] = steps_per_epoch(dataloader, args.gradient_accumulation_steps)
     if accelerator is not None:  # accelerate makes a GradScaler only for fp16 off CPU; the Trainer uses this one
         planned["grad_scaler"] = getattr(accelerator, "scaler", None) is not None
+    # the gate follows the resume path of the transformers this Trainer runs on (4.x reads save_safetensors)
+    version = getattr(sys.modules.get("transformers"), "__version__", None)
+    if isinstance(version, str):
+        planned["transformers_version"] = version
+    if isinstance(getattr(args, "save_safetensors", None), bool):
+        planned["save_safetensors"] = args.save_safetensors
     return planned
 
 

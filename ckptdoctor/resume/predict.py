@@ -5,7 +5,9 @@ The prediction follows transformers 5.x's resume path (``src/transformers/traine
 ``set_initial_training_values`` and ``_init_training_state`` (max_steps, epochs already trained, batches skipped);
 ``create_scheduler`` for the new max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then
 ``_run_epoch``, whose first optimizer step uses the LR restored into the optimizer and whose later steps use
-``base_lr * lambda(last_epoch)``.
+``base_lr * lambda(last_epoch)``. Under transformers 4.x (``Settings.transformers_version``) it follows 4.57's
+differences: the full-weights file ``save_safetensors`` picks, the checkpoint's batch size
+(``resolve``) and ``get_scheduler``'s kwargs (``schedules.build``).
 Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
 It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the frozen ``Prediction``.
 """
