@@ -241,3 +241,30 @@ def test_text_and_json_say_the_version_and_its_source(lr_finished_4x: Path) -> N
     assert doc["resolved"]["sources"]["transformers_version"] == "planned"
     bad = CliRunner().invoke(main, [*args[:4], "--transformers-version", "latest"])
     assert bad.exit_code == 2 and "transformers_version must be a version" in bad.output
+
+
+def test_4x_schedules_and_sharded_index(tmp_path: Path) -> None:
+    """4.x's get_scheduler drops inverse_sqrt's kwargs and knows no greedy; load_sharded_checkpoint(prefer_safe=
+    args.save_safetensors) reads the .bin index when save_safetensors is False and both indexes are there."""
+    from ckptdoctor import schedules
+
+    four = schedules.build("inverse_sqrt", num_warmup_steps=2, num_training_steps=8, lr_init=1.0,
+                           kwargs={"timescale": 3}, major=4)
+    five = schedules.build("inverse_sqrt", num_warmup_steps=2, num_training_steps=8, lr_init=1.0,
+                           kwargs={"timescale": 3})
+    assert (four.params["timescale"], five.params["timescale"]) == (2, 3)  # 4.x: the warm-up steps
+    assert four.lr(1.0, 5) == 1 / math.sqrt(5 / 2) and five.lr(1.0, 5) == 1 / math.sqrt((5 + 1) / 3)
+    with pytest.raises(schedules.ScheduleError, match="no greedy"):
+        schedules.build("greedy", num_warmup_steps=0, num_training_steps=8, lr_init=1.0, major=4)
+    ck = tmp_path / "run" / "checkpoint-2"
+    ck.mkdir(parents=True)
+    for name, shard in (("model.safetensors.index.json", "model-00001-of-00001.safetensors"),
+                        ("pytorch_model.bin.index.json", "pytorch_model-00001-of-00001.bin")):
+        (ck / name).write_text(json.dumps({"metadata": {}, "weight_map": {"w": shard}}))
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": 2, "epoch": 1.0, "max_steps": 4,
+                                                       "num_train_epochs": 2, "train_batch_size": 4}))
+    assert gate(tmp_path / "run", transformers_version="4.57", save_safetensors=False).weights_file == (
+        "pytorch_model.bin.index.json")
+    assert gate(tmp_path / "run", transformers_version="4.57").weights_file == "model.safetensors.index.json"
+    assert gate(tmp_path / "run", transformers_version="5.23", save_safetensors=False).weights_file == (
+        "model.safetensors.index.json")

@@ -399,7 +399,8 @@ def transformers_version(
     config = trainer_view._json(ck.file("config.json"))
     for name, doc in (("config.json", config), (trainer_view.TRAINER_STATE, ts.raw if ts is not None else None)):
         found = doc.get("transformers_version") if isinstance(doc, dict) else None
-        if isinstance(found, str) and version_major(found) is not None:
+        # a version is a few characters: a file's megabyte of text in that key is not one, and is not echoed
+        if isinstance(found, str) and len(found) <= 64 and version_major(found) is not None:
             return found, name
     return "5", "default"
 
