@@ -33,6 +33,7 @@ Examples:
   ckptdoctor gate runs/my-run --training-args job/training_args.bin --world-size 8 --format github  # in CI
   ckptdoctor gate runs/my-run --per-device-train-batch-size 16    # a new batch size: new steps per epoch
   ckptdoctor gate s3://bucket/runs/my-run                         # a run in object storage, as `scan` reads it
+  ckptdoctor gate runs/my-run --transformers-version 4.57         # the job resumes with transformers 4.57
   ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
 
 \b
