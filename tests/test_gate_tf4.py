@@ -66,7 +66,8 @@ RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                      {"training_args": {"lr_scheduler_type": "cosine", "warmup_ratio": 0.25, "num_train_epochs": 3}}),
     "no-safetensors": ("full", {"args": {"save_safetensors": False}, "check_resume": True},
                        {"save_safetensors": False}),
-    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}}, {"per_device_train_batch_size": 8}),
+    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}, "check_resume": True},
+                {"per_device_train_batch_size": 8}),
     "inverse-sqrt": ("inverse-sqrt", {"args": {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
                                                 "lr_scheduler_kwargs": {"timescale": 3}, "num_train_epochs": 3}},
                      {"num_train_epochs": 3}),
@@ -178,6 +179,9 @@ def test_a_planned_batch_size_is_not_used_by_4x(resumed: dict[str, tuple[Path, d
     assert pred.settings is not None and pred.settings.steps_per_epoch == 4 and len(seen["lrs"]) == 4
     (ignored,) = [f for f in pred.findings if f.rule == "CKD415"]
     assert "per_device_train_batch_size 8 (planned) is not used" in ignored.message
+    cr = seen["check_resume"]  # check_resume builds the dataloader at the checkpoint's batch size, as train() will
+    assert (cr["start"], cr["steps_to_train"], cr["lrs"], cr["verdict"]) == (4, 4, seen["lrs"], "pass")
+    assert "CKD415" in cr["rules"]
     five = ask(folder, "batch-8", seen, transformers_version="5.23")  # 5.x: 2 steps per epoch, the run is done
     assert five.settings is not None and five.settings.steps_per_epoch == 2 and five.steps_to_train == 0
     assert "CKD415" not in {f.rule for f in five.findings}
