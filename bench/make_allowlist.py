@@ -5,16 +5,20 @@ Usage::
     python bench/make_allowlist.py            # write ckptdoctor/rules/allowlist.json
     python bench/make_allowlist.py --check    # exit 1 when the pinned file misses a global found now
 
-Every global comes from a file the libraries really wrote: in each stack of the matrix (``STACKS``: TRL 1.16,
-DeepSpeed 0.19.8, transformers 4.57, bitsandbytes 0.50.2, as ``pip --target`` layers over this environment or venvs
-under ``--stacks``; a stack that is absent is recorded as such, never guessed), and here (torch optimizers and
+Every global comes from a file the libraries really wrote: in each stack of the matrix (``STACKS``: transformers 4.40,
+4.44, 4.46, 4.49, 4.51, 4.55, 4.57 and this environment's 5.x, each with TrainingArguments variants, a 2-step
+Trainer run and peft adapters through the Trainer (bench/stack_writer.py); TRL 1.16; DeepSpeed 0.19.8 over
+transformers 5.x, 4.51 and 4.40; numpy 1.26; bitsandbytes 0.50.2; as ``pip --target`` layers over this environment or
+venvs under ``--stacks``; a stack that is absent is recorded as such, never guessed), and here (torch optimizers and
 schedulers, the Trainer's own checkpoint files from a 2-step ``transformers.Trainer`` run, accelerate
-``save_state``, a peft adapter saved as ``.bin``, numpy arrays, ``torch.distributed.checkpoint``, DeepSpeed ZeRO
-1/2/3 engines when ``deepspeed`` is installed), read back with ckptdoctor's own static readers (nothing is
-unpickled). On top of that, the enum classes of the modules whose classes appear in ``training_args.bin`` are listed
-by introspection, since another TrainingArguments setting pickles another member of the same family (an enum member
-is rebuilt by value lookup: no code of ours or theirs runs), and the classes of DCP's metadata and planner modules
-and numpy's dtype classes by exact name (they replace the ``module.*`` entries the policy no longer has).
+``save_state`` without and with mixed precision, a peft adapter saved as ``.bin``, numpy arrays,
+``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is installed), read back with
+ckptdoctor's own static readers (nothing is unpickled). The versions each stack ran are recorded in the JSON
+(``versions``, ``stacks``), with the cases a library refused and its own message. On top of that, the enum classes
+of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
+TrainingArguments setting pickles another member of the same family (an enum member is rebuilt by value lookup: no
+code of ours or theirs runs), and the classes of DCP's metadata and planner modules and numpy's dtype classes by exact
+name (they replace the ``module.*`` entries the policy no longer has).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import enum
 import importlib
+import importlib.util
 import json
 import os
 import random
@@ -83,7 +88,7 @@ for n in ["SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "
     torch.save(a, os.path.join(out, f"training_args-{n}.bin")); done.append(n)
 print(json.dumps({"versions": versions("trl", "transformers", "torch"), "configs": done}))
 """
-_DEEPSPEED = _ARGS_COMMON + """
+_DEEPSPEED_ARGS = _ARGS_COMMON + """
 from transformers import TrainingArguments
 for stage in (1, 2, 3):
     ds = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
@@ -92,18 +97,26 @@ for stage in (1, 2, 3):
     torch.save(a, os.path.join(out, f"training_args-zero{stage}.bin"))
 print(json.dumps({"versions": versions("deepspeed", "transformers", "accelerate", "torch"), "configs": [1, 2, 3]}))
 """
-_TRANSFORMERS = _ARGS_COMMON + """
-import transformers
-logs = os.path.join(out, "logs")  # 4.x's default logging_dir holds the host name
-args = [transformers.TrainingArguments(output_dir=os.path.join(out, "a"), logging_dir=logs, report_to="none"),
-        transformers.TrainingArguments(output_dir=os.path.join(out, "b"), logging_dir=logs, report_to="none",
-                                       eval_strategy="steps", save_strategy="epoch", lr_scheduler_type="cosine",
-                                       optim="adafactor", hub_strategy="checkpoint", debug="underflow_overflow"),
-        transformers.Seq2SeqTrainingArguments(output_dir=os.path.join(out, "c"), logging_dir=logs,
-                                              report_to="none", predict_with_generate=True)]
-for i, a in enumerate(args):
-    torch.save(a, os.path.join(out, f"training_args-{i}.bin"))
-print(json.dumps({"versions": versions("transformers", "accelerate", "peft", "torch"), "configs": len(args)}))
+_ACCELERATE_DEEPSPEED = _ARGS_COMMON + """
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29650",
+                  ACCELERATE_USE_DEEPSPEED="true")
+from torch import nn
+from accelerate import Accelerator, DeepSpeedPlugin
+from accelerate.state import AcceleratorState
+done = []
+for stage in (1, 2, 3):
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    dl = torch.utils.data.DataLoader([torch.randn(4) for _ in range(4)], batch_size=2)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    for x in dl:
+        acc.backward(model(x).float().sum()); opt.step(); sched.step(); opt.zero_grad()
+    acc.save_state(os.path.join(out, f"zero{stage}"))
+    done.append(stage)
+print(json.dumps({"versions": versions("accelerate", "deepspeed", "torch"), "configs": done}))
 """
 _BNB = _ARGS_COMMON + """
 import bitsandbytes as bnb
@@ -113,29 +126,57 @@ model(torch.randn(2, 64)).sum().backward(); opt.step()
 torch.save(opt.state_dict(), os.path.join(out, "optimizer.pt"))
 print(json.dumps({"versions": versions("bitsandbytes", "torch"), "configs": ["AdamW8bit"]}))
 """
-STACKS = (
-    ("trl-1.16", "trl-1.16", _TRL),
-    ("deepspeed-0.19.8", "deepspeed-0.19.8", _DEEPSPEED),
-    ("transformers-4.57", "tf457", _TRANSFORMERS),
-    ("bitsandbytes-0.50.2", "bnb-0.50.2", _BNB),
+# bench/stack_writer.py, run by each transformers and numpy stack: TrainingArguments variants (Seq2Seq, FSDP, bf16,
+# fp16, torch_compile), a 2-step Trainer run (safetensors and .bin), peft LoRA/DoRA/IA3/modules_to_save/prompt tuning
+# adapters through the Trainer as .bin; or, for numpy, RNG state, arrays, scalars and object arrays.
+_WRITER = (Path(__file__).with_name("stack_writer.py")).read_text()
+
+DEEPSPEED_LAYER = "deepspeed-0.19.8"  # ZeRO engines run with it when deepspeed is not installed here
+
+# transformers 4.4x layers: ``pip install --no-deps --target /work/stacks/tfXYZ transformers==4.X tokenizers==<its pin>
+# huggingface-hub==<a release of that month>`` over this environment's torch and accelerate; 4.40 and 4.44 add
+# ``peft==0.11.1`` / ``peft==0.12.0`` (this environment's peft needs a newer huggingface-hub).
+TRANSFORMERS_LAYERS = (
+    ("transformers-4.40", "tf440"),
+    ("transformers-4.44", "tf444"),
+    ("transformers-4.46", "tf446"),
+    ("transformers-4.49", "tf449"),
+    ("transformers-4.51", "tf451"),
+    ("transformers-4.55", "tf455"),
+)
+
+# The matrix: (stack, layers or venv under --stacks, script, its arguments). Layers are put on PYTHONPATH over this
+# interpreter, first one first; a venv (a folder with bin/python) runs its own interpreter; no layer at all is this
+# environment. Each script writes files into argv[1] the way the stack does and prints its versions as JSON.
+STACKS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
+    ("transformers-5 (this environment)", (), _WRITER, ("transformers",)),
+    ("trl-1.16", ("trl-1.16",), _TRL, ()),
+    ("deepspeed-0.19.8", ("deepspeed-0.19.8",), _DEEPSPEED_ARGS, ()),
+    ("accelerate+deepspeed-0.19.8", ("deepspeed-0.19.8",), _ACCELERATE_DEEPSPEED, ()),
+    ("deepspeed-0.19.8+transformers-4.40", ("deepspeed-0.19.8", "tf440"), _DEEPSPEED_ARGS, ()),
+    ("deepspeed-0.19.8+transformers-4.51", ("deepspeed-0.19.8", "tf451"), _DEEPSPEED_ARGS, ()),
+    ("transformers-4.57", ("tf457",), _WRITER, ("transformers",)),
+    *((name, (sub,), _WRITER, ("transformers",)) for name, sub in TRANSFORMERS_LAYERS),
+    ("numpy-1.26.4", ("numpy-1.26.4",), _WRITER, ("numpy",)),
+    ("bitsandbytes-0.50.2", ("bnb-0.50.2",), _BNB, ()),
 )
 
 
 def write_stacks(folder: Path, stacks_dir: Path) -> dict[str, Any]:
     """Run each stack of the matrix that is installed under ``stacks_dir``; returns what each covered."""
     covered: dict[str, Any] = {}
-    for name, sub, script in STACKS:
-        where = stacks_dir / sub
-        if not where.is_dir():
+    for name, layers, script, argv in STACKS:
+        where = [stacks_dir / sub for sub in layers]
+        if not all(w.is_dir() for w in where):
             covered[name] = "not installed here"
             continue
-        venv_python = where / "bin" / "python"
-        python = str(venv_python) if venv_python.exists() else sys.executable
+        venv_python = where[0] / "bin" / "python" if len(where) == 1 else None
+        python = str(venv_python) if venv_python is not None and venv_python.exists() else sys.executable
         env = dict(os.environ)
-        if not venv_python.exists():
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH", "")]))
-        out = folder / name
-        proc = subprocess.run([python, "-c", script, str(out)], capture_output=True, text=True, env=env,
+        if python == sys.executable and where:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, where), env.get("PYTHONPATH", "")]))
+        out = folder / name.split(" ")[0]
+        proc = subprocess.run([python, "-c", script, str(out), *argv], capture_output=True, text=True, env=env,
                               timeout=900)  # fmt: skip
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         covered[name] = json.loads(lines[-1]) if proc.returncode == 0 and lines else f"failed: {proc.stderr[-300:]}"
@@ -237,17 +278,29 @@ def write_peft_adapter(folder: Path) -> None:
 
 
 def write_accelerate_state(folder: Path) -> None:
-    """accelerate.Accelerator.save_state on CPU (optimizer.bin, scheduler.bin, random_states_0.pkl ...)."""
+    """accelerate.Accelerator.save_state on CPU (optimizer.bin, scheduler.bin, random_states_0.pkl ...), without and
+    with mixed precision (bf16, fp16: accelerate runs both on CPU). An FSDP plugin is not written here: on CPU
+    accelerate falls back to MULTI_CPU and saves the same files."""
     import torch
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from torch import nn
 
-    acc = Accelerator(cpu=True)
-    model = nn.Linear(4, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    model, opt, sched = acc.prepare(model, opt, sched)
-    acc.save_state(str(folder / "accelerate"), safe_serialization=False)
+    for precision in ("no", "bf16", "fp16"):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        acc = Accelerator(cpu=True, mixed_precision=precision)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.AdamW(model.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        model, opt, sched = acc.prepare(model, opt, sched)
+        with acc.autocast():
+            loss = model(torch.randn(2, 4)).float().sum()
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        name = "accelerate" if precision == "no" else f"accelerate-{precision}"
+        acc.save_state(str(folder / name), safe_serialization=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def run_trainer(folder: Path) -> None:
@@ -291,19 +344,21 @@ engine.save_checkpoint(sys.argv[1])
 """
 
 
-def write_deepspeed(folder: Path) -> list[str]:
-    """DeepSpeed ZeRO 1/2/3 (fp32 and bf16) checkpoints from single-process gloo engines; returns what ran."""
-    try:
-        importlib.import_module("deepspeed")
-    except Exception:
-        return []
+def write_deepspeed(folder: Path, layer: Path | None = None) -> list[str]:
+    """DeepSpeed ZeRO 1/2/3 (fp32 and bf16) checkpoints from single-process gloo engines; returns what ran. DeepSpeed
+    comes from this environment or, when it is not installed here, from the matrix's ``layer``."""
+    env = dict(os.environ)
+    if importlib.util.find_spec("deepspeed") is None:
+        if layer is None or not layer.is_dir():
+            return []
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(layer), env.get("PYTHONPATH", "")]))
     script = folder / "ds_save.py"
     script.write_text(_DEEPSPEED)
     done = []
     for i, (stage, prec) in enumerate([(1, "fp32"), (2, "fp32"), (2, "bf16"), (3, "fp32"), (3, "bf16")]):
         out = folder / f"deepspeed-z{stage}-{prec}"
         proc = subprocess.run([sys.executable, str(script), str(out), str(stage), prec, str(29600 + i)],
-                              capture_output=True, timeout=900)  # fmt: skip
+                              capture_output=True, timeout=900, env=env)  # fmt: skip
         if proc.returncode == 0:
             done.append(out.name)
     return done
@@ -348,17 +403,22 @@ def build(
         write_accelerate_state(work)
         if trainer:
             run_trainer(work)
-    ds = write_deepspeed(work) if deepspeed else []
+    has_ds = importlib.util.find_spec("deepspeed") is not None
+    ds = write_deepspeed(work, stacks_dir / DEEPSPEED_LAYER if stacks_dir else None) if deepspeed else []
     stacks = write_stacks(work / "stacks", stacks_dir) if stacks_dir is not None else {}
     found = globals_in(work)
+    # What peft adds: the globals of every adapter_model.bin the matrix wrote (LoRA, DoRA, IA3, modules_to_save,
+    # prompt tuning, under each peft release of the matrix).
+    adapters = sorted({g for g, files in found.items() if "adapter_model.bin" in files})
     enums = introspected_classes(ENUM_MODULES, enums_only=True)
     classes = introspected_classes(CLASS_MODULES)
     return {
         "about": "Pickle globals that genuine checkpoint files import. Generated by bench/make_allowlist.py; "
         "do not edit by hand (hand-reviewed additions live in ckptdoctor/rules/pickle_policy.py).",
-        "versions": versions(),
+        "versions": {**versions(), **({"deepspeed": f"layer {DEEPSPEED_LAYER}"} if ds and not has_ds else {})},
         "stacks": stacks,
         "deepspeed_runs": ds,
+        "adapter_globals": adapters,
         "observed": {g: sorted(files)[:4] for g, files in sorted(found.items())},
         "enums": sorted(enums - set(found)),
         "classes": sorted(classes - set(found) - enums),

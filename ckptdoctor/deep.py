@@ -87,6 +87,7 @@ class _Span:
     nbytes: int
     crc: CrcSpan | None = None
     index: str = ""  # the name of the index that records ``crc``
+    contiguous: bool = True  # its bytes are exactly the tensor's elements, in order (a value digest means something)
 
     @property
     def end(self) -> int:
@@ -121,14 +122,20 @@ def tf_shards(tree: Tree) -> dict[str, TfShard]:
 
 
 def check_tree(
-    tree: Tree, jobs: int = 1, progress: TextIO | None = None, checksums: bool = False
+    tree: Tree,
+    jobs: int = 1,
+    progress: TextIO | None = None,
+    checksums: bool = False,
+    values: frozenset[str] = frozenset(),
 ) -> tuple[FileData, ...]:
     """Stream the tensor data of every readable weights/state file of ``tree``; results sorted by path.
 
     ``jobs`` files are read at once (numpy, hashlib and file reads release the GIL, so threads use several cores).
     ``progress``, when given (a TTY), gets a one-line progress display. ``checksums`` also reads every other
     regular file and records each file's sha256 (``FileData.sha256``). TensorFlow data shards are checked against
-    the crc32c of their index's entries (``FileData.corrupt``). Raises ``DeepUnavailable`` without numpy.
+    the crc32c of their index's entries (``FileData.corrupt``). Files whose root-relative path is in ``values``
+    also get a digest of each tensor's bytes (``TensorData.digest``), to compare with another form of the same
+    weights; other files cost nothing more. Raises ``DeepUnavailable`` without numpy.
     """
     np = _numpy()
     tf = tf_shards(tree)
@@ -140,7 +147,8 @@ def check_tree(
 
     def one(f: FileFacts) -> FileData:
         path = base if single else os.path.join(base, *f.path.split("/"))
-        result = check_file(path, f, np, bar.advance if bar is not None else None, checksums, tf.get(f.path))
+        advance = bar.advance if bar is not None else None
+        result = check_file(path, f, np, advance, checksums, tf.get(f.path), f.path in values)
         if bar is not None:
             bar.file_done()
         return result
@@ -172,12 +180,14 @@ def check_file(
     advance: Callable[[int], None] | None = None,
     checksum: bool = False,
     tf_shard: TfShard | None = None,
+    values: bool = False,
 ) -> FileData:
     """Stream the tensors of one file (``facts`` from its header read) and measure each; never raises on bad input.
 
     The file must still be the one the header came from: a different size means it changed under the scan.
     ``checksum`` reads the whole file (not only its tensor data) and records its sha256 in the same pass.
     ``tf_shard`` (for a TensorFlow data shard) checks each of its index's entries against its crc32c.
+    ``values`` records a digest of each contiguous tensor's bytes (``TensorData.digest``).
     """
     np = np if np is not None else _numpy()
     try:
@@ -194,7 +204,7 @@ def check_file(
                 return FileData(facts.path, (), 0, (ReadProblem(ProblemKind.UNREADABLE, msg),))
             spans, skipped, problems, corrupt = _plan(f, facts, tf_shard)
             digest = hashlib.sha256() if checksum else None
-            data = _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance, digest)
+            data = _measure(f, facts.path, st.st_size, spans, skipped, problems, np, advance, digest, values)
             return dataclasses.replace(data, corrupt=corrupt + data.corrupt) if corrupt else data
         except OSError as e:
             return FileData(facts.path, (), 0, (_unreadable(e),))
@@ -267,8 +277,18 @@ def _torch_spans(f: Any, c: TorchFacts) -> tuple[list[_Span], list[str], list[Re
         begin, length = t.storage_offset * itemsize, extent * itemsize
         if t.storage_offset < 0 or begin + length > where[1]:
             continue  # the header read already reports views past their storage (torch refuses them)
-        spans.append(_Span(name, t.dtype, where[0] + begin, length))
+        spans.append(_Span(name, t.dtype, where[0] + begin, length, contiguous=_row_major(t.shape, t.stride)))
     return spans, skipped, problems
+
+
+def _row_major(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a view's elements lie in its bytes in order, one after another (``Tensor.is_contiguous``)."""
+    want = 1
+    for d, s in zip(reversed(shape), reversed(stride), strict=False):
+        if d != 1 and s != want:
+            return False
+        want *= d
+    return len(shape) == len(stride)
 
 
 def _record_start(f: Any, m: Any, problems: list[ReadProblem]) -> tuple[int, int] | None:
@@ -298,9 +318,11 @@ def _measure(
     np: Any,
     advance: Callable[[int], None] | None,
     digest: Any = None,
+    values: bool = False,
 ) -> FileData:
     """Read the spans (with ``digest``: the whole file) once, front to back, feeding each chunk to every span it
-    lies in (views of one torch storage may overlap) and to the digest."""
+    lies in (views of one torch storage may overlap) and to the digest; with ``values``, to each contiguous span's
+    own digest too."""
     # A whole number of elements of every decoded dtype per chunk, so no element is ever split between reads.
     chunk = max(8, CHUNK_BYTES - CHUNK_BYTES % 8)
     buf = bytearray(chunk)
@@ -313,7 +335,9 @@ def _measure(
         else:
             inside.append(sp)
     inside.sort(key=lambda s: s.start)
-    stats: list[_Stats | _Crc] = [_Crc(sp.crc) if sp.crc is not None else _Stats() for sp in inside]
+    stats: list[_Stats | _Crc] = [
+        _Crc(sp.crc) if sp.crc is not None else _Stats(values and sp.contiguous) for sp in inside
+    ]
     # Reads never cross a span boundary, so every read starts on an element of each span it lies in (spans that
     # share bytes are views of one storage, whose offsets count whole elements).
     cuts = {p for sp in inside for p in (sp.start, sp.end)} | ({0, size} if digest is not None else set())
@@ -355,13 +379,15 @@ def _measure(
 
 
 class _Stats:
-    """Running NaN/Inf counts and the any-nonzero flag of one span; ``bad`` when a read was not element-aligned."""
+    """Running NaN/Inf counts and the any-nonzero flag of one span; ``bad`` when a read was not element-aligned;
+    ``values``: the running digest of its bytes (``TensorData.digest``), None when not asked for."""
 
-    __slots__ = ("bad", "inf", "nan", "nonzero")
+    __slots__ = ("bad", "inf", "nan", "nonzero", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, values: bool = False) -> None:
         self.nan = self.inf = 0
         self.nonzero = self.bad = False
+        self.values = hashlib.blake2b(digest_size=16) if values else None
 
     def add(self, np: Any, buf: bytearray, offset: int, got: int, dtype: str, scratch: Any) -> None:
         itemsize = _ITEMSIZE[dtype]
@@ -370,6 +396,8 @@ class _Stats:
             self.bad = True
             return
         n, i, z = _chunk_stats(np, buf, got // itemsize, dtype, scratch)
+        if self.values is not None:
+            self.values.update(memoryview(buf)[:got])
         self.nan += n
         self.inf += i
         self.nonzero = self.nonzero or z
@@ -412,7 +440,8 @@ def _results(
             skipped.append(f"{sp.name} ({sp.dtype}, a view misaligned with another view of its storage)")
             continue
         numel = sp.nbytes // _ITEMSIZE[sp.dtype]
-        out.append(TensorData(sp.name, sp.dtype, numel, st.nan, st.inf, sp.nbytes > 0 and not st.nonzero))
+        digest = st.values.hexdigest() if st.values is not None else None
+        out.append(TensorData(sp.name, sp.dtype, numel, st.nan, st.inf, sp.nbytes > 0 and not st.nonzero, digest))
     return tuple(out), tuple(corrupt)
 
 

@@ -39,8 +39,25 @@ _RESUME_RE = re.compile(r"^checkpoint\-(\d+)$")
 # what is a run and which of its folders are checkpoints of some sort.
 _ROTATION_RE = re.compile(r"checkpoint-\d+")
 _TEMP_PREFIX = "tmp-checkpoint-"
-# DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it).
+# DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it). The Trainer
+# names them `global_stepN`; any other caller of `engine.save_checkpoint(dir, tag)` picks its own name (accelerate's
+# `save_state` uses `pytorch_model`), so a folder holding DeepSpeed's state files is a tag folder whatever its name.
 _DS_TAG_RE = re.compile(r"^global_step\d+$")
+DS_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+DS_MODEL_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+
+
+def is_deepspeed_state(name: str) -> bool:
+    """Whether a file name is one DeepSpeed's ``engine.save_checkpoint`` writes into a tag folder (model states or
+    a ZeRO optimizer partition)."""
+    return bool(DS_MODEL_RE.match(name) or DS_OPTIM_RE.match(name))
+
+
+def is_deepspeed_tag(name: str, files: Iterable[str]) -> bool:
+    """Whether a sub-folder (its name, its file names) is a DeepSpeed tag folder: `global_stepN`, or any name when
+    it holds DeepSpeed's state files."""
+    return bool(_DS_TAG_RE.match(name)) or any(is_deepspeed_state(n) for n in files)
+
 
 # Files that make a folder a checkpoint or model folder: weights, adapters, training state, DeepSpeed/DCP pieces.
 # config.json alone is not enough (configs live in many folders that hold no model).
@@ -413,9 +430,9 @@ def _is_ckpt_file(name: str) -> bool:
 
 def _is_model_subfolder(node: _Dir) -> bool:
     """Subfolders writers put inside a model/checkpoint folder: extra adapters, DeepSpeed tags, DCP folders."""
-    if _DS_TAG_RE.match(node.name):
-        return True
     names = {f.name for f in node.files}
+    if is_deepspeed_tag(node.name, names):
+        return True
     return bool(
         names & {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", ".metadata"}
         or any(n.endswith(".distcp") for n in names)

@@ -447,6 +447,9 @@ class TensorData:
     nan: int  # elements that are NaN (floating dtypes only)
     inf: int  # elements that are +/-Inf (floating dtypes only)
     all_zero: bool  # every element is zero (+0.0 or -0.0 for floats)
+    # blake2b of the tensor's bytes, read for files whose values are compared with another form of the same weights
+    # (``deep.check_tree``'s ``values``); None when not asked for or not one contiguous run of bytes
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

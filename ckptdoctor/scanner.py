@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Tree
@@ -131,7 +132,8 @@ def scan(
                 if "://" in tree.abs_root:  # a remote root (ckptdoctor.sources.fsspec) keeps its URL as abs_root
                     raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
                 workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
-                data = check_tree(tree, workers, progress, checksums=checksums is not None)
+                compared = trainer_view.value_compared_files(ck for run in tree.runs for ck in run.checkpoints)
+                data = check_tree(tree, workers, progress, checksums=checksums is not None, values=compared)
                 manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
                 tree = dataclasses.replace(tree, data=data, manifest=manifest)
             tree = judged(tree, sel)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
     Checkpoint,
     FileFacts,
@@ -496,8 +497,13 @@ def is_fsdp(ck: Checkpoint) -> bool:
 
 
 def is_deepspeed(ck: Checkpoint) -> bool:
-    """A DeepSpeed checkpoint: a ``global_step*/`` folder with model or optimizer states."""
-    return any(ck.relname(f).startswith("global_step") and "/" in ck.relname(f) for f in ck.files)
+    """A DeepSpeed checkpoint: a ``global_step*/`` folder, or a tag folder of any name holding DeepSpeed's model or
+    optimizer states (``discover.is_deepspeed_tag``)."""
+    for f in ck.files:
+        rel = ck.relname(f)
+        if "/" in rel and (rel.startswith("global_step") or (rel.count("/") == 1 and is_deepspeed_state(f.name))):
+            return True
+    return False
 
 
 def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
@@ -547,6 +553,31 @@ def loaded_weight_file(ck: Checkpoint) -> FileFacts | None:
     return ck.file(SAFE_WEIGHTS) or ck.file(MS_WEIGHTS if is_mindnlp(ck) else BIN_WEIGHTS)
 
 
+def competing_weight_forms(ck: Checkpoint) -> tuple[tuple[str, tuple[FileFacts, ...] | None], ...]:
+    """The full-weight forms of a folder that holds more than one (empty otherwise), in the order
+    ``Trainer._load_from_checkpoint`` prefers them: ``model.safetensors``, ``pytorch_model.bin``, then the shard
+    indexes (``load_sharded_checkpoint``). Each is its name and the files holding its tensors: the single file, or
+    the index's shards that exist (None when the index is not a valid one). Only the first is loaded."""
+    singles = [f for f in (ck.file(SAFE_WEIGHTS), ck.file(BIN_WEIGHTS)) if f is not None]
+    indexes = [f for f in (ck.file(SAFE_INDEX), ck.file(BIN_INDEX)) if f is not None]
+    if len(singles) + len(indexes) < 2:
+        return ()  # one form: nothing competes (and an index's shards are never looked up)
+    forms: list[tuple[str, tuple[FileFacts, ...] | None]] = [(ck.relname(f), (f,)) for f in singles]
+    for idx in indexes:
+        wm = weight_map(idx)
+        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(set(wm.values()))) if f is not None)
+        forms.append((idx.name, shards))
+    return tuple(forms)
+
+
+def value_compared_files(checkpoints: Iterable[Checkpoint]) -> frozenset[str]:
+    """The files whose tensor values ``--deep`` digests: every form of a folder with competing full-weight forms
+    (``competing_weight_forms``), so that forms alike in names and shapes can be told apart by value."""
+    return frozenset(
+        f.path for ck in checkpoints for _, files in competing_weight_forms(ck) for f in files or ()
+    )
+
+
 def kinds(ck: Checkpoint) -> list[str]:
     """Short labels of what the checkpoint holds, for tables and JSON (weights forms first, then state files)."""
     out: list[str] = []
@@ -554,8 +585,10 @@ def kinds(ck: Checkpoint) -> list[str]:
         out.append("fsdp")
     if is_deepspeed(ck):
         out.append("deepspeed")
-    if ck.file(SAFE_WEIGHTS) is not None or ck.file(BIN_WEIGHTS) is not None or (
-        is_mindnlp(ck) and ck.file(MS_WEIGHTS) is not None
+    if (
+        ck.file(SAFE_WEIGHTS) is not None
+        or ck.file(BIN_WEIGHTS) is not None
+        or (is_mindnlp(ck) and ck.file(MS_WEIGHTS) is not None)
     ):
         out.append("full")
     if ck.file(SAFE_INDEX) is not None or ck.file(BIN_INDEX) is not None:
@@ -595,3 +628,101 @@ def tensor_count(ck: Checkpoint) -> int | None:
 
 def finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a full-weights file restores of an adapter
+
+# peft's `PEFT_TYPE_TO_PREFIX_MAPPING` (src/peft/mapping.py, filled by each tuner's `register_peft_method`): the
+# substring that marks a tuner's own parameters. Most tuners use their lower-cased type and "_"; these differ.
+_PEFT_PREFIX = {"ADALORA": "lora_", "LOHA": "hada_", "VERA": "vera_lambda_", "PVERA": "pvera_lambda_"}
+DEFAULT_ADAPTER = "default"  # the adapter name `get_peft_model` gives, and the Trainer's resume loads the root's as
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRestore:
+    """What ``load_state_dict(state_dict, strict=False)`` of the full-weights file restores of the PeftModel's
+    adapter parameters (the adapter branch of the resume never runs when that file exists)."""
+
+    file: FileFacts  # the full-weights file the resume loads (``loaded_weight_file``)
+    tensors: int  # tensors that file holds
+    restored: int  # adapter parameters whose exact name the file holds
+    total: int  # adapter parameters of the PeftModel, from the adapter files on disk
+    foreign: tuple[str, ...]  # the file's tensors named like adapter parameters that match no PeftModel name
+
+    @property
+    def complete(self) -> bool:
+        """Every adapter parameter is restored."""
+        return self.restored == self.total
+
+
+def adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
+    """What the resume of ``ck`` restores of its adapter when a full-weights file is loaded instead of it.
+
+    The Trainer holds a PeftModel; ``Trainer._load_from_checkpoint`` (transformers 5.x, and 4.x) loads
+    ``model.safetensors`` (else ``pytorch_model.bin``) into it with ``model.load_state_dict(state_dict, False)``,
+    which restores a parameter only when the file holds its exact name. The PeftModel's adapter parameter names are
+    the adapter files' keys with the adapter name put back, as peft's ``set_peft_model_state_dict`` does on load
+    (``src/peft/utils/save_and_load.py``: the tuner's ``_remap_adapter_state_dict_for_load`` inverts
+    ``get_peft_model_state_dict``'s removal; ``ModulesToSaveWrapper.adapter_state_dict_load_map`` for
+    ``modules_to_save``): ``base_model.model.x.q_proj.lora_A.weight`` is the parameter
+    ``base_model.model.x.q_proj.lora_A.default.weight``. The root adapter is ``default``, one in a sub-folder is
+    named after it, as the Trainer's adapter branch loads them. None when the resume loads no full-weights file
+    beside an adapter, or when the loaded file or every adapter file is unreadable.
+    """
+    return _adapter_restore(ck)
+
+
+@per_object
+def _adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
+    if not has_adapter(ck) or weights_branch(ck) != "full":
+        return None
+    loaded = loaded_weight_file(ck)
+    tensors = tensors_of(loaded)
+    if loaded is None or tensors is None:
+        return None
+    wanted: set[str] = set()
+    prefixes: set[str] = set()
+    for folder, name in (("", DEFAULT_ADAPTER), *((d + "/", d) for d in adapter_subdirs(ck))):
+        f = ck.file(folder + ADAPTER_SAFE) or ck.file(folder + ADAPTER_BIN)  # peft's load_peft_weights order
+        saved = tensors_of(f)
+        if not saved:
+            continue
+        cfg = _json(ck.file(folder + ADAPTER_CONFIG))
+        cfg = cfg if isinstance(cfg, dict) else {}
+        prefix = _peft_prefix(cfg.get("peft_type"))
+        prefixes.add(prefix)
+        to_save = cfg.get("modules_to_save")
+        modules = tuple(m for m in to_save if isinstance(m, str)) if isinstance(to_save, list) else ()
+        wanted.update(model_key(t.name, name, prefix, modules) for t in saved)
+    if not wanted:
+        return None
+    held = {t.name for t in tensors}
+    foreign = tuple(sorted(n for n in held - wanted if any(p in n for p in prefixes)))
+    return AdapterRestore(loaded, len(tensors), len(wanted & held), len(wanted), foreign)
+
+
+def _peft_prefix(peft_type: Any) -> str:
+    """The parameter prefix of a peft type (``lora_`` when the config does not say: the Trainer's usual adapter)."""
+    if not isinstance(peft_type, str) or not peft_type:
+        return "lora_"
+    return _PEFT_PREFIX.get(peft_type, peft_type.lower() + "_")
+
+
+def model_key(saved: str, adapter: str, prefix: str, modules_to_save: tuple[str, ...] = ()) -> str:
+    """The PeftModel parameter an adapter file's key ``saved`` is loaded into (peft's
+    ``_insert_adapter_name_into_state_dict``): the adapter name goes after the first part past the tuner's prefix
+    (``...lora_A.weight`` -> ``...lora_A.default.weight``), or at the end when nothing follows it
+    (``...lora_embedding_A`` -> ``...lora_embedding_A.default``); a key of a ``modules_to_save`` module goes under
+    that module's ``modules_to_save.<adapter>`` (a module whose name ends with an entry, as peft's ``_set_trainable``
+    matches them); any other key is kept."""
+    if prefix in saved:
+        suffix = saved.rpartition(prefix)[2]
+        if "." not in suffix:
+            return f"{saved}.{adapter}"
+        rest = suffix.split(".", 1)[1]
+        return f"{saved[: len(saved) - len(rest)]}{adapter}.{rest}"
+    module, _, param = saved.rpartition(".")
+    if module and any(module.endswith(m) for m in modules_to_save):
+        return f"{module}.modules_to_save.{adapter}.{param}"
+    return saved

@@ -4,7 +4,8 @@
 - The scan path imports neither torch, numpy, safetensors nor peft (the reference trainer may; ``--deep`` may import
   numpy lazily inside functions).
 - Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fixer/`` that change the disk)
-  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fixer/calls.py``).
+  opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fixer/calls.py``);
+  ``cli/output.py`` writes only the report, to the file a user names with ``--output-file``.
 - Layers: every import follows the flow (``LAYERS``), no import circle exists, and the core modules import without
   click or tabulate.
 """
@@ -29,7 +30,9 @@ WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdi
 # (planning, digests, rendering, the commands) reads only. The reference trainer writes checkpoints by design and is
 # never imported by the scan path.
 WRITERS = {"fixer/calls.py", "fixer/journal.py", "fixer/guard.py", "fixer/apply.py", "fixer/recover.py",
-           "fixer/transaction.py", "fixer/manifest.py"}
+           "fixer/transaction.py", "fixer/manifest.py",
+           # the report itself, to the file the user names with --output-file (what `> PATH` would write)
+           "cli/output.py"}
 # The fixer's write seam: every write system call goes through its `CALLS`; using it, or any name it defines, writes.
 SEAM = PKG / "fixer" / "calls.py"
 SEAM_MODULE = "ckptdoctor.fixer.calls"

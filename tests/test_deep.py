@@ -258,3 +258,19 @@ def test_half_precision_chunk_stats_match_torch_on_every_sign_and_class(dtype: t
         raw = bytearray(t.view(torch.int16).numpy().tobytes())
         want = (int(t.isnan().sum()), int(t.isinf().sum()), bool((t != 0).any()) or bool(t.isnan().any()))
         assert deep._chunk_stats(np, raw, len(values), code, scratch) == want, (code, values)
+
+
+def test_competing_forms_compare_values_only_where_bytes_are_the_tensor(tmp_path: Path) -> None:
+    """`--deep` compares two full-weight forms by each tensor's bytes: a strided view in a torch archive (the same
+    values, other byte order) is left out rather than called different; a changed value is found (CKD206)."""
+    torch.manual_seed(0)
+    a, v = torch.randn(3, 5), torch.randn(4)
+    ck = tmp_path / "checkpoint-8"
+    ck.mkdir()
+    save_file({"w": a.T.contiguous(), "v": v}, str(ck / "model.safetensors"))
+    torch.save({"w": a.T, "v": v}, ck / "pytorch_model.bin")  # `w` is a transposed view: equal values
+    assert not a.T.is_contiguous() and _codes(_deep(tmp_path), "CKD206") == {}
+    torch.save({"w": a.T, "v": v + 1}, ck / "pytorch_model.bin")
+    (msg,) = _codes(_deep(tmp_path), "CKD206").values()
+    assert "(1 of 1 tensor compared differ, e.g. `v`)" in msg, msg
+    assert deep._row_major((3, 5), (5, 1)) and deep._row_major((1, 5), (7, 1)) and not deep._row_major((3, 5), (1, 3))

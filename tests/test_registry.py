@@ -76,6 +76,10 @@ def test_rule_documents_cite_sources_a_user_can_open() -> None:
     """References name library source or our shipped docs, never the team's private notebook."""
     for r in all_rules():
         assert "ANATOMY" not in r.doc, f"{r.code} cites a notebook users do not have"
+        refs = r.doc.split("## References", 1)[1]
+        # A file a user can open (``src/transformers/trainer.py``, ``safetensors/src/tensor.rs``, ``docs/gate.md``),
+        # not only a function name or a principle.
+        assert re.search(r"[\w.-]+/[\w./-]+\.(?:py|rs|cc|md|proto)\b", refs), f"{r.code} cites no file"
 
 
 def test_shipped_package_never_cites_the_notebook() -> None:

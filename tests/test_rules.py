@@ -659,6 +659,19 @@ def test_deepspeed_layout_is_scanned_as_deepspeed(copy: Copy) -> None:
     assert model_states is not None and model_states.content is not None and not model_states.problems
 
 
+def test_a_deepspeed_tag_of_any_name_is_a_tag(tmp_path: Path) -> None:
+    """accelerate's `save_state` with DeepSpeed writes tag `pytorch_model` (real files): its folder is the tag `latest`
+    names, so CKD503 stays silent; with that folder gone, `latest` dangles and CKD503 fires."""
+    real = Path(__file__).parent / "data" / "stacks" / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
+    root = tmp_path / "run"
+    shutil.copytree(real, root)
+    assert (root / "latest").read_text().strip() == "pytorch_model"
+    assert [f.rule for f in findings(root)] == []
+    shutil.move(root / "pytorch_model", tmp_path / "elsewhere")
+    got = [(f.rule, f.path) for f in findings(root) if f.rule == "CKD503"]
+    assert got == [("CKD503", "latest")]
+
+
 def _scan_rules() -> Iterator[str]:
     for r in all_rules():
         if not r.gate_only and not r.deep_only:

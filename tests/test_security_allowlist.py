@@ -1,20 +1,54 @@
 """The generated allowlist: regenerated from files the real libraries write here, it is a subset of the pinned
-ckptdoctor/rules/allowlist.json; and the policy never lets a name slip through by pattern."""
+ckptdoctor/rules/allowlist.json, which records every stack of the matrix with its versions; the policy never lets a
+name slip through by pattern; and clean files from the matrix's older stacks raise no alarm.
+
+tests/data/stacks/ holds real files written by bench/stack_writer.py under the matrix's layers (see
+bench/make_allowlist.py): a 2-step Trainer run of transformers 4.40.2 saved as ``.bin``, TrainingArguments
+(default and FSDP) of 4.44.2, 4.46.3, 4.49.0, 4.51.3 and 4.55.4, peft 0.11.1 adapters (LoRA, DoRA, IA3,
+modules_to_save, prompt tuning) trained by the 4.40.2 Trainer, a Trainer run and numpy arrays, scalars and object
+arrays under numpy 1.26.4, a DeepSpeed 0.19.8 ZeRO-3 TrainingArguments of 4.40.2, and accelerate 1.15's
+``save_state`` under a ZeRO-3 ``DeepSpeedPlugin``. None of those releases is
+installed in the test environment: the verdict comes from the files' own facts.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from ckptdoctor.model import GlobalRef
+from ckptdoctor import scan
+from ckptdoctor.findings import Severity
+from ckptdoctor.model import GlobalRef, PickleFacts
+from ckptdoctor.readers import read_file
 from ckptdoctor.rules import pickle_policy
 from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
 
 torch = pytest.importorskip("torch")
 
 PINNED = Path(pickle_policy.__file__).with_name("allowlist.json")
+STACKS = Path(__file__).parent / "data" / "stacks"
+LAYERS = Path(os.environ.get("CKPTDOCTOR_STACKS", "/work/stacks"))  # where bench/make_allowlist.py finds the matrix
+TRANSFORMERS_4 = ("4.40.2", "4.44.2", "4.46.3", "4.49.0", "4.51.3", "4.55.4")
+PEFT_VARIANTS = ("lora", "dora", "ia3", "modules_to_save", "prompt_tuning")
+
+
+def _alarms(root: Path) -> list[str]:
+    """Every finding above info, and every security finding whatever its severity."""
+    report = scan(str(root), no_config=True)
+    return [f"{f.rule} {f.path}: {f.message}" for f in report.findings
+            if f.severity is not Severity.INFO or f.rule.startswith("CKD6")]  # fmt: skip
+
+
+def _globals(path: Path) -> set[str]:
+    """The globals a file's pickles name, read statically."""
+    facts = read_file(str(path), path.name, path.stat())
+    content = facts.content
+    pf = content if isinstance(content, PickleFacts) else getattr(content, "pickle", None)
+    assert isinstance(pf, PickleFacts), f"{path} holds no pickle"
+    return {g.dotted for g in (*pf.globals, *pf.calls)}
 
 
 def test_regenerated_globals_are_pinned(tmp_path: Path) -> None:
@@ -65,3 +99,92 @@ def test_attribute_chains_through_dangerous_modules(dotted: str) -> None:
     first, _, name = rest.partition(".")
     g = GlobalRef(f"{module}.{first}", name)
     assert is_dangerous(g) or not is_allowed(g)
+
+
+def test_pinned_file_records_every_stack_of_the_matrix() -> None:
+    from bench import make_allowlist
+
+    doc = json.loads(PINNED.read_text())
+    assert set(doc["stacks"]) == {name for name, *_ in make_allowlist.STACKS}
+    for name, covered in doc["stacks"].items():
+        # A stack is recorded with the versions it ran, or with why it did not: never left out, never guessed.
+        recorded = isinstance(covered, dict) and bool(covered["versions"])
+        assert recorded or str(covered).startswith(("not installed", "failed")), (name, covered)
+    ran = {c["versions"]["transformers"] for c in doc["stacks"].values() if isinstance(c, dict) and "transformers" in
+           c.get("versions", {})}  # fmt: skip
+    assert {v for v in TRANSFORMERS_4 if v in ran} == set(TRANSFORMERS_4), sorted(ran)
+    assert doc["adapter_globals"] and not any(g.startswith("peft") for g in doc["adapter_globals"])
+
+
+def test_a_transformers_4_40_checkpoint_raises_no_alarm() -> None:
+    run = STACKS / "transformers-4.40.2"
+    assert {p.name for p in (run / "checkpoint-2").iterdir()} >= {"pytorch_model.bin", "optimizer.pt", "scheduler.pt",
+                                                                 "rng_state.pth", "training_args.bin"}  # fmt: skip
+    assert _alarms(run) == []
+
+
+@pytest.mark.parametrize("version", TRANSFORMERS_4)
+def test_transformers_4x_training_args_raise_no_alarm(version: str) -> None:
+    folder = STACKS / f"transformers-{version}"
+    args = sorted(folder.glob("training_args-*.bin"))
+    assert {p.name for p in args} >= {"training_args-fsdp.bin"}
+    assert "transformers.trainer_utils.FSDPOption" in _globals(folder / "training_args-fsdp.bin")
+    assert _alarms(folder) == []
+
+
+@pytest.mark.parametrize("variant", PEFT_VARIANTS)
+def test_peft_adapters_add_no_globals(variant: str) -> None:
+    folder = STACKS / "peft-0.11.1" / variant
+    names = _globals(folder / "adapter_model.bin")
+    assert names <= {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch.FloatStorage"}, names
+    assert _alarms(folder) == []
+
+
+def test_numpy_1_files_use_the_numpy_core_names_and_raise_no_alarm() -> None:
+    folder = STACKS / "numpy-1.26.4"
+    assert "numpy.core.multiarray._reconstruct" in _globals(folder / "checkpoint-2" / "rng_state.pth")
+    assert "numpy.core.multiarray.scalar" in _globals(folder / "np.pt")
+    assert "numpy.core.multiarray._reconstruct" in _globals(folder / "objects.npy")  # an object array's pickle
+    assert _alarms(folder) == []
+
+
+def test_deepspeed_with_transformers_4_40_training_args_is_clean() -> None:
+    path = STACKS / "deepspeed-0.19.8-transformers-4.40.2-zero3-training_args.bin"
+    assert "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig" in _globals(path)
+    report = scan(str(path), no_config=True)
+    assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
+
+
+ACCELERATE_DS = STACKS / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
+
+
+def test_accelerate_save_state_with_deepspeed_has_no_security_finding() -> None:
+    """``Accelerator.save_state`` under a ZeRO-3 ``DeepSpeedPlugin``: DeepSpeed's engine files under the tag
+    ``pytorch_model`` (accelerate/accelerator.py ``save_state``), accelerate's RNG state and scheduler."""
+    assert (ACCELERATE_DS / "latest").read_text() == "pytorch_model"
+    report = scan(str(ACCELERATE_DS), no_config=True)
+    assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
+
+
+def test_accelerate_save_state_with_deepspeed_raises_no_alarm() -> None:
+    assert _alarms(ACCELERATE_DS) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layer", "family"), [("tf440", "transformers"), ("numpy-1.26.4", "numpy")])
+def test_a_live_layer_of_the_matrix_writes_clean_files(tmp_path: Path, layer: str, family: str) -> None:
+    """The oldest transformers and numpy 1.x layers write files again here; they scan clean."""
+    import subprocess
+    import sys
+
+    where = LAYERS / layer
+    if not where.is_dir():
+        pytest.skip(f"{where} is not installed (bench/make_allowlist.py documents the layer)")
+    writer = Path(__file__).parents[1] / "bench" / "stack_writer.py"
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    proc = subprocess.run([sys.executable, str(writer), str(tmp_path), family], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert "trainer" in result["configs"], result
+    assert [a for a in _alarms(tmp_path) if " CKD6" in f" {a}"] == []

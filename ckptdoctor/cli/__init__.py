@@ -71,14 +71,18 @@ class LazyGroup(click.Group):
             ctx.exit(130)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd: click.Command | None
         if cmd_name in self.lazy:
             import importlib
 
             module, attr = self.lazy[cmd_name].split(":")
             cmd = getattr(importlib.import_module(module), attr)
             assert isinstance(cmd, click.Command)
-            return cmd
-        return super().get_command(ctx, cmd_name)
+        else:
+            cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:  # its --help fits the terminal as the group's does
+            cmd.context_class = options.FittingContext
+        return cmd
 
 _EPILOG_MAIN = """\b
 Examples:
@@ -87,7 +91,6 @@ Examples:
   ckptdoctor gate runs/my-run --num-train-epochs 3  # what will this resume load, train, and at which LRs?
   ckptdoctor explain CKD201                         # why a finding matters and how to fix it
 
-\b
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error or unusable input.
 """
 
@@ -106,6 +109,7 @@ def main() -> None:
     command's options, defaults and examples.
     """
 
+main.context_class = options.FittingContext
 for _command in (scan.scan, inspect.inspect, rules.rules_cmd, rules.explain):
     main.add_command(_command)
 

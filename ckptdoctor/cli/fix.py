@@ -8,8 +8,18 @@ from typing import Any
 
 import click
 
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    _note_kept,
+    _note_security,
+    allow_global_option,
+    output_options,
+    text_or_json,
+    text_width,
+)
+
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.options import ScanRoot, _note_kept, _note_security, allow_global_option, text_or_json
+from ckptdoctor.cli.output import emit
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -21,7 +31,6 @@ Examples:
   ckptdoctor fix --unsafe-fixes --select CKD101 runs/my-run/
   ckptdoctor undo runs/my-run/                 # restore the last fix byte for byte
 
-\b
 Nothing is deleted: files and folders move to <root>/.ckptdoctor/quarantine/<txid>/ and rewritten files keep their
 original there; a checksum manifest at the root is updated in the same transaction. Each root is fixed under its
 own settings file; a folder named twice (X ./X/) is fixed once. A .ckptdoctor/ folder that came with a download
@@ -40,17 +49,22 @@ Examples:
   ckptdoctor undo --txid 20261121T101500Z-ab12cd runs/my-run/
   ckptdoctor undo --format json runs/my-run/   # what was restored, as one JSON document
 
-\b
 --format json prints one ckptdoctor.undo/1 document (also when refused; the error line still goes to stderr):
-  {"schema": "ckptdoctor.undo/1", "version": "...", "action": "list" | "undo", "root": PATH,
-   "refused": null | "why nothing was done",
-   --list:  "transactions": [{"txid", "state", "created" (Unix seconds), "created_utc" (ISO 8601),
-                              "operations" (how many), "rules": [...]}, ...]   (oldest first)
-   undo:    "txid": the transaction undone (refused: the --txid asked for, else null),
-            "operations": how many it holds (refused: null), "restored": how many were put back}
-  ckptdoctor undo --list --format json runs/my-run/ | jq -r '.transactions[-1].txid'
 
 \b
+  {"schema": "ckptdoctor.undo/1", "version": "...",
+   "action": "list" | "undo", "root": PATH,
+   "refused": null | "why nothing was done",
+   --list: "transactions": [{"txid", "state",
+             "created" (Unix seconds), "created_utc" (ISO 8601),
+             "operations" (how many), "rules": [...]}, ...]
+           (oldest first)
+   undo:   "txid": the transaction undone
+             (refused: the --txid asked for, else null),
+           "operations": how many it holds (refused: null),
+           "restored": how many were put back}
+  ckptdoctor undo --list --format json run/ | jq '.transactions[-1]'
+
 Exit codes: 0 restored (or listed), 2 nothing to undo, no such transaction, or refused because a file changed since
 the fix (nothing is changed then), 130 interrupted.
 """
@@ -80,6 +94,7 @@ the fix (nothing is changed then), 130 interrupted.
     help="Leave what these rules find (codes or prefixes), added to the settings file's ignore.  [default: none]",
 )
 @text_or_json("text: the plan and what is left; json: one ckptdoctor.fix/1 document.")
+@output_options("Print only what remains (dry run: what would remain), not the plan nor the summary (text).")
 @click.option(
     "--fail-on",
     type=click.Choice(["error", "warning", "info", "never"]),
@@ -101,6 +116,9 @@ def fix_command(
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     fmt: str,
+    output_file: str | None,
+    quiet: bool,
+    silent: bool,
     fail_on: str | None,
     force: bool,
     no_config: bool,
@@ -126,9 +144,10 @@ def fix_command(
         allow_global=allow_global,
     )
     if fmt == "json":
-        click.echo(json.dumps(fix_json(result), indent=2, allow_nan=False))
+        text = json.dumps(fix_json(result), indent=2, allow_nan=False)
     else:
-        click.echo(render_fix_text(result))
+        text = render_fix_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
+    emit(text, output_file, silent)
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
     # security error that remains (or, in a dry run, would remain); the note goes to stderr.
     sys.exit(result.exit_code(on_security_kept=_note_security))

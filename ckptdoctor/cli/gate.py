@@ -10,9 +10,19 @@ from typing import Any
 import click
 
 from ckptdoctor import schedules
-from ckptdoctor.cli.options import ScanRoot, UsageProblem, _exit_code, _note_kept, _read_only_done, rule_options
+from ckptdoctor.cli.options import (
+    ScanRoot,
+    UsageProblem,
+    _exit_code,
+    _note_kept,
+    _read_only_done,
+    output_options,
+    rule_options,
+    text_width,
+)
+from ckptdoctor.cli.output import emit
 from ckptdoctor.model import FileFacts
-from ckptdoctor.render.gate import render_text, summary
+from ckptdoctor.render.gate import gate_json, render_text, summary
 from ckptdoctor.resume.api import run_gate
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
@@ -35,19 +45,17 @@ Examples:
   ckptdoctor gate s3://bucket/runs/my-run                         # a run in object storage, as `scan` reads it
   ckptdoctor gate runs/my-run --transformers-version 4.57         # the job resumes with transformers 4.57
   ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
+  ckptdoctor gate runs/my-run --format json -o gate.json -s       # the document to a file, only the exit code
 
-\b
 Options left out are the run's own: read from the checkpoint's training_args.bin and trainer_state.json (or
 --training-args), else transformers' defaults; --format json lists each value used and where it came from.
 
-\b
 Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
 `ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
 scan findings only (the gate rules CKD407-415 and CKD504 run unless ignored), its fail-on when --fail-on is not
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
-\b
 Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
 finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
 checkpoint whose global_step is beyond any float (nothing can be predicted from it).
@@ -66,8 +74,9 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--learning-rate", type=float, help="Planned learning_rate. A restored scheduler keeps the "
               "checkpoint's base LR, so a different value is ignored (CKD409).  [default: the run's own]")
 @click.option("--lr-scheduler-type", type=click.Choice([*schedules.SUPPORTED, *schedules.METRIC_DRIVEN]),
-              help="Planned lr_scheduler_type (the last two are metric-driven: reported as unpredictable).  "
-              "[default: the run's own]")
+              metavar="NAME", help="Planned lr_scheduler_type: "
+              f"{', '.join(schedules.SUPPORTED)}, or the metric-driven {' or '.join(schedules.METRIC_DRIVEN)} "
+              "(reported as unpredictable).  [default: the run's own]")
 @click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, a JSON object, e.g. '
               '\'{"num_cycles": 2}\'.  [default: the run\'s own]')
 @click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps; below 1 it is a ratio of "
@@ -105,6 +114,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               show_default=True, help="text: the prediction, findings and verdict for people; json: one "
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
+@output_options("Print the findings only: no prediction, no verdict line (text; other formats are unchanged).")
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-415, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs", root="RUN_DIR", each_root="RUN_DIR")
@@ -127,6 +137,9 @@ def gate_command(
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
+    output_file: str | None,
+    quiet: bool,
+    silent: bool,
     fail_on: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -186,16 +199,17 @@ def gate_command(
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
+        text = json.dumps(gate_json(result), indent=2, allow_nan=False)
     elif fmt in ("sarif", "github"):
         from ckptdoctor.render import sarif
 
         if fmt == "sarif":
-            click.echo(sarif.render_sarif(result.findings))
+            text = sarif.render_sarif(result.findings)
         else:
-            click.echo(sarif.render_github(result.findings, notice=summary(result)))
+            text = sarif.render_github(result.findings, notice=summary(result))
     else:
-        click.echo(render_text(result))
+        text = render_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
+    emit(text, output_file, silent)
     # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
     cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
     code = _exit_code(result.findings, fail_on, cfg_fail_on)

@@ -15,7 +15,6 @@ Examples:
   ckptdoctor inspect runs/my-run/checkpoint-8/scheduler.pt        # the pickled values (last_epoch, base_lrs...)
   ckptdoctor inspect --format json runs/my-run/checkpoint-8/optimizer.pt | jq '.globals'
 
-\b
 Exit codes: 0 the file was read (what could not be decoded is listed under "problems"), 2 usage error (no such
 file, a folder: scan folders, or not a regular file).
 """
@@ -44,4 +43,8 @@ def inspect(file: str, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(data, indent=2, allow_nan=False, default=str))
     else:
-        click.echo(render_inspect_text(data))
+        import sys
+
+        from ckptdoctor.cli.options import terminal_width
+
+        click.echo(render_inspect_text(data, terminal_width(sys.stdout)))

@@ -134,3 +134,87 @@ def _use_color(stream: Any) -> bool:
         return False
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
+
+
+def terminal_width(stream: Any) -> int | None:
+    """The width to fit text output to: the terminal's (``COLUMNS`` first, as ``shutil.get_terminal_size`` reads
+    it; 80 when it cannot tell) when ``stream`` is a terminal, else None: a pipe or a file gets every line whole,
+    as ruff writes to a pipe, so scripts and ``grep`` see one line per finding."""
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        return None
+    import shutil
+
+    return max(shutil.get_terminal_size((80, 24)).columns, 20)
+
+
+def output_options(quiet_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--output-file``, ``-q/--quiet`` and ``-s/--silent`` (passed as ``output_file``, ``quiet``, ``silent``);
+    ``quiet_help`` says what ``-q`` keeps of the command's text."""
+    options = (
+        click.option(
+            "--output-file",
+            "-o",
+            type=click.Path(dir_okay=False, writable=True),
+            default=None,
+            metavar="PATH",
+            help="Write the report (any --format) to PATH instead of stdout; text is then written whole, without "
+            "colour or wrapping.",
+        ),
+        click.option("--quiet", "-q", is_flag=True, help=quiet_help),
+        click.option(
+            "--silent",
+            "-s",
+            is_flag=True,
+            help="Print no report on stdout (any --format): only the exit code, and errors on stderr, tell the "
+            "result. --output-file still gets the report.",
+        ),
+    )
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return apply
+
+
+def text_width(output_file: str | None, stream: Any) -> int | None:
+    """``terminal_width`` of stdout, or None when the report goes to a file."""
+    return None if output_file is not None else terminal_width(stream)
+
+
+class FittingHelpFormatter(click.HelpFormatter):
+    """click's help formatter, with the verbatim (``\\b``) lines of an epilog fitted to the width too: an example
+    too wide for it shows its ``# comment`` on the line above, and anything still too wide continues on the next
+    line, indented."""
+
+    def write_text(self, text: str) -> None:
+        from click.formatting import wrap_text
+
+        indent = " " * self.current_indent
+        wrapped = wrap_text(text, self.width, initial_indent=indent, subsequent_indent=indent,
+                            preserve_paragraphs=True)  # fmt: skip
+        self.write("".join(ln + "\n" for line in wrapped.splitlines() for ln in self._fit(line)))
+
+    def _fit(self, line: str) -> list[str]:
+        if len(line) <= self.width:
+            return [line]
+        import re
+        import textwrap
+
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        example = re.match(r"(\s*)(\S.*?)\s{2,}(# .*)$", line)
+        if example:
+            return [*self._fit(lead + example[3]), *self._fit(lead + example[2])]
+        # a command without quotes continues as a shell reads it, with " \\" (inside quotes it would be literal)
+        command = line.lstrip().startswith("ckptdoctor ") and not set("'\"") & set(line)
+        lines = textwrap.wrap(line.strip(), self.width - 2 * command, initial_indent=lead,
+                              subsequent_indent=lead + "    ", break_on_hyphens=False, break_long_words=False)
+        return [ln + " \\" for ln in lines[:-1]] + lines[-1:] if command else lines
+
+
+class FittingContext(click.Context):
+    """The commands' context: help fitted to the terminal by ``FittingHelpFormatter``."""
+
+    formatter_class = FittingHelpFormatter

@@ -17,8 +17,11 @@ from ckptdoctor.cli.options import (
     _note_security,
     _read_only_done,
     _use_color,
+    output_options,
     rule_options,
+    text_width,
 )
+from ckptdoctor.cli.output import emit
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
@@ -28,23 +31,29 @@ _EPILOG_SCAN = """\b
 Examples:
   ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
   ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
-  ckptdoctor scan --format json runs/ | jq '.findings[] | select(.severity == "error")'
+  ckptdoctor scan --format json runs/ | jq '.findings[].rule'
   ckptdoctor scan --select CKD2 --fail-on warning model/
   ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
-  ckptdoctor scan --format sarif --fail-on never runs/my-run/ > ckptdoctor.render.sarif   # report, never fail
+  ckptdoctor scan --format sarif --fail-on never run/ > out.sarif   # report, never fail
   ckptdoctor scan s3://bucket/runs/my-run/     # object storage through fsspec (pip install "ckptdoctor[remote]")
   ckptdoctor scan --deep --checksums write runs/a/checkpoint-800   # then, on the copy:
   ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
+  ckptdoctor scan --statistics runs/           # how many findings of each rule
+  ckptdoctor scan -q -o report.txt runs/       # the findings only, to a file
 
-\b
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
 root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
 a finding, not 2.
 
-\b
 Settings: each root may hold a .ckptdoctor.toml (keys at the top level) or a pyproject.toml with the same keys
 under [tool.ckptdoctor]; .ckptdoctor.toml wins when both exist, and each root is judged by its own:
-  select = ["CKD1", "CKD2"]   ignore = ["CKD206"]   fail-on = "warning"   [severity] CKD404 = "warning"
+
+\b
+  select = ["CKD1", "CKD2"]
+  ignore = ["CKD206"]
+  fail-on = "warning"
+  [severity] CKD404 = "warning"
+
 An unknown code there is exit 2, as on the command line. A settings file cannot turn off or lower the security
 rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and --fail-on here can.
 """
@@ -61,6 +70,13 @@ rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and -
     help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
     "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
 )
+@click.option(
+    "--statistics",
+    is_flag=True,
+    help="Print the number of findings per rule (and the summary) instead of the report, as text or, with "
+    "--format json, as one ckptdoctor.statistics/1 document.",
+)
+@output_options("Print the findings only: no tables, no summary line (text; other formats are unchanged).")
 @rule_options(
     never_runs="Selecting only gate rules, or only --deep rules without --deep, is a usage error (they would never "
     "run).",
@@ -92,6 +108,10 @@ rules (CKD6xx), nor let their errors pass with fail-on = "never"; --ignore and -
 def scan(
     paths: tuple[str, ...],
     fmt: str,
+    statistics: bool,
+    output_file: str | None,
+    quiet: bool,
+    silent: bool,
     fail_on: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -115,23 +135,37 @@ def scan(
     from ckptdoctor.discover import unique_roots
     from ckptdoctor.render.report import printable, render_json, render_text
 
+    if statistics and fmt in ("sarif", "github"):
+        raise UsageProblem(f"--statistics prints text or json, not {fmt}")
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global)
-    if fmt == "json":
-        click.echo(render_json(report))
+    width = text_width(output_file, sys.stdout)
+    if statistics:
+        from ckptdoctor.render.report import render_statistics, statistics_json
+
+        if fmt == "json":
+            import json
+
+            text = json.dumps(statistics_json(report), indent=2, allow_nan=False)
+        else:
+            text = render_statistics(report, width)
+    elif fmt == "json":
+        text = render_json(report)
     elif fmt == "sarif":
         from ckptdoctor.render.sarif import render_sarif
 
-        click.echo(render_sarif(report.findings))
+        text = render_sarif(report.findings)
     elif fmt == "github":
         from ckptdoctor.render.report import summary_line
         from ckptdoctor.render.sarif import render_github
 
-        click.echo(render_github(report.findings, notice=summary_line(report)))
+        text = render_github(report.findings, notice=summary_line(report))
     else:
-        click.echo(render_text(report, color=_use_color(sys.stdout)))
+        color = output_file is None and _use_color(sys.stdout)
+        text = render_text(report, color=color, width=width, quiet=quiet)
+    emit(text, output_file, silent)
     for tree in report.trees:
         if not any(True for _ in tree.all_files()):  # a mistyped $OUTPUT_DIR must not pass a CI gate unnoticed
             click.echo(f"ckptdoctor: warning: no files under {printable(tree.root)}: nothing was checked", err=True)

@@ -34,25 +34,35 @@ def fix_hint(code: str) -> str | None:
     return " ".join(para.split()) or None
 
 
-def finding_lines(findings: Sequence[Finding]) -> list[str]:
-    """Each finding as the scan's text report shows it (names escaped, its fix title), plus the rule's hint (its
-    "Fix safety" line) when the rule has no fix."""
-    from ckptdoctor.render.report import finding_text
+def finding_lines(findings: Sequence[Finding], width: int | None = None) -> list[str]:
+    """Each finding as the scan's text report shows it (names escaped, its fix title, repeats grouped, wrapped to a
+    terminal's ``width``), plus the rule's hint (its "Fix safety" line) when the rule has no fix."""
+    from ckptdoctor.render.report import finding_entries
 
-    out: list[str] = []
-    for f in findings:
-        out.extend(finding_text(f))
-        hint = None if f.fix is not None else fix_hint(f.rule)
-        if hint:
-            out.append(f"  hint: {hint}")
-    return out
+    return finding_entries(findings, width=width, hint=lambda f: None if f.fix is not None else fix_hint(f.rule))
 
 
-def render_fix_text(result: FixResult) -> str:
+def render_fix_text(result: FixResult, *, width: int | None = None, quiet: bool = False) -> str:
     """The plan (every operation, diffs of rewrites), what is skipped and why, then what remains and the summary.
 
-    A dry run shows what would remain (predicted) and, when the real run would be refused now, why.
+    A dry run shows what would remain (predicted) and, when the real run would be refused now, why. ``width`` (a
+    terminal's) wraps every line but the diffs' to it; ``quiet`` prints what remains only (``-q``).
     """
+    if quiet:
+        return "\n".join(finding_lines(result.remaining, width))
+    lines = _render_fix_text(result, width)
+    if width is None:
+        return "\n".join(lines)
+    from ckptdoctor.render.report import fit
+
+    return "\n".join(w for ln in lines for w in ([ln] if isinstance(ln, _Verbatim) else fit(ln, width)))
+
+
+class _Verbatim(str):
+    """A line shown as it is on any terminal: a diff line, whose wrapping would read as another change."""
+
+
+def _render_fix_text(result: FixResult, width: int | None) -> list[str]:
     from ckptdoctor.render.report import plural
 
     out: list[str] = []
@@ -69,7 +79,7 @@ def render_fix_text(result: FixResult) -> str:
         for op in plan.ops:
             out.append(f"  [{','.join(op.rules)}] {op.title}")
             out.append(f"    {verb}{op.describe(tx or '<txid>')}")
-            out.extend("    " + ln for ln in op.diff.rstrip("\n").splitlines())
+            out.extend(_Verbatim("    " + ln) for ln in op.diff.rstrip("\n").splitlines())
         for s in plan.skipped:
             out.append(f"  skipped [{s.finding.rule}] {s.finding.fix.title if s.finding.fix else ''}: {s.reason}")
         for f in plan.manual:
@@ -79,21 +89,21 @@ def render_fix_text(result: FixResult) -> str:
     out.append("")
     n_left = len(result.remaining)
     if result.dry_run:
-        return "\n".join(out + _dry_run_summary(result))
-    out.extend(finding_lines(result.remaining))
+        return out + _dry_run_summary(result, width)
+    out.extend(finding_lines(result.remaining, width))
     for plan, tx in zip(result.plans, result.txids, strict=True):
         if tx is not None:
             out.append(f"Transaction {tx} applied to {plan.root}; `ckptdoctor undo {plan.root}` restores it.")
     out.append(f"Fixed {plural(result.fixed, 'problem')}, {n_left:,} remain{'s' if n_left == 1 else ''}.")
-    return "\n".join(out)
+    return out
 
 
-def _dry_run_summary(result: FixResult) -> list[str]:
+def _dry_run_summary(result: FixResult, width: int | None) -> list[str]:
     """What would remain (predicted, as the real run lists it) and the dry run's last line."""
     from ckptdoctor.render.report import plural
 
     n_left = len(result.remaining)
-    left = finding_lines(result.remaining)
+    left = finding_lines(result.remaining, width)
     remain = f"{plural(n_left, 'problem')} would remain"
     if not result.would_change:
         if not n_left:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.resume.api import GateResult
 from ckptdoctor.resume.rules import format_lrs
 
 
-def render_text(result: GateResult) -> str:
-    """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict."""
-    from ckptdoctor.render.report import plural, printable
+def render_text(result: GateResult, *, width: int | None = None, quiet: bool = False) -> str:
+    """The prediction as a short block for people, then the findings as `scan` prints them, then the verdict.
 
+    ``width`` None (a pipe, a file) keeps each line whole; a terminal's width wraps every line to it, findings as
+    `scan` shows them there. ``quiet`` prints the findings only (``-q``).
+    """
+    from ckptdoctor.render.report import finding_entries, fit, plural, printable
+
+    if quiet:
+        return "\n".join(finding_entries(result.findings, width=width, fix_line=False))
     lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
     if result.checkpoint is None:
         lines.append("  checkpoint       none found")
@@ -45,14 +53,17 @@ def render_text(result: GateResult) -> str:
             lines.append(f"  first {len(result.lr)} LRs      " + format_lrs(result.lr))
     if result.findings:
         lines.append("")
-        lines.extend(finding_line(f) for f in result.findings)
+        lines.extend(finding_entries(result.findings, width=width, fix_line=False))
     counts = {sev: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
     tally = ", ".join(plural(counts[s], s.value) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
     lines.append("")
     threshold = f"fail-on {result.fail_on} from the settings file" if result.fail_on_from_settings else (
         f"--fail-on {result.fail_on}")
     lines.append(f"Verdict: {result.verdict} ({tally}; {threshold})")
-    return "\n".join(lines)
+    if width is None:
+        return "\n".join(lines)
+    # the prediction's values line up after their 19-column labels: continuation lines start there too
+    return "\n".join(w for ln in lines for w in fit(ln, width, " " * 17 if ln.startswith("  ") else "  "))
 
 
 def finding_line(f: Finding) -> str:
@@ -60,6 +71,21 @@ def finding_line(f: Finding) -> str:
     from ckptdoctor.render.report import finding_text
 
     return finding_text(f)[0]
+
+
+def gate_json(result: GateResult) -> dict[str, Any]:
+    """The ``ckptdoctor.gate/1`` document the command prints: ``GateResult.to_json`` with ckptdoctor's
+    ``version`` after the schema and ``summary`` counts of the findings by severity, as in scan's report."""
+    from ckptdoctor import __version__
+
+    doc = result.to_json()
+    counts = {sev.value: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}
+    return {
+        "schema": doc.pop("schema"),
+        "version": __version__,
+        **doc,
+        "summary": {k: counts[k] for k in ("error", "warning", "info")},
+    }
 
 
 def summary(result: GateResult) -> str:

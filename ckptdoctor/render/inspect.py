@@ -20,9 +20,12 @@ def _only_tensors(value: Any) -> bool:
     return all(isinstance(v, dict) and "tensor" in v for v in value.values())
 
 
-def render_inspect_text(data: dict[str, Any]) -> str:
-    """The description as a short header, a tensor table or the pickle's globals and values, then problems."""
+def render_inspect_text(data: dict[str, Any], width: int | None = None) -> str:
+    """The description as a short header, a tensor table or the pickle's globals and values, then problems (each
+    wrapped to a terminal's ``width``; None keeps it on one line)."""
     from tabulate import tabulate  # only the text needs it
+
+    from ckptdoctor.render.report import fit
 
     lines = [f"{data['path']}: {data['kind']}, {data['bytes']:,} bytes"]
     tensors = data.get("tensors")
@@ -41,5 +44,5 @@ def render_inspect_text(data: dict[str, Any]) -> str:
             lines.append(json.dumps(data[key], indent=2, default=str)[:20000])
     if data["problems"]:
         lines.append("problems:")
-        lines.extend(f"  [{p['kind']}] {p['message']}" for p in data["problems"])
+        lines.extend(w for p in data["problems"] for w in fit(f"  [{p['kind']}] {p['message']}", width))
     return "\n".join(lines)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor import __version__, trainer_view
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json
-from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Tree
+from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
 from ckptdoctor.scanner import Report
 
 SCHEMA = "ckptdoctor.report/1"
@@ -167,9 +168,7 @@ def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> 
     return label
 
 
-def _run_table(tree: Tree, run: Run, findings: list[Finding]) -> str:
-    from tabulate import tabulate  # only the text report needs it
-
+def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
     tally = _tally(findings)
     rows = []
     for ck in ordered(run):
@@ -189,15 +188,71 @@ def _run_table(tree: Tree, run: Run, findings: list[Finding]) -> str:
                 _status(ck, run, tally),
             ]
         )
-    headers = ["checkpoint", "step", "weights", "tensors", "size", "lr", "status"]
-    return str(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+    return rows
 
 
-def render_text(report: Report, *, color: bool = False) -> str:
-    """Tables of checkpoints per run, then findings grouped like a linter's, then a one-line summary."""
+_HEADERS = ["checkpoint", "step", "weights", "tensors", "size", "lr", "status"]
+# On a narrow terminal the table loses columns in this order (their index in _HEADERS) until it fits.
+_DROP_ORDER = (5, 3, 4, 2, 1)
+
+
+def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
+    from tabulate import tabulate  # only the text report needs it
+
+    rows = _table_rows(run, findings)
+    keep = list(range(len(_HEADERS)))
+    drop = list(_DROP_ORDER)
+    while True:
+        table = str(
+            tabulate(
+                [[r[i] for i in keep] for r in rows],
+                headers=[_HEADERS[i] for i in keep],
+                tablefmt="simple",
+                disable_numparse=True,
+            )
+        )
+        if width is None or max(map(len, table.splitlines())) <= width:
+            return table
+        if not drop:
+            break
+        keep.remove(drop.pop(0))
+    # Not even checkpoint and status fit side by side: one wrapped line per checkpoint.
+    return "\n".join(ln for r in rows for ln in fit(f"{r[0]}: {r[-1]}", width))
+
+
+def fit(line: str, width: int | None, indent: str = "  ") -> list[str]:
+    """``line`` as it is when ``width`` is None (a pipe, a file), else wrapped to ``width`` columns, continuation
+    lines indented by ``indent`` more than the first; a word longer than a line (a long path) is broken."""
+    if width is None or len(line) <= width:
+        return [line]
+    import textwrap  # only a terminal narrower than a line needs it
+
+    lead = line[: len(line) - len(line.lstrip(" "))]
+    return textwrap.wrap(
+        line[len(lead) :],
+        width=width,
+        initial_indent=lead,
+        subsequent_indent=lead + indent,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [line[:width]]
+
+
+def _fit_styled(line: str, width: int | None, style: Any, indent: str = "  ") -> list[str]:
+    """``fit`` with each resulting line styled as a whole (``style`` is one of ``_Style``'s methods)."""
+    return [style(ln) for ln in fit(line, width, indent)]
+
+
+def render_text(report: Report, *, color: bool = False, width: int | None = None, quiet: bool = False) -> str:
+    """Tables of checkpoints per run, then findings grouped like a linter's, then a one-line summary.
+
+    ``width`` None (a pipe, a file) prints each finding on one line, as scripts grepping ``path: CODE`` expect; on a
+    terminal the caller passes its width and every line fits it: a short header per finding (``path: CODE
+    [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``).
+    """
     st = _Style(color)
     out: list[str] = []
-    for tree in report.trees:
+    for tree in report.trees if not quiet else ():
         tree_findings = [f for f in report.findings if f.root == tree.root]
         for run in tree.runs:
             title = printable(display_path(tree.root, run.path))
@@ -214,36 +269,125 @@ def render_text(report: Report, *, color: bool = False) -> str:
                     bundle = any(f.name == "checkpoint" for ck in run.checkpoints for f in ck.files)
                     pick_txt = "a restart restores the bundle `checkpoint` names" if bundle else "weights for Keras"
                 pick_txt = f"{names}; {pick_txt}"
-            out.append(st.bold(f"{title}") + st.dim(f"  ({pick_txt})"))
-            out.append(_run_table(tree, run, tree_findings))
+            if width is None or len(title) + len(pick_txt) + 4 <= width:
+                out.append(st.bold(f"{title}") + st.dim(f"  ({pick_txt})"))
+            else:
+                out.extend(_fit_styled(title, width, st.bold))
+                out.extend(_fit_styled(f"  ({pick_txt})", width, st.dim))
+            out.append(_run_table(run, tree_findings, width))
             out.append("")
     if report.findings:
-        for f in report.findings:
-            out.extend(_finding_text(f, st))
-        out.append("")
+        out.extend(finding_entries(report.findings, st, width))
+        if not quiet:
+            out.append("")
+    if quiet:
+        return "\n".join(out)
     allowed = allowances(report)
     for a in allowed:
         origin = a["origin"] if a["origin"] == "--allow-global" else f"allow-globals in {a['origin']}"
-        out.append(st.dim(f"{printable(a['file'])}: pickle global `{printable(a['global'])}` allowed by "
-                          f"{printable(origin)} `{printable(a['pattern'])}`"))  # fmt: skip
+        line = (f"{printable(a['file'])}: pickle global `{printable(a['global'])}` allowed by "
+                f"{printable(origin)} `{printable(a['pattern'])}`")  # fmt: skip
+        out.extend(_fit_styled(line, width, st.dim))
     if allowed:
         out.append("")
-    out.append(summary_line(report))
+    out.extend(fit(summary_line(report), width))
     return "\n".join(out)
 
 
-def finding_text(f: Finding) -> list[str]:
-    """One finding as the text report prints it: ``path: CODE [severity] message``, then its fix, if it has one."""
-    return _finding_text(f, _Style(False))
+# Findings of one rule whose messages differ only by their own path (300 copies of one folder) are shown as one
+# entry from this many on; fewer are listed one by one. JSON, SARIF and github outputs list every finding.
+GROUP_MIN = 5
+GROUP_EXAMPLES = 3
 
 
-def _finding_text(f: Finding, st: _Style) -> list[str]:
+def _path_tokens(f: Finding) -> list[str]:
+    """What of a finding's own path its message may repeat: the path as shown, as relative to the root, its
+    components and the numbers in it (``checkpoint-105`` says ``step 105``), longest first."""
+    shown = display_path(f.root, f.path)
+    tokens = {shown, f.path, *shown.split("/"), *re.findall(r"\d+", f.path)}
+    return sorted((t for t in tokens if t and t != "."), key=len, reverse=True)
+
+
+def group_key(f: Finding) -> tuple[str, str, str]:
+    """What findings of one group share: rule, severity and the message with the finding's own path taken out."""
+    message = f.message
+    for token in _path_tokens(f):
+        pattern = rf"(?<!\d){re.escape(token)}(?!\d)" if token.isdigit() else re.escape(token)
+        message = re.sub(pattern, "\x00", message)
+    return f.rule, f.severity.value, message
+
+
+def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
+    """The findings in their order, those of one ``group_key`` gathered at the place of the first when there are
+    ``GROUP_MIN`` or more of them; every other finding alone."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(group_key(f), []).append(f)
+    out: list[list[Finding]] = []
+    for f in findings:
+        group = groups[group_key(f)]
+        if len(group) < GROUP_MIN:
+            out.append([f])
+        elif group[0] is f:
+            out.append(group)
+    return out
+
+
+def finding_entries(
+    findings: Sequence[Finding],
+    st: _Style | None = None,
+    width: int | None = None,
+    *,
+    fix_line: bool = True,
+    hint: Any = None,
+) -> list[str]:
+    """The findings as the text reports print them: each (or each group of repeats) as ``finding_text`` shows it,
+    a group followed by its count and a few of its other paths. ``hint(finding)`` may add a last line."""
+    st = st or _Style(False)
+    out: list[str] = []
+    for group in group_findings(findings):
+        first = group[0]
+        head, fix = _finding_text(first, st, width)
+        out.extend(head + fix if fix_line else head)
+        if len(group) > 1:
+            more = [printable(display_path(f.root, f.path)) for f in group[1 : 1 + GROUP_EXAMPLES]]
+            etc = ", ..." if len(group) > 1 + GROUP_EXAMPLES else ""
+            line = (f"  and {len(group) - 1:,} more {first.rule} findings like it: {', '.join(more)}{etc} "
+                    "(--format json lists each)")  # fmt: skip
+            out.extend(_fit_styled(line, width, st.dim))
+        extra = hint(first) if hint is not None else None
+        if extra:
+            out.extend(fit(f"  hint: {extra}", width))
+    return out
+
+
+def finding_text(f: Finding, width: int | None = None) -> list[str]:
+    """One finding as the text report prints it: ``path: CODE [severity] message``, then its fix, if it has one
+    (on a terminal of ``width`` columns: ``path: CODE [severity] name``, the message wrapped below it)."""
+    head, fix = _finding_text(f, _Style(False), width)
+    return head + fix
+
+
+def _finding_text(f: Finding, st: _Style, width: int | None = None) -> tuple[list[str], list[str]]:
+    """The finding's own lines and its fix's lines."""
     where = printable(display_path(f.root, f.path))
     sev = st.sev(f.severity, f.severity.value)
-    lines = [f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {printable(f.message)}"]
+    if width is None:
+        head = [f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {printable(f.message)}"]
+    else:
+        header = f"{where}: {f.rule} [{f.severity.value}] {f.name}"
+        if len(header) <= width:
+            head = [f"{st.bold(where)}: {st.bold(f.rule)} [{sev}] {f.name}"]
+        else:  # a long path: alone on its line(s), the rule below it
+            head = _fit_styled(f"{where}:", width, st.bold)
+            rule = f"  {f.rule} [{f.severity.value}] {f.name}"
+            fits = len(rule) <= width
+            head += [f"  {st.bold(f.rule)} [{sev}] {f.name}"] if fits else _fit_styled(rule, width, st.bold)
+        head.extend(fit(f"  {printable(f.message)}", width, ""))
+    fix: list[str] = []
     if f.fix is not None:
-        lines.append(st.dim(f"  fix ({f.fix.applicability.value}): {printable(f.fix.title)}"))
-    return lines
+        fix = _fit_styled(f"  fix ({f.fix.applicability.value}): {printable(f.fix.title)}", width, st.dim)
+    return head, fix
 
 
 def summary_line(report: Report) -> str:
@@ -253,3 +397,48 @@ def summary_line(report: Report) -> str:
     if e + w + i == 0:
         return f"No problems found {where}."
     return f"Found {plural(e, 'error')}, {plural(w, 'warning')}, {plural(i, 'info')} {where}."
+
+
+STATISTICS_SCHEMA = "ckptdoctor.statistics/1"
+
+
+def statistics(findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    """Findings counted per rule, most frequent first (then by code), as ``ruff check --statistics`` counts them:
+    ``code``, ``name``, ``count``, ``severity`` (the worst reported) and ``fixable`` (how many carry a fix)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        new = {"code": f.rule, "name": f.name, "count": 0, "severity": f.severity, "fixable": 0}
+        row = rows.setdefault(f.rule, new)
+        row["count"] += 1
+        row["fixable"] += f.fix is not None
+        if f.severity.rank > row["severity"].rank:
+            row["severity"] = f.severity
+    out = sorted(rows.values(), key=lambda r: (-r["count"], r["code"]))
+    return [{**r, "severity": r["severity"].value} for r in out]
+
+
+def statistics_json(report: Report) -> dict[str, Any]:
+    """The ``ckptdoctor.statistics/1`` document of ``scan --statistics --format json``: the per-rule counts and the
+    report's summary counts."""
+    doc = to_json(report)
+    return {
+        "schema": STATISTICS_SCHEMA,
+        "version": __version__,
+        "roots": doc["roots"],
+        "statistics": statistics(report.findings),
+        "summary": doc["summary"],
+    }
+
+
+def render_statistics(report: Report, width: int | None = None) -> str:
+    """``scan --statistics`` as text: one line per rule (count, code, severity, name, how many have a fix), then
+    the summary line."""
+    out = []
+    for r in statistics(report.findings):
+        fixable = f"  ({r['fixable']:,} with a fix)" if r["fixable"] else ""
+        severity = f"[{r['severity']}]"
+        out.extend(fit(f"{r['count']:>6,}  {r['code']:<7}  {severity:<9}  {r['name']}{fixable}", width, " " * 8))
+    if out:
+        out.append("")
+    out.extend(fit(summary_line(report), width))
+    return "\n".join(out)

@@ -52,6 +52,8 @@ class GateResult:
     base_lr: float | None = None
     fail_on: str = "error"
     fail_on_from_settings: bool = False  # fail_on is RUN_DIR's settings file's, not the caller's
+    # (restored, total) adapter tensors when the resume loads a full-weights file beside an adapter (CKD201)
+    adapter_tensors: tuple[int, int] | None = None
     weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
 
     @property
@@ -91,6 +93,8 @@ class GateResult:
                 "epochs_trained": self.epochs_trained,
                 "loop_epochs": self.num_train_epochs,
                 "restores_optimizer_and_scheduler": self.restores_optimizer,
+                "adapter_tensors_restored": None if self.adapter_tensors is None else {
+                    "restored": self.adapter_tensors[0], "total": self.adapter_tensors[1]},
                 "base_lr": self.base_lr,
                 "transformers_version": s.transformers_version,
                 "save_safetensors": s.save_safetensors,
@@ -183,13 +187,14 @@ def judge(
     kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
+    adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)
     if steps is None:  # train() raises before its first step
         return GateResult(run_label, label, p.branch, p.start, None, None, (), findings, p.settings,
-                          fail_on=plan.fail_on, weights_file=p.weights_file)  # fmt: skip
+                          fail_on=plan.fail_on, adapter_tensors=adapter, weights_file=p.weights_file)  # fmt: skip
     return GateResult(
         run_label, label, p.branch, p.start, steps.max_steps, steps.steps_to_train, p.lrs, findings, p.settings,
         p.restores, steps.epochs_trained, steps.num_train_epochs, p.warmup, p.base_lr, plan.fail_on,
-        weights_file=p.weights_file,
+        adapter_tensors=adapter, weights_file=p.weights_file,
     )
 
 

@@ -95,6 +95,8 @@ class Prediction:
     lr_unreadable: bool = False  # restored, but the LR stored in optimizer.pt / scheduler.pt cannot be read
     lr_error: Raised | None = None  # the schedule raises within the first lr_count steps
     lrs: tuple[float, ...] = ()
+    # branch "full" beside an adapter: what load_state_dict(strict=False) of that file restores of the adapter
+    adapter: trainer_view.AdapterRestore | None = None
     weights_file: str | None = None  # the file the weights load reads (weights_file), when one file says it
 
 
@@ -132,7 +134,8 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     if start is not None and abs(start) >= INT_LIMIT:
         raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
                              "predicted from it")
-    found = Prediction(branch, start, settings, crash, weights_file=weights_file(ck, branch, prefer_safe))
+    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck),
+                       weights_file=weights_file(ck, branch, prefer_safe))
     if crash is not None or start is None:
         return found
     if settings.steps_per_epoch is None:

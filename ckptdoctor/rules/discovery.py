@@ -90,7 +90,9 @@ def unreadable_path(tree: Tree) -> Iterator[Hit]:
     No automatic fix: fix permissions or names by hand, then scan again.
 
     ## References
-    Principle 4 of ckptdoctor: bad input is a finding, not a traceback.
+    `src/transformers/trainer_utils.py` `get_last_checkpoint` (`os.listdir` on the output folder raises on an
+    unreadable one, so the resume fails where the scan reports); ckptdoctor's README, "Exit codes" (bad input is
+    a finding, never a traceback).
     """
     picked = _resume_picks(tree)
     for pp in tree.path_problems:
@@ -497,7 +499,9 @@ def leftover_temp_checkpoint(tree: Tree) -> Iterator[Hit]:
     Safe: the folder is quarantined, not deleted.
 
     ## References
-    transformers 4.36-4.38 `Trainer._save_checkpoint` (staging and `os.rename`).
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` in transformers 4.36-4.38 (writes into
+    `tmp-checkpoint-N`, then `os.rename`); `src/transformers/trainer_utils.py` `get_last_checkpoint` (its
+    `checkpoint-<digits>` pattern never picks a staging folder, so nothing cleans it up).
     """
     for run in tree.runs:
         for ck in run.checkpoints:
@@ -524,7 +528,8 @@ def step_mismatch(tree: Tree) -> Iterator[Hit]:
     No automatic fix: rename the folder to match `global_step` if that is what it holds.
 
     ## References
-    `trainer_utils.get_last_checkpoint`; `Trainer._save_checkpoint` (folder name from `state.global_step`).
+    `src/transformers/trainer_utils.py` `get_last_checkpoint` (picks by the folder's number);
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` (folder name from `state.global_step`).
     """
     for run in tree.runs:
         for ck in run.checkpoints:
@@ -571,7 +576,9 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
     the original value was built from cannot be known); otherwise it becomes null, as transformers 5 does on resume.
 
     ## References
-    `Trainer._init_training_state` (T5), `trainer_utils.rotate_checkpoints`, `Trainer._load_best_model`.
+    `src/transformers/trainer.py` `Trainer._init_training_state` (drops a `best_model_checkpoint` that is no
+    folder, with a warning), `Trainer._load_best_model`; `src/transformers/trainer_utils.py` `rotate_checkpoints`
+    (keeps the best checkpoint only while it exists).
     """
     for run in tree.runs:
         for ck in run.checkpoints:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from ckptdoctor.discover import DS_MODEL_RE, DS_OPTIM_RE, is_deepspeed_tag
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import Checkpoint, DcpMetadataFacts, FolderRole, TextFacts, TorchFacts, Tree
 from ckptdoctor.rules import Hit, rule
 
-_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_MODEL_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM_RE = DS_OPTIM_RE
+_MODEL_RE = DS_MODEL_RE
 
 
 def _checkpoints(tree: Tree) -> Iterator[Checkpoint]:
@@ -77,12 +78,14 @@ def _ds_world_size(ck: Checkpoint, tag: str) -> int | None:
 
 
 def _ds_tags(ck: Checkpoint) -> dict[str, list[str]]:
-    tags: dict[str, list[str]] = {}
+    """DeepSpeed tag folder -> its file names (``discover.is_deepspeed_tag``: `global_stepN`, or any folder holding
+    DeepSpeed's state files)."""
+    folders: dict[str, list[str]] = {}
     for f in ck.files:
         parts = ck.relname(f).split("/")
-        if len(parts) == 2 and parts[0].startswith("global_step"):
-            tags.setdefault(parts[0], []).append(parts[1])
-    return tags
+        if len(parts) == 2:
+            folders.setdefault(parts[0], []).append(parts[1])
+    return {tag: names for tag, names in folders.items() if is_deepspeed_tag(tag, names)}
 
 
 @rule("CKD502", "deepspeed-partition-missing", Severity.ERROR)
@@ -125,7 +128,8 @@ def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
     """DeepSpeed's `latest` file names a tag folder that does not exist.
 
     ## What it does
-    Reads `latest` and checks that the `global_stepN/` it names is present.
+    Reads `latest` and checks that the tag folder it names is present: `global_stepN/` as the Trainer names it, or
+    any folder holding DeepSpeed's state files (accelerate's `save_state` uses the tag `pytorch_model`).
 
     ## Why is this bad?
     DeepSpeed loads the tag `latest` names; when it is missing every rank fails with a bare `AssertionError` that
@@ -135,10 +139,11 @@ def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
     `latest` says `global_step1000` but only `global_step500/` was kept.
 
     ## Fix safety
-    Safe: `latest` is rewritten to the newest complete `global_stepN` present (the original kept in quarantine).
+    Safe: `latest` is rewritten to the newest complete tag folder present (the original kept in quarantine).
 
     ## References
-    `deepspeed/runtime/engine.py` `load_checkpoint` (`latest` tag lookup).
+    `deepspeed/runtime/engine.py` `load_checkpoint` (`latest` tag lookup), `save_checkpoint` (any tag name);
+    `src/accelerate/accelerator.py` `Accelerator.save_state` (tag `pytorch_model`).
     """
     for ck in _checkpoints(tree):
         latest = ck.file("latest")

@@ -150,7 +150,8 @@ def link_escapes_root(tree: Tree) -> Iterator[Hit]:
     No automatic fix: replace the link with the file it points to, if that is what you mean to keep.
 
     ## References
-    `os.path.isdir`/`open` in `trainer_utils.get_last_checkpoint` and `_load_from_checkpoint` follow links.
+    `src/transformers/trainer_utils.py` `get_last_checkpoint` (`os.listdir`, `os.path.isdir`) and
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (`os.path.isfile`, `open`): both follow links.
     """
     picks = [r.resume_pick for r in tree.runs if r.resume_pick is not None]
     for pp in tree.path_problems:
@@ -188,8 +189,9 @@ def suspicious_archive_layout(tree: Tree) -> Iterator[Hit]:
     No automatic fix. Do not load the file; obtain it from a trusted source.
 
     ## References
-    `caffe2/serialize/inline_container.cc` (what torch.save writes); PKWARE APPNOTE 4.3; picklescan and
-    modelscan bypass reports (zip member confusion).
+    pytorch `caffe2/serialize/inline_container.cc` (`PyTorchStreamWriter`, what torch.save writes;
+    `PyTorchStreamReader::init`, what torch.load accepts), `torch/serialization.py` `_load`; PKWARE APPNOTE 4.3
+    (the zip format); picklescan and modelscan bypass reports (zip member confusion).
     """
     for f in tree.all_files():
         tricks = [p.message for p in f.problems if p.kind == ProblemKind.SUSPICIOUS_ARCHIVE]

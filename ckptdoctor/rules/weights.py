@@ -15,6 +15,7 @@ from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
+    FileData,
     FileFacts,
     FileKind,
     FolderRole,
@@ -51,56 +52,57 @@ def _fmt_bytes(n: int) -> str:
     return plural(n, "byte")
 
 
-def adapter_tensor_names(ck: Checkpoint) -> set[str]:
-    names: set[str] = set()
-    for rel in (trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN):
-        ts = trainer_view.tensors_of(ck.file(rel))
-        if ts:
-            names.update(t.name for t in ts)
-    return names
-
-
 @rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE)
 def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
-    """A full-weights file beside adapter files is loaded instead of the adapter, and holds none of its weights.
+    """A full-weights file beside adapter files is loaded instead of them and does not restore every adapter tensor.
 
     ## What it does
-    In a folder with `adapter_model.safetensors` / `adapter_model.bin`, looks for `model.safetensors` or
-    `pytorch_model.bin` and checks whether it holds any of the adapter's tensors.
+    In a folder with `adapter_model.safetensors` / `adapter_model.bin`, takes the full-weights file the resume
+    loads (`model.safetensors`, else `pytorch_model.bin`) and counts the adapter tensors it restores: the
+    PeftModel's adapter parameters (the adapter files' keys with the adapter name `default` put back, as peft loads
+    them) whose exact name the file holds. Reports "restores N of M adapter tensors" when N is below M. The
+    adapter files are the evidence that the Trainer holds a PeftModel, as they are for the resume's adapter branch
+    (a model with transformers-native adapters, `model.add_adapter`, has the base model's names instead).
 
     ## Why is this bad?
-    `Trainer._load_from_checkpoint` tries the full-weights files first, loads them with `strict=False`, and never
-    calls the adapter loader. Training goes on from a freshly initialised adapter with the restored optimizer
-    state: the loss jumps and the only trace is a "There were missing keys" log line.
+    `Trainer._load_from_checkpoint` tries the full-weights files first, loads them into the PeftModel with
+    `load_state_dict(state_dict, False)`, and never calls the adapter loader. An adapter tensor the file does not
+    hold under its exact PeftModel name keeps its fresh initialisation (LoRA B: zeros) while the optimizer state is
+    restored: the loss jumps and the only trace is a "There were missing keys" log line.
 
     ## Example
-    A callback saved `torch.save({}, "pytorch_model.bin")` (about 1.3 KB) into every LoRA checkpoint.
+    A callback saved `torch.save({}, "pytorch_model.bin")` (about 1.3 KB) into every LoRA checkpoint; or
+    `peft_model.get_base_model().save_pretrained(ckpt)`, whose `model.safetensors` holds the LoRA weights as
+    `model.layers.0.self_attn.q_proj.lora_A.default.weight` where the PeftModel's parameter is
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight` (0 of them restored). A
+    `torch.save(peft_model.state_dict(), "pytorch_model.bin")` holds the PeftModel's own names and is silent.
 
     ## Fix safety
-    Safe: the stub is quarantined (moved, restorable with `ckptdoctor undo`), so the adapter loads. Nothing the
+    Safe: the file is quarantined (moved, restorable with `ckptdoctor undo`), so the adapter loads. Nothing the
     adapter resume reads is touched.
 
     ## References
     `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (the full-weights branch comes before the PEFT
-    `load_adapter` branch and loads with `load_state_dict(state_dict, False)`), `Trainer._issue_warnings_after_load`.
+    `load_adapter` branch and loads with `load_state_dict(state_dict, False)`), `Trainer._issue_warnings_after_load`;
+    `src/peft/utils/save_and_load.py` `set_peft_model_state_dict` and `get_peft_model_state_dict` (the adapter
+    name removed on save and put back on load).
     """
     for ck, _ in _checkpoints(tree):
-        if not trainer_view.has_adapter(ck):
+        found = trainer_view.adapter_restore(ck)
+        if found is None or found.complete:
             continue
-        stub = trainer_view.loaded_weight_file(ck)
-        tensors = trainer_view.tensors_of(stub)
-        if stub is None or tensors is None:
-            continue
-        adapter_names = adapter_tensor_names(ck)
-        shared = [t for t in tensors if t.name in adapter_names or ".lora_" in t.name]
-        if shared:
-            continue
+        stub = found.file
         adapter = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
         target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
-        kind = "a stub" if len(tensors) <= STUB_MAX_TENSORS else "a full model without adapter weights"
+        if found.foreign:
+            kind = f"its adapter tensors are named like `{found.foreign[0]}`, not as the PeftModel's parameters"
+        elif found.restored:
+            kind = "it holds only some of the adapter's tensors"
+        else:
+            kind = "a stub" if found.tensors <= STUB_MAX_TENSORS else "a full model without adapter weights"
         msg = (
-            f"`{stub.path}` holds {plural(len(tensors), 'tensor')} "
-            f"({_fmt_bytes(stub.size)}), none of the adapter's, and would be loaded instead of {target} ({kind})"
+            f"`{stub.path}` holds {plural(found.tensors, 'tensor')} ({_fmt_bytes(stub.size)}) and would be loaded "
+            f"instead of {target}: it restores {found.restored:,} of {plural(found.total, 'adapter tensor')} ({kind})"
         )
         plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
         yield Hit(stub.path, msg, fix=plan)
@@ -176,7 +178,8 @@ def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     checkpoint (quarantining this one with `ckptdoctor fix` when it is the one resume would pick).
 
     ## References
-    `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`).
+    safetensors `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`: the checks its
+    loader makes before any tensor is read).
     """
     for f in tree.all_files():
         if _family(f) == "safetensors":
@@ -437,14 +440,18 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Finds folders holding more than one of `model.safetensors`, `pytorch_model.bin` and a shard index, compares
-    their tensor names, dtypes and shapes, and says which one the Trainer loads.
+    their tensor names, dtypes and shapes, and says which one the Trainer loads. With `--deep`, forms alike in all
+    of those are compared by value too (a digest of each tensor's bytes, read only in such folders).
 
     ## Why is this bad?
     The Trainer loads `model.safetensors`, else `pytorch_model.bin`, and a sharded set only when neither single
-    file exists: a stale single file left by an older save beats a newer sharded set, silently.
+    file exists: a stale single file left by an older save beats a newer sharded set, silently. Two forms with
+    the same names and shapes can still hold different steps' weights: whoever reads the other one (an export,
+    an evaluation script, a tool that prefers `.bin`) gets another model than the resume.
 
     ## Example
-    A folder re-saved with sharding that still holds the old `model.safetensors`.
+    A folder re-saved with sharding that still holds the old `model.safetensors`; or a `pytorch_model.bin` copied
+    from step 4 beside step 8's `model.safetensors` (same names and shapes: only `--deep` tells them apart).
 
     ## Fix safety
     No automatic fix: decide which form is current and quarantine the other.
@@ -454,37 +461,55 @@ def conflicting_weights_files(tree: Tree) -> Iterator[Hit]:
     else `load_sharded_checkpoint`); `src/transformers/modeling_utils.py` `PreTrainedModel.save_pretrained` (its
     clean-up removes only stale `-NNNNN-of-NNNNN` shards, so an older single file survives a sharded re-save).
     """
+    data = {d.path: d for d in tree.data}
     for ck, _ in _checkpoints(tree):
-        present = sum(ck.file(rel) is not None for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS))
-        if present + len(_index_files(ck)) < 2:
-            continue  # one form: nothing to compare (its signature would walk every shard's header)
-        forms: list[tuple[str, dict[str, tuple[str, tuple[int, ...]]] | None]] = []
-        for rel in (trainer_view.SAFE_WEIGHTS, trainer_view.BIN_WEIGHTS):
-            f = ck.file(rel)
-            if f is not None:
-                ts = trainer_view.tensors_of(f)
-                forms.append((rel, _signature(ts) if ts is not None else None))
-        for idx in _index_files(ck):
-            wm = trainer_view.weight_map(idx)
-            if wm is None:
-                forms.append((idx.name, None))
-                continue
-            sig: dict[str, tuple[str, tuple[int, ...]]] = {}
-            for shard in set(wm.values()):
-                ts = trainer_view.tensors_of(ck.file(shard))
-                if ts:
-                    sig.update(_signature(ts))
-            forms.append((idx.name, sig))
-        if len(forms) < 2:
+        forms = trainer_view.competing_weight_forms(ck)
+        if not forms:
             continue
-        loaded = forms[0][0]
-        sigs = [s for _, s in forms]
-        if all(s is not None for s in sigs) and all(s == sigs[0] for s in sigs):
+        sigs = [_form_signature(name, files) for name, files in forms]
+        loaded, others = forms[0][0], ", ".join(f"`{name}`" for name, _ in forms[1:])
+        if not (all(s is not None for s in sigs) and all(s == sigs[0] for s in sigs)):
+            yield Hit(
+                ck.path,
+                f"holds {len(forms)} differing full-weight forms; a resume loads `{loaded}` and ignores {others}",
+            )
             continue
-        others = ", ".join(f"`{name}`" for name, _ in forms[1:])
-        yield Hit(
-            ck.path, f"holds {len(forms)} differing full-weight forms; a resume loads `{loaded}` and ignores {others}"
-        )
+        values = [_form_values(files, data) for _, files in forms]
+        shared = set.intersection(*(set(v) for v in values))
+        differ = sorted(n for n in shared if len({v[n] for v in values}) > 1)
+        if differ:
+            yield Hit(
+                ck.path,
+                f"holds {len(forms)} full-weight forms with the same tensor names, dtypes and shapes but different "
+                f"values ({len(differ):,} of {plural(len(shared), 'tensor')} compared differ, e.g. `{differ[0]}`); "
+                f"a resume loads `{loaded}` and ignores {others}",
+            )
+
+
+def _form_signature(name: str, files: tuple[FileFacts, ...] | None) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """Names, dtypes and shapes of a weights form's tensors: None when its single file, or its index, cannot be
+    read; a shard that cannot be read is left out (CKD202/CKD203 report it), the others still compare."""
+    if files is None:
+        return None
+    if name in trainer_view.FULL_WEIGHT_FILES:
+        ts = trainer_view.tensors_of(files[0])
+        return None if ts is None else _signature(ts)
+    sig: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in files:
+        ts = trainer_view.tensors_of(f)
+        if ts:
+            sig.update(_signature(ts))
+    return sig
+
+
+def _form_values(files: tuple[FileFacts, ...] | None, data: dict[str, FileData]) -> dict[str, str]:
+    """Each tensor's value digest in a weights form (``--deep``), for the tensors that have one."""
+    out: dict[str, str] = {}
+    for f in files or ():
+        d = data.get(f.path)
+        if d is not None:
+            out.update((t.name, t.digest) for t in d.tensors if t.digest is not None)
+    return out
 
 
 @rule("CKD207", "prefixed-state-dict-keys", Severity.WARNING)
@@ -720,7 +745,8 @@ def nonfinite_weights(tree: Tree) -> Iterator[Hit]:
     No automatic fix: resume from an earlier checkpoint (and lower the learning rate or fix the overflow).
 
     ## References
-    `torch.isfinite`; transformers `Trainer` logs `grad_norm` but never checks saved weights.
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (loads the values as stored) and
+    `Trainer._inner_training_loop` (logs `grad_norm`, never checks saved weights); `torch.isfinite`.
     """
     for d in tree.data:
         bad = [t for t in d.tensors if t.nan or t.inf]
@@ -761,7 +787,8 @@ def all_zero_tensor(tree: Tree) -> Iterator[Hit]:
     No automatic fix: restore the file from the source, or resume from another checkpoint.
 
     ## References
-    safetensors stores raw little-endian bytes after the header; nothing in the format checks their content.
+    safetensors `safetensors/src/tensor.rs` (`SafeTensors::deserialize` checks offsets, never values);
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint` (loads the values as stored).
     """
     for d in tree.data:
         if not _is_weights_file(d.path.rsplit("/", 1)[-1]):
@@ -803,7 +830,8 @@ def tensor_data_unreadable(tree: Tree) -> Iterator[Hit]:
     corrupt-file rules (CKD202, CKD203).
 
     ## References
-    `ckptdoctor.deep` lists the decoded dtypes: F32, F64, F16, BF16.
+    `ckptdoctor/deep.py` (the dtypes `--deep` decodes: F32, F64, F16, BF16); safetensors
+    `safetensors/src/tensor.rs` `Dtype` (every dtype a file may declare).
     """
     for d in tree.data:
         if d.problems:
@@ -837,7 +865,8 @@ def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
     instance `ckptdoctor fix` rewrote a JSON file), write a new manifest.
 
     ## References
-    `hashlib.sha256`; `sha256sum -c`, which does the same for a list of files without knowing checkpoints.
+    CPython `Lib/hashlib.py` (`sha256`); GNU coreutils `sha256sum -c`, which does the same for a list of files
+    without knowing checkpoints.
     """
     m = tree.manifest
     if m is None:
@@ -978,8 +1007,10 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     Nothing to fix; check the file with its own framework's tools.
 
     ## References
-    The formats' own loaders (`gguf`, `flax.serialization`, `keras.saving`, `onnx.load`, `tf.saved_model.load`,
-    `paddle.load`).
+    The formats' own loaders: llama.cpp `gguf-py/gguf/gguf_reader.py` (`GGUFReader`), flax
+    `flax/serialization.py` (`msgpack_restore`), keras `keras/src/saving/saving_api.py` (`load_model`), onnx
+    `onnx/__init__.py` (`load_model`), tensorflow `tensorflow/python/saved_model/load.py` (`load`), paddle
+    `python/paddle/framework/io.py` (`load`).
     """
     for f in tree.all_files():
         lower = f.name.lower()

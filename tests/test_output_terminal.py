@@ -1,0 +1,225 @@
+"""Output for humans and pipelines, through the console entry (`python -m ckptdoctor`, what the installed
+`ckptdoctor` script runs): pipes and every --format print today's bytes; a terminal gets every line fitted to its
+width; -q/-s, --output-file, --statistics, grouped repeats, and the gate document's version and counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "data" / "output_golden"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# (golden file, arguments): captured through a pipe before the terminal work (commit e587bad)
+GOLDEN_CASES = [
+    ("scan.txt", ["scan", "fixtures/"]),
+    ("scan.json", ["scan", "--format", "json", "fixtures/"]),
+    ("scan.sarif", ["scan", "--format", "sarif", "fixtures/"]),
+    ("scan.github", ["scan", "--format", "github", "fixtures/"]),
+    ("gate.txt", ["gate", "fixtures/lr-finished", "--max-steps", "16"]),
+    ("gate-stale.txt", ["gate", "fixtures/stale-higher"]),
+    ("gate.sarif", ["gate", "fixtures/stale-higher", "--format", "sarif"]),
+    ("gate.github", ["gate", "fixtures/stale-higher", "--format", "github"]),
+    ("inspect.txt", ["inspect", "fixtures/stub-shadow/checkpoint-4/pytorch_model.bin"]),
+]
+
+
+def ckptdoctor(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptdoctor", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+
+
+def on_terminal(*args: str, columns: int = 80, cwd: Path = REPO) -> str:
+    """What the command prints when its stdout is a real terminal (a pseudo-terminal) ``columns`` wide."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ckptdoctor", *args], cwd=cwd, stdout=follower,
+                            stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the follower closed: all is read
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(leader)
+    return ANSI.sub("", b"".join(chunks).decode()).replace("\r\n", "\n")
+
+
+def _timeless(text: str) -> str:
+    text = re.sub(r"\(\d+\.\d+ s\)", "(N s)", text)
+    text = re.sub(r"(  transformers +)\S+ \(installed\)", r"\1X (installed)", text)  # the gate follows it
+    return re.sub(r'"seconds": [0-9.e-]+', '"seconds": N', text)
+
+
+@pytest.mark.parametrize(("golden", "args"), GOLDEN_CASES, ids=[c[0] for c in GOLDEN_CASES])
+def test_pipes_and_formats_print_todays_bytes(golden: str, args: list[str]) -> None:
+    """Through a pipe, text and every --format are what they were before the terminal work, byte for byte (but
+    the time a scan took)."""
+    proc = ckptdoctor(*args)
+    assert _timeless(proc.stdout) == _timeless((GOLDEN / golden).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["scan", "fixtures/"],
+        ["gate", "fixtures/stale-higher"],
+        ["gate", "fixtures/lr-finished", "--max-steps", "16"],
+        ["scan", "--statistics", "fixtures/"],
+        ["inspect", "fixtures/sharded-truncated-shard/checkpoint-8/model-00005-of-00005.safetensors"],
+    ],
+    ids=lambda a: " ".join(a)[:40],
+)
+def test_a_terminal_gets_no_line_over_its_width(args: list[str]) -> None:
+    """On an 80-column terminal every line fits (colours aside), each finding is a header line
+    (`path: CODE [severity] name`) with its message wrapped below."""
+    text = on_terminal(*args)
+    assert text.strip(), "nothing printed on the terminal"
+    too_long = [ln for ln in text.splitlines() if len(ln) > 80]
+    assert not too_long, too_long
+    if args[:2] == ["scan", "fixtures/"]:
+        assert "fixtures/lr-finished/checkpoint-8: CKD401 [info] lr-schedule-finished\n  schedule finished:" in text
+
+
+def test_a_narrow_terminal_still_fits() -> None:
+    """At 50 columns the tables lose columns (lr first) and long headers wrap: still no line over the width."""
+    text = on_terminal("scan", "fixtures/stub-shadow", "fixtures/sharded-wrong-index", columns=50)
+    assert not [ln for ln in text.splitlines() if len(ln) > 50]
+    assert "checkpoint" in text and "CKD205" in text
+
+
+def test_every_help_fits_80_columns() -> None:
+    """`--help` of the group and of every command fits an 80-column terminal (click wraps to COLUMNS; epilog
+    examples too wide for it show their comment above)."""
+    env = {**os.environ, "COLUMNS": "80"}
+    for command in ["", "scan", "fix", "undo", "gate", "inspect", "rules", "explain"]:
+        proc = ckptdoctor(*([command] if command else []), "--help", env=env)
+        assert proc.returncode == 0, proc.stderr
+        too_long = [ln for ln in proc.stdout.splitlines() if len(ln) > 80]
+        assert not too_long, (command, too_long)
+
+
+def _copies(tmp_path: Path, n: int) -> Path:
+    """A run of ``n`` copies of one checkpoint folder under other names (each a CKD104 step mismatch)."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    for i in range(100, 100 + n):
+        shutil.copytree(REPO / "fixtures" / "clean-full" / "checkpoint-8", run / f"checkpoint-{i}")
+    return run
+
+
+def test_repeated_findings_are_one_entry_in_text_and_all_in_json(tmp_path: Path) -> None:
+    """Findings of one rule whose messages differ only by their own path are one text entry with a count and
+    example paths; JSON keeps each of them."""
+    run = _copies(tmp_path, 12)
+    text = ckptdoctor("scan", str(run)).stdout
+    assert text.count("CKD104") == 2, text  # the first finding, and the group's count line
+    assert "and 11 more CKD104 findings like it: " in text and f"{run}/checkpoint-101" in text
+    doc = json.loads(ckptdoctor("scan", "--format", "json", str(run)).stdout)
+    assert [f["rule"] for f in doc["findings"]] == ["CKD104"] * 12
+    few = _copies(tmp_path / "few", 3)  # fewer than five: listed one by one
+    assert ckptdoctor("scan", str(few)).stdout.count("CKD104") == 3
+
+
+def test_quiet_and_silent(tmp_path: Path) -> None:
+    """-q prints the findings only; -s nothing (any format); the exit code is unchanged."""
+    stub = "fixtures/stub-shadow"
+    quiet = ckptdoctor("scan", "-q", stub)
+    assert quiet.returncode == 1
+    assert quiet.stdout.splitlines()[0].startswith("fixtures/stub-shadow/checkpoint-4/pytorch_model.bin: CKD201")
+    assert "checkpoint    step" not in quiet.stdout and "Found" not in quiet.stdout
+    assert ckptdoctor("scan", "-q", "fixtures/clean-full").stdout == ""
+    for fmt in ("text", "json", "sarif", "github"):
+        silent = ckptdoctor("scan", "-s", "--format", fmt, stub)
+        assert (silent.returncode, silent.stdout) == (1, "")
+    gate = ckptdoctor("gate", "-q", "fixtures/stale-higher")
+    assert gate.returncode == 1 and gate.stdout.startswith("fixtures/stale-higher/") and "Verdict" not in gate.stdout
+    assert ckptdoctor("gate", "-s", "fixtures/stale-higher").stdout == ""
+
+
+def test_output_file_takes_every_format(tmp_path: Path) -> None:
+    """--output-file writes what stdout would get (text whole, without colour), in every format; stdout is empty;
+    a file that cannot be written is exit 2."""
+    for fmt in ("text", "json", "sarif", "github"):
+        out = tmp_path / f"report.{fmt}"
+        proc = ckptdoctor("scan", "--format", fmt, "-o", str(out), "fixtures/stub-shadow")
+        assert (proc.returncode, proc.stdout) == (1, "")
+        piped = ckptdoctor("scan", "--format", fmt, "fixtures/stub-shadow").stdout
+        assert _timeless(out.read_text(encoding="utf-8")) == _timeless(piped)
+    gate = tmp_path / "gate.json"
+    assert ckptdoctor("gate", "--format", "json", "--output-file", str(gate), "fixtures/stale-higher").stdout == ""
+    assert json.loads(gate.read_text())["schema"] == "ckptdoctor.gate/1"
+    fix = tmp_path / "fix.txt"
+    assert ckptdoctor("fix", "--dry-run", "-o", str(fix), "fixtures/clean-full").stdout == ""
+    assert fix.read_text().strip()
+    bad = ckptdoctor("scan", "-o", str(tmp_path / "no" / "such" / "dir" / "r.txt"), "fixtures/stub-shadow")
+    assert bad.returncode == 2 and "r.txt" in bad.stderr
+
+
+def test_statistics_count_per_rule_in_text_and_json() -> None:
+    """--statistics: one line per rule, most frequent first, and the summary; in JSON a statistics document
+    whose counts add up to the report's findings; not with sarif or github (exit 2)."""
+    text = ckptdoctor("scan", "--statistics", "fixtures/").stdout.splitlines()
+    assert text[0].split() == ["4", "CKD207", "[warning]", "prefixed-state-dict-keys"]
+    assert text[-1].startswith("Found 10 errors, 4 warnings, 3 infos")
+    doc = json.loads(ckptdoctor("scan", "--statistics", "--format", "json", "fixtures/").stdout)
+    report = json.loads(ckptdoctor("scan", "--format", "json", "fixtures/").stdout)
+    assert doc["schema"] == "ckptdoctor.statistics/1" and doc["version"] == report["version"]
+    counts: dict[str, int] = {}
+    for f in report["findings"]:
+        counts[f["rule"]] = counts.get(f["rule"], 0) + 1
+    assert {s["code"]: s["count"] for s in doc["statistics"]} == counts
+    assert ckptdoctor("scan", "--statistics", "--format", "sarif", "fixtures/").returncode == 2
+
+
+def test_gate_json_has_version_and_summary_counts() -> None:
+    """The gate document names ckptdoctor's version and counts its findings by severity, as scan's report does."""
+    doc = json.loads(ckptdoctor("gate", "--format", "json", "fixtures/stale-higher").stdout)
+    scan = json.loads(ckptdoctor("scan", "--format", "json", "fixtures/stub-shadow").stdout)
+    assert list(doc)[:2] == ["schema", "version"] and doc["version"] == scan["version"]
+    severities = [f["severity"] for f in doc["findings"]]
+    assert doc["summary"] == {s: severities.count(s) for s in ("error", "warning", "info")}
+
+
+def test_the_readme_terminal_example_is_real() -> None:
+    """The README's 80-column example is what a terminal shows (colours aside)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("# on an 80-column terminal", 1)[1].split("```", 1)[0]
+    command, _, expected = block.split("\n", 1)[1].partition("\n")
+    assert command.startswith("$ ckptdoctor ")
+    shown = on_terminal(*command.split()[2:])
+    assert _timeless(shown).rstrip("\n") == _timeless(expected).rstrip("\n")
+
+
+def test_any_width_fits_in_process() -> None:
+    """Every width from 30 to 130 columns: no line of the scan or gate text is over it (tables, headers, messages,
+    fix lines, the prediction)."""
+    from ckptdoctor import gate, scan
+    from ckptdoctor.render import gate as gate_text
+    from ckptdoctor.render.report import render_text
+
+    report = scan([str(REPO / "fixtures")])
+    result = gate(str(REPO / "fixtures" / "lr-finished"), max_steps=16)
+    for width in range(30, 131, 7):
+        text = render_text(report, width=width) + "\n" + gate_text.render_text(result, width=width)
+        lines = text.splitlines()
+        assert not [ln for ln in lines if len(ln) > width], width
