@@ -234,15 +234,22 @@ def build(
     num_training_steps: int,
     lr_init: float,
     kwargs: Mapping[str, Any] | None = None,
+    major: int = 5,
 ) -> Schedule:
     """The schedule ``get_scheduler(name, optimizer, num_warmup_steps, num_training_steps, kwargs)`` would build.
 
     ``lr_init`` is ``optimizer.defaults["lr"]`` (the Trainer's ``learning_rate`` argument), which polynomial and the
     min-lr schedules fold into their lambda. Raises ``ScheduleError`` where transformers raises, and for the
-    metric-driven schedules, whose LR cannot be predicted from the step.
+    metric-driven schedules, whose LR cannot be predicted from the step. ``major`` is the transformers major version
+    that builds it: 4.x's ``get_scheduler`` passes ``inverse_sqrt`` no kwargs (its ``timescale`` is always the
+    default), and 4.x has no ``greedy`` (``SchedulerType`` raises ValueError on the name).
     """
     kw = dict(kwargs or {})
     n_warm, n_total = num_warmup_steps, num_training_steps
+    if major < 5 and name == "greedy":
+        raise ScheduleError(f"unknown lr_scheduler_type {brief(name)} (transformers 4.x has no greedy schedule)")
+    if major < 5 and name == "inverse_sqrt":
+        kw = {}  # src/transformers/optimization.py (4.57) get_scheduler: schedule_func(optimizer, num_warmup_steps)
     if name in METRIC_DRIVEN:
         raise ScheduleError(f"{name} changes the LR from evaluation metrics; it cannot be predicted")
     if name == "constant":  # get_scheduler passes neither steps nor kwargs

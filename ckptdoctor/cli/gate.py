@@ -46,6 +46,7 @@ Examples:
   ckptdoctor gate runs/my-run --training-args job/training_args.bin --world-size 8 --format github  # in CI
   ckptdoctor gate runs/my-run --per-device-train-batch-size 16    # a new batch size: new steps per epoch
   ckptdoctor gate s3://bucket/runs/my-run                         # a run in object storage, as `scan` reads it
+  ckptdoctor gate runs/my-run --transformers-version 4.57         # the job resumes with transformers 4.57
   ckptdoctor gate runs/my-run --ignore CKD411 --fail-on warning   # rules chosen as for `ckptdoctor scan`
   ckptdoctor gate runs/my-run --format json -o gate.json -s       # the document to a file, only the exit code
 
@@ -54,7 +55,7 @@ Options left out are the run's own: read from the checkpoint's training_args.bin
 
 Settings: RUN_DIR's .ckptdoctor.toml or [tool.ckptdoctor] in its pyproject.toml applies as it does for
 `ckptdoctor scan RUN_DIR`: its ignore and severity to the scan findings and to the gate rules, its select to the
-scan findings only (the gate rules CKD407-414 and CKD504 run unless ignored), its fail-on when --fail-on is not
+scan findings only (the gate rules CKD407-415 and CKD504 run unless ignored), its fail-on when --fail-on is not
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
@@ -98,6 +99,13 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on: compared with "
               "the ranks that saved the checkpoint (CKD504), and a change of it changes the steps per epoch.  "
               "[default: the run's own, not checked]")
+@click.option("--transformers-version", metavar="X.Y", help="The transformers version the resume will run "
+              "under: the gate follows its resume path (4.x differs from 5.x in the weights file it loads, the batch "
+              "size it resumes at, and some schedules).  [default: the installed transformers, else the "
+              "checkpoint's transformers_version, else 5.x]")
+@click.option("--save-safetensors/--no-save-safetensors", default=None, help="The resuming save_safetensors "
+              "(transformers 4.x only: with --no-save-safetensors it loads pytorch_model.bin, never "
+              "model.safetensors).  [default: the run's own, else True]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
               metavar="FILE", help="The planned TrainingArguments: a training_args.bin (read statically, never "
               "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
@@ -110,7 +118,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               "ckptdoctor.gate/1 document for scripts; sarif: SARIF 2.1.0 for code scanning; github: workflow "
               "annotation lines.")
 @output_options("Print the findings only: no prediction, no verdict line (text; other formats are unchanged).")
-@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-414, CKD504) run "
+@rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-415, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs")
 @show_settings_option
@@ -129,6 +137,8 @@ def gate_command(
     per_device_train_batch_size: int | None,
     gradient_accumulation_steps: int | None,
     world_size: int | None,
+    transformers_version: str | None,
+    save_safetensors: bool | None,
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
@@ -146,10 +156,11 @@ def gate_command(
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
-    learning rates, following transformers 5.x's resume path, then judges the plan: the gate rules (CKD407-414,
-    CKD504) plus every scan finding about that checkpoint, under the closest settings file from RUN_DIR upward, as
-    `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a checkpoint folder. Arguments you do not plan are the
-    run's own (read from the checkpoint's training_args.bin and trainer_state.json). Nothing is loaded or executed.
+    learning rates, following the resume path of the transformers version it will run under (5.x or 4.x), then
+    judges the plan: the gate rules (CKD407-415, CKD504) plus every scan finding about that checkpoint, under the
+    closest settings file from RUN_DIR upward, as `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a
+    checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
+    and trainer_state.json). Nothing is loaded or executed.
     """
     if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
         print_settings([run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
@@ -189,6 +200,7 @@ def gate_command(
             "steps_per_epoch": steps_per_epoch, "world_size": world_size,
             "per_device_train_batch_size": per_device_train_batch_size,
             "gradient_accumulation_steps": gradient_accumulation_steps,
+            "transformers_version": transformers_version, "save_safetensors": save_safetensors,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,

@@ -16,10 +16,12 @@ transformers is imported only when a callback is built; ``check_resume`` needs n
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from ckptdoctor.findings import Severity
 from ckptdoctor.render.gate import finding_line, render_text
@@ -71,6 +73,14 @@ def planned_from_args(args: Any, dataloader: Any = None, accelerator: Any = None
         planned["steps_per_epoch"] = steps_per_epoch(dataloader, args.gradient_accumulation_steps)
     if accelerator is not None:  # accelerate makes a GradScaler only for fp16 off CPU; the Trainer uses this one
         planned["grad_scaler"] = getattr(accelerator, "scaler", None) is not None
+    # the gate follows the resume path of the transformers this Trainer runs on (4.x reads save_safetensors)
+    version = getattr(sys.modules.get("transformers"), "__version__", None)
+    if isinstance(version, str):
+        planned["transformers_version"] = version
+    if isinstance(getattr(args, "save_safetensors", None), bool):
+        planned["save_safetensors"] = args.save_safetensors
+    if isinstance(getattr(args, "per_device_train_batch_size", None), int):  # 4.x does not use a new one: CKD415
+        planned["per_device_train_batch_size"] = args.per_device_train_batch_size
     return planned
 
 
@@ -127,8 +137,36 @@ def check_resume(
     ``config`` are ``gate()``'s: ``fail_on`` defaults to the output_dir's settings file's fail-on, else ``"error"``.
     """
     rules = {"select": select, "ignore": ignore, "config": config}
-    return _run(trainer.args, trainer.get_train_dataloader(), resume_from_checkpoint, fail_on, lr_steps, rules,
-                getattr(trainer, "accelerator", None))
+    return _run(trainer.args, _resumed_dataloader(trainer, resume_from_checkpoint), resume_from_checkpoint, fail_on,
+                lr_steps, rules, getattr(trainer, "accelerator", None))
+
+
+def _resumed_dataloader(trainer: Any, resume_from_checkpoint: bool | str | os.PathLike[str]) -> Any:
+    """The train dataloader the resume will iterate. transformers 4.x's ``train()`` first sets
+    ``self._train_batch_size = state.train_batch_size`` from the checkpoint's ``trainer_state.json`` (5.x only
+    with ``auto_find_batch_size``), so under 4.x it is built at that batch size, as ``train()`` will build it."""
+    from ckptdoctor.resume.plan import version_major
+
+    batch = None
+    if (version_major(getattr(sys.modules.get("transformers"), "__version__", None)) or 5) < 5:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = cast(Callable[[str], "str | None"], get_last_checkpoint)  # the folder train() resumes from
+        folder = (last(trainer.args.output_dir) if resume_from_checkpoint is True
+                  else None if resume_from_checkpoint is False else os.fspath(resume_from_checkpoint))
+        try:
+            with open(os.path.join(folder or "", "trainer_state.json"), encoding="utf-8") as fh:
+                batch = json.load(fh).get("train_batch_size")
+        except (OSError, ValueError, AttributeError):  # no or a broken state: train() raises, the gate says why
+            batch = None
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or not hasattr(trainer, "_train_batch_size"):
+        return trainer.get_train_dataloader()
+    kept = trainer._train_batch_size
+    trainer._train_batch_size = batch
+    try:
+        return trainer.get_train_dataloader()
+    finally:
+        trainer._train_batch_size = kept
 
 
 def gate_callback(

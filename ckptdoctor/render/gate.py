@@ -23,8 +23,12 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
     if result.checkpoint is None:
         lines.append("  checkpoint       none found")
     else:
-        lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch})")
+        loads = f", {result.weights_file}" if result.weights_file else ""
+        lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch}{loads})")
         s = result.settings
+        if s is not None:
+            source = s.sources.get("transformers_version", "default")
+            lines.append(f"  transformers     {printable(s.transformers_version)} ({source})")
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
         if total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"

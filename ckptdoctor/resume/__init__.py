@@ -1,7 +1,7 @@
 """The pre-resume gate: predict what ``trainer.train(resume_from_checkpoint=...)`` will do, and judge it first.
 
 ``plan``: what the resume is planned with, and every argument it will use. ``predict``: the pure arithmetic of
-transformers' resume path, a frozen ``Prediction`` (no findings, no text). ``rules``: the gate rules (CKD407-414,
+transformers' resume path, a frozen ``Prediction`` (no findings, no text). ``rules``: the gate rules (CKD407-415,
 CKD504), registered like every other rule and run over a ``ResumeContext``. ``api``: ``gate()`` and its
 ``GateResult``. ``render/gate.py`` renders a result and ``cli/gate.py`` is the ``ckptdoctor gate`` command: they
 import this package, never the reverse.

@@ -55,6 +55,7 @@ class GateResult:
     fail_on_from_settings: bool = False  # fail_on is RUN_DIR's settings file's, not the caller's
     # (restored, total) adapter tensors when the resume loads a full-weights file beside an adapter (CKD201)
     adapter_tensors: tuple[int, int] | None = None
+    weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
 
     @property
     def failed(self) -> bool:
@@ -96,6 +97,9 @@ class GateResult:
                 "adapter_tensors_restored": None if self.adapter_tensors is None else {
                     "restored": self.adapter_tensors[0], "total": self.adapter_tensors[1]},
                 "base_lr": self.base_lr,
+                "transformers_version": s.transformers_version,
+                "save_safetensors": s.save_safetensors,
+                "ignored_per_device_train_batch_size": s.ignored_batch_size,
                 "sources": dict(s.sources),
             }
         doc: dict[str, Any] = _finite({
@@ -103,6 +107,7 @@ class GateResult:
             "run": self.run,
             "checkpoint": self.checkpoint,
             "weights_branch": self.weights_branch,
+            "weights_file": self.weights_file,
             "start_step": self.start_step,
             "max_steps": self.max_steps,
             "steps_to_train": self.steps_to_train,
@@ -186,11 +191,11 @@ def judge(
     adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)
     if steps is None:  # train() raises before its first step
         return GateResult(run_label, label, p.branch, p.start, None, None, (), findings, p.settings,
-                          fail_on=plan.fail_on, adapter_tensors=adapter)  # fmt: skip
+                          fail_on=plan.fail_on, adapter_tensors=adapter, weights_file=p.weights_file)  # fmt: skip
     return GateResult(
         run_label, label, p.branch, p.start, steps.max_steps, steps.steps_to_train, p.lrs, findings, p.settings,
         p.restores, steps.epochs_trained, steps.num_train_epochs, p.warmup, p.base_lr, plan.fail_on,
-        adapter_tensors=adapter,
+        adapter_tensors=adapter, weights_file=p.weights_file,
     )
 
 
@@ -220,7 +225,10 @@ def gate(
     ``per_device_train_batch_size``, ``gradient_accumulation_steps`` (a change of these three derives the steps per
     epoch from the run's, or is CKD414 when it cannot), ``ignore_data_skip``, ``grad_scaler``: whether the resuming
     Trainer has a GradScaler, ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt``
-    in the checkpoint is CKD413); ``training_args`` is a ``TrainingArguments``-like mapping read first, which
+    in the checkpoint is CKD413), ``save_safetensors`` (read by transformers 4.x only) and
+    ``transformers_version``: the version the resume runs under ("4.57"), whose resume path the gate follows
+    (default: the installed transformers, read from its metadata, else the checkpoint's ``transformers_version``,
+    else 5.x); ``training_args`` is a ``TrainingArguments``-like mapping read first, which
     explicit keywords override (a value of the wrong type or not finite in either raises ``GateInputError`` naming
     it). Anything not planned is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
     --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken from
@@ -230,7 +238,7 @@ def gate(
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
     (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
     ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False. The file's ignore and severity apply
-    to the scan findings and to the gate's own rules (CKD407-414, CKD504); its select, like ``select``, narrows
+    to the scan findings and to the gate's own rules (CKD407-415, CKD504); its select, like ``select``, narrows
     the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
     (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
     defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An

@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
@@ -30,6 +32,7 @@ ARG_DEFAULTS: dict[str, Any] = {
     "warmup_steps": 0.0,
     "lr_scheduler_kwargs": None,
     "ignore_data_skip": False,
+    "save_safetensors": True,  # transformers 4.x (5.x has no such argument: it always prefers safetensors)
 }
 PRINTABLE_BITS = 4000  # about 1,200 digits: well under Python's 4,300-digit int-to-str limit
 # Integers beyond this cannot become a float: transformers' step and warm-up arithmetic overflows on them, and a
@@ -51,7 +54,10 @@ class Plan:
     ``max_steps`` means an epoch-based run (``max_steps=-1``). ``steps_per_epoch`` counts optimizer updates
     (``ceil(len(train_dataloader) / gradient_accumulation_steps)``). ``grad_scaler`` says whether the resuming
     Trainer has a GradScaler (``trainer.accelerator.scaler is not None``; None: unknown): without one, a
-    ``scaler.pt`` in the checkpoint makes ``_load_scaler`` raise AttributeError.
+    ``scaler.pt`` in the checkpoint makes ``_load_scaler`` raise AttributeError. ``save_safetensors`` is the
+    resuming ``TrainingArguments``' (transformers 4.x only: False loads ``pytorch_model.bin``, not
+    ``model.safetensors``). ``transformers_version`` is the version the resume runs under ("4.57"; None: the
+    installed one, else the checkpoint's, see ``transformers_version``).
     """
 
     checkpoint: str | None = None
@@ -67,6 +73,8 @@ class Plan:
     gradient_accumulation_steps: int | None = None
     ignore_data_skip: bool | None = None
     grad_scaler: bool | None = None
+    save_safetensors: bool | None = None
+    transformers_version: str | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
@@ -76,7 +84,7 @@ BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 PLAN_FIELDS = frozenset(
     ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs",
      "steps_per_epoch", "world_size", "per_device_train_batch_size", "gradient_accumulation_steps",
-     "ignore_data_skip", "grad_scaler")
+     "ignore_data_skip", "grad_scaler", "save_safetensors", "transformers_version")
 )  # fmt: skip
 
 
@@ -130,8 +138,9 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     kwargs = parse_kwargs(args.get("lr_scheduler_kwargs"))
     if kwargs is not None:
         out["lr_scheduler_kwargs"] = kwargs
-    if isinstance(args.get("ignore_data_skip"), bool):
-        out["ignore_data_skip"] = args["ignore_data_skip"]
+    for key in ("ignore_data_skip", "save_safetensors"):
+        if isinstance(args.get(key), bool):
+            out[key] = args[key]
     ratio = trainer_view.number(args.get("warmup_ratio"))
     if ratio and not out.get("warmup_steps") and 0 < ratio < 1:
         out["warmup_steps"] = ratio
@@ -259,7 +268,7 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
         raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
-    for key in ("ignore_data_skip", "fp16", "bf16"):
+    for key in ("ignore_data_skip", "fp16", "bf16", "save_safetensors"):
         v = args.get(key)
         if v is not None and not isinstance(v, bool):
             raise GateInputError(f"training_args {key} must be true or false, not {brief(v)}")
@@ -284,9 +293,12 @@ def check_plan(values: dict[str, Any]) -> None:
             raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
     if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
         raise GateInputError(f"lr_scheduler_type must be a string, not {brief(values['lr_scheduler_type'])}")
-    for key in ("ignore_data_skip", "grad_scaler"):
+    for key in ("ignore_data_skip", "grad_scaler", "save_safetensors"):
         if values.get(key) is not None and not isinstance(values[key], bool):
             raise GateInputError(f"{key} must be True or False, not {brief(values[key])}")
+    version = values.get("transformers_version")
+    if version is not None and version_major(version) is None:
+        raise GateInputError(f"transformers_version must be a version such as 4.57 or 5.23, not {brief(version)}")
     raw = values.get("lr_scheduler_kwargs")
     if isinstance(raw, str) and not raw.strip():
         values.pop("lr_scheduler_kwargs")  # TrainingArguments reads an empty string as no kwargs
@@ -317,6 +329,17 @@ class Settings:
     # How steps_per_epoch was derived from a planned batch size, gradient accumulation or world size; when it is
     # None (sources says "unknown"), why it cannot be known (CKD414).
     steps_per_epoch_note: str | None = None
+    # The transformers version whose resume path is followed (sources["transformers_version"] says whence), and the
+    # resuming save_safetensors (read by transformers 4.x only).
+    transformers_version: str = "5"
+    save_safetensors: bool = True
+    # transformers 4.x resumes at the checkpoint's train_batch_size: the planned per-device batch size it ignores.
+    ignored_batch_size: int | None = None
+
+    @property
+    def major(self) -> int:
+        """The major version of ``transformers_version`` (5 when it cannot be read)."""
+        return version_major(self.transformers_version) or 5
 
 
 def steps_per_epoch_of(ts: trainer_view.TrainerStateView) -> int | None:
@@ -341,11 +364,55 @@ def steps_per_epoch_of(ts: trainer_view.TrainerStateView) -> int | None:
     return None
 
 
+_VERSION_RE = re.compile(r"(\d+)(?:\.\d+)*")
+
+
+def version_major(version: object) -> int | None:
+    """The major number of a transformers version string ("4.57.6", "5.23.0.dev0", "4.57"), or None."""
+    m = _VERSION_RE.match(version.strip()) if isinstance(version, str) else None
+    return int(m.group(1)) if m is not None and len(m.group(1)) <= 4 else None
+
+
+@functools.cache
+def installed_transformers() -> str | None:
+    """The version of the transformers installed beside ckptdoctor, from its distribution metadata: transformers
+    itself is never imported (the gate reads, it does not load a training stack)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def transformers_version(
+    plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
+) -> tuple[str, str]:
+    """The transformers version the resume runs under, and where it came from: planned (``--transformers-version``),
+    else the installed one, else the one that wrote the checkpoint (``config.json``'s ``transformers_version``, or
+    ``trainer_state.json``'s), else "5" (``default``: the resume path the gate follows unless told otherwise)."""
+    if plan.transformers_version is not None:
+        return plan.transformers_version.strip(), "planned"
+    installed = installed_transformers()
+    if installed is not None and version_major(installed) is not None:
+        return installed, "installed"
+    config = trainer_view._json(ck.file("config.json"))
+    for name, doc in (("config.json", config), (trainer_view.TRAINER_STATE, ts.raw if ts is not None else None)):
+        found = doc.get("transformers_version") if isinstance(doc, dict) else None
+        # a version is a few characters: a file's megabyte of text in that key is not one, and is not echoed
+        if isinstance(found, str) and len(found) <= 64 and version_major(found) is not None:
+            return found, name
+    return "5", "default"
+
+
 def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None) -> Settings:
     """The arguments the resume will run with: planned values first, then the checkpoint's ``training_args.bin``,
-    then ``trainer_state.json`` / ``scheduler.pt``, then transformers' defaults."""
+    then ``trainer_state.json`` / ``scheduler.pt``, then transformers' defaults; and the transformers version whose
+    resume path they follow."""
     args = trainer_view.training_args(ck) or {}
     sources: dict[str, str] = {}
+    version, sources["transformers_version"] = transformers_version(plan, ck, ts)
+    major = version_major(version) or 5
 
     def pick(name: str, planned: Any, from_args: Any, fallback: tuple[Any, str] | None = None) -> Any:
         if planned is not None:
@@ -375,6 +442,16 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
     kw = pick("lr_scheduler_kwargs", plan.lr_scheduler_kwargs, parse_kwargs(args.get("lr_scheduler_kwargs")))
     skip_flag = args.get("ignore_data_skip")
     ignore = pick("ignore_data_skip", plan.ignore_data_skip, skip_flag if isinstance(skip_flag, bool) else None)
+    own_safe = args.get("save_safetensors")
+    safe = pick("save_safetensors", plan.save_safetensors, own_safe if isinstance(own_safe, bool) else None)
+    ignored_batch = None
+    if major < 5 and plan.per_device_train_batch_size is not None and ts is not None and ts.train_batch_size:
+        # transformers 4.x's train() sets `self._train_batch_size = state.train_batch_size` on every resume: the
+        # dataloader is built at the checkpoint's batch size, whatever per_device_train_batch_size says
+        run_device = trainer_view._int(args.get("per_device_train_batch_size")) or ts.train_batch_size
+        if plan.per_device_train_batch_size != run_device:
+            ignored_batch = plan.per_device_train_batch_size
+        plan = replace(plan, per_device_train_batch_size=None)
     upe, sources["steps_per_epoch"], upe_note = plan.steps_per_epoch, "planned", None
     if upe is None:
         upe, sources["steps_per_epoch"], upe_note = derive_steps_per_epoch(plan, ck, ts, args)
@@ -389,6 +466,9 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
         steps_per_epoch=upe,
         sources=sources,
         steps_per_epoch_note=upe_note,
+        transformers_version=version,
+        save_safetensors=bool(safe),
+        ignored_batch_size=ignored_batch,
     )
 
 

@@ -5,7 +5,9 @@ The prediction follows transformers 5.x's resume path (``src/transformers/traine
 ``set_initial_training_values`` and ``_init_training_state`` (max_steps, epochs already trained, batches skipped);
 ``create_scheduler`` for the new max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then
 ``_run_epoch``, whose first optimizer step uses the LR restored into the optimizer and whose later steps use
-``base_lr * lambda(last_epoch)``.
+``base_lr * lambda(last_epoch)``. Under transformers 4.x (``Settings.transformers_version``) it follows 4.57's
+differences: the full-weights file ``save_safetensors`` picks, the checkpoint's batch size
+(``resolve``) and ``get_scheduler``'s kwargs (``schedules.build``).
 Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
 It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the frozen ``Prediction``.
 """
@@ -95,6 +97,7 @@ class Prediction:
     lrs: tuple[float, ...] = ()
     # branch "full" beside an adapter: what load_state_dict(strict=False) of that file restores of the adapter
     adapter: trainer_view.AdapterRestore | None = None
+    weights_file: str | None = None  # the file the weights load reads (weights_file), when one file says it
 
 
 def resume_checkpoint(tree: Tree) -> tuple[Checkpoint | None, str | None]:
@@ -122,14 +125,17 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     branch = trainer_view.weights_branch(ck)
     # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
     start = (ts.global_step or 0) if ts is not None else None
-    crash = _crash(ck, ts, branch)
     settings = resolve(plan, ck, ts)
+    # transformers 4.x loads safetensors only when the resuming save_safetensors is True (5.x always prefers them)
+    prefer_safe = settings.save_safetensors or settings.major >= 5 or trainer_view.is_mindnlp(ck)
+    crash = _crash(ck, ts, branch, prefer_safe)
     if trainer_view.is_mindnlp(ck):
         settings = _mindnlp_settings(settings, ts)
     if start is not None and abs(start) >= INT_LIMIT:
         raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
                              "predicted from it")
-    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck))
+    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck),
+                       weights_file=weights_file(ck, branch, prefer_safe))
     if crash is not None or start is None:
         return found
     if settings.steps_per_epoch is None:
@@ -177,7 +183,7 @@ def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr
     s = p.settings
     try:
         sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
-                                lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs)
+                                lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs, major=s.major)
         lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
     except schedules.ScheduleError as exc:
         p = replace(p, schedule_rejected=str(exc))
@@ -287,7 +293,34 @@ def _shard_names(ck: Checkpoint) -> list[str] | None:
     return sorted(n for n in set(wm.values()) if n and not n.startswith("/") and ".." not in n.split("/"))
 
 
-def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
+def _index(ck: Checkpoint, prefer_safe: bool) -> str:
+    """The index ``load_sharded_checkpoint(prefer_safe=...)`` reads: the safetensors one when it exists and is
+    preferred or alone (transformers 4.x passes ``prefer_safe=args.save_safetensors``; 5.x leaves it True)."""
+    safe = ck.file(trainer_view.SAFE_INDEX) is not None
+    return trainer_view.SAFE_INDEX if safe and (prefer_safe or ck.file(trainer_view.BIN_INDEX) is None) else (
+        trainer_view.BIN_INDEX)
+
+
+def weights_file(ck: Checkpoint, branch: str, prefer_safe: bool = True) -> str | None:
+    """The file the weights load reads: the full-weights file ``_load_from_checkpoint`` picks (transformers 4.x
+    reads ``model.safetensors`` only when ``save_safetensors`` is True: ``prefer_safe``), the sharded checkpoint's
+    index, or the adapter file peft's ``load_peft_weights`` picks (``adapter_model.safetensors`` first); None for
+    FSDP, DeepSpeed, adapter sub-folders and MindNLP."""
+    if trainer_view.is_mindnlp(ck):
+        return None
+    if branch == "full":
+        safe = ck.file(trainer_view.SAFE_WEIGHTS) is not None and prefer_safe
+        return trainer_view.SAFE_WEIGHTS if safe else trainer_view.BIN_WEIGHTS
+    if branch == "sharded":
+        return _index(ck, prefer_safe)
+    if branch == "adapter" and not trainer_view.adapter_subdirs(ck):
+        if ck.file(trainer_view.ADAPTER_SAFE) is not None:
+            return trainer_view.ADAPTER_SAFE
+        return trainer_view.ADAPTER_BIN
+    return None
+
+
+def _weights_crash(ck: Checkpoint, branch: str, prefer_safe: bool = True) -> str | None:
     """What ``_load_from_checkpoint`` raises on a damaged file it reads: config.json, then the weights branch's."""
     if branch == "deepspeed":
         return None  # deepspeed_load_checkpoint reads its own global_step*/ files (not modelled here)
@@ -295,12 +328,18 @@ def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
     if crash is not None or branch not in ("full", "sharded"):
         return crash  # adapter and FSDP weights are read by peft and accelerate: not modelled here
     if branch == "full":
-        if ck.file(trainer_view.SAFE_WEIGHTS) is not None:
+        if ck.file(trainer_view.SAFE_WEIGHTS) is not None and prefer_safe:
             return _damaged(ck, trainer_view.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
         if trainer_view.is_mindnlp(ck):
             return _mindnlp_damaged(ck, trainer_view.MS_WEIGHTS, "_load_from_checkpoint (mindspore.load_checkpoint)")
+        if ck.file(trainer_view.BIN_WEIGHTS) is None:
+            # transformers 4.x with save_safetensors=False: `torch.load(weights_file)` on a folder holding only
+            # model.safetensors
+            return ("save_safetensors=False: transformers 4.x's _load_from_checkpoint reads `pytorch_model.bin`, "
+                    "not `model.safetensors`, and there is none: train() raises FileNotFoundError in "
+                    "_load_from_checkpoint (torch.load)")
         return _damaged(ck, trainer_view.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
-    index = trainer_view.SAFE_INDEX if ck.file(trainer_view.SAFE_INDEX) is not None else trainer_view.BIN_INDEX
+    index = _index(ck, prefer_safe)
     crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
     loader = "safetensors.torch.load_file" if index == trainer_view.SAFE_INDEX else "torch.load"
     for shard in _shard_names(ck) or ():
@@ -311,12 +350,14 @@ def _weights_crash(ck: Checkpoint, branch: str) -> str | None:
     return crash
 
 
-def _crash(ck: Checkpoint, ts: trainer_view.TrainerStateView | None, branch: str) -> str | None:
+def _crash(
+    ck: Checkpoint, ts: trainer_view.TrainerStateView | None, branch: str, prefer_safe: bool = True
+) -> str | None:
     """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing): the
     weights and ``trainer_state.json`` that ``train()`` loads first (``_state_crash`` has the rest)."""
     if branch == "none":
         return "no weights file to load: train() raises ValueError(\"Can't find a valid checkpoint at ...\")"
-    crash = _weights_crash(ck, branch)
+    crash = _weights_crash(ck, branch, prefer_safe)
     if crash is not None:
         return crash
     state = ck.file(trainer_view.TRAINER_STATE)

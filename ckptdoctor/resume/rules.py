@@ -464,6 +464,48 @@ def resume_steps_unknown(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(ck.path, f"{note}: steps and LRs not predicted; pass the new steps per epoch (--steps-per-epoch)")
 
 
+@rule("CKD415", "planned-batch-size-ignored", Severity.WARNING, gate_only=True)
+def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
+    """The planned `per_device_train_batch_size` is not used: transformers 4.x resumes at the checkpoint's batch size.
+
+    ## What it does
+    When the resume runs under transformers 4.x (`--transformers-version`, else the installed transformers, else
+    the checkpoint's version) and the plan changes `per_device_train_batch_size`, reports that the resume keeps
+    the run's `train_batch_size` from `trainer_state.json`. The gate predicts the steps and LRs at that batch size.
+
+    ## Why is this bad?
+    transformers 4.x's `Trainer.train` sets `self._train_batch_size = state.train_batch_size` whenever it resumes,
+    and builds the train dataloader from it: the new batch size is silently dropped (only `compare_trainer_and_
+    checkpoint_args` logs a warning), and so are the memory and the steps per epoch it was meant to change.
+    transformers 5.x uses the planned batch size (it restores the checkpoint's only with `auto_find_batch_size`).
+
+    ## Example
+    A run saved at batch 4 resumed with `per_device_train_batch_size=8` under transformers 4.57: every step still
+    takes 4 samples, and an epoch still has the run's 4 steps.
+
+    ## Fix safety
+    No fix: resume under transformers 5.x, or set the new batch size after the resume started (or edit
+    `train_batch_size` in `trainer_state.json` on purpose).
+
+    ## References
+    `src/transformers/trainer.py` (4.57) `Trainer.train` (`state.train_batch_size`), `get_train_dataloader`,
+    `compare_trainer_and_checkpoint_args`.
+    """
+    ck, p = ctx.checkpoint, ctx.prediction
+    ignored = p.settings.ignored_batch_size if p is not None else None
+    if ck is None or p is None or ignored is None:
+        return
+    from ckptdoctor.resume.plan import int_text
+
+    s = p.settings
+    ts = trainer_view.trainer_state(ck)
+    run = "?" if ts is None or ts.train_batch_size is None else int_text(ts.train_batch_size)
+    yield Hit(_in_folder(ck, trainer_view.TRAINER_STATE),
+              f"per_device_train_batch_size {int_text(ignored)} (planned) is not used: transformers "
+              f"{s.transformers_version} ({s.sources.get('transformers_version', 'default')}) resumes at the "
+              f"checkpoint's train_batch_size {run}")
+
+
 @rule(
     "CKD504",
     "world-size-mismatch",
