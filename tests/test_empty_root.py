@@ -117,3 +117,17 @@ def test_readme_documents_the_empty_root() -> None:
     readme = (REPO / "README.md").read_text()
     exit_codes = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     assert "CKD002" in exit_codes and "--allow-empty" in exit_codes
+
+
+def test_no_select_lets_an_empty_root_pass(roots: dict[str, Path]) -> None:
+    """`--select CKD6` (security only) on a mistyped path still fails: CKD002 runs whatever a select says, and only
+    an ignore (or --allow-empty) turns it off."""
+    code, out, _ = cli("scan", "--format", "json", "--select", "CKD6", str(roots["empty"]))
+    assert code == 1 and _rules(out) == [("CKD002", "error", ".")]
+    assert ckptdoctor.scan(roots["empty"], select="CKD6").exit_code() == 1
+    code, out, _ = cli("scan", "--format", "json", "--select", "CKD6", "--ignore", "CKD002", str(roots["empty"]))
+    assert code == 0 and _rules(out) == []
+    code, _, _ = cli("gate", "--select", "CKD6", str(roots["empty"]))
+    assert code == 1
+    code, out, _ = cli("scan", "--format", "json", "--select", "CKD6", str(roots["run"]))
+    assert code == 0 and _rules(out) == []

@@ -58,6 +58,9 @@ class Rule:
     # the other severities a finding of this rule can be reported at, each with when: (ERROR, "the resume picks
     # the folder"). A hit at a severity the catalog does not declare is an internal error (``run_rules``).
     severity_when: tuple[tuple[Severity, str], ...] = ()
+    # runs even when a select leaves it out, so that no selection makes a check of nothing pass; only an ignore
+    # (or `--allow-empty`, which ignores it) turns it off (CKD002)
+    unless_ignored: bool = False
 
     @property
     def security(self) -> bool:
@@ -113,6 +116,7 @@ def rule(
     security_severity: str | None = None,
     superseded_by_gate: bool = False,
     severity_when: Sequence[tuple[Severity, str]] = (),
+    unless_ignored: bool = False,
 ) -> Callable[[_F], _F]:
     """Register ``func`` as rule ``code``. Codes and names are a public contract: never renumber or rename.
 
@@ -121,7 +125,8 @@ def rule(
     gate`` emits it for a planned resume; a scan never runs it. ``security_severity``: SARIF's score, and what makes
     it a security rule. ``superseded_by_gate``: the gate replaces its finding by an exact prediction.
     ``severity_when``: the other severities a hit may carry, each with the condition, so that the catalog (``rules``,
-    ``explain``, the README table, SARIF) says every severity a finding of the rule can have.
+    ``explain``, the README table, SARIF) says every severity a finding of the rule can have. ``unless_ignored``:
+    it runs whatever ``select`` says, and only ``ignore`` turns it off.
     """
     when = tuple(severity_when)
     if any(sev == severity for sev, _ in when) or len({sev for sev, _ in when}) != len(when):
@@ -134,7 +139,7 @@ def rule(
             raise ValueError(f"rule {code} registered twice")
         _REGISTRY[code] = Rule(
             code, name, severity, func, func.__doc__ or "", fix, deep_only, gate_only, security_severity,
-            superseded_by_gate, when,
+            superseded_by_gate, when, unless_ignored,
         )
         return func
 
@@ -188,7 +193,7 @@ class Selection:
             return False
         if r.code in self.keep:
             return True
-        if self.select and not _matches(r.code, self.select):
+        if self.select and not _matches(r.code, self.select) and not r.unless_ignored:
             return False
         return not _matches(r.code, self.ignore)
 

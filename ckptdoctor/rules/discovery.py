@@ -103,7 +103,7 @@ def holds_checkpoint(tree: Tree) -> bool:
 ALLOW_EMPTY_HINT = "--allow-empty where no save is expected yet"
 
 
-@rule("CKD002", "no-checkpoint-found", Severity.ERROR)
+@rule("CKD002", "no-checkpoint-found", Severity.ERROR, unless_ignored=True)
 def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
     """A scanned root holds no checkpoint at all: no checkpoint or model folder, no weights or state file.
 
@@ -111,7 +111,8 @@ def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
     Reports a root (a folder, or a file given by name) in which discovery found no `checkpoint-N` folder, no model
     or adapter folder and no file of a checkpoint format (safetensors, `torch.save` archives, pickles, DCP,
     MindSpore, TensorFlow and HDF5 files, or a format CKD216 names): an empty folder, a folder of logs, or a root
-    that could not be read. `--allow-empty` (`allow_empty=True` in the Python API) turns it off.
+    that could not be read. It runs whatever `--select` says (`--select CKD6` must not pass a mistyped path either);
+    `--allow-empty` (`allow_empty=True` in the Python API) or an explicit `--ignore CKD002` turns it off.
 
     ## Why is this bad?
     A gate that checks nothing must not pass. `ckptdoctor scan --fail-on error "$OUTPUT_DIR"` with a mistyped or
