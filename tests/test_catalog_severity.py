@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,14 @@ import pytest
 import ckptdoctor
 from ckptdoctor.findings import Severity
 from ckptdoctor.rules import Hit, all_rules, declared, get_rule, rule, rules_markdown
+from tests import console
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = [REPO / "fixtures", *sorted((REPO / "tests" / "data").iterdir())]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True, timeout=120)
+    return console.run(*args)
 
 
 def test_the_json_catalog_declares_ckd102_escalating_to_error_as_the_fixture_reports_it() -> None:

@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import ckptdoctor
+from tests import console
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> tuple[int, str]:
-    p = subprocess.run([sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True, timeout=120)
+    p = console.run(*args)
     return p.returncode, p.stdout
 
 

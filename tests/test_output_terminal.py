@@ -11,10 +11,11 @@ import re
 import select
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import console
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "output_golden"
@@ -35,16 +36,15 @@ GOLDEN_CASES = [
 
 
 def ckptdoctor(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptdoctor", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    return console.run(*args, cwd=cwd, env=env)
 
 
 def on_terminal(*args: str, columns: int = 80, cwd: Path = REPO) -> str:
     """What the command prints when its stdout is a real terminal (a pseudo-terminal) ``columns`` wide."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm"}
+    env = console.environ({"COLUMNS": str(columns), "TERM": "xterm"})
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "ckptdoctor", *args], cwd=cwd, stdout=follower,
+    proc = subprocess.Popen([*console.command(), *args], cwd=cwd, stdout=follower,
                             stderr=subprocess.DEVNULL, env=env)  # fmt: skip
     os.close(follower)
     chunks = []
