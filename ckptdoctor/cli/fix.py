@@ -15,14 +15,13 @@ from ckptdoctor.cli.options import (
     allow_empty_option,
     allow_global_option,
     output_options,
-    print_settings,
     show_settings_option,
     text_or_json,
     text_width,
 )
 
 # ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
-from ckptdoctor.cli.output import emit
+from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
 from ckptdoctor.render.fix import fix_json, render_fix_text, render_undo_list, undo_json, undo_list_json
@@ -140,8 +139,10 @@ def fix_command(
     """
     from ckptdoctor.api import fix as api_fix
 
-    if show_settings:  # fix applies each root's closest file (not yet the files below it, as scan does)
-        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
+    if show_settings:  # fix applies each root's closest file and the files below it, as scan does
+        print_settings(
+            paths, fmt, select, ignore, fail_on, no_config, allow_global, output_file=output_file, silent=silent
+        )
     # Each root is fixed under its closest settings file (from it upward), as `scan` checks it.
     result = api_fix(
         paths,

@@ -18,12 +18,11 @@ from ckptdoctor.cli.options import (
     _read_only_done,
     allow_empty_option,
     output_options,
-    print_settings,
     rule_options,
     show_settings_option,
     text_width,
 )
-from ckptdoctor.cli.output import emit
+from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import gate_json, render_text, summary
 from ckptdoctor.resume.api import run_gate
@@ -163,7 +162,10 @@ def gate_command(
     and trainer_state.json). Nothing is loaded or executed.
     """
     if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
-        print_settings([run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False)
+        print_settings(
+            [run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False, output_file=output_file,
+            silent=silent,
+        )
     if num_train_epochs is not None and max_steps is not None:
         raise UsageProblem("give --num-train-epochs or --max-steps, not both")
     if warmup_steps is not None and warmup_ratio is not None:

@@ -90,34 +90,6 @@ show_settings_option = click.option(
 """``--show-settings`` (passed as ``show_settings``), as ``ruff check --show-settings``."""
 
 
-def print_settings(
-    paths: Sequence[str],
-    fmt: str,
-    select: Sequence[str],
-    ignore: Sequence[str],
-    fail_on: str | None,
-    no_config: bool,
-    allow_global: Sequence[str],
-    *,
-    nested: bool = True,
-) -> None:
-    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0; a settings file
-    that cannot be used is a usage error, as when checking."""
-    import sys
-
-    from ckptdoctor.errors import UsageError
-    from ckptdoctor.render.settings import render_settings_text, settings_json
-    from ckptdoctor.settings import show_settings
-
-    try:
-        found = show_settings(paths, select, ignore, no_config, allow_global=allow_global, nested=nested)
-    except UsageError as exc:
-        raise UsageProblem(str(exc)) from None
-    click.echo(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on))
-    _read_only_done()
-    sys.exit(0)
-
-
 def allow_empty_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all (CKD002)."""
     return click.option(

@@ -4,10 +4,11 @@ writes, as a shell's ``> PATH`` would; never a checkpoint's)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import click
 
-from ckptdoctor.cli.options import UsageProblem
+from ckptdoctor.cli.options import UsageProblem, _read_only_done
 
 
 def emit(text: str, output_file: str | None, silent: bool) -> None:
@@ -23,3 +24,34 @@ def emit(text: str, output_file: str | None, silent: bool) -> None:
             raise UsageProblem(f"--output-file {output_file}: {why}") from None
     elif text and not silent:
         click.echo(text)
+
+
+def print_settings(
+    paths: Sequence[str],
+    fmt: str,
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    allow_global: Sequence[str],
+    *,
+    nested: bool = True,
+    output_file: str | None = None,
+    silent: bool = False,
+) -> None:
+    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0, written as every
+    report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be used
+    is a usage error, as when checking."""
+    import sys
+
+    from ckptdoctor.errors import UsageError
+    from ckptdoctor.render.settings import render_settings_text, settings_json
+    from ckptdoctor.settings import show_settings
+
+    try:
+        found = show_settings(paths, select, ignore, no_config, allow_global=allow_global, nested=nested)
+    except UsageError as exc:
+        raise UsageProblem(str(exc)) from None
+    emit(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on), output_file, silent)
+    _read_only_done()
+    sys.exit(0)

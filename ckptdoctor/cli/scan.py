@@ -19,12 +19,11 @@ from ckptdoctor.cli.options import (
     _use_color,
     allow_empty_option,
     output_options,
-    print_settings,
     rule_options,
     show_settings_option,
     text_width,
 )
-from ckptdoctor.cli.output import emit
+from ckptdoctor.cli.output import emit, print_settings
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
@@ -149,7 +148,9 @@ def scan(
         raise UsageProblem(f"--statistics prints text or json, not {fmt}")
     paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     if show_settings:
-        print_settings(paths, fmt, select, ignore, fail_on, no_config, allow_global)
+        print_settings(
+            paths, fmt, select, ignore, fail_on, no_config, allow_global, output_file=output_file, silent=silent
+        )
     _check_remote_roots(paths, deep)
     _check_special_roots(paths)
     report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global, allow_empty)
