@@ -127,7 +127,7 @@ def _folders(tree: Tree) -> list[str]:
 def _nested_settings(
     tree: Tree,
     settings: RootSettings,
-    findings: list[Finding],
+    findings: Sequence[Finding],
     select: Sequence[str],
     ignore: Sequence[str],
     deep: bool,
@@ -135,21 +135,27 @@ def _nested_settings(
     allow_global: Codes,
 ) -> tuple[RootSettings, list[Finding]]:
     """The settings files below ``tree``'s root applied to the folders they govern, as ruff applies the closest
-    configuration to each file: the rules are run again under each nested file's selection and each finding is
-    kept from the run of the scope holding its path. The scan's own listing finds the files (no extra look at the
-    disk); a tree without one is returned as it is."""
+    configuration to each file (``_judged``). The scan's own listing finds the files (no extra look at the disk); a
+    tree without one is returned as it is."""
     nested = with_nested(
         settings, (f.path for f in tree.all_files()), select, ignore, on_kept=on_kept, allow_global=_codes(allow_global)
     )
-    if len(nested.scopes) == 1:
-        return settings, findings
+    return nested, _judged(tree, nested, findings, deep)
+
+
+def _judged(tree: Tree, settings: RootSettings, findings: Sequence[Finding], deep: bool) -> list[Finding]:
+    """``findings`` (a scan of ``tree`` under the root's own scope) with each nested scope's instead for the folders
+    it governs: the rules are run again under each nested file's selection and each finding is kept from the run of
+    the scope holding its path."""
+    if len(settings.scopes) == 1:
+        return list(findings)
     from ckptdoctor.rules import run_rules
 
-    out = [f for f in findings if nested.scope_of(f.path) is nested.scopes[0]]
-    for scope in nested.scopes[1:]:
+    out = [f for f in findings if settings.scope_of(f.path) is settings.scopes[0]]
+    for scope in settings.scopes[1:]:
         selection = dataclasses.replace(scope.selection, deep=deep or scope.selection.deep)
-        out.extend(f for f in run_rules(tree, selection) if nested.scope_of(f.path) is scope)
-    return nested, sorted(out, key=Finding.sort_key)
+        out.extend(f for f in run_rules(tree, selection) if settings.scope_of(f.path) is scope)
+    return sorted(out, key=Finding.sort_key)
 
 
 def _check_checksums(paths: Sequence[str], mode: str, deep: bool) -> None:
@@ -194,8 +200,9 @@ def fix(
 ) -> FixResult:
     """Fix folders as ``ckptdoctor fix`` does: plan, journal, apply atomically (unless ``dry_run``), rescan.
 
-    Each root is fixed under the closest settings file from it upward plus ``select``/``ignore``, as ``scan``
-    reads them (files below the root are not applied by a fix); ``fail_on``, ``no_config``, ``on_kept``,
+    Each folder is fixed under the closest settings file from it upward plus ``select``/``ignore``, as ``scan``
+    reads them (a run folder whose own file ignores a rule gets no fix for it, and what remains there is judged
+    under that file); ``fail_on``, ``no_config``, ``on_kept``,
     ``allow_global`` and ``allow_empty`` are ``scan``'s. ``result.exit_code()`` is the command's exit code (a dry
     run: 1 when it would change something). Raises ``UsageError`` where the command exits 2,
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
@@ -216,6 +223,17 @@ def fix(
     groups = selection_groups(
         roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
     )
+    own = {rs.root: rs for g in groups for rs in g.settings}
+    nested: dict[str, RootSettings] = {}
+
+    def rescope(root: str, tree: Tree, findings: Sequence[Finding]) -> list[Finding]:
+        # Resolved once per root, from the listing before the fix: the rescan is judged under the same files.
+        if root not in nested:
+            nested[root], _ = _nested_settings(
+                tree, own[root], (), select, ignore, False, on_kept or warn_kept, allow_global
+            )
+        return _judged(tree, nested[root], findings, False)
+
     results = [
         fix_roots(
             ps,
@@ -224,7 +242,11 @@ def fix(
             dry_run=dry_run,
             force=force,
             fail_on=fail_on or cfg_fail_on or "error",
+            rescope=None if no_config else rescope,
         )
         for ps, selection, cfg_fail_on, _ in groups
     ]
-    return dataclasses.replace(FixResult.merge(results), policy=ExitPolicy.of(fail_on, groups))
+    policy = ExitPolicy.of_settings(fail_on, [nested.get(r, rs) for r, rs in own.items()])
+    merged = FixResult.merge(results)
+    # Each remaining finding judged under its own folder's fail-on, as scan judges it.
+    return dataclasses.replace(merged, policy=policy, failed_on=policy.exit_code(merged.remaining) != 0)

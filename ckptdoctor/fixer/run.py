@@ -21,6 +21,9 @@ from ckptdoctor.settings import ExitPolicy
 if TYPE_CHECKING:
     from ckptdoctor.scanner import PathArg
 
+Rescope = Callable[[str, Tree, Sequence[Finding]], list[Finding]]
+"""``(root, tree, findings) -> findings``: a scan's findings of one root judged under the settings files below it."""
+
 
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
@@ -173,12 +176,15 @@ def fix(
     dry_run: bool = False,
     force: bool = False,
     fail_on: str = "error",
+    rescope: Rescope | None = None,
 ) -> FixResult:
     """Plan and (unless ``dry_run``) apply the fixes for each root, then rescan.
 
     ``paths`` is one folder (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is a
     ``ckptdoctor.rules.Selection``, checked as ``scan`` checks it; no settings file is read (the command reads
-    each root's). A root named twice (same real path) is fixed once.
+    each root's). ``rescope(root, tree, findings)``, when given, returns the findings a scan of ``tree`` keeps once
+    the settings files below the root are applied (``ckptdoctor.fix`` passes it): the plan and the rescan use those,
+    so a folder whose own file ignores a rule gets no fix for it. A root named twice (same real path) is fixed once.
     Interrupted transactions are completed first (a dry run only reports them). A dry run writes nothing at all
     (no journal, no lock, no ``.ckptdoctor`` folder); it predicts what would remain and whether the real run
     would be refused (``FixResult.refusals``).
@@ -200,12 +206,13 @@ def fix(
             interrupted = tuple(complete_interrupted(root))
         report = scan(root, selection=selection)
         (tree,) = report.trees
-        plan = plan_root(tree, report.findings, unsafe=unsafe, root=root)
+        found = list(report.findings) if rescope is None else rescope(root, tree, report.findings)
+        plan = plan_root(tree, found, unsafe=unsafe, root=root)
         plan = RootPlan(plan.root, plan.abs_root, tree, plan.ops, plan.planned, plan.skipped, plan.manual, interrupted)
         plans.append(plan)
         if dry_run:
             txids.append(None)
-            predicted.extend(predicted_remaining(plan, report.findings))
+            predicted.extend(predicted_remaining(plan, found))
             points.extend(resume_points(plan, None))
             continue
         j = apply_plan(plan, force=force)
@@ -218,6 +225,10 @@ def fix(
             resume_points=tuple(points),
         )
     after = scan(roots, selection=selection)
+    if rescope is not None:
+        kept = [rescope(root, tree, [f for f in after.findings if f.root == tree.root])
+                for root, tree in zip(roots, after.trees, strict=True)]
+        after = Report(after.trees, tuple(f for part in kept for f in part), after.seconds)
     for plan, tree in zip(plans, after.trees, strict=True):
         points.extend(resume_points(plan, tree))
     left_keys = {(f.root, f.rule, f.path) for f in after.findings}
