@@ -21,7 +21,8 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
         return "\n".join(finding_entries(result.findings, width=width, fix_line=False))
     lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
     if result.checkpoint is None:
-        lines.append("  checkpoint       none found")
+        afresh = " (allowed: the run starts afresh)" if result.starts_afresh else ""
+        lines.append(f"  checkpoint       none found{afresh}")
     else:
         loads = f", {result.weights_file}" if result.weights_file else ""
         lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch}{loads})")

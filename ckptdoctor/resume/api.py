@@ -56,6 +56,7 @@ class GateResult:
     # (restored, total) adapter tensors when the resume loads a full-weights file beside an adapter (CKD201)
     adapter_tensors: tuple[int, int] | None = None
     weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
+    starts_afresh: bool = False  # allow_empty and nothing saved: the launcher starts afresh, so no checkpoint passes
 
     @property
     def failed(self) -> bool:
@@ -106,6 +107,7 @@ class GateResult:
             "schema": SCHEMA,
             "run": self.run,
             "checkpoint": self.checkpoint,
+            "starts_afresh": self.starts_afresh,
             "weights_branch": self.weights_branch,
             "weights_file": self.weights_file,
             "start_step": self.start_step,
@@ -236,15 +238,17 @@ def gate(
     imports torch.
 
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
-    (``--select``/``--ignore``), combined with the settings file at ``run_dir`` (``.ckptdoctor.toml`` or
-    ``[tool.ckptdoctor]`` in ``pyproject.toml``) unless ``config`` is False. The file's ignore and severity apply
-    to the scan findings and to the gate's own rules (CKD407-415, CKD504); its select, like ``select``, narrows
-    the scan findings only (the gate rules run unless ignored). It cannot turn off or lower the security rules
+    (``--select``/``--ignore``), combined with the closest settings file from ``run_dir`` upward
+    (``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml``, as ``scan`` finds it; else the user
+    configuration) unless ``config`` is False. The file's ignore and severity apply to the scan findings and to the
+    gate's own rules (CKD407-415, CKD504); its select, like ``select``, narrows the scan findings only (the gate
+    rules run unless ignored). It cannot turn off or lower the security rules
     (CKD6xx): when it tries, a ``UserWarning`` says which stay on (``ignore=`` can turn them off). ``fail_on``
     defaults to the file's ``fail-on``, else ``"error"``; a file's ``"never"`` still fails on a security error. An
     unknown code, a deep-only selection or a bad settings file raises ``GateInputError``. ``allow_global`` are
     ``scan``'s user allowances of pickle globals. ``allow_empty`` (``--allow-empty``): a ``run_dir`` that holds no
-    checkpoint at all passes (a launcher gating before the first save, which starts afresh); without it, it fails
+    checkpoint at all passes (a launcher gating before the first save, which starts afresh: ``starts_afresh`` is then
+    True); without it, it fails
     (CKD413: ``train(resume_from_checkpoint=True)`` raises).
     """
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
@@ -315,7 +319,9 @@ def run_gate(
     result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
         # nothing saved yet: the launcher starts afresh, so "train() raises: no checkpoint" (CKD413) is accepted
-        result = replace(result, findings=tuple(f for f in result.findings if f.rule != "CKD413"))
+        result = replace(
+            result, findings=tuple(f for f in result.findings if f.rule != "CKD413"), starts_afresh=True
+        )
     if args_file is not None:
         result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))
     return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
