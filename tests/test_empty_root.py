@@ -1,27 +1,26 @@
 """A mistyped, unmounted or empty root must not pass a CI gate: "No problems found in 0 files" with exit 0 let a typo
 in `$OUTPUT_DIR` through. A root that does not exist is a usage error (2); a root holding no checkpoint at all is
 CKD002, an error (1); `--allow-empty` (``allow_empty=True``) accepts it for a launcher gating before the first save.
-Driven through the installed command (`python -m ckptdoctor`, a subprocess) and the Python API alike."""
+Driven through the installed console script (`tests/console.py`) and the Python API alike."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import ckptdoctor
+from tests import console
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True, timeout=120)
+    p = console.run(*args)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -87,10 +86,15 @@ def test_with_several_roots_the_empty_one_is_named(roots: dict[str, Path]) -> No
 def test_the_gate_fails_an_empty_run_dir_unless_allowed(roots: dict[str, Path]) -> None:
     code, out, _ = cli("gate", "--format", "json", str(roots["empty"]))
     assert code == 1 and [f["rule"] for f in json.loads(out)["findings"]] == ["CKD413"]
+    assert json.loads(out)["starts_afresh"] is False
     code, out, _ = cli("gate", "--format", "json", "--allow-empty", str(roots["empty"]))
-    assert code == 0 and json.loads(out)["findings"] == []
+    doc = json.loads(out)
+    assert code == 0 and doc["findings"] == [] and doc["starts_afresh"] is True
+    code, out, _ = cli("gate", "--allow-empty", str(roots["empty"]))  # the text says why it passes
+    assert code == 0 and "  checkpoint       none found (allowed: the run starts afresh)" in out.splitlines()
     assert ckptdoctor.gate(roots["empty"]).failed
-    assert not ckptdoctor.gate(roots["empty"], allow_empty=True).failed
+    allowed = ckptdoctor.gate(roots["empty"], allow_empty=True)
+    assert not allowed.failed and allowed.starts_afresh
     # --allow-empty accepts nothing saved yet, never a run whose checkpoint a resume cannot use
     torn = shutil.copytree(REPO / "fixtures" / "interrupted-save", roots["empty"].parent / "torn")
     code, _, _ = cli("gate", "--allow-empty", str(torn))

@@ -5,26 +5,23 @@ and the settings files listed in the JSON report. Each through the installed con
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
 import ckptdoctor
+from tests import console
+from tests.test_fix import age
 
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent / "ckptdoctor"
 EVIL = b"cos\nsystem\n(S'true'\ntR."  # a pickle that calls os.system when loaded: CKD601 [error]
 
 
 def cli(*args: str, user: Path | None = None) -> tuple[int, dict | str, str]:
     """Run the installed ``ckptdoctor`` script (this checkout on PYTHONPATH); JSON output parsed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user or "/nonexistent/user.toml")}
-    proc = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=120, env=env)
+    proc = console.run(*args, env={"CKPTDOCTOR_USER_CONFIG": str(user or "/nonexistent/user.toml")})
     assert proc.returncode in (0, 1), proc.stderr
     out: dict | str = json.loads(proc.stdout) if "json" in args else proc.stdout
     return proc.returncode, out, proc.stderr
@@ -165,6 +162,51 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
         assert [s["file"] for s in doc["roots"][0]["scopes"]] == [f"{runs}/b/.ckptdoctor.toml"]
 
 
+def test_show_settings_writes_where_every_output_goes(hostile: Path, tmp_path: Path) -> None:
+    runs = hostile / "runs"
+    _, shown, _ = cli("scan", "--show-settings", str(runs))
+    for command in (["scan"], ["fix", "--dry-run"], ["gate"]):
+        out = tmp_path / "settings.txt"
+        code, text, _ = cli(*command, "--show-settings", "-o", str(out), str(runs / "a"))
+        assert (code, text) == (0, "") and out.read_text().startswith(f"{runs / 'a'}\n  file: ")
+        code, text, _ = cli(*command, "--show-settings", "-s", str(runs / "a"))
+        assert (code, text) == (0, "")
+    out = tmp_path / "all.txt"
+    assert cli("scan", "--show-settings", "--output-file", str(out), str(runs))[:2] == (0, "")
+    assert out.read_text() == shown
+
+
+def test_fix_applies_the_settings_file_of_each_run_below_the_root(tmp_path: Path) -> None:
+    """Two interrupted saves (CKD102, fixed by a quarantine); run b's own file ignores CKD102: b is left alone, and
+    the rescan agrees with scan."""
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        shutil.copytree(REPO / "fixtures" / "interrupted-save", root / name)
+    (root / "b" / ".ckptdoctor.toml").write_text('ignore = ["CKD102"]\n')
+    age(root)
+    code, doc, _ = cli("fix", "--dry-run", "--format", "json", str(root))
+    assert isinstance(doc, dict) and code == 1
+    assert [op["path"] for r in doc["roots"] for op in r["operations"]] == ["a/checkpoint-8"]
+    code, out, _ = cli("fix", str(root))
+    assert code == 0 and "Fixed 1 problem, 0 remain." in str(out)
+    assert (root / "b" / "checkpoint-8").is_dir() and not (root / "a" / "checkpoint-8").exists()
+    assert cli("scan", str(root))[0] == 0  # scan judges it the same
+
+
+def test_what_a_fix_leaves_in_a_run_is_judged_under_that_runs_file(repo: Path) -> None:
+    """CKD101 [error] has only a manual fix, so it remains; run b's file (below the root) says fail-on "never": the
+    fix exits as the scan does, and the command line's --fail-on still applies over it."""
+    runs = repo / "runs"
+    (runs / "b" / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
+    age(repo)
+    assert cli("fix", "--dry-run", str(runs))[0] == cli("scan", str(runs))[0] == 1  # run a has no file: it fails
+    shutil.rmtree(runs / "a")
+    assert cli("fix", "--dry-run", str(runs))[0] == cli("scan", str(runs))[0] == 0
+    result = ckptdoctor.fix(runs, dry_run=True)
+    assert [f.rule for f in result.remaining] == ["CKD101", "CKD401"] and result.exit_code() == 0
+    assert cli("fix", "--dry-run", "--fail-on", "error", str(runs))[0] == 1
+
+
 def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
     (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
@@ -187,8 +229,7 @@ def test_a_user_configuration_typo_is_a_usage_error_even_under_a_project_file(re
     user = tmp_path / "user.toml"
     user.write_text('ignroe = ["CKD101"]\n')
     (repo / "runs" / "a" / ".ckptdoctor.toml").write_text('select = ["CKD1"]\n')
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CKPTDOCTOR_USER_CONFIG": str(user)}
-    proc = subprocess.run([str(BIN), "scan", str(repo / "runs" / "a")], capture_output=True, text=True, env=env)
+    proc = console.run("scan", str(repo / "runs" / "a"), env={"CKPTDOCTOR_USER_CONFIG": str(user)})
     assert proc.returncode == 2 and "unknown setting(s) ignroe" in proc.stderr
 
 
