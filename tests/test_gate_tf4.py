@@ -71,7 +71,31 @@ RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "inverse-sqrt": ("inverse-sqrt", {"args": {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
                                                 "lr_scheduler_kwargs": {"timescale": 3}, "num_train_epochs": 3}},
                      {"num_train_epochs": 3}),
+    # the LoRA run's checkpoint-4 given a model.safetensors holding the adapter under the PeftModel's names and a
+    # stub pytorch_model.bin (``_shadow_adapter``): which one the load reads depends on save_safetensors
+    "lora-shadow-bin": ("lora-bin", {"lora": True, "args": {"save_safetensors": False, "num_train_epochs": 3},
+                                     "check_resume": True}, {"num_train_epochs": 3, "save_safetensors": False}),
+    "lora-shadow-safe": ("lora-bin", {"lora": True, "args": {"save_safetensors": True, "num_train_epochs": 3}},
+                         {"num_train_epochs": 3, "save_safetensors": True}),
 }
+
+
+def _shadow_adapter(checkpoint: Path) -> None:
+    """Beside the adapter: ``model.safetensors`` with every adapter tensor under its PeftModel name (what
+    ``torch.save(peft_model.state_dict())`` names them; it restores all of them) and a stub ``pytorch_model.bin``
+    (``torch.save({})``; it restores none)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ckptdoctor.trainer_view import model_key
+
+    saved = torch.load(checkpoint / "adapter_model.bin", weights_only=True)
+    save_file({model_key(k, "default", "lora_"): v.contiguous() for k, v in saved.items()},
+              str(checkpoint / "model.safetensors"))
+    torch.save({}, checkpoint / "pytorch_model.bin")
+
+
+PREPARE = {"lora-shadow-bin": _shadow_adapter, "lora-shadow-safe": _shadow_adapter}
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +130,9 @@ def _train_and_resume(base: Path) -> dict[str, tuple[str, dict[str, Any]]]:
         before, out = base / "before" / case, base / "resumed" / case
         shutil.copytree(base / run, before)
         shutil.copytree(base / run, out)
+        if case in PREPARE:
+            PREPARE[case](before / "checkpoint-4")
+            PREPARE[case](out / "checkpoint-4")
         cases[case] = str(before)
         jobs.append({"out": str(out), "resume": str(out / "checkpoint-4"), **job})
     (base / "resumes").mkdir()
@@ -167,6 +194,39 @@ def test_save_safetensors_false_reads_pytorch_model_bin(resumed: dict[str, tuple
     assert cr["verdict"] == "fail" and "CKD413" in cr["rules"] and cr["weights_file"] == "pytorch_model.bin"
     five = ask(folder, "no-safetensors", seen, transformers_version="5.23")  # 5.x has no such argument
     assert five.verdict == "pass" and five.weights_file == "model.safetensors"
+
+
+@pytest.mark.slow
+@needs_tf4
+def test_the_adapter_count_uses_the_file_4x_reads(resumed: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A LoRA checkpoint with a model.safetensors that restores the whole adapter and a stub pytorch_model.bin:
+    4.57 with save_safetensors=False reads the stub and restarts the adapter (0 of its tensors change), and the
+    gate, check_resume included, counts that file (CKD201 fails the resume); with save_safetensors=True it reads
+    model.safetensors and restores every tensor, and the gate passes."""
+    folder, seen = resumed["lora-shadow-bin"]
+    assert seen["weights_files"] == ["pytorch_model.bin"] and seen["adapter_restored"][0] == 0
+    pred = ask(folder, "lora-shadow-bin", seen)
+    assert pred.weights_file == "pytorch_model.bin" and pred.adapter_tensors == tuple(seen["adapter_restored"])
+    (shadow,) = [f for f in pred.findings if f.rule == "CKD201"]
+    assert "pytorch_model.bin" in shadow.path and pred.verdict == "fail"
+    cr = seen["check_resume"]
+    assert cr["weights_file"] == "pytorch_model.bin" and cr["adapter_tensors"] == seen["adapter_restored"]
+    assert cr["verdict"] == "fail" and "CKD201" in cr["rules"]
+    # the scan assumes model.safetensors first and is silent; --select CKD4 does not drop the gate's CKD201
+    narrowed = ask(folder, "lora-shadow-bin", seen, select=["CKD4"])
+    assert "CKD201" in {f.rule for f in narrowed.findings} and narrowed.verdict == "fail"
+    ignored = ask(folder, "lora-shadow-bin", seen, ignore=["CKD201"])
+    assert "CKD201" not in {f.rule for f in ignored.findings}
+    text = CliRunner().invoke(main, ["gate", str(folder), "--checkpoint", "checkpoint-4", "--num-train-epochs", "3",
+                                     "--transformers-version", seen["version"], "--no-save-safetensors"])
+    total = seen["adapter_restored"][1]
+    assert f"(weights: full, pytorch_model.bin: restores 0 of {total} adapter tensors)" in text.output
+    assert text.exit_code == 1
+    folder, seen = resumed["lora-shadow-safe"]
+    assert seen["weights_files"] == ["model.safetensors"] and seen["adapter_restored"] == [total, total]
+    pred = ask(folder, "lora-shadow-safe", seen)
+    assert pred.weights_file == "model.safetensors" and pred.adapter_tensors == (total, total)
+    assert_same(pred, seen)
 
 
 @pytest.mark.slow

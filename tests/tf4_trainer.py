@@ -6,7 +6,9 @@ reads a list of jobs and writes the list of their results to RESULTS.json. A job
 {TrainingArguments overrides}, "lora": bool, "resume": null | true | "checkpoint path"}``; its result says what
 ``train()`` did: the checkpoint ``_load_from_checkpoint`` was given, the global_step at ``on_train_begin``, the LR
 of every optimizer step, the files read while loading the weights (``torch.load``,
-``safetensors.torch.load_file`` and peft's adapter loaders), or the exception ``train()`` raised. A job with
+``safetensors.torch.load_file`` and peft's adapter loaders), for a LoRA model how many of its adapter parameters
+that load changed from their fresh values (``adapter_restored``: [changed, total]), or the exception ``train()``
+raised. A job with
 ``"check_resume": true`` first asks ckptdoctor's ``check_resume`` (the only use of ckptdoctor here) and adds its
 prediction under ``check_resume``.
 """
@@ -78,11 +80,17 @@ class RecordingTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         self.seen["loaded"] = resume_from_checkpoint
         patches = _recording(self.seen)
+        target = model if model is not None else self.model
+        before = {n: p.detach().clone() for n, p in target.named_parameters() if ".lora_" in n}
         try:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
         finally:
             for owner, name, fn in patches:
                 setattr(owner, name, fn)
+        if before:  # the adapter parameters the load changed from their fresh values: the ones it restored
+            after = dict(target.named_parameters())
+            changed = sum(not torch.equal(before[n], after[n].detach()) for n in before)
+            self.seen["adapter_restored"] = [changed, len(before)]
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +134,8 @@ def ask_check_resume(trainer: Trainer, resume: str) -> dict[str, Any]:
         result = exc.result
     s = result.settings
     return {"start": result.start_step, "steps_to_train": result.steps_to_train, "lrs": list(result.lr),
-            "verdict": result.verdict, "weights_file": result.weights_file, "rules": sorted({f.rule for f in
+            "verdict": result.verdict, "weights_file": result.weights_file,
+            "adapter_tensors": result.adapter_tensors, "rules": sorted({f.rule for f in
             result.findings}), "version": None if s is None else [s.transformers_version,
                                                                    s.sources["transformers_version"]]}
 

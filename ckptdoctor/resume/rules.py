@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree
-from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, rule
+from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
 from ckptdoctor.rules.training import saved_world_size
 
 if TYPE_CHECKING:
@@ -55,7 +55,28 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
         for h in declared(r, cast(GateRuleFunc, r.func)(ctx)):  # a gate-only rule's function takes the context
             sev = selection.severity.get(r.code, h.severity or r.severity)
             found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
+    found.extend(adapter_findings(ctx, unselected))
     return found
+
+
+ADAPTER_RULE = "CKD201"
+
+
+def adapter_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
+    """CKD201 for the file the resume really loads: the gate judges it from its prediction (``Prediction.adapter``,
+    the file the transformers version it follows reads, e.g. ``pytorch_model.bin`` under 4.x with
+    ``save_safetensors=False``) in place of the scan's finding, which assumes ``model.safetensors`` first. Like the
+    gate rules it runs unless ignored: a ``--select`` that leaves it out must not let a resume that restarts its
+    adapter from scratch pass."""
+    p, ck = ctx.prediction, ctx.checkpoint
+    r = get_rule(ADAPTER_RULE)
+    if p is None or ck is None or p.adapter is None or p.adapter.complete or r is None or not selection.enabled(r):
+        return []
+    from ckptdoctor.rules.weights import adapter_restore_hit
+
+    h = adapter_restore_hit(ck, p.adapter)
+    sev = selection.severity.get(r.code, h.severity or r.severity)
+    return [Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root)]
 
 
 def format_lrs(lrs: Sequence[float]) -> str:
