@@ -332,3 +332,28 @@ def test_4x_schedules_and_sharded_index(tmp_path: Path) -> None:
     assert gate(tmp_path / "run", transformers_version="4.57").weights_file == "model.safetensors.index.json"
     assert gate(tmp_path / "run", transformers_version="5.23", save_safetensors=False).weights_file == (
         "model.safetensors.index.json")
+
+
+def test_a_fractional_warmup_steps_is_not_a_ratio_under_4x(lr_finished_4x: Path) -> None:
+    """4.x's TrainingArguments take an integer warmup_steps only (a fraction raises ValueError before train()
+    starts: CKD413); its ratio is warmup_ratio. 5.x reads warmup_steps below 1 as that ratio."""
+    four = gate(lr_finished_4x, max_steps=16, warmup_steps=0.25, transformers_version="4.57")
+    (crash,) = [f for f in four.findings if f.rule == "CKD413"]
+    assert "warmup_steps 0.25 (planned) is not an integer" in crash.message and "ValueError" in crash.message
+    assert four.verdict == "fail" and four.steps_to_train is None
+    ratio = gate(lr_finished_4x, max_steps=16, warmup_ratio=0.25, transformers_version="4.57")
+    five = gate(lr_finished_4x, max_steps=16, warmup_steps=0.25, transformers_version="5.23")
+    assert ratio.warmup_steps == five.warmup_steps == 4 and "CKD413" not in {f.rule for f in ratio.findings}
+    # an integer warmup_steps wins over warmup_ratio in 4.x, and a planned one replaces the file's ratio
+    assert gate(lr_finished_4x, max_steps=16, warmup_steps=2, warmup_ratio=0.25,
+                transformers_version="4.57").warmup_steps == 2
+    assert gate(lr_finished_4x, max_steps=16, training_args={"warmup_ratio": 0.25}, warmup_steps=3,
+                transformers_version="4.57").warmup_steps == 3
+
+
+@needs_tf4
+def test_4x_training_arguments_refuse_a_fractional_warmup_steps(tmp_path: Path) -> None:
+    code = ("from transformers import TrainingArguments as T\n"
+            "try:\n    T(output_dir='o', warmup_steps=0.25, report_to=[])\nexcept ValueError as e:\n    print(e)\n")
+    proc = subprocess.run([TF4_PYTHON, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "warmup_steps must be of type int and must be 0 or a positive integer." in proc.stdout, proc.stderr

@@ -128,7 +128,7 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     settings = resolve(plan, ck, ts)
     # transformers 4.x loads safetensors only when the resuming save_safetensors is True (5.x always prefers them)
     prefer_safe = settings.save_safetensors or settings.major >= 5 or trainer_view.is_mindnlp(ck)
-    crash = _crash(ck, ts, branch, prefer_safe)
+    crash = settings.args_error or _crash(ck, ts, branch, prefer_safe)
     if trainer_view.is_mindnlp(ck):
         settings = _mindnlp_settings(settings, ts)
     if start is not None and abs(start) >= INT_LIMIT:

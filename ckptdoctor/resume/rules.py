@@ -487,18 +487,20 @@ def resume_steps_unknown(ctx: ResumeContext) -> Iterator[Hit]:
 
 @rule("CKD415", "planned-batch-size-ignored", Severity.WARNING, gate_only=True)
 def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
-    """The planned `per_device_train_batch_size` is not used: transformers 4.x resumes at the checkpoint's batch size.
+    """The planned `per_device_train_batch_size` is not used: the resume keeps the checkpoint's batch size.
 
     ## What it does
     When the resume runs under transformers 4.x (`--transformers-version`, else the installed transformers, else
-    the checkpoint's version) and the plan changes `per_device_train_batch_size`, reports that the resume keeps
-    the run's `train_batch_size` from `trainer_state.json`. The gate predicts the steps and LRs at that batch size.
+    the checkpoint's version), or under 5.x with `auto_find_batch_size=True` (planned, else the run's own
+    `training_args.bin`), and the plan changes `per_device_train_batch_size`, reports that the resume keeps the
+    run's `train_batch_size` from `trainer_state.json`. The gate predicts the steps and LRs at that batch size.
 
     ## Why is this bad?
     transformers 4.x's `Trainer.train` sets `self._train_batch_size = state.train_batch_size` whenever it resumes,
     and builds the train dataloader from it: the new batch size is silently dropped (only `compare_trainer_and_
     checkpoint_args` logs a warning), and so are the memory and the steps per epoch it was meant to change.
-    transformers 5.x uses the planned batch size (it restores the checkpoint's only with `auto_find_batch_size`).
+    transformers 5.x uses the planned batch size, except with `auto_find_batch_size`: then `Trainer.train` restores
+    the checkpoint's `train_batch_size` and `find_executable_batch_size` starts `_inner_training_loop` at it.
 
     ## Example
     A run saved at batch 4 resumed with `per_device_train_batch_size=8` under transformers 4.57: every step still
@@ -509,8 +511,8 @@ def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     `train_batch_size` in `trainer_state.json` on purpose).
 
     ## References
-    `src/transformers/trainer.py` (4.57) `Trainer.train` (`state.train_batch_size`), `get_train_dataloader`,
-    `compare_trainer_and_checkpoint_args`.
+    `src/transformers/trainer.py` (4.57 and 5.x) `Trainer.train` (`state.train_batch_size`), `_inner_training_loop`,
+    `get_train_dataloader`, `compare_trainer_and_checkpoint_args`.
     """
     ck, p = ctx.checkpoint, ctx.prediction
     ignored = p.settings.ignored_batch_size if p is not None else None
@@ -521,9 +523,10 @@ def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     s = p.settings
     ts = trainer_view.trainer_state(ck)
     run = "?" if ts is None or ts.train_batch_size is None else int_text(ts.train_batch_size)
+    why = " with auto_find_batch_size" if s.major >= 5 else ""
     yield Hit(_in_folder(ck, trainer_view.TRAINER_STATE),
               f"per_device_train_batch_size {int_text(ignored)} (planned) is not used: transformers "
-              f"{s.transformers_version} ({s.sources.get('transformers_version', 'default')}) resumes at the "
+              f"{s.transformers_version} ({s.sources.get('transformers_version', 'default')}){why} resumes at the "
               f"checkpoint's train_batch_size {run}")
 
 
