@@ -66,7 +66,7 @@ RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                      {"training_args": {"lr_scheduler_type": "cosine", "warmup_ratio": 0.25, "num_train_epochs": 3}}),
     "no-safetensors": ("full", {"args": {"save_safetensors": False}, "check_resume": True},
                        {"save_safetensors": False}),
-    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}, "check_resume": True},
+    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}, "check_resume": True, "gate_callback": True},
                 {"per_device_train_batch_size": 8}),
     "inverse-sqrt": ("inverse-sqrt", {"args": {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
                                                 "lr_scheduler_kwargs": {"timescale": 3}, "num_train_epochs": 3}},
@@ -242,6 +242,10 @@ def test_a_planned_batch_size_is_not_used_by_4x(resumed: dict[str, tuple[Path, d
     cr = seen["check_resume"]  # check_resume builds the dataloader at the checkpoint's batch size, as train() will
     assert (cr["start"], cr["steps_to_train"], cr["lrs"], cr["verdict"]) == (4, 4, seen["lrs"], "pass")
     assert "CKD415" in cr["rules"]
+    cb = seen["gate_callback"]  # the callback judges with the dataloader train() built: the checkpoint's batch 4
+    assert (cb["start"], cb["steps_to_train"], cb["lrs"], cb["verdict"], cb["steps_per_epoch"]) == (
+        4, 4, seen["lrs"], "pass", 4)
+    assert "CKD415" in cb["rules"]
     five = ask(folder, "batch-8", seen, transformers_version="5.23")  # 5.x: 2 steps per epoch, the run is done
     assert five.settings is not None and five.settings.steps_per_epoch == 2 and five.steps_to_train == 0
     assert "CKD415" not in {f.rule for f in five.findings}

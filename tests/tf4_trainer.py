@@ -9,8 +9,9 @@ of every optimizer step, the files read while loading the weights (``torch.load`
 ``safetensors.torch.load_file`` and peft's adapter loaders), for a LoRA model how many of its adapter parameters
 that load changed from their fresh values (``adapter_restored``: [changed, total]), or the exception ``train()``
 raised. A job with
-``"check_resume": true`` first asks ckptdoctor's ``check_resume`` (the only use of ckptdoctor here) and adds its
-prediction under ``check_resume``.
+``"check_resume": true`` first asks ckptdoctor's ``check_resume`` and adds its prediction under ``check_resume``;
+one with ``"gate_callback": true`` trains with ckptdoctor's ``gate_callback`` and adds its result under
+``gate_callback`` (the only uses of ckptdoctor here).
 """
 
 from __future__ import annotations
@@ -112,8 +113,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "logging_dir": os.path.join(out, "logs"),
     }
     kwargs.update(job.get("args") or {})
+    callbacks: list[Any] = [Recorder(seen)]
+    if job.get("gate_callback"):  # ckptdoctor's gate callback, judging in on_train_begin
+        from ckptdoctor.integrations.transformers import gate_callback
+
+        callbacks.append(gate_callback(job["resume"], lr_steps=1000))
     trainer = RecordingTrainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(),
-                               callbacks=[Recorder(seen)])
+                               callbacks=callbacks)
     trainer.seen = seen
     if job.get("check_resume"):
         seen["check_resume"] = ask_check_resume(trainer, job["resume"])
@@ -121,6 +127,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=job.get("resume"))
     except Exception as exc:  # the resume's own failure is a result to compare with the gate's prediction
         seen["raised"] = {"type": type(exc).__name__, "message": str(exc)}
+    if job.get("gate_callback"):
+        result = callbacks[-1].result
+        seen["gate_callback"] = None if result is None else summary(result)
     return seen
 
 
@@ -132,9 +141,15 @@ def ask_check_resume(trainer: Trainer, resume: str) -> dict[str, Any]:
         result = check_resume(trainer, resume, lr_steps=1000)
     except ResumeGateError as exc:
         result = exc.result
+    return summary(result)
+
+
+def summary(result: Any) -> dict[str, Any]:
+    """A gate result as JSON: what the tests compare with the resume."""
     s = result.settings
     return {"start": result.start_step, "steps_to_train": result.steps_to_train, "lrs": list(result.lr),
             "verdict": result.verdict, "weights_file": result.weights_file,
+            "steps_per_epoch": None if s is None else s.steps_per_epoch,
             "adapter_tensors": result.adapter_tensors, "rules": sorted({f.rule for f in
             result.findings}), "version": None if s is None else [s.transformers_version,
                                                                    s.sources["transformers_version"]]}

@@ -189,6 +189,10 @@ def gate_callback(
     catches is the rest: the schedule and LR problems (CKD407-412), CKD504, a damaged RNG file (loaded in the first
     epoch), and the scan findings about the checkpoint. ``check_resume`` before ``train()`` checks everything.
 
+    It judges with the train dataloader ``train()`` built (the ``train_dataloader`` of the callback's arguments):
+    under transformers 4.x, and under 5.x with ``auto_find_batch_size``, that one is at the checkpoint's
+    ``train_batch_size``, the batch size ``check_resume`` builds its own at, so both predict the same steps.
+
     The callback cannot see ``train()``'s argument: a ``state.global_step`` of 0 at ``on_train_begin`` means no
     checkpoint was loaded (a fresh run), and then it passes without gating, leaving ``result`` None. Otherwise
     ``result`` holds the last prediction; warnings that did not fail it are logged as ``check_resume`` logs them.
