@@ -7,6 +7,7 @@ so rules, reports and the gate share one reading of each file.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -547,10 +548,16 @@ def weights_branch(ck: Checkpoint) -> str:
     return "none"
 
 
-def loaded_weight_file(ck: Checkpoint) -> FileFacts | None:
-    """The single full-weights file branch A would load: ``model.safetensors`` first, else ``pytorch_model.bin``
-    (MindNLP: else ``mindspore_model.ckpt``)."""
-    return ck.file(SAFE_WEIGHTS) or ck.file(MS_WEIGHTS if is_mindnlp(ck) else BIN_WEIGHTS)
+def loaded_weight_file(ck: Checkpoint, prefer_safe: bool = True) -> FileFacts | None:
+    """The single full-weights file ``Trainer._load_from_checkpoint`` reads: ``model.safetensors`` first, else
+    ``pytorch_model.bin`` (MindNLP: else ``mindspore_model.ckpt``). ``prefer_safe`` is the resuming
+    ``save_safetensors`` under transformers 4.x, which reads ``model.safetensors`` only when it is True (4.57's
+    ``_load_from_checkpoint``: ``if os.path.isfile(safe_weights_file) and args.save_safetensors``); 5.x always
+    prefers it. None when the file it reads is not there (4.x then raises FileNotFoundError in ``torch.load``).
+    The one place that says which file the load reads: the gate, ``check_resume`` and CKD201 all ask it."""
+    if prefer_safe or is_mindnlp(ck):
+        return ck.file(SAFE_WEIGHTS) or ck.file(MS_WEIGHTS if is_mindnlp(ck) else BIN_WEIGHTS)
+    return ck.file(BIN_WEIGHTS)
 
 
 def competing_weight_forms(ck: Checkpoint) -> tuple[tuple[str, tuple[FileFacts, ...] | None], ...]:
@@ -656,7 +663,7 @@ class AdapterRestore:
         return self.restored == self.total
 
 
-def adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
+def adapter_restore(ck: Checkpoint, prefer_safe: bool = True) -> AdapterRestore | None:
     """What the resume of ``ck`` restores of its adapter when a full-weights file is loaded instead of it.
 
     The Trainer holds a PeftModel; ``Trainer._load_from_checkpoint`` (transformers 5.x, and 4.x) loads
@@ -668,16 +675,16 @@ def adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
     ``modules_to_save``): ``base_model.model.x.q_proj.lora_A.weight`` is the parameter
     ``base_model.model.x.q_proj.lora_A.default.weight``. The root adapter is ``default``, one in a sub-folder is
     named after it, as the Trainer's adapter branch loads them. None when the resume loads no full-weights file
-    beside an adapter, or when the loaded file or every adapter file is unreadable.
+    beside an adapter, or when the loaded file or every adapter file is unreadable. ``prefer_safe`` is
+    ``loaded_weight_file``'s (transformers 4.x with ``save_safetensors=False`` reads ``pytorch_model.bin``).
     """
-    return _adapter_restore(ck)
+    return _adapter_restore(ck) if prefer_safe else _adapter_restore_bin(ck)
 
 
-@per_object
-def _adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
+def _restore_of(ck: Checkpoint, prefer_safe: bool) -> AdapterRestore | None:
     if not has_adapter(ck) or weights_branch(ck) != "full":
         return None
-    loaded = loaded_weight_file(ck)
+    loaded = loaded_weight_file(ck, prefer_safe)
     tensors = tensors_of(loaded)
     if loaded is None or tensors is None:
         return None
@@ -700,6 +707,10 @@ def _adapter_restore(ck: Checkpoint) -> AdapterRestore | None:
     held = {t.name for t in tensors}
     foreign = tuple(sorted(n for n in held - wanted if any(p in n for p in prefixes)))
     return AdapterRestore(loaded, len(tensors), len(wanted & held), len(wanted), foreign)
+
+
+_adapter_restore = per_object(functools.partial(_restore_of, prefer_safe=True))
+_adapter_restore_bin = per_object(functools.partial(_restore_of, prefer_safe=False))
 
 
 def _peft_prefix(peft_type: Any) -> str:

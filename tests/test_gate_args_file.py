@@ -97,3 +97,31 @@ def test_json_and_yaml_args_are_not_judged(tmp_path: Path) -> None:
     for name in ("a.json", "a.yaml"):
         got = read_training_args(str(tmp_path / name))
         assert got.args == {"num_train_epochs": 3} and got.facts is None
+
+
+def test_the_python_api_takes_the_file_too(midway: Path, tmp_path: Path) -> None:
+    """``gate(run_dir, training_args=PATH)`` reads the file as --training-args does: a training_args.bin plans the
+    same as its mapping, a JSON file too, and a payload in a training_args.bin fails it (CKD601 at the path)."""
+    from ckptdoctor.resume import gate
+    from ckptdoctor.resume.plan import GateInputError
+
+    args = _args(midway)
+    path = tmp_path / "training_args.bin"
+    torch.save(args, path)
+    mapping = gate(midway, training_args=args.to_dict())
+    for given in (path, str(path)):
+        by_file = gate(midway, training_args=given)
+        assert by_file.verdict == "pass" and by_file.settings is not None
+        assert (by_file.max_steps, by_file.lr) == (mapping.max_steps, mapping.lr)
+        assert by_file.settings.num_train_epochs == 3 and by_file.settings.sources["num_train_epochs"] == "planned"
+    (tmp_path / "args.json").write_text(args.to_json_string())
+    assert gate(midway, training_args=tmp_path / "args.json").lr == mapping.lr
+    canary = tmp_path / "canary"
+    object.__setattr__(args, "run_name", _reducer(os.system, (f"touch {canary}",)))
+    torch.save(args, tmp_path / "bad.bin")
+    bad = gate(midway, training_args=tmp_path / "bad.bin")
+    assert bad.verdict == "fail" and [f.path for f in bad.findings if f.rule == "CKD601"] == [
+        str(tmp_path / "bad.bin")]
+    assert not canary.exists()
+    with pytest.raises(GateInputError, match="no such file"):
+        gate(midway, training_args=tmp_path / "missing.bin")

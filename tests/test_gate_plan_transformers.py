@@ -120,3 +120,25 @@ def test_reduce_lr_on_plateau_first_lr_is_the_stored_one(tmp_path: Path) -> None
     assert pred.steps_to_train == len(resumed.lrs) and pred.start_step == resumed.start == 4
     assert len(pred.lr) == 1 and math.isclose(pred.lr[0], resumed.lrs[0], rel_tol=1e-9, abs_tol=0.0)
     assert pred.lr[0] in seen.lrs  # the LR the run itself reached by step 4
+
+
+def test_auto_find_batch_size_resumes_at_the_checkpoints_batch(batch4_run: Path, tmp_path: Path) -> None:
+    """transformers 5.x's train() with auto_find_batch_size restores the checkpoint's train_batch_size (4), and
+    find_executable_batch_size starts _inner_training_loop at it: a planned batch 8 is not used, the run's 4 steps
+    per epoch stay (CKD415). The gate, given auto_find_batch_size, and check_resume predict it exactly."""
+    out = copy_run(batch4_run, tmp_path)
+    plan: dict[str, Any] = {"per_device_train_batch_size": 8, "auto_find_batch_size": True, "num_train_epochs": 3}
+    pred = gate(out, checkpoint="checkpoint-4", lr_steps=ALL, **plan)
+    assert pred.settings is not None and pred.settings.steps_per_epoch == 4 and pred.max_steps == 12
+    (ignored,) = [f for f in pred.findings if f.rule == "CKD415"]
+    assert "with auto_find_batch_size resumes at the checkpoint's train_batch_size 4" in ignored.message
+    without = gate(out, checkpoint="checkpoint-4", per_device_train_batch_size=8, num_train_epochs=3)
+    assert without.settings is not None and without.settings.steps_per_epoch == 2  # the new batch, recomputed
+    cli = CliRunner().invoke(main, ["gate", str(out), "--checkpoint", "checkpoint-4", "--num-train-epochs", "3",
+                                    "--per-device-train-batch-size", "8", "--auto-find-batch-size", "--format", "json"])
+    assert json.loads(cli.stdout)["lr"] == list(pred.lr[:5]), cli.output
+    checked = check_resume(make_trainer(out, Observed(), **plan), str(out / "checkpoint-4"), lr_steps=ALL)
+    assert (checked.max_steps, checked.lr) == (pred.max_steps, pred.lr)
+    seen = train(out, resume=str(out / "checkpoint-4"), **plan)
+    assert_predicted(pred, seen)
+    assert len(seen.lrs) == 8

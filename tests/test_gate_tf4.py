@@ -66,12 +66,36 @@ RESUMES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                      {"training_args": {"lr_scheduler_type": "cosine", "warmup_ratio": 0.25, "num_train_epochs": 3}}),
     "no-safetensors": ("full", {"args": {"save_safetensors": False}, "check_resume": True},
                        {"save_safetensors": False}),
-    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}, "check_resume": True},
+    "batch-8": ("full", {"args": {"per_device_train_batch_size": 8}, "check_resume": True, "gate_callback": True},
                 {"per_device_train_batch_size": 8}),
     "inverse-sqrt": ("inverse-sqrt", {"args": {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
                                                 "lr_scheduler_kwargs": {"timescale": 3}, "num_train_epochs": 3}},
                      {"num_train_epochs": 3}),
+    # the LoRA run's checkpoint-4 given a model.safetensors holding the adapter under the PeftModel's names and a
+    # stub pytorch_model.bin (``_shadow_adapter``): which one the load reads depends on save_safetensors
+    "lora-shadow-bin": ("lora-bin", {"lora": True, "args": {"save_safetensors": False, "num_train_epochs": 3},
+                                     "check_resume": True}, {"num_train_epochs": 3, "save_safetensors": False}),
+    "lora-shadow-safe": ("lora-bin", {"lora": True, "args": {"save_safetensors": True, "num_train_epochs": 3}},
+                         {"num_train_epochs": 3, "save_safetensors": True}),
 }
+
+
+def _shadow_adapter(checkpoint: Path) -> None:
+    """Beside the adapter: ``model.safetensors`` with every adapter tensor under its PeftModel name (what
+    ``torch.save(peft_model.state_dict())`` names them; it restores all of them) and a stub ``pytorch_model.bin``
+    (``torch.save({})``; it restores none)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ckptdoctor.trainer_view import model_key
+
+    saved = torch.load(checkpoint / "adapter_model.bin", weights_only=True)
+    save_file({model_key(k, "default", "lora_"): v.contiguous() for k, v in saved.items()},
+              str(checkpoint / "model.safetensors"))
+    torch.save({}, checkpoint / "pytorch_model.bin")
+
+
+PREPARE = {"lora-shadow-bin": _shadow_adapter, "lora-shadow-safe": _shadow_adapter}
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +130,9 @@ def _train_and_resume(base: Path) -> dict[str, tuple[str, dict[str, Any]]]:
         before, out = base / "before" / case, base / "resumed" / case
         shutil.copytree(base / run, before)
         shutil.copytree(base / run, out)
+        if case in PREPARE:
+            PREPARE[case](before / "checkpoint-4")
+            PREPARE[case](out / "checkpoint-4")
         cases[case] = str(before)
         jobs.append({"out": str(out), "resume": str(out / "checkpoint-4"), **job})
     (base / "resumes").mkdir()
@@ -171,6 +198,39 @@ def test_save_safetensors_false_reads_pytorch_model_bin(resumed: dict[str, tuple
 
 @pytest.mark.slow
 @needs_tf4
+def test_the_adapter_count_uses_the_file_4x_reads(resumed: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A LoRA checkpoint with a model.safetensors that restores the whole adapter and a stub pytorch_model.bin:
+    4.57 with save_safetensors=False reads the stub and restarts the adapter (0 of its tensors change), and the
+    gate, check_resume included, counts that file (CKD201 fails the resume); with save_safetensors=True it reads
+    model.safetensors and restores every tensor, and the gate passes."""
+    folder, seen = resumed["lora-shadow-bin"]
+    assert seen["weights_files"] == ["pytorch_model.bin"] and seen["adapter_restored"][0] == 0
+    pred = ask(folder, "lora-shadow-bin", seen)
+    assert pred.weights_file == "pytorch_model.bin" and pred.adapter_tensors == tuple(seen["adapter_restored"])
+    (shadow,) = [f for f in pred.findings if f.rule == "CKD201"]
+    assert "pytorch_model.bin" in shadow.path and pred.verdict == "fail"
+    cr = seen["check_resume"]
+    assert cr["weights_file"] == "pytorch_model.bin" and cr["adapter_tensors"] == seen["adapter_restored"]
+    assert cr["verdict"] == "fail" and "CKD201" in cr["rules"]
+    # the scan assumes model.safetensors first and is silent; --select CKD4 does not drop the gate's CKD201
+    narrowed = ask(folder, "lora-shadow-bin", seen, select=["CKD4"])
+    assert "CKD201" in {f.rule for f in narrowed.findings} and narrowed.verdict == "fail"
+    ignored = ask(folder, "lora-shadow-bin", seen, ignore=["CKD201"])
+    assert "CKD201" not in {f.rule for f in ignored.findings}
+    text = CliRunner().invoke(main, ["gate", str(folder), "--checkpoint", "checkpoint-4", "--num-train-epochs", "3",
+                                     "--transformers-version", seen["version"], "--no-save-safetensors"])
+    total = seen["adapter_restored"][1]
+    assert f"(weights: full, pytorch_model.bin: restores 0 of {total} adapter tensors)" in text.output
+    assert text.exit_code == 1
+    folder, seen = resumed["lora-shadow-safe"]
+    assert seen["weights_files"] == ["model.safetensors"] and seen["adapter_restored"] == [total, total]
+    pred = ask(folder, "lora-shadow-safe", seen)
+    assert pred.weights_file == "model.safetensors" and pred.adapter_tensors == (total, total)
+    assert_same(pred, seen)
+
+
+@pytest.mark.slow
+@needs_tf4
 def test_a_planned_batch_size_is_not_used_by_4x(resumed: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     """4.x resumes at the checkpoint's train_batch_size: batch 8 planned, the run's 4 steps per epoch kept."""
     folder, seen = resumed["batch-8"]
@@ -182,6 +242,10 @@ def test_a_planned_batch_size_is_not_used_by_4x(resumed: dict[str, tuple[Path, d
     cr = seen["check_resume"]  # check_resume builds the dataloader at the checkpoint's batch size, as train() will
     assert (cr["start"], cr["steps_to_train"], cr["lrs"], cr["verdict"]) == (4, 4, seen["lrs"], "pass")
     assert "CKD415" in cr["rules"]
+    cb = seen["gate_callback"]  # the callback judges with the dataloader train() built: the checkpoint's batch 4
+    assert (cb["start"], cb["steps_to_train"], cb["lrs"], cb["verdict"], cb["steps_per_epoch"]) == (
+        4, 4, seen["lrs"], "pass", 4)
+    assert "CKD415" in cb["rules"]
     five = ask(folder, "batch-8", seen, transformers_version="5.23")  # 5.x: 2 steps per epoch, the run is done
     assert five.settings is not None and five.settings.steps_per_epoch == 2 and five.steps_to_train == 0
     assert "CKD415" not in {f.rule for f in five.findings}
@@ -272,3 +336,28 @@ def test_4x_schedules_and_sharded_index(tmp_path: Path) -> None:
     assert gate(tmp_path / "run", transformers_version="4.57").weights_file == "model.safetensors.index.json"
     assert gate(tmp_path / "run", transformers_version="5.23", save_safetensors=False).weights_file == (
         "model.safetensors.index.json")
+
+
+def test_a_fractional_warmup_steps_is_not_a_ratio_under_4x(lr_finished_4x: Path) -> None:
+    """4.x's TrainingArguments take an integer warmup_steps only (a fraction raises ValueError before train()
+    starts: CKD413); its ratio is warmup_ratio. 5.x reads warmup_steps below 1 as that ratio."""
+    four = gate(lr_finished_4x, max_steps=16, warmup_steps=0.25, transformers_version="4.57")
+    (crash,) = [f for f in four.findings if f.rule == "CKD413"]
+    assert "warmup_steps 0.25 (planned) is not an integer" in crash.message and "ValueError" in crash.message
+    assert four.verdict == "fail" and four.steps_to_train is None
+    ratio = gate(lr_finished_4x, max_steps=16, warmup_ratio=0.25, transformers_version="4.57")
+    five = gate(lr_finished_4x, max_steps=16, warmup_steps=0.25, transformers_version="5.23")
+    assert ratio.warmup_steps == five.warmup_steps == 4 and "CKD413" not in {f.rule for f in ratio.findings}
+    # an integer warmup_steps wins over warmup_ratio in 4.x, and a planned one replaces the file's ratio
+    assert gate(lr_finished_4x, max_steps=16, warmup_steps=2, warmup_ratio=0.25,
+                transformers_version="4.57").warmup_steps == 2
+    assert gate(lr_finished_4x, max_steps=16, training_args={"warmup_ratio": 0.25}, warmup_steps=3,
+                transformers_version="4.57").warmup_steps == 3
+
+
+@needs_tf4
+def test_4x_training_arguments_refuse_a_fractional_warmup_steps(tmp_path: Path) -> None:
+    code = ("from transformers import TrainingArguments as T\n"
+            "try:\n    T(output_dir='o', warmup_steps=0.25, report_to=[])\nexcept ValueError as e:\n    print(e)\n")
+    proc = subprocess.run([TF4_PYTHON, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "warmup_steps must be of type int and must be 0 or a positive integer." in proc.stdout, proc.stderr

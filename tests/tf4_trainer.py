@@ -6,9 +6,12 @@ reads a list of jobs and writes the list of their results to RESULTS.json. A job
 {TrainingArguments overrides}, "lora": bool, "resume": null | true | "checkpoint path"}``; its result says what
 ``train()`` did: the checkpoint ``_load_from_checkpoint`` was given, the global_step at ``on_train_begin``, the LR
 of every optimizer step, the files read while loading the weights (``torch.load``,
-``safetensors.torch.load_file`` and peft's adapter loaders), or the exception ``train()`` raised. A job with
-``"check_resume": true`` first asks ckptdoctor's ``check_resume`` (the only use of ckptdoctor here) and adds its
-prediction under ``check_resume``.
+``safetensors.torch.load_file`` and peft's adapter loaders), for a LoRA model how many of its adapter parameters
+that load changed from their fresh values (``adapter_restored``: [changed, total]), or the exception ``train()``
+raised. A job with
+``"check_resume": true`` first asks ckptdoctor's ``check_resume`` and adds its prediction under ``check_resume``;
+one with ``"gate_callback": true`` trains with ckptdoctor's ``gate_callback`` and adds its result under
+``gate_callback`` (the only uses of ckptdoctor here).
 """
 
 from __future__ import annotations
@@ -78,11 +81,17 @@ class RecordingTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         self.seen["loaded"] = resume_from_checkpoint
         patches = _recording(self.seen)
+        target = model if model is not None else self.model
+        before = {n: p.detach().clone() for n, p in target.named_parameters() if ".lora_" in n}
         try:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
         finally:
             for owner, name, fn in patches:
                 setattr(owner, name, fn)
+        if before:  # the adapter parameters the load changed from their fresh values: the ones it restored
+            after = dict(target.named_parameters())
+            changed = sum(not torch.equal(before[n], after[n].detach()) for n in before)
+            self.seen["adapter_restored"] = [changed, len(before)]
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +113,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "logging_dir": os.path.join(out, "logs"),
     }
     kwargs.update(job.get("args") or {})
+    callbacks: list[Any] = [Recorder(seen)]
+    if job.get("gate_callback"):  # ckptdoctor's gate callback, judging in on_train_begin
+        from ckptdoctor.integrations.transformers import gate_callback
+
+        callbacks.append(gate_callback(job["resume"], lr_steps=1000))
     trainer = RecordingTrainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(),
-                               callbacks=[Recorder(seen)])
+                               callbacks=callbacks)
     trainer.seen = seen
     if job.get("check_resume"):
         seen["check_resume"] = ask_check_resume(trainer, job["resume"])
@@ -113,6 +127,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=job.get("resume"))
     except Exception as exc:  # the resume's own failure is a result to compare with the gate's prediction
         seen["raised"] = {"type": type(exc).__name__, "message": str(exc)}
+    if job.get("gate_callback"):
+        result = callbacks[-1].result
+        seen["gate_callback"] = None if result is None else summary(result)
     return seen
 
 
@@ -124,9 +141,16 @@ def ask_check_resume(trainer: Trainer, resume: str) -> dict[str, Any]:
         result = check_resume(trainer, resume, lr_steps=1000)
     except ResumeGateError as exc:
         result = exc.result
+    return summary(result)
+
+
+def summary(result: Any) -> dict[str, Any]:
+    """A gate result as JSON: what the tests compare with the resume."""
     s = result.settings
     return {"start": result.start_step, "steps_to_train": result.steps_to_train, "lrs": list(result.lr),
-            "verdict": result.verdict, "weights_file": result.weights_file, "rules": sorted({f.rule for f in
+            "verdict": result.verdict, "weights_file": result.weights_file,
+            "steps_per_epoch": None if s is None else s.steps_per_epoch,
+            "adapter_tensors": result.adapter_tensors, "rules": sorted({f.rule for f in
             result.findings}), "version": None if s is None else [s.transformers_version,
                                                                    s.sources["transformers_version"]]}
 

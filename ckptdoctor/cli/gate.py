@@ -82,7 +82,8 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--lr-scheduler-kwargs", metavar="JSON", help='Planned lr_scheduler_kwargs, a JSON object, e.g. '
               '\'{"num_cycles": 2}\'.  [default: the run\'s own]')
 @click.option("--warmup-steps", type=click.FloatRange(min=0), help="Planned warmup_steps; below 1 it is a ratio of "
-              "max_steps, as in transformers 5.x (not with --warmup-ratio).  [default: the run's own]")
+              "max_steps, as in transformers 5.x (4.x takes an integer only: a fraction is CKD413 there; not with "
+              "--warmup-ratio).  [default: the run's own]")
 @click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), help="Planned warm-up as a "
               "ratio of max_steps (4.x's warmup_ratio; not with --warmup-steps).  [default: the run's own]")
 @click.option("--steps-per-epoch", type=click.IntRange(min=1),
@@ -105,6 +106,9 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 @click.option("--save-safetensors/--no-save-safetensors", default=None, help="The resuming save_safetensors "
               "(transformers 4.x only: with --no-save-safetensors it loads pytorch_model.bin, never "
               "model.safetensors).  [default: the run's own, else True]")
+@click.option("--auto-find-batch-size/--no-auto-find-batch-size", default=None, help="The resuming "
+              "auto_find_batch_size (with it transformers 5.x, like 4.x always, resumes at the checkpoint's "
+              "train_batch_size, not a planned --per-device-train-batch-size).  [default: the run's own, else False]")
 @click.option("--training-args", "training_args_file", type=click.Path(exists=True, dir_okay=False),
               metavar="FILE", help="The planned TrainingArguments: a training_args.bin (read statically, never "
               "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
@@ -138,6 +142,7 @@ def gate_command(
     world_size: int | None,
     transformers_version: str | None,
     save_safetensors: bool | None,
+    auto_find_batch_size: bool | None,
     training_args_file: str | None,
     lr_steps: int,
     fmt: str,
@@ -198,7 +203,8 @@ def gate_command(
         planned = {
             "num_train_epochs": num_train_epochs, "max_steps": max_steps, "learning_rate": learning_rate,
             "lr_scheduler_type": lr_scheduler_type, "lr_scheduler_kwargs": kwargs,
-            "warmup_steps": warmup_steps if warmup_steps is not None else warmup_ratio,
+            "warmup_steps": warmup_steps, "warmup_ratio": warmup_ratio,
+            "auto_find_batch_size": auto_find_batch_size,
             "steps_per_epoch": steps_per_epoch, "world_size": world_size,
             "per_device_train_batch_size": per_device_train_batch_size,
             "gradient_accumulation_steps": gradient_accumulation_steps,

@@ -59,7 +59,7 @@ def planned_from_args(args: Any, dataloader: Any = None, accelerator: Any = None
     planned: dict[str, Any] = {
         "learning_rate": float(args.learning_rate),
         "lr_scheduler_type": str(_value(args.lr_scheduler_type)),
-        "warmup_steps": float(getattr(args, "warmup_steps", 0) or getattr(args, "warmup_ratio", 0) or 0),
+        "warmup_steps": float(getattr(args, "warmup_steps", 0) or 0),
         "lr_scheduler_kwargs": dict(args.lr_scheduler_kwargs or {}) if isinstance(args.lr_scheduler_kwargs, dict)
         else None,
         "ignore_data_skip": bool(args.ignore_data_skip),
@@ -77,6 +77,11 @@ def planned_from_args(args: Any, dataloader: Any = None, accelerator: Any = None
     version = getattr(sys.modules.get("transformers"), "__version__", None)
     if isinstance(version, str):
         planned["transformers_version"] = version
+    ratio = getattr(args, "warmup_ratio", None)  # 4.x only
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
+        planned["warmup_ratio"] = float(ratio)
+    if isinstance(getattr(args, "auto_find_batch_size", None), bool):
+        planned["auto_find_batch_size"] = args.auto_find_batch_size
     if isinstance(getattr(args, "save_safetensors", None), bool):
         planned["save_safetensors"] = args.save_safetensors
     if isinstance(getattr(args, "per_device_train_batch_size", None), int):  # 4.x does not use a new one: CKD415
@@ -144,11 +149,12 @@ def check_resume(
 def _resumed_dataloader(trainer: Any, resume_from_checkpoint: bool | str | os.PathLike[str]) -> Any:
     """The train dataloader the resume will iterate. transformers 4.x's ``train()`` first sets
     ``self._train_batch_size = state.train_batch_size`` from the checkpoint's ``trainer_state.json`` (5.x only
-    with ``auto_find_batch_size``), so under 4.x it is built at that batch size, as ``train()`` will build it."""
+    with ``auto_find_batch_size``), so then it is built at that batch size, as ``train()`` will build it."""
     from ckptdoctor.resume.plan import version_major
 
     batch = None
-    if (version_major(getattr(sys.modules.get("transformers"), "__version__", None)) or 5) < 5:
+    major = version_major(getattr(sys.modules.get("transformers"), "__version__", None)) or 5
+    if major < 5 or getattr(trainer.args, "auto_find_batch_size", False) is True:
         from transformers.trainer_utils import get_last_checkpoint
 
         last = cast(Callable[[str], "str | None"], get_last_checkpoint)  # the folder train() resumes from
@@ -182,6 +188,10 @@ def gate_callback(
     (``SafetensorError``, ``RuntimeError``, ``json.JSONDecodeError`` ...), never ``ResumeGateError``. What it
     catches is the rest: the schedule and LR problems (CKD407-412), CKD504, a damaged RNG file (loaded in the first
     epoch), and the scan findings about the checkpoint. ``check_resume`` before ``train()`` checks everything.
+
+    It judges with the train dataloader ``train()`` built (the ``train_dataloader`` of the callback's arguments):
+    under transformers 4.x, and under 5.x with ``auto_find_batch_size``, that one is at the checkpoint's
+    ``train_batch_size``, the batch size ``check_resume`` builds its own at, so both predict the same steps.
 
     The callback cannot see ``train()``'s argument: a ``state.global_step`` of 0 at ``on_train_begin`` means no
     checkpoint was loaded (a fresh run), and then it passes without gating, leaving ``result`` None. Otherwise

@@ -25,6 +25,9 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
         lines.append(f"  checkpoint       none found{afresh}")
     else:
         loads = f", {result.weights_file}" if result.weights_file else ""
+        if result.adapter_tensors is not None:  # a full-weights file loaded in place of the adapter (CKD201)
+            restored, of = result.adapter_tensors
+            loads += f": restores {restored:,} of {plural(of, 'adapter tensor')}"
         lines.append(f"  checkpoint       {printable(result.checkpoint)}  (weights: {result.weights_branch}{loads})")
         s = result.settings
         if s is not None:

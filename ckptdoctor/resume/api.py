@@ -23,9 +23,10 @@ from ckptdoctor.resume.plan import (
     Settings,
     check_plan,
     plan_from_training_args,
+    read_training_args,
 )
 from ckptdoctor.resume.predict import predict, resume_checkpoint
-from ckptdoctor.resume.rules import ResumeContext, gate_findings
+from ckptdoctor.resume.rules import ADAPTER_RULE, ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
 from ckptdoctor.rules.discovery import holds_checkpoint
 from ckptdoctor.settings import FAIL_ON
@@ -187,7 +188,8 @@ def judge(
         return GateResult(run_label, None, "none", None, None, None, (), _sorted(found), fail_on=plan.fail_on)
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
-    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
+    # CKD201 is judged again for the file this resume reads (resume.rules.adapter_findings)
+    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule) and f.rule != ADAPTER_RULE]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
     adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)
@@ -210,7 +212,7 @@ def gate(
     *,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_in_run: bool = True,
-    training_args: Mapping[str, Any] | None = None,
+    training_args: Mapping[str, Any] | str | os.PathLike[str] | None = None,
     lr_steps: int = DEFAULT_LR_STEPS,
     fail_on: str | None = None,
     select: Sequence[str] = (),
@@ -223,19 +225,24 @@ def gate(
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
 
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
-    ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``steps_per_epoch``, ``world_size``,
+    ``lr_scheduler_type``, ``warmup_steps`` (below 1 a ratio under 5.x; under 4.x, whose TrainingArguments take
+    an integer only, a fraction is CKD413), ``warmup_ratio`` (4.x's), ``lr_scheduler_kwargs``, ``steps_per_epoch``,
+    ``world_size``,
     ``per_device_train_batch_size``, ``gradient_accumulation_steps`` (a change of these three derives the steps per
     epoch from the run's, or is CKD414 when it cannot), ``ignore_data_skip``, ``grad_scaler``: whether the resuming
     Trainer has a GradScaler, ``trainer.accelerator.scaler is not None``, None unknown; False with a ``scaler.pt``
-    in the checkpoint is CKD413), ``save_safetensors`` (read by transformers 4.x only) and
+    in the checkpoint is CKD413), ``save_safetensors`` (read by transformers 4.x only), ``auto_find_batch_size``
+    (5.x then resumes at the checkpoint's ``train_batch_size``, as 4.x always does) and
     ``transformers_version``: the version the resume runs under ("4.57"), whose resume path the gate follows
     (default: the installed transformers, read from its metadata, else the checkpoint's ``transformers_version``,
-    else 5.x); ``training_args`` is a ``TrainingArguments``-like mapping read first, which
-    explicit keywords override (a value of the wrong type or not finite in either raises ``GateInputError`` naming
-    it). Anything not planned is the run's own. ``checkpoint`` may be a path, or (``checkpoint_in_run``, as ``gate
-    --checkpoint``) a folder name inside ``run_dir``; with ``checkpoint_in_run=False`` it is a path only, taken from
-    the working directory exactly as ``train()`` takes it (a folder that is not there is CKD413). Reads only; never
-    imports torch.
+    else 5.x); ``training_args`` is a ``TrainingArguments``-like mapping, or the path of a file holding one as
+    ``--training-args`` reads it (a ``training_args.bin``, read statically and its pickle judged as ``scan`` judges
+    it, a security finding such as CKD601 failing the gate; JSON; YAML with PyYAML), read first, which explicit
+    keywords override (a value of the wrong type or not finite in either, or a file that cannot be read, raises
+    ``GateInputError`` naming it). Anything not planned is the run's own. ``checkpoint`` may be a path, or
+    (``checkpoint_in_run``, as ``gate --checkpoint``) a folder name inside ``run_dir``; with
+    ``checkpoint_in_run=False`` it is a path only, taken from the working directory exactly as ``train()`` takes it
+    (a folder that is not there is CKD413). Reads only; never imports torch.
 
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
     (``--select``/``--ignore``), combined with the closest settings file from ``run_dir`` upward
@@ -251,8 +258,16 @@ def gate(
     True); without it, it fails
     (CKD413: ``train(resume_from_checkpoint=True)`` raises).
     """
+    args_facts: FileFacts | None = None
+    if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
+        path = os.fspath(training_args)
+        if not os.path.isfile(path):
+            raise GateInputError(f"training_args {path}: no such file")
+        args_file = read_training_args(path)
+        training_args, args_facts = args_file.args, args_file.facts
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
-                    planned, on_kept=_warn_kept, allow_global=allow_global, allow_empty=allow_empty)
+                    planned, on_kept=_warn_kept, allow_global=allow_global, args_file=args_facts,
+                    allow_empty=allow_empty)
 
 
 def run_gate(
@@ -285,6 +300,9 @@ def run_gate(
         raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
     values = plan_from_training_args(training_args, strict=True) if training_args else {}
     values.update({k: v for k, v in planned.items() if v is not None})
+    for given, other in (("warmup_steps", "warmup_ratio"), ("warmup_ratio", "warmup_steps")):
+        if planned.get(given) is not None and planned.get(other) is None:
+            values.pop(other, None)  # an explicit warm-up replaces the file's, in either form
     check_plan(values)
     if planned.get("num_train_epochs") is not None and planned.get("max_steps") is None:
         values.pop("max_steps", None)  # epochs planned explicitly: an epoch-based run, whatever the file says

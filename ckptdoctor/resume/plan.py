@@ -33,6 +33,7 @@ ARG_DEFAULTS: dict[str, Any] = {
     "lr_scheduler_kwargs": None,
     "ignore_data_skip": False,
     "save_safetensors": True,  # transformers 4.x (5.x has no such argument: it always prefers safetensors)
+    "auto_find_batch_size": False,
 }
 PRINTABLE_BITS = 4000  # about 1,200 digits: well under Python's 4,300-digit int-to-str limit
 # Integers beyond this cannot become a float: transformers' step and warm-up arithmetic overflows on them, and a
@@ -66,6 +67,9 @@ class Plan:
     learning_rate: float | None = None
     lr_scheduler_type: str | None = None
     warmup_steps: float | None = None
+    # transformers 4.x's warmup_ratio, used when warmup_steps is not above 0 (5.x has none: a planned ratio is its
+    # warmup_steps below 1)
+    warmup_ratio: float | None = None
     lr_scheduler_kwargs: Mapping[str, Any] | None = None
     steps_per_epoch: int | None = None
     world_size: int | None = None
@@ -74,6 +78,7 @@ class Plan:
     ignore_data_skip: bool | None = None
     grad_scaler: bool | None = None
     save_safetensors: bool | None = None
+    auto_find_batch_size: bool | None = None
     transformers_version: str | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
@@ -82,9 +87,10 @@ class Plan:
 # The TrainingArguments that size an epoch: with the world size they make the train dataloader's length.
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 PLAN_FIELDS = frozenset(
-    ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs",
+    ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+     "lr_scheduler_kwargs",
      "steps_per_epoch", "world_size", "per_device_train_batch_size", "gradient_accumulation_steps",
-     "ignore_data_skip", "grad_scaler", "save_safetensors", "transformers_version")
+     "ignore_data_skip", "grad_scaler", "save_safetensors", "auto_find_batch_size", "transformers_version")
 )  # fmt: skip
 
 
@@ -112,8 +118,9 @@ def parse_kwargs(v: Any) -> dict[str, Any] | None:
 def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
     """Planned values from a ``TrainingArguments``-like mapping (``args.to_dict()``, a JSON config file).
 
-    Only the fields the resume arithmetic reads are taken; ``warmup_ratio`` (transformers 4) becomes a
-    ``warmup_steps`` ratio when ``warmup_steps`` is 0. ``fp16`` false with ``bf16`` true is ``grad_scaler=False``:
+    Only the fields the resume arithmetic reads are taken; ``warmup_ratio`` (transformers 4) is kept, in place of
+    ``warmup_steps``, when ``warmup_steps`` is 0 (``get_warmup_steps`` uses it only then). ``fp16`` false with
+    ``bf16`` true is ``grad_scaler=False``:
     transformers then asks accelerate for bf16, which makes no GradScaler on any device (with both false the
     mixed precision is the launcher's ``ACCELERATE_MIXED_PRECISION``, possibly fp16: unknown). A value of the
     wrong type is skipped, as for the checkpoint's own ``training_args.bin``; with ``strict`` (values the user
@@ -138,12 +145,13 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     kwargs = parse_kwargs(args.get("lr_scheduler_kwargs"))
     if kwargs is not None:
         out["lr_scheduler_kwargs"] = kwargs
-    for key in ("ignore_data_skip", "save_safetensors"):
+    for key in ("ignore_data_skip", "save_safetensors", "auto_find_batch_size"):
         if isinstance(args.get(key), bool):
             out[key] = args[key]
     ratio = trainer_view.number(args.get("warmup_ratio"))
     if ratio and not out.get("warmup_steps") and 0 < ratio < 1:
-        out["warmup_steps"] = ratio
+        out.pop("warmup_steps", None)
+        out["warmup_ratio"] = ratio
     if args.get("fp16") is False and args.get("bf16") is True:
         out["grad_scaler"] = False
     return out
@@ -268,7 +276,7 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
         raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
-    for key in ("ignore_data_skip", "fp16", "bf16", "save_safetensors"):
+    for key in ("ignore_data_skip", "fp16", "bf16", "save_safetensors", "auto_find_batch_size"):
         v = args.get(key)
         if v is not None and not isinstance(v, bool):
             raise GateInputError(f"training_args {key} must be true or false, not {brief(v)}")
@@ -281,7 +289,7 @@ def check_plan(values: dict[str, Any]) -> None:
     """Planned values of the wrong type or range are the caller's mistake: ``GateInputError``, never a traceback
     from deep in the arithmetic. ``lr_scheduler_kwargs`` given as a JSON object string becomes a dict."""
     brief = schedules.brief
-    for key in ("num_train_epochs", "learning_rate", "warmup_steps"):
+    for key in ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio"):
         v = values.get(key)
         number = trainer_view.number(v)
         if v is not None and (number is None or not math.isfinite(number)):
@@ -293,7 +301,7 @@ def check_plan(values: dict[str, Any]) -> None:
             raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
     if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
         raise GateInputError(f"lr_scheduler_type must be a string, not {brief(values['lr_scheduler_type'])}")
-    for key in ("ignore_data_skip", "grad_scaler", "save_safetensors"):
+    for key in ("ignore_data_skip", "grad_scaler", "save_safetensors", "auto_find_batch_size"):
         if values.get(key) is not None and not isinstance(values[key], bool):
             raise GateInputError(f"{key} must be True or False, not {brief(values[key])}")
     version = values.get("transformers_version")
@@ -333,8 +341,12 @@ class Settings:
     # resuming save_safetensors (read by transformers 4.x only).
     transformers_version: str = "5"
     save_safetensors: bool = True
-    # transformers 4.x resumes at the checkpoint's train_batch_size: the planned per-device batch size it ignores.
+    # transformers 4.x (and 5.x with auto_find_batch_size) resumes at the checkpoint's train_batch_size: the planned
+    # per-device batch size it ignores.
     ignored_batch_size: int | None = None
+    auto_find_batch_size: bool = False
+    # Why the resuming TrainingArguments cannot even be built (4.x: a warmup_steps that is not an integer): CKD413.
+    args_error: str | None = None
 
     @property
     def major(self) -> int:
@@ -437,16 +449,30 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
               (sched.base_lrs[0] if sched and sched.base_lrs else None, "scheduler.pt"))
     stype = args.get("lr_scheduler_type")
     stype = pick("lr_scheduler_type", plan.lr_scheduler_type, stype if isinstance(stype, str) else None)
-    own_warmup = plan_from_training_args(args).get("warmup_steps") if args else None
-    warmup = pick("warmup_steps", plan.warmup_steps, own_warmup)
+    own = plan_from_training_args(args) if args else {}
+    own_warmup = own.get("warmup_steps", own.get("warmup_ratio"))
+    planned_warmup, args_error = plan.warmup_steps, None
+    if plan.warmup_ratio is not None and (planned_warmup is None or (major < 5 and not planned_warmup > 0)):
+        # 4.x's get_warmup_steps: warmup_steps when above 0, else ceil(max_steps x warmup_ratio); the gate keeps a
+        # ratio as a warmup_steps below 1, 5.x's form of it (schedules.warmup_steps_for)
+        planned_warmup = plan.warmup_ratio
+    elif major < 5 and planned_warmup is not None and not float(planned_warmup).is_integer():
+        # 4.x's TrainingArguments.__post_init__ refuses it: a ratio below 1 is 5.x's reading only
+        args_error = (f"warmup_steps {planned_warmup:g} (planned) is not an integer: transformers {version}'s "
+                      "TrainingArguments raises ValueError(\"warmup_steps must be of type int and must be 0 or a "
+                      "positive integer.\") before train() starts (a ratio is warmup_ratio there)")
+    warmup = pick("warmup_steps", planned_warmup, own_warmup)
     kw = pick("lr_scheduler_kwargs", plan.lr_scheduler_kwargs, parse_kwargs(args.get("lr_scheduler_kwargs")))
     skip_flag = args.get("ignore_data_skip")
     ignore = pick("ignore_data_skip", plan.ignore_data_skip, skip_flag if isinstance(skip_flag, bool) else None)
     own_safe = args.get("save_safetensors")
     safe = pick("save_safetensors", plan.save_safetensors, own_safe if isinstance(own_safe, bool) else None)
+    own_auto = args.get("auto_find_batch_size")
+    auto = pick("auto_find_batch_size", plan.auto_find_batch_size, own_auto if isinstance(own_auto, bool) else None)
     ignored_batch = None
-    if major < 5 and plan.per_device_train_batch_size is not None and ts is not None and ts.train_batch_size:
-        # transformers 4.x's train() sets `self._train_batch_size = state.train_batch_size` on every resume: the
+    if (major < 5 or auto) and plan.per_device_train_batch_size is not None and ts is not None and ts.train_batch_size:
+        # transformers 4.x's train() sets `self._train_batch_size = state.train_batch_size` on every resume, 5.x's
+        # only with auto_find_batch_size (then `_inner_training_loop` gets it from find_executable_batch_size): the
         # dataloader is built at the checkpoint's batch size, whatever per_device_train_batch_size says
         run_device = trainer_view._int(args.get("per_device_train_batch_size")) or ts.train_batch_size
         if plan.per_device_train_batch_size != run_device:
@@ -469,6 +495,8 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
         transformers_version=version,
         save_safetensors=bool(safe),
         ignored_batch_size=ignored_batch,
+        auto_find_batch_size=bool(auto),
+        args_error=args_error,
     )
 
 

@@ -128,13 +128,13 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     settings = resolve(plan, ck, ts)
     # transformers 4.x loads safetensors only when the resuming save_safetensors is True (5.x always prefers them)
     prefer_safe = settings.save_safetensors or settings.major >= 5 or trainer_view.is_mindnlp(ck)
-    crash = _crash(ck, ts, branch, prefer_safe)
+    crash = settings.args_error or _crash(ck, ts, branch, prefer_safe)
     if trainer_view.is_mindnlp(ck):
         settings = _mindnlp_settings(settings, ts)
     if start is not None and abs(start) >= INT_LIMIT:
         raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
                              "predicted from it")
-    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck),
+    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck, prefer_safe),
                        weights_file=weights_file(ck, branch, prefer_safe))
     if crash is not None or start is None:
         return found
@@ -309,8 +309,9 @@ def weights_file(ck: Checkpoint, branch: str, prefer_safe: bool = True) -> str |
     if trainer_view.is_mindnlp(ck):
         return None
     if branch == "full":
-        safe = ck.file(trainer_view.SAFE_WEIGHTS) is not None and prefer_safe
-        return trainer_view.SAFE_WEIGHTS if safe else trainer_view.BIN_WEIGHTS
+        loaded = trainer_view.loaded_weight_file(ck, prefer_safe)
+        # none there: 4.x with save_safetensors=False still reads pytorch_model.bin, and raises (CKD413)
+        return trainer_view.BIN_WEIGHTS if loaded is None else ck.relname(loaded)
     if branch == "sharded":
         return _index(ck, prefer_safe)
     if branch == "adapter" and not trainer_view.adapter_subdirs(ck):

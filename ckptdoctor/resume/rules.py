@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree
-from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, rule
+from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
 from ckptdoctor.rules.training import saved_world_size
 
 if TYPE_CHECKING:
@@ -55,7 +55,28 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
         for h in declared(r, cast(GateRuleFunc, r.func)(ctx)):  # a gate-only rule's function takes the context
             sev = selection.severity.get(r.code, h.severity or r.severity)
             found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
+    found.extend(adapter_findings(ctx, unselected))
     return found
+
+
+ADAPTER_RULE = "CKD201"
+
+
+def adapter_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
+    """CKD201 for the file the resume really loads: the gate judges it from its prediction (``Prediction.adapter``,
+    the file the transformers version it follows reads, e.g. ``pytorch_model.bin`` under 4.x with
+    ``save_safetensors=False``) in place of the scan's finding, which assumes ``model.safetensors`` first. Like the
+    gate rules it runs unless ignored: a ``--select`` that leaves it out must not let a resume that restarts its
+    adapter from scratch pass."""
+    p, ck = ctx.prediction, ctx.checkpoint
+    r = get_rule(ADAPTER_RULE)
+    if p is None or ck is None or p.adapter is None or p.adapter.complete or r is None or not selection.enabled(r):
+        return []
+    from ckptdoctor.rules.weights import adapter_restore_hit
+
+    h = adapter_restore_hit(ck, p.adapter)
+    sev = selection.severity.get(r.code, h.severity or r.severity)
+    return [Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root)]
 
 
 def format_lrs(lrs: Sequence[float]) -> str:
@@ -466,18 +487,20 @@ def resume_steps_unknown(ctx: ResumeContext) -> Iterator[Hit]:
 
 @rule("CKD415", "planned-batch-size-ignored", Severity.WARNING, gate_only=True)
 def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
-    """The planned `per_device_train_batch_size` is not used: transformers 4.x resumes at the checkpoint's batch size.
+    """The planned `per_device_train_batch_size` is not used: the resume keeps the checkpoint's batch size.
 
     ## What it does
     When the resume runs under transformers 4.x (`--transformers-version`, else the installed transformers, else
-    the checkpoint's version) and the plan changes `per_device_train_batch_size`, reports that the resume keeps
-    the run's `train_batch_size` from `trainer_state.json`. The gate predicts the steps and LRs at that batch size.
+    the checkpoint's version), or under 5.x with `auto_find_batch_size=True` (planned, else the run's own
+    `training_args.bin`), and the plan changes `per_device_train_batch_size`, reports that the resume keeps the
+    run's `train_batch_size` from `trainer_state.json`. The gate predicts the steps and LRs at that batch size.
 
     ## Why is this bad?
     transformers 4.x's `Trainer.train` sets `self._train_batch_size = state.train_batch_size` whenever it resumes,
     and builds the train dataloader from it: the new batch size is silently dropped (only `compare_trainer_and_
     checkpoint_args` logs a warning), and so are the memory and the steps per epoch it was meant to change.
-    transformers 5.x uses the planned batch size (it restores the checkpoint's only with `auto_find_batch_size`).
+    transformers 5.x uses the planned batch size, except with `auto_find_batch_size`: then `Trainer.train` restores
+    the checkpoint's `train_batch_size` and `find_executable_batch_size` starts `_inner_training_loop` at it.
 
     ## Example
     A run saved at batch 4 resumed with `per_device_train_batch_size=8` under transformers 4.57: every step still
@@ -488,8 +511,8 @@ def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     `train_batch_size` in `trainer_state.json` on purpose).
 
     ## References
-    `src/transformers/trainer.py` (4.57) `Trainer.train` (`state.train_batch_size`), `get_train_dataloader`,
-    `compare_trainer_and_checkpoint_args`.
+    `src/transformers/trainer.py` (4.57 and 5.x) `Trainer.train` (`state.train_batch_size`), `_inner_training_loop`,
+    `get_train_dataloader`, `compare_trainer_and_checkpoint_args`.
     """
     ck, p = ctx.checkpoint, ctx.prediction
     ignored = p.settings.ignored_batch_size if p is not None else None
@@ -500,9 +523,10 @@ def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     s = p.settings
     ts = trainer_view.trainer_state(ck)
     run = "?" if ts is None or ts.train_batch_size is None else int_text(ts.train_batch_size)
+    why = " with auto_find_batch_size" if s.major >= 5 else ""
     yield Hit(_in_folder(ck, trainer_view.TRAINER_STATE),
               f"per_device_train_batch_size {int_text(ignored)} (planned) is not used: transformers "
-              f"{s.transformers_version} ({s.sources.get('transformers_version', 'default')}) resumes at the "
+              f"{s.transformers_version} ({s.sources.get('transformers_version', 'default')}){why} resumes at the "
               f"checkpoint's train_batch_size {run}")
 
 

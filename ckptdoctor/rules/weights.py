@@ -89,23 +89,28 @@ def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         found = trainer_view.adapter_restore(ck)
-        if found is None or found.complete:
-            continue
-        stub = found.file
-        adapter = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
-        target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
-        if found.foreign:
-            kind = f"its adapter tensors are named like `{found.foreign[0]}`, not as the PeftModel's parameters"
-        elif found.restored:
-            kind = "it holds only some of the adapter's tensors"
-        else:
-            kind = "a stub" if found.tensors <= STUB_MAX_TENSORS else "a full model without adapter weights"
-        msg = (
-            f"`{stub.path}` holds {plural(found.tensors, 'tensor')} ({_fmt_bytes(stub.size)}) and would be loaded "
-            f"instead of {target}: it restores {found.restored:,} of {plural(found.total, 'adapter tensor')} ({kind})"
-        )
-        plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
-        yield Hit(stub.path, msg, fix=plan)
+        if found is not None and not found.complete:
+            yield adapter_restore_hit(ck, found)
+
+
+def adapter_restore_hit(ck: Checkpoint, found: trainer_view.AdapterRestore) -> Hit:
+    """CKD201's finding for ``found``, the incomplete restore of ``ck``'s adapter by the full-weights file the
+    resume loads (the scan asks with ``model.safetensors`` first; the gate with the file its transformers reads)."""
+    stub = found.file
+    adapter = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
+    target = f"`{ck.relname(adapter)}`" if adapter else "the adapter"
+    if found.foreign:
+        kind = f"its adapter tensors are named like `{found.foreign[0]}`, not as the PeftModel's parameters"
+    elif found.restored:
+        kind = "it holds only some of the adapter's tensors"
+    else:
+        kind = "a stub" if found.tensors <= STUB_MAX_TENSORS else "a full model without adapter weights"
+    msg = (
+        f"`{stub.path}` holds {plural(found.tensors, 'tensor')} ({_fmt_bytes(stub.size)}) and would be loaded "
+        f"instead of {target}: it restores {found.restored:,} of {plural(found.total, 'adapter tensor')} ({kind})"
+    )
+    plan = FixPlan(f"Quarantine `{stub.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, stub.path),))
+    return Hit(stub.path, msg, fix=plan)
 
 
 # What a reader could not read in a weights, torch or JSON file. Every read problem reaches the user through
