@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 
-from ckptdoctor.model import GlobalRef
+from ckptdoctor.model import GlobalRef, frozen_value
 
 
 def _generated() -> frozenset[str]:
@@ -359,7 +359,8 @@ class Standing(enum.Enum):
     UNSAFE = "unsafe"  # dangerous, computed, or an attribute chain: an error whatever the stream does with it
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Allowance:
     """One user allowance: ``pattern`` (``pkg.mod.Name``, or ``pkg.mod.*`` for that module and its submodules) and
     where it came from (``--allow-global``, or the user configuration file's path)."""
@@ -454,7 +455,8 @@ class FileStandings:
         return f"not looked up: the file names more than {self.limit} globals the allowlist does not settle (limit)"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ClassFacts:
     """A class found in an installed package's source: where it is defined, its bases (dotted, as imported) and
     the unpickling hooks it defines itself."""
