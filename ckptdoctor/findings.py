@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptdoctor.model import frozen_value
+
 
 class Severity(str, enum.Enum):
     """How bad a finding is. Ordered: ``INFO < WARNING < ERROR``."""
@@ -40,7 +42,8 @@ class OpKind(str, enum.Enum):
     REWRITE_TEXT = "rewrite-text"  # replace a small text file (DeepSpeed ``latest``)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class FixOp:
     """One operation on one path (relative to the scan root). ``content`` is the new text for rewrites."""
 
@@ -49,7 +52,8 @@ class FixOp:
     content: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class FixPlan:
     """A repair a rule proposes: an imperative title, its applicability and the operations that perform it."""
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ckptdoctor.model import frozen_value
 
-@dataclass(frozen=True, slots=True)
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Limits:
     """Caps that bound the work and memory a scan may spend on one input."""
 

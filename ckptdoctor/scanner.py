@@ -15,14 +15,15 @@ from typing import TextIO
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Tree
+from ckptdoctor.model import Tree, frozen_value
 from ckptdoctor.rules import Selection, judged, run_rules
 from ckptdoctor.settings import ExitPolicy, SettingsUse, fails
 
 CHECKSUMS = ("write", "verify")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Report:
     """The result of scanning one or more roots: what was found on disk and the findings about it.
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.model import frozen_value
 
 if TYPE_CHECKING:
     from ckptdoctor.rules import Selection
@@ -92,7 +93,8 @@ def severity_overrides(raw: Mapping[str, Severity]) -> dict[str, Severity]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Config:
     """Rule selection settings read from a file; empty when no file configures ckptdoctor."""
 
@@ -433,7 +435,8 @@ def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], 
     return tuple(dict.fromkeys(out))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Scope:
     """The settings one folder of a root is checked under: the closest settings file's (``config``) with the
     command line's ``--select``/``--ignore`` over it, resolved to a ``selection`` and the file's ``fail_on``.
@@ -456,7 +459,8 @@ class Scope:
         return not self.folder or path == self.folder or path.startswith(self.folder + "/")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class RootSettings:
     """Every scope of one root: ``scopes[0]`` the root's own (``find_config``), then the settings files found
     below it (``nested_configs``), outermost first. The deepest scope holding a path decides for it."""
@@ -681,7 +685,8 @@ def exit_code(
     return code
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ExitPolicy:
     """How the exit code of a scan (or of what a fix leaves) is decided, as the command line decides it.
 
@@ -732,7 +737,8 @@ class ExitPolicy:
         return max(codes)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class SettingsUse:
     """A settings file a command applied: its ``path`` (or URL), whether it is the ``trusted`` user configuration,
     and the ``folders`` it applied to (each root, run and checkpoint folder it governs, as the user can paste them)."""

@@ -26,6 +26,7 @@ from ckptdoctor.model import (
     SafetensorsFacts,
     TensorInfo,
     TorchFacts,
+    frozen_value,
 )
 
 # transformers' Trainer._load_from_checkpoint candidates (src/transformers/trainer.py)
@@ -135,7 +136,8 @@ def _int(v: Any) -> int | None:
 # trainer_state.json
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class TrainerStateView:
     """The fields of ``trainer_state.json`` that resume and ckptdoctor's rules depend on."""
 
@@ -259,7 +261,8 @@ def logged_warmup_steps(ts: TrainerStateView, base_lr: float) -> int | None:
 # scheduler.pt / optimizer.pt
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class SchedulerView:
     """``LambdaLR.state_dict()`` as saved in ``scheduler.pt`` (``torch/optim/lr_scheduler.py``)."""
 
@@ -302,7 +305,8 @@ def _scheduler_state(f: FileFacts) -> SchedulerView | None:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ParamGroupView:
     """One optimizer param group: its LRs and the parameter indices it owns."""
 
@@ -311,7 +315,8 @@ class ParamGroupView:
     params: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class OptimizerView:
     """``Optimizer.state_dict()`` as saved in ``optimizer.pt``: groups and per-parameter state tensor shapes."""
 
@@ -646,7 +651,8 @@ _PEFT_PREFIX = {"ADALORA": "lora_", "LOHA": "hada_", "VERA": "vera_lambda_", "PV
 DEFAULT_ADAPTER = "default"  # the adapter name `get_peft_model` gives, and the Trainer's resume loads the root's as
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class AdapterRestore:
     """What ``load_state_dict(state_dict, strict=False)`` of the full-weights file restores of the PeftModel's
     adapter parameters (the adapter branch of the resume never runs when that file exists)."""

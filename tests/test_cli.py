@@ -142,6 +142,22 @@ def test_python_dash_m_and_version() -> None:
     assert p.returncode == 0 and "ckptdoctor" in p.stdout
 
 
+def test_version_builds_no_command() -> None:
+    # `--version` is answered before any command's module (options, rendering, the library) is imported
+    code = (
+        "import sys\n"
+        "from ckptdoctor.cli import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ckptdoctor.')), file=sys.stderr)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "ckptdoctor, version" in p.stdout, p.stderr
+    assert p.stderr.strip() == "['ckptdoctor.cli', 'ckptdoctor.cli.options', 'ckptdoctor.errors']", p.stderr
+
+
 def test_inspect_safetensors_and_pickle(healthy: Path) -> None:
     code, out = run("inspect", "--format", "json", str(healthy / "checkpoint-4" / "model.safetensors"))
     doc = json.loads(out)

@@ -1,10 +1,11 @@
 """The ``ckptdoctor`` command line: scan | fix | undo | gate | inspect | rules | explain.
 
 The commands parse, call the library, render and map exits; each lives in its module (``cli.scan``, ``cli.inspect``,
-``cli.rules``: rules and explain, ``cli.fix``: fix and undo), what they share in ``cli.options``. ``fix``, ``undo``
-and ``gate`` are imported only when used. stdout carries the report (and nothing else with ``--format json``);
-stderr carries progress, notes and usage errors. Exit codes: 0 clean, 1 findings at or above ``--fail-on``, 2 usage
-error (the library's ``UsageError``), bad settings file, or a root that is missing or not a folder or regular file.
+``cli.rules``: rules and explain, ``cli.fix``: fix and undo), what they share in ``cli.options``. A command's module
+is imported only when it runs (or ``--help`` lists it). stdout carries the report (and nothing else with ``--format
+json``); stderr carries progress, notes and usage errors. Exit codes: 0 clean, 1 findings at or above ``--fail-on``,
+2 usage error (the library's ``UsageError``), bad settings file, or a root that is missing or not a folder or
+regular file.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 import click
 
 from ckptdoctor import __version__
-from ckptdoctor.cli import inspect, options, rules, scan
+from ckptdoctor.cli import options
 from ckptdoctor.cli.options import UsageProblem
 from ckptdoctor.errors import UsageError
 
@@ -50,7 +51,12 @@ def run() -> None:
 class LazyGroup(click.Group):
     """A click group whose heavier subcommands are imported only when used, so start-up stays instant."""
 
+    # Every command: `ckptdoctor --version` (and a command's parsing) builds only the command it runs.
     lazy: ClassVar[dict[str, str]] = {
+        "scan": "ckptdoctor.cli.scan:scan",
+        "inspect": "ckptdoctor.cli.inspect:inspect",
+        "rules": "ckptdoctor.cli.rules:rules_cmd",
+        "explain": "ckptdoctor.cli.rules:explain",
         "fix": "ckptdoctor.cli.fix:fix_command",
         "undo": "ckptdoctor.cli.fix:undo_command",
         "gate": "ckptdoctor.cli.gate:gate_command",
@@ -110,8 +116,6 @@ def main() -> None:
     """
 
 main.context_class = options.FittingContext
-for _command in (scan.scan, inspect.inspect, rules.rules_cmd, rules.explain):
-    main.add_command(_command)
 
 
 

@@ -28,6 +28,7 @@ from ckptdoctor.model import (
     ReadOutcome,
     ReadProblem,
     TorchFacts,
+    frozen_value,
 )
 from ckptdoctor.readers.pickle_walk import merge_pickles
 from ckptdoctor.readers.sniff import (
@@ -178,7 +179,8 @@ def _decompressor(codec: str, raw: _Pushback) -> Any:
     return lzma.LZMAFile(fobj, mode="rb")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class TarMember:
     """One member as ``tarfile`` lists it: ``name`` (PAX path, GNU long name or ustar prefix applied), its type
     flag, its data ``size`` and whether ``extractfile`` reads it as a file (``readable``)."""

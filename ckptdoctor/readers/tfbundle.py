@@ -25,6 +25,7 @@ from ckptdoctor.model import (
     TfBundleEntry,
     TfCheckpointStateFacts,
     TfIndexFacts,
+    frozen_value,
 )
 from ckptdoctor.readers.jsonfiles import read_bounded
 from ckptdoctor.readers.protowire import I32, LEN, VARINT, Field, WireError, fields, varint
@@ -376,7 +377,8 @@ def shard_problems(prefix: str, index: TfIndexFacts, sizes: Mapping[str, int]) -
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class CrcSpan:
     """The bytes of one bundle entry whose crc32c the index records: ``length`` bytes at ``start`` in its shard,
     whose crc32c, extended from ``seed`` (a DT_STRING entry's lengths, 0 otherwise), masked, must equal

@@ -12,7 +12,7 @@ from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.findings import Finding, display_path, finding_json
-from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree
+from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen_value
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
@@ -34,7 +34,8 @@ from ckptdoctor.settings import FAIL_ON
 SCHEMA = "ckptdoctor.gate/1"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class GateResult:
     """The predicted resume and the findings about it. ``lr`` holds the LRs of the first optimizer steps."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.errors import UsageError
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, JsonFacts
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, JsonFacts, frozen_value
 
 DEFAULT_LR_STEPS = 5
 MAX_LR_STEPS = 100_000  # a prediction is read by people and scripts; more would only take minutes and gigabytes
@@ -46,7 +46,8 @@ class GateInputError(UsageError):
     """The gate cannot predict with what it was given (e.g. steps per epoch cannot be derived): a usage error."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Plan:
     """How the resume is planned. ``None`` means "as the run was": read from the checkpoint itself.
 
@@ -321,7 +322,8 @@ def check_plan(values: dict[str, Any]) -> None:
 # What the resume will run with
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Settings:
     """The arguments the prediction used, and where each came from (planned, training_args.bin, ... default)."""
 

@@ -18,11 +18,12 @@ import math
 from dataclasses import dataclass, replace
 
 from ckptdoctor import schedules, trainer_view
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen_value
 from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class StepPlan:
     """How far the resumed loop runs: ``Trainer.set_initial_training_values`` and ``_init_training_state``."""
 
@@ -56,7 +57,8 @@ def resume_steps(
     return StepPlan(total, loop_epochs, epochs_trained, steps)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Raised:
     """An exception the resume would raise: its type's name and its message."""
 
@@ -69,7 +71,8 @@ class Raised:
         return cls(type(exc).__name__, str(exc))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Prediction:
     """What the resume of one checkpoint does under a plan, as far as it gets.
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, ProblemKind, Tree
+from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
 from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
 from ckptdoctor.rules.training import saved_world_size
 
@@ -30,7 +30,8 @@ JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "l
 LR_RTOL = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ResumeContext:
     """What a gate rule judges: the scanned tree, the plan, the checkpoint the resume loads (None: it finds none)
     and the prediction for it (None without a checkpoint)."""

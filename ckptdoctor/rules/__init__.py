@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
-from ckptdoctor.model import Tree
+from ckptdoctor.model import Tree, frozen_value
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Hit:
     """What a rule function yields: where, why, and optionally a severity for this hit and a fix plan."""
 
@@ -173,7 +174,8 @@ def _matches(code: str, patterns: Sequence[str]) -> bool:
     return any(code.startswith(p.strip().upper()) for p in patterns if p.strip())
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Selection:
     """Which rules run and at what severity: ``--select``/``--ignore`` by code or prefix, plus overrides."""
 

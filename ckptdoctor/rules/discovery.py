@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, ProblemKind, Run, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, ProblemKind, Run, Tree, frozen_value
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
@@ -351,7 +351,8 @@ def same_history(older: trainer_view.TrainerStateView, newer: trainer_view.Train
     return _common_steps(older, newer) and history_divergence(older, newer) is None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class StaleVerdict:
     """Resume's pick belongs to another run than lower-numbered checkpoints of the same folder.
 

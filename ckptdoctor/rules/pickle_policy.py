@@ -31,13 +31,15 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from importlib import resources
+from typing import Any
 
-from ckptdoctor.model import GlobalRef
+from ckptdoctor.model import GlobalRef, frozen_value
 
 
 def _generated() -> frozenset[str]:
     """The globals in the generated ``allowlist.json`` (observed in real files, and sibling classes)."""
+    from importlib import resources
+
     try:
         doc = json.loads(resources.files("ckptdoctor.rules").joinpath("allowlist.json").read_text("utf-8"))
         return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ())) | frozenset(doc.get("classes", ()))
@@ -45,7 +47,23 @@ def _generated() -> frozenset[str]:
         return frozenset()  # a missing data file makes the scan stricter, never looser
 
 
-GENERATED: frozenset[str] = _generated()
+# The generated allowlist, read on first use (``_allowlist``): a scan with no pickle to judge never parses it.
+GENERATED: frozenset[str]
+
+
+def _allowlist() -> frozenset[str]:
+    """``GENERATED``, read from ``allowlist.json`` the first time it is needed (a value set on the module wins)."""
+    found: frozenset[str] | None = globals().get("GENERATED")
+    if found is None:
+        found = globals()["GENERATED"] = _generated()
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """``GENERATED`` on first access (``_allowlist``); any other missing name is an ``AttributeError``."""
+    if name == "GENERATED":
+        return _allowlist()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ALLOWED: frozenset[str] = frozenset(
     {
@@ -323,7 +341,7 @@ _MAX_HOPS = 12  # re-exports and base classes followed
 def is_allowed(g: GlobalRef) -> bool:
     """True when ``g`` is an exact allowlist entry (generated or reviewed), or a torch dtype or storage class."""
     dotted = g.dotted
-    if dotted in ALLOWED or dotted in GENERATED:
+    if dotted in ALLOWED or dotted in _allowlist():
         return True
     return g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES)
 
@@ -359,7 +377,8 @@ class Standing(enum.Enum):
     UNSAFE = "unsafe"  # dangerous, computed, or an attribute chain: an error whatever the stream does with it
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Allowance:
     """One user allowance: ``pattern`` (``pkg.mod.Name``, or ``pkg.mod.*`` for that module and its submodules) and
     where it came from (``--allow-global``, or the user configuration file's path)."""
@@ -454,7 +473,8 @@ class FileStandings:
         return f"not looked up: the file names more than {self.limit} globals the allowlist does not settle (limit)"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ClassFacts:
     """A class found in an installed package's source: where it is defined, its bases (dotted, as imported) and
     the unpickling hooks it defines itself."""

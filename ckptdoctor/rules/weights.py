@@ -26,6 +26,7 @@ from ckptdoctor.model import (
     TensorInfo,
     TfIndexFacts,
     Tree,
+    frozen_value,
 )
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.adapters import is_lora_b
@@ -304,7 +305,8 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class _IndexCheck:
     """What is wrong with a shard index against its shards' headers, and what it costs a load."""
 

@@ -1,0 +1,73 @@
+"""``model.frozen_value`` gives a ``dataclass(frozen=True, slots=True, eq=False, repr=False)`` the same equality,
+hash and repr that ``dataclass(frozen=True, slots=True)`` generates (it only builds them without compiling)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen_value
+
+
+@dataclass(frozen=True, slots=True)
+class _Generated:
+    a: int
+    b: tuple[float, ...]
+    c: str | None = None
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class _Built:
+    a: int
+    b: tuple[float, ...]
+    c: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _GeneratedOne:
+    x: float
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class _BuiltOne:
+    x: float
+
+
+NAN = math.nan
+CASES = [(1, (2.0,), None), (1, (2.0,), "c"), (0, (), "x'y"), (1, (NAN,), None)]
+
+
+@pytest.mark.parametrize("one", CASES)
+@pytest.mark.parametrize("other", CASES)
+def test_eq_hash_repr_match_the_generated_ones(one: tuple[Any, ...], other: tuple[Any, ...]) -> None:
+    g1, g2, b1, b2 = _Generated(*one), _Generated(*other), _Built(*one), _Built(*other)
+    assert (b1 == b2) == (g1 == g2) and (b1 != b2) == (g1 != g2)
+    assert hash(b1) == hash(g1)
+    assert repr(b1) == repr(g1).replace("_Generated", "_Built")
+    assert b1.__eq__(g1) is NotImplemented and (b1 == 1) is False
+
+
+def test_one_field_and_nan_identity() -> None:
+    assert hash(_BuiltOne(1.5)) == hash(_GeneratedOne(1.5)) == hash((1.5,))
+    assert _BuiltOne(NAN) == _BuiltOne(NAN) and _GeneratedOne(NAN) == _GeneratedOne(NAN)  # tuple identity, as before
+    assert _BuiltOne(float("nan")) != _BuiltOne(float("nan"))
+    assert repr(_BuiltOne(2.0)) == "_BuiltOne(x=2.0)"
+
+
+def test_still_a_frozen_slotted_dataclass() -> None:
+    ref = GlobalRef("collections", "OrderedDict")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ref.module = "os"  # type: ignore[misc]
+    assert not hasattr(ref, "__dict__") and dataclasses.is_dataclass(ref)
+    assert dataclasses.replace(ref, name="Counter") == GlobalRef("collections", "Counter")
+    assert pickle.loads(pickle.dumps(ref)) == ref and {ref, GlobalRef("collections", "OrderedDict")} == {ref}
+    assert repr(ReadProblem(ProblemKind.EMPTY, "m")) == "ReadProblem(kind=<ProblemKind.EMPTY: 'empty'>, message='m')"
+    t = TensorRef("F32", (2,), (1,), 0, "0", 2, "cpu")
+    assert t == dataclasses.replace(t) and dataclasses.astuple(t)[0] == "F32"
