@@ -5,10 +5,10 @@ name slip through by pattern; and clean files from the matrix's older stacks rai
 tests/data/stacks/ holds real files written by bench/stack_writer.py under the matrix's layers (see
 bench/make_allowlist.py): a 2-step Trainer run of transformers 4.40.2 saved as ``.bin``, TrainingArguments
 (default and FSDP) of 4.44.2, 4.46.3, 4.49.0, 4.51.3 and 4.55.4, a 4.40.2 Seq2SeqTrainingArguments holding a
-GenerationConfig, peft 0.11.1 adapters (LoRA, DoRA, IA3, modules_to_save, prompt tuning) trained by the 4.40.2 Trainer, a Trainer run and numpy arrays, scalars and object
-arrays under numpy 1.26.4, a DeepSpeed 0.19.8 ZeRO-3 TrainingArguments of 4.40.2, and accelerate 1.15's
-``save_state`` under a ZeRO-3 ``DeepSpeedPlugin``. None of those releases is
-installed in the test environment: the verdict comes from the files' own facts.
+GenerationConfig, peft 0.11.1 adapters (LoRA, DoRA, IA3, modules_to_save, prompt tuning) trained by the 4.40.2
+Trainer, a Trainer run and numpy arrays, scalars and object arrays under numpy 1.26.4, a DeepSpeed 0.19.8 ZeRO-3
+TrainingArguments of 4.40.2, and accelerate 1.15's ``save_state`` under a ZeRO-3 ``DeepSpeedPlugin``. None of those
+releases is installed in the test environment: the verdict comes from the files' own facts.
 """
 
 from __future__ import annotations
