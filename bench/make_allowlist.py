@@ -7,11 +7,11 @@ Usage::
 
 Every global comes from a file the libraries really wrote: in each stack of the matrix (``STACKS``: transformers 4.40,
 4.44, 4.46, 4.49, 4.51, 4.55, 4.57 and this environment's 5.x, each with TrainingArguments variants, a 2-step
-Trainer run and peft adapters through the Trainer (bench/stack_writer.py); TRL 1.16; DeepSpeed 0.19.8 over
-transformers 5.x, 4.51 and 4.40; numpy 1.26; bitsandbytes 0.50.2; as ``pip --target`` layers over this environment or
-venvs under ``--stacks``; a stack that is absent is recorded as such, never guessed), and here (torch optimizers and
-schedulers, the Trainer's own checkpoint files from a 2-step ``transformers.Trainer`` run, accelerate
-``save_state`` without and with mixed precision, a peft adapter saved as ``.bin``, numpy arrays,
+Trainer run and peft adapters through the Trainer (bench/stack_writer.py); TRL 1.16 and 1.12 (the last with PPO);
+DeepSpeed 0.19.8 over transformers 5.x, 4.51 and 4.40; numpy 1.26; bitsandbytes 0.50.2; as ``pip --target`` layers
+over this environment or venvs under ``--stacks``; a stack that is absent is recorded as such, never guessed), and
+here (torch optimizers and schedulers, the Trainer's own checkpoint files from a 2-step ``transformers.Trainer`` run,
+accelerate ``save_state`` without and with mixed precision, a peft adapter saved as ``.bin``, numpy arrays,
 ``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is installed), read back with
 ckptdoctor's own static readers (nothing is unpickled). The versions each stack ran are recorded in the JSON
 (``versions``, ``stacks``), with the cases a library refused and its own message. On top of that, the enum classes
@@ -77,11 +77,20 @@ def versions(*names):
     return v
 """
 _TRL = _ARGS_COMMON + """
+os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
 import trl
+# TRL 1.x moved ORPO, PPO, CPO, BCO, GKD, online DPO ... to ``trl.experimental.<name>`` (PPO until 1.12)
+def find(n):
+    cls = getattr(trl, n, None)
+    sub = {"OnlineDPOConfig": "online_dpo"}.get(n, n[: -len("Config")].lower())
+    if cls is None and importlib.util.find_spec("trl.experimental") is not None:
+        try: cls = getattr(importlib.import_module(f"trl.experimental.{sub}"), n, None)
+        except Exception: cls = None
+    return cls
 done = []
 for n in ["SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "ORPOConfig", "PPOConfig",
           "CPOConfig", "BCOConfig", "RLOOConfig", "OnlineDPOConfig", "PRMConfig", "GKDConfig"]:
-    cls = getattr(trl, n, None)
+    cls = find(n)
     if cls is None: continue
     try: a = cls(output_dir=os.path.join(out, n), bf16=False, use_cpu=True, report_to="none")
     except Exception: continue
@@ -151,6 +160,8 @@ TRANSFORMERS_LAYERS = (
 STACKS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
     ("transformers-5 (this environment)", (), _WRITER, ("transformers",)),
     ("trl-1.16", ("trl-1.16",), _TRL, ()),
+    # the last TRL with PPOConfig (trl.experimental.ppo), over TRL 1.16's layer for its dependencies
+    ("trl-1.12", ("trl-1.12", "trl-1.16"), _TRL, ()),
     ("deepspeed-0.19.8", ("deepspeed-0.19.8",), _DEEPSPEED_ARGS, ()),
     ("accelerate+deepspeed-0.19.8", ("deepspeed-0.19.8",), _ACCELERATE_DEEPSPEED, ()),
     ("deepspeed-0.19.8+transformers-4.40", ("deepspeed-0.19.8", "tf440"), _DEEPSPEED_ARGS, ()),

@@ -157,6 +157,11 @@ def transformers_family() -> None:
                                          debug="underflow_overflow"))  # fmt: skip
     attempt("seq2seq", lambda: save_args("seq2seq", cls=transformers.Seq2SeqTrainingArguments,
                                          predict_with_generate=True))  # fmt: skip
+    # a Seq2Seq variant holding a GenerationConfig object (pickled inside training_args.bin), beams and sortish sampler
+    attempt("seq2seq-generation", lambda: save_args(
+        "seq2seq-generation", cls=transformers.Seq2SeqTrainingArguments, predict_with_generate=True,
+        generation_max_length=64, generation_num_beams=4, sortish_sampler=True,
+        generation_config=transformers.GenerationConfig(max_new_tokens=8, num_beams=2)))  # fmt: skip
     attempt("fsdp", lambda: save_args("fsdp", fsdp="full_shard auto_wrap",
                                       fsdp_config={"transformer_layer_cls_to_wrap": ["GPT2Block"]}))  # fmt: skip
     attempt("fsdp-offload", lambda: save_args("fsdp-offload", fsdp="shard_grad_op offload"))

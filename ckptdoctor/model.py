@@ -131,11 +131,14 @@ class TensorRef:
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Opaque:
     """A value the walk did not rebuild: a call to ``func`` (REDUCE/NEWOBJ/INST/OBJ) with its arguments,
-    plus the state a BUILD applied. Never called. ``func`` is None when the callee was not a resolvable global."""
+    plus the state a BUILD applied. Never called. ``func`` is None when the callee was not a resolvable global.
+    ``new`` is True when NEWOBJ or NEWOBJ_EX made it: ``cls.__new__(cls, *args)``, which the unpickler refuses
+    unless ``func`` is a class (Modules/_pickle.c ``load_newobj``), where REDUCE calls any callable."""
 
     func: GlobalRef | None
     args: Any = ()
     state: Any = None
+    new: bool = False
 
 
 # A pickled value: None, bool, int, float, complex, str, bytes, list, tuple, dict, set/frozenset,

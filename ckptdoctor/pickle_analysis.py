@@ -147,7 +147,10 @@ def with_verdicts(tree: Tree, allow: tuple[tuple[str, str], ...] = ()) -> Tree:
 
 
 def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
-    """Classes the stream rebuilds as TrainingArguments data: the root value, or a value of a root dict or list."""
+    """Classes the stream rebuilds as TrainingArguments data: the root value, or a value of a root dict or list.
+
+    Only NEWOBJ counts (``cls.__new__(cls)``: the unpickler refuses a non-class there); a REDUCE of the same name
+    with no arguments calls whatever callable the loader's environment holds under it, so it stays an error."""
     roots = [value]
     if type(value) is dict:
         roots.extend(list(value.values())[:64])
@@ -157,6 +160,7 @@ def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
     for v in roots:
         if (
             type(v) is Opaque
+            and v.new
             and v.func is not None
             and v.args == ()
             and type(v.state) is dict

@@ -233,3 +233,52 @@ def test_a_corrupt_nested_stream_does_not_hide_the_members_after_it(tmp_path: Pa
         (folder / name).write_bytes(data)
         assert any(rule == "CKD601" for rule, _ in _errors(folder)), name
     assert not canary.exists()
+
+
+def _found(folder: Path, limits: Limits | None = None) -> list[tuple[str, str, str, str]]:
+    report = scan(str(folder), limits=limits) if limits is not None else scan(str(folder))
+    return [(f.rule, f.severity.value, f.path, f.message) for f in report.findings]
+
+
+def test_a_pickle_member_over_the_per_member_limit_is_ckd001(tmp_path: Path) -> None:
+    """A member too big to walk is never silent: CKD001's warning names it, in a tar, a nested compressed tar and a
+    compressed stream alike (the rest of the archive is still judged)."""
+    big = pickle.dumps({"x": b"a" * 5000}, protocol=4)
+    files = {
+        "run.tar": _tar({"state.pkl": big, "small.pkl": pickle.dumps(1)}),
+        "outer.tar": _tar({"inner.tar.gz": _tar({"s.pkl": big}, "w:gz")}),
+        "state.pkl.gz": gzip.compress(big),
+    }
+    for name, data in files.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(data)
+        found = _found(folder, Limits(pickle_bytes=1000))
+        assert [(r, s, p) for r, s, p, _ in found] == [("CKD001", "warning", name)], found
+        assert "more than 1000 bytes: not walked" in found[0][3]
+
+
+def test_a_malformed_archive_is_reported_by_family(tmp_path: Path) -> None:
+    """An invalid tar header after the first ends the listing (``tarfile`` stops there without an error), and a
+    corrupt compressed member cannot be read: the members past that point are unchecked. In a tar of any name that
+    is CKD216's note; in a file named as a torch file, torch's own reading fails, so it is CKD203's error."""
+    tar = bytearray(_tar({"a.pkl": pickle.dumps([1, 2]), "b.pkl": pickle.dumps([3])}))
+    tar[1024 + 148 : 1024 + 156] = b"9999999\0"  # the second member's header checksum
+    with tarfile.open(fileobj=io.BytesIO(bytes(tar))) as t:
+        assert t.getnames() == ["a.pkl"]  # what every tar reader lists
+    truncated = _tar({"s.pkl": pickle.dumps([1] * 2000)}, "w:gz")[:80]
+    cases = {
+        "data.tar": (bytes(tar), "CKD216", "info", "invalid tar header"),
+        "run.tar": (_tar({"inner.tar.gz": truncated}), "CKD216", "info", "compressed stream is unreadable"),
+        "model.bin": (bytes(tar), "CKD203", "error", "invalid tar header"),
+    }
+    for name, (data, rule, severity, text) in cases.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(data)
+        found = _found(folder)
+        assert any((r, s, p) == (rule, severity, name) and text in m for r, s, p, m in found), found
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "data.tar").write_bytes(_tar({"a.pkl": pickle.dumps([1, 2])}))
+    assert _found(clean) == []

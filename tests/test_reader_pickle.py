@@ -69,7 +69,11 @@ def test_objects_become_opaque_with_built_state() -> None:
     assert problems == ()
     assert facts is not None
     p = facts.value["p"]
-    assert p == Opaque(GlobalRef(__name__, "Point"), (), {"x": 1, "tags": ["a"]})
+    assert p == Opaque(GlobalRef(__name__, "Point"), (), {"x": 1, "tags": ["a"]}, new=True)  # NEWOBJ made it
+    # a REDUCE of the same class (protocol 0's copyreg._reconstructor aside) is a call: ``new`` stays False
+    reduced = pickle.dumps(Point, protocol=2)[:-1] + b")R."  # GLOBAL Point, EMPTY_TUPLE, REDUCE
+    facts2, _, _ = walk_pickle(reduced)
+    assert facts2 is not None and facts2.value == Opaque(GlobalRef(__name__, "Point"), ())
     assert facts.value["again"] is p  # the memo entry sees the state BUILD applied
     assert GlobalRef(__name__, "Point") in facts.calls
 

@@ -4,11 +4,11 @@ name slip through by pattern; and clean files from the matrix's older stacks rai
 
 tests/data/stacks/ holds real files written by bench/stack_writer.py under the matrix's layers (see
 bench/make_allowlist.py): a 2-step Trainer run of transformers 4.40.2 saved as ``.bin``, TrainingArguments
-(default and FSDP) of 4.44.2, 4.46.3, 4.49.0, 4.51.3 and 4.55.4, peft 0.11.1 adapters (LoRA, DoRA, IA3,
-modules_to_save, prompt tuning) trained by the 4.40.2 Trainer, a Trainer run and numpy arrays, scalars and object
-arrays under numpy 1.26.4, a DeepSpeed 0.19.8 ZeRO-3 TrainingArguments of 4.40.2, and accelerate 1.15's
-``save_state`` under a ZeRO-3 ``DeepSpeedPlugin``. None of those releases is
-installed in the test environment: the verdict comes from the files' own facts.
+(default and FSDP) of 4.44.2, 4.46.3, 4.49.0, 4.51.3 and 4.55.4, a 4.40.2 Seq2SeqTrainingArguments holding a
+GenerationConfig, peft 0.11.1 adapters (LoRA, DoRA, IA3, modules_to_save, prompt tuning) trained by the 4.40.2
+Trainer, a Trainer run and numpy arrays, scalars and object arrays under numpy 1.26.4, a DeepSpeed 0.19.8 ZeRO-3
+TrainingArguments of 4.40.2, and accelerate 1.15's ``save_state`` under a ZeRO-3 ``DeepSpeedPlugin``. None of those
+releases is installed in the test environment: the verdict comes from the files' own facts.
 """
 
 from __future__ import annotations
@@ -130,6 +130,27 @@ def test_transformers_4x_training_args_raise_no_alarm(version: str) -> None:
     assert {p.name for p in args} >= {"training_args-fsdp.bin"}
     assert "transformers.trainer_utils.FSDPOption" in _globals(folder / "training_args-fsdp.bin")
     assert _alarms(folder) == []
+
+
+def test_a_seq2seq_variant_with_a_generation_config_is_pinned_and_raises_no_alarm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seq2SeqTrainingArguments with ``generation_config=GenerationConfig(...)`` (transformers 4.40.2) pickles the
+    GenerationConfig object too: the matrix writes that variant under every transformers stack, so the name is in the
+    pinned file and passes where transformers is not installed (no source to prove it a class)."""
+    path = STACKS / "transformers-4.40.2-seq2seq-training_args.bin"
+    gen = "transformers.generation.configuration_utils.GenerationConfig"
+    assert {gen, "transformers.training_args_seq2seq.Seq2SeqTrainingArguments"} <= _globals(path)
+    assert gen in pickle_policy.GENERATED
+    monkeypatch.setattr(pickle_policy, "_module_defs", lambda module: None)  # as if transformers were not installed
+    for cached in (pickle_policy._settled, pickle_policy.standing):
+        cached.cache_clear()
+    try:
+        report = scan(str(path), no_config=True)
+        assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
+    finally:
+        for cached in (pickle_policy._settled, pickle_policy.standing):
+            cached.cache_clear()
 
 
 @pytest.mark.parametrize("variant", PEFT_VARIANTS)

@@ -4,8 +4,9 @@ and the soundness property: whenever the static verdict has no security finding,
 ``find_class`` records every global sees only names the policy allows.
 
 tests/data/stacks/ holds ``training_args.bin`` files written by ``torch.save(args)`` (what ``Trainer._save``
-does) under TRL 1.16 (transformers 5.24) and DeepSpeed 0.19.8 ZeRO-2/3 configs, made with bench/make_allowlist.py's
-stacks; TRL is not installed in the test environment, so they pass on the stream's own facts.
+does) under TRL 1.16 (transformers 5.24; ORPO from ``trl.experimental``), TRL 1.12 (PPOConfig, which 1.13 dropped)
+and DeepSpeed 0.19.8 ZeRO-2/3 configs, made with bench/make_allowlist.py's stacks; TRL is not installed in the test
+environment, so they pass on the stream's own facts.
 """
 
 from __future__ import annotations
@@ -61,10 +62,34 @@ def _fresh_policy_caches() -> Iterator[None]:
 def test_real_trl_and_deepspeed_training_args_are_clean() -> None:
     assert importlib.util.find_spec("trl") is None, "TRL must not be installed here: the verdict comes from facts"
     files = sorted(p.name for p in STACKS.iterdir())
-    assert {f"trl-1.16-{c}.bin" for c in ("SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig")} <= set(
-        files
-    )
+    # the seven configs the issue names: ORPO from trl.experimental in 1.16, PPO from 1.12, the last TRL that has it
+    configs = ("SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "ORPOConfig")
+    assert {f"trl-1.16-{c}.bin" for c in configs} | {"trl-1.12-PPOConfig.bin"} <= set(files)
     assert _security(STACKS) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("trl-1.16-ORPOConfig.bin", "trl.experimental.orpo.orpo_config.ORPOConfig"),
+        ("trl-1.12-PPOConfig.bin", "trl.experimental.ppo.ppo_config.PPOConfig"),
+    ],
+)
+def test_experimental_trl_configs_are_training_arguments_data(
+    name: str, cls: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORPOConfig and PPOConfig live in ``trl.experimental``: with no allowlist entry for TRL at all, the stream's
+    own facts (NEWOBJ + BUILD of TrainingArguments' fields) admit them."""
+    import zipfile
+
+    monkeypatch.setattr(pickle_policy, "GENERATED", frozenset(g for g in pickle_policy.GENERATED if "trl" not in g))
+    with zipfile.ZipFile(STACKS / name) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    facts, _, _ = walk_pickle(pkl, persistent_load=lambda pid: None)
+    assert facts is not None and cls in {g.dotted for g in facts.calls}
+    verdict = judge(facts)
+    assert not verdict.unsafe and not verdict.unknown
+    assert any(g == cls and "TrainingArguments data" in why for g, why in verdict.admitted)
 
 
 def test_a_trl_config_is_admitted_by_the_stream_facts_not_a_name_list(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,6 +186,67 @@ def test_an_inhouse_training_arguments_subclass_passes_installed_or_not(
     pickle_policy._module_defs.cache_clear()
     assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.UNPROVEN
     assert _security(run) == []  # the stream rebuilds TrainingArguments data: NEWOBJ + BUILD of its fields
+
+
+def test_an_absent_subclass_passes_as_newobj_data_but_a_reduce_of_the_same_name_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TrainingArguments subclass from a module absent here (an in-house package) is saved by ``torch.save`` as
+    NEWOBJ + BUILD of its fields: the unpickler refuses NEWOBJ of anything but a class, so it passes. The same name
+    REDUCEd with no arguments, then BUILT with the same fields, calls whatever callable the loader holds under that
+    name: a CKD601 error, and the canary shows the loader really calls it."""
+    import sys
+    import types
+
+    from ckptdoctor.pickle_analysis import TRAINING_ARGS_FIELDS
+
+    mod = types.ModuleType("ckd_inhouse_absent")
+    called: list[str] = []
+
+    class Args:
+        pass
+
+    def make_args() -> Args:
+        called.append("make_args")
+        return Args()
+
+    for obj, name in ((Args, "Args"), (make_args, "make_args")):
+        obj.__module__, obj.__qualname__ = mod.__name__, name
+        setattr(mod, name, obj)
+
+    class Reduced:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (make_args, (), fields)
+
+    fields = {f: 1 for f in TRAINING_ARGS_FIELDS} | {"output_dir": "out", "team": "search"}
+    data = Args()
+    data.__dict__.update(fields)
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    for name, value in (("newobj", data), ("reduce", Reduced())):
+        (tmp_path / name).mkdir()
+        torch.save(value, tmp_path / name / "training_args.bin")
+    assert torch.load(tmp_path / "reduce" / "training_args.bin", weights_only=False).__dict__ == fields
+    assert called == ["make_args"]  # the REDUCE is live: loading calls the function
+    monkeypatch.delitem(sys.modules, mod.__name__)
+    assert standing(GlobalRef(mod.__name__, "Args"))[0] is Standing.UNPROVEN  # no source anywhere
+    assert _security(tmp_path / "newobj") == []
+    found = _security(tmp_path / "reduce")
+    assert any(f.startswith("CKD601") and "ckd_inhouse_absent.make_args" in f for f in found), found
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_a_pickled_range_is_data(tmp_path: Path, protocol: int) -> None:
+    """``range`` is one of the builtins Python's pickle documentation itself admits ("Restricting Globals"); protocols
+    0-2 name it ``__builtin__.xrange``, which the unpickler maps to ``builtins.range``. A call of a function beside it
+    is still an error."""
+    value = {"layers": range(0, 32, 2), "all": range(10**18)}
+    data = pickle.dumps(value, protocol=protocol)
+    assert pickle.loads(data) == value
+    (tmp_path / "a.pkl").write_bytes(data)
+    (tmp_path / "b.pkl").write_bytes(pickle.dumps({"r": range(3), "f": json.dumps}, protocol=protocol))
+    found = _security(tmp_path)
+    assert [f.split(":")[0] for f in found] == ["CKD601 b.pkl"], found
+    assert "range" not in found[0]
 
 
 def test_a_package_in_the_working_folder_vouches_for_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,12 +24,13 @@ OUT_OF_BAND = Opaque(None, ("<out-of-band buffer>",))
 class _Obj:
     """A mutable stand-in for an object the stream would create; frozen into ``Opaque`` at the end."""
 
-    __slots__ = ("args", "func", "state")
+    __slots__ = ("args", "func", "new", "state")
 
-    def __init__(self, func: Any, args: Any, state: Any = None) -> None:
+    def __init__(self, func: Any, args: Any, state: Any = None, new: bool = False) -> None:
         self.func = func
         self.args = args
         self.state = state
+        self.new = new  # made by NEWOBJ/NEWOBJ_EX (``Opaque.new``)
 
 
 class _SetNode:
@@ -69,7 +70,7 @@ def _hashable(v: Any, depth: int = 0) -> Any:
     if t is set or t is frozenset:
         return frozenset(_hashable(x, depth + 1) for x in v)
     if t is Opaque:
-        return Opaque(v.func, _hashable(v.args, depth + 1), _hashable(v.state, depth + 1))
+        return Opaque(v.func, _hashable(v.args, depth + 1), _hashable(v.state, depth + 1), v.new)
     raise ValueError("unhashable")
 
 
@@ -104,7 +105,7 @@ def _build(node: Any, kids: list[Any]) -> Any:
     if t is _Key:
         return kids[0]
     # _Obj
-    return Opaque(kids[0], kids[1], kids[2])
+    return Opaque(kids[0], kids[1], kids[2], node.new)
 
 
 def _children(node: Any) -> list[Any]:

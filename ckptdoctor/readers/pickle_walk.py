@@ -582,7 +582,7 @@ class _Walker:
                     cls = stack.pop()
                     self._call_target(cls)
                     self._passed(args)
-                    append(_Obj(cls, args) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
+                    append(_Obj(cls, args, new=True) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
                 elif op == 0x88:  # NEWTRUE
                     append(True)
                 elif op == 0x89:  # NEWFALSE
@@ -683,7 +683,7 @@ class _Walker:
                     self._call_target(cls)
                     self._passed((args, kwargs))
                     if type(cls) is GlobalRef:
-                        append(_Obj(cls, (args, kwargs)))
+                        append(_Obj(cls, (args, kwargs), new=True))
                     else:
                         append(_Obj(None, (cls, (args, kwargs))))
                 elif op == 0x69:  # INST

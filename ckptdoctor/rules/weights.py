@@ -1003,7 +1003,9 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     Names files of checkpoint formats outside what ckptdoctor reads (safetensors, torch, MindSpore `.ckpt`,
     TensorFlow bundles, HDF5): GGUF, Flax `.msgpack`, Keras 3 `.keras`, ONNX, TensorFlow Lite and SavedModel,
     TensorFlow 1.x `.meta`, PaddlePaddle `.pdparams`/`.pdopt`. (numpy `.npy`/`.npz` files are read: their headers,
-    and the pickled body of an object array, which the security rules judge.)
+    and the pickled body of an object array, which the security rules judge.) Also names a tar or gzip/bz2/xz
+    archive (not named as a torch file: CKD203 reports those) that could not be read to its end, an invalid tar
+    header after the first or a corrupt compressed stream, since its members past that point were not checked.
 
     ## Why is this bad?
     It is not bad in itself: the finding says that a clean report covers the other files only, so a damaged file of
@@ -1019,7 +1021,8 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     The formats' own loaders: llama.cpp `gguf-py/gguf/gguf_reader.py` (`GGUFReader`), flax
     `flax/serialization.py` (`msgpack_restore`), keras `keras/src/saving/saving_api.py` (`load_model`), onnx
     `onnx/__init__.py` (`load_model`), tensorflow `tensorflow/python/saved_model/load.py` (`load`), paddle
-    `python/paddle/framework/io.py` (`load`).
+    `python/paddle/framework/io.py` (`load`); for archives, CPython `Lib/tarfile.py` (`TarFile.next`: an invalid
+    header after the first ends the listing without an error) and `Lib/gzip.py` (`BadGzipFile`, `EOFError`).
     """
     for f in tree.all_files():
         lower = f.name.lower()
@@ -1027,3 +1030,9 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
             if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
                 yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
                 break
+        else:
+            if f.kind is FileKind.ARCHIVE and _family(f) != "torch":
+                for p in f.problems:
+                    if p.kind is ProblemKind.MALFORMED:
+                        yield Hit(f.path, f"archive read only in part ({p.message}): the members past it were not "
+                                          "checked")  # fmt: skip
