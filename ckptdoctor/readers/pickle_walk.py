@@ -275,6 +275,14 @@ class _Walker:
         self.calls: dict[GlobalRef, None] = {}
         self.persistent_ids = 0
         self._replayed_calls: set[int] = set()  # ids of GlobalRefs already in ``calls`` (kept alive by it)
+        self.n = len(data)
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []  # the stacks below each open MARK
+        self.memo: dict[int, Any] = {}
+        self.max_ops = limits.pickle_opcodes
+        self.max_memo = limits.pickle_memo_entries
+        self.max_marks = limits.nesting_depth
+        self.fast = _FAST_PATH
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -353,410 +361,501 @@ class _Walker:
         return result
 
     def run(self) -> Any:
-        """The opcode loop: one flat if-chain (the fastest dispatch in CPython), most frequent opcodes first."""
+        """The opcode loop: dispatches each opcode to its handler through a table indexed by the opcode byte.
+
+        A handler returns None, or True to hand control back: STOP (the walk's value is on the stack) or a BINGET of
+        ``torch._utils._rebuild_tensor_v2`` that may open a tensor run the fast path replays whole.
+        """
         data = self.data
-        n = len(data)
-        pos = self.pos
-        stack: list[Any] = []
-        metastack: list[list[Any]] = []
-        memo: dict[int, Any] = {}
-        append = stack.append
-        max_ops = self.limits.pickle_opcodes
-        max_memo = self.limits.pickle_memo_entries
-        max_marks = self.limits.nesting_depth
+        n = self.n
+        handlers = _HANDLERS
+        max_ops = self.max_ops
         count = 0
         op = -1
-        op_pos = pos
-        globals_ = self.globals
-        scalars = _SCALARS
-        fast = _FAST_PATH
-
-        def line() -> bytes:
-            nonlocal pos
-            end = data.find(b"\n", pos)
-            if end < 0:
-                raise _Malformed("truncated stream: line argument has no newline")
-            raw = data[pos:end]
-            pos = end + 1
-            return raw
-
-        def take(k: int) -> bytes:
-            nonlocal pos
-            if k < 0:
-                raise _Malformed(f"negative length {k}")
-            if pos + k > n:
-                raise _Malformed(f"truncated stream: needs {k} bytes, {n - pos} left")
-            raw = data[pos : pos + k]
-            pos += k
-            return raw
-
-        def pop_mark() -> list[Any]:
-            nonlocal stack, append
-            if not metastack:
-                raise _Malformed("no MARK to pop")
-            items = stack
-            stack = metastack.pop()
-            append = stack.append
-            return items
-
-        def memo_put(idx: int) -> None:
-            if not stack:
-                raise _Malformed("memo store with an empty stack")
-            memo[idx] = stack[-1]
-            if len(memo) > max_memo:
-                raise _Malformed(f"more than {max_memo} memo entries", ProblemKind.LIMIT)
-
-        def memo_get(idx: int) -> None:
-            try:
-                append(memo[idx])
-            except KeyError:
-                raise _Malformed(f"memo miss: index {idx} was never stored") from None
-
+        op_pos = self.pos
         try:
             while True:
-                if pos >= n:
+                pos = self.pos
+                if pos >= n:  # the problem names the last opcode read
                     raise _Malformed("truncated stream: no STOP opcode")
                 op_pos = pos
                 op = data[pos]
-                pos += 1
+                self.pos = pos + 1
                 count += 1
                 if count > max_ops:
                     raise _Malformed(f"more than {max_ops} opcodes", ProblemKind.LIMIT)
-                # Ordered by how often torch's data.pkl and optimizer pickles use them.
-                if op == 0x71:  # BINPUT
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    memo_put(data[pos])
-                    pos += 1
-                elif op == 0x68 or op == 0x6A:  # BINGET / LONG_BINGET
-                    if op == 0x68:
-                        if pos >= n:
-                            raise _Malformed("truncated stream")
-                        memo_get(data[pos])
-                        pos += 1
-                    else:
-                        memo_get(_unpack_u4(take(4))[0])
-                    top = stack[-1]
-                    if (
-                        type(top) is GlobalRef
-                        and top.name == "_rebuild_tensor_v2"
-                        and top.module == "torch._utils"
-                        and fast
-                        and len(metastack) + 2 <= max_marks
-                    ):
-                        found = _parse_run(data, pos, memo, max_ops - count, max_memo - len(memo))
-                        if found is not None:
-                            run = found[0]
-                            try:
-                                stack[-1] = self._replay(run, found[1], found[2], top, memo)
-                            except BaseException:
-                                # Only persistent_load can raise here: leave the walk where the generic loop
-                                # would be when it calls it, so the problem names the same opcode and byte.
-                                op, op_pos, pos, count = 0x51, run[2], run[2] + 1, count + run[3]
-                                raise
-                            pos, count, op, op_pos = run[0], count + run[1], run[4], run[5]
-                elif op == 0x58:  # BINUNICODE
-                    if pos + 4 > n:
-                        raise _Malformed("truncated stream")
-                    end = pos + 4 + _unpack_u4(data, pos)[0]
-                    if end > n:
-                        raise _Malformed(f"truncated stream: string ends at byte {end}, stream has {n}")
-                    append(data[pos + 4 : end].decode("utf-8", "surrogatepass"))
-                    pos = end
-                elif op == 0x4B:  # BININT1
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    append(data[pos])
-                    pos += 1
-                elif op == 0x28:  # MARK
-                    if len(metastack) >= max_marks:
-                        raise _Malformed(f"more than {max_marks} nested MARKs", ProblemKind.LIMIT)
-                    metastack.append(stack)
-                    stack = []
-                    append = stack.append
-                elif op == 0x74:  # TUPLE
-                    t = tuple(pop_mark())
-                    append(t)
-                elif op == 0x85:  # TUPLE1
-                    stack[-1] = (stack[-1],)
-                elif op == 0x86:  # TUPLE2
-                    b = stack.pop()
-                    stack[-1] = (stack[-1], b)
-                elif op == 0x87:  # TUPLE3
-                    c = stack.pop()
-                    b = stack.pop()
-                    stack[-1] = (stack[-1], b, c)
-                elif op == 0x72:  # LONG_BINPUT
-                    memo_put(_unpack_u4(take(4))[0])
-                elif op == 0x94:  # MEMOIZE
-                    memo_put(len(memo))
-                elif op == 0x8C:  # SHORT_BINUNICODE
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    k = data[pos]
-                    pos += 1
-                    append(take(k).decode("utf-8", "surrogatepass"))
-                elif op == 0x52:  # REDUCE
-                    args = stack.pop()
-                    func = stack[-1]
-                    self._passed(args)
-                    if type(func) is GlobalRef:
-                        self.calls[func] = None
-                        stack[-1] = _interpret(func, args) if type(args) is tuple else _Obj(func, args)
-                    else:
-                        self._call_target(func)
-                        stack[-1] = _Obj(None, (func, args))
-                elif op == 0x29:  # EMPTY_TUPLE
-                    append(())
-                elif op == 0x7D:  # EMPTY_DICT
-                    append({})
-                elif op == 0x5D:  # EMPTY_LIST
-                    append([])
-                elif op == 0x75:  # SETITEMS
-                    items = pop_mark()
-                    target = stack[-1]
-                    if len(items) % 2:
-                        raise _Malformed("SETITEMS with an odd number of items")
-                    if type(target) is dict:
-                        for i in range(0, len(items), 2):
-                            k = items[i]
-                            target[k if type(k) in scalars else _Key(k)] = items[i + 1]
-                    else:
-                        self._set_on_non_container(target, "SETITEMS")
-                elif op == 0x73:  # SETITEM
-                    v = stack.pop()
-                    k = stack.pop()
-                    target = stack[-1]
-                    if type(target) is dict:
-                        target[k if type(k) in scalars else _Key(k)] = v
-                    else:
-                        self._set_on_non_container(target, "SETITEM")
-                elif op == 0x65:  # APPENDS
-                    items = pop_mark()
-                    target = stack[-1]
-                    if type(target) is list:
-                        target.extend(items)
-                    else:
-                        self._set_on_non_container(target, "APPENDS")
-                elif op == 0x61:  # APPEND
-                    v = stack.pop()
-                    target = stack[-1]
-                    if type(target) is list:
-                        target.append(v)
-                    else:
-                        self._set_on_non_container(target, "APPEND")
-                elif op == 0x51:  # BINPERSID
-                    stack[-1] = self._persid(stack[-1])
-                elif op == 0x63:  # GLOBAL
-                    mod = line().decode("utf-8")
-                    name = line().decode("utf-8")
-                    ref = _global(mod, name, self.protocol)
-                    globals_[ref] = None
-                    append(ref)
-                elif op == 0x93:  # STACK_GLOBAL
-                    name_v = stack.pop()
-                    mod_v = stack.pop()
-                    # A name computed by a call (str.join ...) is a string only at load time: keep it unresolved.
-                    ref = _global(
-                        mod_v if type(mod_v) is str else "<dynamic>",
-                        name_v if type(name_v) is str else "<dynamic>",
-                        self.protocol,
-                    )
-                    globals_[ref] = None
-                    append(ref)
-                elif op == 0x62:  # BUILD
-                    state = stack.pop()
-                    inst = stack[-1]
-                    if type(inst) is _Obj:
-                        self._call_target(inst)
-                        if type(inst.state) is dict and type(state) is dict:
-                            inst.state.update(state)
-                        else:
-                            inst.state = state
-                    elif type(inst) is GlobalRef:
-                        self.calls[inst] = None
-                    # BUILD on a dict (torch's ``_metadata`` on state dicts) sets attributes, not items: the
-                    # value stays the plain dict.
-                elif op == 0x81:  # NEWOBJ
-                    args = stack.pop()
-                    cls = stack.pop()
-                    self._call_target(cls)
-                    self._passed(args)
-                    append(_Obj(cls, args, new=True) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
-                elif op == 0x88:  # NEWTRUE
-                    append(True)
-                elif op == 0x89:  # NEWFALSE
-                    append(False)
-                elif op == 0x4E:  # NONE
-                    append(None)
-                elif op == 0x4A:  # BININT
-                    append(_unpack_i4(take(4))[0])
-                elif op == 0x4D:  # BININT2
-                    append(_unpack_u2(take(2))[0])
-                elif op == 0x47:  # BINFLOAT
-                    append(_unpack_f8(take(8))[0])
-                elif op == 0x8A:  # LONG1
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    k = data[pos]
-                    pos += 1
-                    append(int.from_bytes(take(k), "little", signed=True))
-                elif op == 0x8B:  # LONG4
-                    append(int.from_bytes(take(_unpack_i4(take(4))[0]), "little", signed=True))
-                elif op == 0x43:  # SHORT_BINBYTES
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    k = data[pos]
-                    pos += 1
-                    append(take(k))
-                elif op == 0x42:  # BINBYTES
-                    append(take(_unpack_u4(take(4))[0]))
-                elif op == 0x8E or op == 0x96:  # BINBYTES8, BYTEARRAY8 (kept as bytes)
-                    append(take(_unpack_u8(take(8))[0]))
-                elif op == 0x8D:  # BINUNICODE8
-                    append(take(_unpack_u8(take(8))[0]).decode("utf-8", "surrogatepass"))
-                elif op == 0x55:  # SHORT_BINSTRING
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    k = data[pos]
-                    pos += 1
-                    append(_decode_str(take(k)))
-                elif op == 0x54:  # BINSTRING
-                    append(_decode_str(take(_unpack_i4(take(4))[0])))
-                elif op == 0x2E:  # STOP
-                    self.pos = pos
-                    self.count = count
-                    if not stack:
-                        raise _Malformed("STOP with an empty stack")
-                    return stack[-1]
-                elif op == 0x95:  # FRAME
-                    # Frames only group opcodes for buffered reads; the opcodes inside are walked as usual.
-                    frame_len = _unpack_u8(take(8))[0]
-                    if frame_len > n - pos:
-                        raise _Malformed(f"truncated stream: frame of {frame_len} bytes, {n - pos} left")
-                    _check_frame(data, pos, pos + frame_len)
-                elif op == 0x80:  # PROTO
-                    if pos >= n:
-                        raise _Malformed("truncated stream")
-                    proto = data[pos]
-                    pos += 1
-                    if proto > 5:
-                        raise _Malformed(f"unsupported pickle protocol {proto}")
-                    self.protocol = proto
-                elif op == 0x30:  # POP
-                    if stack:
-                        stack.pop()
-                    else:
-                        pop_mark()
-                elif op == 0x31:  # POP_MARK
-                    pop_mark()
-                elif op == 0x32:  # DUP
-                    append(stack[-1])
-                elif op == 0x64:  # DICT
-                    items = pop_mark()
-                    if len(items) % 2:
-                        raise _Malformed("DICT with an odd number of items")
-                    d: dict[Any, Any] = {}
-                    for i in range(0, len(items), 2):
-                        k = items[i]
-                        d[k if type(k) in scalars else _Key(k)] = items[i + 1]
-                    append(d)
-                elif op == 0x6C:  # LIST
-                    items = pop_mark()  # pop first: pop_mark rebinds ``append``
-                    append(items)
-                elif op == 0x8F:  # EMPTY_SET
-                    append(_SetNode([], False))
-                elif op == 0x90:  # ADDITEMS
-                    items = pop_mark()
-                    target = stack[-1]
-                    if type(target) is _SetNode and not target.frozen:
-                        target.items.extend(items)
-                    else:
-                        self._set_on_non_container(target, "ADDITEMS")
-                elif op == 0x91:  # FROZENSET
-                    items = pop_mark()
-                    append(_SetNode(items, True))
-                elif op == 0x92:  # NEWOBJ_EX
-                    kwargs = stack.pop()
-                    args = stack.pop()
-                    cls = stack.pop()
-                    self._call_target(cls)
-                    self._passed((args, kwargs))
-                    if type(cls) is GlobalRef:
-                        append(_Obj(cls, (args, kwargs), new=True))
-                    else:
-                        append(_Obj(None, (cls, (args, kwargs))))
-                elif op == 0x69:  # INST
-                    mod = line().decode("utf-8")
-                    name = line().decode("utf-8")
-                    ref = _global(mod, name, self.protocol)
-                    globals_[ref] = None
-                    self.calls[ref] = None
-                    items = pop_mark()
-                    self._passed(items)
-                    append(_Obj(ref, tuple(items)))
-                elif op == 0x6F:  # OBJ
-                    items = pop_mark()
-                    if not items:
-                        raise _Malformed("OBJ without a class")
-                    cls = items[0]
-                    self._call_target(cls)
-                    self._passed(items[1:])
-                    if type(cls) is GlobalRef:
-                        append(_Obj(cls, tuple(items[1:])))
-                    else:
-                        append(_Obj(None, (cls, tuple(items[1:]))))
-                elif op in (0x82, 0x83, 0x84):  # EXT1 / EXT2 / EXT4
-                    if op == 0x82:
-                        code = take(1)[0]
-                    elif op == 0x83:
-                        code = _unpack_u2(take(2))[0]
-                    else:
-                        code = _unpack_i4(take(4))[0]
-                    if code <= 0:
-                        raise _Malformed(f"extension code {code} <= 0")
-                    # The copyreg extension registry is process state: never look it up, keep it unresolved.
-                    ref = GlobalRef("<extension>", str(code))
-                    globals_[ref] = None
-                    append(ref)
-                elif op == 0x50:  # PERSID
-                    append(self._persid(line().decode("ascii")))
-                elif op == 0x49:  # INT
-                    raw = line()
-                    if raw == b"00":
-                        append(False)
-                    elif raw == b"01":
-                        append(True)
-                    else:
-                        append(int(raw))
-                elif op == 0x4C:  # LONG
-                    raw = line()
-                    append(int(raw[:-1] if raw.endswith(b"L") else raw))
-                elif op == 0x46:  # FLOAT
-                    append(float(line()))
-                elif op == 0x53:  # STRING
-                    raw = line().rstrip()
-                    if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b'"', b"'"):
-                        raise _Malformed("STRING argument is not quoted")
-                    append(_decode_str(codecs.escape_decode(raw[1:-1])[0]))
-                elif op == 0x56:  # UNICODE
-                    append(line().decode("raw-unicode-escape"))
-                elif op == 0x67:  # GET
-                    memo_get(int(line()))
-                elif op == 0x70:  # PUT
-                    memo_put(int(line()))
-                elif op == 0x97:  # NEXT_BUFFER
-                    append(OUT_OF_BAND)
-                elif op == 0x98:  # READONLY_BUFFER
-                    if not stack:  # the buffer itself stays opaque
-                        raise _Malformed("READONLY_BUFFER with an empty stack")
-                else:
-                    raise _Malformed(f"unknown opcode 0x{op:02x}")
+                if handlers[op](self):
+                    if op == 0x2E:  # STOP
+                        return self.stack[-1]
+                    found = _parse_run(data, self.pos, self.memo, max_ops - count, self.max_memo - len(self.memo))
+                    if found is not None:
+                        run = found[0]
+                        stack = self.stack
+                        try:
+                            stack[-1] = self._replay(run, found[1], found[2], stack[-1], self.memo)
+                        except BaseException:
+                            # Only persistent_load can raise here: leave the walk where the generic loop would be
+                            # when it calls it, so the problem names the same opcode and byte.
+                            op, op_pos, self.pos, count = 0x51, run[2], run[2] + 1, count + run[3]
+                            raise
+                        self.pos, count, op, op_pos = run[0], count + run[1], run[4], run[5]
         finally:
-            self.pos = pos
             self.count = count
             self.op_pos = op_pos
             self.op = op
+
+    # Argument readers: each moves ``pos`` past what it read before anything that can fail after it, so a problem
+    # reports the byte the walk stopped at.
+
+    def _line(self) -> bytes:
+        data = self.data
+        pos = self.pos
+        end = data.find(b"\n", pos)
+        if end < 0:
+            raise _Malformed("truncated stream: line argument has no newline")
+        self.pos = end + 1
+        return data[pos:end]
+
+    def _take(self, k: int) -> bytes:
+        if k < 0:
+            raise _Malformed(f"negative length {k}")
+        pos = self.pos
+        if pos + k > self.n:
+            raise _Malformed(f"truncated stream: needs {k} bytes, {self.n - pos} left")
+        self.pos = pos + k
+        return self.data[pos : pos + k]
+
+    def _peek_byte(self) -> int:
+        """A one-byte argument, left unread: BINPUT/BINGET move past it only once its memo access succeeded."""
+        pos = self.pos
+        if pos >= self.n:
+            raise _Malformed("truncated stream")
+        return self.data[pos]
+
+    def _byte(self) -> int:
+        pos = self.pos
+        if pos >= self.n:
+            raise _Malformed("truncated stream")
+        self.pos = pos + 1
+        return self.data[pos]
+
+    def _pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise _Malformed("no MARK to pop")
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def _memo_put(self, idx: int) -> None:
+        stack = self.stack
+        if not stack:
+            raise _Malformed("memo store with an empty stack")
+        memo = self.memo
+        memo[idx] = stack[-1]
+        if len(memo) > self.max_memo:
+            raise _Malformed(f"more than {self.max_memo} memo entries", ProblemKind.LIMIT)
+
+    def _memo_get(self, idx: int) -> None:
+        try:
+            self.stack.append(self.memo[idx])
+        except KeyError:
+            raise _Malformed(f"memo miss: index {idx} was never stored") from None
+
+    # Constants: each pushes the value of its argument.
+
+    def _op_none(self) -> None:
+        self.stack.append(None)
+
+    def _op_newtrue(self) -> None:
+        self.stack.append(True)
+
+    def _op_newfalse(self) -> None:
+        self.stack.append(False)
+
+    def _op_binint1(self) -> None:
+        self.stack.append(self._peek_byte())
+        self.pos += 1
+
+    def _op_binint(self) -> None:
+        self.stack.append(_unpack_i4(self._take(4))[0])
+
+    def _op_binint2(self) -> None:
+        self.stack.append(_unpack_u2(self._take(2))[0])
+
+    def _op_binfloat(self) -> None:
+        self.stack.append(_unpack_f8(self._take(8))[0])
+
+    def _op_long1(self) -> None:
+        k = self._byte()
+        self.stack.append(int.from_bytes(self._take(k), "little", signed=True))
+
+    def _op_long4(self) -> None:
+        self.stack.append(int.from_bytes(self._take(_unpack_i4(self._take(4))[0]), "little", signed=True))
+
+    def _op_int(self) -> None:
+        raw = self._line()
+        if raw == b"00":
+            self.stack.append(False)
+        elif raw == b"01":
+            self.stack.append(True)
+        else:
+            self.stack.append(int(raw))
+
+    def _op_long(self) -> None:
+        raw = self._line()
+        self.stack.append(int(raw[:-1] if raw.endswith(b"L") else raw))
+
+    def _op_float(self) -> None:
+        self.stack.append(float(self._line()))
+
+    def _op_binunicode(self) -> None:
+        data = self.data
+        pos = self.pos
+        n = self.n
+        if pos + 4 > n:
+            raise _Malformed("truncated stream")
+        end = pos + 4 + _unpack_u4(data, pos)[0]
+        if end > n:
+            raise _Malformed(f"truncated stream: string ends at byte {end}, stream has {n}")
+        self.stack.append(data[pos + 4 : end].decode("utf-8", "surrogatepass"))
+        self.pos = end
+
+    def _op_short_binunicode(self) -> None:
+        k = self._byte()
+        self.stack.append(self._take(k).decode("utf-8", "surrogatepass"))
+
+    def _op_binunicode8(self) -> None:
+        self.stack.append(self._take(_unpack_u8(self._take(8))[0]).decode("utf-8", "surrogatepass"))
+
+    def _op_unicode(self) -> None:
+        self.stack.append(self._line().decode("raw-unicode-escape"))
+
+    def _op_string(self) -> None:
+        raw = self._line().rstrip()
+        if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b'"', b"'"):
+            raise _Malformed("STRING argument is not quoted")
+        self.stack.append(_decode_str(codecs.escape_decode(raw[1:-1])[0]))
+
+    def _op_binstring(self) -> None:
+        self.stack.append(_decode_str(self._take(_unpack_i4(self._take(4))[0])))
+
+    def _op_short_binstring(self) -> None:
+        k = self._byte()
+        self.stack.append(_decode_str(self._take(k)))
+
+    def _op_binbytes(self) -> None:
+        self.stack.append(self._take(_unpack_u4(self._take(4))[0]))
+
+    def _op_short_binbytes(self) -> None:
+        k = self._byte()
+        self.stack.append(self._take(k))
+
+    def _op_binbytes8(self) -> None:  # also BYTEARRAY8, kept as bytes
+        self.stack.append(self._take(_unpack_u8(self._take(8))[0]))
+
+    def _op_next_buffer(self) -> None:
+        self.stack.append(OUT_OF_BAND)
+
+    def _op_readonly_buffer(self) -> None:
+        if not self.stack:  # the buffer itself stays opaque
+            raise _Malformed("READONLY_BUFFER with an empty stack")
+
+    # Memo, marks and the stack.
+
+    def _op_binput(self) -> None:
+        self._memo_put(self._peek_byte())
+        self.pos += 1
+
+    def _op_long_binput(self) -> None:
+        self._memo_put(_unpack_u4(self._take(4))[0])
+
+    def _op_put(self) -> None:
+        self._memo_put(int(self._line()))
+
+    def _op_memoize(self) -> None:
+        self._memo_put(len(self.memo))
+
+    def _op_binget(self) -> bool:
+        self._memo_get(self._peek_byte())
+        self.pos += 1
+        return self._may_open_run()
+
+    def _op_long_binget(self) -> bool:
+        self._memo_get(_unpack_u4(self._take(4))[0])
+        return self._may_open_run()
+
+    def _may_open_run(self) -> bool:
+        """Whether the global just read back is the tensor rebuild that opens a run the fast path can replay."""
+        top = self.stack[-1]
+        return (
+            type(top) is GlobalRef
+            and top.name == "_rebuild_tensor_v2"
+            and top.module == "torch._utils"
+            and self.fast
+            and len(self.metastack) + 2 <= self.max_marks
+        )
+
+    def _op_get(self) -> None:
+        self._memo_get(int(self._line()))
+
+    def _op_mark(self) -> None:
+        metastack = self.metastack
+        if len(metastack) >= self.max_marks:
+            raise _Malformed(f"more than {self.max_marks} nested MARKs", ProblemKind.LIMIT)
+        metastack.append(self.stack)
+        self.stack = []
+
+    def _op_pop(self) -> None:
+        if self.stack:
+            self.stack.pop()
+        else:
+            self._pop_mark()
+
+    def _op_pop_mark(self) -> None:
+        self._pop_mark()
+
+    def _op_dup(self) -> None:
+        stack = self.stack
+        stack.append(stack[-1])
+
+    # Containers: tuples, lists, dicts and sets, built empty or from the items above a MARK, then filled.
+
+    def _op_empty_tuple(self) -> None:
+        self.stack.append(())
+
+    def _op_tuple(self) -> None:
+        t = tuple(self._pop_mark())
+        self.stack.append(t)
+
+    def _op_tuple1(self) -> None:
+        stack = self.stack
+        stack[-1] = (stack[-1],)
+
+    def _op_tuple2(self) -> None:
+        stack = self.stack
+        b = stack.pop()
+        stack[-1] = (stack[-1], b)
+
+    def _op_tuple3(self) -> None:
+        stack = self.stack
+        c = stack.pop()
+        b = stack.pop()
+        stack[-1] = (stack[-1], b, c)
+
+    def _op_empty_list(self) -> None:
+        self.stack.append([])
+
+    def _op_list(self) -> None:
+        items = self._pop_mark()  # pop first: it rebinds ``stack``
+        self.stack.append(items)
+
+    def _op_empty_dict(self) -> None:
+        self.stack.append({})
+
+    def _op_dict(self) -> None:
+        items = self._pop_mark()
+        if len(items) % 2:
+            raise _Malformed("DICT with an odd number of items")
+        d: dict[Any, Any] = {}
+        for i in range(0, len(items), 2):
+            k = items[i]
+            d[k if type(k) in _SCALARS else _Key(k)] = items[i + 1]
+        self.stack.append(d)
+
+    def _op_empty_set(self) -> None:
+        self.stack.append(_SetNode([], False))
+
+    def _op_frozenset(self) -> None:
+        items = self._pop_mark()
+        self.stack.append(_SetNode(items, True))
+
+    def _op_setitems(self) -> None:
+        items = self._pop_mark()
+        target = self.stack[-1]
+        if len(items) % 2:
+            raise _Malformed("SETITEMS with an odd number of items")
+        if type(target) is dict:
+            scalars = _SCALARS
+            for i in range(0, len(items), 2):
+                k = items[i]
+                target[k if type(k) in scalars else _Key(k)] = items[i + 1]
+        else:
+            self._set_on_non_container(target, "SETITEMS")
+
+    def _op_setitem(self) -> None:
+        stack = self.stack
+        v = stack.pop()
+        k = stack.pop()
+        target = stack[-1]
+        if type(target) is dict:
+            target[k if type(k) in _SCALARS else _Key(k)] = v
+        else:
+            self._set_on_non_container(target, "SETITEM")
+
+    def _op_appends(self) -> None:
+        items = self._pop_mark()
+        target = self.stack[-1]
+        if type(target) is list:
+            target.extend(items)
+        else:
+            self._set_on_non_container(target, "APPENDS")
+
+    def _op_append(self) -> None:
+        stack = self.stack
+        v = stack.pop()
+        target = stack[-1]
+        if type(target) is list:
+            target.append(v)
+        else:
+            self._set_on_non_container(target, "APPEND")
+
+    def _op_additems(self) -> None:
+        items = self._pop_mark()
+        target = self.stack[-1]
+        if type(target) is _SetNode and not target.frozen:
+            target.items.extend(items)
+        else:
+            self._set_on_non_container(target, "ADDITEMS")
+
+    # Globals and calls: what loading would import, and what it would call.
+
+    def _line_global(self) -> GlobalRef:
+        """The global named by the two text lines of GLOBAL and INST, recorded as imported."""
+        mod = self._line().decode("utf-8")
+        name = self._line().decode("utf-8")
+        ref = _global(mod, name, self.protocol)
+        self.globals[ref] = None
+        return ref
+
+    def _op_global(self) -> None:
+        self.stack.append(self._line_global())
+
+    def _op_stack_global(self) -> None:
+        stack = self.stack
+        name_v = stack.pop()
+        mod_v = stack.pop()
+        # A name computed by a call (str.join ...) is a string only at load time: keep it unresolved.
+        ref = _global(
+            mod_v if type(mod_v) is str else "<dynamic>",
+            name_v if type(name_v) is str else "<dynamic>",
+            self.protocol,
+        )
+        self.globals[ref] = None
+        stack.append(ref)
+
+    def _op_ext(self) -> None:  # EXT1 / EXT2 / EXT4
+        op = self.data[self.pos - 1]
+        if op == 0x82:
+            code = self._take(1)[0]
+        elif op == 0x83:
+            code = _unpack_u2(self._take(2))[0]
+        else:
+            code = _unpack_i4(self._take(4))[0]
+        if code <= 0:
+            raise _Malformed(f"extension code {code} <= 0")
+        # The copyreg extension registry is process state: never look it up, keep it unresolved.
+        ref = GlobalRef("<extension>", str(code))
+        self.globals[ref] = None
+        self.stack.append(ref)
+
+    def _op_reduce(self) -> None:
+        stack = self.stack
+        args = stack.pop()
+        func = stack[-1]
+        self._passed(args)
+        if type(func) is GlobalRef:
+            self.calls[func] = None
+            stack[-1] = _interpret(func, args) if type(args) is tuple else _Obj(func, args)
+        else:
+            self._call_target(func)
+            stack[-1] = _Obj(None, (func, args))
+
+    def _op_build(self) -> None:
+        stack = self.stack
+        state = stack.pop()
+        inst = stack[-1]
+        if type(inst) is _Obj:
+            self._call_target(inst)
+            if type(inst.state) is dict and type(state) is dict:
+                inst.state.update(state)
+            else:
+                inst.state = state
+        elif type(inst) is GlobalRef:
+            self.calls[inst] = None
+        # BUILD on a dict (torch's ``_metadata`` on state dicts) sets attributes, not items: the value stays the
+        # plain dict.
+
+    def _op_newobj(self) -> None:
+        stack = self.stack
+        args = stack.pop()
+        cls = stack.pop()
+        self._call_target(cls)
+        self._passed(args)
+        stack.append(_Obj(cls, args, new=True) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
+
+    def _op_newobj_ex(self) -> None:
+        stack = self.stack
+        kwargs = stack.pop()
+        args = stack.pop()
+        cls = stack.pop()
+        self._call_target(cls)
+        self._passed((args, kwargs))
+        if type(cls) is GlobalRef:
+            stack.append(_Obj(cls, (args, kwargs), new=True))
+        else:
+            stack.append(_Obj(None, (cls, (args, kwargs))))
+
+    def _op_inst(self) -> None:
+        ref = self._line_global()
+        self.calls[ref] = None
+        items = self._pop_mark()
+        self._passed(items)
+        self.stack.append(_Obj(ref, tuple(items)))
+
+    def _op_obj(self) -> None:
+        items = self._pop_mark()
+        if not items:
+            raise _Malformed("OBJ without a class")
+        cls = items[0]
+        self._call_target(cls)
+        self._passed(items[1:])
+        if type(cls) is GlobalRef:
+            self.stack.append(_Obj(cls, tuple(items[1:])))
+        else:
+            self.stack.append(_Obj(None, (cls, tuple(items[1:]))))
+
+    # Persistent ids: references to data outside the stream (torch's storages).
+
+    def _op_binpersid(self) -> None:
+        stack = self.stack
+        stack[-1] = self._persid(stack[-1])
+
+    def _op_persid(self) -> None:
+        self.stack.append(self._persid(self._line().decode("ascii")))
+
+    # Framing, protocol and the end of the stream.
+
+    def _op_proto(self) -> None:
+        proto = self._byte()
+        if proto > 5:
+            raise _Malformed(f"unsupported pickle protocol {proto}")
+        self.protocol = proto
+
+    def _op_frame(self) -> None:
+        # Frames only group opcodes for buffered reads; the opcodes inside are walked as usual.
+        frame_len = _unpack_u8(self._take(8))[0]
+        pos = self.pos
+        if frame_len > self.n - pos:
+            raise _Malformed(f"truncated stream: frame of {frame_len} bytes, {self.n - pos} left")
+        _check_frame(self.data, pos, pos + frame_len)
+
+    def _op_stop(self) -> bool:
+        if not self.stack:
+            raise _Malformed("STOP with an empty stack")
+        return True
+
+    def _op_unknown(self) -> None:
+        raise _Malformed(f"unknown opcode 0x{self.data[self.pos - 1]:02x}")
 
     def _set_on_non_container(self, target: Any, opname: str) -> None:
         """APPEND/SETITEM/ADDITEMS on something that is not the matching container."""
@@ -765,6 +864,33 @@ class _Walker:
             self._call_target(target)
             return
         raise _Malformed(f"{opname} on a {type(target).__name__}")
+
+
+# The handler of each opcode byte, indexed by the byte: one list lookup per opcode, shared by every walker.
+_HANDLER_NAMES = {
+    0x4E: "_op_none", 0x88: "_op_newtrue", 0x89: "_op_newfalse", 0x4B: "_op_binint1", 0x4A: "_op_binint",
+    0x4D: "_op_binint2", 0x47: "_op_binfloat", 0x8A: "_op_long1", 0x8B: "_op_long4", 0x49: "_op_int",
+    0x4C: "_op_long", 0x46: "_op_float", 0x58: "_op_binunicode", 0x8C: "_op_short_binunicode",
+    0x8D: "_op_binunicode8", 0x56: "_op_unicode", 0x53: "_op_string", 0x54: "_op_binstring",
+    0x55: "_op_short_binstring", 0x42: "_op_binbytes", 0x43: "_op_short_binbytes", 0x8E: "_op_binbytes8",
+    0x96: "_op_binbytes8", 0x97: "_op_next_buffer", 0x98: "_op_readonly_buffer",
+    0x71: "_op_binput", 0x72: "_op_long_binput", 0x70: "_op_put", 0x94: "_op_memoize", 0x68: "_op_binget",
+    0x6A: "_op_long_binget", 0x67: "_op_get", 0x28: "_op_mark", 0x30: "_op_pop", 0x31: "_op_pop_mark",
+    0x32: "_op_dup",
+    0x29: "_op_empty_tuple", 0x74: "_op_tuple", 0x85: "_op_tuple1", 0x86: "_op_tuple2", 0x87: "_op_tuple3",
+    0x5D: "_op_empty_list", 0x6C: "_op_list", 0x7D: "_op_empty_dict", 0x64: "_op_dict", 0x8F: "_op_empty_set",
+    0x91: "_op_frozenset", 0x75: "_op_setitems", 0x73: "_op_setitem", 0x65: "_op_appends", 0x61: "_op_append",
+    0x90: "_op_additems",
+    0x63: "_op_global", 0x93: "_op_stack_global", 0x82: "_op_ext", 0x83: "_op_ext", 0x84: "_op_ext",
+    0x52: "_op_reduce", 0x62: "_op_build", 0x81: "_op_newobj", 0x92: "_op_newobj_ex", 0x69: "_op_inst",
+    0x6F: "_op_obj",
+    0x51: "_op_binpersid", 0x50: "_op_persid",
+    0x80: "_op_proto", 0x95: "_op_frame", 0x2E: "_op_stop",
+}  # fmt: skip
+_HANDLERS: list[Callable[[_Walker], bool | None]] = [
+    getattr(_Walker, _HANDLER_NAMES.get(byte, "_op_unknown")) for byte in range(256)
+]
+assert _HANDLER_NAMES.keys() == _OPNAMES.keys()  # every opcode the walk names has its handler
 
 
 def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleFacts | None:
