@@ -1,0 +1,47 @@
+"""Time one ckptdoctor command from several checkouts, alternately, as bench/RESULTS.md's comparisons do.
+
+Usage::
+
+    python bench/compare_checkouts.py CHECKOUT[,CHECKOUT...] RUNS -- ARGS...
+    python bench/compare_checkouts.py /tmp/wt-base,. 15 -- scan --format json /tmp/ckb/7b-100
+
+Each round runs ``PYTHONPATH=<checkout> python -m ckptdoctor ARGS`` once per checkout from ``/tmp``, the order
+reversed every other round, with bytecode cached per checkout (``PYTHONPYCACHEPREFIX``; a first warm-up round writes
+the caches and is not counted). Prints each checkout's median wall time and the child's median CPU time (user+sys).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def main(argv: list[str]) -> None:
+    """Parse ``CHECKOUTS RUNS -- ARGS`` and print the medians."""
+    if len(argv) < 4 or argv[2] != "--":
+        raise SystemExit(__doc__)
+    checkouts = [os.path.abspath(c) for c in argv[0].split(",")]
+    runs, args = int(argv[1]), argv[3:]
+    wall: dict[str, list[float]] = {c: [] for c in checkouts}
+    cpu: dict[str, list[float]] = {c: [] for c in checkouts}
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for i in range(runs + 1):
+        for c in checkouts if i % 2 == 0 else checkouts[::-1]:
+            env = {**base, "PYTHONPATH": c, "PYTHONPYCACHEPREFIX": "/tmp/pyc" + c.replace("/", "_")}
+            start = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "ckptdoctor", *args], env=env, cwd="/tmp",
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            _, _, usage = os.wait4(proc.pid, 0)
+            if i:  # round 0 writes the bytecode caches
+                wall[c].append(time.perf_counter() - start)
+                cpu[c].append(usage.ru_utime + usage.ru_stime)
+    for c in checkouts:
+        print(f"{c}: wall median {statistics.median(wall[c]) * 1000:.1f} ms (min {min(wall[c]) * 1000:.1f}), "
+              f"cpu median {statistics.median(cpu[c]) * 1000:.1f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
