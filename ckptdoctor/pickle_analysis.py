@@ -25,6 +25,7 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
+from ckptdoctor.readers.sniff import protocol_header
 from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
@@ -303,7 +304,7 @@ def _candidate(v: object) -> bytes | None:
 
 
 def _is_serialized(b: bytes) -> bool:
-    return (len(b) >= 2 and b[0] == 0x80 and 2 <= b[1] <= 5) or b[:4] == b"PK\x03\x04"
+    return protocol_header(b) or b[:4] == b"PK\x03\x04"
 
 
 def _unbase64(b: bytes) -> bytes | None:

@@ -183,8 +183,9 @@ def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadO
     a pickle (a polyglot), which ``pickle.load``, ``np.load(allow_pickle=True)`` or a legacy ``torch.load`` would
     run: that reading is judged too (``alt_pickle``).
     """
-    from ckptdoctor.readers.rawpickle import pickled_head, read_as_pickle
+    from ckptdoctor.readers.rawpickle import read_as_pickle
     from ckptdoctor.readers.safetensors import read_safetensors
+    from ckptdoctor.readers.sniff import pickled_head
 
     outcome = read_safetensors(f, size, limits)
     f.seek(0)

@@ -36,8 +36,9 @@ from ckptdoctor.readers.sniff import (
     LEGACY_MAGIC,
     NPY_MAGIC,
     TAR_BLOCK,
-    looks_like_old_pickle,
+    pickled_head,
     shifted_head,
+    tar_number,
 )
 from ckptdoctor.readers.sniff import compression as _compression
 from ckptdoctor.readers.sniff import looks_like_tar as _looks_like_tar
@@ -191,17 +192,6 @@ class TarMember:
     readable: bool
 
 
-def _number(raw: bytes) -> int | None:
-    """A tar number field as ``tarfile.nti`` reads it; None where nti raises (an invalid header)."""
-    if raw[:1] in (b"\x80", b"\xff"):
-        n = int.from_bytes(raw[1:], "big")
-        return n - 256 ** (len(raw) - 1) if raw[0] == 0xFF else n
-    try:
-        return int(raw.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
-    except (UnicodeDecodeError, ValueError):
-        return None
-
-
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
@@ -264,7 +254,7 @@ class ArchiveScan:
             block = r.read(TAR_BLOCK)
             if len(block) < TAR_BLOCK or block.count(0) == TAR_BLOCK:
                 return  # the end (tarfile: empty, truncated or end-of-archive header)
-            numbers = [_number(block[a:b]) for a, b in _NUMBER_FIELDS]
+            numbers = [tar_number(block[a:b]) for a, b in _NUMBER_FIELDS]
             if not _looks_like_tar(block) or None in numbers or (numbers[3] or 0) < 0:
                 if not first:  # tarfile stops without a word at an invalid header after the first
                     self.problems.append(_problem(ProblemKind.MALFORMED, f"{where}invalid tar header: the rest is "
@@ -333,9 +323,7 @@ class ArchiveScan:
             return
         npy = head.startswith(NPY_MAGIC)
         torch = head.startswith((_ZIP_LOCAL, LEGACY_MAGIC))
-        pickled = (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or looks_like_old_pickle(
-            head, lower.endswith(_PICKLE_SUFFIXES)
-        )
+        pickled = pickled_head(head, lower.endswith(_PICKLE_SUFFIXES))
         shifted = not (npy or torch or pickled) and shifted_head(head)
         if not (npy or torch or pickled or shifted):
             return
@@ -441,7 +429,7 @@ def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader
             raise
         scan.problems.append(_problem(ProblemKind.MALFORMED, f"compressed stream is unreadable: {exc}"))
     merged = merge_pickles(None, scan.pickles)
-    from ckptdoctor.readers.rawpickle import pickled_head, read_as_pickle
+    from ckptdoctor.readers.rawpickle import read_as_pickle
 
     # A polyglot: a plain pickle.load of the file reads its first bytes as a pickle.
     alt = read_as_pickle(f, size, limits) if pickled_head(head) else None

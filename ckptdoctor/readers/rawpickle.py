@@ -55,13 +55,6 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
     return ReadOutcome(merge_pickles(facts, extra), tuple(more))
 
 
-def pickled_head(head: bytes) -> bool:
-    """Whether a pickle loader reading these first bytes would unpickle something: a protocol 2-5 header, or a
-    protocol 0/1 stream as the sniffer recognises one."""
-    from ckptdoctor.readers.sniff import looks_like_old_pickle
-
-    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or looks_like_old_pickle(head, False)
-
 
 def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> PickleFacts | None:
     """The streams ``pickle.load`` (called again, as legacy ``torch.load`` does) reads from the start of a file the

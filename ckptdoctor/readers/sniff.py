@@ -89,7 +89,7 @@ def sniff(
         return FileKind.ARCHIVE  # extracted and its members unpickled by whoever unpacks it
     if _looks_like_safetensors(head):
         return FileKind.SAFETENSORS
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+    if protocol_header(head):
         return FileKind.PICKLE
     if looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES)):
         return FileKind.PICKLE
@@ -124,22 +124,26 @@ def compression(head: bytes) -> str | None:
     return None
 
 
+def tar_number(raw: bytes) -> int | None:
+    """A tar number field as ``tarfile.nti`` reads it; None where nti raises (an invalid header)."""
+    if raw[:1] in (b"\x80", b"\xff"):
+        n = int.from_bytes(raw[1:], "big")
+        return n - 256 ** (len(raw) - 1) if raw[0] == 0xFF else n
+    try:
+        return int(raw.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 def looks_like_tar(head: bytes) -> bool:
     """Whether ``tarfile`` accepts the first ``TAR_BLOCK`` bytes of ``head`` as a first header: not all zeros,
     and a checksum field matching the header's unsigned or signed byte sum (``tarfile.TarInfo.frombuf``)."""
     block = head[:TAR_BLOCK]
     if len(block) != TAR_BLOCK or block.count(0) == TAR_BLOCK:
         return False
-    field = block[148:156]
-    if field[0] in (0o200, 0o377):  # tarfile's base-256 numbers
-        chksum = int.from_bytes(field[1:], "big")
-        if field[0] == 0o377:
-            chksum -= 256**7
-    else:
-        try:
-            chksum = int(field.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
-        except (UnicodeDecodeError, ValueError):
-            return False
+    chksum = tar_number(block[148:156])
+    if chksum is None:
+        return False
     body = block[:148] + b" " * 8 + block[156:]
     unsigned = 256 + sum(block[:148]) + sum(block[156:])
     signed = unsigned - 256 * sum(1 for b in body if b > 127)
@@ -226,13 +230,23 @@ def _looks_like_safetensors(head: bytes) -> bool:
     return after[:1] in (b"", b'"', b"}")
 
 
+def protocol_header(head: bytes) -> bool:
+    """Whether ``head`` starts with a pickle protocol 2-5 header (``PROTO`` and its version byte)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def pickled_head(head: bytes, name_hint: bool = False) -> bool:
+    """Whether a pickle loader reading these first bytes would unpickle something: a protocol 2-5 header, or a
+    protocol 0/1 stream as the sniffer recognises one (``name_hint``: the name promises a pickle)."""
+    return protocol_header(head) or looks_like_old_pickle(head, name_hint)
+
+
 def shifted_head(head: bytes) -> bool:
     """``head``'s first byte is no pickle opcode and a pickle starts right after it: a protocol 2-5 header, or a
     protocol 0/1 stream that imports or calls something (``looks_like_old_pickle``)."""
     if len(head) <= 2 or chr(head[0]) in OPCODE_CODES:
         return False
-    rest = head[1:]
-    return (rest[0] == 0x80 and 2 <= rest[1] <= 5) or looks_like_old_pickle(rest, False)
+    return pickled_head(head[1:])
 
 
 def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:

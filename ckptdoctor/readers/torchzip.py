@@ -22,8 +22,8 @@ from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
     TAR_BLOCK,
     compression,
-    looks_like_old_pickle,
     looks_like_tar,
+    pickled_head,
     shifted_head,
 )
 from ckptdoctor.readers.torchlegacy import _read_legacy
@@ -219,11 +219,6 @@ def _layout_problems(
 
 
 
-def _looks_pickled(head: bytes) -> bool:
-    """A protocol 2-5 pickle header (protocol 0/1 records are caught by their `.pkl` name)."""
-    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
 def _extra_pickles(
     f: BinaryIO, d: _Directory, main: ZipMember | None, prefix: str, limits: Limits, depth: int
 ) -> tuple[list[PickleFacts], list[ReadProblem]]:
@@ -258,7 +253,7 @@ def _extra_pickles(
             continue
         archive = looks_like_tar(head) or compression(head) is not None
         shifted = not (named or nested_zip or archive) and shifted_head(head)
-        pickled = named or _looks_pickled(head) or looks_like_old_pickle(head, False)
+        pickled = named or pickled_head(head)
         if not (pickled or nested_zip or archive or shifted):
             continue
         if len(names) >= _MAX_EXTRA_PICKLES:
