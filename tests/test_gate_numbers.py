@@ -270,3 +270,24 @@ def test_hostile_training_args_json_is_a_usage_error(built: Run, tmp_path: Path,
     path = tmp_path / "args.json"
     path.write_text(content)
     assert check_cli(built, "--training-args", str(path)) in (0, 2)
+
+
+def test_the_runs_own_warmup_ratio_counts_where_the_uninterrupted_schedule_is_rebuilt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transformers 4 run with `warmup_steps=0, warmup_ratio=0.1` warms up for 10 of its 100 steps: the jump
+    rule's view of the run (``_warming_up``, ``_uninterrupted``) reads that ratio as the plan does."""
+    import dataclasses
+
+    from ckptdoctor import trainer_view
+    from ckptdoctor.resume import rules as gate_rules
+
+    args = {"warmup_steps": 0, "warmup_ratio": 0.1, "lr_scheduler_type": "linear", "learning_rate": 0.1}
+    monkeypatch.setattr(trainer_view, "training_args", lambda ck: args)
+    monkeypatch.setattr(trainer_view, "scheduler_state", lambda ck: None)
+    fields = {f.name: None for f in dataclasses.fields(trainer_view.TrainerStateView)}
+    ts = trainer_view.TrainerStateView(**{**fields, "max_steps": 100, "log_history": ()})
+    assert gate_rules._warming_up(None, ts, 5)  # type: ignore[arg-type]
+    assert not gate_rules._warming_up(None, ts, 10)  # type: ignore[arg-type]
+    lrs = gate_rules._uninterrupted(None, ts, 0, 2)  # type: ignore[arg-type]
+    assert lrs is not None and lrs[0] == 0.0 and lrs[1] == pytest.approx(0.01)

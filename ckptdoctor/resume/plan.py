@@ -158,6 +158,13 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     return out
 
 
+def own_warmup(own: Mapping[str, Any]) -> Any:
+    """The warm-up a ``plan_from_training_args`` mapping holds: ``warmup_steps``, else transformers 4's
+    ``warmup_ratio`` (kept in its place when ``warmup_steps`` is 0); ``schedules.warmup_steps_for`` reads a value
+    below 1 as a ratio of max_steps. None when neither is set."""
+    return own.get("warmup_steps", own.get("warmup_ratio"))
+
+
 _YAML_NUMBERS = ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio")
 
 
@@ -452,7 +459,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
     stype = args.get("lr_scheduler_type")
     stype = pick("lr_scheduler_type", plan.lr_scheduler_type, stype if isinstance(stype, str) else None)
     own = plan_from_training_args(args) if args else {}
-    own_warmup = own.get("warmup_steps", own.get("warmup_ratio"))
+    run_warmup = own_warmup(own)
     planned_warmup, args_error = plan.warmup_steps, None
     if plan.warmup_ratio is not None and (planned_warmup is None or (major < 5 and not planned_warmup > 0)):
         # 4.x's get_warmup_steps: warmup_steps when above 0, else ceil(max_steps x warmup_ratio); the gate keeps a
@@ -463,7 +470,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
         args_error = (f"warmup_steps {planned_warmup:g} (planned) is not an integer: transformers {version}'s "
                       "TrainingArguments raises ValueError(\"warmup_steps must be of type int and must be 0 or a "
                       "positive integer.\") before train() starts (a ratio is warmup_ratio there)")
-    warmup = pick("warmup_steps", planned_warmup, own_warmup)
+    warmup = pick("warmup_steps", planned_warmup, run_warmup)
     kw = pick("lr_scheduler_kwargs", plan.lr_scheduler_kwargs, parse_kwargs(args.get("lr_scheduler_kwargs")))
     skip_flag = args.get("ignore_data_skip")
     ignore = pick("ignore_data_skip", plan.ignore_data_skip, skip_flag if isinstance(skip_flag, bool) else None)

@@ -307,7 +307,7 @@ def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int
     """The LRs the run itself, not interrupted, uses at the ``n`` optimizer steps after ``start`` (None for a step
     past its own ``max_steps``), from its own schedule; None when that schedule cannot be rebuilt."""
     from ckptdoctor import schedules
-    from ckptdoctor.resume.plan import INT_LIMIT, parse_kwargs, plan_from_training_args
+    from ckptdoctor.resume.plan import INT_LIMIT, own_warmup, parse_kwargs, plan_from_training_args
 
     args = trainer_view.training_args(ck)
     total = ts.max_steps
@@ -320,7 +320,7 @@ def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int
     if base is None or lr_init is None:
         return None
     try:
-        warmup = schedules.warmup_steps_for(plan_from_training_args(args).get("warmup_steps", 0.0), total)
+        warmup = schedules.warmup_steps_for(own_warmup(plan_from_training_args(args)) or 0.0, total)
         sched = schedules.build(args["lr_scheduler_type"], num_warmup_steps=warmup, num_training_steps=total,
                                 lr_init=lr_init, kwargs=parse_kwargs(args.get("lr_scheduler_kwargs")))
         # the optimizer step after global_step g uses the scheduler at step g (LambdaLR steps after each update)
@@ -332,11 +332,11 @@ def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int
 def _warming_up(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int) -> bool:
     """True when the run was still in its own warm-up at ``start`` (False when that cannot be computed)."""
     from ckptdoctor import schedules
-    from ckptdoctor.resume.plan import plan_from_training_args
+    from ckptdoctor.resume.plan import own_warmup, plan_from_training_args
 
-    own_warmup = plan_from_training_args(trainer_view.training_args(ck) or {}).get("warmup_steps", 0.0)
+    warmup = own_warmup(plan_from_training_args(trainer_view.training_args(ck) or {})) or 0.0
     try:
-        return bool(ts.max_steps) and start < schedules.warmup_steps_for(own_warmup, ts.max_steps or 0)
+        return bool(ts.max_steps) and start < schedules.warmup_steps_for(warmup, ts.max_steps or 0)
     except (ArithmeticError, ValueError):
         return False  # its warm-up cannot be computed (NaN, inf, a ratio of an overflowing max_steps)
 
