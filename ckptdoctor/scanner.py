@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Tree, frozen_value
@@ -130,6 +129,7 @@ def scan(
             if not tree.abs_root:
                 tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
             if sel.deep:
+                from ckptdoctor import trainer_view
                 from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
 
                 if "://" in tree.abs_root:  # a remote root (ckptdoctor.sources.fsspec) keeps its URL as abs_root
