@@ -156,6 +156,10 @@ def _parse(table: Any, src: str) -> Config:
     )
 
 
+CONFIG_NAMES = (".ckptdoctor.toml", "pyproject.toml")
+"""The names of a project settings file, in the order they win when both are in one folder."""
+
+
 def load_config(root: str) -> Config:
     """Read ``.ckptdoctor.toml`` (whole file is the table) or ``pyproject.toml``'s ``[tool.ckptdoctor]`` in the
     folder ``root`` itself (the folder of a file root); ``find_config`` looks upward from there.
@@ -168,7 +172,7 @@ def load_config(root: str) -> Config:
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
 
-    for name in (".ckptdoctor.toml", "pyproject.toml"):
+    for name in CONFIG_NAMES:
         found = _config_bytes(root, name)
         if found is None:
             continue
@@ -187,10 +191,6 @@ def load_config(root: str) -> Config:
             continue
         return _parse(table, path)
     return Config()
-
-
-CONFIG_NAMES = (".ckptdoctor.toml", "pyproject.toml")
-"""The names of a project settings file, in the order they win when both are in one folder."""
 
 
 def _maybe_config(folder: str) -> bool:
@@ -697,11 +697,6 @@ class ExitPolicy:
 
     fail_on: str | None = None
     scopes: tuple[tuple[str, str, str | None, bool], ...] = ()
-
-    @classmethod
-    def of(cls, fail_on: str | None, groups: Sequence[Group]) -> ExitPolicy:
-        """The policy of ``selection_groups``' groups under the caller's ``fail_on``."""
-        return cls.of_settings(fail_on, [rs for g in groups for rs in g.settings])
 
     @classmethod
     def of_settings(cls, fail_on: str | None, settings: Sequence[RootSettings]) -> ExitPolicy:
