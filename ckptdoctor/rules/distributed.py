@@ -10,9 +10,6 @@ from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import Checkpoint, DcpMetadataFacts, FolderRole, TextFacts, TorchFacts, Tree
 from ckptdoctor.rules import Hit, rule
 
-_OPTIM_RE = DS_OPTIM_RE
-_MODEL_RE = DS_MODEL_RE
-
 
 def _checkpoints(tree: Tree) -> Iterator[Checkpoint]:
     for run in tree.runs:
@@ -68,7 +65,7 @@ def _ds_world_size(ck: Checkpoint, tag: str) -> int | None:
     """The data-parallel world size a DeepSpeed model-states file records (``dp_world_size``)."""
     for f in ck.files:
         rel = ck.relname(f)
-        if rel.startswith(tag + "/") and _MODEL_RE.match(f.name) and isinstance(f.content, TorchFacts):
+        if rel.startswith(tag + "/") and DS_MODEL_RE.match(f.name) and isinstance(f.content, TorchFacts):
             pf = f.content.pickle
             if pf is not None and isinstance(pf.value, dict):
                 w = pf.value.get("dp_world_size")
@@ -110,7 +107,7 @@ def deepspeed_partition_missing(tree: Tree) -> Iterator[Hit]:
     """
     for ck in _checkpoints(tree):
         for tag, names in sorted(_ds_tags(ck).items()):
-            ranks = sorted(int(m.group(1)) for n in names if (m := _OPTIM_RE.match(n)))
+            ranks = sorted(int(m.group(1)) for n in names if (m := DS_OPTIM_RE.match(n)))
             world = _ds_world_size(ck, tag) or ((max(ranks) + 1) if ranks else None)
             if world is None:
                 continue
@@ -153,7 +150,7 @@ def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
         tags = _ds_tags(ck)
         if tag in tags:
             continue
-        complete = [t for t, names in tags.items() if any(_MODEL_RE.match(n) for n in names)]
+        complete = [t for t, names in tags.items() if any(DS_MODEL_RE.match(n) for n in names)]
         newest = max(complete, key=lambda t: int(re.sub(r"\D", "", t) or 0), default=None)
         plan = (
             FixPlan(
