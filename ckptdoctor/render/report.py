@@ -321,12 +321,13 @@ def group_key(f: Finding) -> tuple[str, str, str]:
 def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
     """The findings in their order, those of one ``group_key`` gathered at the place of the first when there are
     ``GROUP_MIN`` or more of them; every other finding alone."""
+    keys = [group_key(f) for f in findings]
     groups: dict[tuple[str, str, str], list[Finding]] = {}
-    for f in findings:
-        groups.setdefault(group_key(f), []).append(f)
+    for f, key in zip(findings, keys, strict=True):
+        groups.setdefault(key, []).append(f)
     out: list[list[Finding]] = []
-    for f in findings:
-        group = groups[group_key(f)]
+    for f, key in zip(findings, keys, strict=True):
+        group = groups[key]
         if len(group) < GROUP_MIN:
             out.append([f])
         elif group[0] is f:
