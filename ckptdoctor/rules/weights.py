@@ -119,9 +119,14 @@ def adapter_restore_hit(ck: Checkpoint, found: trainer_view.AdapterRestore) -> H
 # CKD202, CKD203 or CKD211 by the file's format.
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".distcp")
 # Other frameworks' files, read by their own readers and judged by CKD215 (and CKD204, CKD107 for TF bundles).
-_FRAMEWORK_KINDS = frozenset(
-    {FileKind.MINDSPORE, FileKind.TF_INDEX, FileKind.TF_DATA, FileKind.TF_CHECKPOINT_STATE, FileKind.HDF5}
-)
+_FORMAT_NAMES = {
+    FileKind.MINDSPORE: "MindSpore checkpoint",
+    FileKind.TF_INDEX: "TensorFlow bundle index",
+    FileKind.TF_DATA: "TensorFlow data shard",
+    FileKind.TF_CHECKPOINT_STATE: "TensorFlow `checkpoint` state",
+    FileKind.HDF5: "HDF5 file",
+}
+_FRAMEWORK_KINDS = frozenset(_FORMAT_NAMES)
 # Zip-based formats of other stacks that ckptdoctor does not read (a Keras 3 `.keras` archive, numpy's `.npz`).
 _UNSUPPORTED_ZIPS = (".keras", ".npz")
 # JSON files whose corruption has its own rule elsewhere (CKD402, CKD301).
@@ -942,15 +947,6 @@ def _tf_shard_problems(tree: Tree) -> tuple[tuple[FileFacts, str, ReadProblem], 
         for name, problem in shard_problems(prefix, idx.content, by_folder.get(folder, {})):
             out.append((idx, f"{folder}/{name}" if folder else name, problem))
     return tuple(out)
-
-
-_FORMAT_NAMES = {
-    FileKind.MINDSPORE: "MindSpore checkpoint",
-    FileKind.TF_INDEX: "TensorFlow bundle index",
-    FileKind.TF_DATA: "TensorFlow data shard",
-    FileKind.TF_CHECKPOINT_STATE: "TensorFlow `checkpoint` state",
-    FileKind.HDF5: "HDF5 file",
-}
 
 
 @rule("CKD215", "corrupt-framework-checkpoint", Severity.ERROR)
