@@ -26,7 +26,7 @@ from ckptdoctor.resume.plan import (
     read_training_args,
 )
 from ckptdoctor.resume.predict import predict, resume_checkpoint
-from ckptdoctor.resume.rules import ADAPTER_RULE, ResumeContext, gate_findings
+from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
 from ckptdoctor.rules.discovery import holds_checkpoint
 from ckptdoctor.settings import FAIL_ON
@@ -190,7 +190,7 @@ def judge(
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
     # CKD201 is judged again for the file this resume reads (resume.rules.adapter_findings)
-    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule) and f.rule != ADAPTER_RULE]
+    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
     adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)

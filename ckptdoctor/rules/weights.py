@@ -53,7 +53,7 @@ def _fmt_bytes(n: int) -> str:
     return plural(n, "byte")
 
 
-@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE)
+@rule("CKD201", "stub-weights-shadow-adapter", Severity.ERROR, fix=Applicability.SAFE, superseded_by_gate=True)
 def stub_weights_shadow_adapter(tree: Tree) -> Iterator[Hit]:
     """A full-weights file beside adapter files is loaded instead of them and does not restore every adapter tensor.
 
