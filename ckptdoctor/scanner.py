@@ -165,8 +165,11 @@ def as_roots(paths: Sequence[PathArg] | PathArg) -> list[str]:
 def check_roots(paths: Sequence[str]) -> None:
     """Raise for a local root that cannot be scanned, as the command line exits 2 for it.
 
-    ``FileNotFoundError`` when it does not exist, the ``OSError`` of ``stat`` when it cannot be looked at, and
-    ``ValueError`` when it is neither a folder nor a regular file. URL roots are left to the remote backend.
+    ``FileNotFoundError`` when it does not exist or is a symbolic link to nothing, ``OSError`` (``ELOOP``) for a
+    symbolic link loop, the ``OSError`` of ``stat`` when it cannot be looked at otherwise, and ``ValueError`` when it
+    is neither a folder nor a regular file. Each error's ``strerror`` says what the root is. URL roots are left to
+    the remote backend. The one check of a local root: the commands' path arguments (``cli.options.ScanRoot``) call
+    it too.
     """
     import stat
 
@@ -178,7 +181,15 @@ def check_roots(paths: Sequence[str]) -> None:
         try:
             mode = os.stat(p).st_mode
         except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "no such file or folder to scan", p) from None
+            if os.path.islink(p):
+                why = f"a symbolic link to `{os.readlink(p)}`, which does not exist"
+                raise FileNotFoundError(errno.ENOENT, why, p) from None
+            raise FileNotFoundError(errno.ENOENT, "does not exist: no such file or folder to scan", p) from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # `ln -s a a`, or links that lead back to each other
+                why = "a symbolic link loop: following it never reaches a file or folder"
+                raise OSError(errno.ELOOP, why, p) from None
+            raise
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             raise ValueError(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
 

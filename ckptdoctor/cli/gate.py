@@ -65,7 +65,7 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
 
 
 @click.command("gate", epilog=_EPILOG, short_help="Predict what a resume will load, train and at which LRs.")
-@click.argument("run_dir", type=ScanRoot(exists=True, file_okay=False))
+@click.argument("run_dir", type=ScanRoot(file_okay=False))
 @click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR), as "
               "resume_from_checkpoint=PATH does.  [default: the highest-numbered checkpoint-N in RUN_DIR, as "
               "resume_from_checkpoint=True picks]")

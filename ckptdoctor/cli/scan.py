@@ -65,7 +65,7 @@ configuration, can.
 
 
 @click.command(epilog=_EPILOG_SCAN, short_help="Check checkpoint folders, files or URLs for resume hazards.")
-@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(file_okay=True, dir_okay=True))
 @click.option(
     "--format",
     "fmt",
