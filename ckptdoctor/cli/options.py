@@ -108,13 +108,14 @@ show_settings_option = click.option(
 """``--show-settings`` (passed as ``show_settings``), as ``ruff check --show-settings``."""
 
 
-def allow_empty_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all (CKD002)."""
+def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all, which is
+    otherwise the error ``code`` (the gate's is CKD413: the resume raises)."""
     return click.option(
         "--allow-empty",
         is_flag=True,
         help=f"Accept a root that holds no checkpoint yet (a launcher gating before the first save): {what}. "
-        "Without it such a root (a mistyped or unmounted path) is CKD002, an error.",
+        f"Without it such a root (a mistyped or unmounted path) is {code}, an error.",
     )
 
 
