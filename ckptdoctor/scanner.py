@@ -97,8 +97,8 @@ def scan(
 
     Raises, as the command line exits 2 (a usage error, not a finding): ``FileNotFoundError`` for a local root that
     does not exist, ``PermissionError`` for one this user cannot read (another ``OSError`` when it cannot be looked
-    at: a link loop), ``ValueError`` for one that is not a folder or
-    a regular file (a FIFO, socket or device is never read), ``ValueError`` naming a selection code, prefix or name
+    at: a link loop), ``ValueError`` for one that is not a folder or a regular file (a FIFO, socket or device is
+    never read), ``ValueError`` naming a selection code, prefix or name
     that matches no rule (it would silently select nothing) or for an empty ``paths``, ``TypeError`` for a path that
     is not one.
     """
@@ -168,14 +168,14 @@ def check_roots(paths: Sequence[str]) -> None:
 
     ``FileNotFoundError`` when it does not exist or is a symbolic link to nothing, ``OSError`` (``ELOOP``) for a
     symbolic link loop, ``PermissionError`` when this user may not read it (or list it, for a folder), the
-    ``OSError`` of ``stat`` when it cannot be looked at otherwise, and ``ValueError`` when it
-    is neither a folder nor a regular file. Each error's ``strerror`` says what the root is. URL roots are left to
-    the remote backend. The one check of a local root: the commands' path arguments (``cli.options.ScanRoot``) call
-    it too.
+    ``OSError`` of ``stat`` when it cannot be looked at otherwise, and ``ValueError`` when it is neither a folder
+    nor a regular file. Each error's ``strerror`` says what the root is. URL roots are left to the remote backend.
+    The one check of a local root: the commands' path arguments (``cli.options.ScanRoot``) call it too.
     """
     import stat
 
     from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources.interface import display
 
     for p in paths:
         if is_remote(p):
@@ -183,8 +183,12 @@ def check_roots(paths: Sequence[str]) -> None:
         try:
             mode = os.stat(p).st_mode
         except FileNotFoundError:
-            if os.path.islink(p):
-                why = f"a symbolic link to `{os.readlink(p)}`, which does not exist"
+            try:
+                target = display(os.readlink(p))
+            except OSError:  # not a link (or gone by now): it does not exist
+                target = None
+            if target is not None:
+                why = f"a symbolic link to `{target}`, which does not exist"
                 raise FileNotFoundError(errno.ENOENT, why, p) from None
             raise FileNotFoundError(errno.ENOENT, "does not exist: no such file or folder to scan", p) from None
         except OSError as e:
