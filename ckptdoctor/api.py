@@ -71,12 +71,13 @@ def scan(
     ``scanner.scan``'s; with ``checksums="write"`` the sums are computed, and writing the manifest is the caller's
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
-    A root holding no checkpoint at all (empty, only logs, unreadable: a mistyped path) is CKD002, an error, unless
+    A root holding no checkpoint at all (empty, only logs: a mistyped path) is CKD002, an error, unless
     ``allow_empty`` (``--allow-empty``).
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
-    root that cannot be scanned (``FileNotFoundError``, ``ValueError``, ``deep.DeepUnavailable`` without numpy).
+    root that cannot be scanned (``FileNotFoundError``, ``ValueError``), and ``deep.DeepUnavailable`` (a
+    ``UsageError``) for ``deep`` without numpy or on a remote root.
     """
     from ckptdoctor.discover import unique_roots
     from ckptdoctor.scanner import Report, as_roots

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ckptdoctor.errors import UsageError
 from ckptdoctor.model import (
     FileData,
     FileFacts,
@@ -72,8 +73,9 @@ _HEX = frozenset("0123456789abcdef")
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
-class DeepUnavailable(RuntimeError):
-    """``--deep`` was asked for but numpy cannot be imported."""
+class DeepUnavailable(UsageError, RuntimeError):
+    """``--deep`` was asked for where it cannot run: numpy cannot be imported, or the root is remote. A
+    ``UsageError``, as the command exits 2 for it (still a ``RuntimeError``, as it was first)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,8 +96,9 @@ def scan(
     codes; a ``severity`` key that is a prefix applies to every rule it matches.
 
     Raises, as the command line exits 2 (a usage error, not a finding): ``FileNotFoundError`` for a local root that
-    does not exist (another ``OSError`` when it cannot be looked at), ``ValueError`` for one that is not a folder or
-    a regular file (a FIFO, socket or device is never read), ``ValueError`` naming a selection code, prefix or name
+    does not exist, ``PermissionError`` for one this user cannot read (another ``OSError`` when it cannot be looked
+    at: a link loop), ``ValueError`` for one that is not a folder or a regular file (a FIFO, socket or device is
+    never read), ``ValueError`` naming a selection code, prefix or name
     that matches no rule (it would silently select nothing) or for an empty ``paths``, ``TypeError`` for a path that
     is not one.
     """
@@ -165,12 +166,16 @@ def as_roots(paths: Sequence[PathArg] | PathArg) -> list[str]:
 def check_roots(paths: Sequence[str]) -> None:
     """Raise for a local root that cannot be scanned, as the command line exits 2 for it.
 
-    ``FileNotFoundError`` when it does not exist, the ``OSError`` of ``stat`` when it cannot be looked at, and
-    ``ValueError`` when it is neither a folder nor a regular file. URL roots are left to the remote backend.
+    ``FileNotFoundError`` when it does not exist or is a symbolic link to nothing, ``OSError`` (``ELOOP``) for a
+    symbolic link loop, ``PermissionError`` when this user may not read it (or list it, for a folder), the
+    ``OSError`` of ``stat`` when it cannot be looked at otherwise, and ``ValueError`` when it is neither a folder
+    nor a regular file. Each error's ``strerror`` says what the root is. URL roots are left to the remote backend.
+    The one check of a local root: the commands' path arguments (``cli.options.ScanRoot``) call it too.
     """
     import stat
 
     from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
+    from ckptdoctor.sources.interface import display
 
     for p in paths:
         if is_remote(p):
@@ -178,7 +183,22 @@ def check_roots(paths: Sequence[str]) -> None:
         try:
             mode = os.stat(p).st_mode
         except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "no such file or folder to scan", p) from None
+            try:
+                target = display(os.readlink(p))
+            except OSError:  # not a link (or gone by now): it does not exist
+                target = None
+            if target is not None:
+                why = f"a symbolic link to `{target}`, which does not exist"
+                raise FileNotFoundError(errno.ENOENT, why, p) from None
+            raise FileNotFoundError(errno.ENOENT, "does not exist: no such file or folder to scan", p) from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # `ln -s a a`, or links that lead back to each other
+                why = "a symbolic link loop: following it never reaches a file or folder"
+                raise OSError(errno.ELOOP, why, p) from None
+            raise
+        if not os.access(p, os.R_OK | (os.X_OK if stat.S_ISDIR(mode) else 0)):
+            # Nothing in it can be checked: a usage error, as a missing root is, not a clean or empty scan.
+            raise PermissionError(errno.EACCES, "cannot be read (permission denied)", p)
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             raise ValueError(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
 

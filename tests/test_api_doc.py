@@ -1,17 +1,18 @@
-"""docs/api.md stays true: each of its Python examples runs, in a folder of fresh copies of the fixtures it names,
-and prints exactly the output shown under it; every API name has its section; the README points there."""
+"""docs/api.md stays true: its Python examples run one after another in one folder, as a user runs them from the
+repository's root, each prints exactly the output shown under it, and none changes the shipped fixtures; every API
+name has its section; the README points there."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import ckptdoctor
+from tests.console import HANG_GUARD
 from tests.test_docs import _age
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,14 +35,30 @@ def test_every_api_name_has_a_section_with_an_example() -> None:
     assert len(_examples()) >= 7
 
 
-@pytest.mark.parametrize(("code", "expected"), _examples(), ids=lambda v: v.strip().splitlines()[-1][:50])
-def test_api_example_prints_what_is_shown(code: str, expected: str, tmp_path: Path) -> None:
-    for name in sorted(set(re.findall(r"fixtures/[a-z0-9-]+", code))):
-        shutil.copytree(REPO / name, tmp_path / name, copy_function=shutil.copy2)
-        _age(tmp_path / name)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.rstrip("\n") == expected.rstrip("\n")
+def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
+    """Every entry under ``root``: its mode and, for a file, a digest of its bytes."""
+    out: dict[str, tuple[int, str]] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+        out[p.relative_to(root).as_posix()] = (st.st_mode, digest)
+    return out
+
+
+def test_api_examples_run_in_order_and_leave_the_fixtures_as_shipped(tmp_path: Path) -> None:
+    """Issue 26: run in order in one folder, the undo example printed `False undone 1` (the fix example had already
+    fixed the fixture it fixed again) and the fix examples left `.ckptdoctor/` inside `fixtures/`."""
+    checkout = tmp_path / "checkout"  # stands for the repository's root, where a reader runs the examples
+    shutil.copytree(REPO / "fixtures", checkout / "fixtures", copy_function=shutil.copy2, symlinks=True)
+    _age(checkout / "fixtures")  # as on a user's disk: `fix` refuses a run written in the last 60 seconds
+    shipped = _snapshot(checkout / "fixtures")
+    for i, (code, expected) in enumerate(_examples(), 1):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True,
+                              timeout=HANG_GUARD)  # fmt: skip
+        assert proc.returncode == 0, (i, proc.stderr)
+        assert proc.stdout.rstrip("\n") == expected.rstrip("\n"), (i, code)
+    assert sorted(p.name for p in checkout.iterdir()) == ["fixtures"]  # nothing new beside it either
+    assert _snapshot(checkout / "fixtures") == shipped
 
 
 def test_readme_points_to_the_api_doc() -> None:

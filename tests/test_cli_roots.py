@@ -4,10 +4,12 @@ root fails unless allowed, rules can be named as `explain` names them, and an em
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+import ckptdoctor
 from tests.test_adversarial import copy_fixture, invoke
 
 
@@ -59,3 +61,45 @@ def test_an_empty_selection_is_a_usage_error(stub: Path, option: str, value: str
 def test_rules_json_says_which_rules_only_the_gate_runs() -> None:
     rules = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json")[1])["rules"]}
     assert rules["CKD407"]["gate_only"] is True and rules["CKD201"]["gate_only"] is False
+
+
+# Roots no command can use, and what each must say it is (issue 26: `gate /dev/null` printed a traceback and exited 1;
+# a self-looping link was said not to exist). Every command refuses them at one check, scanner.check_roots.
+UNUSABLE = {
+    "device": ("/dev/null", "not a folder or a regular file"),
+    "fifo": ("fifo", "not a folder or a regular file"),
+    "self-loop": ("loop", "a symbolic link loop"),
+    "link-cycle": ("a", "a symbolic link loop"),
+    "dangling": ("dangling", "a symbolic link to `gone`, which does not exist"),
+    "missing": ("typo", "does not exist"),
+}
+
+
+@pytest.fixture
+def unusable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "dangling").symlink_to("gone")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", ["scan", "fix", "undo", "inspect", "gate"])
+@pytest.mark.parametrize("kind", sorted(UNUSABLE))
+def test_every_command_refuses_an_unusable_root_the_same_way(unusable: Path, command: str, kind: str) -> None:
+    root, says = UNUSABLE[kind]
+    code, out, err = invoke(command, root)  # a traceback (gate on /dev/null raised ValueError) fails here
+    assert code == 2 and out == "", (code, out, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("Error: Invalid value for ") and f"{root}: {says}" in line, err
+
+
+def test_the_api_refuses_them_as_the_command_line_does(unusable: Path) -> None:
+    with pytest.raises(ValueError, match="not a folder or a regular file"):
+        ckptdoctor.gate("/dev/null")
+    with pytest.raises(OSError, match="a symbolic link loop"):
+        ckptdoctor.scan("loop")
+    with pytest.raises(FileNotFoundError, match="which does not exist"):
+        ckptdoctor.gate("dangling")

@@ -19,6 +19,7 @@ from ckptdoctor.findings import Finding
 from ckptdoctor.model import ProblemKind
 from ckptdoctor.scanner import scan
 from tests.builders import make_checkpoint, trainer_state
+from tests.console import HANG_GUARD
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -235,6 +236,27 @@ def test_numpy_is_imported_only_with_deep(tmp_path: Path) -> None:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == expected
+
+
+_NO_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # what an environment without numpy gives: ImportError on import
+import ckptdoctor
+from ckptdoctor.errors import UsageError
+try:
+    ckptdoctor.scan({root!r}, deep=True)
+except UsageError as exc:
+    print(type(exc).__name__, isinstance(exc, RuntimeError), exc)
+"""
+
+
+def test_deep_without_numpy_is_a_usage_error(tmp_path: Path) -> None:
+    """As docs/api.md says of everything the command exits 2 for: `UsageError` (it was a bare RuntimeError)."""
+    make_checkpoint(tmp_path / "checkpoint-2", 2)
+    p = subprocess.run([sys.executable, "-c", _NO_NUMPY.format(root=str(tmp_path))], capture_output=True, text=True,
+                       timeout=HANG_GUARD)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("DeepUnavailable True --deep needs numpy"), p.stdout
 
 
 _SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 65504.0, -3.0e38]

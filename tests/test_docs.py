@@ -3,8 +3,10 @@ real output, and every --help of the commands in cli/ teaches (help on each opti
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -16,6 +18,7 @@ import click
 import pytest
 
 from ckptdoctor.cli import main
+from tests.console import HANG_GUARD
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -90,12 +93,18 @@ def test_readme_json_schema_names_every_key(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     sketch = readme.split("## JSON report", 1)[1].split("```", 2)[1]
     documented = set(re.findall(r'"([a-z_]+)":', sketch))
-    proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "fixtures/stub-shadow"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "CKPTDOCTOR_USER_CONFIG": str(user)})  # fmt: skip
+    run = shutil.copytree(REPO / "fixtures" / "stub-shadow", tmp_path / "stub-shadow")
+    # a pickle global outside the known packages, let through by --allow-global: the report lists it
+    (run / "checkpoint-8" / "extra.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "--allow-global",
+                           "argparse.Namespace", str(run)], cwd=REPO, capture_output=True, text=True,
+                          timeout=HANG_GUARD, env={**os.environ, "CKPTDOCTOR_USER_CONFIG": str(user)})  # fmt: skip
     doc = json.loads(proc.stdout)
     assert doc["settings"], "the user configuration was not listed"
+    assert doc["allowed_globals"], "the allowance was not listed"
     real = set(doc) | set(doc["summary"])
+    for allowed in doc["allowed_globals"]:
+        real |= set(allowed)
     for used in doc["settings"]:
         real |= set(used)
     for run_ in doc["runs"]:

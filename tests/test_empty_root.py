@@ -84,6 +84,10 @@ def test_with_several_roots_the_empty_one_is_named(roots: dict[str, Path]) -> No
 
 
 def test_the_gate_fails_an_empty_run_dir_unless_allowed(roots: dict[str, Path]) -> None:
+    # what `gate --help` says of --allow-empty is what the gate reports (it said CKD002, the scan's code)
+    code, out, _ = cli("gate", "--help")
+    option = " ".join(out.split("--allow-empty", 1)[1].split("\n  -", 1)[0].split())
+    assert code == 0 and "is CKD413" in option and "CKD002" not in option, option
     code, out, _ = cli("gate", "--format", "json", str(roots["empty"]))
     assert code == 1 and [f["rule"] for f in json.loads(out)["findings"]] == ["CKD413"]
     assert json.loads(out)["starts_afresh"] is False

@@ -19,6 +19,7 @@ from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import calls as fixcalls
 from tests.builders import make_run
+from tests.console import HANG_GUARD
 from tests.test_fix import age, clone, run_cli, stub_run, tree_state
 
 TXID = "20260101T000000Z-abcdef"
@@ -249,9 +250,9 @@ def test_a_huge_journal_is_refused_without_reading_it(site: tuple[Path, Path]) -
     assert path.stat().st_mtime_ns == mtime and path.stat().st_size == 8 << 30
 
 
-def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True, timeout=HANG_GUARD, check=False
     )
 
 
@@ -262,7 +263,7 @@ def test_a_fifo_in_the_own_folder_does_not_hang(site: tuple[Path, Path], what: s
     fifo = root / ".ckptdoctor" / ("lock" if what == "lock" else f"journal/{TXID}.json")
     os.mkfifo(fifo)
     os.utime(fifo, (0, 0))  # an old lock nobody writes: judged stale
-    proc = _cli("undo", str(root), timeout=20)  # hung forever before
+    proc = _cli("undo", str(root))  # hung forever before
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
 
@@ -292,7 +293,7 @@ def test_a_deep_folder_is_quarantined_and_undone(tmp_path: Path) -> None:
     (deep / "x.bin").write_bytes(b"x" * 1000)
     age(root)
     before = tree_state(root)
-    proc = _cli("fix", "--select", "CKD102", str(root), timeout=60)
+    proc = _cli("fix", "--select", "CKD102", str(root))
     assert "Fixed 1 problem" in proc.stdout, (proc.stdout, proc.stderr)
     code, out = run_cli("undo", str(root))
     assert code == 0, out

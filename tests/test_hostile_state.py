@@ -64,3 +64,28 @@ def test_any_trainer_state_values_scan_and_render(
     assert not [f for f in findings if "internal error" in f.message], findings  # a rule that raised
     assert render_text(report) and render_json(report) and render_sarif(findings) is not None
     render_github(findings)
+
+
+def test_a_valid_state_over_the_size_limit_is_unread_not_invalid(tmp_path: Path) -> None:
+    """A `trainer_state.json` past `Limits.json_bytes` is valid JSON that `json.load` reads: the scan says it was not
+    read (CKD001), never "not valid JSON" (CKD402), and the gate says it cannot predict the steps (CKD412), never that
+    train() raises (CKD413). Issue 26 found both claims false."""
+    import ckptdoctor
+    from ckptdoctor.limits import DEFAULT_LIMITS
+
+    run = copy_fixture("lr-finished", tmp_path / "run")
+    state = run / "checkpoint-8" / "trainer_state.json"
+    text = state.read_text()
+    json.loads(text)
+    with open(state, "ab") as f:  # JSON allows any whitespace after the value: still valid, now over the limit
+        chunk = b" " * (1 << 20)
+        while f.tell() <= DEFAULT_LIMITS.json_bytes:
+            f.write(chunk)
+    report = scan(str(run))
+    at = [(f.rule, f.message) for f in report.findings if f.path == "checkpoint-8/trainer_state.json"]
+    assert [r for r, _ in at] == ["CKD001"] and "limit; not read" in at[0][1], at
+    result = ckptdoctor.gate(run, max_steps=16)
+    rules = {f.rule: f.message for f in result.findings}
+    assert "CKD413" not in rules and "CKD402" not in rules, rules
+    assert "`trainer_state.json` was not read" in rules["CKD412"] and "not predicted" in rules["CKD412"]
+    assert result.start_step is None and result.lr == ()

@@ -29,6 +29,7 @@ from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import local as local_source
 from tests import test_hostile_trees as hostile
+from tests.console import HANG_GUARD
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -197,6 +198,45 @@ def _nobody_can_run() -> bool:
     return os.geteuid() == 0 and shutil.which("setpriv") is not None
 
 
+def _as_nobody(base: Path) -> tuple[list[str], dict[str, str]]:
+    """The argv prefix that runs this interpreter as the user nobody, and its environment. The checkout may sit
+    where nobody cannot enter (root's home, a `mktemp -d`): nobody imports a copy of the package from ``base/lib``."""
+    shutil.copytree(Path(ckptdoctor.__file__).parent, base / "lib" / "ckptdoctor",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for p in (base / "lib").rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (base / "lib").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(base / "lib"), "PYTHONDONTWRITEBYTECODE": "1"}
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable], env
+
+
+@pytest.mark.skipif(not _nobody_can_run(), reason="needs root and setpriv to drop CAP_DAC_OVERRIDE")
+def test_an_unreadable_root_is_a_usage_error_for_an_unprivileged_user() -> None:
+    """A root the user may not read is exit 2 on every command and a PermissionError in Python, as the README's
+    exit-code table says (it said CKD002, exit 1; click refused it with its own words, the API scanned nothing)."""
+    base = Path(tempfile.mkdtemp(prefix="ckd-nobody-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        root = base / "run"
+        shutil.copytree(FIXTURES / "clean-full", root)
+        root.chmod(0)
+        nobody, env = _as_nobody(base)
+        for command in ("scan", "gate", "fix", "undo"):
+            proc = subprocess.run([*nobody, "-m", "ckptdoctor", command, str(root)], capture_output=True, text=True,
+                                  timeout=HANG_GUARD, cwd="/", env=env)  # fmt: skip
+            if proc.returncode != 2 and "ModuleNotFoundError" in proc.stderr:
+                pytest.skip(f"the user nobody cannot run this interpreter: {proc.stderr[-300:]}")
+            assert proc.returncode == 2 and proc.stdout == "", (command, proc.stdout, proc.stderr)
+            assert f"{root}: cannot be read (permission denied)" in proc.stderr, (command, proc.stderr)
+        code = f"import ckptdoctor\ntry:\n    ckptdoctor.scan({str(root)!r})\nexcept PermissionError as e:\n print(e)"
+        proc = subprocess.run([*nobody, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD, cwd="/",
+                              env=env)  # fmt: skip
+        assert "cannot be read (permission denied)" in proc.stdout, (proc.stdout, proc.stderr)
+    finally:
+        root.chmod(0o755)
+        shutil.rmtree(base)
+
+
 @pytest.mark.skipif(not _nobody_can_run(), reason="needs root and setpriv to drop CAP_DAC_OVERRIDE")
 def test_mode_000_seen_by_an_unprivileged_user() -> None:
     # Real permissions, as a user sees them: the scan runs as nobody, in a folder nobody may enter.
@@ -209,15 +249,7 @@ def test_mode_000_seen_by_an_unprivileged_user() -> None:
             p.chmod(0o755 if p.is_dir() else 0o644)
         (root / "checkpoint-4").chmod(0)
         (root / "checkpoint-8" / "optimizer.pt").chmod(0)
-        # The checkout may sit where nobody cannot enter (root's home, a `mktemp -d`): nobody imports a copy of the
-        # package from the world-readable folder instead. Only an interpreter nobody cannot run is a reason to skip.
-        shutil.copytree(Path(ckptdoctor.__file__).parent, base / "lib" / "ckptdoctor",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-        for p in (base / "lib").rglob("*"):
-            p.chmod(0o755 if p.is_dir() else 0o644)
-        (base / "lib").chmod(0o755)
-        env = {**os.environ, "PYTHONPATH": str(base / "lib"), "PYTHONDONTWRITEBYTECODE": "1"}
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+        nobody, env = _as_nobody(base)  # only an interpreter nobody cannot run is a reason to skip
         probe = subprocess.run([*nobody, "-c", "import ckptdoctor.cli"], capture_output=True, text=True, timeout=60,
                                cwd="/", env=env)  # fmt: skip
         if probe.returncode != 0:

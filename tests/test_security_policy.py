@@ -348,11 +348,19 @@ def test_the_user_configuration_allows_and_a_scanned_settings_file_cannot(tmp_pa
     assert smuggled.exit_code == 2 and "unknown setting" in smuggled.output
 
 
-@pytest.mark.parametrize("pattern", ["os.*", "builtins.eval", "posix.system", "subprocess.Popen", "os", "a b.c"])
+# a wildcard over a module that holds a dangerous name names it too (issue 26: `builtins.*` was accepted)
+@pytest.mark.parametrize("pattern", ["os.*", "builtins.eval", "posix.system", "subprocess.Popen", "os", "a b.c",
+                                     "builtins.*", "torch.*", "numpy.*", "functools.*", "pathlib.*"])
 def test_allow_global_never_admits_code(tmp_path: Path, pattern: str) -> None:
     result = CliRunner().invoke(main, ["scan", "--allow-global", pattern, str(tmp_path)],
                                 env={"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "none")})  # fmt: skip
     assert result.exit_code == 2, result.output
+    assert "cannot be allowed" in result.output or "is not `module.Name`" in result.output, result.output
+
+
+@pytest.mark.parametrize("pattern", ["argparse.*", "collections.*", "mycompany.models.*", "torch.nn.Linear"])
+def test_allow_global_takes_a_wildcard_over_harmless_modules(pattern: str) -> None:
+    assert pickle_policy.check_pattern(pattern) is None
 
 
 def test_gate_and_fix_take_allow_global(tmp_path: Path) -> None:

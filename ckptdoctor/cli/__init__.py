@@ -4,8 +4,8 @@ The commands parse, call the library, render and map exits; each lives in its mo
 ``cli.rules``: rules and explain, ``cli.fix``: fix and undo), what they share in ``cli.options``. A command's module
 is imported only when it runs (or ``--help`` lists it). stdout carries the report (and nothing else with ``--format
 json``); stderr carries progress, notes and usage errors. Exit codes: 0 clean, 1 findings at or above ``--fail-on``,
-2 usage error (the library's ``UsageError``), bad settings file, or a root that is missing or not a folder or
-regular file.
+2 usage error (the library's ``UsageError``), bad settings file, or a root that is missing, unreadable or not a
+folder or regular file (``scanner.check_roots``, through ``cli.options.ScanRoot``).
 """
 
 from __future__ import annotations

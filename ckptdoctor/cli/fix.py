@@ -75,7 +75,7 @@ the fix (nothing is changed then), 130 interrupted.
 
 
 @click.command("fix", epilog=_EPILOG_FIX, short_help="Repair what scan finds: planned, journaled, atomic, undoable.")
-@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(file_okay=True, dir_okay=True))
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -168,7 +168,7 @@ def fix_command(
 
 
 @click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.argument("path", type=ScanRoot(remote=False, file_okay=False))
 @click.option("--list", "list_", is_flag=True, help="List the fix transactions recorded under PATH.")
 @click.option("--txid", default=None, metavar="ID", help="Undo this transaction instead of the last one.")
 @text_or_json("text: a table (--list) or one line; json: one ckptdoctor.undo/1 document.")

@@ -58,14 +58,15 @@ scan findings only (the gate rules CKD407-415 and CKD504 run unless ignored), it
 given. It cannot turn off or lower the security rules (CKD6xx), nor let their errors pass
 with fail-on = "never"; --ignore and --fail-on here can. --no-config ignores it.
 
-Exit codes: 0 pass, 1 a finding at or above --fail-on, 2 usage error (conflicting options, a number that is not
-finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file) or a
-checkpoint whose global_step is beyond any float (nothing can be predicted from it).
+Exit codes: 0 pass, 1 a finding at or above --fail-on (a RUN_DIR with no checkpoint is CKD413, unless
+--allow-empty), 2 usage error (a RUN_DIR that is missing, unreadable or not a folder, conflicting options, a number
+that is not finite, an unreadable --training-args, no such --checkpoint, an unknown rule code, a bad settings file)
+or a checkpoint whose global_step is beyond any float (nothing can be predicted from it).
 """
 
 
 @click.command("gate", epilog=_EPILOG, short_help="Predict what a resume will load, train and at which LRs.")
-@click.argument("run_dir", type=ScanRoot(exists=True, file_okay=False))
+@click.argument("run_dir", type=ScanRoot(file_okay=False))
 @click.option("--checkpoint", metavar="PATH", help="Resume from this checkpoint (a path, or a folder in RUN_DIR), as "
               "resume_from_checkpoint=PATH does.  [default: the highest-numbered checkpoint-N in RUN_DIR, as "
               "resume_from_checkpoint=True picks]")
@@ -125,7 +126,8 @@ checkpoint whose global_step is beyond any float (nothing can be predicted from 
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs")
 @show_settings_option
-@allow_empty_option("with no checkpoint in RUN_DIR the gate passes (the run starts afresh)")
+@allow_empty_option("with no checkpoint in RUN_DIR the gate passes (the run starts afresh)",
+                    "CKD413 (train() raises: no valid checkpoint)")
 def gate_command(
     run_dir: str,
     checkpoint: str | None,

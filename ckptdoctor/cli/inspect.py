@@ -7,7 +7,7 @@ import os
 
 import click
 
-from ckptdoctor.cli.options import text_or_json
+from ckptdoctor.cli.options import ScanRoot, text_or_json
 
 _EPILOG_INSPECT = """\b
 Examples:
@@ -23,7 +23,7 @@ file, a folder: scan folders, or not a regular file).
 @click.command(
     epilog=_EPILOG_INSPECT, short_help="Show what the readers see in one file (tensors, pickle values)."
 )
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=ScanRoot(remote=False, dir_okay=False))
 @text_or_json(
     "text: a tensor table, or the pickle's values and globals, then any problems; json: the same as one document."
 )

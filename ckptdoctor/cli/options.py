@@ -20,13 +20,31 @@ class UsageProblem(click.ClickException):
 
 
 class ScanRoot(click.Path):
-    """A local path that must exist, or a URL root (``s3://``, ``gs://``, ``hf://``...) passed on for fsspec."""
+    """A local path that must exist, or (``remote=True``) a URL root (``s3://``, ``gs://``, ``hf://``...) passed on
+    for fsspec.
+
+    A local path is checked by ``scanner.check_roots``, the library's one check of a root, so every command refuses
+    the same roots with the same words (exit 2): missing, a link to nothing, a link loop, a FIFO, socket or device.
+    ``file_okay``/``dir_okay`` then narrow it as ``click.Path`` does.
+    """
+
+    def __init__(self, *, remote: bool = True, **kwargs: Any) -> None:
+        super().__init__(exists=True, **kwargs)
+        self.remote = remote
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ckptdoctor.scanner import check_roots
         from ckptdoctor.sources import is_remote  # only when a command parses its roots: --version stays instant
 
-        if isinstance(value, str) and is_remote(value):
+        if isinstance(value, str) and self.remote and is_remote(value):
             return value
+        if isinstance(value, (str, os.PathLike)):
+            try:
+                check_roots([os.fspath(value)])  # passes a URL by: click's existence check refuses it below
+            except OSError as exc:
+                self.fail(f"{exc.filename}: {exc.strerror or exc}", param, ctx)
+            except ValueError as exc:  # its message names the root
+                self.fail(str(exc), param, ctx)
         return super().convert(value, param, ctx)
 
 
@@ -90,13 +108,14 @@ show_settings_option = click.option(
 """``--show-settings`` (passed as ``show_settings``), as ``ruff check --show-settings``."""
 
 
-def allow_empty_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all (CKD002)."""
+def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--allow-empty`` (passed as ``allow_empty``): accept a root that holds no checkpoint at all, which is
+    otherwise the error ``code`` (the gate's is CKD413: the resume raises)."""
     return click.option(
         "--allow-empty",
         is_flag=True,
         help=f"Accept a root that holds no checkpoint yet (a launcher gating before the first save): {what}. "
-        "Without it such a root (a mistyped or unmounted path) is CKD002, an error.",
+        f"Without it such a root (a mistyped or unmounted path) is {code}, an error.",
     )
 
 

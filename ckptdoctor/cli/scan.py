@@ -44,8 +44,9 @@ Examples:
   ckptdoctor scan -q -o report.txt runs/       # the findings only, to a file
 
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
-root that is missing or not a folder or regular file (a FIFO, socket or device). A corrupt file inside a root is
-a finding, not 2; so is a root holding no checkpoint at all (CKD002, an error, unless --allow-empty).
+root that is missing, unreadable or not a folder or regular file (a FIFO, socket, device or symbolic link loop).
+A corrupt file inside a root is a finding, not 2; so is a root holding no checkpoint at all (CKD002, an error,
+unless --allow-empty).
 
 Settings: each run and checkpoint folder is checked under the closest .ckptdoctor.toml, or pyproject.toml with
 [tool.ckptdoctor], from that folder upward (as ruff finds its configuration; .ckptdoctor.toml wins in one folder),
@@ -65,7 +66,7 @@ configuration, can.
 
 
 @click.command(epilog=_EPILOG_SCAN, short_help="Check checkpoint folders, files or URLs for resume hazards.")
-@click.argument("paths", nargs=-1, required=True, type=ScanRoot(exists=True, file_okay=True, dir_okay=True))
+@click.argument("paths", nargs=-1, required=True, type=ScanRoot(file_okay=True, dir_okay=True))
 @click.option(
     "--format",
     "fmt",

@@ -206,6 +206,16 @@ _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
 
 
+# What every message of a stream that ran off the end of its bytes starts with: a caller reading a file in growing
+# prefixes reads more only then (any other problem, an unknown opcode at byte 0 of a zeroed file, stays with more).
+TRUNCATED = "truncated stream"
+
+
+def ran_off_the_end(problems: tuple[ReadProblem, ...]) -> bool:
+    """Whether a walk's ``problems`` say only that its bytes ended early (more bytes may complete the stream)."""
+    return bool(problems) and all(p.message.startswith(TRUNCATED) for p in problems)
+
+
 def walk_pickle(
     data: bytes,
     *,
@@ -377,7 +387,7 @@ class _Walker:
             while True:
                 pos = self.pos
                 if pos >= n:  # the problem names the last opcode read
-                    raise _Malformed("truncated stream: no STOP opcode")
+                    raise _Malformed(f"{TRUNCATED}: no STOP opcode")
                 op_pos = pos
                 op = data[pos]
                 self.pos = pos + 1
@@ -412,7 +422,7 @@ class _Walker:
         pos = self.pos
         end = data.find(b"\n", pos)
         if end < 0:
-            raise _Malformed("truncated stream: line argument has no newline")
+            raise _Malformed(f"{TRUNCATED}: line argument has no newline")
         self.pos = end + 1
         return data[pos:end]
 
@@ -421,7 +431,7 @@ class _Walker:
             raise _Malformed(f"negative length {k}")
         pos = self.pos
         if pos + k > self.n:
-            raise _Malformed(f"truncated stream: needs {k} bytes, {self.n - pos} left")
+            raise _Malformed(f"{TRUNCATED}: needs {k} bytes, {self.n - pos} left")
         self.pos = pos + k
         return self.data[pos : pos + k]
 
@@ -429,13 +439,13 @@ class _Walker:
         """A one-byte argument, left unread: BINPUT/BINGET move past it only once its memo access succeeded."""
         pos = self.pos
         if pos >= self.n:
-            raise _Malformed("truncated stream")
+            raise _Malformed(TRUNCATED)
         return self.data[pos]
 
     def _byte(self) -> int:
         pos = self.pos
         if pos >= self.n:
-            raise _Malformed("truncated stream")
+            raise _Malformed(TRUNCATED)
         self.pos = pos + 1
         return self.data[pos]
 
@@ -513,10 +523,10 @@ class _Walker:
         pos = self.pos
         n = self.n
         if pos + 4 > n:
-            raise _Malformed("truncated stream")
+            raise _Malformed(TRUNCATED)
         end = pos + 4 + _unpack_u4(data, pos)[0]
         if end > n:
-            raise _Malformed(f"truncated stream: string ends at byte {end}, stream has {n}")
+            raise _Malformed(f"{TRUNCATED}: string ends at byte {end}, stream has {n}")
         self.stack.append(data[pos + 4 : end].decode("utf-8", "surrogatepass"))
         self.pos = end
 
@@ -846,7 +856,7 @@ class _Walker:
         frame_len = _unpack_u8(self._take(8))[0]
         pos = self.pos
         if frame_len > self.n - pos:
-            raise _Malformed(f"truncated stream: frame of {frame_len} bytes, {self.n - pos} left")
+            raise _Malformed(f"{TRUNCATED}: frame of {frame_len} bytes, {self.n - pos} left")
         _check_frame(self.data, pos, pos + frame_len)
 
     def _op_stop(self) -> bool:

@@ -7,7 +7,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
-from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.pickle_walk import merge_pickles, ran_off_the_end, walk_pickle
 from ckptdoctor.readers.torchstore import _Storages, _tensors
 from ckptdoctor.readers.zipdir import _names, _problem, _read_at
 
@@ -50,8 +50,9 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         return facts, probs
 
     def ran_off(probs: tuple[ReadProblem, ...]) -> bool:
-        # A walk that failed on a partial buffer may just need more bytes; on the full buffer it is final.
-        return bool(probs) and not final and len(buf) < size
+        # A walk that ran off the end of a partial buffer may just need more bytes; on the full buffer it is final.
+        # Any other problem stays with more bytes: a zeroed 1 TiB `.bin` read 870 MB in growing prefixes before.
+        return ran_off_the_end(probs) and not final and len(buf) < size
 
     def failed(more: tuple[ReadProblem, ...]) -> ReadOutcome:
         # Not a loadable file, but whatever the streams read so far import or call still runs at torch.load.

@@ -39,7 +39,8 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             rules = {f.rule for f in result.findings}
             why = ("the resume raises before its first step" if "CKD413" in rules
                    else "the planned batch size changes the steps per epoch by an unknown amount (CKD414)"
-                   if "CKD414" in rules else "the checkpoint was not read (CKD604)")
+                   if "CKD414" in rules else "`trainer_state.json` was not read (CKD412)" if "CKD412" in rules
+                   else "the checkpoint was not read (CKD604)")
             lines.append(f"  steps            {at}: not predicted, {why}")
         elif s is not None and start is not None and total:
             end = start + todo

@@ -368,6 +368,8 @@ def _crash(
     if state is None:
         return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
     if ts is None:
+        if state_not_read(ck) is not None:
+            return None  # nothing says json.load fails on it: CKD412 says the steps and LRs are not predicted
         bad = _load_error(state)
         if bad is not None:
             return f"`trainer_state.json` {bad[0]}: train() raises {bad[1]} in TrainerState.load_from_json"
@@ -377,6 +379,13 @@ def _crash(
     if trainer_view.is_deepspeed(ck) and ck.file(trainer_view.SCHEDULER) is None:
         return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
     return None
+
+
+def state_not_read(ck: Checkpoint) -> str | None:
+    """Why ``trainer_state.json`` was not read, when a resource limit stopped the reader (a file over
+    ``Limits.json_bytes``), else None. ``json.load`` reads such a file: the resume is unpredicted, not failing."""
+    state = ck.file(trainer_view.TRAINER_STATE)
+    return next((p.message for p in state.problems if p.kind is ProblemKind.LIMIT), None) if state else None
 
 
 def _state_crash(

@@ -346,8 +346,9 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     """The gate cannot predict the learning rates of the resume.
 
     ## What it does
-    Reports why the LR sequence is missing: a metric-driven schedule (`reduce_lr_on_plateau`, `greedy`), or an
-    optimizer / scheduler state whose LRs could not be read.
+    Reports why the LR sequence is missing: a metric-driven schedule (`reduce_lr_on_plateau`, `greedy`), an
+    optimizer / scheduler state whose LRs could not be read, or a `trainer_state.json` too large to read (over the
+    256 MB limit: the resume loads it, but neither its steps nor its LRs are predicted).
 
     ## Why is this bad?
     The rest of the prediction stands, but nothing checked the LRs the resume will use.
@@ -365,6 +366,14 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     `src/transformers/optimization.py` `get_scheduler`, `GreedyLR`; `Trainer._evaluate` (steps the scheduler with
     the metrics); `torch/optim/lr_scheduler.py` `ReduceLROnPlateau.step`.
     """
+    from ckptdoctor.resume.predict import state_not_read
+
+    if ctx.checkpoint is not None and ctx.prediction is not None and ctx.prediction.crash is None:
+        unread = state_not_read(ctx.checkpoint)
+        if unread is not None and ctx.prediction.start is None:
+            yield Hit(ctx.checkpoint.path, f"`trainer_state.json` was not read ({unread}): the steps and LRs of the "
+                      "resume are not predicted")
+            return
     resumed = _resumed(ctx)
     if resumed is None:
         return
@@ -416,9 +425,10 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
         return
     from ckptdoctor import schedules
     from ckptdoctor.resume.plan import int_text
+    from ckptdoctor.resume.predict import state_not_read
 
     s = p.settings
-    if p.crash is not None or p.start is None:
+    if p.crash is not None or (p.start is None and state_not_read(ck) is None):
         yield Hit(ck.path, p.crash or "`trainer_state.json` cannot be read: train() raises")
     elif p.step_error is not None:
         src, exc = s.sources, p.step_error

@@ -110,9 +110,9 @@ def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
     ## What it does
     Reports a root (a folder, or a file given by name) in which discovery found no `checkpoint-N` folder, no model
     or adapter folder and no file of a checkpoint format (safetensors, `torch.save` archives, pickles, DCP,
-    MindSpore, TensorFlow and HDF5 files, or a format CKD216 names): an empty folder, a folder of logs, or a root
-    that could not be read. It runs whatever `--select` says (`--select CKD6` must not pass a mistyped path either);
-    `--allow-empty` (`allow_empty=True` in the Python API) or an explicit `--ignore CKD002` turns it off.
+    MindSpore, TensorFlow and HDF5 files, or a format CKD216 names): an empty folder, a folder of logs, or a remote
+    root that could not be listed. It runs whatever `--select` says (`--select CKD6` must not pass a mistyped path
+    either); `--allow-empty` (`allow_empty=True` in the Python API) or an explicit `--ignore CKD002` turns it off.
 
     ## Why is this bad?
     A gate that checks nothing must not pass. `ckptdoctor scan --fail-on error "$OUTPUT_DIR"` with a mistyped or
@@ -126,7 +126,7 @@ def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
 
     ## Fix safety
     No fix: point the scan at the folder the checkpoints are in, or pass `--allow-empty` when none is expected
-    yet. A root that does not exist is a usage error (exit 2), not this finding.
+    yet. A local root that does not exist or that you may not read is a usage error (exit 2), not this finding.
 
     ## References
     `src/transformers/trainer_utils.py` `get_last_checkpoint` (returns None for such a folder, and

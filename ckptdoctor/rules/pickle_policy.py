@@ -410,6 +410,13 @@ def check_pattern(pattern: str) -> str | None:
     module = ".".join(parts[:-1])
     if is_dangerous(GlobalRef(module, parts[-1] if parts[-1] != "*" else "_")):
         return f"`{pattern}` names a module or callable that runs code; it cannot be allowed"
+    if parts[-1] == "*":
+        # A wildcard names every global under its module: `builtins.*` names `builtins.eval`, `torch.*` names
+        # `torch.hub`. The policy would still refuse those, but an allowance must not read as if it admitted them.
+        inside = [d for d in sorted(DANGEROUS_GLOBALS | DANGEROUS_MODULES) if d.startswith(module + ".")]
+        if inside:
+            return (f"`{pattern}` names `{inside[0]}`, which runs code; it cannot be allowed (name each class: "
+                    f"`{module}.Name`)")
     return None
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, Run, Tree
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, ProblemKind, Run, Tree
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
 from ckptdoctor.rules.weights import plural, saved_shard_tensors
@@ -91,6 +91,8 @@ def trainer_state_invalid(tree: Tree) -> Iterator[Hit]:
         if f is None:
             continue
         if not isinstance(f.content, JsonFacts):
+            if any(p.kind is ProblemKind.LIMIT for p in f.problems):
+                continue  # not read, so not judged: CKD001 says so (a file over the size limit is not invalid)
             reasons = [p.message for p in f.problems] or ["it is empty" if f.kind == FileKind.EMPTY else "unreadable"]
             yield Hit(f.path, "not valid JSON: " + "; ".join(reasons))
             continue
