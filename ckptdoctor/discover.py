@@ -25,7 +25,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.progress import when_done
 from ckptdoctor.readers import VANISHED
-from ckptdoctor.sources import source_for
+from ckptdoctor.sources import is_remote, source_for
 from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
 
@@ -95,18 +95,6 @@ class _Dir:
     distcp: dict[str, str] = field(default_factory=dict)
 
 
-def unique_roots(paths: Iterable[str]) -> list[str]:
-    """``paths`` with each folder once (the first spelling kept): ``X``, ``X`` and ``./X/`` name one root."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for p in paths:
-        key = p if "://" in p else os.path.realpath(p)  # a URL is compared as written
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
-
-
 def default_jobs(root: str | None = None) -> int:
     """How many files are read at once by default for ``root``.
 
@@ -116,7 +104,7 @@ def default_jobs(root: str | None = None) -> int:
     the GIL), reads wait on the network or the disk: a few more threads than cores, bounded so a big machine does
     not open dozens of files at once.
     """
-    if root is not None and "://" not in root and on_local_disk(root):
+    if root is not None and not is_remote(root) and on_local_disk(root):
         return 1
     return max(1, min(8, (os.cpu_count() or 1) * 2))
 

@@ -477,26 +477,74 @@ class RootSettings:
         return best
 
 
-class _Resolver:
-    """Resolves settings files against one command line: ``--select``/``--ignore`` checked once, the user's
-    allowances read once, and each file's codes checked as the command line's are."""
+Codes = Sequence[str] | str
+"""Rule codes, prefixes or names: one string (``"CKD2,CKD601"``) or several, as ``--select``/``--ignore`` take."""
 
-    def __init__(
-        self,
-        select: Sequence[str],
-        ignore: Sequence[str],
-        no_config: bool,
-        on_kept: KeptCallback | None,
-        allow_global: Sequence[str],
-    ) -> None:
+
+def _listed(codes: Codes) -> tuple[str, ...]:
+    return (codes,) if isinstance(codes, str) else tuple(codes)
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Options:
+    """What a command that runs rules is asked for, built and checked once at the door (``Options.build``, as
+    pip-audit builds its ``AuditOptions``): every command and API call takes this one value.
+
+    ``select``/``ignore`` are the command line's rule codes (names resolved, each matching a rule), ``fail_on``
+    the caller's (None: each settings file's, else error), ``no_config`` ignores every settings file,
+    ``allowances`` are the user's pickle-global allowances (``--allow-global`` patterns as ``allow_global``, then the
+    user configuration's: ``user_allowances``), ``allow_empty`` accepts a root holding no checkpoint, and
+    ``on_kept`` is told of security rules a project file may not turn off (None: nothing is said).
+    """
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    fail_on: str | None = None
+    no_config: bool = False
+    allow_global: tuple[str, ...] = ()
+    allowances: tuple[tuple[str, str], ...] = ()
+    allow_empty: bool = False
+    on_kept: KeptCallback | None = field(default=None, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        select: Codes = (),
+        ignore: Codes = (),
+        fail_on: str | None = None,
+        no_config: bool = False,
+        allow_global: Codes = (),
+        allow_empty: bool = False,
+        on_kept: KeptCallback | None = None,
+    ) -> Options:
+        """The options of one request, checked: raises ``UsageError`` for a ``fail_on`` not in ``FAIL_ON``, an
+        empty ``--select``/``--ignore`` (an unset variable in a script must not mean every rule), a code, prefix
+        or name that matches no rule, and an allowance ``user_allowances`` refuses."""
+        check_fail_on(fail_on)
+        select, ignore = _listed(select), _listed(ignore)
         sel_codes, ign_codes = split_codes(select), split_codes(ignore)
         for option, given, parsed in (("--select", select, sel_codes), ("--ignore", ignore, ign_codes)):
-            if given and not parsed:  # `--select ""` (an unset variable in a script) must not mean every rule
+            if given and not parsed:
                 raise UsageError(f"{option} was given no rule code")
         _check_codes(sel_codes, "--select")
         _check_codes(ign_codes, "--ignore")
-        self.select, self.ignore, self.no_config, self.on_kept = sel_codes, ign_codes, no_config, on_kept
-        self.allowances = user_allowances(allow_global)
+        allow = _listed(allow_global)
+        return cls(sel_codes, ign_codes, fail_on, no_config, allow, user_allowances(allow), allow_empty, on_kept)
+
+    def ignoring(self, *codes: str) -> Options:
+        """These options with ``codes`` (rule codes, checked by the caller) ignored too."""
+        return dataclasses.replace(self, ignore=(*self.ignore, *codes))
+
+
+class _Resolver:
+    """Resolves settings files against one request's ``Options`` (checked once when they were built): each file's
+    codes checked as the command line's are."""
+
+    def __init__(self, options: Options) -> None:
+        self.select, self.ignore, self.no_config = options.select, options.ignore, options.no_config
+        self.on_kept, self.allowances = options.on_kept, options.allowances
 
     def scope(self, root: str, folder: str, cfg: Config) -> Scope:
         """``cfg`` (a settings file, or none) resolved for ``folder`` of ``root``."""
@@ -532,57 +580,31 @@ class _Resolver:
         return RootSettings(root, tuple(scopes))
 
 
-def show_settings(
-    roots: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    no_config: bool,
-    *,
-    allow_global: Sequence[str] = (),
-    nested: bool = True,
-) -> list[RootSettings]:
+def show_settings(roots: Sequence[str], options: Options, *, nested: bool = True) -> list[RootSettings]:
     """What ``--show-settings`` shows: each root's ``RootSettings`` with the settings files below it (``nested``;
     found by walking the folder, ``walk_configs``, as nothing is discovered or read but settings files)."""
-    found = {r: walk_configs(r) for r in roots} if nested and not no_config else None
-    return root_settings(roots, select, ignore, no_config, allow_global=allow_global, nested=found)
+    found = {r: walk_configs(r) for r in roots} if nested and not options.no_config else None
+    return root_settings(roots, options, nested=found)
 
 
-def resolve_selection(
-    paths: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    no_config: bool,
-    *,
-    on_kept: KeptCallback | None = None,
-    allow_global: Sequence[str] = (),
-) -> tuple[Selection, str | None]:
-    """The rule selection from --select/--ignore plus the settings file closest to ``paths[0]`` (``find_config``:
-    upward from it, else the user configuration), and that file's fail-on.
+def resolve_selection(path: str, options: Options) -> tuple[Selection, str | None]:
+    """The rule selection of ``options`` plus the settings file closest to ``path`` (``find_config``: upward from
+    it, else the user configuration), and that file's fail-on.
 
-    Shared by every command and API call that runs rules, so they all read options and configuration the same way.
-    Raises ``UsageError`` for an unknown code, an empty ``--select``/``--ignore`` or a settings file that cannot be
-    used. When a project settings file tries to turn off or lower security rules, ``on_kept(source, codes)`` is told
-    which stay on (the command line prints a note, the Python API warns; None: nothing is said). ``allow_global``
-    are ``--allow-global`` patterns, joined by the user configuration's (``user_allowances``).
+    Raises ``UsageError`` for a settings file that cannot be used. When a project settings file tries to turn off
+    or lower security rules, ``options.on_kept(source, codes)`` is told which stay on (the command line prints a
+    note, the Python API warns; None: nothing is said).
     """
-    scope = root_settings([paths[0]], select, ignore, no_config, on_kept=on_kept, allow_global=allow_global)[0]
-    first = scope.scopes[0]
+    first = _Resolver(options).root(path).scopes[0]
     return first.selection, first.fail_on
 
 
 def root_settings(
-    roots: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    no_config: bool,
-    *,
-    on_kept: KeptCallback | None = None,
-    allow_global: Sequence[str] = (),
-    nested: Mapping[str, Iterable[str]] | None = None,
+    roots: Sequence[str], options: Options, *, nested: Mapping[str, Iterable[str]] | None = None
 ) -> list[RootSettings]:
     """Each root's ``RootSettings``: its own closest file (``find_config``) and, for a root in ``nested``, the
     settings files among the listed paths below it (``nested_configs``). Raises as ``resolve_selection``."""
-    resolver = _Resolver(select, ignore, no_config, on_kept, allow_global)
+    resolver = _Resolver(options)
     return [resolver.root(r, (nested or {}).get(r, ())) for r in roots]
 
 
@@ -595,15 +617,7 @@ class Group(NamedTuple):
     settings: list[RootSettings]
 
 
-def selection_groups(
-    paths: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    no_config: bool,
-    *,
-    on_kept: KeptCallback | None = None,
-    allow_global: Sequence[str] = (),
-) -> list[Group]:
+def selection_groups(paths: Sequence[str], options: Options) -> list[Group]:
     """The roots grouped by the selection and fail-on their own settings files give (``root_settings``).
 
     Each root is judged by its own closest settings file: one may travel with each checkpoint, so the first root's
@@ -611,7 +625,7 @@ def selection_groups(
     group. Files below a root are applied once the scan has listed them (``api.scan``).
     """
     groups: list[Group] = []
-    for rs in root_settings(paths, select, ignore, no_config, on_kept=on_kept, allow_global=allow_global):
+    for rs in root_settings(paths, options):
         top = rs.scopes[0]
         key = (top.selection, top.fail_on, top.config.trusted)
         last = groups[-1] if groups else None
@@ -697,6 +711,8 @@ class ExitPolicy:
 
     fail_on: str | None = None
     scopes: tuple[tuple[str, str, str | None, bool], ...] = ()
+    # The untrusted settings file's fail-on for a finding under no scope: the gate's, from RUN_DIR's closest file.
+    settings_fail_on: str | None = None
 
     @classmethod
     def of_settings(cls, fail_on: str | None, settings: Sequence[RootSettings]) -> ExitPolicy:
@@ -714,13 +730,13 @@ class ExitPolicy:
                 continue
             if best is None or len(folder) > len(best[1]):
                 best = scope
-        return (None, False) if best is None else (best[2], best[3])
+        return (self.settings_fail_on, False) if best is None else (best[2], best[3])
 
     def exit_code(self, findings: Sequence[Finding], *, on_security_kept: Callable[[], None] | None = None) -> int:
         """The highest ``exit_code`` of the findings of each settings file's fail-on (a finding's ``root`` and
         ``path`` say its scope; one under no scope is judged without settings). The user configuration's fail-on
         is trusted as ``--fail-on`` is; ``on_security_kept`` is called once per fail-on it concerns."""
-        parts: dict[tuple[str | None, bool], list[Finding]] = {(None, False): []}
+        parts: dict[tuple[str | None, bool], list[Finding]] = {(self.settings_fail_on, False): []}
         for f in findings:
             parts.setdefault(self._scope(f), []).append(f)
         codes = [0]
@@ -730,6 +746,32 @@ class ExitPolicy:
             else:
                 codes.append(exit_code(mine, self.fail_on, cfg_fail_on, on_security_kept=on_security_kept))
         return max(codes)
+
+
+class Outcome:
+    """The one answer to "did it fail, and with which exit code" that every result shares (``Report``,
+    ``GateResult``, ``FixResult``): its ``exit_policy`` judges its ``judged_findings``, as the command line does."""
+
+    __slots__ = ()
+
+    def exit_policy(self) -> ExitPolicy:
+        """How this result's findings are judged (the caller's fail-on and each settings file's)."""
+        raise NotImplementedError
+
+    def judged_findings(self) -> Sequence[Finding]:
+        """The findings the exit code is decided on (for a fix: what remains)."""
+        raise NotImplementedError
+
+    def pending_change(self) -> bool:
+        """True when the result fails whatever its findings (a dry run that would change something)."""
+        return False
+
+    def exit_status(self, *, on_security_kept: Callable[[], None] | None = None) -> int:
+        """The command line's exit code for this result: 1 when a judged finding reaches its fail-on (or a
+        security error that only a settings file's "never" would pass: ``on_security_kept()`` is then called, the
+        command line's note), or when ``pending_change``; else 0."""
+        code = self.exit_policy().exit_code(self.judged_findings(), on_security_kept=on_security_kept)
+        return max(code, 1 if self.pending_change() else 0)
 
 
 @frozen_value
@@ -761,20 +803,12 @@ def settings_used(pairs: Iterable[tuple[RootSettings, Iterable[str]]]) -> tuple[
     return tuple(SettingsUse(path, trusted, tuple(folders)) for path, (trusted, folders) in used.items())
 
 
-def with_nested(
-    settings: RootSettings,
-    files: Iterable[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    *,
-    on_kept: KeptCallback | None = None,
-    allow_global: Sequence[str] = (),
-) -> RootSettings:
+def with_nested(settings: RootSettings, files: Iterable[str], options: Options) -> RootSettings:
     """``settings`` (a root's own scope) with a scope for each settings file among ``files`` below the root
-    (``nested_configs``), resolved against the same command line. Unchanged when none configures ckptdoctor."""
+    (``nested_configs``), resolved against the same ``options``. Unchanged when none configures ckptdoctor."""
     found = nested_configs(settings.root, files)
     if not found:
         return settings
-    resolver = _Resolver(select, ignore, False, on_kept, allow_global)
+    resolver = _Resolver(options)
     scopes = [resolver.scope(settings.root, folder, cfg) for folder, cfg in found]
     return RootSettings(settings.root, (settings.scopes[0], *scopes))

@@ -177,7 +177,7 @@ LAYERS: list[set[str]] = [
      "ckptdoctor.progress", "ckptdoctor.schedules"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
-    {"ckptdoctor.discover", "ckptdoctor.deep"},  # walking roots, reading tensor data
+    {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep"},  # the roots asked about, walking them, tensor data
     {"ckptdoctor.trainer_view"},  # what the Trainer picks and loads
     {"ckptdoctor.rules", "ckptdoctor.pickle_analysis"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
