@@ -110,4 +110,5 @@ def _is_file_root(root: str, path: str) -> bool:
     """Whether ``root`` is a local non-folder whose name ``path`` shows (raw, or with undecodable bytes escaped)."""
     base = os.path.basename(root)
     shown = os.fsencode(base).decode("utf-8", "backslashreplace")
-    return path in (base, shown) and "://" not in root and os.path.lexists(root) and not os.path.isdir(root)
+    # A root that exists on disk is a path, never a URL (as ``sources.is_remote`` decides): no scheme test needed.
+    return path in (base, shown) and os.path.lexists(root) and not os.path.isdir(root)

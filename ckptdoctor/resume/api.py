@@ -191,7 +191,7 @@ def judge(
         return GateResult(run_label, None, "none", None, None, None, (), _sorted(found), fail_on=plan.fail_on)
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
-    # CKD201 is judged again for the file this resume reads (resume.rules.adapter_findings)
+    # CKD201 is judged again for the file this resume reads (resume.rules.adapter_rule)
     kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
