@@ -477,6 +477,24 @@ class FolderRole(str, enum.Enum):
 
 @frozen_value
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
+class DeepSpeedTag:
+    """A DeepSpeed tag folder directly inside a checkpoint (``engine.save_checkpoint(dir, tag)``): `global_stepN`, or
+    a folder of any name holding DeepSpeed's state files (``discover.is_deepspeed_tag``), found where discovery
+    lists the checkpoint.
+
+    ``name`` is the folder (relative to the checkpoint), ``files`` its file names, ``partitions`` the rank of each
+    ZeRO optimizer partition file in it (``*zero_pp_rank_R_mp_rank_*_optim_states.pt``, sorted) and
+    ``model_states`` its model-states files (``*mp_rank_*_model_states.pt``).
+    """
+
+    name: str
+    files: tuple[str, ...]
+    partitions: tuple[int, ...] = ()
+    model_states: tuple[str, ...] = ()
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Checkpoint:
     """A folder of training state. ``files`` holds every file under it (recursively), paths relative to the root."""
 
@@ -486,6 +504,7 @@ class Checkpoint:
     files: tuple[FileFacts, ...]
     mtime: float = 0.0  # newest mtime among the folder and its files
     framework: Framework = Framework.PYTORCH
+    deepspeed_tags: tuple[DeepSpeedTag, ...] = ()  # its DeepSpeed tag folders, as discovery found them
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
@@ -604,6 +623,18 @@ class PickleVerdict:
 
 @frozen_value
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
+class ShardProblem:
+    """A data shard of a TensorFlow bundle that its index (``ckpt-N.index``) does not find whole: missing
+    (``MALFORMED``) or shorter than the bytes the index places in it (``TRUNCATED``). ``index`` and ``shard`` are
+    root-relative paths; found where discovery has read every file (``readers.tfbundle.shard_problems``)."""
+
+    index: str
+    shard: str
+    problem: ReadProblem
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Tree:
     """Everything one scan root holds, as discovered and read."""
 
@@ -615,6 +646,8 @@ class Tree:
     abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
     data: tuple[FileData, ...] = ()  # tensor-data results, filled by ``--deep`` only, sorted by path
     manifest: Manifest | None = None  # the checksum manifest to verify against (``--checksums verify`` only)
+    # each TensorFlow bundle index's data shards checked against it, where discovery read them (``ShardProblem``)
+    tf_shard_problems: tuple[ShardProblem, ...] = ()
     # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
     # (``pickle_analysis.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None

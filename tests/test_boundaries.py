@@ -178,7 +178,7 @@ LAYERS: list[set[str]] = [
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
     {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep"},  # the roots asked about, walking them, tensor data
-    {"ckptdoctor.trainer_view"},  # what the Trainer picks and loads
+    {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
     {"ckptdoctor.rules", "ckptdoctor.pickle_analysis", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",

@@ -160,7 +160,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(_dumps(undo_json(path, j.txid, restored=restored, operations=len(j.ops))))
         return
-    from ckptdoctor.render.report import plural
+    from ckptdoctor.facts import plural
 
     click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")
 

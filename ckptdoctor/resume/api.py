@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
+from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen_value
 from ckptdoctor.resume.plan import (
@@ -26,7 +27,6 @@ from ckptdoctor.resume.plan import (
 from ckptdoctor.resume.predict import predict, resume_checkpoint
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
-from ckptdoctor.rules.discovery import holds_checkpoint
 from ckptdoctor.settings import ExitPolicy, Options, Outcome, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"

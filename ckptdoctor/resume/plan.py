@@ -512,7 +512,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
 def run_world_size(ck: Checkpoint) -> int | None:
     """How many processes saved ``ck``: its FSDP / DeepSpeed shards, else its RNG files (``rng_state.pth``: 1;
     ``rng_state_R.pth``: the highest R + 1); None when nothing says."""
-    from ckptdoctor.rules.training import saved_world_size
+    from ckptdoctor.facts import saved_world_size
 
     saved = saved_world_size(ck)
     if saved is not None:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import saved_world_size
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
 from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
-from ckptdoctor.rules.training import saved_world_size
 
 if TYPE_CHECKING:
     from ckptdoctor.resume.plan import Plan
