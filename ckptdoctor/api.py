@@ -19,9 +19,9 @@ from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.roots import PathArg, Roots
-from ckptdoctor.settings import (
+from ckptdoctor.settings.exit import ExitPolicy
+from ckptdoctor.settings.selection import (
     Codes,
-    ExitPolicy,
     KeptCallback,
     Options,
     RootSettings,

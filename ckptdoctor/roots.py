@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ckptdoctor.model import frozen_value
+from ckptdoctor.model import frozen
 from ckptdoctor.sources import is_remote
 
 PathArg = str | os.PathLike[str]
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Roots:
     """Roots as given (``paths``, each once), which of them are URLs (``urls``, as ``sources.is_remote`` decided
     when the value was built), and whether the command's root check has passed (``checked``)."""

@@ -9,21 +9,21 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Tree, frozen_value
+from ckptdoctor.model import Tree, frozen
 from ckptdoctor.roots import PathArg, Roots
 from ckptdoctor.rules import Selection, judged, run_rules
-from ckptdoctor.settings import ExitPolicy, Outcome, SettingsUse, fails
+from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
+from ckptdoctor.settings.selection import SettingsUse
 
 CHECKSUMS = ("write", "verify")
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Report(Outcome):
     """The result of scanning one or more roots: what was found on disk and the findings about it.
 
@@ -178,7 +178,7 @@ def checked_selection(selection: Selection) -> Selection:
     Raises ``ValueError`` naming a code, prefix or name that matches no rule: a typo would select nothing, and a
     malicious checkpoint would pass a scan that checked nothing.
     """
-    from ckptdoctor.settings import UnknownRule, rule_patterns, severity_overrides
+    from ckptdoctor.settings.codes import UnknownRule, rule_patterns, severity_overrides
 
     try:
         select, ignore = rule_patterns(selection.select), rule_patterns(selection.ignore)

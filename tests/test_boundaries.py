@@ -182,7 +182,7 @@ LAYERS: list[set[str]] = [
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
     {"ckptdoctor.rules", "ckptdoctor.pickle_analysis", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
-     "ckptdoctor.resume.predict"},
+     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
     {"ckptdoctor.api"},  # ckptdoctor.scan / ckptdoctor.fix

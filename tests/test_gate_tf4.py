@@ -292,7 +292,7 @@ def test_the_version_is_planned_else_installed_else_the_checkpoints(
 
 
 def test_installed_version_is_read_from_metadata_without_importing_transformers() -> None:
-    code = ("import sys; from ckptdoctor.resume.plan import installed_transformers as v; "
+    code = ("import sys; from ckptdoctor.resume.resolve import installed_transformers as v; "
             "from importlib import metadata; assert v() == metadata.version('transformers'); "
             "assert 'transformers' not in sys.modules; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -26,13 +26,13 @@ from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import gate_json, render_text, summary
 from ckptdoctor.resume.api import gate_options, run_gate
+from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     GateInputError,
     parse_kwargs,
     plan_from_training_args,
-    read_training_args,
 )
 from ckptdoctor.sources import is_remote
 

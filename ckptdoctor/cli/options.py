@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from ckptdoctor.settings import Options
+    from ckptdoctor.settings.selection import Options
 
 
 class UsageProblem(click.ClickException):
@@ -32,7 +32,7 @@ class ScanRoot(click.Path):
 
 def _note_kept(source: str, codes: Sequence[str]) -> None:
     """The command line's note on stderr for security rules a settings file may not turn off."""
-    from ckptdoctor.settings import kept_message
+    from ckptdoctor.settings.selection import kept_message
 
     click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
 
@@ -48,7 +48,7 @@ def request_options(
     """The one ``Options`` of a command's request, from the options ``rule_options`` and ``allow_empty_option``
     declare, built and checked once (``settings.Options.build``); a project file's kept security rules are noted
     on stderr."""
-    from ckptdoctor.settings import Options
+    from ckptdoctor.settings.selection import Options
 
     return Options.build(
         select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
@@ -57,7 +57,7 @@ def request_options(
 
 
 def _note_security() -> None:
-    from ckptdoctor.settings import SECURITY_NEVER_NOTE
+    from ckptdoctor.settings.exit import SECURITY_NEVER_NOTE
 
     click.echo(SECURITY_NEVER_NOTE, err=True)
 

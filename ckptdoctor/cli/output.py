@@ -12,7 +12,7 @@ import click
 from ckptdoctor.cli.options import UsageProblem, _read_only_done
 
 if TYPE_CHECKING:
-    from ckptdoctor.settings import Options
+    from ckptdoctor.settings.selection import Options
 
 
 def emit(text: str, output_file: str | None, silent: bool) -> None:
@@ -46,7 +46,7 @@ def print_settings(
 
     from ckptdoctor.errors import UsageError
     from ckptdoctor.render.settings import render_settings_text, settings_json
-    from ckptdoctor.settings import show_settings
+    from ckptdoctor.settings.selection import show_settings
 
     try:
         found = show_settings(paths, options, nested=nested)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ckptdoctor.model import Tree
     from ckptdoctor.roots import Roots
     from ckptdoctor.scanner import Report
-    from ckptdoctor.settings import Options
+    from ckptdoctor.settings.selection import Options
 
 _EPILOG_SCAN = """\b
 Examples:

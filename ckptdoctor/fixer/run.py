@@ -17,7 +17,7 @@ from ckptdoctor.fixer.plan import RootPlan, plan_root
 from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
 from ckptdoctor.model import FolderRole, Tree
 from ckptdoctor.roots import PathArg, Roots
-from ckptdoctor.settings import ExitPolicy, Outcome
+from ckptdoctor.settings.exit import ExitPolicy, Outcome
 
 Rescope = Callable[[str, Tree, Sequence[Finding]], list[Finding]]
 """``(root, tree, findings) -> findings``: a scan's findings of one root judged under the settings files below it."""

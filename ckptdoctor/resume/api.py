@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json
-from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen_value
+from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
+from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
@@ -19,21 +20,20 @@ from ckptdoctor.resume.plan import (
     PRINTABLE_BITS,
     GateInputError,
     Plan,
-    Settings,
     check_plan,
     plan_from_training_args,
-    read_training_args,
 )
 from ckptdoctor.resume.predict import predict, resume_checkpoint
+from ckptdoctor.resume.resolve import ResolvedArgs
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
-from ckptdoctor.settings import ExitPolicy, Options, Outcome, warn_kept
+from ckptdoctor.settings.exit import ExitPolicy, Outcome
+from ckptdoctor.settings.selection import Options, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class GateResult(Outcome):
     """The predicted resume and the findings about it. ``lr`` holds the LRs of the first optimizer steps."""
 
@@ -45,7 +45,7 @@ class GateResult(Outcome):
     steps_to_train: int | None
     lr: tuple[float, ...]
     findings: tuple[Finding, ...]
-    settings: Settings | None = None
+    settings: ResolvedArgs | None = None
     restores_optimizer: bool = False
     epochs_trained: int | None = None
     num_train_epochs: int | None = None
@@ -375,7 +375,7 @@ def rule_selection(run_dir: str, options: Options) -> tuple[Selection, str | Non
     Raises ``GateInputError`` for a settings file that cannot be used.
     """
     from ckptdoctor.errors import UsageError
-    from ckptdoctor.settings import resolve_selection
+    from ckptdoctor.settings.selection import resolve_selection
 
     try:
         return resolve_selection(run_dir, options)

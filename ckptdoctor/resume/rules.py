@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import saved_world_size
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
+from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen
 from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
 
 if TYPE_CHECKING:
@@ -30,8 +30,7 @@ JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "l
 LR_RTOL = 1e-9
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ResumeContext:
     """What a gate rule judges: the scanned tree, the plan, the checkpoint the resume loads (None: it finds none)
     and the prediction for it (None without a checkpoint)."""
@@ -565,7 +564,7 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     kind = "FSDP/DeepSpeed shards"
     sev = Severity.ERROR
     if saved is None:
-        from ckptdoctor.resume.plan import run_world_size
+        from ckptdoctor.resume.resolve import run_world_size
 
         saved, kind, sev = run_world_size(ck), "RNG state files", Severity.WARNING
     if saved is None or saved == planned:

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
-from ckptdoctor.model import Tree, frozen_value
+from ckptdoctor.model import Tree, frozen
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Hit:
     """What a rule function yields: where, why, and optionally a severity for this hit and a fix plan."""
 
@@ -174,8 +173,7 @@ def _matches(code: str, patterns: Sequence[str]) -> bool:
     return any(code.startswith(p.strip().upper()) for p in patterns if p.strip())
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Selection:
     """Which rules run and at what severity: ``--select``/``--ignore`` by code or prefix, plus overrides."""
 
