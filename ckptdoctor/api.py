@@ -1,10 +1,10 @@
 """The Python API behind ``ckptdoctor.scan`` and ``ckptdoctor.fix``: the command line's ``scan`` and ``fix``, each
 folder under its closest settings file, returning what the command renders and the exit code it would give.
 
-The request is built once at this door: ``scan`` and ``fix`` take the documented keywords, build one ``Options``
-(``settings.Options.build``: checked once) and one ``Roots`` (``roots.Roots.of``: each root named once, URL or path
-decided once, checked once) and hand them to ``scan_roots`` and ``fix_roots``, which the command line calls with
-the same two values. ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as
+The request is built once at this door: ``scan`` and ``fix`` take the documented keywords, build one
+``Options`` (``settings.selection.Options.build``: checked once) and one ``Roots`` (``roots.Roots.of``: each root
+named once, URL or path decided once, checked once) and hand them to ``scan_roots`` and ``fix_roots``, which the
+command line calls with the same two values. ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as
 given and read no settings file.
 """
 

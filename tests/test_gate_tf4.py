@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from ckptdoctor.cli import main
 from ckptdoctor.resume import GateResult, gate
-from ckptdoctor.resume import plan as plan_module
+from ckptdoctor.resume import resolve as resolve_module
 
 TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")
 SCRIPT = Path(__file__).with_name("tf4_trainer.py")
@@ -279,12 +279,12 @@ def lr_finished_4x(tmp_path: Path) -> Path:
 def test_the_version_is_planned_else_installed_else_the_checkpoints(
     lr_finished_4x: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plan_module, "installed_transformers", lambda: "4.46.3")
+    monkeypatch.setattr(resolve_module, "installed_transformers", lambda: "4.46.3")
     s = gate(lr_finished_4x, max_steps=16, transformers_version="5.23").settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("5.23", "planned")
     s = gate(lr_finished_4x, max_steps=16).settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("4.46.3", "installed")
-    monkeypatch.setattr(plan_module, "installed_transformers", lambda: None)
+    monkeypatch.setattr(resolve_module, "installed_transformers", lambda: None)
     s = gate(lr_finished_4x, max_steps=16).settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("4.57.6", "config.json")
     s = gate(FIXTURES / "lr-finished", max_steps=16).settings  # a config.json without transformers_version

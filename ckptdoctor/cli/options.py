@@ -46,8 +46,8 @@ def request_options(
     allow_empty: bool,
 ) -> Options:
     """The one ``Options`` of a command's request, from the options ``rule_options`` and ``allow_empty_option``
-    declare, built and checked once (``settings.Options.build``); a project file's kept security rules are noted
-    on stderr."""
+    declare, built and checked once (``settings.selection.Options.build``); a project file's kept security rules
+    are noted on stderr."""
     from ckptdoctor.settings.selection import Options
 
     return Options.build(
@@ -127,7 +127,7 @@ def rule_options(
 
     ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
     the ``*_help`` texts say what the option does in that command. The settings files are the closest from each
-    folder upward (``settings.find_config``).
+    folder upward (``settings.files.find_config``).
     """
     options = (
         click.option(

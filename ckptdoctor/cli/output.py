@@ -39,8 +39,8 @@ def print_settings(
     output_file: str | None = None,
     silent: bool = False,
 ) -> None:
-    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0, written as every
-    report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be used
+    """``--show-settings``: print each root's settings (``settings.selection.show_settings``) and exit 0, written as
+    every report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be used
     is a usage error, as when checking."""
     import sys
 

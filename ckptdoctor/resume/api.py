@@ -370,7 +370,7 @@ def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
 
 def rule_selection(run_dir: str, options: Options) -> tuple[Selection, str | None]:
     """The rule selection of ``options`` plus the settings file at ``run_dir`` (unless ``options.no_config``), and
-    that file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.resolve_selection``).
+    that file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.selection.resolve_selection``).
 
     Raises ``GateInputError`` for a settings file that cannot be used.
     """
