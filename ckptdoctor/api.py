@@ -4,8 +4,8 @@ folder under its closest settings file, returning what the command renders and t
 The request is built once at this door: ``scan`` and ``fix`` take the documented keywords, build one
 ``Options`` (``settings.selection.Options.build``: checked once) and one ``Roots`` (``roots.Roots.of``: each root
 named once, URL or path decided once, checked once) and hand them to ``scan_roots`` and ``fix_roots``, which the
-command line calls with the same two values. ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as
-given and read no settings file.
+command line calls with the same two values. ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they
+take a ``Selection`` as given and read no settings file.
 """
 
 from __future__ import annotations

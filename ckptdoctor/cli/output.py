@@ -40,8 +40,8 @@ def print_settings(
     silent: bool = False,
 ) -> None:
     """``--show-settings``: print each root's settings (``settings.selection.show_settings``) and exit 0, written as
-    every report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be used
-    is a usage error, as when checking."""
+    every report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be
+    used is a usage error, as when checking."""
     import sys
 
     from ckptdoctor.errors import UsageError
