@@ -1,8 +1,11 @@
 """The Python API behind ``ckptdoctor.scan`` and ``ckptdoctor.fix``: the command line's ``scan`` and ``fix``, each
 folder under its closest settings file, returning what the command renders and the exit code it would give.
 
-``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they take a ``Selection`` as given and read no
-settings file. The ``ckptdoctor`` command calls these functions, so both resolve settings the same way.
+The request is built once at this door: ``scan`` and ``fix`` take the documented keywords, build one
+``Options`` (``settings.selection.Options.build``: checked once) and one ``Roots`` (``roots.Roots.of``: each root
+named once, URL or path decided once, checked once) and hand them to ``scan_roots`` and ``fix_roots``, which the
+command line calls with the same two values. ``scanner.scan`` and ``fixer.fix`` are the lower-level calls: they
+take a ``Selection`` as given and read no settings file.
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from typing import TYPE_CHECKING, TextIO
 from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.settings import (
-    ExitPolicy,
+from ckptdoctor.roots import PathArg, Roots
+from ckptdoctor.settings.exit import ExitPolicy
+from ckptdoctor.settings.selection import (
+    Codes,
     KeptCallback,
+    Options,
     RootSettings,
-    check_fail_on,
     check_runnable,
     selection_groups,
     settings_used,
-    split_codes,
     warn_kept,
     with_nested,
 )
@@ -31,16 +35,9 @@ from ckptdoctor.settings import (
 if TYPE_CHECKING:
     from ckptdoctor.fixer.run import FixResult
     from ckptdoctor.model import Tree
-    from ckptdoctor.scanner import PathArg, Report
+    from ckptdoctor.scanner import Report
 
 NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: what allow_empty accepts
-
-Codes = Sequence[str] | str
-"""Rule codes, prefixes or names: one string (``"CKD2,CKD601"``) or several, as ``--select``/``--ignore`` take."""
-
-
-def _codes(codes: Codes) -> tuple[str, ...]:
-    return (codes,) if isinstance(codes, str) else tuple(codes)
 
 
 def scan(
@@ -79,23 +76,40 @@ def scan(
     root that cannot be scanned (``FileNotFoundError``, ``ValueError``), and ``deep.DeepUnavailable`` (a
     ``UsageError``) for ``deep`` without numpy or on a remote root.
     """
-    from ckptdoctor.discover import unique_roots
-    from ckptdoctor.scanner import Report, as_roots
-    from ckptdoctor.scanner import scan as scan_roots
-
-    check_fail_on(fail_on)
-    roots = unique_roots(as_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
-    select, ignore = _codes(select), _codes(ignore)
-    check_runnable(split_codes(select), deep)
-    if allow_empty:
-        ignore = (*ignore, NO_CHECKPOINT)
-    groups = selection_groups(
-        roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
+    options = Options.build(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
+    return scan_roots(
+        Roots.of(paths), options, deep=deep, jobs=jobs, checksums=checksums, limits=limits, progress=progress
+    )
+
+
+def scan_roots(
+    roots: Roots,
+    options: Options,
+    *,
+    deep: bool = False,
+    jobs: int | None = None,
+    checksums: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    progress: TextIO | None = None,
+) -> Report:
+    """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``."""
+    from ckptdoctor.scanner import Report, check_roots
+    from ckptdoctor.scanner import scan as scan_trees
+
+    check_runnable(options.select, deep)
+    if options.allow_empty:
+        options = options.ignoring(NO_CHECKPOINT)
+    groups = selection_groups(roots.paths, options)
     if checksums is not None:
-        _check_checksums(roots, checksums, deep)
+        _check_checksums(roots.paths, checksums, deep)
+    roots = check_roots(roots)
     parts = [
-        scan_roots(ps, selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums)
+        scan_trees(
+            roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums
+        )
         for ps, sel, _, _ in groups
     ]
     trees: list[Tree] = []
@@ -105,8 +119,8 @@ def scan(
     for group, part in zip(groups, parts, strict=True):
         for tree, rs in zip(part.trees, group.settings, strict=True):
             mine = [f for f in part.findings if f.root == tree.root]
-            if not no_config:
-                rs, mine = _nested_settings(tree, rs, mine, select, ignore, deep, on_kept or warn_kept, allow_global)
+            if not options.no_config:
+                rs, mine = _nested_settings(tree, rs, mine, options, deep)
             trees.append(tree)
             findings.extend(mine)
             settings.append(rs)
@@ -115,7 +129,7 @@ def scan(
         tuple(trees),
         tuple(findings),
         sum(r.seconds for r in parts),
-        ExitPolicy.of_settings(fail_on, settings),
+        ExitPolicy.of_settings(options.fail_on, settings),
         settings_used(zip(settings, folders, strict=True)),
     )
 
@@ -126,21 +140,12 @@ def _folders(tree: Tree) -> list[str]:
 
 
 def _nested_settings(
-    tree: Tree,
-    settings: RootSettings,
-    findings: Sequence[Finding],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    deep: bool,
-    on_kept: KeptCallback,
-    allow_global: Codes,
+    tree: Tree, settings: RootSettings, findings: Sequence[Finding], options: Options, deep: bool
 ) -> tuple[RootSettings, list[Finding]]:
     """The settings files below ``tree``'s root applied to the folders they govern, as ruff applies the closest
     configuration to each file (``_judged``). The scan's own listing finds the files (no extra look at the disk); a
     tree without one is returned as it is."""
-    nested = with_nested(
-        settings, (f.path for f in tree.all_files()), select, ignore, on_kept=on_kept, allow_global=_codes(allow_global)
-    )
+    nested = with_nested(settings, (f.path for f in tree.all_files()), options)
     return nested, _judged(tree, nested, findings, deep)
 
 
@@ -209,45 +214,47 @@ def fix(
     ``FixRefused`` (one) included: a remote root, a root inside another, a read-only tree, a run being written
     (``force`` acts anyway).
     """
-    from ckptdoctor.discover import unique_roots
-    from ckptdoctor.fixer.run import FixResult, _check_roots
-    from ckptdoctor.fixer.run import fix as fix_roots
-    from ckptdoctor.scanner import as_roots
-
-    check_fail_on(fail_on)
-    select, ignore = _codes(select), _codes(ignore)
-    check_runnable(split_codes(select), deep=False)
-    if allow_empty:
-        ignore = (*ignore, NO_CHECKPOINT)
-    roots = unique_roots(as_roots(paths))  # `fix X X` (or `X ./X/`) fixes X once, silently, as ruff does
-    _check_roots(roots)  # before the roots are grouped: one inside another is refused whatever their settings
-    groups = selection_groups(
-        roots, select, ignore, no_config, on_kept=on_kept or warn_kept, allow_global=_codes(allow_global)
+    options = Options.build(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
+    return fix_roots(Roots.of(paths), options, unsafe=unsafe, dry_run=dry_run, force=force)
+
+
+def fix_roots(
+    roots: Roots, options: Options, *, unsafe: bool = False, dry_run: bool = False, force: bool = False
+) -> FixResult:
+    """``fix`` of a request built at the door: ``roots`` (checked here, once) under ``options``."""
+    from ckptdoctor.fixer.run import FixResult, check_fix_roots
+    from ckptdoctor.fixer.run import fix as fix_trees
+
+    check_runnable(options.select, deep=False)
+    if options.allow_empty:
+        options = options.ignoring(NO_CHECKPOINT)
+    # Before the roots are grouped: one inside another is refused whatever their settings.
+    roots = check_fix_roots(roots)
+    groups = selection_groups(roots.paths, options)
     own = {rs.root: rs for g in groups for rs in g.settings}
     nested: dict[str, RootSettings] = {}
 
     def rescope(root: str, tree: Tree, findings: Sequence[Finding]) -> list[Finding]:
         # Resolved once per root, from the listing before the fix: the rescan is judged under the same files.
         if root not in nested:
-            nested[root], _ = _nested_settings(
-                tree, own[root], (), select, ignore, False, on_kept or warn_kept, allow_global
-            )
+            nested[root], _ = _nested_settings(tree, own[root], (), options, False)
         return _judged(tree, nested[root], findings, False)
 
     results = [
-        fix_roots(
-            ps,
+        fix_trees(
+            roots.only(ps),
             selection=selection,
             unsafe=unsafe,
             dry_run=dry_run,
             force=force,
-            fail_on=fail_on or cfg_fail_on or "error",
-            rescope=None if no_config else rescope,
+            fail_on=options.fail_on or cfg_fail_on or "error",
+            rescope=None if options.no_config else rescope,
         )
         for ps, selection, cfg_fail_on, _ in groups
     ]
-    policy = ExitPolicy.of_settings(fail_on, [nested.get(r, rs) for r, rs in own.items()])
-    merged = FixResult.merge(results)
     # Each remaining finding judged under its own folder's fail-on, as scan judges it.
-    return dataclasses.replace(merged, policy=policy, failed_on=policy.exit_code(merged.remaining) != 0)
+    policy = ExitPolicy.of_settings(options.fail_on, [nested.get(r, rs) for r, rs in own.items()])
+    return FixResult.merge(results, policy)

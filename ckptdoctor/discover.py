@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic
@@ -13,6 +13,7 @@ from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
     Checkpoint,
     DcpMetadataFacts,
+    DeepSpeedTag,
     FileFacts,
     FileKind,
     FolderRole,
@@ -21,11 +22,13 @@ from ckptdoctor.model import (
     ProblemKind,
     ReadProblem,
     Run,
+    ShardProblem,
+    TfIndexFacts,
     Tree,
 )
 from ckptdoctor.progress import when_done
 from ckptdoctor.readers import VANISHED
-from ckptdoctor.sources import source_for
+from ckptdoctor.sources import is_remote, source_for
 from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
 
@@ -95,18 +98,6 @@ class _Dir:
     distcp: dict[str, str] = field(default_factory=dict)
 
 
-def unique_roots(paths: Iterable[str]) -> list[str]:
-    """``paths`` with each folder once (the first spelling kept): ``X``, ``X`` and ``./X/`` name one root."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for p in paths:
-        key = p if "://" in p else os.path.realpath(p)  # a URL is compared as written
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
-
-
 def default_jobs(root: str | None = None) -> int:
     """How many files are read at once by default for ``root``.
 
@@ -116,7 +107,7 @@ def default_jobs(root: str | None = None) -> int:
     the GIL), reads wait on the network or the disk: a few more threads than cores, bounded so a big machine does
     not open dozens of files at once.
     """
-    if root is not None and "://" not in root and on_local_disk(root):
+    if root is not None and not is_remote(root) and on_local_disk(root):
         return 1
     return max(1, min(8, (os.cpu_count() or 1) * 2))
 
@@ -147,7 +138,10 @@ def _discover(root: str, source: Source[L, M], jobs: int, progress: Callable[[],
         name = display(found.name)
         facts = source.read(found, name, False)
         bad = () if name == found.name else (_bad_name(name, found.name),)
-        return Tree(root=root, runs=(), loose_files=(facts,), path_problems=bad, files_seen=1, abs_root=source.abs_root)
+        return Tree(
+            root=root, runs=(), loose_files=(facts,), path_problems=bad, files_seen=1, abs_root=source.abs_root,
+            tf_shard_problems=tf_shard_problems((facts,)),
+        )
 
     if jobs <= 1:
         walker = _Walker(source, problems, None, progress)
@@ -168,14 +162,39 @@ def build_tree(
     """Group a walked (and read) folder tree into the sorted ``Tree``."""
     grouper = _Grouper()
     grouper.visit_root(top, root_name)
+    runs = tuple(sorted(grouper.runs, key=lambda r: r.path))
+    loose = tuple(sorted(grouper.loose, key=lambda f: f.path))
     return Tree(
         root=root,
-        runs=tuple(sorted(grouper.runs, key=lambda r: r.path)),
-        loose_files=tuple(sorted(grouper.loose, key=lambda f: f.path)),
+        runs=runs,
+        loose_files=loose,
         path_problems=tuple(sorted(problems, key=lambda p: (p.path, p.problem.kind.value))),
         files_seen=files_seen,
         abs_root=abs_root,
+        tf_shard_problems=tf_shard_problems([*(f for run in runs for ck in run.checkpoints for f in ck.files), *loose]),
     )
+
+
+def tf_shard_problems(files: Sequence[FileFacts]) -> tuple[ShardProblem, ...]:
+    """Every TensorFlow bundle index among ``files`` (a tree's, in ``Tree.all_files`` order) with its data shards
+    checked against it (``tfbundle.shard_problems``: the shards beside the index, by name and size)."""
+    indexes = [f for f in files if f.kind is FileKind.TF_INDEX and isinstance(f.content, TfIndexFacts)]
+    if not indexes:
+        return ()
+    from ckptdoctor.readers.tfbundle import shard_problems  # only a tree with a TF bundle pays for it
+
+    by_folder: dict[str, dict[str, int]] = {}
+    for f in files:
+        folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
+        by_folder.setdefault(folder, {})[f.name] = f.size
+    out: list[ShardProblem] = []
+    for idx in indexes:
+        assert isinstance(idx.content, TfIndexFacts)
+        folder = idx.path.rsplit("/", 1)[0] if "/" in idx.path else ""
+        prefix = idx.name[: -len(".index")]
+        for name, problem in shard_problems(prefix, idx.content, by_folder.get(folder, {})):
+            out.append(ShardProblem(idx.path, f"{folder}/{name}" if folder else name, problem))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -496,11 +515,35 @@ def _checkpoint(node: _Dir, role: FolderRole, step: int | None, subdirs: list[_D
     for d in subdirs:
         files.extend(_all_files(d))
         mtime = max(mtime, _newest(d))
+    ordered = tuple(sorted(files, key=lambda f: f.path))
     return Checkpoint(
         path=node.rel,
         role=role,
         step=step,
-        files=tuple(sorted(files, key=lambda f: f.path)),
+        files=ordered,
         mtime=mtime,
         framework=framework_of(files, node.rel),
+        deepspeed_tags=deepspeed_tags(node.rel, ordered),
+    )
+
+
+def deepspeed_tags(folder: str, files: Iterable[FileFacts]) -> tuple[DeepSpeedTag, ...]:
+    """The DeepSpeed tag folders directly inside the checkpoint ``folder`` (relative to the root) among its
+    ``files`` (``is_deepspeed_tag``), in the order their files come, with the partitions and model states each
+    holds by name."""
+    prefix = "" if folder in ("", ".") else folder + "/"
+    found: dict[str, list[str]] = {}
+    for f in files:
+        parts = f.path[len(prefix) :].split("/")
+        if len(parts) == 2:
+            found.setdefault(parts[0], []).append(parts[1])
+    return tuple(
+        DeepSpeedTag(
+            tag,
+            tuple(names),
+            tuple(sorted(int(m.group(1)) for n in names if (m := DS_OPTIM_RE.match(n)))),
+            tuple(n for n in names if DS_MODEL_RE.match(n)),
+        )
+        for tag, names in found.items()
+        if is_deepspeed_tag(tag, names)
     )

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptdoctor.model import frozen_value
+from ckptdoctor.model import frozen
 
 
 class Severity(str, enum.Enum):
@@ -42,8 +42,7 @@ class OpKind(str, enum.Enum):
     REWRITE_TEXT = "rewrite-text"  # replace a small text file (DeepSpeed ``latest``)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class FixOp:
     """One operation on one path (relative to the scan root). ``content`` is the new text for rewrites."""
 
@@ -52,8 +51,7 @@ class FixOp:
     content: str | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class FixPlan:
     """A repair a rule proposes: an imperative title, its applicability and the operations that perform it."""
 
@@ -110,4 +108,5 @@ def _is_file_root(root: str, path: str) -> bool:
     """Whether ``root`` is a local non-folder whose name ``path`` shows (raw, or with undecodable bytes escaped)."""
     base = os.path.basename(root)
     shown = os.fsencode(base).decode("utf-8", "backslashreplace")
-    return path in (base, shown) and "://" not in root and os.path.lexists(root) and not os.path.isdir(root)
+    # A root that exists on disk is a path, never a URL (as ``sources.is_remote`` decides): no scheme test needed.
+    return path in (base, shown) and os.path.lexists(root) and not os.path.isdir(root)

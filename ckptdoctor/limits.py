@@ -5,13 +5,10 @@ Going over a limit is a read problem (a finding), never a hang, a crash or an un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ckptdoctor.model import frozen_value
+from ckptdoctor.model import frozen
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Limits:
     """Caps that bound the work and memory a scan may spend on one input."""
 

@@ -9,9 +9,20 @@ from __future__ import annotations
 import enum
 import math
 import operator
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+elif TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:  # pragma: no cover - Python 3.10 at run time: the marker only informs type checkers
+
+    def dataclass_transform(**_: Any) -> Callable[[_T], _T]:
+        return lambda func: func
+
 
 _T = TypeVar("_T")
 
@@ -57,6 +68,14 @@ def frozen_value(cls: type[_T]) -> type[_T]:
     return cls
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def frozen(cls: type[_T]) -> type[_T]:
+    """``cls`` as a value: ``dataclass(frozen=True, slots=True, eq=False, repr=False)`` given ``frozen_value``'s
+    equality, hash and repr (those ``dataclass(frozen=True)`` would generate, without its per-class ``exec``). The
+    one decorator of every frozen value in the package."""
+    return frozen_value(dataclass(frozen=True, slots=True, eq=False, repr=False)(cls))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Read problems
 
@@ -78,8 +97,7 @@ class ProblemKind(str, enum.Enum):
     SUSPICIOUS_ARCHIVE = "suspicious-archive"  # zip layout no honest writer produces (duplicates, hidden streams)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ReadProblem:
     """One thing a reader or the walk could not accept, with a human reason (the numbers that prove it)."""
 
@@ -91,8 +109,7 @@ class ReadProblem:
 # Values rebuilt from pickles (never by running them)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class GlobalRef:
     """A global the pickle imports (``GLOBAL``/``STACK_GLOBAL``/``INST``/``OBJ``), e.g. ``collections.OrderedDict``."""
 
@@ -104,8 +121,7 @@ class GlobalRef:
         return f"{self.module}.{self.name}"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TensorRef:
     """A tensor as ``torch._utils._rebuild_tensor_v2`` / ``_rebuild_parameter`` would build it, without its data.
 
@@ -127,8 +143,7 @@ class TensorRef:
         return math.prod(self.shape)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Opaque:
     """A value the walk did not rebuild: a call to ``func`` (REDUCE/NEWOBJ/INST/OBJ) with its arguments,
     plus the state a BUILD applied. Never called. ``func`` is None when the callee was not a resolvable global.
@@ -146,8 +161,7 @@ class Opaque:
 PickleValue = Any
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class PickleFacts:
     """What a static walk of one pickle stream found."""
 
@@ -163,8 +177,7 @@ class PickleFacts:
 # Per-format file facts
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TensorInfo:
     """One tensor in a weights file: name, safetensors dtype code, shape and the bytes it spans."""
 
@@ -178,8 +191,7 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class SafetensorsFacts:
     """The parsed header of a ``.safetensors`` file."""
 
@@ -189,8 +201,7 @@ class SafetensorsFacts:
     data_bytes: int  # end of the last tensor's data, as the header declares it
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ZipMember:
     """One entry of a zip central directory."""
 
@@ -201,8 +212,7 @@ class ZipMember:
     method: int  # 0 = stored (what torch writes)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TorchFacts:
     """A file written by ``torch.save`` (zip or legacy format): its members and the static walk of its pickle.
 
@@ -218,24 +228,21 @@ class TorchFacts:
     byteorder: str = "little"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class JsonFacts:
     """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value."""
 
     value: Any
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TextFacts:
     """A small text file read whole (DeepSpeed's ``latest``)."""
 
     text: str
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class DcpStorageRef:
     """Where ``torch.distributed.checkpoint`` metadata says one item's bytes live."""
 
@@ -246,8 +253,7 @@ class DcpStorageRef:
     is_bytes: bool = False  # a BYTE_IO item (non-tensor): torch loads it with weights_only=False
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class DcpMetadataFacts:
     """A DCP ``.metadata`` pickle, walked statically: the keys it describes and the byte ranges it references."""
 
@@ -256,8 +262,7 @@ class DcpMetadataFacts:
     storage: tuple[DcpStorageRef, ...]
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class MindSporeFacts:
     """A MindSpore ``.ckpt`` (protobuf ``Checkpoint``), walked without MindSpore: its tensors in file order.
 
@@ -269,8 +274,7 @@ class MindSporeFacts:
     values: int
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TfBundleEntry:
     """One ``BundleEntryProto`` of a TensorFlow ``.index`` file: where a tensor's bytes live in the data shards.
 
@@ -288,8 +292,7 @@ class TfBundleEntry:
     sliced: bool = False
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TfIndexFacts:
     """A TensorFlow checkpoint bundle index (``ckpt-N.index``, a LevelDB-format table) without TensorFlow."""
 
@@ -299,8 +302,7 @@ class TfIndexFacts:
     version: int = 0  # BundleHeaderProto.version.producer
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TfCheckpointStateFacts:
     """The text-format ``checkpoint`` file ``tf.train.CheckpointManager`` keeps beside its ``.index`` files."""
 
@@ -308,8 +310,7 @@ class TfCheckpointStateFacts:
     all_model_checkpoint_paths: tuple[str, ...]
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Hdf5Dataset:
     """One dataset of an HDF5 file as h5py describes it from the file's metadata (no data is read).
 
@@ -326,8 +327,7 @@ class Hdf5Dataset:
     offset: int | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Hdf5Facts:
     """An HDF5 file's superblock (``tf_model.h5``, ``*.weights.h5``), read without h5py, and its datasets.
 
@@ -343,8 +343,7 @@ class Hdf5Facts:
     datasets: tuple[Hdf5Dataset, ...] | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class NpyArray:
     """One ``.npy`` array's header as ``numpy.lib.format.read_array`` reads it (never importing numpy).
 
@@ -361,8 +360,7 @@ class NpyArray:
     pickled: bool
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class NumpyFacts:
     """A `.npy` or `.npz` file: its arrays' headers, and the pickles of its object arrays walked statically (merged)."""
 
@@ -370,8 +368,7 @@ class NumpyFacts:
     pickle: PickleFacts | None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ArchiveFacts:
     """A tar archive (plain or gzip/bz2/xz compressed) or a compressed single file, read by headers and sniffed
     member heads, never extracted: ``fmt`` is how it is packed (``tar``, ``tar.gz``, ``gz`` ...), ``members`` how
@@ -423,8 +420,7 @@ class FileKind(str, enum.Enum):
     SPECIAL = "special"  # FIFO, socket, device: never opened
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ReadOutcome:
     """What a reader returns: the facts it could establish (maybe None) and the problems it met."""
 
@@ -435,8 +431,7 @@ class ReadOutcome:
     alt_pickle: PickleFacts | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class FileFacts:
     """One file under the scan root. ``path`` is relative to the root, with ``/`` separators."""
 
@@ -475,8 +470,24 @@ class FolderRole(str, enum.Enum):
     MODEL = "model"  # a save_pretrained folder, the run's own root files, or a checkpoint given directly
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
+class DeepSpeedTag:
+    """A DeepSpeed tag folder directly inside a checkpoint (``engine.save_checkpoint(dir, tag)``): `global_stepN`, or
+    a folder of any name holding DeepSpeed's state files (``discover.is_deepspeed_tag``), found where discovery
+    lists the checkpoint.
+
+    ``name`` is the folder (relative to the checkpoint), ``files`` its file names, ``partitions`` the rank of each
+    ZeRO optimizer partition file in it (``*zero_pp_rank_R_mp_rank_*_optim_states.pt``, sorted) and
+    ``model_states`` its model-states files (``*mp_rank_*_model_states.pt``).
+    """
+
+    name: str
+    files: tuple[str, ...]
+    partitions: tuple[int, ...] = ()
+    model_states: tuple[str, ...] = ()
+
+
+@frozen
 class Checkpoint:
     """A folder of training state. ``files`` holds every file under it (recursively), paths relative to the root."""
 
@@ -486,6 +497,7 @@ class Checkpoint:
     files: tuple[FileFacts, ...]
     mtime: float = 0.0  # newest mtime among the folder and its files
     framework: Framework = Framework.PYTORCH
+    deepspeed_tags: tuple[DeepSpeedTag, ...] = ()  # its DeepSpeed tag folders, as discovery found them
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
@@ -502,8 +514,7 @@ class Checkpoint:
         return f.path[len(self.path) + 1 :]
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Run:
     """An output_dir: the checkpoints in it and what ``resume_from_checkpoint=True`` would pick.
 
@@ -517,8 +528,7 @@ class Run:
     standalone: bool = False
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class PathProblem:
     """A problem with a path itself (a link, a loop, a permission error), found by discovery."""
 
@@ -527,8 +537,7 @@ class PathProblem:
     target: str | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TensorData:
     """What ``--deep`` found in one tensor's bytes (streamed, never loaded whole)."""
 
@@ -543,8 +552,7 @@ class TensorData:
     digest: str | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class FileData:
     """The ``--deep`` read of one file's tensor data: per-tensor results, bytes read, and what could not be read."""
 
@@ -557,8 +565,7 @@ class FileData:
     corrupt: tuple[ReadProblem, ...] = ()  # bytes that fail the file's own checksums (TensorFlow entries' crc32c)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ManifestEntry:
     """One file a checksum manifest lists: path relative to the root (``/`` separators), size and sha256 (hex)."""
 
@@ -567,8 +574,7 @@ class ManifestEntry:
     sha256: str
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Manifest:
     """A checksum manifest (``<root>/.ckptdoctor/manifest.json``) as read for ``--checksums verify``."""
 
@@ -579,8 +585,7 @@ class Manifest:
     problems: tuple[ReadProblem, ...] = ()  # why it could not be read (then ``entries`` is empty)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class PickleVerdict:
     """What loading one file's pickle streams could do, as the pickle policy judges it (``ckptdoctor.pickle_analysis``).
 
@@ -602,8 +607,18 @@ class PickleVerdict:
     limit: str = ""
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
+class ShardProblem:
+    """A data shard of a TensorFlow bundle that its index (``ckpt-N.index``) does not find whole: missing
+    (``MALFORMED``) or shorter than the bytes the index places in it (``TRUNCATED``). ``index`` and ``shard`` are
+    root-relative paths; found where discovery has read every file (``readers.tfbundle.shard_problems``)."""
+
+    index: str
+    shard: str
+    problem: ReadProblem
+
+
+@frozen
 class Tree:
     """Everything one scan root holds, as discovered and read."""
 
@@ -615,6 +630,8 @@ class Tree:
     abs_root: str = ""  # the root's absolute path (to judge absolute paths stored in files)
     data: tuple[FileData, ...] = ()  # tensor-data results, filled by ``--deep`` only, sorted by path
     manifest: Manifest | None = None  # the checksum manifest to verify against (``--checksums verify`` only)
+    # each TensorFlow bundle index's data shards checked against it, where discovery read them (``ShardProblem``)
+    tf_shard_problems: tuple[ShardProblem, ...] = ()
     # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
     # (``pickle_analysis.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None

@@ -9,21 +9,22 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Tree, frozen_value
+from ckptdoctor.model import Tree, frozen
+from ckptdoctor.roots import PathArg, Roots
 from ckptdoctor.rules import Selection, judged, run_rules
-from ckptdoctor.settings import ExitPolicy, SettingsUse, fails
+from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
+from ckptdoctor.settings.selection import SettingsUse
 
 CHECKSUMS = ("write", "verify")
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
-class Report:
+@frozen
+class Report(Outcome):
     """The result of scanning one or more roots: what was found on disk and the findings about it.
 
     ``policy`` decides ``exit_code()`` as the command line does: ``ckptdoctor.scan`` sets the caller's fail-on and
@@ -56,7 +57,13 @@ class Report:
         """
         if fail_on is not None:
             return 1 if self.failed(fail_on) else 0
-        return self.policy.exit_code(self.findings)
+        return self.exit_status()
+
+    def exit_policy(self) -> ExitPolicy:
+        return self.policy
+
+    def judged_findings(self) -> Sequence[Finding]:
+        return self.findings
 
 
 def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
@@ -65,11 +72,8 @@ def scan_tree(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     return run_rules(tree, selection)
 
 
-PathArg = str | os.PathLike[str]
-
-
 def scan(
-    paths: Sequence[PathArg] | PathArg,
+    paths: Sequence[PathArg] | PathArg | Roots,
     *,
     selection: Selection | None = None,
     limits: Limits = DEFAULT_LIMITS,
@@ -105,8 +109,7 @@ def scan(
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.progress import Counter
 
-    paths = as_roots(paths)
-    check_roots(paths)
+    roots = check_roots(paths)  # a Roots checked at the door (api.scan, fixer.fix) is not checked again
     if checksums is not None and (checksums not in CHECKSUMS or not deep):
         raise ValueError(f"checksums={checksums!r}: expected one of {CHECKSUMS}, with deep=True")
     sel = checked_selection(selection or Selection())
@@ -118,7 +121,7 @@ def scan(
     trees: list[Tree] = []
     findings: list[Finding] = []
     with _gc_paused():
-        for p in paths:
+        for p in roots:
             counter = Counter(progress) if progress is not None else None
             try:
                 tree = discover(
@@ -133,7 +136,7 @@ def scan(
                 from ckptdoctor import trainer_view
                 from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
 
-                if "://" in tree.abs_root:  # a remote root (ckptdoctor.sources.fsspec) keeps its URL as abs_root
+                if roots.url(p):  # object storage (ckptdoctor.sources.fsspec): no local file to stream
                     raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
                 workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
                 compared = trainer_view.value_compared_files(ck for run in tree.runs for ck in run.checkpoints)
@@ -146,25 +149,9 @@ def scan(
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)
 
 
-def as_roots(paths: Sequence[PathArg] | PathArg) -> list[str]:
-    """``paths`` (one ``str``/``os.PathLike`` or a sequence of them) as a list of ``str`` roots.
-
-    Raises ``TypeError`` for anything else (bytes paths included) and ``ValueError`` for no path at all.
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    if not items:  # an empty list (an unset variable in a script) must not pass as a clean scan
-        raise ValueError("no root to scan")
-    out: list[str] = []
-    for p in items:
-        s = os.fspath(p) if isinstance(p, (str, os.PathLike)) else p
-        if not isinstance(s, str):
-            raise TypeError(f"a root must be a str or os.PathLike of str, not {type(p).__name__}: {p!r}")
-        out.append(s)
-    return out
-
-
-def check_roots(paths: Sequence[str]) -> None:
-    """Raise for a local root that cannot be scanned, as the command line exits 2 for it.
+def check_roots(paths: Sequence[PathArg] | PathArg | Roots) -> Roots:
+    """``paths`` as ``Roots`` checked for a scan (a checked ``Roots`` is returned as it is): raises for a local
+    root that cannot be scanned, as the command line exits 2 for it.
 
     ``FileNotFoundError`` when it does not exist or is a symbolic link to nothing, ``OSError`` (``ELOOP``) for a
     symbolic link loop, ``PermissionError`` when this user may not read it (or list it, for a folder), the
@@ -174,11 +161,13 @@ def check_roots(paths: Sequence[str]) -> None:
     """
     import stat
 
-    from ckptdoctor.sources import is_remote  # cheap: fsspec is imported only for a URL
     from ckptdoctor.sources.interface import display
 
-    for p in paths:
-        if is_remote(p):
+    roots = Roots.of(paths)
+    if roots.checked:
+        return roots
+    for p in roots:
+        if roots.url(p):
             continue
         try:
             mode = os.stat(p).st_mode
@@ -201,6 +190,7 @@ def check_roots(paths: Sequence[str]) -> None:
             raise PermissionError(errno.EACCES, "cannot be read (permission denied)", p)
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             raise ValueError(f"{p}: not a folder or a regular file (a FIFO, socket or device is never read)")
+    return roots.passed()
 
 
 def checked_selection(selection: Selection) -> Selection:
@@ -209,7 +199,7 @@ def checked_selection(selection: Selection) -> Selection:
     Raises ``ValueError`` naming a code, prefix or name that matches no rule: a typo would select nothing, and a
     malicious checkpoint would pass a scan that checked nothing.
     """
-    from ckptdoctor.settings import UnknownRule, rule_patterns, severity_overrides
+    from ckptdoctor.settings.codes import UnknownRule, rule_patterns, severity_overrides
 
     try:
         select, ignore = rule_patterns(selection.select), rule_patterns(selection.ignore)

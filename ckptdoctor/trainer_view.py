@@ -11,7 +11,6 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ckptdoctor.discover import is_deepspeed_state
@@ -26,7 +25,7 @@ from ckptdoctor.model import (
     SafetensorsFacts,
     TensorInfo,
     TorchFacts,
-    frozen_value,
+    frozen,
 )
 
 # transformers' Trainer._load_from_checkpoint candidates (src/transformers/trainer.py)
@@ -136,8 +135,7 @@ def _int(v: Any) -> int | None:
 # trainer_state.json
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TrainerStateView:
     """The fields of ``trainer_state.json`` that resume and ckptdoctor's rules depend on."""
 
@@ -261,8 +259,7 @@ def logged_warmup_steps(ts: TrainerStateView, base_lr: float) -> int | None:
 # scheduler.pt / optimizer.pt
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class SchedulerView:
     """``LambdaLR.state_dict()`` as saved in ``scheduler.pt`` (``torch/optim/lr_scheduler.py``)."""
 
@@ -305,8 +302,7 @@ def _scheduler_state(f: FileFacts) -> SchedulerView | None:
     )
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ParamGroupView:
     """One optimizer param group: its LRs and the parameter indices it owns."""
 
@@ -315,8 +311,7 @@ class ParamGroupView:
     params: tuple[int, ...]
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class OptimizerView:
     """``Optimizer.state_dict()`` as saved in ``optimizer.pt``: groups and per-parameter state tensor shapes."""
 
@@ -651,8 +646,7 @@ _PEFT_PREFIX = {"ADALORA": "lora_", "LOHA": "hada_", "VERA": "vera_lambda_", "PV
 DEFAULT_ADAPTER = "default"  # the adapter name `get_peft_model` gives, and the Trainer's resume loads the root's as
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class AdapterRestore:
     """What ``load_state_dict(state_dict, strict=False)`` of the full-weights file restores of the PeftModel's
     adapter parameters (the adapter branch of the resume never runs when that file exists)."""

@@ -177,9 +177,12 @@ LAYERS: list[set[str]] = [
      "ckptdoctor.progress", "ckptdoctor.schedules"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
-    {"ckptdoctor.discover", "ckptdoctor.deep"},  # walking roots, reading tensor data
-    {"ckptdoctor.trainer_view"},  # what the Trainer picks and loads
-    {"ckptdoctor.rules", "ckptdoctor.pickle_analysis"},
+    {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep"},  # the roots asked about, walking them, tensor data
+    {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
+    # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
+    # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
+    {"ckptdoctor.rules", "ckptdoctor.pickle_analysis", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
+     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
     {"ckptdoctor.api"},  # ckptdoctor.scan / ckptdoctor.fix
@@ -239,8 +242,17 @@ def layer(module: str) -> int:
     return best[1]
 
 
+def registry_imports() -> set[str]:
+    """The modules the rule registry imports by name (``rules.RULE_MODULES``, each loaded with ``importlib`` so that
+    the registry and the modules registering into it do not import each other at load time)."""
+    from ckptdoctor.rules import RULE_MODULES
+
+    return set(RULE_MODULES)
+
+
 def test_every_import_follows_the_flow() -> None:
     graph = import_graph()
+    graph["ckptdoctor.rules"] = graph["ckptdoctor.rules"] | registry_imports()  # the registry's imports too
     against = sorted(
         f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
         for a, targets in graph.items()
@@ -248,6 +260,18 @@ def test_every_import_follows_the_flow() -> None:
         if layer(b) > layer(a)
     )
     assert not against, against
+
+
+def test_the_registry_imports_are_seen() -> None:
+    """Every module the registry loads by name exists and registers rules, and the layering test checks its place
+    (a rule module above the registry's row would be an import against the flow)."""
+    from ckptdoctor.rules import all_rules
+
+    graph = import_graph()
+    modules = registry_imports()
+    assert modules <= set(graph), sorted(modules - set(graph))
+    assert {r.func.__module__ for r in all_rules()} == modules
+    assert all(layer(m) <= layer("ckptdoctor.rules") for m in modules)
 
 
 def test_no_import_circle_in_the_package() -> None:

@@ -1,5 +1,6 @@
-"""``model.frozen_value`` gives a ``dataclass(frozen=True, slots=True, eq=False, repr=False)`` the same equality,
-hash and repr that ``dataclass(frozen=True, slots=True)`` generates (it only builds them without compiling)."""
+"""``model.frozen`` (``dataclass(frozen=True, slots=True, eq=False, repr=False)`` with ``model.frozen_value``) gives
+a class the same equality, hash and repr that ``dataclass(frozen=True, slots=True)`` generates (it only builds them
+without compiling)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen_value
+from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +22,7 @@ class _Generated:
     c: str | None = None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _Built:
     a: int
     b: tuple[float, ...]
@@ -34,8 +34,7 @@ class _GeneratedOne:
     x: float
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _BuiltOne:
     x: float
 
@@ -52,6 +51,13 @@ def test_eq_hash_repr_match_the_generated_ones(one: tuple[Any, ...], other: tupl
     assert hash(b1) == hash(g1)
     assert repr(b1) == repr(g1).replace("_Generated", "_Built")
     assert b1.__eq__(g1) is NotImplemented and (b1 == 1) is False
+
+
+def test_frozen_values_are_frozen_slotted_dataclasses() -> None:
+    built = _Built(1, (2.0,))
+    assert dataclasses.is_dataclass(built) and not hasattr(built, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.a = 2  # type: ignore[misc]
 
 
 def test_one_field_and_nan_identity() -> None:

@@ -335,7 +335,7 @@ def test_training_args_as_yaml_and_json(midway: Path, tmp_path: Path) -> None:
 
 def test_derived_steps_per_epoch_range_holds_every_dataset_length() -> None:
     """The dataset lengths _samples_for gives back for a run's steps per epoch always hold the real length."""
-    from ckptdoctor.resume.plan import _samples_for, updates_per_epoch
+    from ckptdoctor.resume.resolve import _samples_for, updates_per_epoch
 
     for n in range(1, 90, 7):
         for batch, world, accum, drop in ((4, 1, 1, False), (8, 2, 3, False), (3, 3, 2, True), (5, 1, 4, True)):

@@ -16,7 +16,7 @@ from click.testing import CliRunner  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
-from ckptdoctor.resume.plan import read_training_args  # noqa: E402
+from ckptdoctor.resume.args_file import read_training_args  # noqa: E402
 from tests.builders import make_run  # noqa: E402
 from tests.payloads import _reducer, hostile_payloads  # noqa: E402
 

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from ckptdoctor.cli import main
 from ckptdoctor.resume import GateResult, gate
-from ckptdoctor.resume import plan as plan_module
+from ckptdoctor.resume import resolve as resolve_module
 
 TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")
 SCRIPT = Path(__file__).with_name("tf4_trainer.py")
@@ -293,12 +293,12 @@ def lr_finished_4x(tmp_path: Path) -> Path:
 def test_the_version_is_planned_else_installed_else_the_checkpoints(
     lr_finished_4x: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plan_module, "installed_transformers", lambda: "4.46.3")
+    monkeypatch.setattr(resolve_module, "installed_transformers", lambda: "4.46.3")
     s = gate(lr_finished_4x, max_steps=16, transformers_version="5.23").settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("5.23", "planned")
     s = gate(lr_finished_4x, max_steps=16).settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("4.46.3", "installed")
-    monkeypatch.setattr(plan_module, "installed_transformers", lambda: None)
+    monkeypatch.setattr(resolve_module, "installed_transformers", lambda: None)
     s = gate(lr_finished_4x, max_steps=16).settings
     assert s is not None and (s.transformers_version, s.sources["transformers_version"]) == ("4.57.6", "config.json")
     s = gate(FIXTURES / "lr-finished", max_steps=16).settings  # a config.json without transformers_version
@@ -306,7 +306,7 @@ def test_the_version_is_planned_else_installed_else_the_checkpoints(
 
 
 def test_installed_version_is_read_from_metadata_without_importing_transformers() -> None:
-    code = ("import sys; from ckptdoctor.resume.plan import installed_transformers as v; "
+    code = ("import sys; from ckptdoctor.resume.resolve import installed_transformers as v; "
             "from importlib import metadata; assert v() == metadata.version('transformers'); "
             "assert 'transformers' not in sys.modules; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -10,17 +10,17 @@ import click
 
 from ckptdoctor.cli.options import (
     ScanRoot,
-    _note_kept,
     _note_security,
     allow_empty_option,
-    allow_global_option,
     output_options,
+    request_options,
+    rule_options,
     show_settings_option,
     text_or_json,
     text_width,
 )
 
-# ScanRoot lets URL roots through to the fixer's root check (`fixer.run._check_roots`), which refuses them clearly.
+# ScanRoot lets URL roots through to the fixer's root check (`fixer.run.check_fix_roots`), which refuses them clearly.
 from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.fixer.transaction import undo
@@ -83,37 +83,16 @@ the fix (nothing is changed then), 130 interrupted.
     "when the real run would exit 1.",
 )
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes marked unsafe (e.g. quarantining stale runs).")
-@click.option(
-    "--select",
-    multiple=True,
-    metavar="CODES",
-    help="Fix only what these rules find: codes or prefixes, comma-separated or repeated (CKD2,CKD101). Selecting "
-    "only gate or --deep rules is a usage error (fix never runs them).  [default: the settings file's select, else "
-    "every rule]",
-)
-@click.option(
-    "--ignore",
-    multiple=True,
-    metavar="CODES",
-    help="Leave what these rules find (codes or prefixes), added to the settings file's ignore.  [default: none]",
+@rule_options(
+    select_help="Fix only what these rules find: codes or prefixes, comma-separated or repeated (CKD2,CKD101).",
+    never_runs="Selecting only gate or --deep rules is a usage error (fix never runs them).",
+    every_rule="every rule",
+    ignore_help="Leave what these rules find (codes or prefixes), added to the settings file's ignore.",
+    fail_on_help="Exit 1 when a finding this severe remains after the fix.",
 )
 @text_or_json("text: the plan and what is left; json: one ckptdoctor.fix/1 document.")
 @output_options("Print only what remains (dry run: what would remain), not the plan nor the summary (text).")
-@click.option(
-    "--fail-on",
-    type=click.Choice(["error", "warning", "info", "never"]),
-    default=None,
-    help="Exit 1 when a finding this severe remains after the fix.  [default: the closest settings file's fail-on, "
-    "else error]",
-)
 @click.option("--force", is_flag=True, help="Act even on a run written in the last 60 seconds.")
-@click.option(
-    "--no-config",
-    is_flag=True,
-    help="Ignore every settings file (.ckptdoctor.toml, or [tool.ckptdoctor] in pyproject.toml) and the user "
-    "configuration's rule settings (not its allow-globals).",
-)
-@allow_global_option
 @show_settings_option
 @allow_empty_option("CKD002 does not remain (a run whose only folders the fix quarantines is left empty)")
 def fix_command(
@@ -137,26 +116,14 @@ def fix_command(
 
     Safe fixes are applied; unsafe ones only with --unsafe-fixes; manual ones are only described.
     """
-    from ckptdoctor.api import fix as api_fix
+    from ckptdoctor.api import fix_roots
+    from ckptdoctor.roots import Roots
 
+    options = request_options(select, ignore, fail_on, no_config, allow_global, allow_empty)
     if show_settings:  # fix applies each root's closest file and the files below it, as scan does
-        print_settings(
-            paths, fmt, select, ignore, fail_on, no_config, allow_global, output_file=output_file, silent=silent
-        )
+        print_settings(paths, fmt, options, output_file=output_file, silent=silent)
     # Each root is fixed under its closest settings file (from it upward), as `scan` checks it.
-    result = api_fix(
-        paths,
-        select=select,
-        ignore=ignore,
-        fail_on=fail_on,
-        no_config=no_config,
-        unsafe=unsafe_fixes,
-        dry_run=dry_run,
-        force=force,
-        on_kept=_note_kept,
-        allow_global=allow_global,
-        allow_empty=allow_empty,
-    )
+    result = fix_roots(Roots.of(paths), options, unsafe=unsafe_fixes, dry_run=dry_run, force=force)
     if fmt == "json":
         text = json.dumps(fix_json(result), indent=2, allow_nan=False)
     else:
@@ -164,7 +131,7 @@ def fix_command(
     emit(text, output_file, silent)
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
     # security error that remains (or, in a dry run, would remain); the note goes to stderr.
-    sys.exit(result.exit_code(on_security_kept=_note_security))
+    sys.exit(result.exit_status(on_security_kept=_note_security))
 
 
 @click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")
@@ -193,7 +160,7 @@ def undo_command(path: str, list_: bool, txid: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(_dumps(undo_json(path, j.txid, restored=restored, operations=len(j.ops))))
         return
-    from ckptdoctor.render.report import plural
+    from ckptdoctor.facts import plural
 
     click.echo(f"Undid transaction {j.txid}: restored {plural(restored, 'operation')} under {path}.")
 

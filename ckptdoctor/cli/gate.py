@@ -13,8 +13,8 @@ from ckptdoctor import schedules
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
-    _exit_code,
     _note_kept,
+    _note_security,
     _read_only_done,
     allow_empty_option,
     output_options,
@@ -25,14 +25,14 @@ from ckptdoctor.cli.options import (
 from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import gate_json, render_text, summary
-from ckptdoctor.resume.api import run_gate
+from ckptdoctor.resume.api import gate_options, run_gate
+from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     GateInputError,
     parse_kwargs,
     plan_from_training_args,
-    read_training_args,
 )
 from ckptdoctor.sources import is_remote
 
@@ -168,11 +168,15 @@ def gate_command(
     checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
     and trainer_state.json). Nothing is loaded or executed.
     """
-    if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
-        print_settings(
-            [run_dir], fmt, select, ignore, fail_on, no_config, allow_global, nested=False, output_file=output_file,
-            silent=silent,
+    try:
+        options = gate_options(
+            select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+            allow_empty=allow_empty, on_kept=_note_kept,
         )
+    except GateInputError as exc:
+        raise UsageProblem(str(exc)) from None
+    if show_settings:  # the gate judges the run under RUN_DIR's closest settings file
+        print_settings([run_dir], fmt, options, nested=False, output_file=output_file, silent=silent)
     if num_train_epochs is not None and max_steps is not None:
         raise UsageProblem("give --num-train-epochs or --max-steps, not both")
     if warmup_steps is not None and warmup_ratio is not None:
@@ -195,8 +199,9 @@ def gate_command(
     remote = is_remote(run_dir)
     if remote:  # click checked a local RUN_DIR; a URL's prefix is listed once, as `scan` lists its roots
         from ckptdoctor.cli.scan import _check_remote_roots
+        from ckptdoctor.roots import Roots
 
-        _check_remote_roots([run_dir], deep=False)
+        _check_remote_roots(Roots.of(run_dir), deep=False)
     if checkpoint is not None and not remote and not is_remote(checkpoint) and not (
         os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))
     ):
@@ -213,9 +218,7 @@ def gate_command(
             "transformers_version": transformers_version, "save_safetensors": save_safetensors,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
-        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, fail_on, select, ignore, not no_config,
-                          planned, on_kept=_note_kept, allow_global=allow_global, args_file=args_facts,
-                          allow_empty=allow_empty)
+        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":
@@ -231,7 +234,6 @@ def gate_command(
         text = render_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
     emit(text, output_file, silent)
     # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
-    cfg_fail_on = result.fail_on if result.fail_on_from_settings else None
-    code = _exit_code(result.findings, fail_on, cfg_fail_on)
+    code = result.exit_status(on_security_kept=_note_security)
     _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
     sys.exit(code)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from ckptdoctor.findings import Finding
+    from ckptdoctor.settings.selection import Options
 
 
 class UsageProblem(click.ClickException):
@@ -50,21 +50,32 @@ class ScanRoot(click.Path):
 
 def _note_kept(source: str, codes: Sequence[str]) -> None:
     """The command line's note on stderr for security rules a settings file may not turn off."""
-    from ckptdoctor.settings import kept_message
+    from ckptdoctor.settings.selection import kept_message
 
     click.echo(kept_message(source, codes, "use --ignore on the command line"), err=True)
 
 
-def _exit_code(findings: Sequence[Finding], fail_on: str | None, cfg_fail_on: str | None) -> int:
-    """``settings.exit_code`` of ``findings``, with its note on stderr when a security error overrides a settings
-    file's fail-on = "never"."""
-    from ckptdoctor.settings import exit_code
+def request_options(
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: str | None,
+    no_config: bool,
+    allow_global: Sequence[str],
+    allow_empty: bool,
+) -> Options:
+    """The one ``Options`` of a command's request, from the options ``rule_options`` and ``allow_empty_option``
+    declare, built and checked once (``settings.selection.Options.build``); a project file's kept security rules
+    are noted on stderr."""
+    from ckptdoctor.settings.selection import Options
 
-    return exit_code(findings, fail_on, cfg_fail_on, on_security_kept=_note_security)
+    return Options.build(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=_note_kept,
+    )
 
 
 def _note_security() -> None:
-    from ckptdoctor.settings import SECURITY_NEVER_NOTE
+    from ckptdoctor.settings.exit import SECURITY_NEVER_NOTE
 
     click.echo(SECURITY_NEVER_NOTE, err=True)
 
@@ -119,35 +130,42 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
-def rule_options(*, never_runs: str, every_rule: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rule_options(
+    *,
+    never_runs: str,
+    every_rule: str,
+    select_help: str = "Run only these rules: codes, prefixes or names, comma-separated or repeated (CKD2,CKD601).",
+    ignore_help: str = "Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings "
+    "file, this can turn off security rules (CKD6xx).",
+    fail_on_help: str = "Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
+    "unusable.",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--fail-on``, ``--select``, ``--ignore``, ``--no-config`` and ``--allow-global`` (passed as ``fail_on``,
-    ``select``, ``ignore``, ``no_config``, ``allow_global``) of a command that runs rules under a root's settings
-    file (``resolve_selection``).
+    ``select``, ``ignore``, ``no_config``, ``allow_global``, for ``request_options``) of a command that runs rules
+    under a root's settings file: each declared here once, for every command.
 
-    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default.
-    The settings files are the closest from each folder upward (``settings.find_config``).
+    ``never_runs`` says which selections are usage errors for the command, ``every_rule`` what runs by default;
+    the ``*_help`` texts say what the option does in that command. The settings files are the closest from each
+    folder upward (``settings.files.find_config``).
     """
     options = (
         click.option(
             "--fail-on",
             type=click.Choice(["error", "warning", "info", "never"]),
             default=None,
-            help="Exit 1 when a finding has this severity or worse; never: always exit 0 unless the input is "
-            "unusable.  [default: the closest settings file's fail-on, else error]",
+            help=f"{fail_on_help}  [default: the closest settings file's fail-on, else error]",
         ),
         click.option(
             "--select",
             multiple=True,
             metavar="CODES",
-            help="Run only these rules: codes, prefixes or names, comma-separated or repeated (CKD2,CKD601). "
-            f"{never_runs}  [default: the settings file's select, else {every_rule}]",
+            help=f"{select_help} {never_runs}  [default: the settings file's select, else {every_rule}]",
         ),
         click.option(
             "--ignore",
             multiple=True,
             metavar="CODES",
-            help="Skip these rules (codes or prefixes), added to the settings file's ignore; unlike a settings file, "
-            "this can turn off security rules (CKD6xx).  [default: none]",
+            help=f"{ignore_help}  [default: none]",
         ),
         click.option(
             "--no-config",

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from ckptdoctor.cli.options import UsageProblem, _read_only_done
+
+if TYPE_CHECKING:
+    from ckptdoctor.settings.selection import Options
 
 
 def emit(text: str, output_file: str | None, silent: bool) -> None:
@@ -29,29 +33,26 @@ def emit(text: str, output_file: str | None, silent: bool) -> None:
 def print_settings(
     paths: Sequence[str],
     fmt: str,
-    select: Sequence[str],
-    ignore: Sequence[str],
-    fail_on: str | None,
-    no_config: bool,
-    allow_global: Sequence[str],
+    options: Options,
     *,
     nested: bool = True,
     output_file: str | None = None,
     silent: bool = False,
 ) -> None:
-    """``--show-settings``: print each root's settings (``settings.show_settings``) and exit 0, written as every
-    report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be used
-    is a usage error, as when checking."""
+    """``--show-settings``: print each root's settings (``settings.selection.show_settings``) and exit 0, written as
+    every report is (``output.emit``: to ``output_file``, or nothing with ``silent``); a settings file that cannot be
+    used is a usage error, as when checking."""
     import sys
 
     from ckptdoctor.errors import UsageError
     from ckptdoctor.render.settings import render_settings_text, settings_json
-    from ckptdoctor.settings import show_settings
+    from ckptdoctor.settings.selection import show_settings
 
     try:
-        found = show_settings(paths, select, ignore, no_config, allow_global=allow_global, nested=nested)
+        found = show_settings(paths, options, nested=nested)
     except UsageError as exc:
         raise UsageProblem(str(exc)) from None
+    fail_on = options.fail_on
     emit(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on), output_file, silent)
     _read_only_done()
     sys.exit(0)

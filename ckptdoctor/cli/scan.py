@@ -13,12 +13,12 @@ from ckptdoctor import __version__
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
-    _note_kept,
     _note_security,
     _read_only_done,
     _use_color,
     allow_empty_option,
     output_options,
+    request_options,
     rule_options,
     show_settings_option,
     text_width,
@@ -27,7 +27,9 @@ from ckptdoctor.cli.output import emit, print_settings
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
+    from ckptdoctor.roots import Roots
     from ckptdoctor.scanner import Report
+    from ckptdoctor.settings.selection import Options
 
 _EPILOG_SCAN = """\b
 Examples:
@@ -142,19 +144,18 @@ def scan(
     then one line per finding with its fix, then a summary. Names with control characters are shown escaped
     (\\x1b); --format json gives them exactly.
     """
-    from ckptdoctor.discover import unique_roots
     from ckptdoctor.render.report import render_json, render_text
+    from ckptdoctor.roots import Roots
 
     if statistics and fmt in ("sarif", "github"):
         raise UsageProblem(f"--statistics prints text or json, not {fmt}")
-    paths = tuple(unique_roots(paths))  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    roots = Roots.of(paths)  # `scan X X` (or `X ./X/`) scans X once, as ruff does
+    options = request_options(select, ignore, fail_on, no_config, allow_global, allow_empty)
     if show_settings:
-        print_settings(
-            paths, fmt, select, ignore, fail_on, no_config, allow_global, output_file=output_file, silent=silent
-        )
-    _check_remote_roots(paths, deep)
-    _check_special_roots(paths)
-    report = _scan(paths, select, ignore, fail_on, no_config, jobs, deep, checksums, allow_global, allow_empty)
+        print_settings(roots.paths, fmt, options, output_file=output_file, silent=silent)
+    _check_remote_roots(roots, deep)
+    roots = _check_special_roots(roots)
+    report = _scan(roots, options, jobs, deep, checksums)
     width = text_width(output_file, sys.stdout)
     if statistics:
         from ckptdoctor.render.report import render_statistics, statistics_json
@@ -182,44 +183,19 @@ def scan(
     emit(text, output_file, silent)
     if checksums == "write":
         _write_manifests(report.trees)
-    code = report.policy.exit_code(report.findings, on_security_kept=_note_security)
+    code = report.exit_status(on_security_kept=_note_security)
     if checksums != "write":
         _read_only_done()
     sys.exit(code)
 
 
-def _scan(
-    paths: Sequence[str],
-    select: Sequence[str],
-    ignore: Sequence[str],
-    fail_on: str | None,
-    no_config: bool,
-    jobs: int | None,
-    deep: bool,
-    checksums: str | None,
-    allow_global: Sequence[str] = (),
-    allow_empty: bool = False,
-) -> Report:
-    """``ckptdoctor.scan`` with the command line's notes and progress; a missing numpy for ``--deep`` is a usage
-    error."""
-    from ckptdoctor.api import scan as api_scan
+def _scan(roots: Roots, options: Options, jobs: int | None, deep: bool, checksums: str | None) -> Report:
+    """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error."""
+    from ckptdoctor.api import scan_roots
     from ckptdoctor.progress import progress_stream
 
     def run() -> Report:
-        return api_scan(
-            paths,
-            select=select,
-            ignore=ignore,
-            fail_on=fail_on,
-            no_config=no_config,
-            deep=deep,
-            jobs=jobs,
-            checksums=checksums,
-            progress=progress_stream(),
-            on_kept=_note_kept,
-            allow_global=allow_global,
-            allow_empty=allow_empty,
-        )
+        return scan_roots(roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream())
 
     if not deep:
         return run()
@@ -231,13 +207,13 @@ def _scan(
         raise UsageProblem(str(exc)) from None
 
 
-def _check_special_roots(paths: Sequence[str]) -> None:
+def _check_special_roots(roots: Roots) -> Roots:
     """A root that is a FIFO, socket or device is a usage error (exit 2), not a checkpoint with a finding in it:
-    ``scanner.check_roots``, whose refusals are said as usage errors."""
+    ``scanner.check_roots``, whose refusals are said as usage errors; the roots come back checked."""
     from ckptdoctor.scanner import check_roots
 
     try:
-        check_roots(paths)
+        return check_roots(roots)
     except OSError as exc:  # removed since click checked it, or unreadable: the root cannot be scanned
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise UsageProblem(f"{exc.filename}: {why}") from None
@@ -259,12 +235,10 @@ def _write_manifests(trees: Sequence[Tree]) -> None:
             click.echo(f"not in the manifest (could not be read whole, see CKD213): {shown}", err=True)
 
 
-def _check_remote_roots(paths: Sequence[str], deep: bool) -> None:
+def _check_remote_roots(roots: Roots, deep: bool) -> None:
     """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
-    from ckptdoctor.sources import is_remote
-
-    for p in paths:
-        if not is_remote(p):
+    for p in roots:
+        if not roots.url(p):
             continue
         from ckptdoctor.sources.fsspec import check_remote_root, log_on_one_line  # only a URL root pays for it
 

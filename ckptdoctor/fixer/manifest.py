@@ -17,7 +17,9 @@ MANIFEST_NAME = "manifest.json"
 
 def manifest_refusal(root: str) -> str | None:
     """Why a manifest cannot be written at ``root`` (a sentence), or None: checked before a long ``--deep`` scan."""
-    if "://" in root:
+    from ckptdoctor.sources import is_remote
+
+    if is_remote(root):
         return f"{root}: writing a manifest to a remote root is not supported"
     if not os.path.isdir(root):
         return f"{root} is not a folder: a manifest is written at the root of a folder"

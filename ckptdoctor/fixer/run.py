@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-from ckptdoctor.discover import unique_roots
 from ckptdoctor.findings import Finding, OpKind
 from ckptdoctor.fixer.errors import FixRefused
 from ckptdoctor.fixer.guard import preflight
@@ -17,10 +16,8 @@ from ckptdoctor.fixer.paths import _under
 from ckptdoctor.fixer.plan import RootPlan, plan_root
 from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
 from ckptdoctor.model import FolderRole, Tree
-from ckptdoctor.settings import ExitPolicy
-
-if TYPE_CHECKING:
-    from ckptdoctor.scanner import PathArg
+from ckptdoctor.roots import PathArg, Roots
+from ckptdoctor.settings.exit import ExitPolicy, Outcome
 
 Rescope = Callable[[str, Tree, Sequence[Finding]], list[Finding]]
 """``(root, tree, findings) -> findings``: a scan's findings of one root judged under the settings files below it."""
@@ -44,12 +41,13 @@ class ResumePoint:
 
 
 @dataclass(frozen=True, slots=True)
-class FixResult:
+class FixResult(Outcome):
     """One ``fix`` over several roots: the plans, the transactions applied, and the rescan.
 
-    In a dry run ``remaining`` and ``failed_on`` are the prediction (what the plan leaves) and ``refusals`` says,
-    per plan, why the real run would be refused now (None: it would not be). ``policy`` (set by ``ckptdoctor.fix``)
-    also fails what remains as the command line does: a security error even under a settings file's "never".
+    In a dry run ``remaining`` is the prediction (what the plan leaves) and ``refusals`` says, per plan, why the
+    real run would be refused now (None: it would not be). ``policy`` judges what remains: the caller's fail-on,
+    and (set by ``ckptdoctor.fix``) each folder's settings file's, as the command line does: a security error fails
+    even under a settings file's "never".
     """
 
     plans: tuple[RootPlan, ...]
@@ -57,9 +55,8 @@ class FixResult:
     dry_run: bool
     fixed: int = 0
     remaining: tuple[Finding, ...] = ()
-    failed_on: bool = False  # a remaining finding is at or above --fail-on
     refusals: tuple[str | None, ...] = ()
-    policy: ExitPolicy | None = None
+    policy: ExitPolicy = field(default_factory=ExitPolicy)
     resume_points: tuple[ResumePoint, ...] = ()  # each run's pick before and after (predicted in a dry run)
 
     @property
@@ -68,39 +65,47 @@ class FixResult:
         return any(p.ops or p.interrupted for p in self.plans)
 
     def exit_code(self, *, on_security_kept: Callable[[], None] | None = None) -> int:
-        """1 when findings at or above --fail-on remain (a dry run: would remain, or it would change something).
+        """1 when findings at or above the fail-on remain (a dry run: would remain, or it would change something):
+        ``exit_status``, whose ``on_security_kept()`` is called when only a settings file's fail-on = "never" would
+        pass a security error that remains (the command line says so on stderr)."""
+        return self.exit_status(on_security_kept=on_security_kept)
 
-        With a ``policy``, also 1 when a security error remains that only a settings file's fail-on = "never" let
-        pass; ``on_security_kept()`` is then called (the command line says so on stderr).
-        """
+    def exit_policy(self) -> ExitPolicy:
+        return self.policy
+
+    def judged_findings(self) -> Sequence[Finding]:
+        return self.remaining
+
+    def pending_change(self) -> bool:
         # A dry run, as `ruff --diff`: 1 when it would change something. And 1 when the real run would exit 1, so a
         # dry run never passes a check the real run fails. A predicted refusal is not 2: the dry run did its job.
-        code = 1 if self.failed_on or (self.dry_run and self.would_change) else 0
-        if self.policy is None:
-            return code
-        return max(code, self.policy.exit_code(self.remaining, on_security_kept=on_security_kept))
+        return self.dry_run and self.would_change
 
     @classmethod
-    def merge(cls, results: Sequence[FixResult]) -> FixResult:
-        """The results of several ``fix`` calls (one per settings group) as one; all dry runs or all real runs."""
+    def merge(cls, results: Sequence[FixResult], policy: ExitPolicy) -> FixResult:
+        """The results of several ``fix`` calls (one per settings group) as one, judged by ``policy``; all dry runs
+        or all real runs."""
         return cls(
             tuple(p for r in results for p in r.plans),
             tuple(t for r in results for t in r.txids),
             all(r.dry_run for r in results),
             sum(r.fixed for r in results),
             tuple(f for r in results for f in r.remaining),
-            any(r.failed_on for r in results),
             tuple(x for r in results for x in r.refusals),
+            policy,
             resume_points=tuple(p for r in results for p in r.resume_points),
         )
 
 
-def _check_roots(paths: Sequence[str]) -> None:
-    from ckptdoctor.sources import is_remote
-
+def check_fix_roots(paths: Sequence[PathArg] | PathArg | Roots) -> Roots:
+    """``paths`` as ``Roots`` checked for a fix (a checked ``Roots`` is returned as it is): ``FixRefused`` for a
+    URL root, one that is not a folder, and one inside another (whatever their settings)."""
+    roots = Roots.of(paths)
+    if roots.checked:
+        return roots
     reals: list[tuple[str, str]] = []
-    for p in paths:
-        if is_remote(p):
+    for p in roots:
+        if roots.url(p):
             raise FixRefused(
                 f"{p}: `ckptdoctor fix` refuses remote roots: object storage has no atomic rename, lock or fsync, "
                 f"so it cannot keep its guarantees (journal, undo byte for byte) there. Nothing was changed. "
@@ -116,6 +121,7 @@ def _check_roots(paths: Sequence[str]) -> None:
         for b, rb in reals:
             if a != b and (ra == rb or rb.startswith(ra.rstrip(os.sep) + os.sep)):
                 raise FixRefused(f"{b} is inside {a}: give each folder once")
+    return roots.passed()
 
 
 def predicted_remaining(plan: RootPlan, findings: Iterable[Finding]) -> list[Finding]:
@@ -170,7 +176,7 @@ def _refusal(plan: RootPlan, force: bool) -> str | None:
 
 
 def fix(
-    paths: Sequence[PathArg] | PathArg,
+    paths: Sequence[PathArg] | PathArg | Roots,
     *,
     selection: Any = None,
     unsafe: bool = False,
@@ -190,10 +196,9 @@ def fix(
     (no journal, no lock, no ``.ckptdoctor`` folder); it predicts what would remain and whether the real run
     would be refused (``FixResult.refusals``).
     """
-    from ckptdoctor.scanner import Report, as_roots, checked_selection, scan
+    from ckptdoctor.scanner import Report, checked_selection, scan
 
-    roots = unique_roots(as_roots(paths))
-    _check_roots(roots)
+    roots = check_fix_roots(paths)  # a Roots checked at the door (api.fix) is not checked again
     if selection is not None:  # before anything is written: a bad code fails the call, not the second root
         selection = checked_selection(selection)
     plans: list[RootPlan] = []
@@ -205,7 +210,7 @@ def fix(
             interrupted = tuple(j.txid for j in load_journals(root) if j.state in ("applying", "undoing"))
         else:
             interrupted = tuple(complete_interrupted(root))
-        report = scan(root, selection=selection)
+        report = scan(roots.only([root]), selection=selection)
         (tree,) = report.trees
         found = list(report.findings) if rescope is None else rescope(root, tree, report.findings)
         plan = plan_root(tree, found, unsafe=unsafe, root=root)
@@ -219,10 +224,9 @@ def fix(
         j = apply_plan(plan, force=force)
         txids.append(None if j is None else j.txid)
     if dry_run:
-        left = Report((), tuple(predicted), 0.0)
         refusals = tuple(_refusal(p, force) for p in plans)
         return FixResult(
-            tuple(plans), tuple(txids), True, 0, left.findings, left.failed(fail_on), refusals,
+            tuple(plans), tuple(txids), True, 0, tuple(predicted), refusals, ExitPolicy(fail_on),
             resume_points=tuple(points),
         )
     after = scan(roots, selection=selection)
@@ -241,6 +245,6 @@ def fix(
         if (f.root, f.rule, f.path) not in left_keys
     )
     return FixResult(
-        tuple(plans), tuple(txids), False, fixed, after.findings, after.failed(fail_on), (None,) * len(plans),
+        tuple(plans), tuple(txids), False, fixed, after.findings, (None,) * len(plans), ExitPolicy(fail_on),
         resume_points=tuple(points),
     )

@@ -28,7 +28,7 @@ from ckptdoctor.model import (
     ReadOutcome,
     ReadProblem,
     TorchFacts,
-    frozen_value,
+    frozen,
 )
 from ckptdoctor.readers.pickle_walk import merge_pickles
 from ckptdoctor.readers.sniff import (
@@ -180,8 +180,7 @@ def _decompressor(codec: str, raw: _Pushback) -> Any:
     return lzma.LZMAFile(fobj, mode="rb")
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class TarMember:
     """One member as ``tarfile`` lists it: ``name`` (PAX path, GNU long name or ustar prefix applied), its type
     flag, its data ``size`` and whether ``extractfile`` reads it as a file (``readable``)."""

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import ProblemKind, ReadOutcome, ReadProblem, TextFacts, frozen_value
+from ckptdoctor.model import ProblemKind, ReadOutcome, ReadProblem, TextFacts, frozen
 from ckptdoctor.readers.jsonfiles import read_bounded
 
 # deepspeed/runtime/engine.py `_get_ckpt_name` (model states; `zero_pp_rank_{dp}_` under ZeRO-3) and
@@ -19,8 +18,7 @@ _NAME = re.compile(
 )
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class DeepSpeedName:
     """What a DeepSpeed state file's name says: model or optimizer states, its ranks, and the bf16 prefix."""
 

@@ -9,11 +9,10 @@ import re
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen_value
+from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen
 
 # A JSON string, escapes included. The match is unambiguous (no backtracking can find another), so from Python 3.11
 # the repeats are possessive: the same matches, but without a backtracking frame per escape, which cost 60 bytes
@@ -121,8 +120,7 @@ _HISTORIES = 8  # bodies remembered: a few runs scanned side by side (threads) s
 _HISTORY_BYTES = 64 * 1024 * 1024  # and at most this much body text, so a long-lived process stays small
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _History:
     body: bytes  # from after the ``[`` up to the last element's closing brace
     elements: tuple[Any, ...]

@@ -7,10 +7,9 @@ before anything is read, so a hostile length costs nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import BinaryIO
 
-from ckptdoctor.model import ProblemKind, frozen_value
+from ckptdoctor.model import ProblemKind, frozen
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 _WIRE_NAMES = {3: "group start", 4: "group end", 6: "reserved 6", 7: "reserved 7"}
@@ -66,8 +65,7 @@ def split_key(key: int, at: int) -> tuple[int, int]:
     return field, wire
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Field:
     """One field of a message in a bytes buffer: VARINT/I64/I32 carry ``value``; LEN spans ``buf[start:stop]``."""
 

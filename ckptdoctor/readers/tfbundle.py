@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -25,7 +24,7 @@ from ckptdoctor.model import (
     TfBundleEntry,
     TfCheckpointStateFacts,
     TfIndexFacts,
-    frozen_value,
+    frozen,
 )
 from ckptdoctor.readers.jsonfiles import read_bounded
 from ckptdoctor.readers.protowire import I32, LEN, VARINT, Field, WireError, fields, varint
@@ -377,8 +376,7 @@ def shard_problems(prefix: str, index: TfIndexFacts, sizes: Mapping[str, int]) -
     return tuple(out)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class CrcSpan:
     """The bytes of one bundle entry whose crc32c the index records: ``length`` bytes at ``start`` in its shard,
     whose crc32c, extended from ``seed`` (a DT_STRING entry's lengths, 0 otherwise), masked, must equal

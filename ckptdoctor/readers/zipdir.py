@@ -8,11 +8,10 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
-from ckptdoctor.model import ProblemKind, ReadProblem, ZipMember, frozen_value
+from ckptdoctor.model import ProblemKind, ReadProblem, ZipMember, frozen
 
 _ZIP_LOCAL = b"PK\x03\x04"
 _ZIP_EOCD = b"PK\x05\x06"
@@ -55,8 +54,7 @@ def _positional_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
 # Zip central directory (parsed by hand: entry count and sizes are checked before anything is allocated)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _Directory:
     """A parsed central directory. Offsets in ``members`` are already shifted by ``base``."""
 

@@ -63,7 +63,7 @@ class _Verbatim(str):
 
 
 def _render_fix_text(result: FixResult, width: int | None) -> list[str]:
-    from ckptdoctor.render.report import plural
+    from ckptdoctor.facts import plural
 
     out: list[str] = []
     verb = "would " if result.dry_run else ""
@@ -120,7 +120,7 @@ def _resume_lines(result: FixResult, root: str) -> list[str]:
 
 def _dry_run_summary(result: FixResult, width: int | None) -> list[str]:
     """What would remain (predicted, as the real run lists it) and the dry run's last line."""
-    from ckptdoctor.render.report import plural
+    from ckptdoctor.facts import plural
 
     n_left = len(result.remaining)
     left = finding_lines(result.remaining, width)

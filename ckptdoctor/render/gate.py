@@ -15,7 +15,8 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
     ``width`` None (a pipe, a file) keeps each line whole; a terminal's width wraps every line to it, findings as
     `scan` shows them there. ``quiet`` prints the findings only (``-q``).
     """
-    from ckptdoctor.render.report import finding_entries, fit, plural, printable
+    from ckptdoctor.facts import plural
+    from ckptdoctor.render.report import finding_entries, fit, printable
 
     if quiet:
         return "\n".join(finding_entries(result.findings, width=width, fix_line=False))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor import __version__, trainer_view
+from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
 from ckptdoctor.scanner import Report
@@ -119,11 +120,6 @@ def human_bytes(n: int) -> str:
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{n} B"  # pragma: no cover
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 error``, ``2 errors``, ``1,297 bytes``."""
-    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 class _Style:

@@ -18,6 +18,7 @@ from typing import Any
 from ckptdoctor import __version__
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.rules import Rule, get_rule
+from ckptdoctor.sources import is_remote
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -40,7 +41,7 @@ def repository_path(where: str) -> str:
     ``$PWD/mal/x`` are both ``mal/x``). Anywhere else (``../other``, ``/tmp``): the absolute path, since a
     relative one would climb out of the repository. URLs (``s3://...``, remote roots) are kept as they are.
     """
-    if "://" in where:
+    if is_remote(where):
         return where
     try:
         cwd = os.getcwd()
@@ -63,7 +64,7 @@ def _uri(where: str) -> dict[str, str]:
     ``uriBaseId`` (an absolute URI is not resolved against a base).
     """
     path = repository_path(where)
-    if "://" in path:
+    if is_remote(path):
         return {"uri": urllib.parse.quote(path, safe=":/?=&@%~", errors="surrogateescape")}
     if os.path.isabs(path):
         return {"uri": pathlib.Path(path).as_uri()}

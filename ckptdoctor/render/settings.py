@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptdoctor import __version__
 from ckptdoctor.findings import display_path
-from ckptdoctor.settings import RootSettings, Scope
+from ckptdoctor.settings.selection import RootSettings, Scope
 
 SCHEMA = "ckptdoctor.settings/1"
 

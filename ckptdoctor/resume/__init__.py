@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ckptdoctor.resume.api import GateResult, gate, judge, rule_selection
-    from ckptdoctor.resume.plan import GateInputError, Plan, Settings, plan_from_training_args, steps_per_epoch_of
+    from ckptdoctor.resume.plan import GateInputError, Plan, plan_from_training_args
     from ckptdoctor.resume.predict import Prediction, StepPlan, resume_steps
+    from ckptdoctor.resume.resolve import ResolvedArgs, steps_per_epoch_of
 
 _EXPORTS = {
     "GateResult": "api",
@@ -27,9 +28,9 @@ _EXPORTS = {
     "rule_selection": "api",
     "GateInputError": "plan",
     "Plan": "plan",
-    "Settings": "plan",
+    "ResolvedArgs": "resolve",
     "plan_from_training_args": "plan",
-    "steps_per_epoch_of": "plan",
+    "steps_per_epoch_of": "resolve",
     "Prediction": "predict",
     "StepPlan": "predict",
     "resume_steps": "predict",
@@ -40,7 +41,7 @@ __all__ = [
     "GateResult",
     "Plan",
     "Prediction",
-    "Settings",
+    "ResolvedArgs",
     "StepPlan",
     "gate",
     "judge",

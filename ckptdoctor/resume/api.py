@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
+from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json
-from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen_value
+from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
+from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
@@ -20,23 +20,21 @@ from ckptdoctor.resume.plan import (
     PRINTABLE_BITS,
     GateInputError,
     Plan,
-    Settings,
     check_plan,
     plan_from_training_args,
-    read_training_args,
 )
 from ckptdoctor.resume.predict import predict, resume_checkpoint
+from ckptdoctor.resume.resolve import ResolvedArgs
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
-from ckptdoctor.rules.discovery import holds_checkpoint
-from ckptdoctor.settings import FAIL_ON
+from ckptdoctor.settings.exit import ExitPolicy, Outcome
+from ckptdoctor.settings.selection import Options, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
-class GateResult:
+@frozen
+class GateResult(Outcome):
     """The predicted resume and the findings about it. ``lr`` holds the LRs of the first optimizer steps."""
 
     run: str
@@ -47,7 +45,7 @@ class GateResult:
     steps_to_train: int | None
     lr: tuple[float, ...]
     findings: tuple[Finding, ...]
-    settings: Settings | None = None
+    settings: ResolvedArgs | None = None
     restores_optimizer: bool = False
     epochs_trained: int | None = None
     num_train_epochs: int | None = None
@@ -60,15 +58,19 @@ class GateResult:
     weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
     starts_afresh: bool = False  # allow_empty and nothing saved: the launcher starts afresh, so no checkpoint passes
 
+    def exit_policy(self) -> ExitPolicy:
+        """``fail_on``, the caller's, or RUN_DIR's settings file's (``fail_on_from_settings``): as ``ckptdoctor
+        scan``, a file that came with the checkpoint cannot wave its own malicious pickle through with "never"."""
+        return ExitPolicy(settings_fail_on=self.fail_on) if self.fail_on_from_settings else ExitPolicy(self.fail_on)
+
+    def judged_findings(self) -> Sequence[Finding]:
+        return self.findings
+
     @property
     def failed(self) -> bool:
         """True when a finding reaches ``fail_on``, or, under a settings file's ``fail-on = "never"``, when a
-        security rule (CKD6xx) reports an error: as ``ckptdoctor scan``, a file that came with the checkpoint
-        cannot wave its own malicious pickle through."""
-        from ckptdoctor.settings import exit_code
-
-        caller, settings_fail_on = (None, self.fail_on) if self.fail_on_from_settings else (self.fail_on, None)
-        return exit_code(self.findings, caller, settings_fail_on) != 0
+        security rule (CKD6xx) reports an error (``exit_status``)."""
+        return self.exit_status() != 0
 
     @property
     def verdict(self) -> str:
@@ -77,8 +79,8 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        """The command line's exit code for this result: 1 when it failed, else 0."""
-        return 1 if self.failed else 0
+        """The command line's exit code for this result: 1 when it failed, else 0 (``exit_status``)."""
+        return self.exit_status()
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``ckptdoctor.gate/1`` document (plus ``resolved``: the arguments the prediction used)."""
@@ -189,7 +191,7 @@ def judge(
         return GateResult(run_label, None, "none", None, None, None, (), _sorted(found), fail_on=plan.fail_on)
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
-    # CKD201 is judged again for the file this resume reads (resume.rules.adapter_findings)
+    # CKD201 is judged again for the file this resume reads (resume.rules.adapter_rule)
     kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
@@ -266,9 +268,29 @@ def gate(
             raise GateInputError(f"training_args {path}: no such file")
         args_file = read_training_args(path)
         training_args, args_facts = args_file.args, args_file.facts
-    return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, fail_on, select, ignore, config,
-                    planned, on_kept=_warn_kept, allow_global=allow_global, args_file=args_facts,
-                    allow_empty=allow_empty)
+    options = gate_options(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=not config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=warn_kept,
+    )
+    return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, options, planned,
+                    args_file=args_facts)
+
+
+def gate_options(**given: Any) -> Options:
+    """``Options.build(**given)`` for the gate: a usage error is a ``GateInputError``, and a selection of --deep
+    rules only is one too (the gate never reads tensor data)."""
+    from ckptdoctor.errors import UsageError
+
+    try:
+        options = Options.build(**given)
+    except UsageError as exc:
+        raise GateInputError(str(exc)) from None
+    for code in options.select:
+        matched = [r for r in all_rules() if r.code.startswith(code)]
+        if matched and all(r.deep_only for r in matched):
+            raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
+                                 "gate never does")
+    return options
 
 
 def run_gate(
@@ -277,17 +299,12 @@ def run_gate(
     checkpoint_in_run: bool,
     training_args: Mapping[str, Any] | None,
     lr_steps: int,
-    fail_on: str | None,
-    select: Sequence[str],
-    ignore: Sequence[str],
-    config: bool,
+    options: Options,
     planned: Mapping[str, Any],
-    on_kept: Callable[[str, Sequence[str]], None] | None,
-    allow_global: Sequence[str] = (),
     args_file: FileFacts | None = None,
-    allow_empty: bool = False,
 ) -> GateResult:
-    """``gate``, telling ``on_kept`` of security rules a settings file may not turn off (None: the CLI's note).
+    """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
+    settings file may not turn off (the CLI's note on stderr, the API's warning).
 
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
@@ -295,8 +312,6 @@ def run_gate(
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
-    if fail_on is not None and fail_on not in FAIL_ON:
-        raise GateInputError(f"fail_on must be one of {', '.join(FAIL_ON)}")
     if trainer_view._int(lr_steps) is None or not 0 <= lr_steps <= MAX_LR_STEPS:
         raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
     values = plan_from_training_args(training_args, strict=True) if training_args else {}
@@ -322,9 +337,8 @@ def run_gate(
             inside = os.path.join(target, ck_arg)
             in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
             target = inside if in_run else ck_arg
-    selection, cfg_fail_on = rule_selection(
-        os.fspath(run_dir), select, ignore, config, on_kept=on_kept, allow_global=allow_global
-    )
+    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), options)
+    fail_on = options.fail_on
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     scanned: Sequence[Finding] = ()
     if ck_arg is not None and not is_remote(target) and not os.path.isdir(target):
@@ -336,7 +350,7 @@ def run_gate(
         report = scan(target, selection=selection)
         tree, scanned = report.trees[0], report.findings
     result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
-    if allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
+    if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
         # nothing saved yet: the launcher starts afresh, so "train() raises: no checkpoint" (CKD413) is accepted
         result = replace(
             result, findings=tuple(f for f in result.findings if f.rule != "CKD413"), starts_afresh=True
@@ -354,48 +368,16 @@ def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
     return [f for f in run_rules(tree, selection) if f.rule in codes]
 
 
-def _warn_kept(source: str, codes: Sequence[str]) -> None:
-    """The Python API's word for a settings file that tries to turn off security rules: a ``UserWarning`` at the
-    first caller outside ckptdoctor (a script calling ``gate()`` or ``check_resume``), not a CLI hint on stderr."""
-    level, frame = 2, sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("ckptdoctor."):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(
-        f"ckptdoctor: {source} may not turn off or lower security rules ({', '.join(codes)}): they stay on (a "
-        "settings file in a scanned folder can come from whoever made the checkpoint); pass ignore=[...] to turn "
-        "one off.",
-        UserWarning,
-        stacklevel=level,
-    )
+def rule_selection(run_dir: str, options: Options) -> tuple[Selection, str | None]:
+    """The rule selection of ``options`` plus the settings file at ``run_dir`` (unless ``options.no_config``), and
+    that file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.selection.resolve_selection``).
 
-
-def rule_selection(
-    run_dir: str,
-    select: Sequence[str] | str,
-    ignore: Sequence[str] | str,
-    config: bool,
-    *,
-    on_kept: Callable[[str, Sequence[str]], None] | None = None,
-    allow_global: Sequence[str] = (),
-) -> tuple[Selection, str | None]:
-    """The rule selection of ``select``/``ignore`` plus the settings file at ``run_dir`` (when ``config``), and that
-    file's fail-on: ``ckptdoctor scan``'s own resolution (``settings.resolve_selection``), with the gate's usage check.
-
-    ``on_kept`` hears of security rules the settings file may not turn off (None: the CLI's note on stderr). Raises
-    ``GateInputError`` for an unknown code, a selection of --deep rules only (the gate never reads tensor data), or
-    a settings file that cannot be used.
+    Raises ``GateInputError`` for a settings file that cannot be used.
     """
     from ckptdoctor.errors import UsageError
-    from ckptdoctor.settings import resolve_selection, split_codes
+    from ckptdoctor.settings.selection import resolve_selection
 
-    select = (select,) if isinstance(select, str) else tuple(select)
-    ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
-    for code in split_codes(select):
-        matched = [r for r in all_rules() if r.code.startswith(code)]
-        if matched and all(r.deep_only for r in matched):
-            raise GateInputError(f"--select {code}: {code} reads tensor data: `ckptdoctor scan --deep` runs it, the "
-                                 "gate never does")
     try:
-        return resolve_selection([run_dir], select, ignore, not config, on_kept=on_kept, allow_global=allow_global)
+        return resolve_selection(run_dir, options)
     except UsageError as exc:
         raise GateInputError(str(exc)) from None

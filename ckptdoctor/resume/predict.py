@@ -5,7 +5,7 @@ The prediction follows transformers 5.x's resume path (``src/transformers/traine
 ``set_initial_training_values`` and ``_init_training_state`` (max_steps, epochs already trained, batches skipped);
 ``create_scheduler`` for the new max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then
 ``_run_epoch``, whose first optimizer step uses the LR restored into the optimizer and whose later steps use
-``base_lr * lambda(last_epoch)``. Under transformers 4.x (``Settings.transformers_version``) it follows 4.57's
+``base_lr * lambda(last_epoch)``. Under transformers 4.x (``ResolvedArgs.transformers_version``) it follows 4.57's
 differences: the full-weights file ``save_safetensors`` picks, the checkpoint's batch size
 (``resolve``) and ``get_scheduler``'s kwargs (``schedules.build``).
 Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
@@ -15,15 +15,15 @@ It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the fro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ckptdoctor import schedules, trainer_view
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen_value
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, Settings, int_text, resolve
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen
+from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, int_text
+from ckptdoctor.resume.resolve import ResolvedArgs, resolve
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class StepPlan:
     """How far the resumed loop runs: ``Trainer.set_initial_training_values`` and ``_init_training_state``."""
 
@@ -57,8 +57,7 @@ def resume_steps(
     return StepPlan(total, loop_epochs, epochs_trained, steps)
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Raised:
     """An exception the resume would raise: its type's name and its message."""
 
@@ -71,8 +70,7 @@ class Raised:
         return cls(type(exc).__name__, str(exc))
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Prediction:
     """What the resume of one checkpoint does under a plan, as far as it gets.
 
@@ -84,7 +82,7 @@ class Prediction:
 
     branch: str  # the weights branch of _load_from_checkpoint (trainer_view.weights_branch)
     start: int | None  # global_step the resume starts at; None: trainer_state.json cannot be read
-    settings: Settings
+    settings: ResolvedArgs
     crash: str | None = None
     step_error: Raised | None = None  # the max_steps / warm-up arithmetic raises
     steps: StepPlan | None = None
@@ -170,7 +168,7 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     return _predict_lrs(found, ck, steps, warmup, plan.lr_steps)
 
 
-def _mindnlp_settings(s: Settings, ts: trainer_view.TrainerStateView | None) -> Settings:
+def _mindnlp_settings(s: ResolvedArgs, ts: trainer_view.TrainerStateView | None) -> ResolvedArgs:
     """MindNLP writes no ``training_args.bin``: a warm-up nobody planned is read from the run's logged LRs (its
     LambdaLR logs ``base_lr * step / warmup_steps`` during warm-up) instead of defaulting to 0."""
     if s.sources.get("warmup_steps") != "default" or ts is None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import saved_world_size
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
-from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
-from ckptdoctor.rules.training import saved_world_size
+from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen
+from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
 
 if TYPE_CHECKING:
     from ckptdoctor.resume.plan import Plan
@@ -30,8 +30,7 @@ JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "l
 LR_RTOL = 1e-9
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ResumeContext:
     """What a gate rule judges: the scanned tree, the plan, the checkpoint the resume loads (None: it finds none)
     and the prediction for it (None without a checkpoint)."""
@@ -43,41 +42,40 @@ class ResumeContext:
 
 
 def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
-    """The gate rules' findings on ``ctx`` under ``selection``: a rule it leaves out is dropped, and its severity
-    override wins over the hit's own, as ``run_rules`` does for a scan."""
+    """The gate rules' findings on ``ctx`` under ``selection``, made by the scan's own engine (``rules.evaluate``):
+    a rule it leaves out is dropped, its severity override wins over the hit's own, and a rule that raises is an
+    internal error finding (an error: the gate fails) while the other gate rules still run, as in a scan."""
     # Selection.enabled leaves every gate-only rule out of a scan; here the gate is what runs them. A select list
     # narrows the scan findings only: one written for `scan` (select = ["CKD1", "CKD2"]) must not silently turn
     # the gate's own judgement off. Ignoring a gate rule by code or prefix does.
     unselected = replace(selection, select=())
-    found: list[Finding] = []
-    for r in all_rules():
-        if not r.gate_only or not unselected.enabled(replace(r, gate_only=False)):
-            continue
-        for h in declared(r, cast(GateRuleFunc, r.func)(ctx)):  # a gate-only rule's function takes the context
-            sev = selection.severity.get(r.code, h.severity or r.severity)
-            found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
-    found.extend(adapter_findings(ctx, unselected))
-    return found
+    gate_rules = [r for r in all_rules() if r.gate_only and unselected.enabled(replace(r, gate_only=False))]
+    adapter = adapter_rule(ctx, unselected)
+    return evaluate([*gate_rules, *adapter], ctx, ctx.tree.root, selection)
 
 
 ADAPTER_RULE = "CKD201"
 
 
-def adapter_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
-    """CKD201 for the file the resume really loads: the gate judges it from its prediction (``Prediction.adapter``,
-    the file the transformers version it follows reads, e.g. ``pytorch_model.bin`` under 4.x with
-    ``save_safetensors=False``) in place of the scan's finding, which assumes ``model.safetensors`` first. Like the
-    gate rules it runs unless ignored: a ``--select`` that leaves it out must not let a resume that restarts its
-    adapter from scratch pass."""
+def adapter_rule(ctx: ResumeContext, selection: Selection) -> list[Rule]:
+    """CKD201 for the file the resume really loads, as a rule of ``ctx`` (none when it has nothing to say): the
+    gate judges it from its prediction (``Prediction.adapter``, the file the transformers version it follows reads,
+    e.g. ``pytorch_model.bin`` under 4.x with ``save_safetensors=False``) in place of the scan's finding, which
+    assumes ``model.safetensors`` first. Like the gate rules it runs unless ignored: a ``--select`` that leaves it
+    out must not let a resume that restarts its adapter from scratch pass."""
     p, ck = ctx.prediction, ctx.checkpoint
     r = get_rule(ADAPTER_RULE)
     if p is None or ck is None or p.adapter is None or p.adapter.complete or r is None or not selection.enabled(r):
         return []
     from ckptdoctor.rules.weights import adapter_restore_hit
 
-    h = adapter_restore_hit(ck, p.adapter)
-    sev = selection.severity.get(r.code, h.severity or r.severity)
-    return [Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root)]
+    loaded, adapter = ck, p.adapter
+
+    def judge(_: ResumeContext) -> list[Hit]:
+        # The gate reports without a fix plan: `ckptdoctor fix` repairs it from the scan's own CKD201.
+        return [replace(adapter_restore_hit(loaded, adapter), fix=None)]
+
+    return [replace(r, func=judge)]
 
 
 def format_lrs(lrs: Sequence[float]) -> str:
@@ -577,7 +575,7 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     kind = "FSDP/DeepSpeed shards"
     sev = Severity.ERROR
     if saved is None:
-        from ckptdoctor.resume.plan import run_world_size
+        from ckptdoctor.resume.resolve import run_world_size
 
         saved, kind, sev = run_world_size(ck), "RNG state files", Severity.WARNING
     if saved is None or saved == planned:

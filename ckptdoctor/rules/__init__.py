@@ -16,13 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
-from ckptdoctor.model import Tree, frozen_value
+from ckptdoctor.model import Tree, frozen
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Hit:
     """What a rule function yields: where, why, and optionally a severity for this hit and a fix plan."""
 
@@ -174,8 +173,7 @@ def _matches(code: str, patterns: Sequence[str]) -> bool:
     return any(code.startswith(p.strip().upper()) for p in patterns if p.strip())
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Selection:
     """Which rules run and at what severity: ``--select``/``--ignore`` by code or prefix, plus overrides."""
 
@@ -244,22 +242,31 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     """Apply every enabled rule to ``tree``; findings are deduplicated and sorted deterministically.
 
     A tree without pickle verdicts is judged first, under ``selection``'s allowances (``judged``). A rule that
-    raises is itself a bug; it is reported as an internal error finding instead of aborting the scan.
+    raises is itself a bug; it is reported as an internal error finding instead of aborting the scan (``evaluate``).
     """
     selection = selection or Selection()
     tree = judged(tree, selection)
+    return evaluate((r for r in all_rules() if selection.enabled(r)), tree, tree.root, selection)
+
+
+def evaluate(rules: Iterable[Rule], subject: Any, root: str, selection: Selection) -> list[Finding]:
+    """The one rule engine, for scan rules (``subject``: a ``Tree``) and gate rules (the gate's ``ResumeContext``)
+    alike: each rule's function is applied to ``subject`` and its hits become findings under ``root``, at the
+    severity ``selection`` overrides, else the hit's, else the rule's; deduplicated and sorted deterministically.
+
+    A rule that raises is itself a bug: it is reported as an internal error finding (an error at ``.``) and the
+    other rules still run, so one broken rule never hides the others' findings, in a scan or in a gate.
+    """
     found: dict[tuple[str, str, str], Finding] = {}
-    for r in all_rules():
-        if not selection.enabled(r):
-            continue
+    for r in rules:
         default = selection.severity.get(r.code, r.severity)
         try:
-            hits: Iterator[Hit] | Iterable[Hit] = declared(r, r.func(tree))
+            hits: Iterator[Hit] | Iterable[Hit] = declared(r, r.func(subject))
         except Exception as exc:  # defence in depth: one broken rule must not hide the others' findings
             hits = [Hit(".", f"internal error in rule {r.code}: {type(exc).__name__}: {exc}", Severity.ERROR)]
         for h in hits:
             sev = selection.severity.get(r.code, h.severity or default)
-            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root)
+            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=root)
             found.setdefault((r.code, h.path, h.message), f)
     return sorted(found.values(), key=Finding.sort_key)
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import is_lora_b
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FolderRole, JsonFacts, TensorInfo, Tree
 from ckptdoctor.rules import Hit, rule
@@ -170,12 +171,6 @@ def adapter_config_mismatch(tree: Tree) -> Iterator[Hit]:
 
 
 # --deep: what ``ckptdoctor.deep`` measured in the adapter weights.
-def is_lora_b(name: str) -> bool:
-    """Whether a tensor is a LoRA B matrix (``...lora_B.weight``, ``...lora_embedding_B``): PEFT zero-inits them."""
-    parts = name.split(".")
-    return "lora_B" in parts or "lora_embedding_B" in parts
-
-
 @rule("CKD303", "untrained-adapter", Severity.WARNING, deep_only=True)
 def untrained_adapter(tree: Tree) -> Iterator[Hit]:
     """Every LoRA B matrix of an adapter is still zero although training ran.

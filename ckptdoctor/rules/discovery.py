@@ -14,21 +14,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import PATH_KINDS, holds_checkpoint
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, ProblemKind, Run, Tree, frozen_value
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Tree, frozen_value
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 
 
-# The path problems CKD001 reports; the corrupt-file rules (CKD202, CKD203, CKD211) leave them to it.
-PATH_KINDS = (
-    ProblemKind.UNREADABLE,
-    ProblemKind.SYMLINK_LOOP,
-    ProblemKind.BAD_NAME,
-    ProblemKind.SPECIAL_FILE,
-    ProblemKind.LIMIT,
-)
 # Paths a resume cannot open: in the checkpoint it picks, one of them is an error.
 _BLOCKING_KINDS = (ProblemKind.UNREADABLE, ProblemKind.SPECIAL_FILE, ProblemKind.SYMLINK_LOOP)
 # What a resume opens in the checkpoint folder itself: weights, adapters, optimizer, scheduler, scaler and RNG
@@ -65,39 +58,6 @@ def _severity(path: str, kind: ProblemKind, picked: list[str]) -> Severity:
         if _loaded(rel):
             return Severity.ERROR
     return Severity.WARNING
-
-
-# Files of other stacks ckptdoctor does not read, by name: a checkpoint it cannot judge is said (CKD216), never
-# passed over, and a root holding one is not empty (CKD002).
-UNSUPPORTED_FORMATS = (
-    (".gguf", "GGUF (llama.cpp)"),
-    (".msgpack", "Flax msgpack"),
-    (".keras", "Keras 3 `.keras` archive"),
-    (".onnx", "ONNX"),
-    (".tflite", "TensorFlow Lite"),
-    (".pdparams", "PaddlePaddle parameters"),
-    (".pdopt", "PaddlePaddle optimizer state"),
-    ("saved_model.pb", "TensorFlow SavedModel"),
-    ("saved_model.pbtxt", "TensorFlow SavedModel"),
-    (".meta", "TensorFlow 1.x MetaGraph"),
-)
-# What is not checkpoint state by itself: a root holding only these (logs, notes, JSON, tokenizer files) is empty.
-_NOT_STATE = (FileKind.JSON, FileKind.TEXT, FileKind.EMPTY, FileKind.OTHER, FileKind.SPECIAL)
-
-
-def _holds_state(f: FileFacts) -> bool:
-    """Whether ``f`` is checkpoint state: a format a loader reads (weights, optimizer, pickles, bundles), or one of
-    another stack that CKD216 names."""
-    if f.kind not in _NOT_STATE:
-        return True
-    name = f.name.lower()
-    return any(name.endswith(suffix) for suffix, _ in UNSUPPORTED_FORMATS)
-
-
-def holds_checkpoint(tree: Tree) -> bool:
-    """Whether ``tree`` holds any checkpoint: a checkpoint or model folder, or a loose file of checkpoint state.
-    CKD002 reports a root without one; ``gate --allow-empty`` accepts it as a run not saved yet."""
-    return any(run.checkpoints for run in tree.runs) or any(_holds_state(f) for f in tree.loose_files)
 
 
 ALLOW_EMPTY_HINT = "--allow-empty where no save is expected yet"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from ckptdoctor.discover import DS_MODEL_RE, DS_OPTIM_RE, is_deepspeed_tag
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, DcpMetadataFacts, FolderRole, TextFacts, TorchFacts, Tree
+from ckptdoctor.model import Checkpoint, DcpMetadataFacts, DeepSpeedTag, FolderRole, TextFacts, TorchFacts, Tree
 from ckptdoctor.rules import Hit, rule
 
 
@@ -61,28 +60,17 @@ def fsdp_shard_missing(tree: Tree) -> Iterator[Hit]:
                     )
 
 
-def _ds_world_size(ck: Checkpoint, tag: str) -> int | None:
+def _ds_world_size(ck: Checkpoint, tag: DeepSpeedTag) -> int | None:
     """The data-parallel world size a DeepSpeed model-states file records (``dp_world_size``)."""
-    for f in ck.files:
-        rel = ck.relname(f)
-        if rel.startswith(tag + "/") and DS_MODEL_RE.match(f.name) and isinstance(f.content, TorchFacts):
+    for name in tag.model_states:
+        f = ck.file(f"{tag.name}/{name}")
+        if f is not None and isinstance(f.content, TorchFacts):
             pf = f.content.pickle
             if pf is not None and isinstance(pf.value, dict):
                 w = pf.value.get("dp_world_size")
                 if isinstance(w, int) and not isinstance(w, bool):
                     return w
     return None
-
-
-def _ds_tags(ck: Checkpoint) -> dict[str, list[str]]:
-    """DeepSpeed tag folder -> its file names (``discover.is_deepspeed_tag``: `global_stepN`, or any folder holding
-    DeepSpeed's state files)."""
-    folders: dict[str, list[str]] = {}
-    for f in ck.files:
-        parts = ck.relname(f).split("/")
-        if len(parts) == 2:
-            folders.setdefault(parts[0], []).append(parts[1])
-    return {tag: names for tag, names in folders.items() if is_deepspeed_tag(tag, names)}
 
 
 @rule("CKD502", "deepspeed-partition-missing", Severity.ERROR)
@@ -106,9 +94,9 @@ def deepspeed_partition_missing(tree: Tree) -> Iterator[Hit]:
     `deepspeed/runtime/engine.py` (`_get_all_zero_checkpoints`, `load_checkpoint`).
     """
     for ck in _checkpoints(tree):
-        for tag, names in sorted(_ds_tags(ck).items()):
-            ranks = sorted(int(m.group(1)) for n in names if (m := DS_OPTIM_RE.match(n)))
-            world = _ds_world_size(ck, tag) or ((max(ranks) + 1) if ranks else None)
+        for ds in sorted(ck.deepspeed_tags, key=lambda t: t.name):
+            tag, ranks = ds.name, ds.partitions
+            world = _ds_world_size(ck, ds) or ((max(ranks) + 1) if ranks else None)
             if world is None:
                 continue
             missing = sorted(set(range(world)) - set(ranks))
@@ -147,10 +135,10 @@ def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
         if latest is None or not isinstance(latest.content, TextFacts):
             continue
         tag = latest.content.text.strip()
-        tags = _ds_tags(ck)
+        tags = [t.name for t in ck.deepspeed_tags]
         if tag in tags:
             continue
-        complete = [t for t, names in tags.items() if any(DS_MODEL_RE.match(n) for n in names)]
+        complete = [t.name for t in ck.deepspeed_tags if t.model_states]
         newest = max(complete, key=lambda t: int(re.sub(r"\D", "", t) or 0), default=None)
         plan = (
             FixPlan(

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import re
 from collections import Counter
 from collections.abc import Iterator
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import plural, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, ProblemKind, Run, Tree
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
-from ckptdoctor.rules.weights import plural, saved_shard_tensors
 
-_DCP_RANK_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
-_DS_RANK_RE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 # Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).
 REQUIRED_STATE_FIELDS = ("global_step", "max_steps", "log_history")
 
@@ -145,16 +142,6 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
             opt_name = f"`{trainer_view.MS_OPTIMIZER}`" if trainer_view.is_mindnlp(ck) else "optimizer state"
             have, missing = (opt_name, sched_name) if opt else (sched_name, opt_name)
             yield Hit(ck.path, f"has {have} but no {missing}: a resume restores neither and restarts the LR schedule")
-
-
-def saved_world_size(ck: Checkpoint) -> int | None:
-    """How many ranks wrote the checkpoint, from FSDP `.distcp` files or DeepSpeed optimizer partitions."""
-    ranks: set[int] = set()
-    for f in ck.files:
-        m = _DCP_RANK_RE.match(f.name) or _DS_RANK_RE.search(f.name)
-        if m:
-            ranks.add(int(m.group(1)))
-    return max(ranks) + 1 if ranks else None
 
 
 @rule("CKD404", "rng-state-missing", Severity.INFO)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor import trainer_view
+from ckptdoctor.facts import PATH_KINDS, SHARD_RE, UNSUPPORTED_FORMATS, is_lora_b, plural, shard_contents
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
@@ -21,19 +22,14 @@ from ckptdoctor.model import (
     FolderRole,
     JsonFacts,
     ProblemKind,
-    ReadProblem,
     TensorData,
     TensorInfo,
-    TfIndexFacts,
     Tree,
     frozen_value,
 )
 from ckptdoctor.rules import Hit, rule
-from ckptdoctor.rules.adapters import is_lora_b
-from ckptdoctor.rules.discovery import PATH_KINDS, UNSUPPORTED_FORMATS
 
 STUB_MAX_TENSORS = 8  # "a few": more than this and it is a real (if wrong) model file, still reported
-_SHARD_RE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
 
 def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
@@ -42,11 +38,6 @@ def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
         for ck in run.checkpoints:
             if ck.role in (FolderRole.CHECKPOINT, FolderRole.MODEL):
                 yield ck, run.resume_pick == ck.path or run.standalone
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 tensor``, ``2 tensors``, ``1,297 bytes`` (``many`` for irregular plurals). Shared by the rule modules."""
-    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def _fmt_bytes(n: int) -> str:
@@ -253,9 +244,9 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer_utils.py` `load_sharded_checkpoint`; TensorFlow
     `tensorflow/core/util/tensor_bundle/tensor_bundle.cc` (`BundleReader`, `DataFilename`).
     """
-    for idx, _shard, problem in tf_shard_problems(tree):
-        if problem.kind is ProblemKind.MALFORMED:  # a shard the index places tensors in is absent
-            yield Hit(idx.path, problem.message)
+    for sp in tree.tf_shard_problems:
+        if sp.problem.kind is ProblemKind.MALFORMED:  # a shard the index places tensors in is absent
+            yield Hit(sp.index, sp.problem.message)
     for ck, _ in _checkpoints(tree):
         for idx in _index_files(ck):
             wm = trainer_view.weight_map(idx)
@@ -274,42 +265,6 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
                     )
 
 
-def _shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:
-    """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
-    and whether every one of them was readable."""
-    suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
-    on_disk = {
-        ck.relname(f)
-        for f in ck.files
-        if "/" not in ck.relname(f) and _SHARD_RE.match(f.name) and f.name.endswith(suffix)
-    }
-    content: dict[str, list[TensorInfo]] = {}
-    complete = True
-    for shard in sorted(set(wm.values()) | on_disk):
-        ts = trainer_view.tensors_of(ck.file(shard))
-        if ts is None:
-            complete = False
-            continue
-        content[shard] = list(ts)
-    return content, complete
-
-
-def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
-    """Every tensor the shards of a sharded checkpoint hold by their own headers, not by its index: what the model
-    saved, and what a rebuilt index maps (the shards the index a resume reads names, plus any other shard of its
-    format beside it). None when that index is not valid, a shard it names is missing, a shard is unreadable, or a
-    tensor sits in two shards: nothing whole to compare with."""
-    idx = ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX)
-    wm = trainer_view.weight_map(idx) if idx is not None else None
-    if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
-        return None
-    content, complete = _shard_contents(ck, idx, wm)
-    out = tuple(t for ts in content.values() for t in ts)
-    if not complete or len({t.name for t in out}) != len(out):
-        return None
-    return out
-
-
 @frozen_value
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
 class _IndexCheck:
@@ -325,7 +280,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
     """Mismatches between an index and its shards' headers, whether they lose tensors, and the rebuilt index."""
     problems: list[str] = []
     shards = set(wm.values())
-    content, complete = _shard_contents(ck, idx, wm)
+    content, complete = shard_contents(ck, idx, wm)
     names_in = {shard: {t.name for t in tensors} for shard, tensors in content.items()}
     # The loaders (load_sharded_checkpoint, from_pretrained, accelerate) read every tensor of every shard the index
     # names, whatever the entries say: only a tensor outside those shards is never loaded.
@@ -596,7 +551,7 @@ def _all_weight_tensors(ck: Checkpoint) -> list[TensorInfo]:
     out: list[TensorInfo] = []
     for f in ck.files:
         rel = ck.relname(f)
-        if rel in names or (_SHARD_RE.match(rel) is not None):
+        if rel in names or (SHARD_RE.match(rel) is not None):
             out.extend(trainer_view.tensors_of(f) or ())
     return out
 
@@ -921,34 +876,6 @@ def checksum_mismatch(tree: Tree) -> Iterator[Hit]:
             yield Hit(path, f"not listed in the checksum manifest ({f.size:,} bytes)", Severity.WARNING)
 
 
-def tf_shard_problems(tree: Tree) -> tuple[tuple[FileFacts, str, ReadProblem], ...]:
-    """Every TensorFlow bundle index's shards checked against it (``tfbundle.shard_problems``): (the index, the
-    shard's root-relative path, the problem). Missing shards are MALFORMED, short ones TRUNCATED."""
-    return _tf_shard_problems(tree)
-
-
-@trainer_view.per_object
-def _tf_shard_problems(tree: Tree) -> tuple[tuple[FileFacts, str, ReadProblem], ...]:
-    files = tree.all_files()
-    indexes = [f for f in files if f.kind is FileKind.TF_INDEX and isinstance(f.content, TfIndexFacts)]
-    if not indexes:
-        return ()
-    from ckptdoctor.readers.tfbundle import shard_problems  # only a tree with a TF bundle pays for it
-
-    by_folder: dict[str, dict[str, int]] = {}
-    for f in files:
-        folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
-        by_folder.setdefault(folder, {})[f.name] = f.size
-    out: list[tuple[FileFacts, str, ReadProblem]] = []
-    for idx in indexes:
-        assert isinstance(idx.content, TfIndexFacts)
-        folder = idx.path.rsplit("/", 1)[0] if "/" in idx.path else ""
-        prefix = idx.name[: -len(".index")]
-        for name, problem in shard_problems(prefix, idx.content, by_folder.get(folder, {})):
-            out.append((idx, f"{folder}/{name}" if folder else name, problem))
-    return tuple(out)
-
-
 @rule("CKD215", "corrupt-framework-checkpoint", Severity.ERROR)
 def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
     """A MindSpore `.ckpt`, TensorFlow bundle file or HDF5 (Keras) weights file that its framework would refuse.
@@ -982,9 +909,9 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
             what = _FORMAT_NAMES[f.kind]
             for msg in _problems(f):
                 yield Hit(f.path, f"{what}: {msg}")
-    for _idx, shard, problem in tf_shard_problems(tree):
-        if problem.kind is not ProblemKind.MALFORMED:  # missing shards are CKD204's
-            yield Hit(shard, f"TensorFlow data shard: {problem.message}")
+    for sp in tree.tf_shard_problems:
+        if sp.problem.kind is not ProblemKind.MALFORMED:  # missing shards are CKD204's
+            yield Hit(sp.shard, f"TensorFlow data shard: {sp.problem.message}")
     for d in tree.data:  # --deep: entries whose bytes fail the crc32c their index records
         if d.corrupt:
             yield Hit(d.path, "TensorFlow data shard: " + "; ".join(p.message for p in d.corrupt[:_EXAMPLES])
