@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.rawpickle import walk_problems_kept
 from ckptdoctor.readers.torchstore import _Storages, _tensors
 from ckptdoctor.readers.zipdir import _names, _problem, _read_at
 
@@ -64,9 +65,11 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         return None
     if probs or magic is None or magic.value != MAGIC_NUMBER:
         # Bytes that are neither a zip nor a legacy file (a zeroed or overwritten `.bin`): the walk's complaints are
-        # about non-pickle bytes, so only the one fact that matters is reported.
+        # about non-pickle bytes, so only the one fact that matters is reported; unless the bytes are a pickle that
+        # torch.load's first pickle.load reads past its first opcodes: whatever stopped the walk there is reported.
+        own = probs if probs and walk_problems_kept(pos) else ()
         return failed(
-            (_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"),)
+            (*own, _problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"))
         )
     version, probs = step()
     if version is not None:

@@ -1,0 +1,289 @@
+"""The walker reads what the real loaders read (issue 22, causes 2-5): each payload here is live under its victim's
+real loader (a child process creates its canary) and flagged by a scan that never runs it; the text files real
+runs hold beside their checkpoints are not pickles (issue 23)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ckptdoctor.findings import Finding
+from ckptdoctor.model import FileKind
+from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
+from ckptdoctor.scanner import scan
+
+torch = pytest.importorskip("torch")
+
+JOBLIB_LAYER = Path("/work/stacks/joblib")  # joblib is no dependency: a --target layer built for these tests
+
+# Each item: {"path", "loader"}; loaders as the victims load: pickle.load, torch.load(weights_only=False), joblib.load,
+# and a weights-only torch.load whose `*._extra_state` tensors are then unpickled as TransformerEngine's
+# set_extra_state does (transformer_engine/pytorch/module/base.py), or whose `_extra_state` BytesIO objects are
+# torch.load'ed as older TransformerEngine did.
+_LOADER = r"""
+import io, json, pickle, sys, time
+for item in json.load(sys.stdin):
+    path, loader = item["path"], item["loader"]
+    try:
+        if loader == "pickle":
+            with open(path, "rb") as f:
+                pickle.load(f)
+        elif loader == "joblib":
+            import joblib
+            joblib.load(path)
+        elif loader == "torch":
+            import torch
+            torch.load(path, weights_only=False)
+        elif loader == "te":
+            import torch
+            sd = torch.load(path, weights_only=True)
+            for key, state in sd.items():
+                if key.endswith("_extra_state") and isinstance(state, torch.Tensor):
+                    pickle.loads(state.detach().cpu().numpy().tobytes())
+        elif loader == "te-bytesio":
+            import torch
+            sd = torch.load(path, weights_only=False)
+            for key, state in sd.items():
+                if key.endswith("_extra_state") and isinstance(state, io.BytesIO):
+                    state.seek(0)
+                    torch.load(state, weights_only=False)
+    except BaseException:
+        pass  # payloads may break their stream after the call ran
+time.sleep(0.3)
+"""
+
+
+def _touch(canary: Path) -> bytes:
+    """A protocol 0 stream that runs ``os.system("touch canary")`` (``posix.system`` once imported)."""
+    return b"cos\nsystem\n(S'touch " + str(canary).encode() + b"'\ntR."
+
+
+class _Reduce:
+    def __init__(self, func: Callable[..., object], *args: object) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        return self.func, self.args
+
+
+def _evil(canary: Path, protocol: int = 4) -> bytes:
+    return pickle.dumps(_Reduce(os.system, f"touch {canary}"), protocol=protocol)
+
+
+def _legacy_hex_magic(canary: Path) -> bytes:
+    """A legacy torch file whose magic number and version are protocol 0 INTs in hex and octal: ``torch.load``'s
+    unpickler reads them with strtol base 0, so they match, and its third pickle.load (sys_info) runs the call."""
+    magic = b"I0x1950a86a20f9469cfc6c\n."
+    version = b"I01751\n."  # 1001 in octal
+    return magic + version + _touch(canary) + pickle.dumps({}, protocol=2) + pickle.dumps([], protocol=2)
+
+
+def _nul_int(canary: Path) -> bytes:
+    """An INT whose line holds a NUL: the C unpickler reads the number up to it and goes on to the call."""
+    return b"(I1\x00padding\n0" + _touch(canary)
+
+
+def _nul_float(canary: Path) -> bytes:
+    return b"(F1.5\x00padding\n0" + _touch(canary)
+
+
+def _long_first_opcode(canary: Path) -> bytes:
+    """A ``.pkl`` whose first opcode's argument (a STRING) runs far past the sniffer's head."""
+    return b"S'" + b"a" * (4 * HEAD_BYTES) + b"'\n0" + _touch(canary)
+
+
+def _long_binunicode_first(canary: Path) -> bytes:
+    """A protocol 1 stream (no PROTO) whose first opcode is a long BINUNICODE."""
+    text = ("x" * (3 * HEAD_BYTES)).encode()
+    return b"X" + len(text).to_bytes(4, "little") + text + b"0" + _touch(canary)
+
+
+def _joblib_zlib(canary: Path) -> bytes:
+    """What ``joblib.dump(obj, path, compress=3)`` writes (its default codec, zlib) around a payload."""
+    return zlib.compress(_evil(canary), 3)
+
+
+def _joblib_zf(canary: Path) -> bytes:
+    """joblib < 0.10's compressed layout: ``ZF``, a hex length padded to 19 bytes, then zlib."""
+    data = _evil(canary)
+    return b"ZF" + hex(len(data)).encode().ljust(19) + zlib.compress(data)
+
+
+def _joblib_lzma(canary: Path) -> bytes:
+    import lzma
+
+    return lzma.compress(_evil(canary), format=lzma.FORMAT_ALONE)
+
+
+def _te_extra_state(canary: Path) -> bytes:
+    """A weights-only-loadable state dict whose `_extra_state` uint8 tensor holds a pickle (TE unpickles it)."""
+    state = torch.frombuffer(bytearray(_evil(canary)), dtype=torch.uint8)
+    buf = io.BytesIO()
+    torch.save({"layer.weight": torch.zeros(2, 2), "layer._extra_state": state}, buf)
+    return buf.getvalue()
+
+
+def _te_extra_state_strided(canary: Path) -> bytes:
+    """The same, as a non-contiguous view: ``tobytes()`` gathers the elements the view names, not the storage."""
+    evil = _evil(canary)
+    spread = bytearray(2 * len(evil))
+    spread[::2] = evil
+    view = torch.frombuffer(spread, dtype=torch.uint8)[::2]
+    buf = io.BytesIO()
+    torch.save({"layer._extra_state": view}, buf)
+    return buf.getvalue()
+
+
+def _te_bytesio_protocol0(canary: Path) -> bytes:
+    """An older TE `_extra_state`: a BytesIO that set_extra_state hands to torch.load; here a protocol 0 stream."""
+    buf = io.BytesIO()
+    torch.save({"layer._extra_state": io.BytesIO(_touch(canary))}, buf)
+    return buf.getvalue()
+
+
+# name -> (file name in the checkpoint, builder, loader, text a CKD601/603/605 finding must hold)
+PAYLOADS: dict[str, tuple[str, Callable[[Path], bytes], str, str]] = {
+    "protocol 0 named training_args.yaml": ("training_args.yaml", _touch, "pickle", "system`"),
+    "protocol 0 named README.md": ("README.md", _touch, "pickle", "system`"),
+    "legacy torch, hex magic": ("pytorch_model.bin", _legacy_hex_magic, "torch", "system`"),
+    "INT line with a NUL": ("random_states_0.pkl", _nul_int, "pickle", "system`"),
+    "FLOAT line with a NUL": ("random_states_1.pkl", _nul_float, "pickle", "system`"),
+    "long first STRING": ("model.pkl", _long_first_opcode, "pickle", "system`"),
+    "long first BINUNICODE": ("model.joblib", _long_binunicode_first, "pickle", "system`"),
+    "joblib zlib": ("model.joblib", _joblib_zlib, "joblib", "system`"),
+    "joblib ZF": ("model.pkl", _joblib_zf, "joblib", "system`"),
+    "joblib lzma": ("model.pkl.lzma", _joblib_lzma, "joblib", "system`"),
+    "TE extra_state": ("model.pt", _te_extra_state, "te", "system`"),
+    "TE extra_state strided": ("model.pt", _te_extra_state_strided, "te", "system`"),
+    "TE BytesIO protocol 0": ("model.pt", _te_bytesio_protocol0, "te-bytesio", "system`"),
+}
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _joblib_env() -> dict[str, str] | None:
+    if not (JOBLIB_LAYER / "joblib").is_dir():
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBLIB_LAYER), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_every_payload_is_live(tmp_path: Path) -> None:
+    """Each payload runs under its loader (in a child process): none of them is dead weight."""
+    env = _joblib_env()
+    items, expected = [], []
+    for name, (filename, build, loader, _) in PAYLOADS.items():
+        if loader == "joblib" and env is None:
+            continue
+        canary = tmp_path / f"canary-{_slug(name)}"
+        path = tmp_path / _slug(name) / filename
+        path.parent.mkdir()
+        path.write_bytes(build(canary))
+        items.append({"path": str(path), "loader": loader})
+        expected.append((name, canary))
+    subprocess.run([sys.executable, "-c", _LOADER], input=json.dumps(items).encode(), check=True, timeout=300,
+                   capture_output=True, cwd=tmp_path, env=env)  # fmt: skip
+    dead = [name for name, canary in expected if not canary.exists()]
+    assert not dead, f"payloads that did not run: {dead}"
+
+
+def _by_path(findings: tuple[Finding, ...]) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {}
+    for f in findings:
+        out.setdefault(f.path, []).append(f)
+    return out
+
+
+def test_every_payload_is_flagged_and_never_run(tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    root = tmp_path / "root"
+    placed = {}
+    for name, (filename, build, _, expect) in PAYLOADS.items():
+        path = root / _slug(name) / "checkpoint-1" / filename
+        path.parent.mkdir(parents=True)
+        path.write_bytes(build(canary))
+        placed[str(path.relative_to(root))] = (name, expect)
+    found = _by_path(scan(str(root)).findings)
+    missed = []
+    for path, (name, expect) in placed.items():
+        hits = [f for f in found.get(path, []) if f.rule in ("CKD601", "CKD603", "CKD605")]
+        if not any(expect in f.message for f in hits):
+            missed.append((name, [f"{f.rule}: {f.message}" for f in found.get(path, [])]))
+    assert not missed, missed
+    assert not canary.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text is text (issue 23): LLaMA Board's training_args.yaml (yaml.dump sorts keys, so fp16/fp32 runs start with
+# `cutoff_len:`, a GLOBAL opcode), and the other text files real runs hold.
+
+LLAMA_BOARD_ARGS = {
+    "cutoff_len": 1024, "dataset": "alpaca_en_demo", "dataset_dir": "data", "ddp_timeout": 180000000,
+    "do_train": True, "finetuning_type": "lora", "fp16": True, "gradient_accumulation_steps": 8,
+    "include_num_input_tokens_seen": True, "learning_rate": 5.0e-05, "logging_steps": 5, "lora_alpha": 16,
+    "lora_dropout": 0, "lora_rank": 8, "lora_target": "all", "lr_scheduler_type": "cosine", "max_grad_norm": 1.0,
+    "max_samples": 100000, "model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "num_train_epochs": 3.0,
+    "optim": "adamw_torch", "output_dir": "saves/Qwen2.5-0.5B-Instruct/lora/train_2026-11-27-00-00-00",
+    "packing": False, "per_device_train_batch_size": 2, "plot_loss": True, "preprocessing_num_workers": 16,
+    "report_to": "none", "save_steps": 100, "stage": "sft", "template": "qwen", "trust_remote_code": True,
+    "warmup_steps": 0,
+}  # fmt: skip
+
+TEXTS = {
+    "README.md": b"checkpoint\nThis folder holds the adapter.\n",
+    "notes.txt": b"cat\nfoo\nbar baz\n",
+    "chat_template.jinja": b"{% for message in messages %}{{ message['content'] }}{% endfor %}\n",
+    "trainer_log.jsonl": b'{"current_steps": 5, "total_steps": 10, "loss": 1.5}\n{"current_steps": 10}\n',
+    "run.py": b"class Foo:\n    pass\n",
+    "config.yaml": b"cd: into\nthe: folder\n",
+}
+
+
+def _yaml_text() -> bytes:
+    yaml = pytest.importorskip("yaml")
+    text: bytes = yaml.dump(LLAMA_BOARD_ARGS).encode()  # LLaMA-Factory webui/common.py save_args: yaml.dump
+    assert text.startswith(b"cutoff_len: 1024\n")
+    return text
+
+
+def test_llama_board_training_args_yaml_is_text() -> None:
+    text = _yaml_text()
+    for name in ("training_args.yaml", "llamaboard_config.yaml", "training_args"):
+        assert sniff(text[:HEAD_BYTES], name, len(text)) is FileKind.OTHER, name
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_text_files_of_real_runs_are_not_pickles(name: str) -> None:
+    data = TEXTS[name]
+    assert sniff(data[:HEAD_BYTES], name, len(data)) is not FileKind.PICKLE
+
+
+def test_llama_factory_run_scans_without_security_findings(tmp_path: Path) -> None:
+    """A LLaMA-Factory-shaped output folder: its training_args.yaml and text files raise no CKD601/CKD603."""
+    run = tmp_path / "saves" / "lora" / "train"
+    ck = run / "checkpoint-100"
+    ck.mkdir(parents=True)
+    (run / "training_args.yaml").write_bytes(_yaml_text())
+    (ck / "training_args.yaml").write_bytes(_yaml_text())
+    for name, data in TEXTS.items():
+        (run / name).write_bytes(data)
+    report = scan(str(tmp_path / "saves"))
+    assert [f for f in report.findings if f.rule.startswith("CKD6")] == []
+
+
+def test_a_pickle_name_keeps_a_long_first_opcode() -> None:
+    data = _long_first_opcode(Path("/nonexistent"))
+    assert sniff(data[:HEAD_BYTES], "model.pkl", len(data)) is FileKind.PICKLE
+    assert sniff(data[:HEAD_BYTES], "x.joblib", len(data)) is FileKind.PICKLE
