@@ -25,7 +25,7 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import protocol_header
+from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
 from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
@@ -43,6 +43,8 @@ def describe(g: GlobalRef) -> str:
     """A global as the user should read it; unresolved stand-ins spelled out."""
     if g == UNRESOLVED_CALL:
         return "a call of an object computed at load time"
+    if g.module == "<limit>":  # a bound of the walk (``pickle_walk.PAST_BUDGET``): its name says what was not judged
+        return g.name
     if g.module == "<extension>":
         return f"extension code {g.name} (resolved from the copyreg registry at load time)"
     if g.module.startswith("<") or g.name.startswith("<"):
@@ -208,51 +210,74 @@ def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
 
 
 def _nested(pf: PickleFacts, limits: Limits, j: _Judge, depth: int, budget: list[int]) -> int:
-    """Walk pickles hidden in ``pf``'s bytes and strings (raw, base64, torch zip); returns how many were walked."""
-    if pf.value is None or depth > _MAX_NESTED_DEPTH:
+    """Walk pickles hidden in ``pf``'s bytes and strings (raw of any protocol, base64, torch zip); returns how many
+    were walked. Every bound is a finding: a nested pickle past the count, bytes or depth bound, or values past the
+    search's budget, is reported unsafe (not judged), never dropped."""
+    if pf.value is None:
         return 0
     count = 0
-    for i, v in _texts(pf.value):
-        if i >= _MAX_VALUES or budget[0] <= 0:
+    for _, v in _texts(pf.value):
+        if v is _CUT:
+            _past_bound(j, f"values past the first {_MAX_VALUES:,} (not searched for nested pickles)")
             break
         blob = _candidate(v)
-        if blob is None or len(blob) > budget[1]:
+        if blob is None:
             continue
+        if len(blob) > budget[1]:
+            _past_bound(j, f"nested pickles past {limits.pickle_bytes:,} bytes in all (not judged)")
+            break
         inner = _walk_blob(blob, limits)
         if inner is None:
             continue
+        facts, clean = inner
+        if not (clean or facts.globals or facts.calls):
+            continue  # bytes that merely start like a pickle: pickle.loads stops where the walk stopped
+        if depth > _MAX_NESTED_DEPTH:
+            _past_bound(j, f"a pickle nested more than {_MAX_NESTED_DEPTH} deep (not judged)")
+            break
+        if budget[0] <= 0:
+            _past_bound(j, f"nested pickles past the first {_MAX_NESTED} (not judged)")
+            break
         budget[0] -= 1
         budget[1] -= len(blob)
         count += 1
-        facts, clean = inner
         j.globals_of(facts, "nested pickle: ", clean)
         count += _nested(facts, limits, j, depth + 1, budget)
     return count
 
 
+def _past_bound(j: _Judge, what: str) -> None:
+    """Report a bound of the nested search as unsafe: what it did not look at is not proved harmless."""
+    j.unsafe[what] = None
+
+
 # Values ``_texts`` looks into (the containers ``iter_values`` enters) or yields (what ``_candidate`` reads).
 _OPEN = frozenset({dict, list, tuple, Opaque, bytes, str})
+_CUT: Any = object()  # yielded by ``_texts`` when its budget ends the search with values left unsearched
 
 
-def _texts(value: PickleValue) -> Iterator[tuple[int, bytes | str]]:
-    """The bytes and strings long enough to hold a serialized object, with their index in ``iter_values(value)``.
+def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
+    """The bytes and strings long enough to hold a serialized object, with the number of values visited so far.
 
     The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
-    building paths, so the per-file budgets cut at the same values. A container whose children are all closed
-    values (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one.
+    building paths. A container whose children are all closed values (tensors, numbers, globals: most of a state
+    dict) is one step, its children not visited one by one. Past ``_MAX_VALUES`` steps, ``_CUT`` is yielded when
+    anything that could hold a pickle is left.
     """
     seen: set[int] = set()
     todo: list[Any] = [value]
     i = 0
     while todo:
         v = todo.pop()
-        index = i
-        if index >= _MAX_VALUES:
+        if i >= _MAX_VALUES:
+            todo.append(v)
+            if any(type(x) in _OPEN for x in todo):
+                yield i, _CUT
             return
         i += 1
         t = type(v)
         if t is bytes or (t is str and len(v) >= _MIN_B64):
-            yield index, v
+            yield i, v
             continue
         if not (t is dict or t is list or t is tuple or t is Opaque) or id(v) in seen:
             continue
@@ -270,11 +295,10 @@ def _texts(value: PickleValue) -> Iterator[tuple[int, bytes | str]]:
             kids = v
         kinds = set(map(type, kids))
         if _OPEN.isdisjoint(kinds):
-            i += len(kids)  # visited right after their parent, and nothing in them can hold a pickle
-        elif kinds == {dict} and _closed_dicts(kids, seen):
-            i += len(kids) + sum(map(len, kids))  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
-        else:
-            todo.extend(reversed(kids))
+            continue  # nothing in them can hold a pickle
+        if kinds == {dict} and _closed_dicts(kids, seen):
+            continue  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
+        todo.extend(reversed(kids))
 
 
 def _closed_dicts(dicts: list[Any] | tuple[Any, ...], seen: set[int]) -> bool:
@@ -304,7 +328,8 @@ def _candidate(v: object) -> bytes | None:
 
 
 def _is_serialized(b: bytes) -> bool:
-    return protocol_header(b) or b[:4] == b"PK\x03\x04"
+    """A pickle of any protocol (0 and 1 have no PROTO opcode: their head must walk as one) or a torch zip."""
+    return b[:4] == b"PK\x03\x04" or pickled_head(b[:HEAD_BYTES])
 
 
 def _unbase64(b: bytes) -> bytes | None:

@@ -29,8 +29,8 @@ from ckptdoctor.readers.pickle_values import (
 )
 
 __all__ = [
-    "CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long", "c_memo_index", "iter_values",
-    "merge_pickles", "walk_pickle",
+    "CYCLE", "PAST_BUDGET", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long",
+    "c_memo_index", "iter_values", "merge_pickles", "walk_pickle",
 ]
 
 
@@ -81,6 +81,10 @@ _MAX_GLUED = 4096  # longest string the walk rebuilds from a concatenation call
 # Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
 # result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
 UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+# Recorded as called when the arguments handed to calls hold more values than one walk looks at (``_PASSED_VALUES``):
+# whatever the rest holds is not judged, so it cannot be proved harmless.
+PAST_BUDGET = GlobalRef("<limit>", "globals handed to calls past the walk's budget (not judged)")
+_PASSED_VALUES = 4_000_000  # values of call arguments looked at per walk; real arguments hold a handful
 
 _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})
@@ -304,6 +308,7 @@ def c_memo_index(line: bytes) -> int:
 
 _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
+_CONTAINERS = frozenset({tuple, list, dict})
 
 
 def walk_pickle(
@@ -383,6 +388,7 @@ class _Walker:
         self.max_memo = limits.pickle_memo_entries
         self.max_marks = limits.nesting_depth
         self.fast = _FAST_PATH
+        self.passed_budget = _PASSED_VALUES
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -402,21 +408,39 @@ class _Walker:
 
     def _passed(self, args: Any) -> None:
         """Globals handed to a call as arguments count as called: the callee may call them (copyreg._reconstructor
-        calls its ``base``, torch's _rebuild_from_type_v2 its ``func``, functools.partial/map anything)."""
-        todo = [(args, 0)]
-        seen = 0
+        calls its ``base``, torch's _rebuild_from_type_v2 its ``func``, functools.partial/map anything).
+
+        Every tuple, list and dict value the arguments hold is looked at, however deep or long; what one walk looks
+        at in all is bounded (``_PASSED_VALUES``), and past that bound the walk records ``PAST_BUDGET`` as called:
+        what it did not look at is not proved harmless."""
+        if type(args) is tuple and _CONTAINERS.isdisjoint(map(type, args)):  # the usual flat argument tuple
+            for x in args:
+                if type(x) is GlobalRef:
+                    self.calls[x] = None
+            self.passed_budget -= len(args)
+            if self.passed_budget < 0:
+                self.calls[PAST_BUDGET] = None
+            return
+        todo = [args]
+        seen: set[int] = set()
+        budget = self.passed_budget
         while todo:
-            v, depth = todo.pop()
-            seen += 1
-            if seen > 256:  # arguments are shallow in real files; a huge literal is not worth more
-                return
+            v = todo.pop()
+            budget -= 1
+            if budget < 0:
+                self.calls[PAST_BUDGET] = None
+                break
             t = type(v)
             if t is GlobalRef:
                 self.calls[v] = None
-            elif (t is tuple or t is list) and depth < 3:
-                todo.extend((x, depth + 1) for x in v[:64])
-            elif t is dict and depth < 3:
-                todo.extend((x, depth + 1) for x in list(v.values())[:64])
+            elif t is tuple or t is list or t is dict:
+                if id(v) in seen:  # shared structure is looked at once per call
+                    continue
+                seen.add(id(v))
+                items = v.values() if t is dict else v
+                todo.extend(x for x in items if type(x) in _HOLDS_GLOBALS)
+                budget -= len(v)
+        self.passed_budget = max(budget, 0)
 
     def _persid(self, pid: Any) -> Any:
         self.persistent_ids += 1
