@@ -287,3 +287,163 @@ def test_a_pickle_name_keeps_a_long_first_opcode() -> None:
     data = _long_first_opcode(Path("/nonexistent"))
     assert sniff(data[:HEAD_BYTES], "model.pkl", len(data)) is FileKind.PICKLE
     assert sniff(data[:HEAD_BYTES], "x.joblib", len(data)) is FileKind.PICKLE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The text arguments of protocol 0 opcodes read exactly as the C unpickler reads them (differential, seeded).
+
+_LINE_ALPHABET = [b"0", b"1", b"7", b"8", b"x", b"X", b"a", b"f", b"e", b".", b"+", b"-", b" ", b"\t", b"\x00",
+                  b"_", b"L", b"b", b"inf", b"nan", b"z", b"\x0b"]  # fmt: skip
+
+
+def _outcome(data: bytes) -> tuple[object, ...]:
+    from ckptdoctor.readers.pickle_walk import walk_pickle
+
+    facts, problems, _ = walk_pickle(data)
+    if problems or facts is None:
+        return ("error",)
+    return ("ok", type(facts.value), repr(facts.value))
+
+
+def _real(data: bytes) -> tuple[object, ...]:
+    try:
+        value = pickle.loads(data)  # our own harmless bytes: numbers only
+    except Exception:
+        return ("error",)
+    return ("ok", type(value), repr(value))
+
+
+def test_number_lines_parse_as_the_c_unpickler_does() -> None:
+    import random
+
+    rnd = random.Random(22)
+    for _ in range(20_000):
+        line = b"".join(rnd.choice(_LINE_ALPHABET) for _ in range(rnd.randint(0, 5)))
+        data = rnd.choice([b"I", b"L", b"F"]) + line + b"\n."
+        assert _outcome(data) == _real(data), data
+    for _ in range(5_000):
+        a, b = (b"".join(rnd.choice([b"0", b"1", b" ", b"\x00", b"_", b"-", b"+"]) for _ in range(rnd.randint(0, 4)))
+                for _ in range(2))  # fmt: skip
+        data = b"(I5\np" + a + b"\n0g" + b + b"\n."
+        assert _outcome(data) == _real(data), data
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [(b"I0x10", 16), (b"I010", 8), (b"I 1", True), (b"I+1", True), (b"I-0", False), (b"I1\x00z", 1),
+     (b"I01", True), (b"I0 ", 0), (b"L0x10L", 16), (b"F1.5\x00zz", 1.5), (b"Finf", float("inf"))],
+)  # fmt: skip
+def test_edge_lines(line: bytes, value: object) -> None:
+    assert _real(line + b"\n.") == _outcome(line + b"\n.") == ("ok", type(value), repr(value))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every budget is a finding.
+
+
+def _verdict_of(data: bytes) -> tuple[str, ...]:
+    from ckptdoctor.pickle_analysis import judge
+    from ckptdoctor.readers.pickle_walk import walk_pickle
+
+    facts, _, _ = walk_pickle(data)
+    assert facts is not None
+    return judge(facts).unsafe
+
+
+def test_nested_protocol0_pickle_in_bytes_is_judged() -> None:
+    assert any("system" in u for u in _verdict_of(pickle.dumps({"blob": _touch(Path("/x"))}, protocol=2)))
+
+
+def test_nested_pickles_past_the_count_are_reported() -> None:
+    inner = pickle.dumps({"a": 1}, protocol=2)
+    many = pickle.dumps([inner + bytes([i]) for i in range(200)], protocol=2)
+    assert any("past the first" in u for u in _verdict_of(many))
+    few = pickle.dumps([inner] * 3, protocol=2)
+    assert _verdict_of(few) == ()
+
+
+def test_nested_pickles_past_the_depth_are_reported() -> None:
+    blob = pickle.dumps({"a": 1}, protocol=2)
+    for _ in range(5):
+        blob = pickle.dumps({"inner": blob}, protocol=2)
+    assert any("nested more than" in u for u in _verdict_of(blob))
+
+
+def test_globals_deep_in_call_arguments_count_as_called() -> None:
+    """The call tracker looks at every level of a call's arguments (it stopped at three, and at 64 items)."""
+    from ckptdoctor.model import GlobalRef
+    from ckptdoctor.readers.pickle_walk import walk_pickle
+
+    deep = b"\x80\x02cbuiltins\nlist\n" + b"(" + b"]" * 6 + b"cmylib\nHook\na" + b"a" * 5 + b"tR."
+    wide = b"\x80\x02cbuiltins\nlist\n(" + b"]" + b"K\x01a" * 100 + b"cmylib\nHook\natR."
+    for data in (deep, wide):
+        facts, problems, _ = walk_pickle(data)
+        assert problems == () and facts is not None
+        assert GlobalRef("mylib", "Hook") in facts.calls
+
+
+def test_the_call_trackers_budget_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptdoctor.readers.pickle_walk as pw
+
+    monkeypatch.setattr(pw, "_PASSED_VALUES", 50)
+    data = b"\x80\x02cbuiltins\nlist\n(]" + b"]a" * 100 + b"tR."  # a list of 100 lists: more than 50 values
+    facts, _, _ = pw.walk_pickle(data)
+    assert facts is not None and pw.PAST_BUDGET in facts.calls
+    from ckptdoctor.pickle_analysis import judge
+
+    assert any("budget" in u for u in judge(facts).unsafe)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A container reader that gives up keeps the walk's own problem.
+
+
+def test_failed_legacy_walk_keeps_its_problem(tmp_path: Path) -> None:
+    ck = tmp_path / "run" / "checkpoint-1"
+    ck.mkdir(parents=True)
+    (ck / "pytorch_model.bin").write_bytes(b"(I1\nI2\nI3\nI4\nI5\nt\x00garbage")
+    (ck / "zeroed.bin").write_bytes(bytes(4096))
+    found = _by_path(scan(str(tmp_path / "run")).findings)
+    assert any(f.rule == "CKD603" for f in found["checkpoint-1/pytorch_model.bin"])
+    assert not any(f.rule == "CKD603" for f in found.get("checkpoint-1/zeroed.bin", []))
+
+
+def test_safetensors_shaped_pickle_keeps_its_problem() -> None:
+    from ckptdoctor.limits import DEFAULT_LIMITS
+    from ckptdoctor.readers import _read_safetensors_or_pickle
+
+    # Eight bytes that are a pickle's first opcodes and a (too large) header length, then a JSON header: the
+    # safetensors reader gives up on the length; the walk's own problem (at the header's `{`) is kept.
+    data = b"\x80\x02((((((" + b'{"__metadata__":{}}'
+    out = _read_safetensors_or_pickle(io.BytesIO(data), len(data), DEFAULT_LIMITS)
+    assert any("read as a pickle" in p.message for p in out.problems)
+    # A genuine header that merely starts like a pickle (PROTO 2: a 640-byte header) is left alone.
+    from safetensors.torch import save
+
+    real = save({"w": torch.zeros(1)}, metadata={"x": "y" * (640 - 60)})
+    out = _read_safetensors_or_pickle(io.BytesIO(real), len(real), DEFAULT_LIMITS)
+    assert not any("read as a pickle" in p.message for p in out.problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Clean real files stay clean.
+
+
+def test_clean_te_extra_state_and_joblib_files_raise_no_ckd6xx(tmp_path: Path) -> None:
+    ck = tmp_path / "run" / "checkpoint-1"
+    ck.mkdir(parents=True)
+    for name, state in (("none.pt", None), ("plain.pt", {"amax_history_len": 16, "margin": 0, "scale": [1.0]})):
+        t = torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+        torch.save({"layer.weight": torch.zeros(2), "layer._extra_state": t}, ck / name)
+    env = _joblib_env()
+    if env is not None:  # written by joblib itself, with its default codec and the others it offers
+        script = (
+            "import joblib, sys\n"
+            "obj = {'a': 1, 'b': [1.5, 'x'], 'c': (None, True)}\n"
+            "for name, c in [('plain.joblib', 0), ('z.joblib', 3), ('lz.joblib', ('lzma', 3)),"
+            " ('gz.pkl', ('gzip', 3)), ('bz.pkl', ('bz2', 3)), ('x.pkl.z', True)]:\n"
+            "    joblib.dump(obj, sys.argv[1] + '/' + name, compress=c)\n"
+        )
+        subprocess.run([sys.executable, "-c", script, str(ck)], check=True, env=env, timeout=120, capture_output=True)
+    report = scan(str(tmp_path / "run"))
+    assert [f"{f.rule} {f.path}: {f.message}" for f in report.findings if f.rule.startswith("CKD6")] == []
