@@ -92,12 +92,16 @@ class _Judge:
         if not pending:
             return
         data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
-        passed = _passed_anywhere(pf.value) if any(g not in called for g, _, _ in pending) else set()
+        passed: set[GlobalRef] | None = set()
+        if any(g not in called for g, _, _ in pending):
+            passed = _passed_anywhere(pf.value)
+            if passed is None:
+                self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
         for g, st, why in pending:
             text = where + describe(g)
             if st is Standing.UNPROVEN and g in data:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
-            elif st is Standing.UNKNOWN and g not in called and g not in passed:
+            elif st is Standing.UNKNOWN and g not in called and passed is not None and g not in passed:
                 if clean:
                     self.unknown[text] = None
             elif clean or "computed" not in text:
@@ -176,14 +180,17 @@ def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
 _MAX_PASSED = 100_000  # values looked at for globals handed to calls
 
 
-def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
+def _passed_anywhere(value: PickleValue) -> set[GlobalRef] | None:
     """Globals inside any call's arguments or state, dict keys and sets included: the callee (or a ``__setstate__``)
-    may call them, and hashing a key calls its ``__hash__``."""
+    may call them, and hashing a key calls its ``__hash__``. None when the value holds more than ``_MAX_PASSED``
+    values that could hold a global: past that budget any global may be handed to a call (never a silent cut)."""
     out: set[GlobalRef] = set()
     todo: list[tuple[Any, bool]] = [(value, False)]
     seen: set[int] = set()
     count = 0
-    while todo and count < _MAX_PASSED:
+    while todo:
+        if count >= _MAX_PASSED:
+            return None
         v, inside = todo.pop()
         count += 1
         t = type(v)
@@ -191,22 +198,28 @@ def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
             if inside:
                 out.add(v)
             continue
-        if t in (dict, list, tuple, set, frozenset, Opaque):
+        if t in _HOLDERS:
             if id(v) in seen:
                 continue
             seen.add(id(v))
         if t is dict:
             # a key that is not a plain scalar is hashed and compared while the dict is built
-            todo.extend((k, inside or type(k) is not str) for k in v)
-            todo.extend((x, inside) for x in v.values())
+            todo.extend((k, inside or type(k) is not str) for k in v if type(k) in _HOLDERS_OR_GLOBAL)
+            todo.extend((x, inside) for x in v.values() if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is set or t is frozenset:
-            todo.extend((x, True) for x in v)
+            todo.extend((x, True) for x in v if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is list or t is tuple:
-            todo.extend((x, inside) for x in v)
+            todo.extend((x, inside) for x in v if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is Opaque:
             todo.append((v.args, True))
             todo.append((v.state, True))
     return out
+
+
+# What ``_passed_anywhere`` looks into, and what it records: a value of any other type (a number, a string, a
+# tensor) holds no global, so it is passed over without counting against the budget.
+_HOLDERS = frozenset({dict, list, tuple, set, frozenset, Opaque})
+_HOLDERS_OR_GLOBAL = _HOLDERS | {GlobalRef}
 
 
 def _nested(pf: PickleFacts, limits: Limits, j: _Judge, depth: int, budget: list[int]) -> int:

@@ -447,3 +447,17 @@ def test_clean_te_extra_state_and_joblib_files_raise_no_ckd6xx(tmp_path: Path) -
         subprocess.run([sys.executable, "-c", script, str(ck)], check=True, env=env, timeout=120, capture_output=True)
     report = scan(str(tmp_path / "run"))
     assert [f"{f.rule} {f.path}: {f.message}" for f in report.findings if f.rule.startswith("CKD6")] == []
+
+
+def test_the_passed_search_budget_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class of an unknown package named in a big value: past the search's budget it may be handed to a call."""
+    import ckptdoctor.pickle_analysis as pa
+    from ckptdoctor.model import GlobalRef, PickleFacts
+    from ckptdoctor.rules.pickle_policy import Standing
+
+    monkeypatch.setattr(pa.FileStandings, "__call__", lambda self, g: (Standing.UNKNOWN, "test"))
+    value = {"a": [[i] for i in range(100)], "cls": GlobalRef("mylib", "Cls")}
+    facts = PickleFacts(2, value, (GlobalRef("mylib", "Cls"),), (), 10)
+    assert pa.judge(facts).unsafe == ()
+    monkeypatch.setattr(pa, "_MAX_PASSED", 20)
+    assert any("not searched" in u for u in pa.judge(facts).unsafe)

@@ -45,11 +45,13 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         if probs:
             break
         end = new_end
+    cut = len(extra) >= _MAX_EXTRA_PICKLES and end < size and not more
     more.append(
         _problem(
             ProblemKind.SUSPICIOUS_ARCHIVE,
             f"{size - first_end} bytes after the pickle's STOP opcode"
-            + (f", holding {len(extra)} more pickle stream(s)" if extra else ""),
+            + (f", holding {len(extra)} more pickle stream(s)" if extra else "")
+            + (f"; the bytes after the first {_MAX_EXTRA_PICKLES} are not walked" if cut else ""),
         )
     )
     return ReadOutcome(merge_pickles(facts, extra), tuple(more))
