@@ -132,6 +132,15 @@ def _te_extra_state(canary: Path) -> bytes:
     return buf.getvalue()
 
 
+def _te_extra_state_legacy(canary: Path) -> bytes:
+    """The same in torch's legacy (magic-number) format, whose storages follow the pickles."""
+    state = torch.frombuffer(bytearray(_evil(canary)), dtype=torch.uint8)
+    buf = io.BytesIO()
+    torch.save({"layer.weight": torch.zeros(2, 2), "layer._extra_state": state}, buf,
+               _use_new_zipfile_serialization=False)  # fmt: skip
+    return buf.getvalue()
+
+
 def _te_extra_state_strided(canary: Path) -> bytes:
     """The same, as a non-contiguous view: ``tobytes()`` gathers the elements the view names, not the storage."""
     evil = _evil(canary)
@@ -163,6 +172,7 @@ PAYLOADS: dict[str, tuple[str, Callable[[Path], bytes], str, str]] = {
     "joblib ZF": ("model.pkl", _joblib_zf, "joblib", "system`"),
     "joblib lzma": ("model.pkl.lzma", _joblib_lzma, "joblib", "system`"),
     "TE extra_state": ("model.pt", _te_extra_state, "te", "system`"),
+    "TE extra_state legacy": ("pytorch_model.bin", _te_extra_state_legacy, "te", "system`"),
     "TE extra_state strided": ("model.pt", _te_extra_state_strided, "te", "system`"),
     "TE BytesIO protocol 0": ("model.pt", _te_bytesio_protocol0, "te-bytesio", "system`"),
 }

@@ -7,6 +7,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
+from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.rawpickle import walk_problems_kept
 from ckptdoctor.readers.torchstore import _Storages, _tensors
@@ -104,15 +105,20 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     if keys is not None:
         streams.append(keys)
     missing: set[str] = set()
+    starts: dict[str, int] = {}  # storage key -> where its bytes start in the file
     if keys is not None and not probs:
         if type(keys.value) is not list or not all(type(k) is str for k in keys.value):
             problems.append(_problem(ProblemKind.MALFORMED, "legacy storage key list is not a list of strings"))
         else:
-            missing = _check_legacy_storages(f, size, pos, keys.value, storages, byteorder, problems)
+            missing = _check_legacy_storages(f, size, pos, keys.value, storages, byteorder, problems, starts)
     tensors, tensor_problems = _tensors(obj.value) if obj is not None else ((), [])
     problems.extend(tensor_problems)
     if missing:
         tensors = tuple((p, replace(t, storage_nbytes=None) if t.storage_key in missing else t) for p, t in tensors)
+    if starts and any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+        inner, inner_problems = extra_state_pickles(tensors, _legacy_reader(f, starts, storages), limits)
+        streams.extend(inner)
+        problems.extend(inner_problems)
     merged = merge_pickles(obj, _calling(streams))
     return ReadOutcome(TorchFacts("legacy", "", (), merged, tensors, byteorder), tuple(problems))
 
@@ -120,6 +126,18 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
 def _calling(streams: list[PickleFacts]) -> list[PickleFacts]:
     """The streams that import or call anything (a genuine file's magic, version, sys_info and keys do not)."""
     return [s for s in streams if s.globals or s.calls]
+
+
+def _legacy_reader(f: BinaryIO, starts: dict[str, int], storages: _Storages) -> StorageReader:
+    """Ranged reads of the raw storages of a legacy file (``starts``: where each storage's bytes begin)."""
+
+    def read(key: str, start: int, n: int) -> bytes | None:
+        at, declared = starts.get(key), storages.declared.get(key)
+        if at is None or declared is None or start < 0 or start + n > declared[0] * declared[1]:
+            return None
+        return _read_at(f, at + start, n)
+
+    return read
 
 
 def _check_legacy_storages(
@@ -130,8 +148,10 @@ def _check_legacy_storages(
     storages: _Storages,
     byteorder: str,
     problems: list[ReadProblem],
+    starts: dict[str, int],
 ) -> set[str]:
-    """Seek over each raw storage (8-byte element count + data); returns the keys whose bytes are absent."""
+    """Seek over each raw storage (8-byte element count + data); returns the keys whose bytes are absent, and
+    records where each present storage's bytes start in ``starts``."""
     missing: set[str] = set()
     for key in keys:
         declared = storages.declared.get(key)
@@ -153,6 +173,7 @@ def _check_legacy_storages(
                 _problem(ProblemKind.MALFORMED, f"storage `{key}` holds {count} elements, the pickle declares {numel}")
             )
         end = pos + 8 + numel * itemsize
+        starts[key] = pos + 8
         if end > size:
             problems.append(
                 _problem(ProblemKind.TRUNCATED, f"storage `{key}` ends at byte {end}; the file has {size} bytes")
