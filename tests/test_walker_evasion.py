@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptdoctor.findings import Finding
 from ckptdoctor.model import FileKind
 from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
 from ckptdoctor.scanner import scan
+from tests.test_security_payloads import _by_path
 
 torch = pytest.importorskip("torch")
 
@@ -209,13 +209,6 @@ def test_every_payload_is_live(tmp_path: Path) -> None:
     assert not dead, f"payloads that did not run: {dead}"
 
 
-def _by_path(findings: tuple[Finding, ...]) -> dict[str, list[Finding]]:
-    out: dict[str, list[Finding]] = {}
-    for f in findings:
-        out.setdefault(f.path, []).append(f)
-    return out
-
-
 def test_every_payload_is_flagged_and_never_run(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     root = tmp_path / "root"
@@ -236,7 +229,7 @@ def test_every_payload_is_flagged_and_never_run(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Text is text (issue 23): LLaMA Board's training_args.yaml (yaml.dump sorts keys, so fp16/fp32 runs start with
+# Text is text (issue 23): LLaMA Board's training_args.yaml (yaml.safe_dump sorts keys, so fp16/fp32 runs start with
 # `cutoff_len:`, a GLOBAL opcode), and the other text files real runs hold.
 
 LLAMA_BOARD_ARGS = {
@@ -263,7 +256,8 @@ TEXTS = {
 
 def _yaml_text() -> bytes:
     yaml = pytest.importorskip("yaml")
-    text: bytes = yaml.dump(LLAMA_BOARD_ARGS).encode()  # LLaMA-Factory webui/common.py save_args: yaml.dump
+    # LLaMA-Factory src/llamafactory/webui/common.py `save_args`: `yaml.safe_dump` (keys sorted by default)
+    text: bytes = yaml.safe_dump(LLAMA_BOARD_ARGS).encode()
     assert text.startswith(b"cutoff_len: 1024\n")
     return text
 
