@@ -96,7 +96,10 @@ def sniff(
         return FileKind.TORCH_LEGACY
     if head[:1] in (b"s", b"t", b"p") and head[:100].split(b"\0", 1)[0] in _TORCH_TAR_MEMBERS and looks_like_tar(head):
         return FileKind.TORCH_LEGACY  # torch.load reads it as its oldest (tar) format, whatever the name
-    if (looks_like_tar(head) or compression(head) is not None) and not lower.endswith(_KEEP_NAMED):
+    codec = compression(head)
+    if codec in _JOBLIB_CODECS and lower.endswith(_TEXT_NAMES):
+        codec = None  # a text file whose first bytes happen to inflate: joblib.load is not what reads `notes.txt`
+    if (looks_like_tar(head) or codec is not None) and not lower.endswith(_KEEP_NAMED):
         return FileKind.ARCHIVE  # extracted and its members unpickled by whoever unpacks it
     if _looks_like_safetensors(head):
         return FileKind.SAFETENSORS
@@ -149,6 +152,8 @@ def compression(head: bytes) -> str | None:
     return None
 
 
+# The codecs only joblib.load reads whatever the name (their magic numbers are one or two bytes).
+_JOBLIB_CODECS = frozenset({"zlib", "zf", "lzma"})
 # joblib/numpy_pickle_compat.py: ``ZF``, then ``hex_str(length).ljust(_MAX_LEN)`` with _MAX_LEN = len(hex(2**64)).
 _ZF_LENGTH = len(hex(2**64))
 
