@@ -273,24 +273,25 @@ def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
     """The bytes and strings long enough to hold a serialized object, with the number of values visited so far.
 
     The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
-    building paths. A container whose children are all closed values (tensors, numbers, globals: most of a state
-    dict) is one step, its children not visited one by one. Past ``_MAX_VALUES`` steps, ``_CUT`` is yielded when
-    anything that could hold a pickle is left.
+    building paths, so the per-file budget cuts at the same values. A container whose children are all closed values
+    (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one. Past
+    ``_MAX_VALUES`` values, ``_CUT`` is yielded when anything that could hold a pickle is left unsearched.
     """
     seen: set[int] = set()
     todo: list[Any] = [value]
     i = 0
     while todo:
         v = todo.pop()
-        if i >= _MAX_VALUES:
+        index = i
+        if index >= _MAX_VALUES:
             todo.append(v)
             if any(type(x) in _OPEN for x in todo):
-                yield i, _CUT
+                yield index, _CUT
             return
         i += 1
         t = type(v)
         if t is bytes or (t is str and len(v) >= _MIN_B64):
-            yield i, v
+            yield index, v
             continue
         if not (t is dict or t is list or t is tuple or t is Opaque) or id(v) in seen:
             continue
@@ -308,10 +309,11 @@ def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
             kids = v
         kinds = set(map(type, kids))
         if _OPEN.isdisjoint(kinds):
-            continue  # nothing in them can hold a pickle
-        if kinds == {dict} and _closed_dicts(kids, seen):
-            continue  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
-        todo.extend(reversed(kids))
+            i += len(kids)  # visited right after their parent, and nothing in them can hold a pickle
+        elif kinds == {dict} and _closed_dicts(kids, seen):
+            i += len(kids) + sum(map(len, kids))  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
+        else:
+            todo.extend(reversed(kids))
 
 
 def _closed_dicts(dicts: list[Any] | tuple[Any, ...], seen: set[int]) -> bool:
