@@ -25,7 +25,7 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import protocol_header
+from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
 from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
@@ -43,6 +43,8 @@ def describe(g: GlobalRef) -> str:
     """A global as the user should read it; unresolved stand-ins spelled out."""
     if g == UNRESOLVED_CALL:
         return "a call of an object computed at load time"
+    if g.module == "<limit>":  # a bound of the walk (``pickle_walk.PAST_BUDGET``): its name says what was not judged
+        return g.name
     if g.module == "<extension>":
         return f"extension code {g.name} (resolved from the copyreg registry at load time)"
     if g.module.startswith("<") or g.name.startswith("<"):
@@ -90,12 +92,16 @@ class _Judge:
         if not pending:
             return
         data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
-        passed = _passed_anywhere(pf.value) if any(g not in called for g, _, _ in pending) else set()
+        passed: set[GlobalRef] | None = set()
+        if any(g not in called for g, _, _ in pending):
+            passed = _passed_anywhere(pf.value)
+            if passed is None:
+                self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
         for g, st, why in pending:
             text = where + describe(g)
             if st is Standing.UNPROVEN and g in data:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
-            elif st is Standing.UNKNOWN and g not in called and g not in passed:
+            elif st is Standing.UNKNOWN and g not in called and passed is not None and g not in passed:
                 if clean:
                     self.unknown[text] = None
             elif clean or "computed" not in text:
@@ -174,14 +180,17 @@ def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
 _MAX_PASSED = 100_000  # values looked at for globals handed to calls
 
 
-def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
+def _passed_anywhere(value: PickleValue) -> set[GlobalRef] | None:
     """Globals inside any call's arguments or state, dict keys and sets included: the callee (or a ``__setstate__``)
-    may call them, and hashing a key calls its ``__hash__``."""
+    may call them, and hashing a key calls its ``__hash__``. None when the value holds more than ``_MAX_PASSED``
+    values that could hold a global: past that budget any global may be handed to a call (never a silent cut)."""
     out: set[GlobalRef] = set()
     todo: list[tuple[Any, bool]] = [(value, False)]
     seen: set[int] = set()
     count = 0
-    while todo and count < _MAX_PASSED:
+    while todo:
+        if count >= _MAX_PASSED:
+            return None
         v, inside = todo.pop()
         count += 1
         t = type(v)
@@ -189,57 +198,84 @@ def _passed_anywhere(value: PickleValue) -> set[GlobalRef]:
             if inside:
                 out.add(v)
             continue
-        if t in (dict, list, tuple, set, frozenset, Opaque):
+        if t in _HOLDERS:
             if id(v) in seen:
                 continue
             seen.add(id(v))
         if t is dict:
             # a key that is not a plain scalar is hashed and compared while the dict is built
-            todo.extend((k, inside or type(k) is not str) for k in v)
-            todo.extend((x, inside) for x in v.values())
+            todo.extend((k, inside or type(k) is not str) for k in v if type(k) in _HOLDERS_OR_GLOBAL)
+            todo.extend((x, inside) for x in v.values() if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is set or t is frozenset:
-            todo.extend((x, True) for x in v)
+            todo.extend((x, True) for x in v if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is list or t is tuple:
-            todo.extend((x, inside) for x in v)
+            todo.extend((x, inside) for x in v if type(x) in _HOLDERS_OR_GLOBAL)
         elif t is Opaque:
             todo.append((v.args, True))
             todo.append((v.state, True))
     return out
 
 
+# What ``_passed_anywhere`` looks into, and what it records: a value of any other type (a number, a string, a
+# tensor) holds no global, so it is passed over without counting against the budget.
+_HOLDERS = frozenset({dict, list, tuple, set, frozenset, Opaque})
+_HOLDERS_OR_GLOBAL = _HOLDERS | {GlobalRef}
+
+
 def _nested(pf: PickleFacts, limits: Limits, j: _Judge, depth: int, budget: list[int]) -> int:
-    """Walk pickles hidden in ``pf``'s bytes and strings (raw, base64, torch zip); returns how many were walked."""
-    if pf.value is None or depth > _MAX_NESTED_DEPTH:
+    """Walk pickles hidden in ``pf``'s bytes and strings (raw of any protocol, base64, torch zip); returns how many
+    were walked. Every bound is a finding: a nested pickle past the count, bytes or depth bound, or values past the
+    search's budget, is reported unsafe (not judged), never dropped."""
+    if pf.value is None:
         return 0
     count = 0
-    for i, v in _texts(pf.value):
-        if i >= _MAX_VALUES or budget[0] <= 0:
+    for _, v in _texts(pf.value):
+        if v is _CUT:
+            _past_bound(j, f"values past the first {_MAX_VALUES:,} (not searched for nested pickles)")
             break
         blob = _candidate(v)
-        if blob is None or len(blob) > budget[1]:
+        if blob is None:
             continue
+        if len(blob) > budget[1]:
+            _past_bound(j, f"nested pickles past {limits.pickle_bytes:,} bytes in all (not judged)")
+            break
         inner = _walk_blob(blob, limits)
         if inner is None:
             continue
+        facts, clean = inner
+        if not (clean or facts.globals or facts.calls):
+            continue  # bytes that merely start like a pickle: pickle.loads stops where the walk stopped
+        if depth > _MAX_NESTED_DEPTH:
+            _past_bound(j, f"a pickle nested more than {_MAX_NESTED_DEPTH} deep (not judged)")
+            break
+        if budget[0] <= 0:
+            _past_bound(j, f"nested pickles past the first {_MAX_NESTED} (not judged)")
+            break
         budget[0] -= 1
         budget[1] -= len(blob)
         count += 1
-        facts, clean = inner
         j.globals_of(facts, "nested pickle: ", clean)
         count += _nested(facts, limits, j, depth + 1, budget)
     return count
 
 
+def _past_bound(j: _Judge, what: str) -> None:
+    """Report a bound of the nested search as unsafe: what it did not look at is not proved harmless."""
+    j.unsafe[what] = None
+
+
 # Values ``_texts`` looks into (the containers ``iter_values`` enters) or yields (what ``_candidate`` reads).
 _OPEN = frozenset({dict, list, tuple, Opaque, bytes, str})
+_CUT: Any = object()  # yielded by ``_texts`` when its budget ends the search with values left unsearched
 
 
-def _texts(value: PickleValue) -> Iterator[tuple[int, bytes | str]]:
-    """The bytes and strings long enough to hold a serialized object, with their index in ``iter_values(value)``.
+def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
+    """The bytes and strings long enough to hold a serialized object, with the number of values visited so far.
 
     The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
-    building paths, so the per-file budgets cut at the same values. A container whose children are all closed
-    values (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one.
+    building paths, so the per-file budget cuts at the same values. A container whose children are all closed values
+    (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one. Past
+    ``_MAX_VALUES`` values, ``_CUT`` is yielded when anything that could hold a pickle is left unsearched.
     """
     seen: set[int] = set()
     todo: list[Any] = [value]
@@ -248,6 +284,9 @@ def _texts(value: PickleValue) -> Iterator[tuple[int, bytes | str]]:
         v = todo.pop()
         index = i
         if index >= _MAX_VALUES:
+            todo.append(v)
+            if any(type(x) in _OPEN for x in todo):
+                yield index, _CUT
             return
         i += 1
         t = type(v)
@@ -304,7 +343,8 @@ def _candidate(v: object) -> bytes | None:
 
 
 def _is_serialized(b: bytes) -> bool:
-    return protocol_header(b) or b[:4] == b"PK\x03\x04"
+    """A pickle of any protocol (0 and 1 have no PROTO opcode: their head must walk as one) or a torch zip."""
+    return b[:4] == b"PK\x03\x04" or pickled_head(b[:HEAD_BYTES])
 
 
 def _unbase64(b: bytes) -> bytes | None:

@@ -426,7 +426,10 @@ def test_texts_visits_what_iter_values_visits(value: Any) -> None:
 def test_texts_stops_at_the_value_budget(value: Any, cap: int) -> None:
     with pytest.MonkeyPatch.context() as m:
         m.setattr(pickle_analysis, "_MAX_VALUES", cap)
-        assert list(pickle_analysis._texts(value)) == _texts_reference(value)
+        got = list(pickle_analysis._texts(value))
+        # past the budget, a _CUT marker says values were left unsearched (reported, never a silent cut)
+        assert [x for x in got if x[1] is not pickle_analysis._CUT] == _texts_reference(value)
+        assert all(x[1] is pickle_analysis._CUT for x in got[-1:] if x[0] >= cap)
 
 
 def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -> str | None:

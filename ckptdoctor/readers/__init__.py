@@ -191,8 +191,10 @@ def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadO
     f.seek(0)
     if not pickled_head(f.read(64)):
         return outcome
-    alt = read_as_pickle(f, size, limits)
-    return outcome if alt is None else dataclasses.replace(outcome, alt_pickle=alt)
+    alt, problems = read_as_pickle(f, size, limits)
+    if alt is None and not problems:
+        return outcome
+    return dataclasses.replace(outcome, problems=(*outcome.problems, *problems), alt_pickle=alt)
 
 
 def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:

@@ -175,9 +175,37 @@ def _decompressor(codec: str, raw: _Pushback) -> Any:
         import bz2
 
         return bz2.BZ2File(fobj, mode="rb")
+    if codec == "zf":  # joblib < 0.10: ``ZF``, a hex length (and maybe a space), then a zlib stream
+        head = raw.read(_ZF_HEADER + 1)
+        raw.head = head[_ZF_HEADER + (head[_ZF_HEADER : _ZF_HEADER + 1] == b" ") :] + raw.head
+        codec = "zlib"
+    if codec == "zlib":
+        return _ZlibReader(fobj)
     import lzma
 
-    return lzma.LZMAFile(fobj, mode="rb")
+    return lzma.LZMAFile(fobj, mode="rb")  # xz, and joblib's legacy ``.lzma`` (FORMAT_AUTO reads both)
+
+
+_ZF_HEADER = 2 + len(hex(2**64))  # joblib/numpy_pickle_compat.py: b"ZF" + hex_str(length).ljust(_MAX_LEN)
+
+
+class _ZlibReader:
+    """A zlib (RFC 1950) stream read as joblib's ``BinaryZlibFile`` reads one: inflated in chunks, up to its end."""
+
+    def __init__(self, fobj: Any) -> None:
+        import zlib
+
+        self.fobj = fobj
+        self.d = zlib.decompressobj()
+
+    def read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n and not self.d.eof:
+            raw = self.d.unconsumed_tail or self.fobj.read(_CHUNK)
+            if not raw:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            out += self.d.decompress(raw, n - len(out))
+        return out
 
 
 @frozen
@@ -431,6 +459,6 @@ def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader
     from ckptdoctor.readers.rawpickle import read_as_pickle
 
     # A polyglot: a plain pickle.load of the file reads its first bytes as a pickle.
-    alt = read_as_pickle(f, size, limits) if pickled_head(head) else None
-    return ReadOutcome(ArchiveFacts(fmt, scan.members, merged), tuple(scan.problems), alt)
+    alt, alt_problems = read_as_pickle(f, size, limits) if pickled_head(head) else (None, ())
+    return ReadOutcome(ArchiveFacts(fmt, scan.members, merged), (*scan.problems, *alt_problems), alt)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import re
 import struct
 
 # _compat_pickle is the stdlib's table of Python 2 names (``__builtin__.eval`` -> ``builtins.eval``). The real
@@ -27,7 +28,10 @@ from ckptdoctor.readers.pickle_values import (
     iter_values,
 )
 
-__all__ = ["CYCLE", "TOO_DEEP", "UNRESOLVED_CALL", "iter_values", "merge_pickles", "walk_pickle"]
+__all__ = [
+    "CYCLE", "PAST_BUDGET", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long",
+    "c_memo_index", "iter_values", "merge_pickles", "walk_pickle",
+]
 
 
 def _check_frame(data: bytes, start: int, end: int) -> None:
@@ -77,6 +81,10 @@ _MAX_GLUED = 4096  # longest string the walk rebuilds from a concatenation call
 # Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
 # result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
 UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+# Recorded as called when the arguments handed to calls hold more values than one walk looks at (``_PASSED_VALUES``):
+# whatever the rest holds is not judged, so it cannot be proved harmless.
+PAST_BUDGET = GlobalRef("<limit>", "globals handed to calls past the walk's budget (not judged)")
+_PASSED_VALUES = 4_000_000  # values of call arguments looked at per walk; real arguments hold a handful
 
 _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})
@@ -202,8 +210,105 @@ _unpack_u8 = struct.Struct("<Q").unpack_from
 _unpack_f8 = struct.Struct(">d").unpack_from
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The text arguments of protocol 0 opcodes, parsed as CPython's C unpickler parses them (Modules/_pickle.c,
+# ``load_int``, ``load_long``, ``load_float``, ``load_put``, ``load_get``), not as Python's ``int()``/``float()`` do:
+# the line is a C string (it ends at its first NUL), INT and LONG read base 0 (``0x10``, octal ``010``), FLOAT
+# accepts no whitespace. Where a value steers what a reader looks at next (legacy torch's magic number and version,
+# a DCP offset), reading another value than ``torch.load`` does would hide what follows.
+
+_C_SPACE = frozenset(b" \t\n\v\f\r")  # isspace() in the C locale
+_LONG_MAX = (1 << 63) - 1  # C ``long`` on the LP64 platforms torch ships for
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_DIGIT = {c: int(chr(c), 16) for c in _HEX}  # the value of each hex digit's byte
+_C_FLOAT = re.compile(
+    rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN])"
+)
+_NUMERIC = re.compile(rb"[+-]?[0-9.]")
+
+
+def _c_string(line: bytes) -> bytes:
+    """What C code sees of a line argument: the line and its newline, up to the first NUL."""
+    return (line + b"\n").split(b"\0", 1)[0]
+
+
+def _strtol0(s: bytes) -> tuple[int, int, bool]:
+    """``strtol(s, &end, 0)``: (value, offset of ``end``, whether it overflowed a C long)."""
+    n = len(s)
+    i = 0
+    while i < n and s[i] in _C_SPACE:
+        i += 1
+    neg = i < n and s[i] == 0x2D
+    if i < n and s[i] in (0x2B, 0x2D):
+        i += 1
+    base = 10
+    if s[i : i + 1] == b"0":
+        base = 8
+        if s[i + 1 : i + 2] in (b"x", b"X") and i + 2 < n and s[i + 2] in _HEX:
+            base, i = 16, i + 2
+    start = i
+    while i < n and _DIGIT.get(s[i], 99) < base:
+        i += 1
+    if i == start:
+        return 0, 0, False  # no digits: nothing converted, ``end`` is ``s``
+    value = int(s[start:i], base)
+    over = value > (_LONG_MAX + 1 if neg else _LONG_MAX)
+    return (-value if neg else value), i, over
+
+
+def _py_long(s: bytes, base: int) -> int:
+    """``PyLong_FromString(s, NULL, base)`` of a C string (``int()`` of bytes is that function)."""
+    try:
+        return int(s, base)
+    except ValueError:
+        raise _Malformed("invalid argument: could not convert string to int") from None
+
+
+def c_load_int(line: bytes) -> int:
+    """The value of an INT opcode's ``line`` (without its newline) as ``_pickle.c`` ``load_int`` reads it."""
+    if not line:
+        raise _Malformed("pickle data was truncated: empty INT line")
+    s = _c_string(line)
+    value, end, over = _strtol0(s)
+    if over or (end < len(s) and s[end] != 0x0A):  # ``*endptr`` neither '\n' nor '\0': read as a Python int
+        return _py_long(s, 0)
+    if len(line) == 2 and value in (0, 1):
+        return bool(value)  # protocol 0's True/False are "I01"/"I00": any two bytes that strtol reads as 0 or 1
+    return value
+
+
+def c_load_long(line: bytes) -> int:
+    """The value of a LONG opcode's ``line`` as ``load_long`` reads it: a trailing ``L`` dropped, base 0."""
+    if not line:
+        raise _Malformed("pickle data was truncated: empty LONG line")
+    return _py_long(_c_string(line[:-1] if line.endswith(b"L") else line), 0)
+
+
+def c_load_float(line: bytes) -> float:
+    """The value of a FLOAT opcode's ``line`` as ``load_float`` reads it (``PyOS_string_to_double``: no
+    whitespace, no underscores, stops at a NUL; a value too large to be finite is an OverflowError)."""
+    if not line:
+        raise _Malformed("pickle data was truncated: empty FLOAT line")
+    s = _c_string(line)
+    m = _C_FLOAT.match(s)
+    if m is None or (m.end() < len(s) and s[m.end()] != 0x0A):
+        raise _Malformed("invalid argument: could not convert string to float")
+    value = float(m.group())
+    if value in (float("inf"), float("-inf")) and _NUMERIC.match(m.group()):
+        raise _Malformed("invalid argument: value too large to convert to float")
+    return value
+
+
+def c_memo_index(line: bytes) -> int:
+    """A PUT/GET memo index: ``PyLong_FromString(s, NULL, 10)`` of the line."""
+    if not line:
+        raise _Malformed("pickle data was truncated: empty memo index line")
+    return _py_long(_c_string(line), 10)
+
+
 _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
+_CONTAINERS = frozenset({tuple, list, dict})
 
 
 # What every message of a stream that ran off the end of its bytes starts with: a caller reading a file in growing
@@ -293,6 +398,7 @@ class _Walker:
         self.max_memo = limits.pickle_memo_entries
         self.max_marks = limits.nesting_depth
         self.fast = _FAST_PATH
+        self.passed_budget = _PASSED_VALUES
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -312,21 +418,39 @@ class _Walker:
 
     def _passed(self, args: Any) -> None:
         """Globals handed to a call as arguments count as called: the callee may call them (copyreg._reconstructor
-        calls its ``base``, torch's _rebuild_from_type_v2 its ``func``, functools.partial/map anything)."""
-        todo = [(args, 0)]
-        seen = 0
+        calls its ``base``, torch's _rebuild_from_type_v2 its ``func``, functools.partial/map anything).
+
+        Every tuple, list and dict value the arguments hold is looked at, however deep or long; what one walk looks
+        at in all is bounded (``_PASSED_VALUES``), and past that bound the walk records ``PAST_BUDGET`` as called:
+        what it did not look at is not proved harmless."""
+        if type(args) is tuple and _CONTAINERS.isdisjoint(map(type, args)):  # the usual flat argument tuple
+            for x in args:
+                if type(x) is GlobalRef:
+                    self.calls[x] = None
+            self.passed_budget -= len(args)
+            if self.passed_budget < 0:
+                self.calls[PAST_BUDGET] = None
+            return
+        todo = [args]
+        seen: set[int] = set()
+        budget = self.passed_budget
         while todo:
-            v, depth = todo.pop()
-            seen += 1
-            if seen > 256:  # arguments are shallow in real files; a huge literal is not worth more
-                return
+            v = todo.pop()
+            budget -= 1
+            if budget < 0:
+                self.calls[PAST_BUDGET] = None
+                break
             t = type(v)
             if t is GlobalRef:
                 self.calls[v] = None
-            elif (t is tuple or t is list) and depth < 3:
-                todo.extend((x, depth + 1) for x in v[:64])
-            elif t is dict and depth < 3:
-                todo.extend((x, depth + 1) for x in list(v.values())[:64])
+            elif t is tuple or t is list or t is dict:
+                if id(v) in seen:  # shared structure is looked at once per call
+                    continue
+                seen.add(id(v))
+                items = v.values() if t is dict else v
+                todo.extend(x for x in items if type(x) in _HOLDS_GLOBALS)
+                budget -= len(v)
+        self.passed_budget = max(budget, 0)
 
     def _persid(self, pid: Any) -> Any:
         self.persistent_ids += 1
@@ -503,20 +627,13 @@ class _Walker:
         self.stack.append(int.from_bytes(self._take(_unpack_i4(self._take(4))[0]), "little", signed=True))
 
     def _op_int(self) -> None:
-        raw = self._line()
-        if raw == b"00":
-            self.stack.append(False)
-        elif raw == b"01":
-            self.stack.append(True)
-        else:
-            self.stack.append(int(raw))
+        self.stack.append(c_load_int(self._line()))
 
     def _op_long(self) -> None:
-        raw = self._line()
-        self.stack.append(int(raw[:-1] if raw.endswith(b"L") else raw))
+        self.stack.append(c_load_long(self._line()))
 
     def _op_float(self) -> None:
-        self.stack.append(float(self._line()))
+        self.stack.append(c_load_float(self._line()))
 
     def _op_binunicode(self) -> None:
         data = self.data
@@ -541,7 +658,7 @@ class _Walker:
         self.stack.append(self._line().decode("raw-unicode-escape"))
 
     def _op_string(self) -> None:
-        raw = self._line().rstrip()
+        raw = self._line()  # _pickle.c load_string: quoted exactly, no whitespace around the quotes
         if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b'"', b"'"):
             raise _Malformed("STRING argument is not quoted")
         self.stack.append(_decode_str(codecs.escape_decode(raw[1:-1])[0]))
@@ -580,7 +697,10 @@ class _Walker:
         self._memo_put(_unpack_u4(self._take(4))[0])
 
     def _op_put(self) -> None:
-        self._memo_put(int(self._line()))
+        idx = c_memo_index(self._line())
+        if idx < 0:
+            raise _Malformed("negative PUT argument")
+        self._memo_put(idx)
 
     def _op_memoize(self) -> None:
         self._memo_put(len(self.memo))
@@ -606,7 +726,7 @@ class _Walker:
         )
 
     def _op_get(self) -> None:
-        self._memo_get(int(self._line()))
+        self._memo_get(c_memo_index(self._line()))
 
     def _op_mark(self) -> None:
         metastack = self.metastack
@@ -731,8 +851,12 @@ class _Walker:
 
     def _line_global(self) -> GlobalRef:
         """The global named by the two text lines of GLOBAL and INST, recorded as imported."""
-        mod = self._line().decode("utf-8")
-        name = self._line().decode("utf-8")
+        raw_mod = self._line()
+        raw_name = self._line()
+        if not raw_mod or not raw_name:  # _pickle.c load_global/load_inst: bad_readline
+            raise _Malformed("pickle data was truncated: empty GLOBAL/INST line")
+        mod = raw_mod.decode("utf-8")
+        name = raw_name.decode("utf-8")
         ref = _global(mod, name, self.protocol)
         self.globals[ref] = None
         return ref

@@ -45,21 +45,25 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         if probs:
             break
         end = new_end
+    cut = len(extra) >= _MAX_EXTRA_PICKLES and end < size and not more
     more.append(
         _problem(
             ProblemKind.SUSPICIOUS_ARCHIVE,
             f"{size - first_end} bytes after the pickle's STOP opcode"
-            + (f", holding {len(extra)} more pickle stream(s)" if extra else ""),
+            + (f", holding {len(extra)} more pickle stream(s)" if extra else "")
+            + (f"; the bytes after the first {_MAX_EXTRA_PICKLES} are not walked" if cut else ""),
         )
     )
     return ReadOutcome(merge_pickles(facts, extra), tuple(more))
 
 
 
-def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> PickleFacts | None:
+def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> tuple[PickleFacts | None, tuple[ReadProblem, ...]]:
     """The streams ``pickle.load`` (called again, as legacy ``torch.load`` does) reads from the start of a file the
-    sniffer gave another kind, when they import or call anything; None otherwise (the usual answer: a real
-    safetensors header is no pickle past its second byte).
+    sniffer gave another kind, when they import or call anything (else None: the usual answer, a real safetensors
+    header is no pickle past its second byte); and the walk's own problems when the stream got past the first
+    ``PICKLE_HEAD_BYTES`` before it failed (see ``walk_problems_kept``): a payload the walk cannot follow to its end
+    is still reported, while a genuine header that merely starts like a pickle is not.
 
     Reads a growing prefix, and more only while the first stream runs on past it, so a large file that merely
     starts like a pickle costs one small read.
@@ -73,6 +77,22 @@ def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> PickleFacts | None
         n = min(size, limits.pickle_bytes, n * 16)
     outcome = read_raw_pickle(io.BytesIO(data), len(data), limits)
     facts = outcome.content
+    problems = tuple(
+        ReadProblem(p.kind, f"read as a pickle (as pickle.load reads it): {p.message}")
+        for p in outcome.problems
+        if p.kind is not ProblemKind.SUSPICIOUS_ARCHIVE and walk_problems_kept(end)
+    )
     if isinstance(facts, PickleFacts) and (facts.globals or facts.calls):
-        return facts
-    return None
+        return facts, problems
+    return None, problems
+
+
+# A file of another format may start like a pickle for a few bytes (safetensors' 8-byte header length: below its
+# 100 MB limit, bytes 4-7 are zero, an opcode no unpickler knows, so any reading of it as a pickle stops by byte 8).
+PICKLE_HEAD_BYTES = 8
+
+
+def walk_problems_kept(stopped_at: int) -> bool:
+    """Whether a walk that failed at byte ``stopped_at`` of a file a container reader read as another format went
+    far enough to be a pickle: its problem is then reported (CKD603), never dropped with the container's verdict."""
+    return stopped_at > PICKLE_HEAD_BYTES

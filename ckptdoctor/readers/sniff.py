@@ -6,8 +6,10 @@ import io
 import pickletools
 import re
 import struct
+from collections.abc import Iterator
 
 from ckptdoctor.model import FileKind
+from ckptdoctor.readers.pickle_walk import c_load_float, c_load_int, c_load_long, c_memo_index
 
 # Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, a few
 # protocol-0 pickle opcodes, and a tar header block.
@@ -23,17 +25,26 @@ _JSON_WS = b" \t\r\n"
 NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 # Names whose files are pickles when their content looks like a pickle at all (protocol 0/1 need this hint).
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck")
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck", ".joblib")
 # Names whose own readers keep them whatever archive their bytes look like: torch.load tries a tar itself (and the
 # torch reader judges every member of one), and a safetensors name that holds something else is CKD202's.
 _KEEP_NAMED = (".bin", ".pt", ".pth", ".ckpt", ".safetensors")
 # Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents.
-_TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html")
+_TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html",
+                  ".jinja", ".jinja2", ".j2", ".jsonl", ".rst", ".log")
+# Text formats no loader unpickles (what real runs hold beside their checkpoints: README.md, training_args.yaml,
+# chat_template.jinja, trainer_log.jsonl, ...): their bytes are a pickle only when they call something.
+_TEXT_NAMES = (*_TEXT_SUFFIXES, ".json")
+# Names only pickle loaders read (pickle.load, joblib.load): any opcode first is a pickle for them.
+_PICKLE_ONLY_SUFFIXES = (".pkl", ".pickle", ".p", ".pck", ".joblib")
 # A protocol 0/1 stream must decode this many opcodes from the head before content alone calls it a pickle.
 _MIN_PICKLE_OPS = 3
 OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
 # Opcodes that import a global or call one: a stream that reaches one is dangerous, hence a pickle.
 _CALL_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
+# Opcodes that call something (not merely import it): what makes a text-named file a pickle.
+_CALL_ONLY_OPS = _CALL_OPS - {"GLOBAL", "STACK_GLOBAL"}
+_CODE2OP = {op.code: op for op in pickletools.opcodes}
 
 
 # Names torch.save'd files carry in Trainer checkpoints (weights, optimizer, scheduler, RNG, args, DeepSpeed states).
@@ -85,13 +96,20 @@ def sniff(
         return FileKind.TORCH_LEGACY
     if head[:1] in (b"s", b"t", b"p") and head[:100].split(b"\0", 1)[0] in _TORCH_TAR_MEMBERS and looks_like_tar(head):
         return FileKind.TORCH_LEGACY  # torch.load reads it as its oldest (tar) format, whatever the name
-    if (looks_like_tar(head) or compression(head) is not None) and not lower.endswith(_KEEP_NAMED):
+    codec = compression(head)
+    if codec in _JOBLIB_CODECS and lower.endswith(_TEXT_NAMES):
+        codec = None  # a text file whose first bytes happen to inflate: joblib.load is not what reads `notes.txt`
+    if (looks_like_tar(head) or codec is not None) and not lower.endswith(_KEEP_NAMED):
         return FileKind.ARCHIVE  # extracted and its members unpickled by whoever unpacks it
     if _looks_like_safetensors(head):
         return FileKind.SAFETENSORS
     if protocol_header(head):
         return FileKind.PICKLE
-    if looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES)):
+    if looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES), lower.endswith(_TEXT_NAMES)):
+        return FileKind.PICKLE
+    if lower.endswith(_PICKLE_ONLY_SUFFIXES) and head[:1].decode("latin-1") in OPCODE_CODES:
+        # pickle.load / joblib.load read whatever such a file holds from its first opcode on, however long that
+        # opcode's argument runs past the head: the pickle reader walks the whole stream and judges it.
         return FileKind.PICKLE
     if lower.endswith(".json"):
         return FileKind.JSON
@@ -113,15 +131,68 @@ def sniff(
 
 
 def compression(head: bytes) -> str | None:
-    """``gz``, ``bz2`` or ``xz`` when ``head`` opens such a stream (their magic numbers: RFC 1952 with deflate,
-    bzip2's ``BZh`` + block size + block magic, the xz stream header), else None."""
+    """The codec of the compressed stream ``head`` opens, else None: ``gz``, ``bz2`` or ``xz`` by their magic numbers
+    (RFC 1952 with deflate, bzip2's ``BZh`` + block size + block magic, the xz stream header); and the other streams
+    ``joblib.load`` decompresses whatever the file's name (joblib/numpy_pickle_utils.py ``_detect_compressor``):
+    ``zlib`` (joblib's default codec, an RFC 1950 stream), ``lzma`` (the legacy ``.lzma`` format, ``]\\x00``) and
+    ``zf`` (joblib < 0.10's ``ZF`` + hex length header before a zlib stream). Those three have short magic numbers,
+    so their first bytes must also decompress (a text that starts ``x^`` is no zlib stream)."""
     if head.startswith(b"\x1f\x8b\x08"):
         return "gz"
     if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
         return "bz2"
     if head.startswith(b"\xfd7zXZ\x00"):
         return "xz"
+    if head[:1] == b"\x78" and _inflates(head):
+        return "zlib"
+    if head.startswith(b"ZF") and _zf_start(head) is not None:
+        return "zf"
+    if head.startswith(b"]\x00") and _unlzmas(head):
+        return "lzma"
     return None
+
+
+# The codecs only joblib.load reads whatever the name (their magic numbers are one or two bytes).
+_JOBLIB_CODECS = frozenset({"zlib", "zf", "lzma"})
+# joblib/numpy_pickle_compat.py: ``ZF``, then ``hex_str(length).ljust(_MAX_LEN)`` with _MAX_LEN = len(hex(2**64)).
+_ZF_LENGTH = len(hex(2**64))
+
+
+def _zf_start(head: bytes) -> int | None:
+    """Where the zlib stream of a joblib ``ZF`` file starts (``read_zfile``: one space may follow the length)."""
+    try:
+        int(head[2 : 2 + _ZF_LENGTH], 16)
+    except ValueError:
+        return None
+    at = 2 + _ZF_LENGTH
+    if head[at : at + 1] == b" ":
+        at += 1
+    return at if head[at : at + 1] == b"\x78" and _inflates(head[at:]) else None
+
+
+def _inflates(head: bytes) -> bool:
+    """``head`` opens a zlib stream: a valid RFC 1950 header (deflate, check bits, no preset dictionary) whose
+    first bytes inflate without error."""
+    if len(head) < 3 or (head[0] << 8 | head[1]) % 31 or head[1] & 0x20:
+        return False
+    import zlib
+
+    try:
+        zlib.decompressobj().decompress(head, 64)
+    except zlib.error:
+        return False
+    return True
+
+
+def _unlzmas(head: bytes) -> bool:
+    """``head`` opens a legacy ``.lzma`` (LZMA_Alone) stream whose first bytes decompress without error."""
+    import lzma
+
+    try:
+        lzma.LZMADecompressor(lzma.FORMAT_ALONE).decompress(head, 64)
+    except lzma.LZMAError:
+        return False
+    return True
 
 
 def tar_number(raw: bytes) -> int | None:
@@ -249,23 +320,26 @@ def shifted_head(head: bytes) -> bool:
     return pickled_head(head[1:])
 
 
-def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
+def looks_like_old_pickle(head: bytes, name_hint: bool, text_name: bool = False) -> bool:
     """A protocol 0/1 pickle: the head decodes as pickle opcodes with consistent stack effects.
 
-    Parsed with ``pickletools.genops``, never executed. Simulating what each opcode takes from the stack, and
-    requiring the head to decode to its end, keeps text such as ``Notes ...`` or ``(draft)`` (opcode letters,
-    impossible as a stream) out. A stream that imports or calls something is a pickle whatever follows: the
-    unpickler would have run the call before meeting the garbage.
+    Parsed opcode by opcode, never executed, with each text argument read as CPython's C unpickler reads it
+    (``_pickle.c``: INT in base 0, FLOAT without whitespace, GLOBAL's lines as UTF-8 module and attribute names).
+    Simulating what each opcode takes from the stack, and requiring the head to decode to its end, keeps text such
+    as ``Notes ...`` or ``(draft)`` (opcode letters, impossible as a stream) out; so does a GLOBAL or INST whose
+    module or name is no dotted Python name (``cutoff_len: 1024`` in a YAML file that starts with ``c``): the
+    unpickler's import fails right there, so nothing after it runs. A stream that imports or calls something is a
+    pickle whatever follows: the unpickler would have run the call before meeting the garbage. ``text_name``: the
+    name is a text format's (``.yaml``, ``.md`` ...), which no loader unpickles: only a real call (REDUCE, BUILD,
+    INST, OBJ, NEWOBJ) counts then, not the import of a name alone.
     """
     ops = 0
     depth = 0  # items on the simulated stack
     marks: list[int] = []  # stack depth at each MARK
     calls = False
-    stream = io.BytesIO(head)
-    end = 0  # where the last complete opcode ended
+    call_ops = _CALL_ONLY_OPS if text_name else _CALL_OPS
     try:
-        for opcode, _arg, _pos in pickletools.genops(stream):
-            end = stream.tell()
+        for opcode in _old_ops(head):
             before = opcode.stack_before
             if pickletools.markobject in before:
                 k = before.index(pickletools.markobject)
@@ -282,13 +356,92 @@ def looks_like_old_pickle(head: bytes, name_hint: bool) -> bool:
             else:
                 depth += len(opcode.stack_after)
             ops += 1
-            calls = calls or opcode.name in _CALL_OPS
+            calls = calls or opcode.name in call_ops
             if opcode.name == "STOP":
                 # A complete stream inside the head.
                 return ops >= 2 or name_hint
-    except Exception:
-        # genops raises ValueError (and friends) at the end of the head or on a byte that is no opcode. Only the
-        # first is a pickle cut short: a known opcode whose argument runs past the head, or nothing left at all.
-        if end < len(head) and head[end : end + 1].decode("latin-1") not in OPCODE_CODES:
-            return calls or (name_hint and ops > 0)
+    except _CutShort:
+        pass  # a known opcode whose argument runs past the head: what came before is what there is to judge
+    except _Dead:
+        return calls or (name_hint and ops > 0)  # the unpickler stops here: nothing after this opcode runs
     return calls or ops >= _MIN_PICKLE_OPS or (name_hint and ops > 0)
+
+
+class _CutShort(Exception):
+    """Internal: the head ends inside an opcode's argument."""
+
+
+class _Dead(Exception):
+    """Internal: the unpickler raises at this opcode (no opcode, or an argument it refuses)."""
+
+
+# Opcodes whose argument is one or two text lines, read here as _pickle.c reads them (pickletools' own readers
+# use Python's int() and float(), which accept other text than the C unpickler does).
+_LINE_OPS = frozenset({"INT", "LONG", "FLOAT", "PUT", "GET", "STRING", "UNICODE", "PERSID", "GLOBAL", "INST"})
+
+
+def _old_ops(head: bytes) -> Iterator[pickletools.OpcodeInfo]:
+    """Each opcode of ``head`` in turn; ``_CutShort`` or ``_Dead`` where that ends."""
+    stream = io.BytesIO(head)
+    n = len(head)
+    while True:
+        at = stream.tell()
+        if at >= n:
+            raise _CutShort
+        opcode = _CODE2OP.get(head[at : at + 1].decode("latin-1"))
+        if opcode is None:
+            raise _Dead
+        stream.seek(at + 1)
+        if opcode.name in _LINE_OPS:
+            lines = 2 if opcode.name in ("GLOBAL", "INST") else 1
+            got: list[bytes] = []
+            for _ in range(lines):
+                line = stream.readline()
+                if not line.endswith(b"\n"):
+                    raise _CutShort
+                got.append(line[:-1])
+            try:
+                _check_line_arg(opcode.name, got)
+            except Exception:
+                raise _Dead from None
+        elif opcode.arg is not None:
+            try:
+                opcode.arg.reader(stream)
+            except ValueError:
+                raise _CutShort from None  # fixed-size and counted arguments fail only at the end of the head
+        yield opcode
+        if opcode.name == "STOP":
+            return
+
+
+def _check_line_arg(name: str, lines: list[bytes]) -> None:
+    """Raise unless the C unpickler accepts the text argument ``lines`` of opcode ``name``."""
+    line = lines[0]
+    if name == "INT":
+        c_load_int(line)
+    elif name == "LONG":
+        c_load_long(line)
+    elif name == "FLOAT":
+        c_load_float(line)
+    elif name == "PUT" or name == "GET":
+        if c_memo_index(line) < 0:
+            raise ValueError("negative memo index")
+    elif name == "STRING":
+        if len(line) < 2 or line[0] != line[-1] or line[:1] not in (b"'", b'"'):
+            raise ValueError("unquoted STRING")
+    elif name == "UNICODE":
+        line.decode("raw-unicode-escape")
+    elif name == "PERSID":
+        line.decode("ascii")
+    elif not all(_dotted_name(x) for x in lines):  # GLOBAL, INST: a module to import and a name in it
+        raise ValueError("no importable name")
+
+
+def _dotted_name(raw: bytes) -> bool:
+    """``raw`` is UTF-8 for a dotted Python name (``torch._utils``, ``OrderedDict``): what a pickler ever writes
+    for a module or a qualified name, and what an import can find."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(part.isidentifier() for part in text.split("."))

@@ -7,7 +7,9 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
+from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
 from ckptdoctor.readers.pickle_walk import merge_pickles, ran_off_the_end, walk_pickle
+from ckptdoctor.readers.rawpickle import walk_problems_kept
 from ckptdoctor.readers.torchstore import _Storages, _tensors
 from ckptdoctor.readers.zipdir import _names, _problem, _read_at
 
@@ -65,9 +67,11 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         return None
     if probs or magic is None or magic.value != MAGIC_NUMBER:
         # Bytes that are neither a zip nor a legacy file (a zeroed or overwritten `.bin`): the walk's complaints are
-        # about non-pickle bytes, so only the one fact that matters is reported.
+        # about non-pickle bytes, so only the one fact that matters is reported; unless the bytes are a pickle that
+        # torch.load's first pickle.load reads past its first opcodes: whatever stopped the walk there is reported.
+        own = probs if probs and walk_problems_kept(pos) else ()
         return failed(
-            (_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"),)
+            (*own, _problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"))
         )
     version, probs = step()
     if version is not None:
@@ -102,15 +106,20 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     if keys is not None:
         streams.append(keys)
     missing: set[str] = set()
+    starts: dict[str, int] = {}  # storage key -> where its bytes start in the file
     if keys is not None and not probs:
         if type(keys.value) is not list or not all(type(k) is str for k in keys.value):
             problems.append(_problem(ProblemKind.MALFORMED, "legacy storage key list is not a list of strings"))
         else:
-            missing = _check_legacy_storages(f, size, pos, keys.value, storages, byteorder, problems)
+            missing = _check_legacy_storages(f, size, pos, keys.value, storages, byteorder, problems, starts)
     tensors, tensor_problems = _tensors(obj.value) if obj is not None else ((), [])
     problems.extend(tensor_problems)
     if missing:
         tensors = tuple((p, replace(t, storage_nbytes=None) if t.storage_key in missing else t) for p, t in tensors)
+    if starts and any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+        inner, inner_problems = extra_state_pickles(tensors, _legacy_reader(f, starts, storages), limits)
+        streams.extend(inner)
+        problems.extend(inner_problems)
     merged = merge_pickles(obj, _calling(streams))
     return ReadOutcome(TorchFacts("legacy", "", (), merged, tensors, byteorder), tuple(problems))
 
@@ -118,6 +127,18 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
 def _calling(streams: list[PickleFacts]) -> list[PickleFacts]:
     """The streams that import or call anything (a genuine file's magic, version, sys_info and keys do not)."""
     return [s for s in streams if s.globals or s.calls]
+
+
+def _legacy_reader(f: BinaryIO, starts: dict[str, int], storages: _Storages) -> StorageReader:
+    """Ranged reads of the raw storages of a legacy file (``starts``: where each storage's bytes begin)."""
+
+    def read(key: str, start: int, n: int) -> bytes | None:
+        at, declared = starts.get(key), storages.declared.get(key)
+        if at is None or declared is None or start < 0 or start + n > declared[0] * declared[1]:
+            return None
+        return _read_at(f, at + start, n)
+
+    return read
 
 
 def _check_legacy_storages(
@@ -128,8 +149,10 @@ def _check_legacy_storages(
     storages: _Storages,
     byteorder: str,
     problems: list[ReadProblem],
+    starts: dict[str, int],
 ) -> set[str]:
-    """Seek over each raw storage (8-byte element count + data); returns the keys whose bytes are absent."""
+    """Seek over each raw storage (8-byte element count + data); returns the keys whose bytes are absent, and
+    records where each present storage's bytes start in ``starts``."""
     missing: set[str] = set()
     for key in keys:
         declared = storages.declared.get(key)
@@ -151,6 +174,7 @@ def _check_legacy_storages(
                 _problem(ProblemKind.MALFORMED, f"storage `{key}` holds {count} elements, the pickle declares {numel}")
             )
         end = pos + 8 + numel * itemsize
+        starts[key] = pos + 8
         if end > size:
             problems.append(
                 _problem(ProblemKind.TRUNCATED, f"storage `{key}` ends at byte {end}; the file has {size} bytes")

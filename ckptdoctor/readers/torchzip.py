@@ -17,6 +17,7 @@ from ckptdoctor.model import (
     TorchFacts,
     ZipMember,
 )
+from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
@@ -32,6 +33,7 @@ from ckptdoctor.readers.zipdir import (
     _ZIP_EOCD,
     _ZIP_LOCAL,
     Window,
+    _data_start,
     _Directory,
     _directory,
     _escapes,
@@ -162,8 +164,31 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     problems.extend(storages.problems)
     tensors, tensor_problems = _tensors(facts.value) if facts is not None else ((), [])
     problems.extend(tensor_problems)
+    if any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+        read = _storage_reader(f, by_name, data_prefix, d, limits)
+        inner, inner_problems = extra_state_pickles(tensors, read, limits)
+        extra.extend(inner)
+        problems.extend(inner_problems)
     merged = merge_pickles(facts, extra)
     return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder), tuple(problems))
+
+
+def _storage_reader(
+    f: BinaryIO, by_name: dict[str, ZipMember], data_prefix: str, d: _Directory, limits: Limits
+) -> StorageReader:
+    """Ranged reads of the storage records ``data/<key>`` of a torch zip (a stored record read in place)."""
+
+    def read(key: str, start: int, n: int) -> bytes | None:
+        m = by_name.get(data_prefix + key)
+        if m is None or start < 0 or start + n > m.size:
+            return None
+        if m.method == 0:
+            at = _data_start(f, m)
+            return None if at is None else _read_at(f, at + start, n)
+        data, _ = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+        return None if data is None else data[start : start + n]
+
+    return read
 
 
 # Records torch.save writes besides data.pkl and data/<key> (caffe2/serialize/inline_container.cc, serialization.py).

@@ -1,0 +1,95 @@
+"""Pickles inside tensor bytes: the ``*._extra_state`` tensors TransformerEngine unpickles after a weights-only load.
+
+``torch.nn.Module.load_state_dict`` hands the value stored under ``<module>._extra_state`` (torch/nn/modules/module.py,
+``_EXTRA_STATE_KEY_SUFFIX``) to the module's ``set_extra_state``; TransformerEngine's (Megatron-LM and NeMo models,
+transformer_engine/pytorch/module/base.py ``TransformerEngineBaseModule.set_extra_state``) runs
+``pickle.loads(state.detach().cpu().numpy().tobytes())`` on a tensor. ``weights_only=True`` loads the tensor as
+plain data, so the pickle inside runs with no check at all: those bytes are judged here as the pickle they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ckptdoctor.limits import Limits
+from ckptdoctor.model import PickleFacts, ProblemKind, ReadProblem, TensorRef
+from ckptdoctor.readers.pickle_walk import walk_pickle
+from ckptdoctor.readers.rawpickle import walk_problems_kept
+from ckptdoctor.readers.torchstore import STORAGE_DTYPES
+
+__all__ = ["EXTRA_STATE_SUFFIX", "extra_state_pickles"]
+
+EXTRA_STATE_SUFFIX = "_extra_state"  # torch/nn/modules/module.py _EXTRA_STATE_KEY_SUFFIX
+_ITEMSIZE = dict(STORAGE_DTYPES.values())
+_MAX_TENSORS = 4096  # `_extra_state` tensors judged per file: one per TE module (a few per layer)
+_MAX_GATHERED = 1 << 20  # elements of a non-contiguous view gathered one by one
+
+# Reads ``n`` bytes of storage ``key`` from byte ``start``; None when the record does not hold them.
+StorageReader = Callable[[str, int, int], "bytes | None"]
+
+
+def extra_state_pickles(
+    tensors: tuple[tuple[str, TensorRef], ...], read: StorageReader, limits: Limits
+) -> tuple[list[PickleFacts], list[ReadProblem]]:
+    """The pickle in each ``*_extra_state`` tensor's bytes (as ``tobytes()`` lays them out: the view's elements in
+    C order) and the problems of walking them; a tensor whose bytes are no pickle at all is left alone (``pickle.loads``
+    refuses its first byte)."""
+    found: list[PickleFacts] = []
+    problems: list[ReadProblem] = []
+    judged = 0
+    for path, t in tensors:
+        if not path.endswith(EXTRA_STATE_SUFFIX):
+            continue
+        where = f"`{path}` (an `_extra_state` tensor TransformerEngine's set_extra_state unpickles)"
+        judged += 1
+        if judged > _MAX_TENSORS:
+            problems.append(ReadProblem(ProblemKind.LIMIT, f"more than {_MAX_TENSORS} `_extra_state` tensors: "
+                                        "the rest are not judged"))  # fmt: skip
+            break
+        data, problem = _view_bytes(t, read, limits)
+        if problem is not None:
+            problems.append(ReadProblem(ProblemKind.LIMIT, f"{where}: {problem}: not judged"))
+            continue
+        if not data:
+            continue
+        facts, walk_problems, end = walk_pickle(data, limits=limits)
+        if facts is not None:
+            found.append(facts)
+        if walk_problems and ((facts is not None and (facts.globals or facts.calls)) or walk_problems_kept(end)):
+            problems.extend(ReadProblem(p.kind, f"in {where}: {p.message}") for p in walk_problems)
+    return found, problems
+
+
+def _view_bytes(t: TensorRef, read: StorageReader, limits: Limits) -> tuple[bytes | None, str | None]:
+    """The bytes ``tobytes()`` returns for ``t`` (b"" when its storage does not hold them), or why they were not
+    read (past the limits)."""
+    itemsize = _ITEMSIZE.get(t.dtype)
+    if itemsize is None or len(t.shape) != len(t.stride) or any(d < 0 for d in t.shape) or t.numel == 0:
+        return b"", None
+    numel = t.numel
+    if numel * itemsize > limits.pickle_bytes:
+        return None, f"{numel * itemsize} bytes (limit {limits.pickle_bytes})"
+    offsets = [0]
+    lo = hi = 0  # element offsets the view reaches, relative to its storage offset
+    for dim, step in zip(t.shape, t.stride, strict=True):
+        if dim > 1:
+            reach = (dim - 1) * step
+            lo, hi = lo + min(0, reach), hi + max(0, reach)
+    dims = enumerate(zip(t.shape, t.stride, strict=True))
+    contiguous = all(s == math.prod(t.shape[i + 1 :]) for i, (d, s) in dims if d > 1)
+    if contiguous:
+        raw = read(t.storage_key, t.storage_offset * itemsize, numel * itemsize)
+        return (raw or b""), None
+    if numel > _MAX_GATHERED or (hi - lo + 1) * itemsize > limits.pickle_bytes:
+        return None, f"a strided view of {numel} elements over {hi - lo + 1} (limit {_MAX_GATHERED})"
+    first = t.storage_offset + lo
+    if first < 0:
+        return b"", None
+    raw = read(t.storage_key, first * itemsize, (hi - lo + 1) * itemsize)
+    if raw is None:
+        return b"", None
+    for dim, step in zip(t.shape, t.stride, strict=True):  # element offsets in C order, dimension by dimension
+        offsets = [o + i * step for o in offsets for i in range(dim)]
+    base = -lo
+    return b"".join(raw[(base + o) * itemsize : (base + o + 1) * itemsize] for o in offsets), None
