@@ -27,8 +27,11 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".p
 # Names whose own readers keep them whatever archive their bytes look like: torch.load tries a tar itself (and the
 # torch reader judges every member of one), and a safetensors name that holds something else is CKD202's.
 _KEEP_NAMED = (".bin", ".pt", ".pth", ".ckpt", ".safetensors")
-# Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents.
-_TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html")
+# Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents: also
+# JSON Lines (LLaMA-Factory's `trainer_log.jsonl`, one document per line) and Jinja templates (`chat_template.jinja`,
+# which transformers' `PreTrainedTokenizerBase.save_pretrained` writes beside every tokenizer with a chat template).
+_TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html",
+                  ".jsonl", ".jinja")
 # A protocol 0/1 stream must decode this many opcodes from the head before content alone calls it a pickle.
 _MIN_PICKLE_OPS = 3
 OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
