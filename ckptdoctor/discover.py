@@ -21,6 +21,7 @@ from ckptdoctor.model import (
     ProblemKind,
     ReadProblem,
     Run,
+    Stack,
     Tree,
 )
 from ckptdoctor.progress import when_done
@@ -28,6 +29,8 @@ from ckptdoctor.readers import VANISHED
 from ckptdoctor.sources import source_for
 from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
+from ckptdoctor.stacks import accelerate as accelerate_stack
+from ckptdoctor.stacks import settle
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
 DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
@@ -346,8 +349,8 @@ class _Grouper:
         m = _RESUME_RE.search(root_name)
         role, step = (FolderRole.CHECKPOINT, int(m.group(1))) if m else (FolderRole.MODEL, None)
         inner = [d for d in top.dirs if not d.has_run]
-        ck = _checkpoint(top, role, step, inner)
-        self.runs.append(Run(path=".", checkpoints=(ck,), resume_pick=None, standalone=True))
+        settled, stack = settle([_checkpoint(top, role, step, inner)])
+        self.runs.append(Run(path=".", checkpoints=tuple(settled), resume_pick=None, standalone=True, stack=stack))
         for d in top.dirs:
             if d.has_run:
                 self.visit(d)
@@ -370,9 +373,12 @@ class _Grouper:
             return
         checkpoints: list[Checkpoint] = []
         others: list[_Dir] = []
+        automatic = accelerate_stack.is_automatic_layout(node.name, node.dir_names)
         for d in node.dirs:
             if _ROTATION_RE.search(d.name):
                 checkpoints.append(_checkpoint(d, *_role(d.name), d.dirs))
+            elif automatic and accelerate_stack.AUTOMATIC_RE.match(d.name):
+                checkpoints.append(_checkpoint(d, FolderRole.CHECKPOINT, None, d.dirs))
             else:
                 others.append(d)
         if any(_is_ckpt_file(f.name) for f in node.files) or _is_framework_folder(node):
@@ -384,13 +390,16 @@ class _Grouper:
             self.loose.extend(node.files)
         for d in others:
             self.visit(d)
-        self.runs.append(
-            Run(path=node.rel, checkpoints=tuple(sorted(checkpoints, key=lambda c: c.path)), resume_pick=_pick(node))
-        )
+        settled, stack = settle(sorted(checkpoints, key=lambda c: c.path))
+        # resume_pick is the Trainer's pick (get_last_checkpoint); another stack's resume is its module's to say.
+        pick = _pick(node) if stack is Stack.TRAINER else None
+        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=pick, stack=stack))
 
 
 def _is_run(node: _Dir) -> bool:
-    return any(_ROTATION_RE.search(n) for n in node.dir_names)
+    return any(_ROTATION_RE.search(n) for n in node.dir_names) or accelerate_stack.is_automatic_layout(
+        node.name, node.dir_names
+    )
 
 
 def _role(name: str) -> tuple[FolderRole, int | None]:

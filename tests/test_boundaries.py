@@ -177,7 +177,8 @@ LAYERS: list[set[str]] = [
      "ckptdoctor.progress", "ckptdoctor.schedules"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
-    {"ckptdoctor.discover", "ckptdoctor.deep"},  # walking roots, reading tensor data
+    {"ckptdoctor.discover", "ckptdoctor.deep", "ckptdoctor.stacks"},  # walking roots, reading tensor data; which
+    # program wrote each folder, how it lays out and resumes its runs
     {"ckptdoctor.trainer_view"},  # what the Trainer picks and loads
     {"ckptdoctor.rules", "ckptdoctor.pickle_analysis"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy

@@ -105,3 +105,82 @@ def test_json_lines_log_is_not_a_json_document(t5_run: Path, tmp_path: Path) -> 
               "elapsed_time": "0:00:01", "remaining_time": "0:00:01"} for s in (1, 2, 3, 4)]
     (run / "trainer_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert _alarms(run) == []
+
+
+@pytest.fixture(scope="module")
+def accelerate_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real ``Accelerator.save_state`` folders: ``diffusers/checkpoint-2`` and ``-4`` saved by hand (the layout of
+    diffusers' training scripts), and ``project/checkpoints/checkpoint_0`` and ``_1`` by automatic naming."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    root = tmp_path_factory.mktemp("accelerate")
+
+    def train(acc: Any) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+        model, opt, sched = acc.prepare(model, opt, sched)
+        for _ in range(2):
+            acc.backward(model(torch.randn(3, 4)).sum())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    by_hand = Accelerator(cpu=True)
+    train(by_hand)
+    for step in (2, 4):
+        by_hand.save_state(str(root / "diffusers" / f"checkpoint-{step}"))
+    project = ProjectConfiguration(project_dir=str(root / "project"), automatic_checkpoint_naming=True, total_limit=3)
+    automatic = Accelerator(cpu=True, project_config=project)
+    train(automatic)
+    automatic.save_state()
+    automatic.save_state()
+    return root
+
+
+def test_accelerate_save_state_folders_are_no_interrupted_saves(accelerate_runs: Path) -> None:
+    held = sorted(p.name for p in (accelerate_runs / "diffusers" / "checkpoint-4").iterdir())
+    assert held == ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]
+    assert sorted(p.name for p in (accelerate_runs / "project" / "checkpoints").iterdir()) == [
+        "checkpoint_0", "checkpoint_1"]
+    report = scan(str(accelerate_runs))
+    assert report.findings == ()
+    runs = {r.path: r for t in report.trees for r in t.runs}
+    assert set(runs) == {"diffusers", "project/checkpoints"}
+    assert {r.stack.value for r in runs.values()} == {"accelerate"}
+    assert all(r.resume_pick is None for r in runs.values())  # not the Trainer's `get_last_checkpoint` to say
+
+
+def test_accelerate_fix_quarantines_nothing(accelerate_runs: Path, tmp_path: Path) -> None:
+    """``fix`` (safe fixes only, as labelled) has nothing to quarantine in real accelerate folders."""
+    import ckptdoctor
+
+    root = tmp_path / "copy"
+    shutil.copytree(accelerate_runs, root)
+    result = ckptdoctor.fix(str(root), force=True)
+    assert not result.would_change and result.fixed == 0
+    assert sorted(p.name for p in (root / "diffusers").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in (root / "project" / "checkpoints").iterdir()) == ["checkpoint_0", "checkpoint_1"]
+
+
+def test_load_state_pick_follows_accelerate() -> None:
+    """``Accelerator.load_state()`` sorts `checkpoints/` by the first number in each name and loads the last; an
+    entry with no digit makes it raise (None here)."""
+    from ckptdoctor.stacks.accelerate import load_state_pick
+
+    assert load_state_pick(["checkpoint_9", "checkpoint_10", "checkpoint_2"]) == "checkpoint_10"
+    assert load_state_pick(["checkpoint_0"]) == "checkpoint_0"
+    assert load_state_pick(["checkpoint_1", "notes"]) is None
+    assert load_state_pick([]) is None
+
+
+def test_checkpoint_of_unknown_make_is_reported_never_quarantined(accelerate_runs: Path, tmp_path: Path) -> None:
+    """A `checkpoint-N` holding no file of a known stack's and files no Trainer save writes first: an info."""
+    ck = tmp_path / "run" / "checkpoint-5"
+    ck.mkdir(parents=True)
+    shutil.copy(accelerate_runs / "diffusers" / "checkpoint-2" / "model.safetensors", ck)
+    (ck / "state.pkl").write_bytes(b"\x80\x04K\x05.")  # a pickled 5: the loop's own state
+    found = [(f.rule, f.severity, f.path, f.fix) for f in scan(str(tmp_path / "run")).findings]
+    assert found == [("CKD108", Severity.INFO, "checkpoint-5", None)]
