@@ -5,7 +5,7 @@ Each case is a folder written by the real library, tiny configs, synthetic token
 - a T5 model trained by the real ``Seq2SeqTrainer`` whose tokenizer (built locally with the ``tokenizers`` library)
   carries a chat template: transformers 5 writes ``chat_template.jinja`` beside every such tokenizer, and T5's
   weights number blocks (``block.N``) and their sub-layers (``block.N.layer.M``);
-- LLaMA-Factory's ``trainer_log.jsonl`` (JSON Lines) at the run root, as its ``LogCallback`` writes it;
+- LLaMA-Factory's ``trainer_log.jsonl`` (JSON Lines) at the run root, written by its own ``LogCallback``;
 - accelerate 1.15 ``Accelerator.save_state`` folders: ``checkpoint-N`` by hand (the diffusers training scripts'
   layout) and ``ProjectConfiguration(automatic_checkpoint_naming=True)``'s ``checkpoints/checkpoint_N``. They hold
   no ``trainer_state.json`` by design and are no Trainer's interrupted saves.
@@ -29,6 +29,7 @@ from ckptdoctor.findings import Finding, Severity  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
 
 VOCAB = 64
+DATA = Path(__file__).parent / "data" / "stacks"
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 
 
@@ -98,12 +99,12 @@ def test_t5_layer_count_still_checked(t5_run: Path, tmp_path: Path) -> None:
 
 def test_json_lines_log_is_not_a_json_document(t5_run: Path, tmp_path: Path) -> None:
     """LLaMA-Factory's ``trainer_log.jsonl`` at the run root: one JSON document per line, as its ``LogCallback``
-    (src/llamafactory/train/callbacks.py ``LogCallback._write_log``) appends them."""
+    (src/llamafactory/train/callbacks.py ``LogCallback._write_log``) appends them. The file was written by that
+    callback in a real Trainer run (tests/data/stacks/make_llamafactory_log.py)."""
     run = tmp_path / "run"
     shutil.copytree(t5_run, run)
-    lines = [{"current_steps": s, "total_steps": 4, "loss": 4.1, "lr": 1e-3, "epoch": s / 2, "percentage": s * 25.0,
-              "elapsed_time": "0:00:01", "remaining_time": "0:00:01"} for s in (1, 2, 3, 4)]
-    (run / "trainer_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    shutil.copy(DATA / "llamafactory-0.9.5" / "trainer_log.jsonl", run)
+    assert len((run / "trainer_log.jsonl").read_text().splitlines()) == 5
     assert _alarms(run) == []
 
 
