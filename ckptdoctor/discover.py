@@ -30,6 +30,7 @@ from ckptdoctor.sources import source_for
 from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
 from ckptdoctor.stacks import accelerate as accelerate_stack
+from ckptdoctor.stacks import lightning as lightning_stack
 from ckptdoctor.stacks import settle
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
@@ -169,6 +170,7 @@ def build_tree(
     root: str, top: _Dir, root_name: str, problems: list[PathProblem], files_seen: int, abs_root: str = ""
 ) -> Tree:
     """Group a walked (and read) folder tree into the sorted ``Tree``."""
+    _mark_lightning(top)
     grouper = _Grouper()
     grouper.visit_root(top, root_name)
     return Tree(
@@ -361,7 +363,13 @@ class _Grouper:
             return
         if not _is_run(node):
             dirs = node.dirs
-            if _is_framework_folder(node):
+            if _is_lightning_folder(node):
+                # ModelCheckpoint's dirpath: a run whose one checkpoint is the folder of `.ckpt` files
+                dirs = [d for d in node.dirs if d.has_run]
+                settled, stack = settle([_checkpoint(node, FolderRole.MODEL, None, [])])
+                self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=None, stack=stack))
+                self.loose.extend(f for d in node.dirs if not d.has_run for f in _all_files(d))
+            elif _is_framework_folder(node):
                 # A TensorFlow checkpoint folder or Keras weights: one checkpoint, restored as a whole.
                 dirs = [d for d in node.dirs if d.has_run]
                 ck = _checkpoint(node, FolderRole.MODEL, None, [d for d in node.dirs if not d.has_run])
@@ -394,6 +402,19 @@ class _Grouper:
         # resume_pick is the Trainer's pick (get_last_checkpoint); another stack's resume is its module's to say.
         pick = _pick(node) if stack is Stack.TRAINER else None
         self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=pick, stack=stack))
+
+
+def _is_lightning_folder(node: _Dir) -> bool:
+    """A folder holding PyTorch Lightning `.ckpt` files (``ckptdoctor.stacks.lightning``)."""
+    return any(lightning_stack.signed(f) for f in node.files)
+
+
+def _mark_lightning(node: _Dir) -> None:
+    """Mark Lightning checkpoint folders, and the folders above them, as holding a run: only once the files are read
+    (the walk decides `has_run` before pooled reads finish, and a Lightning `.ckpt` is known by its content)."""
+    for d in node.dirs:
+        _mark_lightning(d)
+    node.has_run = node.has_run or _is_lightning_folder(node) or any(d.has_run for d in node.dirs)
 
 
 def _is_run(node: _Dir) -> bool:

@@ -1,10 +1,10 @@
 """Real PyTorch Lightning 2.6 runs for the tests, run in the Lightning interpreter (``CKPTDOCTOR_LIGHTNING_PYTHON``).
 
 ``python tests/lightning_run.py JOBS.json RESULTS.json``: each job trains a tiny LightningModule on CPU into its
-``root`` (``ModelCheckpoint(save_last=True)``, 2 steps), optionally with ``save_hyperparameters`` of an
-``argparse.Namespace`` (the pattern Lightning's docs show for argparse users), then resumes with
-``Trainer.fit(ckpt_path="last")`` as a user would, and records whether that resume raised, with what. This file is
-not a test module: the package and the main interpreter never import Lightning.
+``root`` (``ModelCheckpoint(save_last=True)``, one epoch of 2 steps), optionally with an ``argparse.Namespace``
+among the module's init arguments that ``save_hyperparameters()`` records, then resumes for a second epoch with
+``Trainer.fit(ckpt_path="last")`` as a user would, and records whether that resume raised (with what) or which
+file it loaded. This file is not a test module: the package and the main interpreter never import Lightning.
 """
 
 from __future__ import annotations
@@ -55,11 +55,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     hp = argparse.Namespace(lr=0.1, hidden=4) if job.get("namespace") else None
     _trainer(job["root"], 1).fit(Tiny(hp), _data())
+    resumed = _trainer(job["root"], 2)
     try:
-        _trainer(job["root"], 2).fit(Tiny(hp), _data(), ckpt_path="last")
+        resumed.fit(Tiny(hp), _data(), ckpt_path="last")
     except Exception as e:  # the resume's own failure is the result
         return {"raised": type(e).__name__, "message": str(e)[:2000], "trace": traceback.format_exc()[-2000:]}
-    return {"raised": None}
+    return {"raised": None, "loaded": resumed.ckpt_path}  # the file `ckpt_path="last"` resolved to
 
 
 def main() -> None:

@@ -70,6 +70,39 @@ def test_real_resume_refuses_what_ckd416_names(tmp_path: Path) -> None:
     ns, plain = _lightning(jobs, tmp_path)
     assert ns["raised"] == "UnpicklingError" and "argparse.Namespace" in ns["message"]
     assert plain["raised"] is None
+    assert plain["loaded"] == str(tmp_path / "plain" / "checkpoints" / "last.ckpt")
     assert [(r, p) for r, p, _ in _expected(tmp_path / "namespace")] == [
         ("CKD416", "checkpoints/epoch=0-step=2.ckpt"), ("CKD416", "checkpoints/last.ckpt")]
     assert scan(str(tmp_path / "plain")).findings == ()
+    # the run's header names the file `fit(ckpt_path="last")` loaded in the real resume
+    from ckptdoctor.render.report import render_text
+
+    text = render_text(scan(str(tmp_path / "plain")), color=False)
+    assert f'`fit(ckpt_path="last")` loads `{Path(plain["loaded"]).name}`' in text
+
+
+def test_lightning_folder_is_a_run_of_its_stack() -> None:
+    """ModelCheckpoint's folder is a Lightning run (recognised by the `.ckpt` content, not its name), and its
+    header says what ``fit(ckpt_path="last")`` loads."""
+    from ckptdoctor.model import Stack
+    from ckptdoctor.render.report import render_text
+
+    report = scan(str(DATA / "plain"))
+    (tree,) = report.trees
+    assert [(r.path, r.stack, r.resume_pick) for r in tree.runs] == [("checkpoints", Stack.LIGHTNING, None)]
+    assert [ck.stack for ck in tree.runs[0].checkpoints] == [Stack.LIGHTNING]
+    assert 'Lightning; `fit(ckpt_path="last")` loads `last.ckpt`' in render_text(report, color=False)
+
+
+def test_last_pick_follows_lightning(tmp_path: Path) -> None:
+    """``fit(ckpt_path="last")`` takes the most recently modified of `last.ckpt`, `last-v1.ckpt` ... (the stem
+    matches ``^last(-(\\d+))?``), never a top-k file; none: it trains from scratch."""
+    from ckptdoctor.model import FileFacts, FileKind
+    from ckptdoctor.stacks.lightning import last_pick
+
+    def f(name: str, mtime: float) -> FileFacts:
+        return FileFacts(f"checkpoints/{name}", 10, mtime, FileKind.TORCH_ZIP)
+
+    files = [f("last.ckpt", 1.0), f("last-v1.ckpt", 3.0), f("epoch=3-step=8.ckpt", 9.0)]
+    assert last_pick(files) == files[1]
+    assert last_pick([f("epoch=3-step=8.ckpt", 9.0)]) is None

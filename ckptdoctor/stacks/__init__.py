@@ -6,7 +6,8 @@ A folder is recognised by the files its program always writes (its signature), n
   what its resume picks and loads stays in ``ckptdoctor.trainer_view``.
 - ``accelerate``: ``Accelerator.save_state`` (``random_states_<rank>.pkl``), by hand into any folder or, with
   ``ProjectConfiguration(automatic_checkpoint_naming=True)``, into ``project_dir/checkpoints/checkpoint_<i>``.
-- ``lightning``: PyTorch Lightning's ``.ckpt`` files (a pickled dict holding ``pytorch-lightning_version``).
+- ``lightning``: PyTorch Lightning's ``.ckpt`` files (a pickled dict holding ``pytorch-lightning_version``); the
+  folder holding them (``ModelCheckpoint``'s ``dirpath``) is a run of one checkpoint, the folder.
 
 ``settle`` decides the stack of each checkpoint folder of one run: by its own signature, else by its siblings'
 (an interrupted save lacks what its program writes last), else by whether every file in it is one the Trainer
@@ -19,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from ckptdoctor.model import Checkpoint, Framework, Run, Stack
-from ckptdoctor.stacks import accelerate, trainer
+from ckptdoctor.model import Checkpoint, FileFacts, FolderRole, Framework, Run, Stack
+from ckptdoctor.stacks import accelerate, lightning, trainer
 
 __all__ = ["resume_text", "settle", "signature"]
 
@@ -30,16 +31,21 @@ def resume_text(run: Run) -> str | None:
     ``Run.resume_pick`` says it)."""
     if run.stack is Stack.ACCELERATE:
         return accelerate.resume_text(run)
+    if run.stack is Stack.LIGHTNING:
+        return lightning.resume_text(run)
     return None
 
 
-def signature(names: Iterable[str]) -> Stack | None:
-    """The stack whose own files are among a folder's top-level file ``names``; None when no stack's are."""
+def signature(files: Sequence[FileFacts], names: Iterable[str]) -> Stack | None:
+    """The stack whose own files are among a folder's ``files`` (``names``: their names in the folder, a
+    subfolder's files named by the subfolder); None when no stack's are."""
     names = list(names)
     if trainer.signed(names):
         return Stack.TRAINER
     if accelerate.signed(names):
         return Stack.ACCELERATE
+    if any(lightning.signed(f) for f in files):
+        return Stack.LIGHTNING
     return None
 
 
@@ -47,9 +53,12 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
     """Each checkpoint of one run with its stack decided, and the run's stack.
 
     Only PyTorch folders are weighed (MindNLP and TensorFlow folders keep the Trainer's stack, as before). The run's
-    stack is the Trainer's when any of its folders is, else that of its signed folders, else the Trainer's.
+    stack is the Trainer's when any of its folders is, else that of its signed folders, else the Trainer's. A
+    folder with no signature takes its run's stack when the run has signed folders; alone, a `checkpoint-N`
+    folder is the Trainer's when it could be a Trainer save cut short and of unknown make otherwise, and any other
+    folder (a model folder, the run's own files) stays the Trainer's.
     """
-    signed = {ck.path: signature(_top_names(ck)) for ck in checkpoints if ck.framework is Framework.PYTORCH}
+    signed = {ck.path: signature(ck.files, _top_names(ck)) for ck in checkpoints if ck.framework is Framework.PYTORCH}
     found = {s for s in signed.values() if s is not None}
     run_stack = Stack.TRAINER if Stack.TRAINER in found or not found else sorted(found)[0]
     out = []
@@ -60,7 +69,8 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
         stack = signed[ck.path]
         if stack is None:
             torn = trainer.could_be_torn(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
-            stack = run_stack if found else (Stack.TRAINER if torn else Stack.UNKNOWN)
+            unknown = ck.role is FolderRole.CHECKPOINT and not torn
+            stack = run_stack if found else (Stack.UNKNOWN if unknown else Stack.TRAINER)
         out.append(ck if stack is ck.stack else dataclasses.replace(ck, stack=stack))
     return out, run_stack
 

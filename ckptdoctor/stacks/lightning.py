@@ -17,13 +17,44 @@ global outside torch's weights-only allowlist.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.model import GlobalRef, Opaque
+from ckptdoctor.model import FileFacts, FileKind, GlobalRef, Opaque, Run, TorchFacts
 
 # The key every Lightning checkpoint holds (`_CheckpointConnector.dump_checkpoint`).
 VERSION_KEY = "pytorch-lightning_version"
 SUFFIX = ".ckpt"
+# `ModelCheckpoint._find_last_checkpoints`: `CHECKPOINT_NAME_LAST` ("last"), optionally `-<n>` (a version suffix when
+# `last.ckpt` already existed), as the file's stem.
+_LAST_RE = re.compile(r"^last(-(\d+))?")
+
+
+def signed(f: FileFacts) -> bool:
+    """Whether ``f`` is a Lightning checkpoint: a ``.ckpt`` torch file whose pickle is a dict holding the version."""
+    if not f.name.endswith(SUFFIX) or f.kind not in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY):
+        return False
+    c = f.content
+    return isinstance(c, TorchFacts) and c.pickle is not None and checkpoint_version(c.pickle.value) is not None
+
+
+def last_pick(files: Sequence[FileFacts]) -> FileFacts | None:
+    """The file ``fit(ckpt_path="last")`` loads among one ``ModelCheckpoint`` folder's ``files``: the ``.ckpt`` files
+    whose stem matches ``last(-N)?``, the most recently modified (``_CheckpointConnector._parse_ckpt_path``);
+    None when there is none (Lightning then warns and trains from scratch)."""
+    last = [f for f in files if f.name.endswith(SUFFIX) and _LAST_RE.match(f.name[: -len(SUFFIX)])]
+    return max(sorted(last, key=lambda f: f.path), key=lambda f: f.mtime, default=None)
+
+
+def resume_text(run: Run) -> str:
+    """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
+    files = [f for ck in run.checkpoints for f in ck.files if f.path.rsplit("/", 1)[0] == run.path or (
+        run.path in ("", ".") and "/" not in f.path)]
+    pick = last_pick(files)
+    if pick is None:
+        return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
+    return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
 
 
 def checkpoint_version(value: Any) -> str | None:
