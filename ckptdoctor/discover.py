@@ -21,7 +21,6 @@ from ckptdoctor.model import (
     ProblemKind,
     ReadProblem,
     Run,
-    Stack,
     Tree,
 )
 from ckptdoctor.progress import when_done
@@ -399,9 +398,9 @@ class _Grouper:
         for d in others:
             self.visit(d)
         settled, stack = settle(sorted(checkpoints, key=lambda c: c.path))
-        # resume_pick is the Trainer's pick (get_last_checkpoint); another stack's resume is its module's to say.
-        pick = _pick(node) if stack is Stack.TRAINER else None
-        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=pick, stack=stack))
+        # resume_pick stays the Trainer's pick (get_last_checkpoint) whoever wrote the run: the gate predicts a
+        # Trainer resume; what the run's own stack resumes is its module's to say (ckptdoctor.stacks).
+        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=_pick(node), stack=stack))
 
 
 def _is_lightning_folder(node: _Dir) -> bool:

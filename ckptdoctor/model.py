@@ -523,8 +523,8 @@ class Run:
 
     ``standalone`` is True when the scan was pointed at a single checkpoint or model folder: nothing would pick it
     by itself, the user passes it as ``resume_from_checkpoint=path``. ``resume_pick`` is the Trainer's pick
-    (``get_last_checkpoint``): None for a run another ``stack`` wrote (``ckptdoctor.stacks`` says what its resume
-    picks).
+    (``get_last_checkpoint``) whichever ``stack`` wrote the run; ``ckptdoctor.stacks`` says what that stack's own
+    resume picks.
     """
 
     path: str

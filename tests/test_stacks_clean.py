@@ -151,7 +151,14 @@ def test_accelerate_save_state_folders_are_no_interrupted_saves(accelerate_runs:
     runs = {r.path: r for t in report.trees for r in t.runs}
     assert set(runs) == {"diffusers", "project/checkpoints"}
     assert {r.stack.value for r in runs.values()} == {"accelerate"}
-    assert all(r.resume_pick is None for r in runs.values())  # not the Trainer's `get_last_checkpoint` to say
+    # the Trainer's pick stays a fact (the gate predicts a Trainer resume); the header says accelerate's
+    assert runs["diffusers"].resume_pick == "diffusers/checkpoint-4"
+    assert runs["project/checkpoints"].resume_pick is None
+    from ckptdoctor.render.report import render_text
+
+    text = render_text(report, color=False)
+    assert "(accelerate `save_state` folders; `load_state(folder)` loads the folder named)" in text
+    assert "(accelerate; `load_state()` loads `checkpoint_1`)" in text
 
 
 def test_accelerate_fix_quarantines_nothing(accelerate_runs: Path, tmp_path: Path) -> None:
