@@ -31,6 +31,9 @@ from ckptdoctor.readers import VANISHED
 from ckptdoctor.sources import is_remote, source_for
 from ckptdoctor.sources.interface import OWN_DIR, Entry, L, M, Source, display
 from ckptdoctor.sources.local import on_local_disk
+from ckptdoctor.stacks import accelerate as accelerate_stack
+from ckptdoctor.stacks import lightning as lightning_stack
+from ckptdoctor.stacks import settle
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
 DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
@@ -160,6 +163,7 @@ def build_tree(
     root: str, top: _Dir, root_name: str, problems: list[PathProblem], files_seen: int, abs_root: str = ""
 ) -> Tree:
     """Group a walked (and read) folder tree into the sorted ``Tree``."""
+    _mark_lightning(top)
     grouper = _Grouper()
     grouper.visit_root(top, root_name)
     runs = tuple(sorted(grouper.runs, key=lambda r: r.path))
@@ -365,8 +369,8 @@ class _Grouper:
         m = _RESUME_RE.search(root_name)
         role, step = (FolderRole.CHECKPOINT, int(m.group(1))) if m else (FolderRole.MODEL, None)
         inner = [d for d in top.dirs if not d.has_run]
-        ck = _checkpoint(top, role, step, inner)
-        self.runs.append(Run(path=".", checkpoints=(ck,), resume_pick=None, standalone=True))
+        settled, stack = settle([_checkpoint(top, role, step, inner)])
+        self.runs.append(Run(path=".", checkpoints=tuple(settled), resume_pick=None, standalone=True, stack=stack))
         for d in top.dirs:
             if d.has_run:
                 self.visit(d)
@@ -377,7 +381,13 @@ class _Grouper:
             return
         if not _is_run(node):
             dirs = node.dirs
-            if _is_framework_folder(node):
+            if _is_lightning_folder(node):
+                # ModelCheckpoint's dirpath: a run whose one checkpoint is the folder of `.ckpt` files
+                dirs = [d for d in node.dirs if d.has_run]
+                settled, stack = settle([_checkpoint(node, FolderRole.MODEL, None, [])])
+                self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=None, stack=stack))
+                self.loose.extend(f for d in node.dirs if not d.has_run for f in _all_files(d))
+            elif _is_framework_folder(node):
                 # A TensorFlow checkpoint folder or Keras weights: one checkpoint, restored as a whole.
                 dirs = [d for d in node.dirs if d.has_run]
                 ck = _checkpoint(node, FolderRole.MODEL, None, [d for d in node.dirs if not d.has_run])
@@ -389,9 +399,12 @@ class _Grouper:
             return
         checkpoints: list[Checkpoint] = []
         others: list[_Dir] = []
+        automatic = accelerate_stack.is_automatic_layout(node.name, node.dir_names)
         for d in node.dirs:
             if _ROTATION_RE.search(d.name):
                 checkpoints.append(_checkpoint(d, *_role(d.name), d.dirs))
+            elif automatic and accelerate_stack.AUTOMATIC_RE.match(d.name):
+                checkpoints.append(_checkpoint(d, FolderRole.CHECKPOINT, None, d.dirs))
             else:
                 others.append(d)
         if any(_is_ckpt_file(f.name) for f in node.files) or _is_framework_folder(node):
@@ -403,13 +416,29 @@ class _Grouper:
             self.loose.extend(node.files)
         for d in others:
             self.visit(d)
-        self.runs.append(
-            Run(path=node.rel, checkpoints=tuple(sorted(checkpoints, key=lambda c: c.path)), resume_pick=_pick(node))
-        )
+        settled, stack = settle(sorted(checkpoints, key=lambda c: c.path))
+        # resume_pick stays the Trainer's pick (get_last_checkpoint) whoever wrote the run: the gate predicts a
+        # Trainer resume; what the run's own stack resumes is its module's to say (ckptdoctor.stacks).
+        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=_pick(node), stack=stack))
+
+
+def _is_lightning_folder(node: _Dir) -> bool:
+    """A folder holding PyTorch Lightning `.ckpt` files (``ckptdoctor.stacks.lightning``)."""
+    return any(lightning_stack.signed(f) for f in node.files)
+
+
+def _mark_lightning(node: _Dir) -> None:
+    """Mark Lightning checkpoint folders, and the folders above them, as holding a run: only once the files are read
+    (the walk decides `has_run` before pooled reads finish, and a Lightning `.ckpt` is known by its content)."""
+    for d in node.dirs:
+        _mark_lightning(d)
+    node.has_run = node.has_run or _is_lightning_folder(node) or any(d.has_run for d in node.dirs)
 
 
 def _is_run(node: _Dir) -> bool:
-    return any(_ROTATION_RE.search(n) for n in node.dir_names)
+    return any(_ROTATION_RE.search(n) for n in node.dir_names) or accelerate_stack.is_automatic_layout(
+        node.name, node.dir_names
+    )
 
 
 def _role(name: str) -> tuple[FolderRole, int | None]:

@@ -461,6 +461,19 @@ class Framework(str, enum.Enum):
     TENSORFLOW = "tensorflow"  # tf.train.Checkpoint bundles (`checkpoint`, ckpt-N.index/.data-*) and Keras `.h5`
 
 
+class Stack(str, enum.Enum):
+    """Which training program wrote a folder, recognised from that program's own files (``ckptdoctor.stacks``).
+
+    A folder is judged by the rules of the program that wrote it: an accelerate ``save_state`` folder holds no
+    ``trainer_state.json`` by design, and is no interrupted Trainer save.
+    """
+
+    TRAINER = "trainer"  # the transformers Trainer, and what runs it (TRL, LLaMA-Factory, axolotl, MindNLP 0.4's)
+    ACCELERATE = "accelerate"  # accelerate's `Accelerator.save_state` (diffusers' scripts, accelerate's examples)
+    LIGHTNING = "lightning"  # PyTorch Lightning's `Trainer.save_checkpoint` / `ModelCheckpoint` `.ckpt` files
+    UNKNOWN = "unknown"  # a checkpoint folder whose files match no known program's: reported, never judged
+
+
 class FolderRole(str, enum.Enum):
     """How the Trainer sees a folder."""
 
@@ -498,6 +511,7 @@ class Checkpoint:
     mtime: float = 0.0  # newest mtime among the folder and its files
     framework: Framework = Framework.PYTORCH
     deepspeed_tags: tuple[DeepSpeedTag, ...] = ()  # its DeepSpeed tag folders, as discovery found them
+    stack: Stack = Stack.TRAINER  # the program that wrote it (discovery decides, from the files it holds)
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
@@ -519,13 +533,16 @@ class Run:
     """An output_dir: the checkpoints in it and what ``resume_from_checkpoint=True`` would pick.
 
     ``standalone`` is True when the scan was pointed at a single checkpoint or model folder: nothing would pick it
-    by itself, the user passes it as ``resume_from_checkpoint=path``.
+    by itself, the user passes it as ``resume_from_checkpoint=path``. ``resume_pick`` is the Trainer's pick
+    (``get_last_checkpoint``) whichever ``stack`` wrote the run; ``ckptdoctor.stacks`` says what that stack's own
+    resume picks.
     """
 
     path: str
     checkpoints: tuple[Checkpoint, ...]
     resume_pick: str | None
     standalone: bool = False
+    stack: Stack = Stack.TRAINER  # the program that wrote the run (its checkpoints' stack)
 
 
 @frozen

@@ -177,7 +177,9 @@ LAYERS: list[set[str]] = [
      "ckptdoctor.progress", "ckptdoctor.schedules"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
-    {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep"},  # the roots asked about, walking them, tensor data
+    # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
+    # resumes its runs
+    {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep", "ckptdoctor.stacks"},
     {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction

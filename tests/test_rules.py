@@ -471,7 +471,23 @@ class Silent:
 WARN, ERR, INFO = Severity.WARNING, Severity.ERROR, Severity.INFO
 LORA_Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 
+def foreign_checkpoint(copy: Copy) -> Path:
+    """A run whose only `checkpoint-N` a custom loop wrote: weights and its own pickled state, no Trainer file."""
+    root = copy("clean-full")
+    weights = (root / CK8 / "model.safetensors").read_bytes()
+    for ck in root.glob("checkpoint-*"):
+        shutil.rmtree(ck)
+    (root / "checkpoint-5").mkdir()
+    (root / "checkpoint-5" / "model.safetensors").write_bytes(weights)
+    (root / "checkpoint-5" / "state.pkl").write_bytes(pickle.dumps({"step": 5}, protocol=4))
+    return root
+
+
 FIRES: tuple[Fires, ...] = (
+    Fires("CKD108", "custom-loop", foreign_checkpoint, "checkpoint-5", INFO,
+          ("no known training program", "`state.pkl`", "never quarantined")),
+    Fires("CKD416", "lightning-namespace", sample("lightning-2.6.6/namespace"), "checkpoints/last.ckpt", ERR,
+          ("`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`", "`argparse.Namespace`", "`hyper_parameters`")),
     Fires("CKD002", "logs-only", logs_only, ".", ERR, ("no checkpoint here", "none of its 1 file", "--allow-empty")),
     Fires("CKD107", "tf-bundle-deleted", sample("tf/tf-trainer", _drop_tf_bundle_3), "checkpoint/checkpoint", ERR,
           ("model_checkpoint_path", '"ckpt-3"', "NotFoundError")),
@@ -567,6 +583,8 @@ FIRES: tuple[Fires, ...] = (
 )
 
 SILENT: tuple[Silent, ...] = (
+    Silent("CKD108", "clean-full", lambda copy: copy("clean-full")),
+    Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD215", "mindnlp", sample("mindnlp")),
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),

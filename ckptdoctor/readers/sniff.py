@@ -29,7 +29,9 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".p
 # Names whose own readers keep them whatever archive their bytes look like: torch.load tries a tar itself (and the
 # torch reader judges every member of one), and a safetensors name that holds something else is CKD202's.
 _KEEP_NAMED = (".bin", ".pt", ".pth", ".ckpt", ".safetensors")
-# Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents.
+# Text formats that may begin with `[` or `{` (a Markdown link, a YAML flow map) and are not JSON documents: also
+# JSON Lines (LLaMA-Factory's `trainer_log.jsonl`, one document per line) and Jinja templates (`chat_template.jinja`,
+# which transformers' `PreTrainedTokenizerBase.save_pretrained` writes beside every tokenizer with a chat template).
 _TEXT_SUFFIXES = (".md", ".txt", ".py", ".yaml", ".yml", ".cfg", ".ini", ".toml", ".sh", ".csv", ".tsv", ".html",
                   ".jinja", ".jinja2", ".j2", ".jsonl", ".rst", ".log")
 # Text formats no loader unpickles (what real runs hold beside their checkpoints: README.md, training_args.yaml,

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor import __version__, trainer_view
+from ckptdoctor import __version__, stacks, trainer_view
 from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
@@ -259,6 +259,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
                 if pick
                 else ("given directly (pass it as resume_from_checkpoint)" if run.standalone else "nothing to resume")
             )
+            pick_txt = stacks.resume_text(run) or pick_txt
             frameworks = sorted({ck.framework for ck in run.checkpoints if ck.framework is not Framework.PYTORCH})
             if frameworks:  # another stack's checkpoints: say whose, and how it restores a TF folder
                 names = ", ".join(_FRAMEWORK_NAMES[fw] for fw in frameworks)

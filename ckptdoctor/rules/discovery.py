@@ -16,7 +16,7 @@ from typing import Any, cast
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import PATH_KINDS, holds_checkpoint
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Tree, frozen_value
+from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Stack, Tree, frozen_value
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
@@ -518,7 +518,8 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     unread = unread_paths(tree)
     for run in tree.runs:
         for ck in run.checkpoints:
-            if ck.role not in (FolderRole.CHECKPOINT,):
+            # Only the Trainer's folders: another stack writes no `trainer_state.json` by design (ckptdoctor.stacks)
+            if ck.role not in (FolderRole.CHECKPOINT,) or ck.stack is not Stack.TRAINER:
                 continue
             evidence = torn_evidence(ck, links_out, unread)
             if not evidence:
@@ -753,3 +754,36 @@ def tf_checkpoint_dangling(tree: Tree) -> Iterator[Hit]:
             effect = ("restoring `latest_checkpoint` raises NotFoundError" if field == "model_checkpoint_path"
                       else "an older checkpoint the manager still lists is gone")
             yield Hit(f.path, f'{field} names "{path}", {where}: {effect}')
+
+
+@rule("CKD108", "checkpoint-of-unknown-make", Severity.INFO)
+def checkpoint_of_unknown_make(tree: Tree) -> Iterator[Hit]:
+    """A checkpoint folder whose files match no training program ckptdoctor knows, so it is not judged as one.
+
+    ## What it does
+    Reports `checkpoint-N` folders (and accelerate's `checkpoints/checkpoint_N`) that hold none of the files the
+    transformers Trainer or accelerate's `save_state` always write, nothing else in their run says which program
+    wrote them, and they hold files a Trainer save never writes first (so they are no Trainer save cut short).
+
+    ## Why is this bad?
+    It may not be: many scripts save their own `checkpoint-N` folders. But ckptdoctor cannot tell what a resume
+    of it needs, so it checks only what holds for any file (formats, pickles) and never proposes to quarantine it,
+    where judging it by the Trainer's rules would call every such folder an interrupted save.
+
+    ## Example
+    A custom loop's `checkpoint-500/` holding `model.safetensors` and `state.pkl`.
+
+    ## Fix safety
+    No fix: a folder of unknown make is never moved.
+
+    ## References
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` (what the Trainer writes);
+    `src/accelerate/checkpointing.py` `save_accelerator_state` (what `Accelerator.save_state` writes).
+    """
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.stack is Stack.UNKNOWN:
+                held = sorted({ck.relname(f).split("/", 1)[0] for f in ck.files})
+                names = ", ".join(f"`{n}`" for n in held[:6]) + (", ..." if len(held) > 6 else "")
+                yield Hit(ck.path, f"no known training program wrote this folder (it holds {names}); "
+                                   "judged only as files, never quarantined")

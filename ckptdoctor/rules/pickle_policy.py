@@ -350,6 +350,30 @@ def is_allowed(g: GlobalRef) -> bool:
     return g.module == "torch" and (g.name.endswith(_TORCH_DATA_SUFFIXES) or g.name in _TORCH_DTYPES)
 
 
+# What `torch.load(weights_only=True)` accepts when no safe globals were added (torch/_weights_only_unpickler.py
+# `_get_allowed_globals`): these exact names, torch's dtypes, legacy tensor and storage classes, quantization schemes
+# and tensor rebuild functions. Anything else makes it raise `UnpicklingError` ("Unsupported global").
+_WEIGHTS_ONLY_EXACT = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+    "torch.storage.TypedStorage", "torch.storage.UntypedStorage", "torch.per_tensor_affine",
+    "torch.per_tensor_symmetric", "torch.per_channel_affine", "torch.per_channel_symmetric",
+    "torch.per_channel_affine_float_qparams",
+})  # fmt: skip
+
+
+def weights_only_accepts(g: GlobalRef) -> bool:
+    """Whether ``torch.load(weights_only=True)``, with no safe globals added, accepts the global ``g``."""
+    if g.dotted in _WEIGHTS_ONLY_EXACT:
+        return True
+    if g.module == "torch._utils" and g.name.startswith("_rebuild_"):
+        return True
+    if g.module in ("torch", "torch.cuda") and g.name.endswith(("Tensor", "Storage")):
+        return True
+    return g.module == "torch" and g.name in _TORCH_DTYPES
+
+
 def is_dangerous(g: GlobalRef) -> bool:
     """True when ``g`` can execute code, reach the OS or the network, or load further pickles."""
     dotted = g.dotted

@@ -380,3 +380,55 @@ def lr_jump_in_history(tree: Tree) -> Iterator[Hit]:
                     f"learning_rate jumps from {a:.3g} at step {s0} to {b:.3g} at step {s1} after decay had begun",
                 )
                 break
+
+
+@rule("CKD416", "lightning-resume-refused", Severity.ERROR)
+def lightning_resume_refused(tree: Tree) -> Iterator[Hit]:
+    """`Trainer.fit(ckpt_path=...)` cannot load this Lightning checkpoint: it names a class the weights-only load
+    refuses.
+
+    ## What it does
+    Reads the pickle of each PyTorch Lightning `.ckpt` (opcode by opcode, never loading it) and lists the globals
+    outside what `torch.load(weights_only=True)` accepts by default: torch's tensors, storages and dtypes,
+    `OrderedDict`, `Counter`, `set`, `bytearray`, `complex`.
+
+    ## Why is this bad?
+    Lightning 2.6 resumes with `torch.load(..., weights_only=None)` for a local path, so torch's default applies,
+    `weights_only=True` since torch 2.6, and the load raises `UnpicklingError: Weights only load failed ...
+    Unsupported global: GLOBAL argparse.Namespace`. The run cannot continue from this file as it is, although
+    Lightning wrote it itself.
+
+    ## Example
+    A `LightningModule` whose `__init__(self, args)` takes the parsed `argparse.Namespace` and calls
+    `self.save_hyperparameters()`: `hyper_parameters` holds the `Namespace` object in every checkpoint.
+
+    ## Fix safety
+    No automatic fix. If you trust the file, resume as Lightning's `Trainer.fit` documents for a trusted checkpoint
+    holding more than tensors: `trainer.fit(model, ckpt_path=..., weights_only=False)`, or allow just the class:
+    `torch.serialization.add_safe_globals([argparse.Namespace])` before `fit`. For the next runs, pass plain
+    values (`save_hyperparameters(vars(args))`, which Lightning stores as a dict).
+
+    ## References
+    `src/lightning/pytorch/trainer/trainer.py` `Trainer.fit` (`weights_only`);
+    `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector.resume_start`;
+    `src/lightning/fabric/utilities/cloud_io.py` `_load`; `torch/_weights_only_unpickler.py` `_get_allowed_globals`.
+    """
+    from ckptdoctor.pickle_analysis import file_pickle
+    from ckptdoctor.rules.pickle_policy import weights_only_accepts
+    from ckptdoctor.stacks import lightning
+
+    for f in tree.all_files():
+        if f.kind not in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY) or not f.name.endswith(lightning.SUFFIX):
+            continue
+        pf = file_pickle(f)
+        version = None if pf is None else lightning.checkpoint_version(pf.value)
+        if pf is None or version is None:
+            continue
+        refused = [g.dotted for g in pf.globals if not weights_only_accepts(g)]
+        if not refused:
+            continue
+        where = lightning.where_global(pf.value, refused[0])
+        held = f" (in `{where}`)" if where else ""
+        names = ", ".join(f"`{d}`" for d in refused[:4]) + (", ..." if len(refused) > 4 else "")
+        yield Hit(f.path, f"`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`: Lightning loads it with "
+                          f"`torch.load(weights_only=True)`, which refuses {names}{held}")

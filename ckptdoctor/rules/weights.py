@@ -520,7 +520,11 @@ def prefixed_state_dict_keys(tree: Tree) -> Iterator[Hit]:
 
 
 _EMBED_RE = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings|embed)\.weight$")
-_LAYER_RE = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)\.")
+# The list of layers as each architecture names it; the leftmost match is the layer, so T5's `block.N.layer.M.`
+# (block N, its sub-layer M: self-attention, cross-attention, feed-forward) counts blocks.
+_LAYER_RE = re.compile(r"\.(?:layers|h|layer|blocks|block)\.(\d+)\.")
+# The stack of an encoder-decoder model a tensor belongs to (`encoder.block.0.`, `model.decoder.layers.1.`).
+_CODER_RE = re.compile(r"(?:^|\.)(encoder|decoder)\.")
 
 
 # Every checkpoint of a run holds the same tensor names: match each name once, not once per checkpoint.
@@ -533,6 +537,35 @@ def _is_embedding(name: str) -> bool:
 def _layer_index(name: str) -> int | None:
     m = _LAYER_RE.search(name)
     return None if m is None else int(m.group(1))
+
+
+def _layer_count_problems(cfg: dict[str, Any], tensors: list[TensorInfo]) -> list[str]:
+    """The layer counts of ``cfg`` that the tensor names contradict.
+
+    A decoder-only or encoder-only model has one list of layers (`num_hidden_layers`, `n_layer` or `num_layers`).
+    An encoder-decoder model (`is_encoder_decoder`) has two, counted apart: T5's `num_layers` and
+    `num_decoder_layers` (`T5Config`), BART's `encoder_layers` and `decoder_layers` (`BartConfig`).
+    """
+    if cfg.get("is_encoder_decoder") is True:
+        wanted = {
+            "encoder": ("encoder_layers", "num_layers", "num_hidden_layers"),
+            "decoder": ("decoder_layers", "num_decoder_layers", "num_layers", "num_hidden_layers"),
+        }
+        out = []
+        for side, keys in wanted.items():
+            layers = {
+                i for t in tensors
+                if (m := _CODER_RE.search(t.name)) and m.group(1) == side and (i := _layer_index(t.name)) is not None
+            }
+            key = next((k for k in keys if isinstance(cfg.get(k), int)), None)
+            if layers and key is not None and cfg[key] != max(layers) + 1:
+                out.append(f"{key} {cfg[key]} but the {side} weights hold {max(layers) + 1} layers")
+        return out
+    layers = {i for t in tensors if (i := _layer_index(t.name)) is not None}
+    n_layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
+    if layers and isinstance(n_layers, int) and n_layers != max(layers) + 1:
+        return [f"num_hidden_layers {n_layers} but the weights hold {max(layers) + 1} layers"]
+    return []
 
 
 _MINDNLP_WEIGHT_FILES = (*trainer_view.FULL_WEIGHT_FILES, trainer_view.MS_WEIGHTS)
@@ -596,10 +629,7 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
                 problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
             if isinstance(hidden, int) and hidden != e.shape[1]:
                 problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
-        layers = {i for t in tensors if (i := _layer_index(t.name)) is not None}
-        n_layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
-        if layers and isinstance(n_layers, int) and n_layers != max(layers) + 1:
-            problems.append(f"num_hidden_layers {n_layers} but the weights hold {max(layers) + 1} layers")
+        problems.extend(_layer_count_problems(cfg, tensors))
         if problems:
             yield Hit(cfg_path.path, "; ".join(problems))
 
