@@ -157,6 +157,9 @@ class PickleFacts:
     calls: tuple[GlobalRef, ...]  # globals the stream calls (REDUCE/NEWOBJ/INST/OBJ targets), deduplicated
     opcodes: int
     persistent_ids: int = 0
+    # the globals of ``calls`` the stream only rebuilds without arguments: every call of each is a NEWOBJ of an empty
+    # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
+    rebuilt: tuple[GlobalRef, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import protocol_header
-from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
+from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing, may_call, rebuilt_as_data
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
@@ -74,13 +74,34 @@ class _Judge:
 
     def globals_of(self, pf: PickleFacts, where: str, clean: bool = True) -> None:
         called = set(pf.calls)
+        rebuilt = set(pf.rebuilt)
+        passed: set[GlobalRef] | None = None
+        demoted: set[GlobalRef] = set()  # proved names that the stream calls: never TrainingArguments data
         pending: list[tuple[GlobalRef, Standing, str]] = []
         for g in (*pf.globals, *pf.calls):
             st, why = self.standing(g)
             if st is Standing.ALLOWED:
-                if why != "allowlist":
-                    self.admitted[(g.dotted, why)] = None
-                continue
+                # A name is what the allowlist or the source proves; a call runs code the proof says nothing about.
+                if g in rebuilt:
+                    if rebuilt_as_data(g):
+                        if why != "allowlist":
+                            self.admitted[(g.dotted, f"{why}, rebuilt without arguments")] = None
+                        continue
+                    st, why = Standing.UNPROVEN, "rebuilt, but defines a hook the rebuild calls"
+                elif g in called:
+                    if may_call(g):
+                        continue
+                    st, why = Standing.UNPROVEN, "called, and not reviewed harmless for any arguments"
+                elif why != "allowlist":
+                    if passed is None:
+                        passed = _passed_anywhere(pf.value)
+                    if g not in passed:
+                        self.admitted[(g.dotted, why)] = None
+                        continue
+                    st, why = Standing.UNPROVEN, "handed to a call, and not reviewed harmless for any arguments"
+                else:
+                    continue
+                demoted.add(g)
             if st is not Standing.UNSAFE:
                 user = next((a for a in self.allow if a.admits(g)), None)
                 if user is not None:
@@ -90,12 +111,13 @@ class _Judge:
         if not pending:
             return
         data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
-        passed = _passed_anywhere(pf.value) if any(g not in called for g, _, _ in pending) else set()
+        if passed is None and any(g not in called for g, _, _ in pending):
+            passed = _passed_anywhere(pf.value)
         for g, st, why in pending:
             text = where + describe(g)
-            if st is Standing.UNPROVEN and g in data:
+            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
-            elif st is Standing.UNKNOWN and g not in called and g not in passed:
+            elif st is Standing.UNKNOWN and g not in called and g not in (passed or ()):
                 if clean:
                     self.unknown[text] = None
             elif clean or "computed" not in text:
