@@ -431,10 +431,21 @@ CALLS: dict[str, str] = {
     "numpy._core.multiarray.scalar": "reads a scalar from bytes",
     "numpy.dtype": "parses a type descriptor",
     "numpy.ndarray": "__setstate__ copies array bytes",
-    # DCP metadata rebuilt with a hook (torch/distributed/checkpoint/metadata.py)
-    "torch.distributed.checkpoint.metadata.TensorProperties": "__setstate__ unpacks five fields",
-    "torch.distributed.checkpoint.metadata.MetadataIndex": "frozen __setattr__ raises",
-    "accelerate.state.PartialState": "__getattr__ raises AttributeError",
+}
+# The Python-defined hooks a rebuild (NEWOBJ of no arguments, then BUILD) of an exact allowlist entry runs, each
+# reviewed (docs/security.md, "Calls"); ``tests/test_security_calls.py`` finds every such hook of every installed
+# entry here. Frozen dataclasses' generated ``__setattr__`` (it raises) is reviewed once for all.
+REBUILD_HOOKS: dict[str, str] = {
+    "accelerate.state.PartialState.__getattr__": "raises AttributeError",
+    "torch.distributed.checkpoint.metadata.TensorProperties.__setstate__": "unpacks five fields",
+    "torch.Tensor.__setstate__": "sets tensor fields",
+    "torch.nn.parameter.Parameter.__new__": "an empty parameter",
+    "torch.storage.TypedStorage.__new__": "an empty storage",
+    "fractions.Fraction.__new__": "zero",
+    "pathlib.PurePath.__new__": "the path `.`",
+    "pathlib.Path.__new__": "the path `.`, no I/O",
+    "uuid.UUID.__setstate__": "sets its integer",
+    "uuid.UUID.__setattr__": "raises TypeError",
 }
 # Enum classes a real stack's files call for a value lookup (``Cls(value)``: ``Enum.__new__`` returns the member or
 # raises; a second argument tries the functional API, which refuses an enum that has members). Reviewed for any
