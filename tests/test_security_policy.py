@@ -52,10 +52,11 @@ def _security(root: Path, **kw: object) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_policy_caches() -> Iterator[None]:
     """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs, pickle_policy.rebuilt_as_data):
+    caches = (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs, pickle_policy.rebuilt_as_data)
+    for cached in caches:
         cached.cache_clear()
     yield
-    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs, pickle_policy.rebuilt_as_data):
+    for cached in caches:
         cached.cache_clear()
 
 
