@@ -219,6 +219,9 @@ class TorchFacts:
     pickle: PickleFacts | None
     tensors: tuple[tuple[str, TensorRef], ...]
     byteorder: str = "little"
+    # a TorchScript archive (``torch.jit.save``: it holds ``constants.pkl``), which ``torch.load`` hands to
+    # ``torch.jit.load``: its pickles are read by TorchScript's own unpickler, its ``code/`` records are TorchScript
+    torchscript: bool = False
 
 
 @frozen_value

@@ -165,6 +165,11 @@ ALLOWED: frozenset[str] = frozenset(
         # (`_reconstruct` + `_codecs.encode` bytes, allowed above) that Tensor only wraps; the resume reads them back in
         # mindnlp/engine/trainer/base.py `Trainer._load_optimizer_and_scheduler` (mindspore/common/tensor.py `Tensor`)
         "mindspore.common.tensor.Tensor",
+        # Lightning keeps every ``__init__`` argument of a module in ``hyper_parameters`` (``save_hyperparameters``):
+        # an ``argparse.Namespace`` argument is pickled as NEWOBJ of no arguments + BUILD of its attribute dict, a
+        # rebuild that runs no code of it (Lib/argparse.py ``Namespace`` defines no ``__new__``/``__setstate__``);
+        # a call of it with arguments is not admitted (``CALLS``)
+        "argparse.Namespace",
         # ckptdoctor's own reference trainer writes its args dataclass
         "ckptdoctor.reference.train.TrainConfig",
     }
@@ -515,10 +520,21 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
+# joblib's array wrapper: ``joblib.dump`` pickles each numpy array as a NEWOBJ of no arguments + BUILD of this class
+# (shape, order, dtype, subclass), then writes the array's bytes; ``joblib.load``'s ``NumpyUnpickler.load_build``
+# reads those bytes after the BUILD and replaces the wrapper with the array (joblib/numpy_pickle.py
+# ``NumpyArrayWrapper.read_array``). The class defines no hook, and the rebuild runs only that read: data, where the
+# rest of the ``joblib`` package loads files and pickles (``joblib.load``). Admitted only rebuilt so, with a plain
+# numpy ``subclass`` (``pickle_analysis`` checks the state); never called.
+JOBLIB_ARRAY = GlobalRef("joblib.numpy_pickle", "NumpyArrayWrapper")
+
+
 @functools.lru_cache(maxsize=4096)
 def _settled(g: GlobalRef) -> tuple[Standing, str] | None:
     """What ``g`` is by name alone (dangerous, computed, allowlisted, an attribute chain), or None when only the
     installed source can tell."""
+    if g == JOBLIB_ARRAY:
+        return Standing.ALLOWED, "joblib's array wrapper, data when rebuilt as joblib.dump writes it"
     if g.module.startswith("<") or g.name.startswith("<") or is_dangerous(g):
         return Standing.UNSAFE, "runs code or is computed at load time"
     if is_allowed(g):
@@ -631,7 +647,7 @@ def rebuilt_as_data(g: GlobalRef) -> bool:
     whose installed source, and that of every base, defines no hook the rebuild calls and no decorator but
     ``dataclass`` (``dataclass`` writes only ``__init__``, comparison and ``__repr__`` methods, and a frozen one a
     ``__setattr__`` that raises)."""
-    if is_allowed(g):
+    if is_allowed(g) or g == JOBLIB_ARRAY:
         return True
     facts = class_facts(g.module, g.name)
     return facts is not None and _plain(facts, 0)
