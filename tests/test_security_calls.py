@@ -4,7 +4,7 @@ Calling a class runs its ``__new__``/``__init__``: classes of torch and numpy th
 ``exec`` and ``eval`` an argument are each called here by a payload that is live under ``torch.load(weights_only=
 False)`` (proved in a subprocess), and each is a CKD601 error when it is the ``training_args.bin`` of an otherwise
 complete Trainer checkpoint. The review of the entries admitted for calls is docs/security.md ("Calls"); the tests
-below hold it to ``pickle_policy.CALLS`` and ``CALLED_ENUMS`` and to the calls real files make.
+below hold it to ``pickle_policy.REVIEWED_CALLS`` and ``CALLED_ENUMS`` and to the calls real files make.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ckptdoctor.model import GlobalRef
 from ckptdoctor.pickle_analysis import judge
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.rules import pickle_policy
-from ckptdoctor.rules.pickle_policy import CALLED_ENUMS, CALLS, REBUILD_HOOKS, is_dangerous
+from ckptdoctor.rules.pickle_policy import CALLED_ENUMS, REBUILD_HOOKS, REVIEWED_CALLS, is_dangerous
 from ckptdoctor.scanner import scan
 from tests import payloads
 from tests.builders import make_checkpoint
@@ -131,14 +131,14 @@ def test_real_stacks_call_only_reviewed_entries() -> None:
     doc = json.loads((ROOT / "ckptdoctor" / "rules" / "allowlist.json").read_text())
     called = doc["called"]
     assert called, "the allowlist records the calls real files make"
-    assert [g for g in called if g not in CALLS and g not in CALLED_ENUMS] == []
+    assert [g for g in called if g not in REVIEWED_CALLS and g not in CALLED_ENUMS] == []
 
 
 def test_the_review_in_docs_lists_every_entry_admitted_for_calls() -> None:
     text = (ROOT / "docs" / "security.md").read_text()
     review = text[text.index("## Calls") :]
     review = review[: review.index("\n## ", 4)]
-    missing = [name for name in (*CALLS, *CALLED_ENUMS, *REBUILD_HOOKS) if f"`{name}`" not in review]
+    missing = [name for name in (*REVIEWED_CALLS, *CALLED_ENUMS, *REBUILD_HOOKS) if f"`{name}`" not in review]
     assert missing == []
 
 

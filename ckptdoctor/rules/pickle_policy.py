@@ -168,7 +168,7 @@ ALLOWED: frozenset[str] = frozenset(
         # Lightning keeps every ``__init__`` argument of a module in ``hyper_parameters`` (``save_hyperparameters``):
         # an ``argparse.Namespace`` argument is pickled as NEWOBJ of no arguments + BUILD of its attribute dict, a
         # rebuild that runs no code of it (Lib/argparse.py ``Namespace`` defines no ``__new__``/``__setstate__``);
-        # a call of it with arguments is not admitted (``CALLS``)
+        # a call of it with arguments is not admitted (``REVIEWED_CALLS``)
         "argparse.Namespace",
         # ckptdoctor's own reference trainer writes its args dataclass
         "ckptdoctor.reference.train.TrainConfig",
@@ -387,7 +387,7 @@ def is_dangerous(g: GlobalRef) -> bool:
 # library's own writer for its values, and was reviewed harmless for any arguments the policy lets a stream build:
 # the review is docs/security.md ("Calls"), one line per entry there, and ``tests/test_security_calls.py`` checks
 # both lists agree.
-CALLS: dict[str, str] = {
+REVIEWED_CALLS: dict[str, str] = {
     # the standard library's own pickling of its values (Lib/pickle.py ``save_set``/``save_bytes``/..., each type's
     # ``__reduce__``): each converts or copies its arguments, calling at most their own conversion methods
     "builtins.set": "copies an iterable",
@@ -473,10 +473,10 @@ CALLED_ENUMS: frozenset[str] = frozenset(
 
 
 def may_call(g: GlobalRef) -> bool:
-    """Whether a stream may call ``g`` with arguments: an entry of ``CALLS`` or ``CALLED_ENUMS``, or a torch dtype
-    or layout constant (not callable: calling one is a ``TypeError``)."""
+    """Whether a stream may call ``g`` with arguments: an entry of ``REVIEWED_CALLS`` or ``CALLED_ENUMS``, or a torch
+    dtype or layout constant (not callable: calling one is a ``TypeError``)."""
     dotted = g.dotted
-    return dotted in CALLS or dotted in CALLED_ENUMS or (g.module == "torch" and g.name in _TORCH_DTYPES)
+    return dotted in REVIEWED_CALLS or dotted in CALLED_ENUMS or (g.module == "torch" and g.name in _TORCH_DTYPES)
 
 
 class Standing(enum.Enum):
@@ -643,8 +643,8 @@ _PLAIN_BASES = frozenset({"builtins.object"})
 @functools.lru_cache(maxsize=1024)
 def rebuilt_as_data(g: GlobalRef) -> bool:
     """Whether a NEWOBJ of ``g`` with no arguments, then a BUILD, runs none of its own code: an exact allowlist
-    entry (each observed rebuilt so by a real stack; those defining a hook are reviewed in ``CALLS``), or a class
-    whose installed source, and that of every base, defines no hook the rebuild calls and no decorator but
+    entry (each observed rebuilt so by a real stack; the hooks of those defining one are reviewed in
+    ``REBUILD_HOOKS``), or a class whose installed source, and that of every base, defines no hook the rebuild calls and no decorator but
     ``dataclass`` (``dataclass`` writes only ``__init__``, comparison and ``__repr__`` methods, and a frozen one a
     ``__setattr__`` that raises)."""
     if is_allowed(g) or g == JOBLIB_ARRAY:
