@@ -644,9 +644,9 @@ _PLAIN_BASES = frozenset({"builtins.object"})
 def rebuilt_as_data(g: GlobalRef) -> bool:
     """Whether a NEWOBJ of ``g`` with no arguments, then a BUILD, runs none of its own code: an exact allowlist
     entry (each observed rebuilt so by a real stack; the hooks of those defining one are reviewed in
-    ``REBUILD_HOOKS``), or a class whose installed source, and that of every base, defines no hook the rebuild calls and no decorator but
-    ``dataclass`` (``dataclass`` writes only ``__init__``, comparison and ``__repr__`` methods, and a frozen one a
-    ``__setattr__`` that raises)."""
+    ``REBUILD_HOOKS``), joblib's array wrapper, or a class whose installed source, and that of every base, defines no
+    hook the rebuild calls and no decorator but ``dataclass`` (``dataclass`` writes only ``__init__``, comparison and
+    ``__repr__`` methods, and a frozen one a ``__setattr__`` that raises)."""
     if is_allowed(g) or g == JOBLIB_ARRAY:
         return True
     facts = class_facts(g.module, g.name)
