@@ -621,3 +621,39 @@ def class_call_payloads(canary: Path) -> list[Payload]:
         ),
     ]
     return [Payload(name, "training_args.bin", _torch_zip(data), "torch", expect) for name, data, expect in out]
+
+
+def slug(name: str) -> str:
+    """A payload's name as a file or folder name."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def dead(build: Any, tmp_path: Path, loader: str) -> list[str]:
+    """Load every payload of ``build(canary)``, each made again with a canary of its own and written to
+    ``tmp_path/<slug>/<filename>``, with the ``loader`` script in a child process (stdin: a JSON list of ``{"path",
+    "loader"}``); returns the names of those whose canary was not created."""
+    import json
+    import sys
+
+    items, expected = [], []
+    for p in build(tmp_path / "unused"):
+        canary = tmp_path / f"canary-{slug(p.name)}"
+        again = {q.name: q for q in build(canary)}[p.name]
+        path = tmp_path / slug(p.name) / again.filename
+        path.parent.mkdir(parents=True)
+        path.write_bytes(again.data)
+        items.append({"path": str(path), "loader": again.loader})
+        expected.append((p.name, canary))
+    subprocess.run([sys.executable, "-c", loader], input=json.dumps(items).encode(), check=True, timeout=600,
+                   capture_output=True, cwd=tmp_path)  # fmt: skip
+    return [name for name, canary in expected if not canary.exists()]
+
+
+def missed(findings: Any, placed: dict[str, Payload]) -> list[tuple[str, list[str]]]:
+    """The placed payloads (path -> payload) without a CKD601 error naming what each must name, with what was found."""
+    out = []
+    for path, p in placed.items():
+        hits = [f for f in findings if f.path == path]
+        if not any(f.rule == "CKD601" and f.severity.name == "ERROR" and p.expect in f.message for f in hits):
+            out.append((p.name, [f"{f.rule}: {f.message}" for f in hits]))
+    return out

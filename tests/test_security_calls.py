@@ -13,8 +13,6 @@ import enum
 import importlib
 import inspect
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _LOAD = r"""
 import io, json, sys, time
 import torch
-for path in json.load(sys.stdin):
+for item in json.load(sys.stdin):
     try:
-        torch.load(path, weights_only=False)
+        torch.load(item["path"], weights_only=False)
     except BaseException:
         pass  # the call ran before whatever failed after it
 time.sleep(0.5)  # a started process creates its canary on its own time
@@ -47,47 +45,25 @@ time.sleep(0.5)  # a started process creates its canary on its own time
 
 @pytest.fixture(autouse=True)
 def _fresh_policy_caches() -> Iterator[None]:
-    caches = (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs, pickle_policy.rebuilt_as_data)
-    for cached in caches:
-        cached.cache_clear()
+    """Source facts are cached per process; tests that add or remove packages start and end clean."""
+    pickle_policy.clear_caches()
     yield
-    for cached in caches:
-        cached.cache_clear()
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in name)
+    pickle_policy.clear_caches()
 
 
 def test_every_class_call_payload_is_live(tmp_path: Path) -> None:
-    paths, expected = [], []
-    for p in payloads.class_call_payloads(tmp_path / "unused"):
-        canary = tmp_path / f"canary-{_slug(p.name)}"
-        again = {q.name: q for q in payloads.class_call_payloads(canary)}[p.name]
-        path = tmp_path / f"{_slug(p.name)}.bin"
-        path.write_bytes(again.data)
-        paths.append(str(path))
-        expected.append((p.name, canary))
-    subprocess.run([sys.executable, "-c", _LOAD], input=json.dumps(paths).encode(), check=True, timeout=600,
-                   capture_output=True, cwd=tmp_path)  # fmt: skip
-    dead = [name for name, canary in expected if not canary.exists()]
-    assert not dead, f"payloads that did not run: {dead}"
+    assert payloads.dead(payloads.class_call_payloads, tmp_path, _LOAD) == []
 
 
 def test_each_class_call_is_ckd601_in_a_complete_trainer_checkpoint(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     placed = {}
     for p in payloads.class_call_payloads(canary):
-        ck = make_checkpoint(tmp_path / "runs" / _slug(p.name) / "checkpoint-4")
+        ck = make_checkpoint(tmp_path / "runs" / payloads.slug(p.name) / "checkpoint-4")
         (ck / p.filename).write_bytes(p.data)
-        placed[f"{_slug(p.name)}/checkpoint-4/{p.filename}"] = p
+        placed[f"{payloads.slug(p.name)}/checkpoint-4/{p.filename}"] = p
     report = scan(str(tmp_path / "runs"))
-    missed = []
-    for path, p in placed.items():
-        hits = [f for f in report.findings if f.path == path and f.rule == "CKD601" and f.severity.name == "ERROR"]
-        if not any(p.expect in f.message for f in hits):
-            missed.append((p.name, [f"{f.rule} {f.path}: {f.message}" for f in report.findings if f.path == path]))
-    assert not missed, missed
+    assert payloads.missed(report.findings, placed) == []
     assert not canary.exists()
     # the checkpoints are otherwise complete: nothing else of them is a security finding
     assert all(f.path in placed for f in report.findings if f.rule.startswith("CKD6"))

@@ -52,12 +52,9 @@ def _security(root: Path, **kw: object) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_policy_caches() -> Iterator[None]:
     """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    caches = (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs, pickle_policy.rebuilt_as_data)
-    for cached in caches:
-        cached.cache_clear()
+    pickle_policy.clear_caches()
     yield
-    for cached in caches:
-        cached.cache_clear()
+    pickle_policy.clear_caches()
 
 
 def test_real_trl_and_deepspeed_training_args_are_clean() -> None:

@@ -342,7 +342,7 @@ KNOWN_PACKAGES: frozenset[str] = frozenset(
 _DATA_BASES = frozenset({"enum.Enum", "enum.IntEnum", "enum.StrEnum", "enum.Flag", "enum.IntFlag"})
 # Hooks the unpickler calls on a class (NEWOBJ, REDUCE of the class, BUILD): a class defining one runs its own code.
 _HOOKS = frozenset({"__reduce__", "__reduce_ex__", "__setstate__", "__new__", "__getattr__", "__getattribute__",
-                    "__setattr__", "__init_subclass__", "__class_getitem__"})  # fmt: skip
+                    "__setattr__", "__init_subclass__", "__class_getitem__", "__dict__"})  # fmt: skip
 _MAX_SOURCE = 4 << 20  # bytes of one module's source read
 _MAX_HOPS = 12  # re-exports and base classes followed
 
@@ -564,6 +564,12 @@ def standing(g: GlobalRef) -> tuple[Standing, str]:
         return Standing.ALLOWED, f"a class deriving from {base} (read from its source)"
     why = f" defining {', '.join(hooks)}" if hooks else ""
     return Standing.UNKNOWN, f"a class of {top}{why}, outside the known packages"
+
+
+def clear_caches() -> None:
+    """Forget every cached fact about installed sources (tests that add or remove packages)."""
+    for cached in (_settled, standing, _module_defs, rebuilt_as_data):
+        cached.cache_clear()
 
 
 class FileStandings:
