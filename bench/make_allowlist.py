@@ -18,7 +18,8 @@ ckptdoctor's own static readers (nothing is unpickled). The versions each stack 
 of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
 TrainingArguments setting pickles another member of the same family (an enum member is rebuilt by value lookup: no
 code of ours or theirs runs), and the classes of DCP's metadata and planner modules and numpy's dtype classes by exact
-name (they replace the ``module.*`` entries the policy no longer has).
+name (they replace the ``module.*`` entries the policy no longer has). ``called`` lists the globals those files call
+with arguments; each must be reviewed in ``pickle_policy.REVIEWED_CALLS`` or ``CALLED_ENUMS`` (``--check``).
 """
 
 from __future__ import annotations
