@@ -92,7 +92,8 @@ def test_a_payload_in_a_torchscript_archive_is_still_flagged(tmp_path: Path) -> 
 
 # joblib -----------------------------------------------------------------------------------------------------------
 
-_JOBLIB = STACKS / "joblib-1.6.0-arrays.joblib"  # joblib.dump({"w": f32[3,4], "b": i64[3], "step": 4}) by 1.6.0
+_JOBLIB = Path(__file__).parent / "data" / "joblib" / "joblib-1.6.0-arrays.joblib"  # joblib.dump by 1.6.0
+# of {"w": f32[3,4], "b": i64[3], "step": 4}; outside data/stacks until the walker reads it clean (xfail below)
 
 
 def _joblib_stream() -> bytes:
