@@ -94,10 +94,6 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         )
     first = members[0].name
     prefix = first.split("/", 1)[0] if "/" in first else ""
-    # torch.load hands an archive holding `constants.pkl` to torch.jit.load (torch/serialization.py
-    # ``_is_torchscript_zip``), which compiles `code/` records as TorchScript source (torch.jit.save deflates them)
-    torchscript = bool(prefix) and any(m.name == f"{prefix}/constants.pkl" for m in members)
-    script_code = f"{prefix}/code/" if torchscript else None
     by_name: dict[str, ZipMember] = {}
     dupes: list[str] = []
     compressed: list[str] = []
@@ -109,13 +105,17 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         else:
             by_name[m.name] = m
         if m.method != 0:
-            if script_code is None or not m.name.startswith(script_code):
-                compressed.append(m.name)
+            compressed.append(m.name)
         elif m.size != m.compressed_size:
             inconsistent.append(m.name)
         # The data can only start after a 30-byte local header and the name.
         if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
             beyond.append(m.name)
+    # torch.load hands an archive holding `constants.pkl` to torch.jit.load (torch/serialization.py
+    # ``_is_torchscript_zip``), which compiles `code/` records as TorchScript source (torch.jit.save deflates them)
+    torchscript = bool(prefix) and f"{prefix}/constants.pkl" in by_name
+    if torchscript and compressed:
+        compressed = [n for n in compressed if not n.startswith(f"{prefix}/code/")]
     problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed, limits.zip_data_local_headers))
     if inconsistent:
         problems.append(
