@@ -18,7 +18,8 @@ ckptdoctor's own static readers (nothing is unpickled). The versions each stack 
 of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
 TrainingArguments setting pickles another member of the same family (an enum member is rebuilt by value lookup: no
 code of ours or theirs runs), and the classes of DCP's metadata and planner modules and numpy's dtype classes by exact
-name (they replace the ``module.*`` entries the policy no longer has).
+name (they replace the ``module.*`` entries the policy no longer has). ``called`` lists the globals those files call
+with arguments; each must be reviewed in ``pickle_policy.REVIEWED_CALLS`` or ``CALLED_ENUMS`` (``--check``).
 """
 
 from __future__ import annotations
@@ -194,8 +195,10 @@ def write_stacks(folder: Path, stacks_dir: Path) -> dict[str, Any]:
     return covered
 
 
-def globals_in(folder: Path) -> dict[str, set[str]]:
-    """dotted global -> names of the files under ``folder`` that import it (read statically by ckptdoctor)."""
+def globals_in(folder: Path, called: set[str] | None = None) -> dict[str, set[str]]:
+    """dotted global -> names of the files under ``folder`` that import it (read statically by ckptdoctor); the
+    globals some file calls with arguments (anything but a NEWOBJ of no arguments and its BUILD: ``calls`` without
+    ``rebuilt``) are added to ``called``."""
     out: dict[str, set[str]] = {}
     for root, _dirs, files in os.walk(folder):
         in_dcp = any(n.endswith((".distcp", ".metadata")) for n in files)
@@ -208,6 +211,8 @@ def globals_in(folder: Path) -> dict[str, set[str]]:
                 continue
             for g in (*pf.globals, *pf.calls):
                 out.setdefault(g.dotted, set()).add(name)
+            if called is not None:
+                called.update(g.dotted for g in pf.calls if g not in pf.rebuilt)
     return out
 
 
@@ -417,7 +422,8 @@ def build(
     has_ds = importlib.util.find_spec("deepspeed") is not None
     ds = write_deepspeed(work, stacks_dir / DEEPSPEED_LAYER if stacks_dir else None) if deepspeed else []
     stacks = write_stacks(work / "stacks", stacks_dir) if stacks_dir is not None else {}
-    found = globals_in(work)
+    called: set[str] = set()
+    found = globals_in(work, called)
     # What peft adds: the globals of every adapter_model.bin the matrix wrote (LoRA, DoRA, IA3, modules_to_save,
     # prompt tuning, under each peft release of the matrix).
     adapters = sorted({g for g, files in found.items() if "adapter_model.bin" in files})
@@ -431,6 +437,8 @@ def build(
         "deepspeed_runs": ds,
         "adapter_globals": adapters,
         "observed": {g: sorted(files)[:4] for g, files in sorted(found.items())},
+        # what real files call with arguments: each must be reviewed in pickle_policy.REVIEWED_CALLS / CALLED_ENUMS
+        "called": sorted(called),
         "enums": sorted(enums - set(found)),
         "classes": sorted(classes - set(found) - enums),
     }
@@ -450,7 +458,11 @@ def main() -> None:
         known = set(pinned["observed"]) | set(pinned["enums"]) | set(pinned.get("classes", ()))
         missing = sorted(set(doc["observed"]) - known)
         print("missing from the pinned allowlist:", missing or "none")
-        sys.exit(1 if missing else 0)
+        from ckptdoctor.rules.pickle_policy import CALLED_ENUMS, REVIEWED_CALLS
+
+        unreviewed = sorted(g for g in doc["called"] if g not in REVIEWED_CALLS and g not in CALLED_ENUMS)
+        print("called by real files, not reviewed for calls:", unreviewed or "none")
+        sys.exit(1 if missing or unreviewed else 0)
     OUT.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     print(f"wrote {OUT}: {len(doc['observed'])} observed globals, {len(doc['enums'])} enum classes, "
           f"{len(doc['classes'])} data classes, DeepSpeed runs: {doc['deepspeed_runs'] or 'none'}, "

@@ -171,6 +171,9 @@ class PickleFacts:
     calls: tuple[GlobalRef, ...]  # globals the stream calls (REDUCE/NEWOBJ/INST/OBJ targets), deduplicated
     opcodes: int
     persistent_ids: int = 0
+    # the globals of ``calls`` the stream only rebuilds without arguments: every call of each is a NEWOBJ of an empty
+    # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
+    rebuilt: tuple[GlobalRef, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -226,6 +229,9 @@ class TorchFacts:
     pickle: PickleFacts | None
     tensors: tuple[tuple[str, TensorRef], ...]
     byteorder: str = "little"
+    # a TorchScript archive (``torch.jit.save``: it holds ``constants.pkl``), which ``torch.load`` hands to
+    # ``torch.jit.load``: its pickles are read by TorchScript's own unpickler, its ``code/`` records are TorchScript
+    torchscript: bool = False
 
 
 @frozen

@@ -26,7 +26,14 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
-from ckptdoctor.rules.pickle_policy import Allowance, FileStandings, Standing
+from ckptdoctor.rules.pickle_policy import (
+    JOBLIB_ARRAY,
+    Allowance,
+    FileStandings,
+    Standing,
+    may_call,
+    rebuilt_as_data,
+)
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
@@ -65,9 +72,10 @@ TRAINING_ARGS_FIELDS = frozenset(
 class _Judge:
     """Judges the globals of one file's streams under one set of user allowances."""
 
-    def __init__(self, allow: tuple[Allowance, ...], standing: FileStandings) -> None:
+    def __init__(self, allow: tuple[Allowance, ...], standing: FileStandings, torchscript: bool = False) -> None:
         self.allow = allow
         self.standing = standing
+        self.torchscript = torchscript  # the file's own streams are read by TorchScript's unpickler only
         self.limit = ""  # the LIMIT note, when a global the limit left unjudged by source is unsafe
         self.unsafe: dict[str, None] = {}
         self.unknown: dict[str, None] = {}
@@ -76,13 +84,43 @@ class _Judge:
 
     def globals_of(self, pf: PickleFacts, where: str, clean: bool = True) -> None:
         called = set(pf.calls)
+        rebuilt = set(pf.rebuilt)
+        # Globals handed to any call: searched once, on first need; None when the search ran past its budget.
+        passed: set[GlobalRef] | None = None
+        searched = False
+        demoted: set[GlobalRef] = set()  # proved names that the stream calls: never TrainingArguments data
         pending: list[tuple[GlobalRef, Standing, str]] = []
         for g in (*pf.globals, *pf.calls):
+            if self.torchscript and not where and _torchscript_own(g):
+                self.admitted[(g.dotted, _TORCHSCRIPT_WHY)] = None
+                continue
             st, why = self.standing(g)
             if st is Standing.ALLOWED:
-                if why != "allowlist":
-                    self.admitted[(g.dotted, why)] = None
-                continue
+                # A name is what the allowlist or the source proves; a call runs code the proof says nothing about.
+                if g in rebuilt:
+                    if rebuilt_as_data(g) and (g != JOBLIB_ARRAY or _joblib_arrays_are_data(pf.value)):
+                        if why != "allowlist":
+                            self.admitted[(g.dotted, f"{why}, rebuilt without arguments")] = None
+                        continue
+                    st, why = Standing.UNPROVEN, "rebuilt, but defines a hook the rebuild calls"
+                elif g in called:
+                    if may_call(g):
+                        continue
+                    st, why = Standing.UNPROVEN, "called, and not reviewed harmless for any arguments"
+                elif why != "allowlist":
+                    if not searched:
+                        passed, searched = _passed_anywhere(pf.value), True
+                    if passed is not None and g not in passed:
+                        self.admitted[(g.dotted, why)] = None
+                        continue
+                    st, why = Standing.UNPROVEN, (
+                        "handed to a call, and not reviewed harmless for any arguments"
+                        if passed is not None
+                        else "may be handed to a call (values past the search budget)"
+                    )
+                else:
+                    continue
+                demoted.add(g)
             if st is not Standing.UNSAFE:
                 user = next((a for a in self.allow if a.admits(g)), None)
                 if user is not None:
@@ -92,14 +130,13 @@ class _Judge:
         if not pending:
             return
         data = _training_args_classes(pf.value) if any(st is Standing.UNPROVEN for _, st, _ in pending) else set()
-        passed: set[GlobalRef] | None = set()
-        if any(g not in called for g, _, _ in pending):
-            passed = _passed_anywhere(pf.value)
-            if passed is None:
-                self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
+        if not searched and any(g not in called for g, _, _ in pending):
+            passed, searched = _passed_anywhere(pf.value), True
+        if searched and passed is None:
+            self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
         for g, st, why in pending:
             text = where + describe(g)
-            if st is Standing.UNPROVEN and g in data:
+            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
             elif st is Standing.UNKNOWN and g not in called and passed is not None and g not in passed:
                 if clean:
@@ -112,14 +149,31 @@ class _Judge:
                     self.limit = why
 
 
-def judge(pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = ()) -> Verdict:
+# torch.jit.load's unpickler (torch/csrc/jit/serialization/unpickler.cpp ``Unpickler::readGlobal``) never imports a
+# Python global: `__torch__.*` names resolve to the archive's own TorchScript classes, compiled from its `code/`
+# records, and torch/jit/_pickle.py's list builders are read natively. Python's unpickler never reads these streams:
+# torch.load hands the archive to torch.jit.load (torch/serialization.py).
+_TORCHSCRIPT_BUILDERS = frozenset({"build_intlist", "build_tensorlist", "build_doublelist", "build_boollist",
+                                   "build_tensor_from_id", "restore_type_tag"})  # fmt: skip
+_TORCHSCRIPT_WHY = "read by torch.jit.load's TorchScript unpickler, which imports no Python (a TorchScript archive)"
+
+
+def _torchscript_own(g: GlobalRef) -> bool:
+    return (g.module == "__torch__" or g.module.startswith("__torch__.")) or (
+        g.module == "torch.jit._pickle" and g.name in _TORCHSCRIPT_BUILDERS
+    )
+
+
+def judge(
+    pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = (), torchscript: bool = False
+) -> Verdict:
     """Judge every global ``pf`` imports or calls, then the pickles nested in its values (see ``pickle_policy``).
 
     Unsafe: anything dangerous or computed (imported or called), attribute chains outside the allowlist, any global
     no fact proves to be a class (deny by default), a class outside the known packages that is called or passed to
     a call (in its arguments, dict keys and sets included). ``allow`` are the user's allowances.
     """
-    j = _Judge(allow, FileStandings(limits.pickle_source_globals))
+    j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
     j.globals_of(pf, "")
     calls_unsafe = any(describe(g) in j.unsafe for g in pf.calls)
     budget = [_MAX_NESTED, limits.pickle_bytes]
@@ -144,7 +198,16 @@ def file_pickle(f: FileFacts) -> PickleFacts | None:
 
 def tree_verdicts(tree: Tree, allow: tuple[Allowance, ...] = ()) -> tuple[tuple[str, Verdict], ...]:
     """The verdict of every file of ``tree`` holding pickle streams, by path: what ``with_verdicts`` attaches."""
-    return tuple((f.path, judge(pf, allow=allow)) for f in tree.all_files() if (pf := file_pickle(f)) is not None)
+    return tuple(
+        (f.path, judge(pf, allow=allow, torchscript=_torchscript(f)))
+        for f in tree.all_files()
+        if (pf := file_pickle(f)) is not None
+    )
+
+
+def _torchscript(f: FileFacts) -> bool:
+    """A TorchScript archive that no other loader reads as a pickle (no polyglot stream)."""
+    return isinstance(f.content, TorchFacts) and f.content.torchscript and f.alt_pickle is None
 
 
 def with_verdicts(tree: Tree, allow: tuple[tuple[str, str], ...] = ()) -> Tree:
@@ -175,6 +238,38 @@ def _training_args_classes(value: PickleValue) -> set[GlobalRef]:
         ):
             out.add(v.func)
     return out
+
+
+_NUMPY_ARRAY_CLASSES = frozenset({GlobalRef("numpy", "ndarray"), GlobalRef("numpy", "memmap")})
+
+
+def _joblib_arrays_are_data(value: PickleValue) -> bool:
+    """Whether every joblib array wrapper in ``value`` has the state ``joblib.dump`` writes: a dict whose
+    ``subclass`` is ``numpy.ndarray`` or ``numpy.memmap`` (``read`` hands any other subclass to numpy's
+    ``_reconstruct``, a call of that class)."""
+    todo: list[Any] = [value]
+    seen: set[int] = set()
+    count = 0
+    while todo and count < _MAX_PASSED:
+        v = todo.pop()
+        count += 1
+        t = type(v)
+        if t is Opaque:
+            if v.func == JOBLIB_ARRAY:
+                state = v.state
+                if type(state) is not dict or state.get("subclass") not in _NUMPY_ARRAY_CLASSES:
+                    return False
+            if id(v) not in seen:
+                seen.add(id(v))
+                todo.append(v.args)
+                todo.append(v.state)
+        elif t is dict and id(v) not in seen:
+            seen.add(id(v))
+            todo.extend(v.values())
+        elif (t is list or t is tuple) and id(v) not in seen:
+            seen.add(id(v))
+            todo.extend(v)
+    return not todo  # past the budget, not proved
 
 
 _MAX_PASSED = 100_000  # values looked at for globals handed to calls

@@ -560,3 +560,100 @@ def _npy(descr: str, shape: tuple[int, ...], body: bytes) -> bytes:
     pad = 64 - (10 + len(header) + 1) % 64
     header += b" " * pad + b"\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + body
+
+
+def _t(*items: bytes) -> bytes:
+    """A tuple of already pickled items (MARK ... TUPLE)."""
+    return b"(" + b"".join(items) + b"t"
+
+
+def class_call_payloads(canary: Path) -> list[Payload]:
+    """Calls of classes of known packages (torch, numpy) and of functions that call a class they are handed: each
+    creates ``canary`` under ``torch.load(weights_only=False)`` as ``training_args.bin`` (issue 22, item 1). A class
+    proved by its package's source used to pass whatever the stream handed it."""
+    c = str(canary)
+    # timeit.Timer compiles and execs a template holding ``stmt``: a carriage return ends the template's line
+    # without the indent timeit adds after each newline, so the code after it runs at the template's top level.
+    stmt = f"pass\r__import__('os').system('touch {c}')\rdef _g(_it, _timer):\r    if 1:\r        pass"
+    timer = _g("torch.utils.benchmark.utils.timer", "Timer")
+    memmap_args = _s(c) + _s("uint8") + _s("w+") + b"K\x00" + b"K\x01\x85"  # numpy.memmap(path, mode="w+")
+    handler = _g("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler",
+                 "SubprocessHandler")  # fmt: skip
+    out = [
+        ("Timer construction execs its statement", _p2(_call(timer, _s(stmt))), "timer.Timer"),
+        (
+            "Timer through the torch.utils.benchmark re-export (STACK_GLOBAL)",
+            b"\x80\x04" + _sg("torch.utils.benchmark", "Timer") + _s(stmt) + b"\x85R.",
+            "torch.utils.benchmark.Timer",
+        ),
+        ("numpy.memmap REDUCE creates and writes a file", _p2(_call(_g("numpy", "memmap"), memmap_args)), "memmap"),
+        ("numpy.memmap NEWOBJ with arguments", _p2(_g("numpy", "memmap") + _t(memmap_args) + b"\x81"), "memmap"),
+        (
+            "numpy.memmap NEWOBJ_EX with keyword arguments",
+            b"\x80\x04" + _sg("numpy", "memmap") + _t(_s(c)) + b"}(" + _s("mode") + _s("w+") + _s("shape")
+            + b"K\x01\x85u\x92.",
+            "memmap",
+        ),
+        ("numpy.memmap OBJ", b"\x80\x02(" + _g("numpy", "memmap") + memmap_args + b"o.", "memmap"),
+        ("numpy.memmap INST", b"(" + memmap_args + b"inumpy\nmemmap\n.", "memmap"),
+        (
+            "sympy eval through a torch sympy function (FloorDiv)",
+            _p2(_call(_g("torch.utils._sympy.functions", "FloorDiv"), _s(f"__import__('os').system('touch {c}')"),
+                      b"K\x01")),
+            "FloorDiv",
+        ),
+        (
+            "copyreg._reconstructor calls the base it is handed",
+            _p2(_call(_g("copyreg", "_reconstructor"), timer, timer, _s(stmt))),
+            "timer.Timer",
+        ),
+        (
+            "torch._tensor._rebuild_from_type_v2 calls the function it is handed",
+            _p2(_call(_g("torch._tensor", "_rebuild_from_type_v2"), timer, _g("torch", "Tensor"), _t(_s(stmt)),
+                      b"}")),
+            "timer.Timer",
+        ),
+        (
+            "a process from a multiprocessing module deep in torch",
+            _p2(_call(handler, _s("/usr/bin/touch"), _t(_s(c)), b"}" + _s("PATH") + _s("/usr/bin:/bin") + b"s",
+                      b"NNK\x00N")),
+            "multiprocessing",
+        ),
+    ]
+    return [Payload(name, "training_args.bin", _torch_zip(data), "torch", expect) for name, data, expect in out]
+
+
+def slug(name: str) -> str:
+    """A payload's name as a file or folder name."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def dead(build: Any, tmp_path: Path, loader: str) -> list[str]:
+    """Load every payload of ``build(canary)``, each made again with a canary of its own and written to
+    ``tmp_path/<slug>/<filename>``, with the ``loader`` script in a child process (stdin: a JSON list of ``{"path",
+    "loader"}``); returns the names of those whose canary was not created."""
+    import json
+    import sys
+
+    items, expected = [], []
+    for p in build(tmp_path / "unused"):
+        canary = tmp_path / f"canary-{slug(p.name)}"
+        again = {q.name: q for q in build(canary)}[p.name]
+        path = tmp_path / slug(p.name) / again.filename
+        path.parent.mkdir(parents=True)
+        path.write_bytes(again.data)
+        items.append({"path": str(path), "loader": again.loader})
+        expected.append((p.name, canary))
+    subprocess.run([sys.executable, "-c", loader], input=json.dumps(items).encode(), check=True, timeout=600,
+                   capture_output=True, cwd=tmp_path)  # fmt: skip
+    return [name for name, canary in expected if not canary.exists()]
+
+
+def missed(findings: Any, placed: dict[str, Payload]) -> list[tuple[str, list[str]]]:
+    """The placed payloads (path -> payload) without a CKD601 error naming what each must name, with what was found."""
+    out = []
+    for path, p in placed.items():
+        hits = [f for f in findings if f.path == path]
+        if not any(f.rule == "CKD601" and f.severity.name == "ERROR" and p.expect in f.message for f in hits):
+            out.append((p.name, [f"{f.rule}: {f.message}" for f in hits]))
+    return out

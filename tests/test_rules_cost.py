@@ -257,7 +257,7 @@ def pickles(root: Path) -> Path:
         "nested-zip": _state_dict_pickle(inner_evil),
         "many": [inner_unknown] * 70,  # more nested pickles than the per-file budget
         "class-ref": {"cls": Custom, "t": (Custom, 1)},  # unproven (not installed): CKD601
-        "installed-class-ref": {"cls": argparse.Namespace, "t": (argparse.Namespace, 1)},  # named, never called: CKD602
+        "installed-class-ref": {"cls": argparse.Action, "t": (argparse.Action, 1)},  # named, never called: CKD602
         "nested-class-ref": {"blob": pickle.dumps(Custom, protocol=2), "s": "z" * 15},
         "mixed": [Custom, inner_evil, pickle.dumps(Custom, protocol=4)],
     }

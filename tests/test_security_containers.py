@@ -6,16 +6,12 @@ that never creates the canary."""
 from __future__ import annotations
 
 import io
-import json
 import pickle
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from ckptdoctor.findings import Severity
 from ckptdoctor.model import FileKind, NumpyFacts
 from ckptdoctor.readers import read_file
 from ckptdoctor.scanner import scan
@@ -45,42 +41,19 @@ for item in json.load(sys.stdin):
 """
 
 
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in name)
-
-
 def test_every_container_payload_is_live(tmp_path: Path) -> None:
-    items, expected = [], []
-    for p in payloads.container_payloads(tmp_path / "unused"):
-        canary = tmp_path / f"canary-{_slug(p.name)}"
-        again = {q.name: q for q in payloads.container_payloads(canary)}[p.name]
-        path = tmp_path / _slug(p.name) / again.filename
-        path.parent.mkdir()
-        path.write_bytes(again.data)
-        items.append({"path": str(path), "loader": again.loader})
-        expected.append((p.name, canary))
-    subprocess.run([sys.executable, "-c", _LOADER], input=json.dumps(items).encode(), check=True, timeout=300,
-                   capture_output=True, cwd=tmp_path)  # fmt: skip
-    dead = [name for name, canary in expected if not canary.exists()]
-    assert not dead, f"payloads that did not run: {dead}"
+    assert payloads.dead(payloads.container_payloads, tmp_path, _LOADER) == []
 
 
 def test_every_container_payload_is_a_security_error(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     placed = {}
     for p in payloads.container_payloads(canary):
-        folder = tmp_path / "root" / _slug(p.name) / "checkpoint-1"
+        folder = tmp_path / "root" / payloads.slug(p.name) / "checkpoint-1"
         folder.mkdir(parents=True)
         (folder / p.filename).write_bytes(p.data)
-        placed[f"{_slug(p.name)}/checkpoint-1/{p.filename}"] = p
-    findings = scan(str(tmp_path / "root")).findings
-    missed = []
-    for path, p in placed.items():
-        hits = [f for f in findings if f.path == path]
-        caught = [f for f in hits if f.rule in ("CKD601", "CKD603", "CKD605") and f.severity is Severity.ERROR]
-        if not any(p.expect in f.message for f in caught if f.rule == "CKD601"):
-            missed.append((p.name, [f"{f.rule}: {f.message}" for f in hits]))
-    assert not missed, missed
+        placed[f"{payloads.slug(p.name)}/checkpoint-1/{p.filename}"] = p
+    assert payloads.missed(scan(str(tmp_path / "root")).findings, placed) == []
     assert not canary.exists()
 
 

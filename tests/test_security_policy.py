@@ -52,11 +52,9 @@ def _security(root: Path, **kw: object) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_policy_caches() -> Iterator[None]:
     """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs):
-        cached.cache_clear()
+    pickle_policy.clear_caches()
     yield
-    for cached in (pickle_policy._settled, pickle_policy.standing, pickle_policy._module_defs):
-        cached.cache_clear()
+    pickle_policy.clear_caches()
 
 
 def test_real_trl_and_deepspeed_training_args_are_clean() -> None:
@@ -297,17 +295,17 @@ def test_a_pickle_naming_thousands_of_modules_costs_a_bounded_number_of_source_l
 
 
 def test_past_the_limit_a_proven_class_is_unproven_and_the_verdict_says_why() -> None:
-    pf, _, _ = walk_pickle(pickle.dumps([argparse.Namespace, argparse.ArgumentParser], protocol=2))
+    pf, _, _ = walk_pickle(pickle.dumps([argparse.Action, argparse.ArgumentParser], protocol=2))
     assert pf is not None
     free = judge(pf)
     assert len(free.unknown) == 2 and not free.unsafe and not free.limit  # proven classes, only named: CKD602
     capped = judge(pf, Limits(pickle_source_globals=1))
-    assert capped.unknown == ("`argparse.Namespace`",) and capped.unsafe == ("`argparse.ArgumentParser`",)
+    assert capped.unknown == ("`argparse.Action`",) and capped.unsafe == ("`argparse.ArgumentParser`",)
     assert "more than 1 globals" in capped.limit
 
 
 def test_run_rules_on_a_tree_without_verdicts_honours_the_selection_allowances(tmp_path: Path) -> None:
-    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Action([], "a"), protocol=2))
     tree = discover(str(tmp_path))
     assert tree.pickle_verdicts is None
     allow = Selection(allow_globals=(("argparse.*", "--allow-global"),))
@@ -317,19 +315,19 @@ def test_run_rules_on_a_tree_without_verdicts_honours_the_selection_allowances(t
 
 
 def test_allow_global_on_the_command_line_is_shown_in_text_and_json(tmp_path: Path) -> None:
-    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    (tmp_path / "ns.pkl").write_bytes(pickle.dumps(argparse.Action([], "a"), protocol=2))
     runner = CliRunner()
     env = {"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "absent.toml")}
     denied = runner.invoke(main, ["scan", "--no-config", str(tmp_path)], env=env)
-    assert denied.exit_code == 1 and "CKD601" in denied.output and "argparse.Namespace" in denied.output
+    assert denied.exit_code == 1 and "CKD601" in denied.output and "argparse.Action" in denied.output
     text = runner.invoke(main, ["scan", "--allow-global", "argparse.*", str(tmp_path)], env=env)
     assert text.exit_code == 0, text.output
-    assert "pickle global `argparse.Namespace` allowed by --allow-global `argparse.*`" in text.output
-    doc = json.loads(runner.invoke(main, ["scan", "--format", "json", "--allow-global", "argparse.Namespace",
+    assert "pickle global `argparse.Action` allowed by --allow-global `argparse.*`" in text.output
+    doc = json.loads(runner.invoke(main, ["scan", "--format", "json", "--allow-global", "argparse.Action",
                                           str(tmp_path)], env=env).output)  # fmt: skip
     assert doc["findings"] == []
     assert doc["allowed_globals"] == [
-        {"file": str(tmp_path / "ns.pkl"), "global": "argparse.Namespace", "pattern": "argparse.Namespace",
+        {"file": str(tmp_path / "ns.pkl"), "global": "argparse.Action", "pattern": "argparse.Action",
          "origin": "--allow-global"}
     ]  # fmt: skip
 
@@ -337,13 +335,13 @@ def test_allow_global_on_the_command_line_is_shown_in_text_and_json(tmp_path: Pa
 def test_the_user_configuration_allows_and_a_scanned_settings_file_cannot(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "ns.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    (run / "ns.pkl").write_bytes(pickle.dumps(argparse.Action([], "a"), protocol=2))
     user = tmp_path / "user.toml"
-    user.write_text('allow-globals = ["argparse.Namespace"]\n')
+    user.write_text('allow-globals = ["argparse.Action"]\n')
     runner = CliRunner()
     ok = runner.invoke(main, ["scan", str(run)], env={"CKPTDOCTOR_USER_CONFIG": str(user)})
     assert ok.exit_code == 0 and f"allowed by allow-globals in {user}" in ok.output, ok.output
-    (run / ".ckptdoctor.toml").write_text('allow-globals = ["argparse.Namespace"]\n')
+    (run / ".ckptdoctor.toml").write_text('allow-globals = ["argparse.Action"]\n')
     smuggled = runner.invoke(main, ["scan", str(run)], env={"CKPTDOCTOR_USER_CONFIG": str(tmp_path / "none")})
     assert smuggled.exit_code == 2 and "unknown setting" in smuggled.output
 

@@ -363,13 +363,16 @@ def walk_pickle(
             problems.append(
                 ReadProblem(ProblemKind.LIMIT, f"value nests deeper than {limits.nesting_depth} levels; cut there")
             )
+    calls = walker.calls
+    rebuilt = tuple(g for g in walker.rebuilt if g not in calls)
     facts = PickleFacts(
         protocol=walker.protocol,
         value=value,
         globals=tuple(walker.globals),
-        calls=tuple(walker.calls),
+        calls=(*calls, *rebuilt) if rebuilt else tuple(calls),
         opcodes=walker.count,
         persistent_ids=walker.persistent_ids,
+        rebuilt=rebuilt,
     )
     return facts, tuple(problems), walker.pos
 
@@ -388,6 +391,9 @@ class _Walker:
         self.protocol = 0
         self.globals: dict[GlobalRef, None] = {}  # insertion-ordered set
         self.calls: dict[GlobalRef, None] = {}
+        # classes NEWOBJ-ed with no arguments, and BUILDs of such objects: the policy proves these from source, where
+        # any other call needs a reviewed entry (``PickleFacts.rebuilt``)
+        self.rebuilt: dict[GlobalRef, None] = {}
         self.persistent_ids = 0
         self._replayed_calls: set[int] = set()  # ids of GlobalRefs already in ``calls`` (kept alive by it)
         self.n = len(data)
@@ -909,7 +915,10 @@ class _Walker:
         state = stack.pop()
         inst = stack[-1]
         if type(inst) is _Obj:
-            self._call_target(inst)
+            if inst.new and inst.args == () and type(inst.func) is GlobalRef:
+                self.rebuilt[inst.func] = None  # ``__setstate__`` or a ``__dict__`` update of a NEWOBJ() object
+            else:
+                self._call_target(inst)
             if type(inst.state) is dict and type(state) is dict:
                 inst.state.update(state)
             else:
@@ -923,8 +932,11 @@ class _Walker:
         stack = self.stack
         args = stack.pop()
         cls = stack.pop()
-        self._call_target(cls)
-        self._passed(args)
+        if args == () and type(cls) is GlobalRef:
+            self.rebuilt[cls] = None  # ``cls.__new__(cls)``: no argument reaches its code
+        else:
+            self._call_target(cls)
+            self._passed(args)
         stack.append(_Obj(cls, args, new=True) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
 
     def _op_newobj_ex(self) -> None:
@@ -1038,10 +1050,16 @@ def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleF
     base = main if main is not None else PickleFacts(extra[0].protocol, None, (), (), 0)
     globals_ = dict.fromkeys(base.globals)
     calls = dict.fromkeys(base.calls)
+    rebuilt = dict.fromkeys(base.rebuilt)
+    called = {g for g in base.calls if g not in rebuilt}  # called some other way in some stream
     opcodes, pids = base.opcodes, base.persistent_ids
     for e in extra:
         globals_.update(dict.fromkeys(e.globals))
         calls.update(dict.fromkeys(e.calls))
+        rebuilt.update(dict.fromkeys(e.rebuilt))
+        called.update(g for g in e.calls if g not in e.rebuilt)
         opcodes += e.opcodes
         pids += e.persistent_ids
-    return replace(base, globals=tuple(globals_), calls=tuple(calls), opcodes=opcodes, persistent_ids=pids)
+    only_rebuilt = tuple(g for g in rebuilt if g not in called)
+    return replace(base, globals=tuple(globals_), calls=tuple(calls), opcodes=opcodes, persistent_ids=pids,
+                   rebuilt=only_rebuilt)  # fmt: skip

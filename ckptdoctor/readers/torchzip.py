@@ -113,6 +113,11 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         # The data can only start after a 30-byte local header and the name.
         if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
             beyond.append(m.name)
+    # torch.load hands an archive holding `constants.pkl` to torch.jit.load (torch/serialization.py
+    # ``_is_torchscript_zip``), which compiles `code/` records as TorchScript source (torch.jit.save deflates them)
+    torchscript = bool(prefix) and f"{prefix}/constants.pkl" in by_name
+    if torchscript and compressed:
+        compressed = [n for n in compressed if not n.startswith(f"{prefix}/code/")]
     problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed, limits.zip_data_local_headers))
     if inconsistent:
         problems.append(
@@ -131,7 +136,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     # Every other record holding a pickle (a second data.pkl, `constants.pkl`, `x/evil.pkl`, a pickle under any
     # name) and every zip inside the zip is walked too: some loader may read it, and a scanner that looks only at
     # data.pkl is what such layouts are built to fool.
-    extra, extra_problems = _extra_pickles(f, d, main, prefix, limits, depth)
+    extra, extra_problems = _extra_pickles(f, d, main, prefix, limits, depth, torchscript)
     problems.extend(extra_problems)
     if not prefix:
         problems.append(_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
@@ -150,12 +155,14 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     if main is None:
         problems.append(_problem(ProblemKind.MALFORMED, f"missing record `{prefix}/data.pkl`"))
         merged = merge_pickles(None, extra)
-        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, (), byteorder), tuple(problems))
+        facts_ = TorchFacts("zip", prefix, tuple(members), merged, (), byteorder, torchscript)
+        return ReadOutcome(facts_, tuple(problems))
     data, p = _member_bytes(f, main, cd_offset, limits.pickle_bytes)
     if data is None:
         problems.append(p)  # type: ignore[arg-type]  # _member_bytes returns a problem whenever data is None
         merged = merge_pickles(None, extra)
-        return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, (), byteorder), tuple(problems))
+        facts_ = TorchFacts("zip", prefix, tuple(members), merged, (), byteorder, torchscript)
+        return ReadOutcome(facts_, tuple(problems))
     data_prefix = f"{prefix}/data/"
     record_sizes = {name[len(data_prefix) :]: m.size for name, m in by_name.items() if name.startswith(data_prefix)}
     storages = _Storages(record_sizes, legacy=False)
@@ -170,7 +177,8 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         extra.extend(inner)
         problems.extend(inner_problems)
     merged = merge_pickles(facts, extra)
-    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder), tuple(problems))
+    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder, torchscript),
+                       tuple(problems))  # fmt: skip
 
 
 def _storage_reader(
@@ -244,13 +252,27 @@ def _layout_problems(
 
 
 
+# Records torch.jit.save writes besides data.pkl: TorchScript's own pickles, read by torch.jit.load's unpickler
+# (torch/csrc/jit/serialization/import.cpp): walked and judged like any pickle, but no evasion layout.
+_TORCHSCRIPT_PICKLES = ("constants.pkl",)
+
+
 def _extra_pickles(
-    f: BinaryIO, d: _Directory, main: ZipMember | None, prefix: str, limits: Limits, depth: int
+    f: BinaryIO,
+    d: _Directory,
+    main: ZipMember | None,
+    prefix: str,
+    limits: Limits,
+    depth: int,
+    torchscript: bool = False,
 ) -> tuple[list[PickleFacts], list[ReadProblem]]:
-    """Walk every record other than ``main`` that holds a pickle or a nested zip (bounded in number and depth)."""
+    """Walk every record other than ``main`` that holds a pickle or a nested zip (bounded in number and depth). In a
+    TorchScript archive, `code/**.py` records are TorchScript source, not pickles, and its own pickles
+    (`constants.pkl`, `code/**.debug_pkl`) are walked without being an evasion layout."""
     found: list[PickleFacts] = []
     problems: list[ReadProblem] = []
     names: list[str] = []
+    owned: list[str] = []  # a TorchScript archive's own pickles
     folder = f"{prefix}/" if prefix else ""
     # By position: entries are interned (``_MEMBERS``), so a second entry identical to data.pkl's is the same object.
     main_at = next((i for i, m in enumerate(d.members) if m is main), -1)
@@ -261,6 +283,9 @@ def _extra_pickles(
         rel = _relative(m.name, folder)
         if rel in _TORCH_RECORDS or _is_storage(rel, m.name):
             continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
+        own = torchscript and (rel in _TORCHSCRIPT_PICKLES or (rel.startswith("code/") and rel.endswith(".debug_pkl")))
+        if torchscript and rel.startswith("code/") and rel.endswith(".py"):
+            continue  # TorchScript source: torch.jit.load compiles it, nothing unpickles it
         folded = m.name.lower()
         if folded == main_folded and main is not None and m.name != main.name:
             # torch finds records with miniz's case-insensitive lookup: either may be the data.pkl it loads.
@@ -281,10 +306,10 @@ def _extra_pickles(
         pickled = named or pickled_head(head)
         if not (pickled or nested_zip or archive or shifted):
             continue
-        if len(names) >= _MAX_EXTRA_PICKLES:
+        if len(names) + len(owned) >= _MAX_EXTRA_PICKLES:
             problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
             break
-        names.append(m.name)
+        (owned if own else names).append(m.name)
         data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
         if data is None:
             if p is not None:

@@ -165,6 +165,11 @@ ALLOWED: frozenset[str] = frozenset(
         # (`_reconstruct` + `_codecs.encode` bytes, allowed above) that Tensor only wraps; the resume reads them back in
         # mindnlp/engine/trainer/base.py `Trainer._load_optimizer_and_scheduler` (mindspore/common/tensor.py `Tensor`)
         "mindspore.common.tensor.Tensor",
+        # Lightning keeps every ``__init__`` argument of a module in ``hyper_parameters`` (``save_hyperparameters``):
+        # an ``argparse.Namespace`` argument is pickled as NEWOBJ of no arguments + BUILD of its attribute dict, a
+        # rebuild that runs no code of it (Lib/argparse.py ``Namespace`` defines no ``__new__``/``__setstate__``);
+        # a call of it with arguments is not admitted (``REVIEWED_CALLS``)
+        "argparse.Namespace",
         # ckptdoctor's own reference trainer writes its args dataclass
         "ckptdoctor.reference.train.TrainConfig",
     }
@@ -337,7 +342,7 @@ KNOWN_PACKAGES: frozenset[str] = frozenset(
 _DATA_BASES = frozenset({"enum.Enum", "enum.IntEnum", "enum.StrEnum", "enum.Flag", "enum.IntFlag"})
 # Hooks the unpickler calls on a class (NEWOBJ, REDUCE of the class, BUILD): a class defining one runs its own code.
 _HOOKS = frozenset({"__reduce__", "__reduce_ex__", "__setstate__", "__new__", "__getattr__", "__getattribute__",
-                    "__setattr__", "__init_subclass__", "__class_getitem__"})  # fmt: skip
+                    "__setattr__", "__init_subclass__", "__class_getitem__", "__dict__"})  # fmt: skip
 _MAX_SOURCE = 4 << 20  # bytes of one module's source read
 _MAX_HOPS = 12  # re-exports and base classes followed
 
@@ -380,7 +385,10 @@ def is_dangerous(g: GlobalRef) -> bool:
     if dotted in DANGEROUS_GLOBALS:
         return True
     parts = g.module.split(".")
-    if any(".".join(parts[:i]) in DANGEROUS_MODULES for i in range(1, len(parts) + 1)):
+    # At any depth of the module's path, not only from its top: ``torch.distributed.elastic.multiprocessing`` starts
+    # processes as ``multiprocessing`` does, and a package may vendor ``subprocess`` helpers under any name.
+    n = len(parts)
+    if any(".".join(parts[i:j]) in DANGEROUS_MODULES for i in range(n) for j in range(i + 1, n + 1)):
         return True
     # An attribute chain (``torch.serialization.os.system``, ``pathlib.Path.write_text``): any step that names a
     # dangerous module or callable makes the whole chain dangerous.
@@ -394,6 +402,105 @@ def is_dangerous(g: GlobalRef) -> bool:
         if ".".join(chain[i - 1 : i + 1]) in DANGEROUS_GLOBALS or f"builtins.{chain[i]}" in DANGEROUS_GLOBALS:
             return True
     return False
+
+# The only globals a stream may CALL with arguments (REDUCE, OBJ/INST, NEWOBJ with arguments, NEWOBJ_EX, a method
+# call by SETITEM/APPEND/BUILD on an object it made, or a global handed to a call, which the callee may call): calling
+# a class runs its ``__new__``/``__init__``, and being defined in torch or numpy proves nothing about what that does
+# (``torch.utils.benchmark.Timer`` writes files, some constructors ``exec`` an argument). Each entry is used so by a
+# real stack's files (bench/make_allowlist.py records them in ``allowlist.json`` ``called``) or by the standard
+# library's own writer for its values, and was reviewed harmless for any arguments the policy lets a stream build:
+# the review is docs/security.md ("Calls"), one line per entry there, and ``tests/test_security_calls.py`` checks
+# both lists agree.
+REVIEWED_CALLS: dict[str, str] = {
+    # the standard library's own pickling of its values (Lib/pickle.py ``save_set``/``save_bytes``/..., each type's
+    # ``__reduce__``): each converts or copies its arguments, calling at most their own conversion methods
+    "builtins.set": "copies an iterable",
+    "builtins.frozenset": "copies an iterable",
+    "builtins.bytes": "copies or zero-fills",
+    "builtins.bytearray": "copies or zero-fills",
+    "builtins.complex": "parses numbers",
+    "builtins.slice": "stores three values",
+    "builtins.range": "stores three integers",
+    "_codecs.encode": "encodes a value with a codec of the stdlib `encodings` package",
+    "collections.OrderedDict": "copies items",
+    "collections.Counter": "counts items",
+    "collections.defaultdict": "stores its factory (itself judged as a call) without calling it",
+    "collections.deque": "copies an iterable",
+    "datetime.datetime": "parses its packed bytes",
+    "datetime.date": "parses its packed bytes",
+    "datetime.timedelta": "stores numbers",
+    "datetime.timezone": "stores an offset and a name",
+    "decimal.Decimal": "parses a number",
+    "fractions.Fraction": "parses a number",
+    "uuid.UUID": "stores an integer",
+    "pathlib.PosixPath": "parses path text, no I/O",
+    "pathlib.WindowsPath": "parses path text, no I/O",
+    "pathlib.PurePosixPath": "parses path text",
+    "pathlib.PureWindowsPath": "parses path text",
+    # torch's tensor and storage rebuilders (torch/_utils.py, torch/_tensor.py)
+    "torch._utils._rebuild_tensor": "views a storage",
+    "torch._utils._rebuild_tensor_v2": "views a storage, stores the hooks dict",
+    "torch._utils._rebuild_tensor_v3": "views a storage",
+    "torch._utils._rebuild_parameter": "wraps a tensor",
+    "torch._utils._rebuild_parameter_with_state": "wraps a tensor, sets attributes",
+    "torch._utils._rebuild_qtensor": "builds a quantized tensor",
+    "torch._utils._rebuild_sparse_tensor": "builds a sparse tensor",
+    "torch._utils._rebuild_wrapper_subclass": "makes an empty instance of a class it is handed (itself a call)",
+    "torch._utils._rebuild_device_tensor_from_numpy": "copies an array to a device",
+    "torch._tensor._rebuild_from_type_v2": "calls the function and class it is handed (each itself a call)",
+    "torch.Tensor": "as_subclass and __setstate__ set tensor fields",
+    "torch.nn.parameter.Parameter": "wraps a tensor",
+    "torch.Size": "copies integers",
+    "torch.device": "parses a device name",
+    "torch.serialization._get_layout": "looks a layout up by name",
+    # numpy arrays and scalars (numpy/_core/multiarray: ``_reconstruct``, ``scalar``; ``ndarray.__setstate__``)
+    "numpy.core.multiarray._reconstruct": "allocates an empty array of the class it is handed (itself a call)",
+    "numpy._core.multiarray._reconstruct": "allocates an empty array of the class it is handed (itself a call)",
+    "numpy.core.multiarray.scalar": "reads a scalar from bytes",
+    "numpy._core.multiarray.scalar": "reads a scalar from bytes",
+    "numpy.dtype": "parses a type descriptor",
+    "numpy.ndarray": "__setstate__ copies array bytes",
+}
+# The Python-defined hooks a rebuild (NEWOBJ of no arguments, then BUILD) of an exact allowlist entry runs, each
+# reviewed (docs/security.md, "Calls"); ``tests/test_security_calls.py`` finds every such hook of every installed
+# entry here. Frozen dataclasses' generated ``__setattr__`` (it raises) is reviewed once for all.
+REBUILD_HOOKS: dict[str, str] = {
+    "accelerate.state.PartialState.__getattr__": "raises AttributeError",
+    "torch.distributed.checkpoint.metadata.TensorProperties.__setstate__": "unpacks five fields",
+    "torch.Tensor.__setstate__": "sets tensor fields",
+    "torch.nn.parameter.Parameter.__new__": "an empty parameter",
+    "torch.storage.TypedStorage.__new__": "an empty storage",
+    "fractions.Fraction.__new__": "zero",
+    "pathlib.PurePath.__new__": "the path `.`",
+    "pathlib.Path.__new__": "the path `.`, no I/O",
+    "uuid.UUID.__setstate__": "sets its integer",
+    "uuid.UUID.__setattr__": "raises TypeError",
+}
+# Enum classes a real stack's files call for a value lookup (``Cls(value)``: ``Enum.__new__`` returns the member or
+# raises; a second argument tries the functional API, which refuses an enum that has members). Reviewed for any
+# argument by ``tests/test_security_calls.py``: ``Enum.__new__``, ``EnumType.__call__`` and an ``_missing_`` of
+# ``Enum`` or transformers' ``ExplicitEnum`` (it raises ``ValueError``).
+CALLED_ENUMS: frozenset[str] = frozenset(
+    {
+        "accelerate.utils.dataclasses.DistributedType",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+        "transformers.debug_utils.DebugOption",
+        "transformers.trainer_utils.FSDPOption",
+        "transformers.trainer_utils.HubStrategy",
+        "transformers.trainer_utils.IntervalStrategy",
+        "transformers.trainer_utils.SaveStrategy",
+        "transformers.trainer_utils.SchedulerType",
+        "transformers.training_args.OptimizerNames",
+    }
+)
+
+
+def may_call(g: GlobalRef) -> bool:
+    """Whether a stream may call ``g`` with arguments: an entry of ``REVIEWED_CALLS`` or ``CALLED_ENUMS``, or a torch
+    dtype or layout constant (not callable: calling one is a ``TypeError``)."""
+    dotted = g.dotted
+    return dotted in REVIEWED_CALLS or dotted in CALLED_ENUMS or (g.module == "torch" and g.name in _TORCH_DTYPES)
 
 
 class Standing(enum.Enum):
@@ -444,10 +551,21 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
+# joblib's array wrapper: ``joblib.dump`` pickles each numpy array as a NEWOBJ of no arguments + BUILD of this class
+# (shape, order, dtype, subclass), then writes the array's bytes; ``joblib.load``'s ``NumpyUnpickler.load_build``
+# reads those bytes after the BUILD and replaces the wrapper with the array (joblib/numpy_pickle.py
+# ``NumpyArrayWrapper.read_array``). The class defines no hook, and the rebuild runs only that read: data, where the
+# rest of the ``joblib`` package loads files and pickles (``joblib.load``). Admitted only rebuilt so, with a plain
+# numpy ``subclass`` (``pickle_analysis`` checks the state); never called.
+JOBLIB_ARRAY = GlobalRef("joblib.numpy_pickle", "NumpyArrayWrapper")
+
+
 @functools.lru_cache(maxsize=4096)
 def _settled(g: GlobalRef) -> tuple[Standing, str] | None:
     """What ``g`` is by name alone (dangerous, computed, allowlisted, an attribute chain), or None when only the
     installed source can tell."""
+    if g == JOBLIB_ARRAY:
+        return Standing.ALLOWED, "joblib's array wrapper, data when rebuilt as joblib.dump writes it"
     if g.module.startswith("<") or g.name.startswith("<") or is_dangerous(g):
         return Standing.UNSAFE, "runs code or is computed at load time"
     if is_allowed(g):
@@ -477,6 +595,12 @@ def standing(g: GlobalRef) -> tuple[Standing, str]:
         return Standing.ALLOWED, f"a class deriving from {base} (read from its source)"
     why = f" defining {', '.join(hooks)}" if hooks else ""
     return Standing.UNKNOWN, f"a class of {top}{why}, outside the known packages"
+
+
+def clear_caches() -> None:
+    """Forget every cached fact about installed sources (tests that add or remove packages)."""
+    for cached in (_settled, standing, _module_defs, rebuilt_as_data):
+        cached.cache_clear()
 
 
 class FileStandings:
@@ -517,6 +641,7 @@ class ClassFacts:
     dotted: str
     bases: tuple[str, ...]
     hooks: frozenset[str]
+    decorators: tuple[str, ...] = ()  # dotted, as imported: a decorator may add hooks or replace the class
 
 
 def class_facts(module: str, name: str, hops: int = 0) -> ClassFacts | None:
@@ -541,6 +666,41 @@ def class_facts(module: str, name: str, hops: int = 0) -> ClassFacts | None:
     if found is None and _module_defs(d) is not None:
         return None  # the name is a submodule
     return found
+
+
+# What a NEWOBJ of no arguments and a BUILD run on a class (``cls.__new__(cls)``, then ``__setstate__``, or a
+# ``__dict__`` update found through ``__getattribute__``/``__getattr__``, ``setattr`` for slot state), and the
+# decorators and bases that add none of them.
+_REBUILD_HOOKS = frozenset({"__new__", "__setstate__", "__getattr__", "__getattribute__", "__setattr__", "__dict__",
+                            "metaclass"})  # fmt: skip
+_PLAIN_DECORATORS = frozenset({"dataclasses.dataclass"})
+_PLAIN_BASES = frozenset({"builtins.object"})
+
+
+@functools.lru_cache(maxsize=1024)
+def rebuilt_as_data(g: GlobalRef) -> bool:
+    """Whether a NEWOBJ of ``g`` with no arguments, then a BUILD, runs none of its own code: an exact allowlist
+    entry (each observed rebuilt so by a real stack; the hooks of those defining one are reviewed in
+    ``REBUILD_HOOKS``), joblib's array wrapper, or a class whose installed source, and that of every base, defines no
+    hook the rebuild calls and no decorator but ``dataclass`` (``dataclass`` writes only ``__init__``, comparison and
+    ``__repr__`` methods, and a frozen one a ``__setattr__`` that raises)."""
+    if is_allowed(g) or g == JOBLIB_ARRAY:
+        return True
+    facts = class_facts(g.module, g.name)
+    return facts is not None and _plain(facts, 0)
+
+
+def _plain(facts: ClassFacts, hops: int) -> bool:
+    if hops > _MAX_HOPS or facts.hooks & _REBUILD_HOOKS or not _PLAIN_DECORATORS.issuperset(facts.decorators):
+        return False
+    for b in facts.bases:
+        if b in _PLAIN_BASES:
+            continue
+        mod, _, name = b.rpartition(".")
+        parent = class_facts(mod, name) if mod else None
+        if parent is None or not _plain(parent, hops + 1):
+            return False
+    return True
 
 
 def _data_base(facts: ClassFacts, hops: int) -> str | None:
@@ -642,7 +802,10 @@ def _module_defs(module: str) -> dict[str, ClassFacts | str] | None:
                 )  # fmt: skip
                 if any(k.arg == "metaclass" for k in node.keywords):
                     hooks |= {"metaclass"}
-                put(node.name, ClassFacts(f"{module}.{node.name}", bases, hooks))
+                decorators = tuple(
+                    dotted(d.func if isinstance(d, ast.Call) else d) or "<expression>" for d in node.decorator_list
+                )
+                put(node.name, ClassFacts(f"{module}.{node.name}", bases, hooks, decorators))
             elif isinstance(node, ast.ImportFrom):
                 src = absolute(node.level, node.module)
                 for a in node.names:

@@ -36,9 +36,13 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
     `socket`, `torch.load`, `numpy.load` ...) are errors wherever they appear; so is any other global that is not
     on the allowlist generated from real stacks' files, not proved by its installed source to be a class of a
     known package (or a class deriving from one, or an enum), and not rebuilt by the stream as TrainingArguments
-    data: functions and unproven names are denied by default. A class of another package is an error when the
-    stream calls it or passes it to a call (arguments, dict keys and sets included). Your own classes can be
-    allowed with `--allow-global` or the user configuration; each use is shown in the report.
+    data: functions and unproven names are denied by default. A call with arguments (`REDUCE`, `OBJ`, `INST`,
+    `NEWOBJ` with arguments, `NEWOBJ_EX`, `SETITEM`/`APPEND`/`BUILD` on an object the stream made, or a class handed
+    to a call) is admitted only for an entry reviewed harmless for any arguments, whatever package the class is
+    from: a class's `__init__` is code (`numpy.memmap` writes a file, `torch.utils.benchmark`'s `Timer` execs its
+    statement). A class of another package is an error when the stream calls it or passes it to a call (arguments,
+    dict keys and sets included). Your own classes can be allowed with `--allow-global` or the user
+    configuration; each use is shown in the report.
 
     ## Why is this bad?
     `pickle.load` calls these while reading: loading the file runs the attacker's code with your credentials.
