@@ -26,8 +26,8 @@ MAX_BYTES = 2 << 20  # bytes of one source file parsed
 # Importing these starts a browser, prints, opens a window or waits for input: never enumerated from dir().
 _STDLIB_SKIP = ("antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "ensurepip",
                 "venv", "pydoc_data", "__phello__", "site-packages", "dist-packages")  # fmt: skip
-# C modules whose classes and functions a pickle may name and that have no .py source.
-_C_MODULES = ("builtins", "posix", "_io", "_pickle", "_codecs", "_collections", "_functools", "_operator", "_socket",
+# C modules whose classes and functions a pickle may name and that have no .py source (the stdlib's first).
+C_MODULES = ("builtins", "posix", "_io", "_pickle", "_codecs", "_collections", "_functools", "_operator", "_socket",
               "_thread", "_struct", "_json", "_random", "itertools", "marshal", "math", "time", "array", "select",
               "_ctypes", "_sqlite3", "zlib", "_sre", "_weakref", "gc", "sys", "torch._C", "torch._C._nn",
               "numpy._core._multiarray_umath", "numpy.random.mtrand", "numpy.random._generator")  # fmt: skip
@@ -70,13 +70,13 @@ def _module_of(root: Path, file: Path, prefix: str) -> str:
     return ".".join([prefix, *parts] if prefix else parts)
 
 
-def _from_source(root: Path, prefix: str, skip: tuple[str, ...] = ()) -> list[Candidate]:
+def _from_source(root: Path, prefix: str, skip: tuple[str, ...] = (), max_files: int = MAX_FILES) -> list[Candidate]:
     out: list[Candidate] = []
     files = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith(".") and d != "__pycache__")
         for fn in sorted(filenames):
-            if not fn.endswith(".py") or files >= MAX_FILES:
+            if not fn.endswith(".py") or files >= max_files:
                 continue
             path = Path(dirpath) / fn
             try:
@@ -115,20 +115,35 @@ def _from_dir(module: str) -> list[Candidate]:
     return out
 
 
-def _cache_path() -> Path:
+def _from_dirs(modules: tuple[str, ...]) -> list[Candidate]:
+    """``_from_dir`` of every C module, in a child process: the harness that scans must not have imported numpy or
+    torch (what the policy's source lookups find depends on what the process has imported, as a real scan has not)."""
+    import subprocess
+
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from bench.audit_globals import _from_dir;"
+            "print(json.dumps([[c.module, c.name, c.kind] for m in sys.argv[2:] for c in _from_dir(m)]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), *modules],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return [Candidate(m, n, k, ()) for m, n, k in json.loads(done.stdout)]
+
+
+def _cache_path(max_files: int, c_modules: int) -> Path:
     versions = []
     for p in PACKAGES:
         try:
             versions.append(f"{p}{importlib.metadata.version(p)}")
         except importlib.metadata.PackageNotFoundError:
             versions.append(f"{p}-none")
-    key = "-".join([f"py{sys.version_info[0]}.{sys.version_info[1]}", *versions, f"f{MAX_FILES}"])
+    key = "-".join([f"py{sys.version_info[0]}.{sys.version_info[1]}", *versions, f"f{max_files}", f"c{c_modules}"])
     return Path(tempfile.gettempdir()) / f"ckptdoctor-audit-globals-{key}.json"
 
 
-def enumerate_globals(use_cache: bool = True) -> list[Candidate]:
-    """Every candidate global (see the module docstring), in a fixed order; read once per set of versions."""
-    cache = _cache_path()
+def enumerate_globals(use_cache: bool = True, max_files: int = MAX_FILES,
+                      c_modules: tuple[str, ...] = C_MODULES) -> list[Candidate]:  # fmt: skip
+    """Every candidate global (see the module docstring), in a fixed order; read once per set of versions.
+    ``max_files`` bounds the source files read per package and ``c_modules`` the C modules listed (the suite's slice
+    reads the first 150 files and lists the stdlib's C modules only: importing torch for its ``_C`` costs seconds)."""
+    cache = _cache_path(max_files, len(c_modules))
     if use_cache and cache.exists():
         return [Candidate(m, n, k, tuple(p)) for m, n, k, p in json.loads(cache.read_text())]
     import importlib.util
@@ -138,17 +153,19 @@ def enumerate_globals(use_cache: bool = True) -> list[Candidate]:
         spec = importlib.util.find_spec(pkg)
         if spec is None or not spec.submodule_search_locations:
             continue
-        out.extend(_from_source(Path(next(iter(spec.submodule_search_locations))), pkg))
+        out.extend(_from_source(Path(next(iter(spec.submodule_search_locations))), pkg, max_files=max_files))
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out.extend(_from_source(stdlib, "", _STDLIB_SKIP))
-    for mod in _C_MODULES:
-        out.extend(_from_dir(mod))
+    out.extend(_from_source(stdlib, "", _STDLIB_SKIP, max_files))
+    out.extend(_from_dirs(c_modules))
     seen: set[tuple[str, str]] = set()
     unique = [c for c in out if (c.module, c.name) not in seen and not seen.add((c.module, c.name))]  # type: ignore[func-returns-value]
     tmp = cache.with_suffix(".tmp")
     tmp.write_text(json.dumps([[c.module, c.name, c.kind, list(c.params)] for c in unique]))
     os.replace(tmp, cache)
     return unique
+
+
+STDLIB_C_MODULES = tuple(m for m in C_MODULES if not m.startswith(("torch", "numpy")))
 
 
 if __name__ == "__main__":

@@ -523,7 +523,9 @@ def family(container: str, events: list[dict[str, Any]]) -> str:
         glob = first["after"][-1] if first["after"] else "?"
         return f"effect: {first['event']} after {glob} [{container}]"
     imports = [e for e in events if e["event"] == "import"]
-    module = imports[0]["module"] if imports else "?"
+    if not imports:  # the import raised partway: its module's body ran, and it is gone from sys.modules
+        return "import: a module whose import ran and then failed"
+    module = imports[0]["module"]
     parts = module.split(".")
     where = ".".join(parts[:2]) if len(parts) > 1 and parts[1] in ("testing", "tests", "_inductor") else parts[0]
     return f"import: a module of {where} not loaded before"
@@ -600,22 +602,100 @@ def save(corpus: Path, files: dict[str, bytes], record: dict[str, Any]) -> Path:
     (out / "files").mkdir(parents=True, exist_ok=True)
     for name, raw in files.items():
         (out / "files" / name).write_bytes(raw)
-    (out / "case.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "case.json").write_text(json.dumps(_trimmed(record), indent=1) + "\n")
     return out
 
 
-def replay(case_dir: Path, server: Any, work: Path) -> tuple[bool, list[str], list[dict[str, Any]]]:
-    """A saved counterexample judged again by this checkout and loaded again: (scanned clean, its security findings,
-    the load's events; no events when the scan flags it). Soundness holds for it when it is not clean or has no
-    events. A scan that raises counts as not clean only if ``ScanCrash`` is caught by the caller."""
-    record = json.loads((case_dir / "case.json").read_text())
-    folder = work / case_dir.name
-    shutil.copytree(case_dir / "files", folder)
-    clean, findings = static_clean(folder)
-    if not clean:
-        return False, findings, []
-    answer = server.load(str(folder / record["target"]), record["loader"])
-    return True, findings, answer.get("events") or []
+def _trimmed(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the events a reader needs: the first effects, imports and import-body events, short stacks."""
+    events = record["events"]
+    effects = [e for e in events if e["event"] != "import" and not e["in_import"]][:3]
+    imports = [e for e in events if e["event"] == "import"][:4]
+    bodies = [e for e in events if e["in_import"]][:2]
+    keep = [{**e, "stack": e["stack"][:6]} for e in events if any(e is x for x in (*effects, *imports, *bodies))]
+    return {**record, "events": keep, "finds": record["finds"][:20]}
+
+
+_FRESH_SCAN = """
+import json, sys
+from ckptdoctor import scan
+from ckptdoctor.findings import Severity
+out = {}
+for folder in sys.argv[1:]:
+    try:
+        report = scan(folder, no_config=True)
+    except Exception as e:
+        out[folder] = {"crash": f"{type(e).__name__}: {e}"}
+        continue
+    sec = [f for f in report.findings if f.rule.startswith("CKD6")]
+    out[folder] = {"clean": not any(f.severity is Severity.ERROR for f in sec),
+                   "findings": [f"{f.rule} {f.message[:120]}" for f in sec]}
+print(json.dumps(out))
+"""
+
+
+def fresh_verdicts(folders: list[Path]) -> dict[str, dict[str, Any]]:
+    """``ckptdoctor.scan`` of each folder in one fresh process, as the command line meets them: nothing but the
+    scan path imported (what a policy lookup finds can depend on what the process has imported). Per folder:
+    ``{"clean": bool, "findings": [...]}`` or ``{"crash": "..."}``."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _FRESH_SCAN, *map(str, folders)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, check=True)  # fmt: skip
+    verdicts: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return verdicts
+
+
+def replay_all(cases: list[Path], server: Any, work: Path) -> dict[str, tuple[bool, list[str], list[dict[str, Any]]]]:
+    """Saved counterexamples judged again by this checkout (in a fresh process) and loaded again, by case name:
+    (scanned clean, its security findings, the load's events; none when the scan flags it). Soundness holds for a
+    case that is not clean or has no events; a scan that raises is ``ScanCrash``'s text in the findings, clean."""
+    folders = []
+    for case in cases:
+        folder = work / case.name
+        shutil.copytree(case / "files", folder)
+        folders.append(folder)
+    verdicts = fresh_verdicts(folders)
+    out: dict[str, tuple[bool, list[str], list[dict[str, Any]]]] = {}
+    for case, folder in zip(cases, folders, strict=True):
+        v = verdicts[str(folder)]
+        if "crash" in v:
+            out[case.name] = (True, [f"scan raised {v['crash']}"], [{"event": "scan crash", "args": v["crash"],
+                                                                   "in_import": False, "after": []}])  # fmt: skip
+            continue
+        if not v["clean"]:
+            out[case.name] = (False, v["findings"], [])
+            continue
+        record = json.loads((case / "case.json").read_text())
+        answer = server.load(str(folder / record["target"]), record["loader"])
+        out[case.name] = (True, v["findings"], answer.get("events") or [])
+    return out
+
+
+def replay_corpus(corpus: Path) -> int:
+    """Every case of ``corpus`` judged by this checkout and loaded again; exit 1 while any is still unsound."""
+    from bench.audit_loader import LoaderServer
+
+    still = 0
+    cases = sorted(p for p in corpus.iterdir() if (p / "case.json").exists())
+    with tempfile.TemporaryDirectory(prefix="ckd-replay-") as tmp, LoaderServer() as server:
+        results = replay_all(cases, server, Path(tmp))
+    for case in cases:
+        family = json.loads((case / "case.json").read_text())["family"]
+        clean, findings, events = results[case.name]
+        if clean and events:
+            still += 1
+            first = next((e for e in events if e["event"] != "import" and not e["in_import"]), events[0])
+            print(f"STILL    {case.name}: {first['event']} {first['args'][:60]}  ({family})")
+        elif clean:
+            print(f"HARMLESS {case.name}: scanned clean, loads without an event now  ({family})")
+        else:
+            print(f"FLAGGED  {case.name}: {findings[0] if findings else ''}  ({family})")
+    print(f"command: python bench/audit_soundness.py --replay {corpus}")
+    print(f"outcome: {still} of {len(cases)} cases still unsound")
+    return 1 if still else 0
 
 
 def main() -> int:
@@ -627,11 +707,17 @@ def main() -> int:
     ap.add_argument("--prescreen", type=int, default=3000, help="random globals judged up front to seed the pool")
     ap.add_argument("--corpus", type=Path, default=None, help="folder for counterexamples")
     ap.add_argument("--per-family", type=int, default=1, help="counterexamples saved per family")
+    ap.add_argument("--replay", type=Path, default=None, help="judge and load every saved case of this corpus again")
     args = ap.parse_args()
     from bench.audit_loader import LoaderServer
 
+    if args.replay is not None:
+        return replay_corpus(args.replay)
+
     start = time.monotonic()
     candidates = enumerate_globals()
+    # The scan path imports neither numpy nor torch, and a policy lookup can depend on what is imported.
+    assert "numpy" not in sys.modules and "torch" not in sys.modules, "the harness must judge as a fresh scan does"
     pool = Pool(candidates, random.Random(args.seed), args.prescreen)
     print(f"globals: {len(candidates)} candidates, {len(pool.exact)} exact allowlist entries, "
           f"{len(pool.admitted)} of {len(pool.looked)} screened admitted by the policy ({len(pool.hot)} with a "
