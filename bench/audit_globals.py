@@ -142,7 +142,7 @@ def enumerate_globals(use_cache: bool = True, max_files: int = MAX_FILES,
                       c_modules: tuple[str, ...] = C_MODULES) -> list[Candidate]:  # fmt: skip
     """Every candidate global (see the module docstring), in a fixed order; read once per set of versions.
     ``max_files`` bounds the source files read per package and ``c_modules`` the C modules listed (the suite's slice
-    reads the first 150 files and lists the stdlib's C modules only: importing torch for its ``_C`` costs seconds)."""
+    reads the first 80 files and lists the stdlib's C modules only: importing torch for its ``_C`` costs seconds)."""
     cache = _cache_path(max_files, len(c_modules))
     if use_cache and cache.exists():
         return [Candidate(m, n, k, tuple(p)) for m, n, k, p in json.loads(cache.read_text())]
