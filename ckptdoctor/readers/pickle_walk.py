@@ -915,7 +915,18 @@ class _Walker:
         state = stack.pop()
         inst = stack[-1]
         if type(inst) is _Obj:
-            if inst.new and inst.args == () and type(inst.func) is GlobalRef:
+            # A slot state (``(state, slotstate)``) is applied with ``setattr``: a property's setter runs, and
+            # ``__class__`` swaps the object's type. Only a ``__dict__`` update (or ``__setstate__``, which the
+            # policy proves absent) leaves a NEWOBJ() object plain data.
+            slots = type(state) is tuple and len(state) == 2 and state[1] is not None
+            if slots:
+                self._passed(state[1])
+                attrs = state[1]
+                if type(attrs) is not dict or any(type(k) is not str or k[:2] == k[-2:] == "__" for k in attrs):
+                    # ``setattr(obj, "__class__", cls)`` swaps the type (an audited ``object.__setattr__``): no
+                    # longer the object the stream named, whatever its class
+                    self.calls[UNRESOLVED_CALL] = None
+            if inst.new and inst.args == () and type(inst.func) is GlobalRef and not slots:
                 self.rebuilt[inst.func] = None  # ``__setstate__`` or a ``__dict__`` update of a NEWOBJ() object
             else:
                 self._call_target(inst)

@@ -740,12 +740,15 @@ def _module_defs(module: str) -> dict[str, ClassFacts | str] | None:
     for i in range(len(parts)):
         try:
             spec = PathFinder.find_spec(".".join(parts[: i + 1]), path)
-        except (ImportError, ValueError, OSError):
+            if spec is None:
+                return None
+            locations = spec.submodule_search_locations
+            path = list(locations) if locations is not None else None
+        except Exception:
+            # Any failure of the lookup leaves the name unproven, never a traceback: a namespace package's
+            # `_NamespacePath` recomputes itself from `sys.modules[parent]` and raises KeyError when the parent
+            # is not imported (as it never is in a scan).
             return None
-        if spec is None:
-            return None
-        locations = spec.submodule_search_locations
-        path = list(locations) if locations is not None else None
         if path is None and i < len(parts) - 1:
             return None
     origin = spec.origin if spec is not None else None
