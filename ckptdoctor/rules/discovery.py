@@ -509,6 +509,8 @@ def torn_evidence(
             out.append(f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)")
     for f in ck.files:
         rel = ck.relname(f)
+        if not trainer_view.resume_reads(ck, rel):
+            continue  # damage the resume never meets is that file's own finding (CKD202, CKD203), not a torn save
         if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
             out.append(f"`{rel}` is empty (0 bytes)")
         elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
@@ -533,7 +535,10 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     ## What it does
     Flags checkpoint folders without `trainer_state.json` (the Trainer writes it last), with a `trainer_state.json`
     cut short (invalid JSON that stops mid-document; one that is complete but wrong is CKD402's alone), with the JIT
-    sentinel `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files.
+    sentinel `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files
+    that a resume opens (weights, shards, adapter files, `config.json`, optimizer, scheduler, scaler and RNG states,
+    anything in a sub-folder). A damaged side file no resume opens (`ema_backup.safetensors`, `training_args.bin`)
+    does not condemn the folder: it is that file's own finding (CKD202, CKD203), which quarantines the file alone.
     It is an error when `resume_from_checkpoint=True` would pick the folder, a warning otherwise.
 
     ## Why is this bad?
@@ -551,7 +556,8 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     resume picks the last complete checkpoint.
 
     ## References
-    `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`);
+    `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`),
+    `_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state` (the files a resume opens);
     `trainer_utils.get_last_checkpoint`.
     """
     links_out = linked_out(tree)
