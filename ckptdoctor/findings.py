@@ -73,6 +73,10 @@ class Finding:
     message: str
     fix: FixPlan | None = None
     root: str = field(default="", compare=False)
+    # The file at fault, relative to the root: ``path`` itself when it names a file, a file in the folder ``path``
+    # names when the rule knows one (the cut `trainer_state.json` of an interrupted save), None when the finding is
+    # about a folder as a whole. SARIF anchors the result to it; every other output shows ``path``.
+    file: str | None = field(default=None, compare=False)
 
     def sort_key(self) -> tuple[str, str, str, str]:
         return (self.root, self.path, self.rule, self.message)

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, cast
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
-from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
+from ckptdoctor.rules import (
+    GateRuleFunc,
+    Hit,
+    Selection,
+    all_rules,
+    declared,
+    file_at_fault,
+    file_paths,
+    get_rule,
+    rule,
+)
 from ckptdoctor.rules.training import saved_world_size
 
 if TYPE_CHECKING:
@@ -50,12 +60,14 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
     # the gate's own judgement off. Ignoring a gate rule by code or prefix does.
     unselected = replace(selection, select=())
     found: list[Finding] = []
+    files = file_paths(ctx.tree)
     for r in all_rules():
         if not r.gate_only or not unselected.enabled(replace(r, gate_only=False)):
             continue
         for h in declared(r, cast(GateRuleFunc, r.func)(ctx)):  # a gate-only rule's function takes the context
             sev = selection.severity.get(r.code, h.severity or r.severity)
-            found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root))
+            found.append(Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root,
+                                 file=file_at_fault(h, files)))
     found.extend(adapter_findings(ctx, unselected))
     return found
 
@@ -77,7 +89,8 @@ def adapter_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
 
     h = adapter_restore_hit(ck, p.adapter)
     sev = selection.severity.get(r.code, h.severity or r.severity)
-    return [Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root)]
+    file = file_at_fault(h, file_paths(ctx.tree))
+    return [Finding(r.code, r.name, sev, h.path, h.message, root=ctx.tree.root, file=file)]
 
 
 def format_lrs(lrs: Sequence[float]) -> str:

@@ -30,6 +30,20 @@ class Hit:
     message: str
     severity: Severity | None = None
     fix: FixPlan | None = None
+    file: str | None = None  # the file at fault in the folder ``path`` names, when the rule knows one
+
+
+def file_at_fault(h: Hit, files: frozenset[str]) -> str | None:
+    """``Finding.file`` for ``h``: the file the rule named, else ``h.path`` when it is one of ``files`` (the
+    paths of the tree's files), else None (a folder, or a path nothing was read at)."""
+    if h.file is not None:
+        return h.file
+    return h.path if h.path in files else None
+
+
+def file_paths(tree: Tree) -> frozenset[str]:
+    """The paths of every file ``tree`` holds, for ``file_at_fault``."""
+    return frozenset(f.path for f in tree.all_files())
 
 
 RuleFunc = Callable[[Tree], Iterable[Hit]]
@@ -249,6 +263,7 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     selection = selection or Selection()
     tree = judged(tree, selection)
     found: dict[tuple[str, str, str], Finding] = {}
+    files = file_paths(tree)
     for r in all_rules():
         if not selection.enabled(r):
             continue
@@ -259,7 +274,7 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
             hits = [Hit(".", f"internal error in rule {r.code}: {type(exc).__name__}: {exc}", Severity.ERROR)]
         for h in hits:
             sev = selection.severity.get(r.code, h.severity or default)
-            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root)
+            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root, file=file_at_fault(h, files))
             found.setdefault((r.code, h.path, h.message), f)
     return sorted(found.values(), key=Finding.sort_key)
 

@@ -475,8 +475,9 @@ def unread_paths(tree: Tree) -> frozenset[str]:
 
 def torn_evidence(
     ck: Checkpoint, links_out: frozenset[str] = frozenset(), unread: frozenset[str] = frozenset()
-) -> list[str]:
-    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files.
+) -> list[tuple[str, str | None]]:
+    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files; each
+    with the path of the file it is about (None for a missing file or folder).
 
     ``links_out`` (from ``linked_out(tree)``) names links out of the root: a resume follows them, so a
     `trainer_state.json` linked elsewhere is not missing (CKD604 reports the link). ``unread`` (from
@@ -484,14 +485,14 @@ def torn_evidence(
     not empty, and proves nothing (CKD001 reports it)."""
     if ck.path in unread:
         return []
-    out: list[str] = []
+    out: list[tuple[str, str | None]] = []
     state_path = trainer_view.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{trainer_view.TRAINER_STATE}"
     has_state = ck.file(trainer_view.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
     if not has_state:
         present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
         inside = "" if ck.path in ("", ".") else f"{ck.path}/"
         hidden = any(p.startswith(inside) for p in unread)
-        out.append(
+        out.append((
             "no `trainer_state.json` (the Trainer writes it last)"
             + (
                 f"; it holds {', '.join(f'`{p}`' for p in present[:6])}"
@@ -499,26 +500,29 @@ def torn_evidence(
                 else "; what it holds could not all be read"
                 if hidden
                 else "; the folder is empty"
-            )
-        )
-    if ck.file(JIT_SENTINEL) is not None:
-        out.append(f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)")
+            ),
+            None,
+        ))
+    sentinel = ck.file(JIT_SENTINEL)
+    if sentinel is not None:
+        out.append((f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)", sentinel.path))
     dcp_dirs = {ck.relname(f).rsplit("/", 1)[0] for f in ck.files if f.kind == FileKind.DCP_DATA}
     for d in sorted(dcp_dirs):
         if ck.file(f"{d}/.metadata") is None:
-            out.append(f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)")
+            what = f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)"
+            out.append((what, None))
     for f in ck.files:
         rel = ck.relname(f)
         if not trainer_view.resume_reads(ck, rel):
             continue  # damage the resume never meets is that file's own finding (CKD202, CKD203), not a torn save
         if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
-            out.append(f"`{rel}` is empty (0 bytes)")
+            out.append((f"`{rel}` is empty (0 bytes)", f.path))
         elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
             # its reader says where: "JSON ends mid-document at line L column C: ..."
             if rel == trainer_view.TRAINER_STATE:
-                out.append(f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}")
+                out.append((f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}", f.path))
             else:
-                out.append(f"`{rel}` is truncated")
+                out.append((f"`{rel}` is truncated", f.path))
     return out
 
 
@@ -573,7 +577,9 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
             sev = Severity.ERROR if picked else Severity.WARNING
             lead = "resume_from_checkpoint=True picks this interrupted save: " if run.resume_pick == ck.path else ""
             plan = FixPlan(f"Quarantine `{ck.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ck.path),))
-            yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
+            at_fault = next((path for _, path in evidence if path is not None), None)
+            message = lead + "; ".join(text for text, _ in evidence)
+            yield Hit(ck.path, message, sev, None if run.standalone else plan, file=at_fault)
 
 
 @rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
@@ -635,6 +641,7 @@ def step_mismatch(tree: Tree) -> Iterator[Hit]:
                 yield Hit(
                     ck.path,
                     f"folder says step {ck.step} but `trainer_state.json` has global_step {ts.global_step}",
+                    file=state.path if (state := ck.file(trainer_view.TRAINER_STATE)) is not None else None,
                 )
 
 
