@@ -101,10 +101,41 @@ def test_a_terminal_gets_no_line_over_its_width(args: list[str]) -> None:
 
 
 def test_a_narrow_terminal_still_fits() -> None:
-    """At 50 columns the tables lose columns (lr first) and long headers wrap: still no line over the width."""
+    """At 50 columns the tables lose columns (a step that repeats the folder's number first, the LR last) and long
+    headers wrap: still no line over the width."""
     text = on_terminal("scan", "fixtures/stub-shadow", "fixtures/sharded-wrong-index", columns=50)
     assert not [ln for ln in text.splitlines() if len(ln) > 50]
     assert "checkpoint" in text and "CKD205" in text
+
+
+def test_an_80_column_table_keeps_the_lr_a_finished_schedule_is_about() -> None:
+    """`fixtures/lr-finished` on 80 columns: the table drops the step (the folder's name says it) and keeps `lr`,
+    whose 0 is the point; through a pipe every column is there."""
+    text = on_terminal("scan", "fixtures/lr-finished", columns=80)
+    header = next(ln for ln in text.splitlines() if ln.startswith("checkpoint "))
+    assert header.split() == ["checkpoint", "weights", "tensors", "size", "lr", "status"]
+    row = next(ln for ln in text.splitlines() if ln.startswith("checkpoint-8 "))
+    assert row.split()[5] == "0"  # checkpoint-8, full, 21, 81.3, KB, 0
+    assert not [ln for ln in text.splitlines() if len(ln) > 80]
+    piped = ckptdoctor("scan", "fixtures/lr-finished").stdout
+    assert next(ln for ln in piped.splitlines() if ln.startswith("checkpoint ")).split() == [
+        "checkpoint", "step", "weights", "tensors", "size", "lr", "status"
+    ]
+
+
+@pytest.mark.parametrize("args", [["rules"], ["explain", "CKD102"], ["explain", "CKD201"]], ids=" ".join)
+def test_rules_and_explain_fit_a_terminal_and_pipe_whole_lines(args: list[str]) -> None:
+    """`rules` (its table is over 200 columns) and `explain` fit an 80-column terminal: a rule per header line
+    with its summary wrapped below, a document's paragraphs rewrapped; through a pipe the lines stay whole."""
+    text = on_terminal(*args)
+    assert not [ln for ln in text.splitlines() if len(ln) > 80]
+    piped = ckptdoctor(*args).stdout
+    assert max(map(len, piped.splitlines())) > 80  # today's lines: whole through a pipe
+    words = [w for w in piped.split() if set(w) != {"-"}]  # the table's rule line is the one thing dropped
+    assert [w for w in text.split() if set(w) != {"-"}] == words or args[0] == "rules"
+    if args[0] == "rules":
+        assert "CKD102 incomplete-checkpoint [warning] (safe fix)" in text
+        assert "  (error when it is the checkpoint the resume picks" in text
 
 
 def test_every_help_fits_80_columns() -> None:

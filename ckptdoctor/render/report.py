@@ -193,8 +193,22 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
 
 
 _HEADERS = ["checkpoint", "step", "weights", "tensors", "size", "lr", "status"]
-# On a narrow terminal the table loses columns in this order (their index in _HEADERS) until it fits.
-_DROP_ORDER = (5, 3, 4, 2, 1)
+# On a narrow terminal the table loses columns in this order (their index in _HEADERS) until it fits: the counts
+# and sizes first, then the weights form, the step, and the LR last (LR 0 is what a finished schedule is about). A
+# column that says nothing the others do not goes before them all (``_drop_order``).
+_DROP_ORDER = (3, 4, 2, 1, 5)
+_STEP, _LR = 1, 5
+
+
+def _drop_order(rows: list[list[Any]]) -> list[int]:
+    """``_DROP_ORDER``, led by the columns that tell nothing here: ``step`` when every step is the number in its
+    folder's name (``checkpoint-8``, step 8), ``lr`` when no checkpoint holds one."""
+    idle = []
+    if all(r[_STEP] == "" or str(r[0]).rsplit("-", 1)[-1] == str(r[_STEP]) for r in rows):
+        idle.append(_STEP)
+    if all(r[_LR] == "-" for r in rows):
+        idle.append(_LR)
+    return idle + [i for i in _DROP_ORDER if i not in idle]
 
 
 def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
@@ -202,7 +216,7 @@ def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> s
 
     rows = _table_rows(run, findings)
     keep = list(range(len(_HEADERS)))
-    drop = list(_DROP_ORDER)
+    drop = _drop_order(rows)
     while True:
         table = str(
             tabulate(

@@ -160,7 +160,7 @@ def _family(f: FileFacts) -> str:
 
 _UNREAD = (
     Severity.WARNING,
-    "no resume opens the file: a side file in a Trainer checkpoint folder, whose fix quarantines it alone",
+    "no resume opens it: a side file in a Trainer checkpoint folder",
 )
 
 
