@@ -171,6 +171,32 @@ def test_repeated_findings_are_one_entry_in_text_and_all_in_json(tmp_path: Path)
     assert ckptdoctor("scan", str(few)).stdout.count("CKD104") == 3
 
 
+STEPS = (1, 2, 10, 100, 1000)
+
+
+def test_findings_like_it_and_fix_plans_are_in_step_order(tmp_path: Path) -> None:
+    """`checkpoint-2` comes before `checkpoint-10` and `checkpoint-100`, wherever paths are listed: the findings
+    (text, JSON, SARIF), the "like it" examples of a group, and a fix plan (not `-1, -10, -100, -1000, -2`)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in STEPS:  # each a CKD104 step mismatch (all hold step 8), and each beside a staging folder (CKD103)
+        shutil.copytree(REPO / "fixtures" / "clean-full" / "checkpoint-8", run / f"checkpoint-{step}")
+        shutil.copytree(REPO / "fixtures" / "clean-full" / "checkpoint-8", run / f"tmp-checkpoint-{step}")
+    doc = json.loads(ckptdoctor("scan", "--format", "json", str(run)).stdout)
+    for code, name in (("CKD103", "tmp-checkpoint"), ("CKD104", "checkpoint")):
+        assert [f["path"] for f in doc["findings"] if f["rule"] == code] == [f"{name}-{n}" for n in STEPS]
+    assert [c["path"] for c in doc["runs"][0]["checkpoints"] if c["step"] is not None] == [
+        f"checkpoint-{n}" for n in STEPS
+    ]
+    text = ckptdoctor("scan", str(run)).stdout
+    like = next(ln for ln in text.splitlines() if "more CKD104 findings like it" in ln)
+    examples = ", ".join(f"{run}/checkpoint-{n}" for n in STEPS[1:4])
+    assert like.endswith(f": {examples}, ... (--format json lists each)")
+    plan = ckptdoctor("fix", "--dry-run", "--force", str(run)).stdout
+    moved = re.findall(r"would move `(tmp-checkpoint-\d+)/`", plan)
+    assert moved == [f"tmp-checkpoint-{n}" for n in STEPS], plan
+
+
 def test_quiet_and_silent(tmp_path: Path) -> None:
     """-q prints the findings only; -s nothing (any format); the exit code is unchanged."""
     stub = "fixtures/stub-shadow"

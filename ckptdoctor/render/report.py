@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor import __version__, trainer_view
-from ckptdoctor.findings import Finding, Severity, display_path, finding_json
+from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
 from ckptdoctor.scanner import Report
 
@@ -56,7 +56,7 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
 
 def ordered(run: Run) -> list[Checkpoint]:
     """Checkpoints in step order (numeric, so checkpoint-12 follows checkpoint-8), then the others by path."""
-    return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
+    return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, path_order(c.path)))
 
 
 def allowances(report: Report) -> list[dict[str, str]]:
