@@ -280,3 +280,40 @@ def test_any_width_fits_in_process() -> None:
         text = render_text(report, width=width) + "\n" + gate_text.render_text(result, width=width)
         lines = text.splitlines()
         assert not [ln for ln in lines if len(ln) > width], width
+
+
+def test_the_reported_time_is_the_whole_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's time runs from the command's start through the rendering of the last line above it (a long
+    table took longer to print than the scan took), and a document's from the start to its rendering: a command
+    begun 1000 s ago says so, whatever the scan alone took."""
+    import time
+
+    from click.testing import CliRunner
+
+    import ckptdoctor.cli
+    from ckptdoctor.cli import main
+
+    begun = time.monotonic() - 1000
+    monkeypatch.setattr(ckptdoctor.cli, "started", lambda: begun)
+    text = CliRunner().invoke(main, ["scan", "fixtures/lr-finished"]).output
+    seconds = float(re.findall(r"\((\d+\.\d+) s\)", text)[-1])
+    assert 1000 <= seconds < 1e6
+    doc = json.loads(CliRunner().invoke(main, ["scan", "--format", "json", "fixtures/lr-finished"]).output)
+    assert doc["summary"]["seconds"] >= 1000
+
+
+def test_the_summary_time_is_asked_after_the_report_is_rendered() -> None:
+    """``render_text(clock=...)`` asks the clock once, when every line above the summary is rendered."""
+    from ckptdoctor import api
+    from ckptdoctor.render.report import render_text
+
+    report = api.scan(str(REPO / "fixtures" / "lr-finished"))
+    asked: list[int] = []
+
+    def clock() -> float:
+        asked.append(1)
+        return 12.345
+
+    text = render_text(report, clock=clock)
+    assert asked == [1] and text.endswith("in 14 files (12.35 s).")
+    assert render_text(report).endswith(f"({report.seconds:.2f} s).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckptdoctor import __version__, trainer_view
@@ -258,12 +258,21 @@ def _fit_styled(line: str, width: int | None, style: Any, indent: str = "  ") ->
     return [style(ln) for ln in fit(line, width, indent)]
 
 
-def render_text(report: Report, *, color: bool = False, width: int | None = None, quiet: bool = False) -> str:
+def render_text(
+    report: Report,
+    *,
+    color: bool = False,
+    width: int | None = None,
+    quiet: bool = False,
+    clock: Callable[[], float] | None = None,
+) -> str:
     """Tables of checkpoints per run, then findings grouped like a linter's, then a one-line summary.
 
     ``width`` None (a pipe, a file) prints each finding on one line, as scripts grepping ``path: CODE`` expect; on a
     terminal the caller passes its width and every line fits it: a short header per finding (``path: CODE
-    [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``).
+    [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``). ``clock()``,
+    asked once everything above the summary line is rendered, is the time the summary shows (the command's whole
+    time); without it the summary shows the scan's own time.
     """
     st = _Style(color)
     out: list[str] = []
@@ -305,7 +314,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         out.extend(_fit_styled(line, width, st.dim))
     if allowed:
         out.append("")
-    out.extend(fit(summary_line(report), width))
+    out.extend(fit(summary_line(report, None if clock is None else clock()), width))
     return "\n".join(out)
 
 
@@ -406,10 +415,11 @@ def _finding_text(f: Finding, st: _Style, width: int | None = None) -> tuple[lis
     return head, fix
 
 
-def summary_line(report: Report) -> str:
-    """``Found 2 errors, 1 warning, 0 infos in 37 files (0.04 s).`` or ``No problems found in ...``."""
+def summary_line(report: Report, seconds: float | None = None) -> str:
+    """``Found 2 errors, 1 warning, 0 infos in 37 files (0.04 s).`` or ``No problems found in ...``. ``seconds``
+    is the time to show (the command's whole time, rendering included), else the scan's own."""
     e, w, i = (report.count(s) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
-    where = f"in {plural(report.files, 'file')} ({report.seconds:.2f} s)"
+    where = f"in {plural(report.files, 'file')} ({report.seconds if seconds is None else seconds:.2f} s)"
     if e + w + i == 0:
         return f"No problems found {where}."
     return f"Found {plural(e, 'error')}, {plural(w, 'warning')}, {plural(i, 'info')} {where}."
