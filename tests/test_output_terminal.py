@@ -317,3 +317,32 @@ def test_the_summary_time_is_asked_after_the_report_is_rendered() -> None:
     text = render_text(report, clock=clock)
     assert asked == [1] and text.endswith("in 14 files (12.35 s).")
     assert render_text(report).endswith(f"({report.seconds:.2f} s).")
+
+
+def test_a_long_table_is_summarised_on_a_terminal_and_whole_through_a_pipe(tmp_path: Path) -> None:
+    """A run of 40 checkpoints (steps 2..80; `checkpoint-30` cut, an interrupted save): a terminal shows the first
+    and last few rows, the one with a finding and the resume's pick, each run of rows left out as one counting
+    line; a pipe prints every row, in step order."""
+    from ckptdoctor.render.report import TABLE_MAX
+
+    run = tmp_path / "run"
+    for step in range(2, 82, 2):
+        make = REPO / "fixtures" / "clean-full" / "checkpoint-8"
+        shutil.copytree(make, run / f"checkpoint-{step}")
+        state = json.loads((make / "trainer_state.json").read_text())
+        state["global_step"] = step
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps(state))
+    (run / "checkpoint-30" / "trainer_state.json").unlink()
+    piped = ckptdoctor("scan", str(run)).stdout
+    assert [ln.split()[0] for ln in piped.splitlines() if ln.startswith("checkpoint-")] == [
+        f"checkpoint-{s}" for s in range(2, 82, 2)
+    ]
+    text = on_terminal("scan", str(run), columns=100)
+    rows = [ln.split()[0] for ln in text.splitlines() if ln.startswith("checkpoint-")]
+    assert rows == ["checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-30",
+                    "checkpoint-76", "checkpoint-78", "checkpoint-80"]  # fmt: skip
+    assert len(rows) <= TABLE_MAX
+    gaps = [ln for ln in text.splitlines() if ln.startswith("... ")]
+    assert gaps == ["... 11 more checkpoints (11 ok; --format json lists each)",
+                    "... 22 more checkpoints (22 ok; --format json lists each)"]  # fmt: skip
+    assert "checkpoint-80" in text.split("<- resume picks")[0].splitlines()[-1]

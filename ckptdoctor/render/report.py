@@ -155,6 +155,9 @@ def _tally(findings: list[Finding]) -> dict[str, dict[Severity, int]]:
     return out
 
 
+_PICKS = "  <- resume picks"
+
+
 def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> str:
     """``ok``, or each severity's count, worst first (``2 errors, 1 info``), worded as the summary line counts them
     (one count labelled with the worst severity, ``error (3)``, read as three errors)."""
@@ -165,7 +168,7 @@ def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> 
         worst_first = sorted(found, key=lambda s: -s.rank)
         label = ", ".join(plural(found[s], s.value) for s in worst_first)
     if run.resume_pick is not None and run.resume_pick == ck.path:
-        label += "  <- resume picks"
+        label += _PICKS
     return label
 
 
@@ -214,7 +217,9 @@ def _drop_order(rows: list[list[Any]]) -> list[int]:
 def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
     from tabulate import tabulate  # only the text report needs it
 
-    rows = _table_rows(run, findings)
+    every = _table_rows(run, findings)
+    shown = list(range(len(every))) if width is None else _shown_rows(every)
+    rows = [every[i] for i in shown]
     keep = list(range(len(_HEADERS)))
     drop = _drop_order(rows)
     while True:
@@ -227,12 +232,48 @@ def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> s
             )
         )
         if width is None or max(map(len, table.splitlines())) <= width:
-            return table
+            lines = table.splitlines()  # the header, its rule, then one line per row
+            return "\n".join([*lines[:2], *_with_gaps([[ln] for ln in lines[2:]], shown, every, width)])
         if not drop:
             break
         keep.remove(drop.pop(0))
     # Not even checkpoint and status fit side by side: one wrapped line per checkpoint.
-    return "\n".join(ln for r in rows for ln in fit(f"{r[0]}: {r[-1]}", width))
+    return "\n".join(_with_gaps([fit(f"{r[0]}: {r[-1]}", width) for r in rows], shown, every, width))
+
+
+# On a terminal a run's table shows at most this many checkpoints, as ruff's terminal output keeps to what needs
+# attention: the first and last few, the one the resume picks and those with findings; the rows left out are one
+# line that counts them. A pipe or a file gets every row (`--format json` too).
+TABLE_MAX = 20
+_TABLE_ENDS = 3
+
+
+def _shown_rows(rows: list[list[Any]]) -> list[int]:
+    """Which of ``rows`` a terminal table shows (indexes, in order): all of them up to ``TABLE_MAX``, else the
+    first and last ``_TABLE_ENDS``, the resume's pick, then rows with findings while there is room."""
+    if len(rows) <= TABLE_MAX:
+        return list(range(len(rows)))
+    ends = {*range(_TABLE_ENDS), *range(len(rows) - _TABLE_ENDS, len(rows))}
+    flagged = [i for i, r in enumerate(rows) if r[-1] != "ok" and i not in ends]
+    picked = [i for i in flagged if str(rows[i][-1]).endswith(_PICKS)]
+    others = [i for i in flagged if i not in picked]
+    return sorted({*ends, *picked, *others[: max(TABLE_MAX - len(ends) - len(picked), 0)]})
+
+
+def _with_gaps(lines: list[list[str]], shown: list[int], every: list[list[Any]], width: int | None) -> list[str]:
+    """The lines of the shown rows (``lines[k]`` is row ``shown[k]``'s), with one line in place of each run of rows
+    left out, counting them."""
+    out: list[str] = []
+    for k, i in enumerate(shown):
+        prev = shown[k - 1] if k else -1
+        if i - prev > 1:
+            gap = every[prev + 1 : i]
+            ok = sum(1 for r in gap if r[-1] == "ok")
+            counts = ((ok, "ok"), (len(gap) - ok, "with findings"))
+            what = ", ".join(f"{n:,} {label}" for n, label in counts if n)
+            out.extend(fit(f"... {len(gap):,} more checkpoints ({what}; --format json lists each)", width))
+        out.extend(lines[k])
+    return out
 
 
 def fit(line: str, width: int | None, indent: str = "  ") -> list[str]:
