@@ -153,6 +153,9 @@ class TrainerStateView:
     logging_steps: int | None
     raw: dict[str, Any]
     by_step: Mapping[int, dict[str, Any]]  # log_history entries merged per step (train and eval logs share a step)
+    # False for a large file read in pieces: its log_history entries hold only model.HISTORY_KEYS, so ``raw`` is
+    # not the whole file and must not be written back
+    complete: bool = True
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
@@ -193,6 +196,7 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
         logging_steps=_int(value.get("logging_steps")),
         raw=value,
         by_step=_MergedSteps(history),
+        complete=not (isinstance(f.content, JsonFacts) and f.content.partial),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import operator
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen_value
+from ckptdoctor.model import HISTORY_KEYS, JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen_value
 
 # A JSON string, escapes included. The match is unambiguous (no backtracking can find another), so from Python 3.11
 # the repeats are possessive: the same matches, but without a backtracking frame per escape, which cost 60 bytes
@@ -53,6 +54,10 @@ def read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOu
     Problems: ``INVALID_JSON`` (syntax, duplicate keys, invalid UTF-8, with line and column), ``LIMIT`` (file too
     large or nested deeper than ``limits.nesting_depth``), ``EMPTY`` for a zero-byte file.
     """
+    if _STREAM_MIN <= size <= limits.json_bytes:
+        streamed = _read_streaming(f, size, limits.nesting_depth)
+        if streamed is not _REFUSED:
+            return ReadOutcome(JsonFacts(streamed, partial=True))
     data = read_bounded(f, size, limits.json_bytes, "JSON file")
     if isinstance(data, ReadProblem):
         return ReadOutcome(None, (data,))
@@ -185,6 +190,133 @@ def _with_known_history(data: bytes, limit: int) -> Any:
             _remember(_History(body, elements, limit))
     value["log_history"] = list(elements)  # a list of its own, as json.loads gives; the elements are shared
     return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A large trainer_state.json, read in pieces
+#
+# A 200 MB trainer_state.json parsed whole took 1.2 GB (a dict per log entry, with every key the Trainer logged)
+# and 14-46 s. The scan needs only ``HISTORY_KEYS`` of each entry: the file is read in chunks, the document with
+# its log_history replaced by a placeholder is parsed as in ``_with_known_history`` (same layout checks), and the
+# array's elements are decoded one at a time from a sliding text buffer, each checked (an object, no repeated key,
+# nesting within the limit) and kept with those keys only. Memory is the buffer plus the kept keys. Anything
+# unexpected (another layout, bad UTF-8, a repeated key, a syntax error, an element over ``_ELEMENT_MAX``) returns
+# _REFUSED, and the file is read whole as before, which names the problem exactly.
+
+_STREAM_MIN = 32 * 1024 * 1024
+_STREAM_CHUNK = 1 << 20
+_STREAM_EDGE = 1 << 20  # the key is looked for this near the start, the array's closing line this near the end
+_ELEMENT_MAX = 16 * 1024 * 1024
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKeyError(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return out
+
+
+_DECODE_ELEMENT = json.JSONDecoder(object_pairs_hook=_no_repeated_keys).raw_decode
+
+
+def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
+    """The document with each log_history entry cut to ``HISTORY_KEYS``, read in chunks; _REFUSED when the file is
+    not laid out as the Trainer writes it or anything in it is not plainly valid."""
+    f.seek(0)
+    head = f.read(min(size, _STREAM_EDGE))
+    opened = head.find(_HISTORY_OPEN)
+    start = opened + len(_HISTORY_OPEN) - 1  # the body begins with the newline after ``[``
+    if opened < 0:
+        return _REFUSED
+    tail_at = max(size - _STREAM_EDGE, start)
+    f.seek(tail_at)
+    tail = f.read(size - tail_at)
+    close = tail.rfind(_HISTORY_CLOSE)
+    if close < 0:
+        return _REFUSED
+    end = tail_at + close
+    skeleton = head[: start - 1] + _PLACEHOLDER + tail[close + len(_HISTORY_CLOSE) :]
+    if skeleton.count(_PLACEHOLDER) != 1:
+        return _REFUSED
+    try:
+        skeleton_text = skeleton.decode("utf-8")
+    except UnicodeDecodeError:
+        return _REFUSED
+    value = _parse_fast(skeleton, skeleton_text, limit)
+    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
+        return _REFUSED
+    brackets = _structure(head[:opened]).translate(None, b":")  # the key is the top object's (see above)
+    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+        return _REFUSED
+    entries = _stream_entries(f, start, end, limit - 2)  # the elements sit inside the top object and the array
+    if entries is _REFUSED:
+        return _REFUSED
+    value["log_history"] = entries
+    return value
+
+
+def _stream_entries(f: BinaryIO, start: int, end: int, limit: int) -> Any:
+    """The array body between ``start`` and ``end`` as a list of its objects cut to ``HISTORY_KEYS``, or
+    _REFUSED."""
+    f.seek(start)
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    left = end - start
+    buf, pos = "", 0
+    out: list[dict[str, Any]] = []
+    want_value = True
+
+    def more() -> bool:
+        nonlocal buf, pos, left
+        if left <= 0:
+            return False
+        n = min(_STREAM_CHUNK, left)
+        data = f.read(n)
+        if len(data) != n:
+            raise ValueError("the file changed while being read")
+        left -= n
+        buf = buf[pos:] + decoder.decode(data, final=left == 0)
+        pos = 0
+        return True
+
+    try:
+        while True:
+            pos = _WHITESPACE.match(buf, pos).end()  # type: ignore[union-attr]
+            if pos >= len(buf):
+                if more():
+                    continue
+                break
+            if not want_value:
+                if buf[pos] != ",":
+                    return _REFUSED
+                pos += 1
+                want_value = True
+                continue
+            if buf[pos] != "{":
+                return _REFUSED
+            try:
+                entry, after = _DECODE_ELEMENT(buf, pos)
+            except json.JSONDecodeError:
+                if len(buf) - pos > _ELEMENT_MAX or not more():
+                    return _REFUSED
+                continue  # the element runs past the buffer: read on and decode it again
+            if _depth(entry, limit) > limit:
+                return _REFUSED
+            out.append({k: entry[k] for k in HISTORY_KEYS if k in entry})
+            pos, want_value = after, False
+    except (_DuplicateKeyError, UnicodeDecodeError, RecursionError, ValueError):
+        return _REFUSED
+    return _REFUSED if want_value and out else out  # a comma with nothing after it is a trailing comma
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (0 for a scalar, 1 for a flat object), counted no further than ``limit`` + 1."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    if limit <= 0:
+        return 1
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
 
 
 def _remember(history: _History) -> None:

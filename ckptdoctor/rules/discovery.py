@@ -15,7 +15,17 @@ from typing import Any, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, ProblemKind, Run, Tree, frozen_value
+from ckptdoctor.model import (
+    HISTORY_KEYS,
+    Checkpoint,
+    FileFacts,
+    FileKind,
+    FolderRole,
+    ProblemKind,
+    Run,
+    Tree,
+    frozen_value,
+)
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
@@ -287,7 +297,7 @@ def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...
         return False
 
 
-_COMPARED = ("step", "loss", "learning_rate")  # all that ``_entry_divergence`` reads of an entry
+_COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
 
 
 @trainer_view.per_object
@@ -700,10 +710,13 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
                 run.path.rsplit("/", 1)[-1]
             )
             new = None if target is None else f"{run_name}/{target.path.rsplit('/', 1)[-1]}"
-            # Same layout as TrainerState.save_to_json, so only this value's line changes.
-            text = json.dumps({**ts.raw, "best_model_checkpoint": new}, indent=2, sort_keys=True) + "\n"
             title = f"Set best_model_checkpoint in `{where}` to " + ("null" if new is None else f"`{new}`")
-            plan = FixPlan(title, Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, where, text),))
+            if ts.complete:
+                # Same layout as TrainerState.save_to_json, so only this value's line changes.
+                text = json.dumps({**ts.raw, "best_model_checkpoint": new}, indent=2, sort_keys=True) + "\n"
+                plan = FixPlan(title, Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, where, text),))
+            else:  # read in pieces (too large to hold whole): there is no whole value to write back
+                plan = FixPlan(f"{title} by hand (the file is too large to rewrite)", Applicability.MANUAL)
             if target is None:
                 msg = f"best_model_checkpoint `{best}` names a folder that does not exist in this run"
             else:
