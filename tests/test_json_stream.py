@@ -86,8 +86,8 @@ def _large_state(path: Path, entries: int, **top: Any) -> None:
 
 
 def test_a_large_trainer_state_is_read_in_bounded_memory(tmp_path: Path) -> None:
-    """A 40 MB file (50,000 entries of 44 keys): the read holds a chunk and the kept keys, well under the file's
-    size (parsed whole, the same file takes several times its size)."""
+    """A 49 MB file (30,000 entries of 44 keys): the read holds a batch and the kept keys, half the file's size at
+    most (parsed whole, such a file takes about six times its size: 1.2 GB for 200 MB)."""
     path = tmp_path / "trainer_state.json"
     _large_state(path, 30_000)
     size = path.stat().st_size
@@ -102,7 +102,7 @@ def test_a_large_trainer_state_is_read_in_bounded_memory(tmp_path: Path) -> None
     assert isinstance(out.content, JsonFacts) and out.content.partial
     history = out.content.value["log_history"]
     assert len(history) == 30_000 and history[-1] == {"learning_rate": 0.0, "loss": 2.0, "step": 30_000}
-    assert peak < size / 3, (peak, size)
+    assert peak < size / 2, (peak, size)
 
 
 def test_the_scan_judges_a_large_run_and_offers_no_rewrite_of_it(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import json
 import operator
@@ -195,29 +194,23 @@ def _with_known_history(data: bytes, limit: int) -> Any:
 # ---------------------------------------------------------------------------------------------------------------
 # A large trainer_state.json, read in pieces
 #
-# A 200 MB trainer_state.json parsed whole took 1.2 GB (a dict per log entry, with every key the Trainer logged)
-# and 14-46 s. The scan needs only ``HISTORY_KEYS`` of each entry: the file is read in chunks, the document with
-# its log_history replaced by a placeholder is parsed as in ``_with_known_history`` (same layout checks), and the
-# array's elements are decoded one at a time from a sliding text buffer, each checked (an object, no repeated key,
-# nesting within the limit) and kept with those keys only. Memory is the buffer plus the kept keys. Anything
-# unexpected (another layout, bad UTF-8, a repeated key, a syntax error, an element over ``_ELEMENT_MAX``) returns
-# _REFUSED, and the file is read whole as before, which names the problem exactly.
+# A 200 MB trainer_state.json parsed whole took 1.2 GB (a dict per log entry, with every key the Trainer logged).
+# The scan needs only ``HISTORY_KEYS`` of each entry: the file is read in chunks, the document with its
+# log_history replaced by a placeholder is parsed as in ``_with_known_history`` (the same layout checks), and the
+# array's body is cut into batches where the Trainer's ``indent=2`` layout ends an entry and starts the next
+# (``\n    },\n    {``, a raw newline never occurs inside a string). Each batch, bracketed, must parse as an
+# array of objects through ``_parse_fast`` (depth and repeated keys checked as for a whole file): then the body
+# is exactly the batches' elements in order, by the grammar alone, as in ``_with_known_history``. Each element is
+# kept with those keys only; memory is a batch and the kept keys. Anything unexpected (another layout, bad UTF-8,
+# a repeated key, a syntax error, no entry end within ``_ELEMENT_MAX``) returns _REFUSED, and the file is read
+# whole as before, which names the problem exactly.
 
 _STREAM_MIN = 32 * 1024 * 1024
 _STREAM_CHUNK = 1 << 20
 _STREAM_EDGE = 1 << 20  # the key is looked for this near the start, the array's closing line this near the end
 _ELEMENT_MAX = 16 * 1024 * 1024
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise _DuplicateKeyError(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
-    return out
-
-
-_DECODE_ELEMENT = json.JSONDecoder(object_pairs_hook=_no_repeated_keys).raw_decode
+_ENTRY_END = b"\n    },\n    {"  # one entry's last line and the next one's first, as the Trainer writes them
+_ENTRY_CLOSE = len(b"\n    }")
 
 
 def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
@@ -249,7 +242,7 @@ def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
     brackets = _structure(head[:opened]).translate(None, b":")  # the key is the top object's (see above)
     if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
         return _REFUSED
-    entries = _stream_entries(f, start, end, limit - 2)  # the elements sit inside the top object and the array
+    entries = _stream_entries(f, start, end, limit)
     if entries is _REFUSED:
         return _REFUSED
     value["log_history"] = entries
@@ -257,66 +250,37 @@ def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
 
 
 def _stream_entries(f: BinaryIO, start: int, end: int, limit: int) -> Any:
-    """The array body between ``start`` and ``end`` as a list of its objects cut to ``HISTORY_KEYS``, or
-    _REFUSED."""
+    """The array body between ``start`` and ``end``, batch by batch, as a list of its objects cut to
+    ``HISTORY_KEYS``; _REFUSED when a batch is not an array of objects that parses plainly."""
     f.seek(start)
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
     left = end - start
-    buf, pos = "", 0
+    pending = b""
     out: list[dict[str, Any]] = []
-    want_value = True
-
-    def more() -> bool:
-        nonlocal buf, pos, left
-        if left <= 0:
-            return False
-        n = min(_STREAM_CHUNK, left)
-        data = f.read(n)
-        if len(data) != n:
-            raise ValueError("the file changed while being read")
-        left -= n
-        buf = buf[pos:] + decoder.decode(data, final=left == 0)
-        pos = 0
-        return True
-
-    try:
-        while True:
-            pos = _WHITESPACE.match(buf, pos).end()  # type: ignore[union-attr]
-            if pos >= len(buf):
-                if more():
-                    continue
-                break
-            if not want_value:
-                if buf[pos] != ",":
-                    return _REFUSED
-                pos += 1
-                want_value = True
-                continue
-            if buf[pos] != "{":
+    while left > 0 or pending:
+        if left > 0:
+            data = f.read(min(_STREAM_CHUNK, left))
+            if not data:
+                return _REFUSED  # the file shrank while being read
+            left -= len(data)
+            pending += data
+        cut = pending.rfind(_ENTRY_END) if left > 0 else len(pending)
+        if cut < 0:
+            if len(pending) > _ELEMENT_MAX:
                 return _REFUSED
-            try:
-                entry, after = _DECODE_ELEMENT(buf, pos)
-            except json.JSONDecodeError:
-                if len(buf) - pos > _ELEMENT_MAX or not more():
-                    return _REFUSED
-                continue  # the element runs past the buffer: read on and decode it again
-            if _depth(entry, limit) > limit:
-                return _REFUSED
-            out.append({k: entry[k] for k in HISTORY_KEYS if k in entry})
-            pos, want_value = after, False
-    except (_DuplicateKeyError, UnicodeDecodeError, RecursionError, ValueError):
-        return _REFUSED
-    return _REFUSED if want_value and out else out  # a comma with nothing after it is a trailing comma
-
-
-def _depth(value: Any, limit: int) -> int:
-    """How deep ``value`` nests (0 for a scalar, 1 for a flat object), counted no further than ``limit`` + 1."""
-    if not isinstance(value, (dict, list)):
-        return 0
-    if limit <= 0:
-        return 1
-    children = value.values() if isinstance(value, dict) else value
-    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
+            continue
+        if left > 0:
+            cut += _ENTRY_CLOSE  # the batch ends with the entry's ``}``; the comma after it is dropped
+        batch, pending = b"[" + pending[:cut] + b"]", pending[cut + 1 :] if left > 0 else b""
+        try:
+            text = batch.decode("utf-8")
+        except UnicodeDecodeError:
+            return _REFUSED
+        # The array sits at depth 2 (inside the top object): the bracketed batch may nest ``limit - 1`` deep.
+        parsed = _parse_fast(batch, text, limit - 1)
+        if type(parsed) is not list or not parsed or not all(type(e) is dict for e in parsed):
+            return _REFUSED  # (an empty batch after a comma would be a trailing comma, which json refuses)
+        out.extend({k: e[k] for k in HISTORY_KEYS if k in e} for e in parsed)
+    return out
 
 
 def _remember(history: _History) -> None:
