@@ -520,11 +520,18 @@ def resume_reads(ck: Checkpoint, rel: str) -> bool:
         return True
     if rel in _RESUME_FILES or RNG_RE.match(rel) or SHARD_RE.match(rel) or rel.endswith(".distcp"):
         return True
+    return rel in _indexed_shards(ck)
+
+
+@per_object
+def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
+    """The shard names the folder's indexes list (once per folder: ``ck.file`` walks every file)."""
+    out: set[str] = set()
     for index in (SAFE_INDEX, BIN_INDEX):
         wm = weight_map(ck.file(index))
-        if wm is not None and rel in wm.values():
-            return True
-    return False
+        if wm is not None:
+            out.update(wm.values())
+    return frozenset(out)
 
 
 def is_fsdp(ck: Checkpoint) -> bool:
