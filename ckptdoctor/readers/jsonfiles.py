@@ -159,18 +159,8 @@ def _with_known_history(data: bytes, limit: int) -> Any:
             best = h
             break
     body = data[start:end]
-    try:
-        skeleton_text = skeleton.decode("utf-8")
-    except UnicodeDecodeError:
-        return _REFUSED
-    value = _parse_fast(skeleton, skeleton_text, limit)
-    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
-        return _REFUSED
-    # Indentation can lie: the opening line may be a key of a nested object, and the top object's own "log_history"
-    # a string that equals the placeholder only once decoded (an escape). The skeleton parsed, so the structure of
-    # the text before the key is exact: the key belongs to the top object only when one bracket is open there.
-    brackets = _structure(data[:opened]).translate(None, b":")
-    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+    value = _skeleton_value(skeleton, data[:opened], limit)
+    if value is _REFUSED:
         return _REFUSED
     if best is not None and len(best.body) == len(body):
         elements = best.elements
@@ -232,15 +222,8 @@ def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
     skeleton = head[: start - 1] + _PLACEHOLDER + tail[close + len(_HISTORY_CLOSE) :]
     if skeleton.count(_PLACEHOLDER) != 1:
         return _REFUSED
-    try:
-        skeleton_text = skeleton.decode("utf-8")
-    except UnicodeDecodeError:
-        return _REFUSED
-    value = _parse_fast(skeleton, skeleton_text, limit)
-    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
-        return _REFUSED
-    brackets = _structure(head[:opened]).translate(None, b":")  # the key is the top object's (see above)
-    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+    value = _skeleton_value(skeleton, head[:opened], limit)
+    if value is _REFUSED:
         return _REFUSED
     entries = _stream_entries(f, start, end, limit)
     if entries is _REFUSED:
@@ -281,6 +264,25 @@ def _stream_entries(f: BinaryIO, start: int, end: int, limit: int) -> Any:
             return _REFUSED  # (an empty batch after a comma would be a trailing comma, which json refuses)
         out.extend({k: e[k] for k in HISTORY_KEYS if k in e} for e in parsed)
     return out
+
+
+def _skeleton_value(skeleton: bytes, before_key: bytes, limit: int) -> Any:
+    """The document with its log_history array replaced by the placeholder, parsed; _REFUSED unless the top
+    object's own "log_history" is that placeholder (``before_key``: the text before the array's opening line)."""
+    try:
+        skeleton_text = skeleton.decode("utf-8")
+    except UnicodeDecodeError:
+        return _REFUSED
+    value = _parse_fast(skeleton, skeleton_text, limit)
+    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
+        return _REFUSED
+    # Indentation can lie: the opening line may be a key of a nested object, and the top object's own "log_history"
+    # a string that equals the placeholder only once decoded (an escape). The skeleton parsed, so the structure of
+    # the text before the key is exact: the key belongs to the top object only when one bracket is open there.
+    brackets = _structure(before_key).translate(None, b":")
+    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+        return _REFUSED
+    return value
 
 
 def _remember(history: _History) -> None:
