@@ -121,6 +121,8 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out.update(_pickle_part(c.pickle))
     elif isinstance(c, JsonFacts):
         out["value"] = plain(c.value)
+        if c.partial:  # a large trainer_state.json read in pieces
+            out["note"] = "log_history entries shown with step, loss and learning_rate only (a large file)"
     elif isinstance(c, TextFacts):
         out["text"] = c.text
     elif isinstance(c, TfIndexFacts):

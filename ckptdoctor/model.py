@@ -236,9 +236,18 @@ class TorchFacts:
 
 @frozen
 class JsonFacts:
-    """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value."""
+    """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value.
+
+    ``partial``: a large `trainer_state.json` read in pieces (``readers.jsonfiles``), whose ``log_history`` entries
+    keep only ``HISTORY_KEYS``; everything else is whole. Nothing may be rewritten from such a value."""
 
     value: Any
+    partial: bool = False
+
+
+# All that the rules and the gate read of a `log_history` entry: its step, and the loss and learning rate logged
+# there (a large trainer_state.json keeps only these; ``trainer_view.TrainerStateView``, ``rules.discovery``).
+HISTORY_KEYS = ("step", "loss", "learning_rate")
 
 
 @frozen

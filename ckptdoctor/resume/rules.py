@@ -51,7 +51,7 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
     unselected = replace(selection, select=())
     gate_rules = [r for r in all_rules() if r.gate_only and unselected.enabled(replace(r, gate_only=False))]
     adapter = adapter_rule(ctx, unselected)
-    return evaluate([*gate_rules, *adapter], ctx, ctx.tree.root, selection)
+    return evaluate([*gate_rules, *adapter], ctx, ctx.tree, selection)
 
 
 ADAPTER_RULE = "CKD201"

@@ -30,10 +30,9 @@ import functools
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.model import GlobalRef, frozen_value
+from ckptdoctor.model import GlobalRef, frozen
 
 
 def _generated() -> frozenset[str]:
@@ -512,8 +511,7 @@ class Standing(enum.Enum):
     UNSAFE = "unsafe"  # dangerous, computed, or an attribute chain: an error whatever the stream does with it
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Allowance:
     """One user allowance: ``pattern`` (``pkg.mod.Name``, or ``pkg.mod.*`` for that module and its submodules) and
     where it came from (``--allow-global``, or the user configuration file's path)."""
@@ -632,8 +630,7 @@ class FileStandings:
         return f"not looked up: the file names more than {self.limit} globals the allowlist does not settle (limit)"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ClassFacts:
     """A class found in an installed package's source: where it is defined, its bases (dotted, as imported) and
     the unpickling hooks it defines itself."""

@@ -8,7 +8,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor import trainer_view
@@ -25,7 +24,7 @@ from ckptdoctor.model import (
     TensorData,
     TensorInfo,
     Tree,
-    frozen_value,
+    frozen,
 )
 from ckptdoctor.rules import Hit, rule
 
@@ -150,6 +149,44 @@ def _family(f: FileFacts) -> str:
     return "other"
 
 
+_UNREAD = (
+    Severity.WARNING,
+    "no resume opens it: a side file in a Trainer checkpoint folder",
+)
+
+
+def _unread_side_files(tree: Tree) -> dict[str, str]:
+    """Files of Trainer checkpoint folders that no resume opens (``trainer_view.resume_reads``), each with its path
+    relative to its folder: damage there stops no resume, so it is the file's finding, not the checkpoint's."""
+    out: dict[str, str] = {}
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role is FolderRole.CHECKPOINT:
+                for f in ck.files:
+                    rel = ck.relname(f)
+                    if not trainer_view.resume_reads(ck, rel):
+                        out[f.path] = rel
+    return out
+
+
+def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
+    """CKD202/CKD203: each problem of each file of ``family``; a warning with a quarantine of the file alone when no
+    resume opens it, an error otherwise."""
+    unread = _unread_side_files(tree)
+    for f in tree.all_files():
+        if _family(f) != family:
+            continue
+        rel = unread.get(f.path)
+        plan = None if rel is None else FixPlan(
+            f"Quarantine `{f.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, f.path),)
+        )
+        for msg in _problems(f):
+            if rel is None:
+                yield Hit(f.path, msg)
+            else:
+                yield Hit(f.path, f"{msg} (no resume opens `{rel}`)", _UNREAD[0], plan)
+
+
 def _problems(f: FileFacts) -> Iterator[str]:
     for p in f.problems:
         if p.kind not in PATH_KINDS and p.kind not in (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE):
@@ -158,7 +195,7 @@ def _problems(f: FileFacts) -> Iterator[str]:
         yield f"`{f.path}` is empty (0 bytes)"
 
 
-@rule("CKD202", "corrupt-safetensors", Severity.ERROR)
+@rule("CKD202", "corrupt-safetensors", Severity.ERROR, fix=Applicability.SAFE, severity_when=(_UNREAD,))
 def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     """A safetensors file that the safetensors library would refuse to open.
 
@@ -175,21 +212,23 @@ def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     A `model-00002-of-00003.safetensors` copied while still being written: 1,048,576 bytes shorter than its header
     declares.
 
+    A file in a `checkpoint-N` folder that no resume opens (`ema_backup.safetensors` beside `model.safetensors`)
+    is a warning: the resume does not meet it, and the checkpoint stays usable.
+
     ## Fix safety
-    No automatic fix: tensor data cannot be invented. Restore the file from a copy, or resume from an earlier
-    checkpoint (quarantining this one with `ckptdoctor fix` when it is the one resume would pick).
+    Safe for a file no resume opens: that file alone is quarantined (restorable with `ckptdoctor undo`), and the
+    checkpoint keeps what the resume loads. Otherwise no automatic fix: tensor data cannot be invented. Restore the
+    file from a copy, or resume from an earlier checkpoint (quarantining this one with `ckptdoctor fix` when it is
+    the one resume would pick).
 
     ## References
     safetensors `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`: the checks its
     loader makes before any tensor is read).
     """
-    for f in tree.all_files():
-        if _family(f) == "safetensors":
-            for msg in _problems(f):
-                yield Hit(f.path, msg)
+    yield from _corrupt_hits(tree, "safetensors")
 
 
-@rule("CKD203", "corrupt-torch-archive", Severity.ERROR)
+@rule("CKD203", "corrupt-torch-archive", Severity.ERROR, fix=Applicability.SAFE, severity_when=(_UNREAD,))
 def corrupt_torch_archive(tree: Tree) -> Iterator[Hit]:
     """A `torch.save` file (`.bin`, `.pt`, `.pth`) that `torch.load` would refuse: broken zip, missing or short
     storage records, truncated legacy file.
@@ -205,16 +244,18 @@ def corrupt_torch_archive(tree: Tree) -> Iterator[Hit]:
     ## Example
     An `optimizer.pt` truncated by a full disk.
 
+    A file in a `checkpoint-N` folder that no resume opens (`training_args.bin`, a callback's `ema.pt`) is a
+    warning: the resume does not meet it.
+
     ## Fix safety
-    No automatic fix: restore the file or resume from an earlier checkpoint.
+    Safe for a file no resume opens: that file alone is quarantined (restorable with `ckptdoctor undo`). Otherwise
+    no automatic fix: restore the file or resume from an earlier checkpoint.
 
     ## References
-    `torch/serialization.py` (`_load`, `_save`), `caffe2/serialize/inline_container.cc`.
+    `torch/serialization.py` (`_load`, `_save`), `caffe2/serialize/inline_container.cc`; `src/transformers/trainer.py`
+    `_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state` (the files a resume opens).
     """
-    for f in tree.all_files():
-        if _family(f) == "torch":
-            for msg in _problems(f):
-                yield Hit(f.path, msg)
+    yield from _corrupt_hits(tree, "torch")
 
 
 def _index_files(ck: Checkpoint) -> list[FileFacts]:
@@ -265,8 +306,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
                     )
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _IndexCheck:
     """What is wrong with a shard index against its shards' headers, and what it costs a load."""
 
