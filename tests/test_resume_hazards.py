@@ -1,0 +1,67 @@
+"""The resume hazards users report most, each reproduced with the real Trainer and resumed in a fresh process.
+
+Every run is written by tests/hazard_trainer.py in one subprocess and resumed by it in another (a resume in the
+process that trained would share its in-memory model and hide what the files alone give). Each test shows the
+damage the hazard does, that ckptdoctor names it, and that the same run without the hazard raises nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from ckptdoctor.findings import Finding
+from ckptdoctor.scanner import scan
+
+SCRIPT = Path(__file__).with_name("hazard_trainer.py")
+
+
+def trainer(jobs: list[dict[str, Any]], tmp: Path, python: str = sys.executable) -> list[dict[str, Any]]:
+    """Run ``jobs`` in a fresh ``python`` process (tests/hazard_trainer.py) and return their results."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    jobs_file, results_file = tmp / "jobs.json", tmp / "results.json"
+    jobs_file.write_text(json.dumps(jobs))
+    proc = subprocess.run([python, str(SCRIPT), str(jobs_file), str(results_file)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results: list[dict[str, Any]] = json.loads(results_file.read_text())
+    return results
+
+
+def codes(root: Path, code: str) -> list[Finding]:
+    """The findings of rule ``code`` a scan of ``root`` reports."""
+    return [f for f in scan(str(root)).findings if f.rule == code]
+
+
+# ---- 1. tied weights: config.json says untied, the weights hold no head ----
+
+
+def test_a_config_untied_after_tying_saves_no_head_and_is_found(tmp_path: Path) -> None:
+    run, clean = tmp_path / "untied-config", tmp_path / "clean"
+    trainer([{"out": str(run), "untie_config": True, "args": {"max_steps": 4}},
+             {"out": str(clean), "args": {"max_steps": 4}}], tmp_path / "train")
+    ck = run / "checkpoint-2"
+    resumed = trainer([
+        # the checkpoint's own config builds an untied model: one parameter more than the optimizer state
+        {"out": str(run), "from_config": str(ck), "resume": str(ck), "args": {"max_steps": 4}, "check_head": str(ck)},
+        # the script that wrote it resumes fine (its model is tied in memory): why this goes unnoticed
+        {"out": str(run), "untie_config": True, "resume": str(ck), "args": {"max_steps": 4}},
+        {"out": str(clean), "check_head": str(clean / "checkpoint-2")},
+    ], tmp_path / "resume")
+    from_config, same_script, clean_load = resumed
+    assert from_config["error"][0] == "ValueError" and "parameter group" in from_config["error"][1]
+    assert from_config["head_is_embedding"] is False  # from_pretrained: a random head
+    assert "error" not in same_script and same_script["steps"] == [3, 4]
+    assert clean_load["head_is_embedding"] is True
+
+    found = codes(run, "CKD217")
+    assert {f.path for f in found} == {f"checkpoint-{n}/config.json" for n in (2, 4)}
+    assert "`tie_word_embeddings` is false" in found[0].message and "`model.embed_tokens.weight`" in found[0].message
+    assert codes(clean, "CKD217") == []
