@@ -65,3 +65,39 @@ def test_a_config_untied_after_tying_saves_no_head_and_is_found(tmp_path: Path) 
     assert {f.path for f in found} == {f"checkpoint-{n}/config.json" for n in (2, 4)}
     assert "`tie_word_embeddings` is false" in found[0].message and "`model.embed_tokens.weight`" in found[0].message
     assert codes(clean, "CKD217") == []
+
+
+# ---- 6. an early-stopped run resumed trains on ----
+
+EARLY = {"max_steps": 16, "eval_strategy": "steps", "eval_steps": 2, "metric_for_best_model": "loss",
+         "load_best_model_at_end": True}
+
+
+def test_an_early_stopped_run_resumed_trains_past_the_stop_and_the_gate_says_so(tmp_path: Path) -> None:
+    import shutil
+
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "early"
+    first = trainer([{"out": str(run), "early_stopping": 1, "args": EARLY}], tmp_path / "train")[0]
+    assert first["steps"][-1] == 4 and first["folders"] == ["checkpoint-2", "checkpoint-4"]  # stopped at 4 of 16
+    copy = tmp_path / "early-restore"
+    shutil.copytree(run, copy)
+    before = gate(run)
+    restored = gate(copy, checkpoint="checkpoint-2")  # saved before the stop: nothing to say
+
+    resumed = trainer([
+        {"out": str(run), "early_stopping": 1, "resume": True, "args": EARLY},
+        # restoring the callback states (patience counter and TrainerControl) does not keep the stop either
+        {"out": str(copy), "early_stopping": 1, "resume": True,
+         "args": {**EARLY, "restore_callback_states_from_checkpoint": True}},
+    ], tmp_path / "resume")
+    for r in resumed:
+        assert r["start"] == 4 and r["steps"] == [5, 6]  # trains on until the next evaluation stops it again
+
+    found = [f for f in before.findings if f.rule == "CKD416"]
+    assert len(found) == 1 and found[0].path == "checkpoint-4/trainer_state.json"
+    assert "stopped itself early at global_step 4 of max_steps 16" in found[0].message
+    assert "`EarlyStoppingCallback` stopped it: 1 evaluations without improvement, patience 1" in found[0].message
+    assert "up to 12 more steps" in found[0].message and before.steps_to_train == 12
+    assert [f for f in restored.findings if f.rule == "CKD416"] == []

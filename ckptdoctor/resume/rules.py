@@ -577,3 +577,78 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     else:
         tail = "ranks without their own file continue with fresh random state"
     yield Hit(ck.path, f"saved by {saved} ranks ({kind}) but planned world size is {planned}: {tail}", sev)
+
+
+def _stopped_early(ck: Checkpoint) -> tuple[int, int, str] | None:
+    """``(global_step, max_steps, why)`` when ``ck``'s ``trainer_state.json`` says the run stopped itself before
+    its end: the saved ``TrainerControl`` has ``should_training_stop`` set at a step below ``max_steps`` (at
+    ``max_steps`` it is ``DefaultFlowCallback``'s ordinary end). ``why`` names the early-stopping callback's patience
+    when its state is saved beside it."""
+    ts = trainer_view.trainer_state(ck)
+    callbacks = ts.raw.get("stateful_callbacks") if ts is not None else None
+    if ts is None or ts.global_step is None or ts.max_steps is None or not isinstance(callbacks, dict):
+        return None
+    control = callbacks.get("TrainerControl")
+    args = control.get("args") if isinstance(control, dict) else None
+    if not isinstance(args, dict) or args.get("should_training_stop") is not True:
+        return None
+    if ts.global_step >= ts.max_steps:
+        return None
+    why = "`TrainerControl.should_training_stop` is saved as true"
+    early = callbacks.get("EarlyStoppingCallback")
+    if isinstance(early, dict):  # a list of states when several instances were saved: the flag alone says it
+        patience = early.get("args", {}).get("early_stopping_patience") if isinstance(early.get("args"), dict) else None
+        counter = (early.get("attributes", {}) if isinstance(early.get("attributes"), dict) else {}).get(
+            "early_stopping_patience_counter")
+        if isinstance(patience, int) and isinstance(counter, int):
+            why = f"`EarlyStoppingCallback` stopped it: {counter} evaluations without improvement, patience {patience}"
+    return ts.global_step, ts.max_steps, why
+
+
+@rule("CKD416", "resume-trains-past-early-stop", Severity.WARNING, gate_only=True)
+def resume_trains_past_early_stop(ctx: ResumeContext) -> Iterator[Hit]:
+    """The run had stopped itself early (early stopping), and the planned resume trains past that point.
+
+    ## What it does
+    Reads the `stateful_callbacks` of the checkpoint's `trainer_state.json`: when the saved `TrainerControl` has
+    `should_training_stop` true at a `global_step` below the run's `max_steps`, a callback (usually
+    `EarlyStoppingCallback`) ended the run there. If the planned resume would train any step, says so, with the
+    number of steps left in the schedule.
+
+    ## Why is this bad?
+    A resume does not honour the stop. `Trainer.train` starts every run with a fresh `TrainerControl`, and even
+    with `restore_callback_states_from_checkpoint=True` (which restores the saved `TrainerControl` and the
+    callback's patience counter) `CallbackHandler.on_train_begin` sets `should_training_stop` back to false. So
+    a job scheduler that restarts a finished early-stopped job, or a user who resumes "to be safe", trains on from
+    the point the run had judged best to stop: at least until the next evaluation trips the callback again, and to
+    the end of the schedule if the resuming script has no early stopping. The extra steps overwrite the newest
+    checkpoint and may move `best_model_checkpoint`.
+
+    ## Example
+    A run of 40 steps with `EarlyStoppingCallback(early_stopping_patience=1)` stops itself at step 12 and saves
+    `checkpoint-12`; `trainer.train(resume_from_checkpoint=True)` with the same script trains steps 13 to 20 and
+    stops again at the next evaluation.
+
+    ## Fix safety
+    No fix: if the run is done, do not resume it (use `best_model_checkpoint`); if you mean to train on, pass a
+    larger patience and expect the schedule to continue from step 12.
+
+    ## References
+    huggingface/transformers#10290 ("Trainer train continues after resume_from_checkpoint on a checkpoint with early
+    stop"), huggingface/transformers#28544 ("Early stopping patience does not work when resuming from checkpoint");
+    `src/transformers/trainer_callback.py` `EarlyStoppingCallback.on_evaluate`, `EarlyStoppingCallback.state`,
+    `TrainerControl.state`, `CallbackHandler.on_train_begin`; `src/transformers/trainer.py`
+    `Trainer._load_callback_state`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[2].steps_to_train <= 0:
+        return
+    ck, _, steps = resumed
+    stopped = _stopped_early(ck)
+    if stopped is None:
+        return
+    at, planned_end, why = stopped
+    yield Hit(_in_folder(ck, trainer_view.TRAINER_STATE),
+              f"the run stopped itself early at global_step {at} of max_steps {planned_end} ({why}); the resume "
+              f"resets the stop flag at train begin and trains past it: up to {steps.steps_to_train} more steps, to "
+              f"max_steps {steps.max_steps}, unless an early-stopping callback stops it again at an evaluation")
