@@ -503,4 +503,5 @@ def _checkpoint(node: _Dir, role: FolderRole, step: int | None, subdirs: list[_D
         files=tuple(sorted(files, key=lambda f: f.path)),
         mtime=mtime,
         framework=framework_of(files, node.rel),
+        folder_mtime=node.mtime,
     )

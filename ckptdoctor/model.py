@@ -486,6 +486,7 @@ class Checkpoint:
     files: tuple[FileFacts, ...]
     mtime: float = 0.0  # newest mtime among the folder and its files
     framework: Framework = Framework.PYTORCH
+    folder_mtime: float = 0.0  # the folder's own mtime: what the Trainer's checkpoint rotation orders by
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""

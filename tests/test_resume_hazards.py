@@ -8,6 +8,7 @@ damage the hazard does, that ckptdoctor names it, and that the same run without 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,15 @@ from ckptdoctor.scanner import scan
 SCRIPT = Path(__file__).with_name("hazard_trainer.py")
 
 
-def trainer(jobs: list[dict[str, Any]], tmp: Path, python: str = sys.executable) -> list[dict[str, Any]]:
+def trainer(
+    jobs: list[dict[str, Any]], tmp: Path, python: str = sys.executable, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Run ``jobs`` in a fresh ``python`` process (tests/hazard_trainer.py) and return their results."""
     tmp.mkdir(parents=True, exist_ok=True)
     jobs_file, results_file = tmp / "jobs.json", tmp / "results.json"
     jobs_file.write_text(json.dumps(jobs))
     proc = subprocess.run([python, str(SCRIPT), str(jobs_file), str(results_file)], capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results: list[dict[str, Any]] = json.loads(results_file.read_text())
     return results
@@ -101,3 +104,80 @@ def test_an_early_stopped_run_resumed_trains_past_the_stop_and_the_gate_says_so(
     assert "`EarlyStoppingCallback` stopped it: 1 evaluations without improvement, patience 1" in found[0].message
     assert "up to 12 more steps" in found[0].message and before.steps_to_train == 12
     assert [f for f in restored.findings if f.rule == "CKD416"] == []
+
+
+# ---- 7. rotation by modification time ----
+
+
+def test_rotation_by_mtime_deletes_the_checkpoint_the_resume_started_from_and_the_gate_names_it(
+    tmp_path: Path,
+) -> None:
+    import os
+    import shutil
+    import time
+
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "touched"
+    trainer([{"out": str(run), "args": {"max_steps": 4, "save_total_limit": 2}}], tmp_path / "train")
+    now = time.time()
+    for name, age in (("checkpoint-2", 200), ("checkpoint-4", 100)):  # written in order, minutes ago
+        os.utime(run / name, (now - age, now - age))
+    clean = tmp_path / "clean"
+    shutil.copytree(run, clean)
+    for name, age in (("checkpoint-2", 200), ("checkpoint-4", 100)):  # copytree keeps times; say it plainly
+        os.utime(clean / name, (now - age, now - age))
+    os.utime(run / "checkpoint-2", (now, now))  # restored from a backup without its times
+
+    touched_gate, clean_gate = gate(run, max_steps=6), gate(clean, max_steps=6)
+    resumed = trainer([{"out": str(d), "resume": True, "args": {"max_steps": 6, "save_total_limit": 2}}
+                       for d in (run, clean)], tmp_path / "resume")
+    assert resumed[0]["start"] == 4 and resumed[0]["folders"] == ["checkpoint-2", "checkpoint-6"]  # 4 deleted
+    assert resumed[1]["folders"] == ["checkpoint-4", "checkpoint-6"]
+
+    found = [f for f in touched_gate.findings if f.rule == "CKD417"]
+    assert len(found) == 1 and found[0].path == "checkpoint-4"
+    assert ("deletes `checkpoint-4` (the checkpoint this resume starts from) and keeps `checkpoint-2`"
+            in found[0].message)
+    assert [f for f in clean_gate.findings if f.rule == "CKD417"] == []
+
+
+# ---- 3. weights_only refusals ----
+
+NUMPY1 = os.environ.get("CKPTDOCTOR_NUMPY1_LAYER", "")  # a `pip install --target` layer of numpy 1.26 (.ci/run)
+
+
+def test_numpy_scalars_in_the_optimizer_state_are_refused_by_the_resume_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run, clean = tmp_path / "numpy-lr", tmp_path / "clean"
+    trainer([{"out": str(run), "numpy_lr": True, "args": {"max_steps": 4}},
+             {"out": str(clean), "args": {"max_steps": 4}}], tmp_path / "train")
+    resumed = trainer([{"out": str(d), "numpy_lr": d == run, "resume": str(d / "checkpoint-2"),
+                        "args": {"max_steps": 4}} for d in (run, clean)], tmp_path / "resume")
+    assert resumed[0]["error"][0] == "UnpicklingError"
+    assert "Unsupported global: GLOBAL numpy._core.multiarray.scalar" in resumed[0]["error"][1]
+    assert "error" not in resumed[1] and resumed[1]["steps"] == [3, 4]
+
+    found = [f for f in gate(run, checkpoint="checkpoint-2").findings if f.rule == "CKD418"]
+    assert {f.path for f in found} == {"optimizer.pt", "scheduler.pt"}  # paths under the checkpoint given
+    assert all("names `numpy._core.multiarray.scalar`" in f.message for f in found)
+    assert [f for f in gate(clean, checkpoint="checkpoint-2").findings if f.rule == "CKD418"] == []
+    assert codes(run, "CKD601") == codes(run, "CKD602") == []  # harmless to the security rules, and still unloadable
+
+
+@pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to write the RNG state with")
+def test_an_rng_state_written_under_numpy_1_is_refused_under_numpy_2_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "numpy1"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (NUMPY1, os.environ.get("PYTHONPATH")) if p)}
+    trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train", env=env)
+    resumed = trainer([{"out": str(run), "resume": str(run / "checkpoint-2"), "args": {"max_steps": 4}}],
+                      tmp_path / "resume")[0]  # this interpreter's numpy 2
+    assert resumed["error"][0] == "UnpicklingError"
+    assert "Unsupported global: GLOBAL numpy.core.multiarray._reconstruct" in resumed["error"][1]
+
+    found = [f for f in gate(run, checkpoint="checkpoint-2").findings if f.rule == "CKD418"]
+    assert [f.path for f in found] == ["rng_state.pth"]
+    assert "names `numpy.core.multiarray._reconstruct`" in found[0].message and "under numpy 2" in found[0].message

@@ -8,16 +8,19 @@ them (``Selection.enabled`` refuses gate-only rules); they are registered like e
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen_value
+from ckptdoctor.model import Checkpoint, FileFacts, ProblemKind, Tree, frozen_value
 from ckptdoctor.rules import GateRuleFunc, Hit, Selection, all_rules, declared, get_rule, rule
 from ckptdoctor.rules.training import saved_world_size
+from ckptdoctor.rules.weights import plural
 
 if TYPE_CHECKING:
     from ckptdoctor.resume.plan import Plan
@@ -652,3 +655,260 @@ def resume_trains_past_early_stop(ctx: ResumeContext) -> Iterator[Hit]:
               f"the run stopped itself early at global_step {at} of max_steps {planned_end} ({why}); the resume "
               f"resets the stop flag at train begin and trains past it: up to {steps.steps_to_train} more steps, to "
               f"max_steps {steps.max_steps}, unless an early-stopping callback stops it again at an evaluation")
+
+
+def _rotation_order(version: str) -> str:
+    """How ``version``'s checkpoint rotation orders `checkpoint-*` folders: ``"mtime"`` (>= 4.52 and 5.x, falling
+    back to the step number when the newest and oldest folder are less than a second apart), ``"mtime-only"``
+    (<= 4.37, no fallback) or ``"step"`` (4.38-4.51)."""
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return "mtime"
+    if major >= 5 or (major == 4 and minor >= 52):
+        return "mtime"
+    return "mtime-only" if major < 4 or minor <= 37 else "step"
+
+
+@frozen_value
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Rotation:
+    """What the resume's first save deletes with ``save_total_limit``, and the folders it keeps."""
+
+    limit: int
+    deleted: tuple[Checkpoint, ...]
+    kept: tuple[Checkpoint, ...]
+
+
+def next_rotation(ck: Checkpoint, tree: Tree, limit: int, order: str) -> Rotation | None:
+    """The rotation after the resume's first save (a new `checkpoint-N`, the newest of all), as
+    `trainer_utils.rotate_checkpoints` makes it: None when nothing is deleted or the ordering is by step."""
+    run = next((r for r in tree.runs if any(c.path == ck.path for c in r.checkpoints)), None)
+    if run is None or order == "step":
+        return None
+    prefix = "" if run.path in ("", ".") else run.path + "/"
+    folders = [c for c in run.checkpoints if c.step is not None and c.path == prefix + c.path.rsplit("/", 1)[-1]]
+    if len(folders) + 1 <= limit:
+        return None
+    by_time = sorted(folders, key=lambda c: (c.folder_mtime, c.path))
+    if order == "mtime" and len({c.folder_mtime for c in folders}) == 1:
+        # The fallback to step order needs the newest folder, the new save, within a second of the oldest: only a
+        # filesystem that reports one fixed time for every folder gets there after the seconds a resume takes.
+        by_time = sorted(folders, key=lambda c: (c.step or 0, c.path))
+    ts = trainer_view.trainer_state(ck)
+    best = ts.best_model_checkpoint.rstrip("/").rsplit("/", 1)[-1] if ts and ts.best_model_checkpoint else None
+    protected = {c.path for c in folders if best is not None and c.path.rsplit("/", 1)[-1] == best}
+    keep = max(limit, len(protected) + 1)  # + the new save, the most recent, always kept
+    remaining, deleted = len(folders) + 1, []
+    for c in by_time:
+        if remaining <= keep:
+            break
+        if c.path not in protected:
+            deleted.append(c)
+            remaining -= 1
+    if not deleted:
+        return None
+    return Rotation(limit, tuple(deleted), tuple(c for c in folders if c not in deleted))
+
+
+@rule("CKD417", "rotation-deletes-newer-checkpoint", Severity.WARNING, gate_only=True)
+def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resume's first save will delete a checkpoint newer (by step) than one it keeps: rotation goes by mtime.
+
+    ## What it does
+    With the `save_total_limit` saved in the checkpoint's `training_args.bin`, plays the rotation that follows the
+    resume's first save as the resuming transformers does it: the `checkpoint-*` folders of the run ordered by their
+    own modification time (5.x and 4.52 on, unless the filesystem reports one time for every folder; 4.37 and
+    older always; 4.38 to 4.51 order by step number and never trip), the new save and `best_model_checkpoint`
+    protected, the oldest deleted down to the limit. Names the folders that would be deleted when one of them has
+    a higher step than a folder that is kept.
+
+    ## Why is this bad?
+    A folder's time changes when it is copied without its times (`cp -r`, a restore from backup or object storage,
+    `rsync` without `-t`) or touched. Such a folder counts as recent, so the rotation deletes the real newest
+    checkpoints instead, including the one the resume started from, and keeps the stale copy. The deletion is
+    `shutil.rmtree(..., ignore_errors=True)`: no message.
+
+    ## Example
+    `checkpoint-2` is restored from a backup next to `checkpoint-4`, with `save_total_limit=2`; the resume from
+    `checkpoint-4` saves `checkpoint-6` and deletes `checkpoint-4`, keeping `checkpoint-2`.
+
+    ## Fix safety
+    No fix: restore the folders' times (`touch -d` to their `trainer_state.json`'s), move the stale copy out of the
+    output directory, or raise `save_total_limit` for the resume.
+
+    ## References
+    huggingface/transformers#26961 ("Wrong checkpoint got deleted when use_mtime=True"),
+    huggingface/transformers#37260 ("fix: use mtime by default in Trainer._rotate_checkpoints with automatic
+    fallback"); `src/transformers/trainer_utils.py` `sort_checkpoints` and `rotate_checkpoints` (`use_mtime=True`,
+    the one-second fallback), `src/transformers/trainer.py` `Trainer._save_checkpoint`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[2].steps_to_train <= 0:
+        return
+    ck, p, _ = resumed
+    args = trainer_view.training_args(ck) or {}  # the resume usually runs with the arguments that saved it
+    limit = args.get("save_total_limit")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return
+    rot = next_rotation(ck, ctx.tree, limit, _rotation_order(p.settings.transformers_version))
+    if rot is None:
+        return
+    kept_low = min((c.step for c in rot.kept if c.step is not None), default=None)
+    newer = [c for c in rot.deleted if c.step is not None and kept_low is not None and c.step > kept_low]
+    if not newer:
+        return
+    names = ", ".join(f"`{c.path}`" for c in rot.deleted)
+    kept = ", ".join(f"`{c.path}`" for c in sorted(rot.kept, key=lambda c: c.step or 0))
+    own = " (the checkpoint this resume starts from)" if any(c.path == ck.path for c in rot.deleted) else ""
+    yield Hit(ck.path, f"with save_total_limit {limit}, the resume's first save deletes {names}{own} and keeps "
+                       f"{kept}: transformers {p.settings.transformers_version} rotates by folder modification time, "
+                       "and a lower-numbered folder was modified later (copied or touched)")
+
+
+# torch's weights-only unpickler (`torch/_weights_only_unpickler.py` `_get_allowed_globals`, torch 2.6-2.13): the
+# globals it admits with no `safe_globals` at all. Dtypes, legacy storage and tensor classes and quantization
+# schemes are admitted by name pattern below.
+_TORCH_ADMITS = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+    *(f"torch._utils._rebuild_{f}" for f in (
+        "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3", "sparse_tensor",
+        "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass", "device_tensor_from_numpy",
+        "device_tensor_from_cpu_tensor")),
+})
+_TORCH_ADMITS_RE = re.compile(
+    r"^torch\.(?:[A-Z]\w*Storage|(?:cuda\.)?[A-Z]\w*Tensor|per_(?:tensor|channel)_\w+|"
+    r"(?:u?int\d+|float\w*|bfloat16|complex\d+|c?float|c?double|c?half|half|short|long|int|bool|bits\w+|q\w+))$")
+# transformers' `safe_globals()` (`src/transformers/trainer_pt_utils.py`, 4.47 on), around the RNG load only: numpy's
+# array rebuild under the resuming numpy's own module name, `numpy.ndarray`, `numpy.dtype` and the uint32 dtype class.
+_NUMPY_CORE = {1: "numpy.core", 2: "numpy._core"}
+_RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
+
+
+@functools.cache
+def _installed(dist: str) -> str | None:
+    """The version of ``dist`` installed beside ckptdoctor, from its metadata (never imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"^\s*(\d{1,4})(?:\.(\d{1,4}))?", text or "")
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
+
+
+def weights_only_admits(name: str, rng_safe_globals: bool, numpy_major: int) -> bool:
+    """Whether ``torch.load(weights_only=True)`` admits the pickle global ``name`` (``module.qualname``): torch's
+    own allowlist, plus transformers' ``safe_globals()`` when the load runs inside it (the RNG state's)."""
+    if name in _TORCH_ADMITS or _TORCH_ADMITS_RE.match(name):
+        return True
+    if rng_safe_globals:
+        return name in _RNG_SAFE or name == f"{_NUMPY_CORE.get(numpy_major, 'numpy._core')}.multiarray._reconstruct"
+    return False
+
+
+def weights_only_loads(ck: Checkpoint, p: Prediction, world_size: int | None) -> list[tuple[FileFacts, str, bool]]:
+    """Each file the planned resume reads with ``torch.load(weights_only=True)``, what reads it, and whether
+    transformers' ``safe_globals()`` is around that load (transformers 5.x: `Trainer._load_from_checkpoint`,
+    `_load_optimizer_and_scheduler`, `_load_scaler`, `_load_rng_state`; peft `torch_load` for `adapter_model.bin`)."""
+    out: list[tuple[FileFacts, str, bool]] = []
+    if trainer_view.is_mindnlp(ck):
+        return out  # MindNLP loads its state with MindSpore, not torch.load
+    version = _version(p.settings.transformers_version) or (5, 0)
+    rng_safe = version >= (4, 47)  # 4.36-4.46 load the RNG state with no safe_globals() around it
+
+    def add(name: str, reader: str, rng: bool = False) -> None:
+        f = ck.file(name)
+        if f is not None:
+            out.append((f, reader, rng))
+
+    wf = p.weights_file
+    if wf is not None and wf.endswith(".bin"):
+        add(wf, "peft `torch_load`" if wf == trainer_view.ADAPTER_BIN else "`Trainer._load_from_checkpoint`")
+    elif wf == trainer_view.BIN_INDEX:
+        for shard in sorted(set((trainer_view.weight_map(ck.file(wf)) or {}).values()) if ck.file(wf) else ()):
+            add(shard, "`load_sharded_checkpoint`")
+    if p.restores:
+        opt = trainer_view.optimizer_file(ck)
+        if opt is not None:
+            add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
+        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
+    add("scaler.pt", "`Trainer._load_scaler`")
+    if p.steps is not None and p.steps.steps_to_train > 0:
+        ranks = world_size or 1
+        names = ["rng_state.pth"] if ranks <= 1 else [f"rng_state_{r}.pth" for r in range(ranks)]
+        for name in names:
+            add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
+    return out
+
+
+@rule("CKD418", "weights-only-load-refused", Severity.ERROR, gate_only=True)
+def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
+    """A file the planned resume loads names a pickle global that `torch.load(weights_only=True)` refuses.
+
+    ## What it does
+    For every file the resume reads with `torch.load(weights_only=True)` (a `.bin` weights file or adapter, the
+    optimizer, scheduler and scaler states, the RNG state of each planned rank), compares the globals its pickle
+    names with what that load admits: torch's weights-only allowlist, plus, for the RNG state only,
+    transformers' `safe_globals()` (numpy's `_reconstruct` under the *resuming* numpy's module name, `numpy.ndarray`,
+    `numpy.dtype`, `numpy.dtypes.UInt32DType`). The resuming numpy is the one installed beside ckptdoctor (its
+    metadata; numpy 2 when none is). This is a loadability verdict, not a security one: the file may be harmless
+    (CKD6xx judge that) and still be refused.
+
+    ## Why is this bad?
+    The resume raises `UnpicklingError: Weights only load failed ... Unsupported global: GLOBAL ...` before its
+    first step, and no argument of the Trainer turns it off (transformers 5 passes `weights_only=True` itself;
+    `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` does not override an explicit argument). Two ways users meet it:
+    `rng_state.pth` written under numpy 1.x names `numpy.core.multiarray._reconstruct`, which `safe_globals()`
+    admits only under numpy 1.x (numpy 2 registers `numpy._core.multiarray._reconstruct`); and an LR schedule whose
+    lambda returns numpy floats puts `numpy._core.multiarray.scalar` into `optimizer.pt` and `scheduler.pt`, which
+    nothing admits.
+
+    ## Example
+    A run trained in an image with numpy 1.26, resumed after an upgrade to numpy 2: the RNG load raises on
+    `numpy.core.multiarray._reconstruct`. A `LambdaLR(optimizer, lambda s: np.float64(...))` passed to the
+    Trainer: the optimizer load raises on `numpy._core.multiarray.scalar`.
+
+    ## Fix safety
+    No automatic fix (rewriting a pickle means loading it). Resume under the numpy that wrote the RNG state, or
+    delete `rng_state.pth` (the resume then only loses RNG reproducibility); for numpy scalars, make the lambda
+    return a Python `float`, or load and re-save the file yourself if you trust it.
+
+    ## References
+    `torch/_weights_only_unpickler.py` `_get_allowed_globals` and `Unpickler.load` (the `Unsupported global`
+    error); `src/transformers/trainer_pt_utils.py` `safe_globals`; `src/transformers/trainer.py`
+    `Trainer._load_rng_state`, `Trainer._load_optimizer_and_scheduler`, `Trainer._load_scaler`,
+    `Trainer._load_from_checkpoint`; modelscope/ms-swift#5070 ("恢复训练报错": `Unsupported global: GLOBAL
+    numpy._core.multiarray._reconstruct` on resume), huggingface/transformers#37162 ("Fix load of rng state for
+    resuming training from checkpoint"), deepmodeling/deepmd-kit#4147 (a numpy-float learning rate refused as
+    `numpy.core.multiarray.scalar`).
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, _ = resumed
+    torch_v = _version(_installed("torch"))
+    if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):
+        return  # 4.x passes no weights_only to most loads, and torch < 2.6 defaults it to False
+    numpy_major = (_version(_installed("numpy")) or (2, 0))[0]
+    from ckptdoctor.pickle_analysis import file_pickle
+
+    for f, reader, rng in weights_only_loads(ck, p, ctx.plan.world_size):
+        pf = file_pickle(f)
+        if pf is None:
+            continue
+        refused = [g.dotted for g in pf.globals if not weights_only_admits(g.dotted, rng, numpy_major)]
+        if refused:
+            more = f" (and {plural(len(refused) - 1, 'other')})" if len(refused) > 1 else ""
+            admits = (f"neither torch's weights-only allowlist nor transformers' safe_globals() under numpy "
+                      f"{numpy_major} admits" if rng else "torch's weights-only allowlist does not admit")
+            yield Hit(f.path, f"{reader} loads `{ck.relname(f)}` with weights_only=True and raises UnpicklingError: "
+                              f"it names `{refused[0]}`{more}, which {admits}")
