@@ -181,3 +181,48 @@ def test_an_rng_state_written_under_numpy_1_is_refused_under_numpy_2_and_the_gat
     found = [f for f in gate(run, checkpoint="checkpoint-2").findings if f.rule == "CKD418"]
     assert [f.path for f in found] == ["rng_state.pth"]
     assert "names `numpy.core.multiarray._reconstruct`" in found[0].message and "under numpy 2" in found[0].message
+
+
+# ---- 4. trainer_state.json written by one transformers, resumed by another ----
+
+TF440 = os.environ.get("CKPTDOCTOR_TF440_LAYER", "")  # a `pip install --target` layer of transformers 4.40 (.ci/run)
+TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")  # an interpreter of transformers 4.57 (.ci/run)
+
+
+def _layered(layer: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (layer, os.environ.get("PYTHONPATH")) if p)}
+
+
+@pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to resume with")
+def test_a_5x_state_resumed_by_440_raises_at_train_start_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "v5"
+    trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train")
+    job = [{"out": str(run), "resume": str(run / "checkpoint-2"), "args": {"max_steps": 4}}]
+    resumed = trainer(job, tmp_path / "resume-440", env=_layered(TF440))[0]
+    assert resumed["error"] == ["TypeError", "TrainerState.__init__() got an unexpected keyword argument "
+                                             "'best_global_step'"]
+    found = [f for f in gate(run, checkpoint="checkpoint-2", transformers_version="4.40").findings
+             if f.rule == "CKD419"]
+    assert len(found) == 1 and "`best_global_step`, `stateful_callbacks`" in found[0].message
+    assert "train() raises TypeError" in found[0].message
+    assert [f for f in gate(run, checkpoint="checkpoint-2", transformers_version="4.57").findings
+            if f.rule == "CKD419"] == []
+    if TF4_PYTHON:  # and 4.57 does resume it
+        assert "error" not in trainer(job, tmp_path / "resume-457", python=TF4_PYTHON)[0]
+
+
+@pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to write with")
+def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "v440"
+    trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train", env=_layered(TF440))
+    prediction = gate(run, checkpoint="checkpoint-2", transformers_version="5.24")
+    resumed = trainer([{"out": str(run), "resume": str(run / "checkpoint-2"), "args": {"max_steps": 4}}],
+                      tmp_path / "resume")[0]  # this interpreter's transformers 5.x
+    assert resumed["steps"] == [3, 4] and resumed["error"] == ["KeyError", "'TrainerControl'"]
+    found = [f for f in prediction.findings if f.rule == "CKD419"]
+    assert len(found) == 1 and "written by transformers 4.40.2" in found[0].message
+    assert "raises KeyError: 'TrainerControl'" in found[0].message

@@ -912,3 +912,88 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
                       f"{numpy_major} admits" if rng else "torch's weights-only allowlist does not admit")
             yield Hit(f.path, f"{reader} loads `{ck.relname(f)}` with weights_only=True and raises UnpicklingError: "
                               f"it names `{refused[0]}`{more}, which {admits}")
+
+
+# The fields of `TrainerState` (`src/transformers/trainer_callback.py`), read from the releases: 4.40.2 has these;
+# 4.41 adds `stateful_callbacks`; 4.50 adds `best_global_step` (4.41.0, 4.49.0, 4.50.0, 4.57.6 and 5.24.0 read).
+# `TrainerState.load_from_json` is `cls(**json.loads(text))` in all of them: a key the resuming version lacks raises.
+_STATE_FIELDS_440 = frozenset({
+    "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "num_train_epochs", "num_input_tokens_seen", "total_flos", "log_history", "best_metric", "best_model_checkpoint",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
+})
+_STATE_ADDED = (((4, 41), "stateful_callbacks"), ((4, 50), "best_global_step"))
+# From 4.49 (4.49.0, 4.50.0, 4.57.6, 5.24.0 read; 4.41.0 assigns without reading) `Trainer._save_checkpoint` reads
+# `state.stateful_callbacks[name]` for `TrainerControl` and every stateful callback before it writes the state.
+_SAVE_READS_CALLBACK_STATES = (4, 49)
+
+
+def state_incompatibility(raw: dict[str, object], version: tuple[int, int]) -> tuple[list[str], bool]:
+    """What ``version`` cannot take from a ``trainer_state.json`` body: the keys its ``TrainerState`` does not have
+    (``load_from_json`` raises TypeError; only the keys added since 4.40 are judged below 4.40), and whether its first
+    save raises ``KeyError: 'TrainerControl'`` (the state holds no saved ``TrainerControl``)."""
+    known = set(_STATE_FIELDS_440) | {name for since, name in _STATE_ADDED if version >= since}
+    if version < (4, 40):
+        unknown = [name for _, name in _STATE_ADDED if name in raw]
+    else:
+        unknown = sorted(k for k in raw if k not in known)
+    callbacks = raw.get("stateful_callbacks")
+    control_missing = not isinstance(callbacks, dict) or "TrainerControl" not in callbacks
+    return unknown, version >= _SAVE_READS_CALLBACK_STATES and control_missing
+
+
+@rule("CKD419", "trainer-state-version-incompatible", Severity.ERROR, gate_only=True)
+def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
+    """The checkpoint's `trainer_state.json` was written by a transformers the resuming version cannot read back.
+
+    ## What it does
+    Compares the keys of `trainer_state.json` with the fields of `TrainerState` in the transformers version the
+    resume runs under (`--transformers-version`, else the installed one), from a table read from the releases
+    (4.40 has none of `stateful_callbacks` and `best_global_step`; 4.41 adds the first, 4.50 the second), and
+    checks whether the state holds the saved `TrainerControl` that the first save of 4.49 and later reads.
+
+    ## Why is this bad?
+    `TrainerState.load_from_json` builds the state with `TrainerState(**json)`: a key the resuming version does not
+    know raises `TypeError: TrainerState.__init__() got an unexpected keyword argument 'best_global_step'` at the
+    start of `train()` (a 4.50+ or 5.x state resumed by 4.40). The other way round is worse: a state written by 4.40
+    has no `stateful_callbacks`, so 4.49 and later load it, train until the first save, and raise `KeyError:
+    'TrainerControl'` in `Trainer._save_checkpoint` after the weights and optimizer are written and before the
+    state is: the new checkpoint folder is torn, and the compute since the resume is lost.
+
+    ## Example
+    A run trained with transformers 4.40 in an old image, resumed after an upgrade to 5.x.
+
+    ## Fix safety
+    No automatic fix. For an older reader, remove the keys it does not know from a copy of `trainer_state.json`;
+    for a 4.40 state resumed by 4.49 or later, add `"stateful_callbacks": {"TrainerControl": {"args":
+    {"should_training_stop": false, "should_epoch_stop": false, "should_save": false, "should_evaluate": false,
+    "should_log": false}, "attributes": {}}}`; or resume with the version that wrote it.
+
+    ## References
+    `src/transformers/trainer_callback.py` `TrainerState` (its fields) and `TrainerState.load_from_json`;
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` (the `stateful_callbacks[cb_name]` lookup) and
+    `Trainer.train`; hiyouga/LlamaFactory#4406 ("TrainerState.__init__() got an unexpected keyword argument
+    'stateful_callbacks'").
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, steps = resumed
+    ts = trainer_view.trainer_state(ck)
+    version = _version(p.settings.transformers_version)
+    if ts is None or version is None:
+        return
+    unknown, save_raises = state_incompatibility(ts.raw, version)
+    where = _in_folder(ck, trainer_view.TRAINER_STATE)
+    wrote = ts.raw.get("transformers_version") or trainer_view._json(ck.file("config.json"))
+    by = f"written by transformers {wrote.get('transformers_version')}, " if isinstance(wrote, dict) and isinstance(
+        wrote.get("transformers_version"), str) else ""
+    tv = p.settings.transformers_version
+    if unknown:
+        yield Hit(where, f"{by}it holds {', '.join(f'`{k}`' for k in unknown)}, which transformers {tv}'s "
+                         f"TrainerState does not have: train() raises TypeError (\"unexpected keyword argument "
+                         f"'{unknown[0]}'\") at its start")
+    elif save_raises and steps.steps_to_train > 0:
+        yield Hit(where, f"{by}it holds no saved `TrainerControl` in `stateful_callbacks`: transformers {tv} trains "
+                         "until its first save, then raises KeyError: 'TrainerControl' in _save_checkpoint, leaving "
+                         "that checkpoint without its trainer_state.json")
