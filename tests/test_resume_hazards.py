@@ -70,6 +70,23 @@ def test_a_config_untied_after_tying_saves_no_head_and_is_found(tmp_path: Path) 
     assert codes(clean, "CKD217") == []
 
 
+
+def test_the_sharded_save_of_an_untied_config_leaves_the_head_out_of_its_index_too(tmp_path: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, tie_word_embeddings=True))
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="4KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert "lm_head.weight" not in index["weight_map"] and "model.embed_tokens.weight" in index["weight_map"]
+    found = codes(tmp_path / "sharded", "CKD217")
+    assert len(found) == 1 and "`model.safetensors.index.json` holds no `lm_head.weight`" in found[0].message
+    assert codes(tmp_path / "sharded", "CKD205") == []  # the index agrees with its shards: only CKD217 sees it
+
 # ---- 6. an early-stopped run resumed trains on ----
 
 EARLY = {"max_steps": 16, "eval_strategy": "steps", "eval_steps": 2, "metric_for_best_model": "loss",

@@ -661,14 +661,10 @@ def _rotation_order(version: str) -> str:
     """How ``version``'s checkpoint rotation orders `checkpoint-*` folders: ``"mtime"`` (>= 4.52 and 5.x, falling
     back to the step number when the newest and oldest folder are less than a second apart), ``"mtime-only"``
     (<= 4.37, no fallback) or ``"step"`` (4.38-4.51)."""
-    parts = version.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except ValueError:
+    v = _version(version)
+    if v is None or v >= (4, 52):
         return "mtime"
-    if major >= 5 or (major == 4 and minor >= 52):
-        return "mtime"
-    return "mtime-only" if major < 4 or minor <= 37 else "step"
+    return "mtime-only" if v <= (4, 37) else "step"
 
 
 @frozen_value
