@@ -744,6 +744,8 @@ def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None or resumed[2].steps_to_train <= 0:
         return
     ck, p, _ = resumed
+    if trainer_view.is_mindnlp(ck):
+        return  # MindNLP's Trainer rotates with its own code
     args = trainer_view.training_args(ck) or {}  # the resume usually runs with the arguments that saved it
     limit = args.get("save_total_limit")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
@@ -977,7 +979,7 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
     ck, p, steps = resumed
     ts = trainer_view.trainer_state(ck)
     version = _version(p.settings.transformers_version)
-    if ts is None or version is None:
+    if ts is None or version is None or trainer_view.is_mindnlp(ck):  # MindNLP's Trainer has its own state code
         return
     unknown, save_raises = state_incompatibility(ts.raw, version)
     where = _in_folder(ck, trainer_view.TRAINER_STATE)
