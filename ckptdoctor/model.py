@@ -527,6 +527,7 @@ class Checkpoint:
     framework: Framework = Framework.PYTORCH
     deepspeed_tags: tuple[DeepSpeedTag, ...] = ()  # its DeepSpeed tag folders, as discovery found them
     stack: Stack = Stack.TRAINER  # the program that wrote it (discovery decides, from the files it holds)
+    folder_mtime: float = 0.0  # the folder's own mtime: what the Trainer's checkpoint rotation orders by
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
