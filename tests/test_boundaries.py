@@ -183,7 +183,9 @@ LAYERS: list[set[str]] = [
     {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
-    {"ckptdoctor.rules", "ckptdoctor.pickle_analysis", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
+    # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it
+    {"ckptdoctor.pickle_verdict"},
+    {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
      "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
