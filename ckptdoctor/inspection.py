@@ -71,7 +71,7 @@ def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     if pf is None:
         return {}
     from ckptdoctor.limits import DEFAULT_LIMITS
-    from ckptdoctor.rules.pickle_policy import FileStandings, Standing
+    from ckptdoctor.pickle_verdict.policy import FileStandings, Standing
 
     # What the pickle policy makes of each global on its own (dangerous: CKD601 wherever it appears; unknown:
     # CKD601 when called, or not proved a class), so that a file looked at here on its own does not read as harmless.

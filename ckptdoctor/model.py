@@ -620,7 +620,8 @@ class Manifest:
 
 @frozen
 class PickleVerdict:
-    """What loading one file's pickle streams could do, as the pickle policy judges it (``ckptdoctor.pickle_analysis``).
+    """What loading one file's pickle streams could do, as the pickle policy judges it
+    (``ckptdoctor.pickle_verdict.judge``).
 
     ``unsafe``: why loading it runs code (CKD601, an error); ``unknown``: proven classes of packages outside the known
     ones that the streams only name (CKD602, a warning); ``allowed_by_user``: (global, pattern, origin) for each
@@ -666,7 +667,7 @@ class Tree:
     # each TensorFlow bundle index's data shards checked against it, where discovery read them (``ShardProblem``)
     tf_shard_problems: tuple[ShardProblem, ...] = ()
     # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
-    # (``pickle_analysis.with_verdicts``); None when not judged yet
+    # (``pickle_verdict.judge.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None
 
     def all_files(self) -> tuple[FileFacts, ...]:

@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import click
 
-from ckptdoctor import __version__
 from ckptdoctor.cli import options
 from ckptdoctor.cli.options import UsageProblem
 from ckptdoctor.errors import UsageError
+from ckptdoctor.version import __version__
 
 # The time a command reports is the whole of it, through the last line rendered (a 5,000-checkpoint table took
 # longer to print than the scan), not the library's scan alone: it starts when this module was imported for the

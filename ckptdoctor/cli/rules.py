@@ -44,7 +44,7 @@ def rules_cmd(fmt: str) -> None:
         click.echo(rules_markdown())
         return
     if fmt == "json":
-        from ckptdoctor import __version__
+        from ckptdoctor.version import __version__
 
         data = [
             {

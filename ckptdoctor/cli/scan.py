@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptdoctor import __version__
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
@@ -26,6 +25,7 @@ from ckptdoctor.cli.options import (
     text_width,
 )
 from ckptdoctor.cli.output import emit, print_settings
+from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree

@@ -8,11 +8,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ckptdoctor import __version__, stacks, trainer_view
+from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
 from ckptdoctor.scanner import Report
+from ckptdoctor.version import __version__
 
 SCHEMA = "ckptdoctor.report/1"
 

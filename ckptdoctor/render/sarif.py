@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ckptdoctor import __version__
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.rules import Rule, get_rule
 from ckptdoctor.sources import is_remote
+from ckptdoctor.version import __version__
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

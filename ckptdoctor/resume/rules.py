@@ -903,7 +903,7 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):
         return  # 4.x passes no weights_only to most loads, and torch < 2.6 defaults it to False
     numpy_major = (_version(_installed("numpy")) or (2, 0))[0]
-    from ckptdoctor.pickle_analysis import file_pickle
+    from ckptdoctor.pickle_verdict.judge import file_pickle
 
     for f, reader, rng in weights_only_loads(ck, p, ctx.plan.world_size):
         pf = file_pickle(f)

@@ -197,7 +197,7 @@ class Selection:
     deep: bool = False
     keep: tuple[str, ...] = ()  # codes that run whatever select/ignore say (see ``keep_security_rules``)
     # the user's pickle-global allowances, (pattern, origin): ``--allow-global`` or the user configuration file,
-    # never a settings file in the scanned folder (``ckptdoctor.rules.pickle_policy.Allowance``)
+    # never a settings file in the scanned folder (``ckptdoctor.pickle_verdict.policy.Allowance``)
     allow_globals: tuple[tuple[str, str], ...] = ()
 
     def enabled(self, r: Rule) -> bool:
@@ -247,7 +247,7 @@ def judged(tree: Tree, selection: Selection | None = None) -> Tree:
     The one place verdicts are made: the scanner, ``run_rules`` and the security rules all come through here."""
     if tree.pickle_verdicts is not None:
         return tree
-    from ckptdoctor.pickle_analysis import with_verdicts  # imports the policy: only for a tree not judged yet
+    from ckptdoctor.pickle_verdict.judge import with_verdicts  # imports the policy: only for a tree not judged yet
 
     return with_verdicts(tree, (selection or Selection()).allow_globals)
 

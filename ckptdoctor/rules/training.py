@@ -420,8 +420,8 @@ def lightning_resume_refused(tree: Tree) -> Iterator[Hit]:
     `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector.resume_start`;
     `src/lightning/fabric/utilities/cloud_io.py` `_load`; `torch/_weights_only_unpickler.py` `_get_allowed_globals`.
     """
-    from ckptdoctor.pickle_analysis import file_pickle
-    from ckptdoctor.rules.pickle_policy import weights_only_accepts
+    from ckptdoctor.pickle_verdict.judge import file_pickle
+    from ckptdoctor.pickle_verdict.policy import weights_only_accepts
     from ckptdoctor.stacks import lightning
 
     for f in tree.all_files():
