@@ -16,8 +16,12 @@ _MAX_EXTRA_PICKLES = 64  # further streams walked after the first
 
 
 
-def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
-    """Walk a plain pickle file (``pickle.dump`` output); content is its ``PickleFacts``."""
+def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS, joblib: bool = True) -> ReadOutcome:
+    """Walk a plain pickle file (``pickle.dump`` output); content is its ``PickleFacts``.
+
+    ``joblib``: whether ``joblib.load`` may read the file; its value is then the one ``joblib.load`` reads (array
+    bytes stepped over), with what ``pickle.load`` imports and calls added. A reader that steers on the value of a
+    file only ``pickle.load`` reads (DCP's ``.metadata``) passes False."""
     if size == 0:
         return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
     if size > limits.pickle_bytes:
@@ -28,8 +32,8 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         data = _read_at(f, 0, size)
     except OSError as exc:
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
-    facts, problems, end = walk_pickle(data, limits=limits, joblib=True)
-    if facts is not None and JOBLIB_WRAPPER in facts.globals:
+    facts, problems, end = walk_pickle(data, limits=limits, joblib=joblib)
+    if joblib and facts is not None and JOBLIB_WRAPPER in facts.globals:
         facts, limited = _as_pickle_load_too(data, facts, limits)
         problems = (*problems, *limited)
     if facts is None or problems or end >= size:
