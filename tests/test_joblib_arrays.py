@@ -126,6 +126,8 @@ def test_the_array_bytes_are_read_within_bounds_or_the_walk_says_so() -> None:
     for bad in (
         _wrapper(200, padded) + b"\x02\xff\xff" + b"abc" + b".",  # the array runs past the end
         _wrapper(3, padded, b"U\x02q9") + b"\x02\xff\xff" + b"abc" + b".",  # a type numpy has not
+        # objects, yet mmap allowed: joblib.load(mmap_mode="r") maps 8 bytes where the default load unpickles
+        _wrapper(1, b"U\nallow_mmap\x88", b"U\x02O8") + b"\x80\x05N." + b"\x00" * 8 + b".",
     ):
         assert walk_pickle(bad, joblib=True)[1], bad
     # an object dtype: the nested pickle is walked, and what it calls counts for the stream

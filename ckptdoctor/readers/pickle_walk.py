@@ -1008,6 +1008,11 @@ class _Walker:
         if dtype is None:
             raise _Malformed("joblib array wrapper whose dtype the walk cannot size as numpy does")
         itemsize, hasobject = dtype
+        mmap = state.get("allow_mmap")
+        if hasobject and not (mmap is None or mmap is False):
+            # ``joblib.load(mmap_mode=...)`` memory-maps such an array (``read_mmap``: shape x itemsize bytes) where
+            # the default load unpickles it: two readings, and ``joblib.dump`` never allows mmap for objects
+            raise _Malformed("joblib object array that allows mmap: joblib.load reads it two ways")
         if hasobject:
             nested = _Walker(self.data, self.limits, None, self.pos)
             facts, problems, end = _finish(nested)
