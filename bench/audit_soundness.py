@@ -431,7 +431,7 @@ class Pool:
 
     def __init__(self, candidates: list[Candidate], rng: random.Random, prescreen: int) -> None:
         from ckptdoctor.model import GlobalRef
-        from ckptdoctor.rules import pickle_policy
+        from ckptdoctor.pickle_verdict import policy as pickle_policy
 
         self.all = candidates
         self.by_name = {c.dotted: c for c in candidates}

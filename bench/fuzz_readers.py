@@ -45,7 +45,7 @@ class Hang(Exception):
 
 
 def _readers() -> dict[str, Callable[[BinaryIO, int, Limits], Any]]:
-    from ckptdoctor.pickle_analysis import judge
+    from ckptdoctor.pickle_verdict.judge import judge
     from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_metadata
     from ckptdoctor.readers.deepspeed import read_latest
     from ckptdoctor.readers.jsonfiles import read_json

@@ -6,7 +6,7 @@
    (named, called, NEWOBJ+BUILD-ed, put in dict keys and sets, handed to calls; sometimes truncated), exactly as the
    CI test does, and packs each the way a loader meets it: a raw pickle, a torch zip's ``data.pkl``, an extra zip
    record, a tar member, a ``.tar.gz`` member, a gzip'd pickle, a legacy torch file's first stream. Each file is read
-   by the real readers (``readers.read_open_file``) and judged (``pickle_analysis``). Whenever that verdict has no
+   by the real readers (``readers.read_open_file``) and judged (``pickle_verdict.judge``). Whenever that verdict has no
    security finding (no unsafe or unknown global, no CKD603 or CKD605 problem), a real ``pickle.Unpickler`` whose
    ``find_class`` records every global and returns an inert stub must have seen only globals the policy allows.
 2. **Clean files.** Hypothesis builds data (numbers, strings, bytes, lists, tuples, dicts, sets, OrderedDicts,
@@ -41,7 +41,7 @@ from hypothesis.errors import HypothesisDeprecationWarning  # noqa: E402
 
 from bench.peer_corpus import _tar, _torch_zip, _zip  # noqa: E402
 from ckptdoctor.model import FileFacts, FileKind, ProblemKind  # noqa: E402
-from ckptdoctor.pickle_analysis import file_pickle, judge  # noqa: E402
+from ckptdoctor.pickle_verdict.judge import file_pickle, judge  # noqa: E402
 from ckptdoctor.readers import read_open_file  # noqa: E402
 from tests.test_security_policy import ITEM, _stream, unallowed_seen  # noqa: E402
 

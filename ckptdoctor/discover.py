@@ -553,6 +553,7 @@ def _checkpoint(node: _Dir, role: FolderRole, step: int | None, subdirs: list[_D
         mtime=mtime,
         framework=framework_of(files, node.rel),
         deepspeed_tags=deepspeed_tags(node.rel, ordered),
+        folder_mtime=node.mtime,
     )
 
 

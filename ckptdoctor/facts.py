@@ -63,8 +63,8 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
-# A shard of a sharded transformers checkpoint, as `save_pretrained` names it.
-SHARD_RE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
+# A shard of a sharded transformers checkpoint, as `save_pretrained` names it (one pattern, the Trainer view's).
+SHARD_RE = trainer_view.SHARD_RE
 
 
 def shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +72,25 @@ class Finding:
     message: str
     fix: FixPlan | None = None
     root: str = field(default="", compare=False)
+    # The file at fault, relative to the root: ``path`` itself when it names a file, a file in the folder ``path``
+    # names when the rule knows one (the cut `trainer_state.json` of an interrupted save), None when the finding is
+    # about a folder as a whole. SARIF anchors the result to it; every other output shows ``path``.
+    file: str | None = field(default=None, compare=False)
 
-    def sort_key(self) -> tuple[str, str, str, str]:
-        return (self.root, self.path, self.rule, self.message)
+    def sort_key(self) -> tuple[str, tuple[Any, ...], str, str]:
+        return (self.root, path_order(self.path), self.rule, self.message)
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def path_order(path: str) -> tuple[Any, ...]:
+    """The one order of paths in every output: numbers by value, so `checkpoint-9` comes before `checkpoint-10`
+    and `checkpoint-100` (a plain string sort gives `checkpoint-1, -10, -100, -1000, -2`); a folder before what
+    it holds. Texts and numbers alternate in the key's first part, so any two keys compare; the path itself
+    breaks ties (`step-01` and `step-1`)."""
+    parts = _DIGITS.split(path)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), path
 
 
 def finding_json(f: Finding) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
     if pf is None:
         return {}
     from ckptdoctor.limits import DEFAULT_LIMITS
-    from ckptdoctor.rules.pickle_policy import FileStandings, Standing
+    from ckptdoctor.pickle_verdict.policy import FileStandings, Standing
 
     # What the pickle policy makes of each global on its own (dangerous: CKD601 wherever it appears; unknown:
     # CKD601 when called, or not proved a class), so that a file looked at here on its own does not read as harmless.
@@ -121,6 +121,8 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out.update(_pickle_part(c.pickle))
     elif isinstance(c, JsonFacts):
         out["value"] = plain(c.value)
+        if c.partial:  # a large trainer_state.json read in pieces
+            out["note"] = "log_history entries shown with step, loss and learning_rate only (a large file)"
     elif isinstance(c, TextFacts):
         out["text"] = c.text
     elif isinstance(c, TfIndexFacts):

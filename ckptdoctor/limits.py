@@ -21,8 +21,9 @@ class Limits:
     pickle_opcodes: int = 20_000_000
     pickle_memo_entries: int = 5_000_000
     # Distinct globals of one file (its nested pickles included) judged by reading the installed package's source
-    # (``pickle_policy.FileStandings``): each is a sys.path search and may be a parse of megabytes. Real files name a
-    # few dozen globals, nearly all on the allowlist; past this, the rest are unproven, so unsafe (CKD601).
+    # (``pickle_verdict.policy.FileStandings``): each is a sys.path search and may be a parse of megabytes. Real
+    # files name a few dozen globals, nearly all on the allowlist; past this, the rest are unproven, so unsafe
+    # (CKD601).
     pickle_source_globals: int = 256
     # Depth of nested containers / stack while walking a pickle or JSON value.
     nesting_depth: int = 500

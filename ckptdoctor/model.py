@@ -236,9 +236,18 @@ class TorchFacts:
 
 @frozen
 class JsonFacts:
-    """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value."""
+    """A JSON document, parsed with duplicate keys rejected. ``value`` is the plain decoded value.
+
+    ``partial``: a large `trainer_state.json` read in pieces (``readers.jsonfiles``), whose ``log_history`` entries
+    keep only ``HISTORY_KEYS``; everything else is whole. Nothing may be rewritten from such a value."""
 
     value: Any
+    partial: bool = False
+
+
+# All that the rules and the gate read of a `log_history` entry: its step, and the loss and learning rate logged
+# there (a large trainer_state.json keeps only these; ``trainer_view.TrainerStateView``, ``rules.discovery``).
+HISTORY_KEYS = ("step", "loss", "learning_rate")
 
 
 @frozen
@@ -518,6 +527,7 @@ class Checkpoint:
     framework: Framework = Framework.PYTORCH
     deepspeed_tags: tuple[DeepSpeedTag, ...] = ()  # its DeepSpeed tag folders, as discovery found them
     stack: Stack = Stack.TRAINER  # the program that wrote it (discovery decides, from the files it holds)
+    folder_mtime: float = 0.0  # the folder's own mtime: what the Trainer's checkpoint rotation orders by
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
@@ -610,7 +620,8 @@ class Manifest:
 
 @frozen
 class PickleVerdict:
-    """What loading one file's pickle streams could do, as the pickle policy judges it (``ckptdoctor.pickle_analysis``).
+    """What loading one file's pickle streams could do, as the pickle policy judges it
+    (``ckptdoctor.pickle_verdict.judge``).
 
     ``unsafe``: why loading it runs code (CKD601, an error); ``unknown``: proven classes of packages outside the known
     ones that the streams only name (CKD602, a warning); ``allowed_by_user``: (global, pattern, origin) for each
@@ -656,7 +667,7 @@ class Tree:
     # each TensorFlow bundle index's data shards checked against it, where discovery read them (``ShardProblem``)
     tf_shard_problems: tuple[ShardProblem, ...] = ()
     # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
-    # (``pickle_analysis.with_verdicts``); None when not judged yet
+    # (``pickle_verdict.judge.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None
 
     def all_files(self) -> tuple[FileFacts, ...]:

@@ -151,6 +151,9 @@ class TrainerStateView:
     logging_steps: int | None
     raw: dict[str, Any]
     by_step: Mapping[int, dict[str, Any]]  # log_history entries merged per step (train and eval logs share a step)
+    # False for a large file read in pieces: its log_history entries hold only model.HISTORY_KEYS, so ``raw`` is
+    # not the whole file and must not be written back
+    complete: bool = True
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
@@ -191,6 +194,7 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
         logging_steps=_int(value.get("logging_steps")),
         raw=value,
         by_step=_MergedSteps(history),
+        complete=not (isinstance(f.content, JsonFacts) and f.content.partial),
     )
 
 
@@ -483,6 +487,46 @@ def weight_map(f: FileFacts) -> dict[str, str] | None:
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         return None
     return {str(k): v for k, v in wm.items()}
+
+
+# The top-level files some resume of a Trainer checkpoint opens, transformers 4.x and 5.x, any backend:
+# `Trainer._load_from_checkpoint` (config.json, the full weights, the shard indexes, the adapter files),
+# `TrainerState.load_from_json`, `_load_optimizer_and_scheduler` (optimizer.pt, or optimizer.bin under FSDP),
+# `_load_scaler`, `_load_rng_state`, accelerate's `load_fsdp_model` (pytorch_model_fsdp.bin) and DeepSpeed's
+# `load_checkpoint` (`latest`), src/transformers/trainer.py; MindNLP's three files (mindnlp/engine/trainer/base.py).
+_RESUME_FILES = frozenset({
+    "config.json", SAFE_WEIGHTS, BIN_WEIGHTS, SAFE_INDEX, BIN_INDEX, ADAPTER_SAFE, ADAPTER_BIN, ADAPTER_CONFIG,
+    TRAINER_STATE, *OPTIMIZER_FILES, SCHEDULER, "scaler.pt", "pytorch_model_fsdp.bin", "latest",
+    MS_WEIGHTS, MS_OPTIMIZER, MS_SCHEDULER, ".metadata",
+})
+# `save_pretrained`'s shard names (transformers' `SAFE_WEIGHTS_NAME`/`WEIGHTS_NAME` with `-00001-of-00002`): the
+# sharded load opens them through the index, which may itself be the file a torn save lost
+SHARD_RE = re.compile(r"^(?:model|pytorch_model)-\d+-of-\d+\.(?:safetensors|bin)$")
+
+
+def resume_reads(ck: Checkpoint, rel: str) -> bool:
+    """Whether some resume of ``ck`` (transformers 4.x or 5.x, any ``save_safetensors``, any backend) opens ``rel``
+    (relative to the folder; ``""`` is the folder itself): the one answer to "does the resume read this file" that
+    the scan rules share. A side file a Trainer never loads (`ema_backup.safetensors`, `training_args.bin`,
+    `generation_config.json`) is not read; anything in a sub-folder is (named adapters, FSDP and DeepSpeed state
+    folders and DCP folders are loaded whole), and so is every file of a checkpoint another stack wrote, since
+    which of them its loader opens is not modelled."""
+    if rel == "" or "/" in rel or ck.framework not in (Framework.PYTORCH, Framework.MINDNLP):
+        return True
+    if rel in _RESUME_FILES or RNG_RE.match(rel) or SHARD_RE.match(rel) or rel.endswith(".distcp"):
+        return True
+    return rel in _indexed_shards(ck)
+
+
+@per_object
+def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
+    """The shard names the folder's indexes list (once per folder: ``ck.file`` walks every file)."""
+    out: set[str] = set()
+    for index in (SAFE_INDEX, BIN_INDEX):
+        wm = weight_map(ck.file(index))
+        if wm is not None:
+            out.update(wm.values())
+    return frozenset(out)
 
 
 def is_fsdp(ck: Checkpoint) -> bool:

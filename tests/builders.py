@@ -29,7 +29,9 @@ def trainer_state(step: int, max_steps: int, lr: float = 1e-3, epochs: float = 1
         "epoch": epochs * step / max_steps, "eval_steps": 500, "global_step": step,
         "is_hyper_param_search": False, "is_local_process_zero": True, "is_world_process_zero": True,
         "log_history": history, "logging_steps": 1, "max_steps": max_steps, "num_input_tokens_seen": 0,
-        "num_train_epochs": epochs, "save_steps": 2, "stateful_callbacks": {}, "total_flos": 0.0,
+        "num_train_epochs": epochs, "save_steps": 2, "stateful_callbacks": {"TrainerControl": {"args": {
+            "should_epoch_stop": False, "should_evaluate": False, "should_log": False, "should_save": True,
+            "should_training_stop": step >= max_steps}, "attributes": {}}}, "total_flos": 0.0,
         "train_batch_size": 2, "trial_name": None, "trial_params": None,
     }
     state.update(extra)

@@ -172,8 +172,8 @@ def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
 # render -> cli). A module imports only from its own layer or the ones below it, and no import circle exists.
 
 LAYERS: list[set[str]] = [
-    # values: frozen facts, no I/O (the root package gives __version__; its API names are imported lazily, by name)
-    {"ckptdoctor", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
+    # values: frozen facts, no I/O (the version too: nothing below the API imports the root package)
+    {"ckptdoctor.version", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
      "ckptdoctor.progress", "ckptdoctor.schedules"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
@@ -183,11 +183,14 @@ LAYERS: list[set[str]] = [
     {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
-    {"ckptdoctor.rules", "ckptdoctor.pickle_analysis", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
+    # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it
+    {"ckptdoctor.pickle_verdict"},
+    {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
      "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
-    {"ckptdoctor.api"},  # ckptdoctor.scan / ckptdoctor.fix
+    # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name
+    {"ckptdoctor.api", "ckptdoctor"},
     {"ckptdoctor.render"},
     {"ckptdoctor.integrations"},
     {"ckptdoctor.cli", "ckptdoctor.__main__"},

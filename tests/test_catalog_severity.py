@@ -71,15 +71,17 @@ def test_the_gate_reports_only_declared_severities() -> None:
 
 
 def test_every_rule_that_chooses_a_severity_declares_it() -> None:
-    """A rule whose body names a severity (a literal ``Severity.X`` or the discovery rules' ``_severity``) declares
-    the others in its catalog entry, and only those rules do."""
+    """A rule whose body names a severity (a literal ``Severity.X``, the discovery rules' ``_severity`` or the
+    corrupt-file rules' ``_corrupt_hits``) declares the others in its catalog entry, and only those rules do."""
     choosing = set()
     for r in all_rules():
         body = inspect.getsource(r.func).split('"""', 2)[-1]  # after the docstring: not the decorator
-        if "Severity." in body or "_severity(" in body:
+        if "Severity." in body or "_severity(" in body or "_corrupt_hits(" in body:
             choosing.add(r.code)
     varying = {r.code for r in all_rules() if r.severity_when}
-    assert choosing == varying == {"CKD001", "CKD102", "CKD205", "CKD211", "CKD214", "CKD504", "CKD604"}
+    assert choosing == varying == {
+        "CKD001", "CKD102", "CKD202", "CKD203", "CKD205", "CKD211", "CKD214", "CKD504", "CKD604"
+    }
     for r in all_rules():
         assert r.severity not in {sev for sev, _ in r.severity_when}, r.code
         assert all(when and not when.endswith(".") for _, when in r.severity_when), r.code

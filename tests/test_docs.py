@@ -3,7 +3,7 @@ real output, and every --help of the commands in cli/ teaches (help on each opti
 
 from __future__ import annotations
 
-import argparse
+import ipaddress
 import json
 import os
 import pickle
@@ -95,9 +95,9 @@ def test_readme_json_schema_names_every_key(tmp_path: Path) -> None:
     documented = set(re.findall(r'"([a-z_]+)":', sketch))
     run = shutil.copytree(REPO / "fixtures" / "stub-shadow", tmp_path / "stub-shadow")
     # a pickle global outside the known packages, let through by --allow-global: the report lists it
-    (run / "checkpoint-8" / "extra.pkl").write_bytes(pickle.dumps(argparse.Namespace(a=1), protocol=2))
+    (run / "checkpoint-8" / "extra.pkl").write_bytes(pickle.dumps(ipaddress.IPv4Address("10.0.0.1"), protocol=2))
     proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "--allow-global",
-                           "argparse.Namespace", str(run)], cwd=REPO, capture_output=True, text=True,
+                           "ipaddress.IPv4Address", str(run)], cwd=REPO, capture_output=True, text=True,
                           timeout=HANG_GUARD, env={**os.environ, "CKPTDOCTOR_USER_CONFIG": str(user)})  # fmt: skip
     doc = json.loads(proc.stdout)
     assert doc["settings"], "the user configuration was not listed"

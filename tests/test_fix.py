@@ -181,6 +181,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         time.sleep(0.01)
         shutil.rmtree(stale / f"checkpoint-{s}")
         make_checkpoint(stale / f"checkpoint-{s}", s, max_steps=10, lr=5e-4)
+    side = make_run(base / "side", (2, 4))  # a side file no resume opens, cut short (CKD202)
+    (side / "checkpoint-4" / "ema_backup.safetensors").write_bytes(b"x")
+    sidept = make_run(base / "sidept", (2, 4))  # the same as a torch file (CKD203)
+    (sidept / "checkpoint-4" / "ema.pt").write_bytes((sidept / "checkpoint-4" / "optimizer.pt").read_bytes()[:200])
     for name in ("stub", "mixed"):
         (base / name).mkdir()
     stub_run(base / "stub")
@@ -221,6 +225,8 @@ ROUND_TRIPS = [
     ("best", "CKD105", []),
     ("gone", "CKD105", []),
     ("ds", "CKD503", []),
+    ("side", "CKD202", ["checkpoint-4/ema_backup.safetensors"]),
+    ("sidept", "CKD203", ["checkpoint-4/ema.pt"]),
 ]
 
 

@@ -145,7 +145,7 @@ def test_py_typed_is_shipped_in_the_wheel(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     (wheel,) = (tmp_path / "whl").glob("ckptdoctor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "ckptdoctor/py.typed" in names and "ckptdoctor/rules/allowlist.json" in names
+    assert "ckptdoctor/py.typed" in names and "ckptdoctor/pickle_verdict/allowlist.json" in names
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -101,10 +101,41 @@ def test_a_terminal_gets_no_line_over_its_width(args: list[str]) -> None:
 
 
 def test_a_narrow_terminal_still_fits() -> None:
-    """At 50 columns the tables lose columns (lr first) and long headers wrap: still no line over the width."""
+    """At 50 columns the tables lose columns (a step that repeats the folder's number first, the LR last) and long
+    headers wrap: still no line over the width."""
     text = on_terminal("scan", "fixtures/stub-shadow", "fixtures/sharded-wrong-index", columns=50)
     assert not [ln for ln in text.splitlines() if len(ln) > 50]
     assert "checkpoint" in text and "CKD205" in text
+
+
+def test_an_80_column_table_keeps_the_lr_a_finished_schedule_is_about() -> None:
+    """`fixtures/lr-finished` on 80 columns: the table drops the step (the folder's name says it) and keeps `lr`,
+    whose 0 is the point; through a pipe every column is there."""
+    text = on_terminal("scan", "fixtures/lr-finished", columns=80)
+    header = next(ln for ln in text.splitlines() if ln.startswith("checkpoint "))
+    assert header.split() == ["checkpoint", "weights", "tensors", "size", "lr", "status"]
+    row = next(ln for ln in text.splitlines() if ln.startswith("checkpoint-8 "))
+    assert row.split()[5] == "0"  # checkpoint-8, full, 21, 81.3, KB, 0
+    assert not [ln for ln in text.splitlines() if len(ln) > 80]
+    piped = ckptdoctor("scan", "fixtures/lr-finished").stdout
+    assert next(ln for ln in piped.splitlines() if ln.startswith("checkpoint ")).split() == [
+        "checkpoint", "step", "weights", "tensors", "size", "lr", "status"
+    ]
+
+
+@pytest.mark.parametrize("args", [["rules"], ["explain", "CKD102"], ["explain", "CKD201"]], ids=" ".join)
+def test_rules_and_explain_fit_a_terminal_and_pipe_whole_lines(args: list[str]) -> None:
+    """`rules` (its table is over 200 columns) and `explain` fit an 80-column terminal: a rule per header line
+    with its summary wrapped below, a document's paragraphs rewrapped; through a pipe the lines stay whole."""
+    text = on_terminal(*args)
+    assert not [ln for ln in text.splitlines() if len(ln) > 80]
+    piped = ckptdoctor(*args).stdout
+    assert max(map(len, piped.splitlines())) > 80  # today's lines: whole through a pipe
+    words = [w for w in piped.split() if set(w) != {"-"}]  # the table's rule line is the one thing dropped
+    assert [w for w in text.split() if set(w) != {"-"}] == words or args[0] == "rules"
+    if args[0] == "rules":
+        assert "CKD102 incomplete-checkpoint [warning] (safe fix)" in text
+        assert "  (error when it is the checkpoint the resume picks" in text
 
 
 def test_every_help_fits_80_columns() -> None:
@@ -138,6 +169,32 @@ def test_repeated_findings_are_one_entry_in_text_and_all_in_json(tmp_path: Path)
     assert [f["rule"] for f in doc["findings"]] == ["CKD104"] * 12
     few = _copies(tmp_path / "few", 3)  # fewer than five: listed one by one
     assert ckptdoctor("scan", str(few)).stdout.count("CKD104") == 3
+
+
+STEPS = (1, 2, 10, 100, 1000)
+
+
+def test_findings_like_it_and_fix_plans_are_in_step_order(tmp_path: Path) -> None:
+    """`checkpoint-2` comes before `checkpoint-10` and `checkpoint-100`, wherever paths are listed: the findings
+    (text, JSON, SARIF), the "like it" examples of a group, and a fix plan (not `-1, -10, -100, -1000, -2`)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in STEPS:  # each a CKD104 step mismatch (all hold step 8), and each beside a staging folder (CKD103)
+        shutil.copytree(REPO / "fixtures" / "clean-full" / "checkpoint-8", run / f"checkpoint-{step}")
+        shutil.copytree(REPO / "fixtures" / "clean-full" / "checkpoint-8", run / f"tmp-checkpoint-{step}")
+    doc = json.loads(ckptdoctor("scan", "--format", "json", str(run)).stdout)
+    for code, name in (("CKD103", "tmp-checkpoint"), ("CKD104", "checkpoint")):
+        assert [f["path"] for f in doc["findings"] if f["rule"] == code] == [f"{name}-{n}" for n in STEPS]
+    assert [c["path"] for c in doc["runs"][0]["checkpoints"] if c["step"] is not None] == [
+        f"checkpoint-{n}" for n in STEPS
+    ]
+    text = ckptdoctor("scan", str(run)).stdout
+    like = next(ln for ln in text.splitlines() if "more CKD104 findings like it" in ln)
+    examples = ", ".join(f"{run}/checkpoint-{n}" for n in STEPS[1:4])
+    assert like.endswith(f": {examples}, ... (--format json lists each)")
+    plan = ckptdoctor("fix", "--dry-run", "--force", str(run)).stdout
+    moved = re.findall(r"would move `(tmp-checkpoint-\d+)/`", plan)
+    assert moved == [f"tmp-checkpoint-{n}" for n in STEPS], plan
 
 
 def test_quiet_and_silent(tmp_path: Path) -> None:
@@ -223,3 +280,69 @@ def test_any_width_fits_in_process() -> None:
         text = render_text(report, width=width) + "\n" + gate_text.render_text(result, width=width)
         lines = text.splitlines()
         assert not [ln for ln in lines if len(ln) > width], width
+
+
+def test_the_reported_time_is_the_whole_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's time runs from the command's start through the rendering of the last line above it (a long
+    table took longer to print than the scan took), and a document's from the start to its rendering: a command
+    begun 1000 s ago says so, whatever the scan alone took."""
+    import time
+
+    from click.testing import CliRunner
+
+    import ckptdoctor.cli
+    from ckptdoctor.cli import main
+
+    begun = time.monotonic() - 1000
+    monkeypatch.setattr(ckptdoctor.cli, "started", lambda: begun)
+    text = CliRunner().invoke(main, ["scan", "fixtures/lr-finished"]).output
+    seconds = float(re.findall(r"\((\d+\.\d+) s\)", text)[-1])
+    assert 1000 <= seconds < 1e6
+    doc = json.loads(CliRunner().invoke(main, ["scan", "--format", "json", "fixtures/lr-finished"]).output)
+    assert doc["summary"]["seconds"] >= 1000
+
+
+def test_the_summary_time_is_asked_after_the_report_is_rendered() -> None:
+    """``render_text(clock=...)`` asks the clock once, when every line above the summary is rendered."""
+    from ckptdoctor import api
+    from ckptdoctor.render.report import render_text
+
+    report = api.scan(str(REPO / "fixtures" / "lr-finished"))
+    asked: list[int] = []
+
+    def clock() -> float:
+        asked.append(1)
+        return 12.345
+
+    text = render_text(report, clock=clock)
+    assert asked == [1] and text.endswith("in 14 files (12.35 s).")
+    assert render_text(report).endswith(f"({report.seconds:.2f} s).")
+
+
+def test_a_long_table_is_summarised_on_a_terminal_and_whole_through_a_pipe(tmp_path: Path) -> None:
+    """A run of 40 checkpoints (steps 2..80; `checkpoint-30` cut, an interrupted save): a terminal shows the first
+    and last few rows, the one with a finding and the resume's pick, each run of rows left out as one counting
+    line; a pipe prints every row, in step order."""
+    from ckptdoctor.render.report import TABLE_MAX
+
+    run = tmp_path / "run"
+    for step in range(2, 82, 2):
+        make = REPO / "fixtures" / "clean-full" / "checkpoint-8"
+        shutil.copytree(make, run / f"checkpoint-{step}")
+        state = json.loads((make / "trainer_state.json").read_text())
+        state["global_step"] = step
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps(state))
+    (run / "checkpoint-30" / "trainer_state.json").unlink()
+    piped = ckptdoctor("scan", str(run)).stdout
+    assert [ln.split()[0] for ln in piped.splitlines() if ln.startswith("checkpoint-")] == [
+        f"checkpoint-{s}" for s in range(2, 82, 2)
+    ]
+    text = on_terminal("scan", str(run), columns=100)
+    rows = [ln.split()[0] for ln in text.splitlines() if ln.startswith("checkpoint-")]
+    assert rows == ["checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-30",
+                    "checkpoint-76", "checkpoint-78", "checkpoint-80"]  # fmt: skip
+    assert len(rows) <= TABLE_MAX
+    gaps = [ln for ln in text.splitlines() if ln.startswith("... ")]
+    assert gaps == ["... 11 more checkpoints (11 ok; --format json lists each)",
+                    "... 22 more checkpoints (22 ok; --format json lists each)"]  # fmt: skip
+    assert "checkpoint-80" in text.split("<- resume picks")[0].splitlines()[-1]

@@ -447,6 +447,25 @@ def _add_flax(root: Path) -> None:
     (root / "flax_model.msgpack").write_bytes(b"\x81\xa6params\x80")
 
 
+
+def lm_save(untie_config: bool) -> Callable[[Copy], Path]:
+    """A tiny tied Llama saved by transformers' own save_pretrained; ``untie_config`` sets its config's
+    ``tie_word_embeddings`` to False first (the weights stay tied in memory, so the head is not written)."""
+
+    def make(copy: Copy) -> Path:
+        import transformers
+
+        root = copy("clean-full").parent / "lm"
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, tie_word_embeddings=True))
+        model.config.tie_word_embeddings = not untie_config
+        model.save_pretrained(root)
+        return root
+
+    return make
+
 @dataclass(frozen=True, slots=True)
 class Fires:
     """Rule ``code`` reports ``path`` with ``severity`` and a message holding every fragment of ``says``."""
@@ -574,6 +593,8 @@ FIRES: tuple[Fires, ...] = (
           (f"calls `{os.name}.system`", "can run code")),
     Fires("CKD601", "callback-class", callback_state, f"{CK8}/callback_state.pt", ERR,
           (f"`{__name__}.WarmupCallback`", "can run code")),
+    Fires("CKD217", "untied-config-tied-save", lm_save(untie_config=True), "config.json", ERR,
+          ("`tie_word_embeddings` is false", "no `lm_head.weight`", "`model.embed_tokens.weight`")),
     Fires("CKD602", "installed-class", installed_class_state, f"{CK8}/callback_state.pt", WARN,
           ("`argparse.ArgumentParser`", "outside the allowlist")),
     Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
@@ -589,6 +610,8 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD215", "mindnlp", sample("mindnlp")),
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD216", "keras-weights", sample("tf/keras-weights")),
+    Silent("CKD217", "tied-save", lm_save(untie_config=False)),
+    Silent("CKD217", "clean-full", clean("clean-full")),
     Silent("CKD001", "link-inside-root", link_inside),
     Silent("CKD002", "clean-full", clean("clean-full")),
     Silent("CKD002", "fsdp", clean("fsdp")),

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ckptdoctor import pickle_analysis, trainer_view
+from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding
 from ckptdoctor.model import (
     Checkpoint,
@@ -45,6 +45,7 @@ from ckptdoctor.model import (
     Opaque,
     TensorRef,
 )
+from ckptdoctor.pickle_verdict import judge as pickle_analysis
 from ckptdoctor.readers.pickle_walk import iter_values
 from ckptdoctor.rules import discovery
 from ckptdoctor.scanner import scan

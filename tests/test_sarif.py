@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,35 +15,102 @@ from ckptdoctor.resume import gate
 from ckptdoctor.scanner import scan
 from tests.builders import make_run
 
-LEVELS = ("none", "note", "warning", "error")
+REPO = Path(__file__).resolve().parent.parent
+# The definitions of the OASIS SARIF 2.1.0 schema a ckptdoctor log uses (see its "$comment")
+SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-2.1.0-subset.json").read_text(encoding="utf-8"))
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "integer": (int,), "number": (int, float),
+    "boolean": (bool,),
+}
 
 
-def _text(v: object) -> bool:
-    return isinstance(v, dict) and isinstance(v.get("text"), str)
+def _is(value: object, kind: str) -> bool:
+    return isinstance(value, _TYPES[kind]) and (kind == "boolean" or not isinstance(value, bool))
+
+
+def schema_errors(value: Any, schema: Any, where: str = "$") -> list[str]:
+    """Where ``value`` breaks ``schema``: the JSON Schema keywords the SARIF subset uses (draft-07 meaning)."""
+    if schema is True:
+        return []
+    if schema is False:
+        return [f"{where}: no such property in SARIF 2.1.0"]
+    if "$ref" in schema:
+        return schema_errors(value, SCHEMA["definitions"][schema["$ref"].rsplit("/", 1)[-1]], where)
+    kind = schema.get("type")
+    if kind is not None and not _is(value, kind):
+        return [f"{where}: not {kind}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not one of {schema['enum']}")
+    if "anyOf" in schema and all(schema_errors(value, s, where) for s in schema["anyOf"]):
+        errors.append(f"{where}: matches none of {schema['anyOf']}")
+    if isinstance(value, dict):
+        errors += [f"{where}: {key} is required" for key in schema.get("required", ()) if key not in value]
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+        for key, item in value.items():
+            errors += schema_errors(item, props.get(key, extra), f"{where}.{key}")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{where}: fewer than {schema['minItems']} items")
+        if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True) for v in value}) != len(value):
+            errors.append(f"{where}: items repeat")
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema.get("items", True), f"{where}[{i}]")
+    if _is(value, "number") and not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+        errors.append(f"{where}: {value} out of bounds")
+    if isinstance(value, str):
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{where}: does not match {schema['pattern']}")
+        if schema.get("format") in ("uri", "uri-reference") and (not value or re.search(r"[\s\\]", value)):
+            errors.append(f"{where}: not a URI reference")
+        if schema.get("format") == "uri" and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", value):
+            errors.append(f"{where}: not an absolute URI")
+    return errors
 
 
 def _validate(doc: dict) -> None:  # type: ignore[type-arg]
-    """The parts of the SARIF 2.1.0 schema (OASIS sarif-schema-2.1.0.json) that code-scanning upload relies on."""
-    assert doc["version"] == "2.1.0" and doc["$schema"].startswith("https://")
-    assert isinstance(doc["runs"], list)
+    """Valid under the SARIF 2.1.0 schema (the subset), plus what GitHub code scanning needs beyond it: a rule
+    index that names the result's rule, and a ``startLine`` wherever a result is anchored to a file."""
+    assert schema_errors(doc, SCHEMA) == []
     for run in doc["runs"]:
-        driver = run["tool"]["driver"]
-        assert isinstance(driver["name"], str)
-        rules = driver["rules"]
-        for rule in rules:
-            assert isinstance(rule["id"], str)
-            for key in ("shortDescription", "fullDescription", "help"):
-                assert key not in rule or _text(rule[key]), key
-            assert rule.get("defaultConfiguration", {}).get("level", "none") in LEVELS
+        rules = run["tool"]["driver"]["rules"]
         for res in run["results"]:
-            assert isinstance(res["ruleId"], str) and rules[res["ruleIndex"]]["id"] == res["ruleId"]
-            assert res["level"] in LEVELS and _text(res["message"])
+            assert rules[res["ruleIndex"]]["id"] == res["ruleId"]
             assert res["locations"]
             for loc in res["locations"]:
                 phys = loc["physicalLocation"]
-                assert isinstance(phys["artifactLocation"]["uri"], str) and phys["artifactLocation"]["uri"]
-                assert isinstance(phys["region"]["startLine"], int) and phys["region"]["startLine"] >= 1
-            assert all(isinstance(v, str) for v in res["partialFingerprints"].values())
+                assert "region" not in phys or phys["region"]["startLine"] == 1
+
+
+def test_the_schema_check_rejects_what_the_standard_rejects() -> None:
+    f = Finding("CKD102", "incomplete-checkpoint", Severity.ERROR, "ck/a.json", "m", file="ck/a.json")
+    good = sarif.to_sarif([f])
+    assert schema_errors(good, SCHEMA) == []
+    loc = good["runs"][0]["results"][0]["locations"][0]["physicalLocation"]
+    for broken, why in (
+        ({**loc, "region": {"startLine": 0}}, "out of bounds"),
+        ({**loc, "regoin": {"startLine": 1}}, "no such property"),
+        ({"region": {"startLine": 1}}, "matches none"),
+        ({**loc, "artifactLocation": {"uri": "a b"}}, "not a URI"),
+    ):
+        doc = json.loads(json.dumps(good))
+        doc["runs"][0]["results"][0]["locations"][0]["physicalLocation"] = broken
+        assert any(why in e for e in schema_errors(doc, SCHEMA)), broken
+    doc = json.loads(json.dumps(good))
+    doc["runs"][0]["results"][0]["level"] = "fatal"
+    assert schema_errors(doc, SCHEMA)
+
+
+@pytest.mark.parametrize("golden", ["scan.sarif", "gate.sarif"])
+def test_the_shipped_outputs_are_valid_sarif_anchored_to_files(golden: str) -> None:
+    """The golden outputs (`scan fixtures/`, `gate fixtures/stale-higher`): valid, and each result with a region
+    names a file that exists; a result about a folder as a whole has no region."""
+    doc = json.loads((REPO / "tests" / "data" / "output_golden" / golden).read_text(encoding="utf-8"))
+    _validate(doc)
+    for res in doc["runs"][0]["results"]:
+        phys = res["locations"][0]["physicalLocation"]
+        path = REPO / phys["artifactLocation"]["uri"]
+        assert ("region" in phys) == path.is_file(), (res["ruleId"], str(path))
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +166,20 @@ def test_github_annotations_are_escaped() -> None:
         "::warning file=ck%2C1%3Ax,title=CKD102 incomplete-checkpoint::50%25 done%0Aline two",
         "::notice file=out,title=CKD404 rng-state-missing::no rng",
     ]
+
+
+def test_a_folder_finding_points_at_the_file_at_fault(tmp_path: Path) -> None:
+    """A cut `trainer_state.json` makes its checkpoint an interrupted save (CKD102, a folder finding): the SARIF
+    result points at that file, with a region; a missing one leaves nothing to point at: the folder, no region."""
+    out = make_run(tmp_path / "out", steps=(2, 4))
+    state = out / "checkpoint-4" / "trainer_state.json"
+    state.write_bytes(state.read_bytes()[:40])
+    (out / "checkpoint-2" / "trainer_state.json").unlink()
+    doc = sarif.to_sarif(scan(str(out)).findings)
+    _validate(doc)
+    where = {
+        r["ruleId"] + " " + r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].rsplit("/out/", 1)[1]:
+        "region" in r["locations"][0]["physicalLocation"]
+        for r in doc["runs"][0]["results"] if r["ruleId"] == "CKD102"
+    }
+    assert where == {"CKD102 checkpoint-4/trainer_state.json": True, "CKD102 checkpoint-2": False}

@@ -1,6 +1,6 @@
 """The generated allowlist: regenerated from files the real libraries write here, it is a subset of the pinned
-ckptdoctor/rules/allowlist.json, which records every stack of the matrix with its versions; the policy never lets a
-name slip through by pattern; and clean files from the matrix's older stacks raise no alarm.
+ckptdoctor/pickle_verdict/allowlist.json, which records every stack of the matrix with its versions; the policy never
+lets a name slip through by pattern; and clean files from the matrix's older stacks raise no alarm.
 
 tests/data/stacks/ holds real files written by bench/stack_writer.py under the matrix's layers (see
 bench/make_allowlist.py): a 2-step Trainer run of transformers 4.40.2 saved as ``.bin``, TrainingArguments
@@ -22,9 +22,9 @@ import pytest
 from ckptdoctor import scan
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import GlobalRef, PickleFacts
+from ckptdoctor.pickle_verdict import policy as pickle_policy
+from ckptdoctor.pickle_verdict.policy import is_allowed, is_dangerous
 from ckptdoctor.readers import read_file
-from ckptdoctor.rules import pickle_policy
-from ckptdoctor.rules.pickle_policy import is_allowed, is_dangerous
 
 torch = pytest.importorskip("torch")
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from ckptdoctor.model import GlobalRef
-from ckptdoctor.pickle_analysis import judge
+from ckptdoctor.pickle_verdict import policy as pickle_policy
+from ckptdoctor.pickle_verdict.judge import judge
+from ckptdoctor.pickle_verdict.policy import CALLED_ENUMS, REBUILD_HOOKS, REVIEWED_CALLS, is_dangerous
 from ckptdoctor.readers.pickle_walk import walk_pickle
-from ckptdoctor.rules import pickle_policy
-from ckptdoctor.rules.pickle_policy import CALLED_ENUMS, REBUILD_HOOKS, REVIEWED_CALLS, is_dangerous
 from ckptdoctor.scanner import scan
 from tests import payloads
 from tests.builders import make_checkpoint
@@ -104,7 +104,7 @@ def test_a_dangerous_module_is_matched_at_any_depth(dotted: str) -> None:
 
 def test_real_stacks_call_only_reviewed_entries() -> None:
     """Every global the matrix's files call with arguments (``allowlist.json`` ``called``) is admitted for calls."""
-    doc = json.loads((ROOT / "ckptdoctor" / "rules" / "allowlist.json").read_text())
+    doc = json.loads((ROOT / "ckptdoctor" / "pickle_verdict" / "allowlist.json").read_text())
     called = doc["called"]
     assert called, "the allowlist records the calls real files make"
     assert [g for g in called if g not in REVIEWED_CALLS and g not in CALLED_ENUMS] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptdoctor.pickle_analysis import judge
+from ckptdoctor.pickle_verdict.judge import judge
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.scanner import scan
 from tests.builders import make_checkpoint

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from bench.peer_corpus import _tar
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ReadOutcome, TorchFacts
-from ckptdoctor.pickle_analysis import judge
+from ckptdoctor.pickle_verdict.judge import judge
 from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_metadata
 from ckptdoctor.readers.deepspeed import read_latest
 from ckptdoctor.readers.jsonfiles import read_json

@@ -32,10 +32,11 @@ from ckptdoctor.discover import discover
 from ckptdoctor.findings import Severity
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef
-from ckptdoctor.pickle_analysis import Verdict, judge
+from ckptdoctor.pickle_verdict import policy as pickle_policy
+from ckptdoctor.pickle_verdict.judge import Verdict, judge
+from ckptdoctor.pickle_verdict.policy import Standing, standing
 from ckptdoctor.readers.pickle_walk import walk_pickle
-from ckptdoctor.rules import Selection, pickle_policy, run_rules
-from ckptdoctor.rules.pickle_policy import Standing, standing
+from ckptdoctor.rules import Selection, run_rules
 from ckptdoctor.scanner import scan_tree
 
 torch = pytest.importorskip("torch")
@@ -196,7 +197,7 @@ def test_an_absent_subclass_passes_as_newobj_data_but_a_reduce_of_the_same_name_
     import sys
     import types
 
-    from ckptdoctor.pickle_analysis import TRAINING_ARGS_FIELDS
+    from ckptdoctor.pickle_verdict.judge import TRAINING_ARGS_FIELDS
 
     mod = types.ModuleType("ckd_inhouse_absent")
     called: list[str] = []

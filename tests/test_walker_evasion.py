@@ -349,7 +349,7 @@ def test_edge_lines(line: bytes, value: object) -> None:
 
 
 def _verdict_of(data: bytes) -> tuple[str, ...]:
-    from ckptdoctor.pickle_analysis import judge
+    from ckptdoctor.pickle_verdict.judge import judge
     from ckptdoctor.readers.pickle_walk import walk_pickle
 
     facts, _, _ = walk_pickle(data)
@@ -396,7 +396,7 @@ def test_the_call_trackers_budget_is_a_finding(monkeypatch: pytest.MonkeyPatch) 
     data = b"\x80\x02cbuiltins\nlist\n(]" + b"]a" * 100 + b"tR."  # a list of 100 lists: more than 50 values
     facts, _, _ = pw.walk_pickle(data)
     assert facts is not None and pw.PAST_BUDGET in facts.calls
-    from ckptdoctor.pickle_analysis import judge
+    from ckptdoctor.pickle_verdict.judge import judge
 
     assert any("budget" in u for u in judge(facts).unsafe)
 
@@ -458,9 +458,9 @@ def test_clean_te_extra_state_and_joblib_files_raise_no_ckd6xx(tmp_path: Path) -
 
 def test_the_passed_search_budget_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
     """A class of an unknown package named in a big value: past the search's budget it may be handed to a call."""
-    import ckptdoctor.pickle_analysis as pa
+    import ckptdoctor.pickle_verdict.judge as pa
     from ckptdoctor.model import GlobalRef, PickleFacts
-    from ckptdoctor.rules.pickle_policy import Standing
+    from ckptdoctor.pickle_verdict.policy import Standing
 
     monkeypatch.setattr(pa.FileStandings, "__call__", lambda self, g: (Standing.UNKNOWN, "test"))
     value = {"a": [[i] for i in range(100)], "cls": GlobalRef("mylib", "Cls")}

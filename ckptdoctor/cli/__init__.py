@@ -14,14 +14,29 @@ import atexit
 import contextlib
 import os
 import sys
+import time
 from typing import Any, ClassVar
 
 import click
 
-from ckptdoctor import __version__
 from ckptdoctor.cli import options
 from ckptdoctor.cli.options import UsageProblem
 from ckptdoctor.errors import UsageError
+from ckptdoctor.version import __version__
+
+# The time a command reports is the whole of it, through the last line rendered (a 5,000-checkpoint table took
+# longer to print than the scan), not the library's scan alone: it starts when this module was imported for the
+# first command of a process (the console script), at the command's own start for any later one (tests, in-process
+# callers). ``started()`` gives it to the command.
+_IMPORTED: float | None = time.monotonic()
+STARTED_KEY = "ckptdoctor.started"
+
+
+def started() -> float:
+    """When the running command began (``time.monotonic()``), as ``LazyGroup.invoke`` noted it."""
+    ctx = click.get_current_context(silent=True)
+    value = None if ctx is None else ctx.find_root().meta.get(STARTED_KEY)
+    return time.monotonic() if value is None else float(value)
 
 __all__ = ["LazyGroup", "main", "run"]
 
@@ -66,6 +81,9 @@ class LazyGroup(click.Group):
         return sorted([*super().list_commands(ctx), *self.lazy])
 
     def invoke(self, ctx: click.Context) -> Any:
+        global _IMPORTED
+        ctx.meta[STARTED_KEY] = _IMPORTED if _IMPORTED is not None else time.monotonic()
+        _IMPORTED = None
         try:
             return super().invoke(ctx)
         except UsageError as exc:  # the library's plain error: said as click says a usage problem, exit 2

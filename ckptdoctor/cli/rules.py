@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
-from ckptdoctor.cli.options import UsageProblem
+from ckptdoctor.cli.options import UsageProblem, terminal_width
 
 RULES_SCHEMA = "ckptdoctor.rules/1"
 
@@ -43,7 +44,7 @@ def rules_cmd(fmt: str) -> None:
         click.echo(rules_markdown())
         return
     if fmt == "json":
-        from ckptdoctor import __version__
+        from ckptdoctor.version import __version__
 
         data = [
             {
@@ -61,10 +62,9 @@ def rules_cmd(fmt: str) -> None:
         ]
         click.echo(json.dumps({"schema": RULES_SCHEMA, "version": __version__, "rules": data}, indent=2))
         return
-    from tabulate import tabulate
+    from ckptdoctor.render.rules import render_catalog
 
-    rows = [[r.code, r.name, r.severity_text, r.fix.value if r.fix is not None else "", r.summary] for r in rules]
-    click.echo(tabulate(rows, headers=["code", "name", "severity", "fix", "summary"], tablefmt="simple"))
+    click.echo(render_catalog(rules, terminal_width(sys.stdout)))
 
 
 _EPILOG_EXPLAIN = """\b
@@ -89,13 +89,6 @@ def explain(rule: str) -> None:
     r = get_rule(rule)
     if r is None:
         raise UsageProblem(f"no rule {rule!r} (see `ckptdoctor rules`)")
-    import inspect as _inspect
+    from ckptdoctor.render.rules import render_document
 
-    header = f"{r.code} {r.name} ({r.severity.value}{f', {r.fix.value} fix' if r.fix is not None else ''})"
-    click.echo(header)
-    click.echo("=" * len(header))
-    for sev, when in r.severity_when:  # the catalog says every severity a finding can be reported at
-        click.echo(f"Reported as {sev.value} when {when}.")
-    if r.severity_when:
-        click.echo()
-    click.echo(_inspect.cleandoc(r.doc))
+    click.echo(render_document(r, terminal_width(sys.stdout)))

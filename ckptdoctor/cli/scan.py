@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import click
 
-from ckptdoctor import __version__
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
@@ -24,6 +25,7 @@ from ckptdoctor.cli.options import (
     text_width,
 )
 from ckptdoctor.cli.output import emit, print_settings
+from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
     from ckptdoctor.model import Tree
@@ -157,6 +159,8 @@ def scan(
     roots = _check_special_roots(roots)
     report = _scan(roots, options, jobs, deep, checksums)
     width = text_width(output_file, sys.stdout)
+    if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
+        report = dataclasses.replace(report, seconds=_elapsed())
     if statistics:
         from ckptdoctor.render.report import render_statistics, statistics_json
 
@@ -179,7 +183,7 @@ def scan(
         text = render_github(report.findings, notice=summary_line(report))
     else:
         color = output_file is None and _use_color(sys.stdout)
-        text = render_text(report, color=color, width=width, quiet=quiet)
+        text = render_text(report, color=color, width=width, quiet=quiet, clock=_elapsed)
     emit(text, output_file, silent)
     if checksums == "write":
         _write_manifests(report.trees)
@@ -187,6 +191,13 @@ def scan(
     if checksums != "write":
         _read_only_done()
     sys.exit(code)
+
+
+def _elapsed() -> float:
+    """Seconds since the command began (``cli.started``): what the report says the scan took."""
+    from ckptdoctor.cli import started
+
+    return time.monotonic() - started()
 
 
 def _scan(roots: Roots, options: Options, jobs: int | None, deep: bool, checksums: str | None) -> Report:

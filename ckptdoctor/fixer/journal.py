@@ -162,7 +162,7 @@ class Journal:
 
     def _head(self) -> dict[str, Any]:
         """Everything ``to_json`` holds but the operations (the last key)."""
-        from ckptdoctor import __version__
+        from ckptdoctor.version import __version__
 
         return {
             "schema": JOURNAL_SCHEMA,

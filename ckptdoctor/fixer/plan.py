@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor.deep import manifest_from_document
-from ckptdoctor.findings import Applicability, Finding, OpKind
+from ckptdoctor.findings import Applicability, Finding, OpKind, path_order
 from ckptdoctor.fixer.digests import _sha
 from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, check_path, quarantine_path
 from ckptdoctor.model import Tree
@@ -199,7 +199,7 @@ def plan_root(tree: Tree, findings: Sequence[Finding], *, unsafe: bool = False, 
             by_path[o.path] = o if old is None else _with_rule(old, o.rules)
         planned_findings.append(f)
     folders = {p for p, o in by_path.items() if o.kind == OpKind.QUARANTINE and o.is_dir}
-    final = [o for p, o in sorted(by_path.items()) if not _below(p, folders)]
+    final = [o for p, o in sorted(by_path.items(), key=lambda po: path_order(po[0])) if not _below(p, folders)]
     manifest = _manifest_op(abs_root, final)
     if manifest is not None:
         final.append(manifest)

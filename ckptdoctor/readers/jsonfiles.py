@@ -12,7 +12,7 @@ from collections import deque
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen
+from ckptdoctor.model import HISTORY_KEYS, JsonFacts, ProblemKind, ReadOutcome, ReadProblem, frozen
 
 # A JSON string, escapes included. The match is unambiguous (no backtracking can find another), so from Python 3.11
 # the repeats are possessive: the same matches, but without a backtracking frame per escape, which cost 60 bytes
@@ -52,6 +52,10 @@ def read_json(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOu
     Problems: ``INVALID_JSON`` (syntax, duplicate keys, invalid UTF-8, with line and column), ``LIMIT`` (file too
     large or nested deeper than ``limits.nesting_depth``), ``EMPTY`` for a zero-byte file.
     """
+    if _STREAM_MIN <= size <= limits.json_bytes:
+        streamed = _read_streaming(f, size, limits.nesting_depth)
+        if streamed is not _REFUSED:
+            return ReadOutcome(JsonFacts(streamed, partial=True))
     data = read_bounded(f, size, limits.json_bytes, "JSON file")
     if isinstance(data, ReadProblem):
         return ReadOutcome(None, (data,))
@@ -153,18 +157,8 @@ def _with_known_history(data: bytes, limit: int) -> Any:
             best = h
             break
     body = data[start:end]
-    try:
-        skeleton_text = skeleton.decode("utf-8")
-    except UnicodeDecodeError:
-        return _REFUSED
-    value = _parse_fast(skeleton, skeleton_text, limit)
-    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
-        return _REFUSED
-    # Indentation can lie: the opening line may be a key of a nested object, and the top object's own "log_history"
-    # a string that equals the placeholder only once decoded (an escape). The skeleton parsed, so the structure of
-    # the text before the key is exact: the key belongs to the top object only when one bracket is open there.
-    brackets = _structure(data[:opened]).translate(None, b":")
-    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+    value = _skeleton_value(skeleton, data[:opened], limit)
+    if value is _REFUSED:
         return _REFUSED
     if best is not None and len(best.body) == len(body):
         elements = best.elements
@@ -182,6 +176,110 @@ def _with_known_history(data: bytes, limit: int) -> Any:
         if elements:  # a body of no values cannot be followed by a comma: nothing to extend
             _remember(_History(body, elements, limit))
     value["log_history"] = list(elements)  # a list of its own, as json.loads gives; the elements are shared
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A large trainer_state.json, read in pieces
+#
+# A 200 MB trainer_state.json parsed whole took 1.2 GB (a dict per log entry, with every key the Trainer logged).
+# The scan needs only ``HISTORY_KEYS`` of each entry: the file is read in chunks, the document with its
+# log_history replaced by a placeholder is parsed as in ``_with_known_history`` (the same layout checks), and the
+# array's body is cut into batches where the Trainer's ``indent=2`` layout ends an entry and starts the next
+# (``\n    },\n    {``, a raw newline never occurs inside a string). Each batch, bracketed, must parse as an
+# array of objects through ``_parse_fast`` (depth and repeated keys checked as for a whole file): then the body
+# is exactly the batches' elements in order, by the grammar alone, as in ``_with_known_history``. Each element is
+# kept with those keys only; memory is a batch and the kept keys. Anything unexpected (another layout, bad UTF-8,
+# a repeated key, a syntax error, no entry end within ``_ELEMENT_MAX``) returns _REFUSED, and the file is read
+# whole as before, which names the problem exactly.
+
+_STREAM_MIN = 32 * 1024 * 1024
+_STREAM_CHUNK = 1 << 20
+_STREAM_EDGE = 1 << 20  # the key is looked for this near the start, the array's closing line this near the end
+_ELEMENT_MAX = 16 * 1024 * 1024
+_ENTRY_END = b"\n    },\n    {"  # one entry's last line and the next one's first, as the Trainer writes them
+_ENTRY_CLOSE = len(b"\n    }")
+
+
+def _read_streaming(f: BinaryIO, size: int, limit: int) -> Any:
+    """The document with each log_history entry cut to ``HISTORY_KEYS``, read in chunks; _REFUSED when the file is
+    not laid out as the Trainer writes it or anything in it is not plainly valid."""
+    f.seek(0)
+    head = f.read(min(size, _STREAM_EDGE))
+    opened = head.find(_HISTORY_OPEN)
+    start = opened + len(_HISTORY_OPEN) - 1  # the body begins with the newline after ``[``
+    if opened < 0:
+        return _REFUSED
+    tail_at = max(size - _STREAM_EDGE, start)
+    f.seek(tail_at)
+    tail = f.read(size - tail_at)
+    close = tail.rfind(_HISTORY_CLOSE)
+    if close < 0:
+        return _REFUSED
+    end = tail_at + close
+    skeleton = head[: start - 1] + _PLACEHOLDER + tail[close + len(_HISTORY_CLOSE) :]
+    if skeleton.count(_PLACEHOLDER) != 1:
+        return _REFUSED
+    value = _skeleton_value(skeleton, head[:opened], limit)
+    if value is _REFUSED:
+        return _REFUSED
+    entries = _stream_entries(f, start, end, limit)
+    if entries is _REFUSED:
+        return _REFUSED
+    value["log_history"] = entries
+    return value
+
+
+def _stream_entries(f: BinaryIO, start: int, end: int, limit: int) -> Any:
+    """The array body between ``start`` and ``end``, batch by batch, as a list of its objects cut to
+    ``HISTORY_KEYS``; _REFUSED when a batch is not an array of objects that parses plainly."""
+    f.seek(start)
+    left = end - start
+    pending = b""
+    out: list[dict[str, Any]] = []
+    while left > 0 or pending:
+        if left > 0:
+            data = f.read(min(_STREAM_CHUNK, left))
+            if not data:
+                return _REFUSED  # the file shrank while being read
+            left -= len(data)
+            pending += data
+        cut = pending.rfind(_ENTRY_END) if left > 0 else len(pending)
+        if cut < 0:
+            if len(pending) > _ELEMENT_MAX:
+                return _REFUSED
+            continue
+        if left > 0:
+            cut += _ENTRY_CLOSE  # the batch ends with the entry's ``}``; the comma after it is dropped
+        batch, pending = b"[" + pending[:cut] + b"]", pending[cut + 1 :] if left > 0 else b""
+        try:
+            text = batch.decode("utf-8")
+        except UnicodeDecodeError:
+            return _REFUSED
+        # The array sits at depth 2 (inside the top object): the bracketed batch may nest ``limit - 1`` deep.
+        parsed = _parse_fast(batch, text, limit - 1)
+        if type(parsed) is not list or not parsed or not all(type(e) is dict for e in parsed):
+            return _REFUSED  # (an empty batch after a comma would be a trailing comma, which json refuses)
+        out.extend({k: e[k] for k in HISTORY_KEYS if k in e} for e in parsed)
+    return out
+
+
+def _skeleton_value(skeleton: bytes, before_key: bytes, limit: int) -> Any:
+    """The document with its log_history array replaced by the placeholder, parsed; _REFUSED unless the top
+    object's own "log_history" is that placeholder (``before_key``: the text before the array's opening line)."""
+    try:
+        skeleton_text = skeleton.decode("utf-8")
+    except UnicodeDecodeError:
+        return _REFUSED
+    value = _parse_fast(skeleton, skeleton_text, limit)
+    if type(value) is not dict or value.get("log_history") != _PLACEHOLDER_VALUE:
+        return _REFUSED
+    # Indentation can lie: the opening line may be a key of a nested object, and the top object's own "log_history"
+    # a string that equals the placeholder only once decoded (an escape). The skeleton parsed, so the structure of
+    # the text before the key is exact: the key belongs to the top object only when one bracket is open there.
+    brackets = _structure(before_key).translate(None, b":")
+    if brackets.count(b"{") + brackets.count(b"[") - brackets.count(b"}") - brackets.count(b"]") != 1:
+        return _REFUSED
     return value
 
 

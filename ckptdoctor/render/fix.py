@@ -153,8 +153,8 @@ def fix_json(result: FixResult) -> dict[str, Any]:
     root's ``refused`` says why the real run would be refused now (null: it would not be; always null in a real
     run, where a refusal is exit 2 with the reason on stderr).
     """
-    from ckptdoctor import __version__
     from ckptdoctor.findings import finding_json
+    from ckptdoctor.version import __version__
 
     refusals = result.refusals or (None,) * len(result.plans)
     roots = []
@@ -225,7 +225,7 @@ def render_undo_list(path: str, journals: Sequence[Journal]) -> str:
 
 
 def _undo_head(path: str, action: str, refused: str | None) -> dict[str, Any]:
-    from ckptdoctor import __version__
+    from ckptdoctor.version import __version__
 
     return {"schema": UNDO_SCHEMA, "version": __version__, "action": action, "root": path, "refused": refused}
 

@@ -82,7 +82,7 @@ def finding_line(f: Finding) -> str:
 def gate_json(result: GateResult) -> dict[str, Any]:
     """The ``ckptdoctor.gate/1`` document the command prints: ``GateResult.to_json`` with ckptdoctor's
     ``version`` after the schema and ``summary`` counts of the findings by severity, as in scan's report."""
-    from ckptdoctor import __version__
+    from ckptdoctor.version import __version__
 
     doc = result.to_json()
     counts = {sev.value: sum(1 for f in result.findings if f.severity == sev) for sev in Severity}

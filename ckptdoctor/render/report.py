@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ckptdoctor import __version__, stacks, trainer_view
+from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
-from ckptdoctor.findings import Finding, Severity, display_path, finding_json
+from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run
 from ckptdoctor.scanner import Report
+from ckptdoctor.version import __version__
 
 SCHEMA = "ckptdoctor.report/1"
 
@@ -57,7 +58,7 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
 
 def ordered(run: Run) -> list[Checkpoint]:
     """Checkpoints in step order (numeric, so checkpoint-12 follows checkpoint-8), then the others by path."""
-    return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, c.path))
+    return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, path_order(c.path)))
 
 
 def allowances(report: Report) -> list[dict[str, str]]:
@@ -151,6 +152,9 @@ def _tally(findings: list[Finding]) -> dict[str, dict[Severity, int]]:
     return out
 
 
+_PICKS = "  <- resume picks"
+
+
 def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> str:
     """``ok``, or each severity's count, worst first (``2 errors, 1 info``), worded as the summary line counts them
     (one count labelled with the worst severity, ``error (3)``, read as three errors)."""
@@ -161,7 +165,7 @@ def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> 
         worst_first = sorted(found, key=lambda s: -s.rank)
         label = ", ".join(plural(found[s], s.value) for s in worst_first)
     if run.resume_pick is not None and run.resume_pick == ck.path:
-        label += "  <- resume picks"
+        label += _PICKS
     return label
 
 
@@ -189,16 +193,32 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
 
 
 _HEADERS = ["checkpoint", "step", "weights", "tensors", "size", "lr", "status"]
-# On a narrow terminal the table loses columns in this order (their index in _HEADERS) until it fits.
-_DROP_ORDER = (5, 3, 4, 2, 1)
+# On a narrow terminal the table loses columns in this order (their index in _HEADERS) until it fits: the counts
+# and sizes first, then the weights form, the step, and the LR last (LR 0 is what a finished schedule is about). A
+# column that says nothing the others do not goes before them all (``_drop_order``).
+_DROP_ORDER = (3, 4, 2, 1, 5)
+_STEP, _LR = 1, 5
+
+
+def _drop_order(rows: list[list[Any]]) -> list[int]:
+    """``_DROP_ORDER``, led by the columns that tell nothing here: ``step`` when every step is the number in its
+    folder's name (``checkpoint-8``, step 8), ``lr`` when no checkpoint holds one."""
+    idle = []
+    if all(r[_STEP] == "" or str(r[0]).rsplit("-", 1)[-1] == str(r[_STEP]) for r in rows):
+        idle.append(_STEP)
+    if all(r[_LR] == "-" for r in rows):
+        idle.append(_LR)
+    return idle + [i for i in _DROP_ORDER if i not in idle]
 
 
 def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
     from tabulate import tabulate  # only the text report needs it
 
-    rows = _table_rows(run, findings)
+    every = _table_rows(run, findings)
+    shown = list(range(len(every))) if width is None else _shown_rows(every)
+    rows = [every[i] for i in shown]
     keep = list(range(len(_HEADERS)))
-    drop = list(_DROP_ORDER)
+    drop = _drop_order(rows)
     while True:
         table = str(
             tabulate(
@@ -209,12 +229,48 @@ def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> s
             )
         )
         if width is None or max(map(len, table.splitlines())) <= width:
-            return table
+            lines = table.splitlines()  # the header, its rule, then one line per row
+            return "\n".join([*lines[:2], *_with_gaps([[ln] for ln in lines[2:]], shown, every, width)])
         if not drop:
             break
         keep.remove(drop.pop(0))
     # Not even checkpoint and status fit side by side: one wrapped line per checkpoint.
-    return "\n".join(ln for r in rows for ln in fit(f"{r[0]}: {r[-1]}", width))
+    return "\n".join(_with_gaps([fit(f"{r[0]}: {r[-1]}", width) for r in rows], shown, every, width))
+
+
+# On a terminal a run's table shows at most this many checkpoints, as ruff's terminal output keeps to what needs
+# attention: the first and last few, the one the resume picks and those with findings; the rows left out are one
+# line that counts them. A pipe or a file gets every row (`--format json` too).
+TABLE_MAX = 20
+_TABLE_ENDS = 3
+
+
+def _shown_rows(rows: list[list[Any]]) -> list[int]:
+    """Which of ``rows`` a terminal table shows (indexes, in order): all of them up to ``TABLE_MAX``, else the
+    first and last ``_TABLE_ENDS``, the resume's pick, then rows with findings while there is room."""
+    if len(rows) <= TABLE_MAX:
+        return list(range(len(rows)))
+    ends = {*range(_TABLE_ENDS), *range(len(rows) - _TABLE_ENDS, len(rows))}
+    flagged = [i for i, r in enumerate(rows) if r[-1] != "ok" and i not in ends]
+    picked = [i for i in flagged if str(rows[i][-1]).endswith(_PICKS)]
+    others = [i for i in flagged if i not in picked]
+    return sorted({*ends, *picked, *others[: max(TABLE_MAX - len(ends) - len(picked), 0)]})
+
+
+def _with_gaps(lines: list[list[str]], shown: list[int], every: list[list[Any]], width: int | None) -> list[str]:
+    """The lines of the shown rows (``lines[k]`` is row ``shown[k]``'s), with one line in place of each run of rows
+    left out, counting them."""
+    out: list[str] = []
+    for k, i in enumerate(shown):
+        prev = shown[k - 1] if k else -1
+        if i - prev > 1:
+            gap = every[prev + 1 : i]
+            ok = sum(1 for r in gap if r[-1] == "ok")
+            counts = ((ok, "ok"), (len(gap) - ok, "with findings"))
+            what = ", ".join(f"{n:,} {label}" for n, label in counts if n)
+            out.extend(fit(f"... {len(gap):,} more checkpoints ({what}; --format json lists each)", width))
+        out.extend(lines[k])
+    return out
 
 
 def fit(line: str, width: int | None, indent: str = "  ") -> list[str]:
@@ -240,12 +296,21 @@ def _fit_styled(line: str, width: int | None, style: Any, indent: str = "  ") ->
     return [style(ln) for ln in fit(line, width, indent)]
 
 
-def render_text(report: Report, *, color: bool = False, width: int | None = None, quiet: bool = False) -> str:
+def render_text(
+    report: Report,
+    *,
+    color: bool = False,
+    width: int | None = None,
+    quiet: bool = False,
+    clock: Callable[[], float] | None = None,
+) -> str:
     """Tables of checkpoints per run, then findings grouped like a linter's, then a one-line summary.
 
     ``width`` None (a pipe, a file) prints each finding on one line, as scripts grepping ``path: CODE`` expect; on a
     terminal the caller passes its width and every line fits it: a short header per finding (``path: CODE
-    [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``).
+    [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``). ``clock()``,
+    asked once everything above the summary line is rendered, is the time the summary shows (the command's whole
+    time); without it the summary shows the scan's own time.
     """
     st = _Style(color)
     out: list[str] = []
@@ -288,7 +353,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         out.extend(_fit_styled(line, width, st.dim))
     if allowed:
         out.append("")
-    out.extend(fit(summary_line(report), width))
+    out.extend(fit(summary_line(report, None if clock is None else clock()), width))
     return "\n".join(out)
 
 
@@ -389,10 +454,11 @@ def _finding_text(f: Finding, st: _Style, width: int | None = None) -> tuple[lis
     return head, fix
 
 
-def summary_line(report: Report) -> str:
-    """``Found 2 errors, 1 warning, 0 infos in 37 files (0.04 s).`` or ``No problems found in ...``."""
+def summary_line(report: Report, seconds: float | None = None) -> str:
+    """``Found 2 errors, 1 warning, 0 infos in 37 files (0.04 s).`` or ``No problems found in ...``. ``seconds``
+    is the time to show (the command's whole time, rendering included), else the scan's own."""
     e, w, i = (report.count(s) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO))
-    where = f"in {plural(report.files, 'file')} ({report.seconds:.2f} s)"
+    where = f"in {plural(report.files, 'file')} ({report.seconds if seconds is None else seconds:.2f} s)"
     if e + w + i == 0:
         return f"No problems found {where}."
     return f"Found {plural(e, 'error')}, {plural(w, 'warning')}, {plural(i, 'info')} {where}."

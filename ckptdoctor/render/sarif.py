@@ -13,12 +13,13 @@ import os
 import pathlib
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ckptdoctor import __version__
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.rules import Rule, get_rule
 from ckptdoctor.sources import is_remote
+from ckptdoctor.version import __version__
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -90,13 +91,23 @@ def _descriptor(code: str, rule: Rule | None) -> dict[str, Any]:
     }
 
 
+def _location(f: Finding) -> dict[str, Any]:
+    """Where a result is anchored: the file at fault (``Finding.file``) with the region GitHub code scanning needs
+    to show it (``startLine`` 1: a checkpoint file has no lines to point into); a folder, with no region, when the
+    finding is about the folder as a whole (no file is at fault: a missing `trainer_state.json`, a stale run)."""
+    if f.file is None:
+        return {"physicalLocation": {"artifactLocation": _uri(finding_location(f))}}
+    where = finding_location(replace(f, path=f.file))
+    return {"physicalLocation": {"artifactLocation": _uri(where), "region": {"startLine": 1}}}
+
+
 def to_sarif(findings: Sequence[Finding]) -> dict[str, Any]:
-    """A SARIF 2.1.0 log with one run: the rules that fired (with their documents) and one result per finding."""
+    """A SARIF 2.1.0 log with one run: the rules that fired (with their documents) and one result per finding,
+    anchored to the file at fault (``_location``); the fingerprint stays rule + the finding's own path."""
     codes = sorted({f.rule for f in findings})
     index = {code: i for i, code in enumerate(codes)}
     results = []
     for f in findings:
-        where = finding_location(f)
         digest = hashlib.sha256(f"{f.rule}\0{f.path}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
         results.append(
             {
@@ -104,9 +115,7 @@ def to_sarif(findings: Sequence[Finding]) -> dict[str, Any]:
                 "ruleIndex": index[f.rule],
                 "level": _LEVEL[f.severity],
                 "message": {"text": f.message},
-                "locations": [
-                    {"physicalLocation": {"artifactLocation": _uri(where), "region": {"startLine": 1}}}
-                ],
+                "locations": [_location(f)],
                 "partialFingerprints": {FINGERPRINT_KEY: digest},
                 **({"properties": {"fix": f.fix.title, "applicability": f.fix.applicability.value}} if f.fix else {}),
             }

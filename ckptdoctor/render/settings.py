@@ -7,9 +7,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor import __version__
 from ckptdoctor.findings import display_path
 from ckptdoctor.settings.selection import RootSettings, Scope
+from ckptdoctor.version import __version__
 
 SCHEMA = "ckptdoctor.settings/1"
 

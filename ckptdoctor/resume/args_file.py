@@ -83,7 +83,7 @@ def read_training_args(path: str) -> ArgsFile:
 def _unsafe(facts: FileFacts) -> str:
     """What loading a file that is no TrainingArguments could run, as CKD601 says it (empty when nothing): an
     unusable --training-args is a usage error, and the user should not try ``torch.load`` on it to see why."""
-    from ckptdoctor.pickle_analysis import file_pickle, judge
+    from ckptdoctor.pickle_verdict.judge import file_pickle, judge
 
     pf = file_pickle(facts)
     unsafe = judge(pf).unsafe if pf is not None else ()

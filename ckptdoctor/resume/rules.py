@@ -8,15 +8,17 @@ them (``Selection.enabled`` refuses gate-only rules); they are registered like e
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckptdoctor import trainer_view
-from ckptdoctor.facts import saved_world_size
+from ckptdoctor.facts import plural, saved_world_size
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen
+from ckptdoctor.model import Checkpoint, FileFacts, ProblemKind, Tree, frozen
 from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ def gate_findings(ctx: ResumeContext, selection: Selection) -> list[Finding]:
     unselected = replace(selection, select=())
     gate_rules = [r for r in all_rules() if r.gate_only and unselected.enabled(replace(r, gate_only=False))]
     adapter = adapter_rule(ctx, unselected)
-    return evaluate([*gate_rules, *adapter], ctx, ctx.tree.root, selection)
+    return evaluate([*gate_rules, *adapter], ctx, ctx.tree, selection)
 
 
 ADAPTER_RULE = "CKD201"
@@ -585,3 +587,417 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     else:
         tail = "ranks without their own file continue with fresh random state"
     yield Hit(ck.path, f"saved by {saved} ranks ({kind}) but planned world size is {planned}: {tail}", sev)
+
+
+def _stopped_early(ck: Checkpoint) -> tuple[int, int, str] | None:
+    """``(global_step, max_steps, why)`` when ``ck``'s ``trainer_state.json`` says the run stopped itself before
+    its end: the saved ``TrainerControl`` has ``should_training_stop`` set at a step below ``max_steps`` (at
+    ``max_steps`` it is ``DefaultFlowCallback``'s ordinary end). ``why`` names the early-stopping callback's patience
+    when its state is saved beside it."""
+    ts = trainer_view.trainer_state(ck)
+    callbacks = ts.raw.get("stateful_callbacks") if ts is not None else None
+    if ts is None or ts.global_step is None or ts.max_steps is None or not isinstance(callbacks, dict):
+        return None
+    control = callbacks.get("TrainerControl")
+    args = control.get("args") if isinstance(control, dict) else None
+    if not isinstance(args, dict) or args.get("should_training_stop") is not True:
+        return None
+    if ts.global_step >= ts.max_steps:
+        return None
+    why = "`TrainerControl.should_training_stop` is saved as true"
+    early = callbacks.get("EarlyStoppingCallback")
+    if isinstance(early, dict):  # a list of states when several instances were saved: the flag alone says it
+        patience = early.get("args", {}).get("early_stopping_patience") if isinstance(early.get("args"), dict) else None
+        counter = (early.get("attributes", {}) if isinstance(early.get("attributes"), dict) else {}).get(
+            "early_stopping_patience_counter")
+        if isinstance(patience, int) and isinstance(counter, int):
+            why = f"`EarlyStoppingCallback` stopped it: {counter} evaluations without improvement, patience {patience}"
+    return ts.global_step, ts.max_steps, why
+
+
+@rule("CKD420", "resume-trains-past-early-stop", Severity.WARNING, gate_only=True)
+def resume_trains_past_early_stop(ctx: ResumeContext) -> Iterator[Hit]:
+    """The run had stopped itself early (early stopping), and the planned resume trains past that point.
+
+    ## What it does
+    Reads the `stateful_callbacks` of the checkpoint's `trainer_state.json`: when the saved `TrainerControl` has
+    `should_training_stop` true at a `global_step` below the run's `max_steps`, a callback (usually
+    `EarlyStoppingCallback`) ended the run there. If the planned resume would train any step, says so, with the
+    number of steps left in the schedule.
+
+    ## Why is this bad?
+    A resume does not honour the stop. `Trainer.train` starts every run with a fresh `TrainerControl`, and even
+    with `restore_callback_states_from_checkpoint=True` (which restores the saved `TrainerControl` and the
+    callback's patience counter) `CallbackHandler.on_train_begin` sets `should_training_stop` back to false. So
+    a job scheduler that restarts a finished early-stopped job, or a user who resumes "to be safe", trains on from
+    the point the run had judged best to stop: at least until the next evaluation trips the callback again, and to
+    the end of the schedule if the resuming script has no early stopping. The extra steps overwrite the newest
+    checkpoint and may move `best_model_checkpoint`.
+
+    ## Example
+    A run of 40 steps with `EarlyStoppingCallback(early_stopping_patience=1)` stops itself at step 12 and saves
+    `checkpoint-12`; `trainer.train(resume_from_checkpoint=True)` with the same script trains steps 13 to 20 and
+    stops again at the next evaluation.
+
+    ## Fix safety
+    No fix: if the run is done, do not resume it (use `best_model_checkpoint`); if you mean to train on, pass a
+    larger patience and expect the schedule to continue from step 12.
+
+    ## References
+    huggingface/transformers#10290 ("Trainer train continues after resume_from_checkpoint on a checkpoint with early
+    stop"), huggingface/transformers#28544 ("Early stopping patience does not work when resuming from checkpoint");
+    `src/transformers/trainer_callback.py` `EarlyStoppingCallback.on_evaluate`, `EarlyStoppingCallback.state`,
+    `TrainerControl.state`, `CallbackHandler.on_train_begin`; `src/transformers/trainer.py`
+    `Trainer._load_callback_state`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[2].steps_to_train <= 0:
+        return
+    ck, _, steps = resumed
+    stopped = _stopped_early(ck)
+    if stopped is None:
+        return
+    at, planned_end, why = stopped
+    yield Hit(_in_folder(ck, trainer_view.TRAINER_STATE),
+              f"the run stopped itself early at global_step {at} of max_steps {planned_end} ({why}); the resume "
+              f"resets the stop flag at train begin and trains past it: up to {steps.steps_to_train} more steps, to "
+              f"max_steps {steps.max_steps}, unless an early-stopping callback stops it again at an evaluation")
+
+
+def _rotation_order(version: str) -> str:
+    """How ``version``'s checkpoint rotation orders `checkpoint-*` folders: ``"mtime"`` (>= 4.52 and 5.x, falling
+    back to the step number when the newest and oldest folder are less than a second apart), ``"mtime-only"``
+    (<= 4.37, no fallback) or ``"step"`` (4.38-4.51)."""
+    v = _version(version)
+    if v is None or v >= (4, 52):
+        return "mtime"
+    return "mtime-only" if v <= (4, 37) else "step"
+
+
+@frozen
+class Rotation:
+    """What the resume's first save deletes with ``save_total_limit``, and the folders it keeps."""
+
+    limit: int
+    deleted: tuple[Checkpoint, ...]
+    kept: tuple[Checkpoint, ...]
+
+
+def next_rotation(ck: Checkpoint, tree: Tree, limit: int, order: str) -> Rotation | None:
+    """The rotation after the resume's first save (a new `checkpoint-N`, the newest of all), as
+    `trainer_utils.rotate_checkpoints` makes it: None when nothing is deleted or the ordering is by step."""
+    run = next((r for r in tree.runs if any(c.path == ck.path for c in r.checkpoints)), None)
+    if run is None or order == "step":
+        return None
+    prefix = "" if run.path in ("", ".") else run.path + "/"
+    folders = [c for c in run.checkpoints if c.step is not None and c.path == prefix + c.path.rsplit("/", 1)[-1]]
+    if len(folders) + 1 <= limit:
+        return None
+    by_time = sorted(folders, key=lambda c: (c.folder_mtime, c.path))
+    if order == "mtime" and len({c.folder_mtime for c in folders}) == 1:
+        # The fallback to step order needs the newest folder, the new save, within a second of the oldest: only a
+        # filesystem that reports one fixed time for every folder gets there after the seconds a resume takes.
+        by_time = sorted(folders, key=lambda c: (c.step or 0, c.path))
+    ts = trainer_view.trainer_state(ck)
+    best = ts.best_model_checkpoint.rstrip("/").rsplit("/", 1)[-1] if ts and ts.best_model_checkpoint else None
+    protected = {c.path for c in folders if best is not None and c.path.rsplit("/", 1)[-1] == best}
+    keep = max(limit, len(protected) + 1)  # + the new save, the most recent, always kept
+    remaining, deleted = len(folders) + 1, []
+    for c in by_time:
+        if remaining <= keep:
+            break
+        if c.path not in protected:
+            deleted.append(c)
+            remaining -= 1
+    if not deleted:
+        return None
+    return Rotation(limit, tuple(deleted), tuple(c for c in folders if c not in deleted))
+
+
+@rule("CKD417", "rotation-deletes-newer-checkpoint", Severity.WARNING, gate_only=True)
+def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resume's first save will delete a checkpoint newer (by step) than one it keeps: rotation goes by mtime.
+
+    ## What it does
+    With the `save_total_limit` saved in the checkpoint's `training_args.bin`, plays the rotation that follows the
+    resume's first save as the resuming transformers does it: the `checkpoint-*` folders of the run ordered by their
+    own modification time (5.x and 4.52 on, unless the filesystem reports one time for every folder; 4.37 and
+    older always; 4.38 to 4.51 order by step number and never trip), the new save and `best_model_checkpoint`
+    protected, the oldest deleted down to the limit. Names the folders that would be deleted when one of them has
+    a higher step than a folder that is kept.
+
+    ## Why is this bad?
+    A folder's time changes when it is copied without its times (`cp -r`, a restore from backup or object storage,
+    `rsync` without `-t`) or touched. Such a folder counts as recent, so the rotation deletes the real newest
+    checkpoints instead, including the one the resume started from, and keeps the stale copy. The deletion is
+    `shutil.rmtree(..., ignore_errors=True)`: no message.
+
+    ## Example
+    `checkpoint-2` is restored from a backup next to `checkpoint-4`, with `save_total_limit=2`; the resume from
+    `checkpoint-4` saves `checkpoint-6` and deletes `checkpoint-4`, keeping `checkpoint-2`.
+
+    ## Fix safety
+    No fix: restore the folders' times (`touch -d` to their `trainer_state.json`'s), move the stale copy out of the
+    output directory, or raise `save_total_limit` for the resume.
+
+    ## References
+    huggingface/transformers#26961 ("Wrong checkpoint got deleted when use_mtime=True"),
+    huggingface/transformers#37260 ("fix: use mtime by default in Trainer._rotate_checkpoints with automatic
+    fallback"); `src/transformers/trainer_utils.py` `sort_checkpoints` and `rotate_checkpoints` (`use_mtime=True`,
+    the one-second fallback), `src/transformers/trainer.py` `Trainer._save_checkpoint`.
+    """
+    resumed = _resumed(ctx)
+    if resumed is None or resumed[2].steps_to_train <= 0:
+        return
+    ck, p, _ = resumed
+    if trainer_view.is_mindnlp(ck):
+        return  # MindNLP's Trainer rotates with its own code
+    args = trainer_view.training_args(ck) or {}  # the resume usually runs with the arguments that saved it
+    limit = args.get("save_total_limit")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return
+    rot = next_rotation(ck, ctx.tree, limit, _rotation_order(p.settings.transformers_version))
+    if rot is None:
+        return
+    kept_low = min((c.step for c in rot.kept if c.step is not None), default=None)
+    newer = [c for c in rot.deleted if c.step is not None and kept_low is not None and c.step > kept_low]
+    if not newer:
+        return
+    names = ", ".join(f"`{c.path}`" for c in rot.deleted)
+    kept = ", ".join(f"`{c.path}`" for c in sorted(rot.kept, key=lambda c: c.step or 0))
+    own = " (the checkpoint this resume starts from)" if any(c.path == ck.path for c in rot.deleted) else ""
+    yield Hit(ck.path, f"with save_total_limit {limit}, the resume's first save deletes {names}{own} and keeps "
+                       f"{kept}: transformers {p.settings.transformers_version} rotates by folder modification time, "
+                       "and a lower-numbered folder was modified later (copied or touched)")
+
+
+# torch's weights-only unpickler (`torch/_weights_only_unpickler.py` `_get_allowed_globals`, torch 2.6-2.13): the
+# globals it admits with no `safe_globals` at all. Dtypes, legacy storage and tensor classes and quantization
+# schemes are admitted by name pattern below.
+_TORCH_ADMITS = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+    *(f"torch._utils._rebuild_{f}" for f in (
+        "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3", "sparse_tensor",
+        "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass", "device_tensor_from_numpy",
+        "device_tensor_from_cpu_tensor")),
+})
+_TORCH_ADMITS_RE = re.compile(
+    r"^torch\.(?:[A-Z]\w*Storage|(?:cuda\.)?[A-Z]\w*Tensor|per_(?:tensor|channel)_\w+|"
+    r"(?:u?int\d+|float\w*|bfloat16|complex\d+|c?float|c?double|c?half|half|short|long|int|bool|bits\w+|q\w+))$")
+# transformers' `safe_globals()` (`src/transformers/trainer_pt_utils.py`, 4.47 on), around the RNG load only: numpy's
+# array rebuild under the resuming numpy's own module name, `numpy.ndarray`, `numpy.dtype` and the uint32 dtype class.
+_NUMPY_CORE = {1: "numpy.core", 2: "numpy._core"}
+_RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
+
+
+@functools.cache
+def _installed(dist: str) -> str | None:
+    """The version of ``dist`` installed beside ckptdoctor, from its metadata (never imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"^\s*(\d{1,4})(?:\.(\d{1,4}))?", text or "")
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
+
+
+def weights_only_admits(name: str, rng_safe_globals: bool, numpy_major: int) -> bool:
+    """Whether ``torch.load(weights_only=True)`` admits the pickle global ``name`` (``module.qualname``): torch's
+    own allowlist, plus transformers' ``safe_globals()`` when the load runs inside it (the RNG state's)."""
+    if name in _TORCH_ADMITS or _TORCH_ADMITS_RE.match(name):
+        return True
+    if rng_safe_globals:
+        return name in _RNG_SAFE or name == f"{_NUMPY_CORE.get(numpy_major, 'numpy._core')}.multiarray._reconstruct"
+    return False
+
+
+def weights_only_loads(ck: Checkpoint, p: Prediction, world_size: int | None) -> list[tuple[FileFacts, str, bool]]:
+    """Each file the planned resume reads with ``torch.load(weights_only=True)``, what reads it, and whether
+    transformers' ``safe_globals()`` is around that load (transformers 5.x: `Trainer._load_from_checkpoint`,
+    `_load_optimizer_and_scheduler`, `_load_scaler`, `_load_rng_state`; peft `torch_load` for `adapter_model.bin`)."""
+    out: list[tuple[FileFacts, str, bool]] = []
+    if trainer_view.is_mindnlp(ck):
+        return out  # MindNLP loads its state with MindSpore, not torch.load
+    version = _version(p.settings.transformers_version) or (5, 0)
+    rng_safe = version >= (4, 47)  # 4.36-4.46 load the RNG state with no safe_globals() around it
+
+    def add(name: str, reader: str, rng: bool = False) -> None:
+        f = ck.file(name)
+        if f is not None:
+            out.append((f, reader, rng))
+
+    wf = p.weights_file
+    if wf is not None and wf.endswith(".bin"):
+        add(wf, "peft `torch_load`" if wf == trainer_view.ADAPTER_BIN else "`Trainer._load_from_checkpoint`")
+    elif wf == trainer_view.BIN_INDEX:
+        for shard in sorted(set((trainer_view.weight_map(ck.file(wf)) or {}).values()) if ck.file(wf) else ()):
+            add(shard, "`load_sharded_checkpoint`")
+    if p.restores:
+        opt = trainer_view.optimizer_file(ck)
+        if opt is not None:
+            add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
+        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
+    add("scaler.pt", "`Trainer._load_scaler`")
+    if p.steps is not None and p.steps.steps_to_train > 0:
+        ranks = world_size or 1
+        names = ["rng_state.pth"] if ranks <= 1 else [f"rng_state_{r}.pth" for r in range(ranks)]
+        for name in names:
+            add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
+    return out
+
+
+@rule("CKD418", "weights-only-load-refused", Severity.ERROR, gate_only=True)
+def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
+    """A file the planned resume loads names a pickle global that `torch.load(weights_only=True)` refuses.
+
+    ## What it does
+    For every file the resume reads with `torch.load(weights_only=True)` (a `.bin` weights file or adapter, the
+    optimizer, scheduler and scaler states, the RNG state of each planned rank), compares the globals its pickle
+    names with what that load admits: torch's weights-only allowlist, plus, for the RNG state only,
+    transformers' `safe_globals()` (numpy's `_reconstruct` under the *resuming* numpy's module name, `numpy.ndarray`,
+    `numpy.dtype`, `numpy.dtypes.UInt32DType`). The resuming numpy is the one installed beside ckptdoctor (its
+    metadata; numpy 2 when none is). This is a loadability verdict, not a security one: the file may be harmless
+    (CKD6xx judge that) and still be refused.
+
+    ## Why is this bad?
+    The resume raises `UnpicklingError: Weights only load failed ... Unsupported global: GLOBAL ...` before its
+    first step, and no argument of the Trainer turns it off (transformers 5 passes `weights_only=True` itself;
+    `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` does not override an explicit argument). Two ways users meet it:
+    `rng_state.pth` written under numpy 1.x names `numpy.core.multiarray._reconstruct`, which `safe_globals()`
+    admits only under numpy 1.x (numpy 2 registers `numpy._core.multiarray._reconstruct`); and an LR schedule whose
+    lambda returns numpy floats puts `numpy._core.multiarray.scalar` into `optimizer.pt` and `scheduler.pt`, which
+    nothing admits.
+
+    ## Example
+    A run trained in an image with numpy 1.26, resumed after an upgrade to numpy 2: the RNG load raises on
+    `numpy.core.multiarray._reconstruct`. A `LambdaLR(optimizer, lambda s: np.float64(...))` passed to the
+    Trainer: the optimizer load raises on `numpy._core.multiarray.scalar`.
+
+    ## Fix safety
+    No automatic fix (rewriting a pickle means loading it). Resume under the numpy that wrote the RNG state, or
+    delete `rng_state.pth` (the resume then only loses RNG reproducibility); for numpy scalars, make the lambda
+    return a Python `float`, or load and re-save the file yourself if you trust it.
+
+    ## References
+    `torch/_weights_only_unpickler.py` `_get_allowed_globals` and `Unpickler.load` (the `Unsupported global`
+    error); `src/transformers/trainer_pt_utils.py` `safe_globals`; `src/transformers/trainer.py`
+    `Trainer._load_rng_state`, `Trainer._load_optimizer_and_scheduler`, `Trainer._load_scaler`,
+    `Trainer._load_from_checkpoint`; modelscope/ms-swift#5070 ("恢复训练报错": `Unsupported global: GLOBAL
+    numpy._core.multiarray._reconstruct` on resume), huggingface/transformers#37162 ("Fix load of rng state for
+    resuming training from checkpoint"), deepmodeling/deepmd-kit#4147 (a numpy-float learning rate refused as
+    `numpy.core.multiarray.scalar`).
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, _ = resumed
+    torch_v = _version(_installed("torch"))
+    if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):
+        return  # 4.x passes no weights_only to most loads, and torch < 2.6 defaults it to False
+    numpy_major = (_version(_installed("numpy")) or (2, 0))[0]
+    from ckptdoctor.pickle_verdict.judge import file_pickle
+
+    for f, reader, rng in weights_only_loads(ck, p, ctx.plan.world_size):
+        pf = file_pickle(f)
+        if pf is None:
+            continue
+        refused = [g.dotted for g in pf.globals if not weights_only_admits(g.dotted, rng, numpy_major)]
+        if refused:
+            more = f" (and {plural(len(refused) - 1, 'other')})" if len(refused) > 1 else ""
+            admits = (f"neither torch's weights-only allowlist nor transformers' safe_globals() under numpy "
+                      f"{numpy_major} admits" if rng else "torch's weights-only allowlist does not admit")
+            yield Hit(f.path, f"{reader} loads `{ck.relname(f)}` with weights_only=True and raises UnpicklingError: "
+                              f"it names `{refused[0]}`{more}, which {admits}")
+
+
+# The fields of `TrainerState` (`src/transformers/trainer_callback.py`), read from the releases: 4.40.2 has these;
+# 4.41 adds `stateful_callbacks`; 4.50 adds `best_global_step` (4.41.0, 4.49.0, 4.50.0, 4.57.6 and 5.24.0 read).
+# `TrainerState.load_from_json` is `cls(**json.loads(text))` in all of them: a key the resuming version lacks raises.
+_STATE_FIELDS_440 = frozenset({
+    "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "num_train_epochs", "num_input_tokens_seen", "total_flos", "log_history", "best_metric", "best_model_checkpoint",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
+})
+_STATE_ADDED = (((4, 41), "stateful_callbacks"), ((4, 50), "best_global_step"))
+# From 4.49 (4.49.0, 4.50.0, 4.57.6, 5.24.0 read; 4.41.0 assigns without reading) `Trainer._save_checkpoint` reads
+# `state.stateful_callbacks[name]` for `TrainerControl` and every stateful callback before it writes the state.
+_SAVE_READS_CALLBACK_STATES = (4, 49)
+
+
+def state_incompatibility(raw: dict[str, object], version: tuple[int, int]) -> tuple[list[str], bool]:
+    """What ``version`` cannot take from a ``trainer_state.json`` body: the keys its ``TrainerState`` does not have
+    (``load_from_json`` raises TypeError; only the keys added since 4.40 are judged below 4.40), and whether its first
+    save raises ``KeyError: 'TrainerControl'`` (the state holds no saved ``TrainerControl``)."""
+    known = set(_STATE_FIELDS_440) | {name for since, name in _STATE_ADDED if version >= since}
+    if version < (4, 40):
+        unknown = [name for _, name in _STATE_ADDED if name in raw]
+    else:
+        unknown = sorted(k for k in raw if k not in known)
+    callbacks = raw.get("stateful_callbacks")
+    control_missing = not isinstance(callbacks, dict) or "TrainerControl" not in callbacks
+    return unknown, version >= _SAVE_READS_CALLBACK_STATES and control_missing
+
+
+@rule("CKD419", "trainer-state-version-incompatible", Severity.ERROR, gate_only=True)
+def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
+    """The checkpoint's `trainer_state.json` was written by a transformers the resuming version cannot read back.
+
+    ## What it does
+    Compares the keys of `trainer_state.json` with the fields of `TrainerState` in the transformers version the
+    resume runs under (`--transformers-version`, else the installed one), from a table read from the releases
+    (4.40 has none of `stateful_callbacks` and `best_global_step`; 4.41 adds the first, 4.50 the second), and
+    checks whether the state holds the saved `TrainerControl` that the first save of 4.49 and later reads.
+
+    ## Why is this bad?
+    `TrainerState.load_from_json` builds the state with `TrainerState(**json)`: a key the resuming version does not
+    know raises `TypeError: TrainerState.__init__() got an unexpected keyword argument 'best_global_step'` at the
+    start of `train()` (a 4.50+ or 5.x state resumed by 4.40). The other way round is worse: a state written by 4.40
+    has no `stateful_callbacks`, so 4.49 and later load it, train until the first save, and raise `KeyError:
+    'TrainerControl'` in `Trainer._save_checkpoint` after the weights and optimizer are written and before the
+    state is: the new checkpoint folder is torn, and the compute since the resume is lost.
+
+    ## Example
+    A run trained with transformers 4.40 in an old image, resumed after an upgrade to 5.x.
+
+    ## Fix safety
+    No automatic fix. For an older reader, remove the keys it does not know from a copy of `trainer_state.json`;
+    for a 4.40 state resumed by 4.49 or later, add `"stateful_callbacks": {"TrainerControl": {"args":
+    {"should_training_stop": false, "should_epoch_stop": false, "should_save": false, "should_evaluate": false,
+    "should_log": false}, "attributes": {}}}`; or resume with the version that wrote it.
+
+    ## References
+    `src/transformers/trainer_callback.py` `TrainerState` (its fields) and `TrainerState.load_from_json`;
+    `src/transformers/trainer.py` `Trainer._save_checkpoint` (the `stateful_callbacks[cb_name]` lookup) and
+    `Trainer.train`; hiyouga/LlamaFactory#4406 ("TrainerState.__init__() got an unexpected keyword argument
+    'stateful_callbacks'").
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, steps = resumed
+    ts = trainer_view.trainer_state(ck)
+    version = _version(p.settings.transformers_version)
+    if ts is None or version is None or trainer_view.is_mindnlp(ck):  # MindNLP's Trainer has its own state code
+        return
+    unknown, save_raises = state_incompatibility(ts.raw, version)
+    where = _in_folder(ck, trainer_view.TRAINER_STATE)
+    wrote = ts.raw.get("transformers_version") or trainer_view._json(ck.file("config.json"))
+    by = f"written by transformers {wrote.get('transformers_version')}, " if isinstance(wrote, dict) and isinstance(
+        wrote.get("transformers_version"), str) else ""
+    tv = p.settings.transformers_version
+    if unknown:
+        yield Hit(where, f"{by}it holds {', '.join(f'`{k}`' for k in unknown)}, which transformers {tv}'s "
+                         f"TrainerState does not have: train() raises TypeError (\"unexpected keyword argument "
+                         f"'{unknown[0]}'\") at its start")
+    elif save_raises and steps.steps_to_train > 0:
+        yield Hit(where, f"{by}it holds no saved `TrainerControl` in `stateful_callbacks`: transformers {tv} trains "
+                         "until its first save, then raises KeyError: 'TrainerControl' in _save_checkpoint, leaving "
+                         "that checkpoint without its trainer_state.json")

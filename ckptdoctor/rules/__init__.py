@@ -29,6 +29,20 @@ class Hit:
     message: str
     severity: Severity | None = None
     fix: FixPlan | None = None
+    file: str | None = None  # the file at fault in the folder ``path`` names, when the rule knows one
+
+
+def file_at_fault(h: Hit, files: frozenset[str]) -> str | None:
+    """``Finding.file`` for ``h``: the file the rule named, else ``h.path`` when it is one of ``files`` (the
+    paths of the tree's files), else None (a folder, or a path nothing was read at)."""
+    if h.file is not None:
+        return h.file
+    return h.path if h.path in files else None
+
+
+def file_paths(tree: Tree) -> frozenset[str]:
+    """The paths of every file ``tree`` holds, for ``file_at_fault``."""
+    return frozenset(f.path for f in tree.all_files())
 
 
 RuleFunc = Callable[[Tree], Iterable[Hit]]
@@ -183,7 +197,7 @@ class Selection:
     deep: bool = False
     keep: tuple[str, ...] = ()  # codes that run whatever select/ignore say (see ``keep_security_rules``)
     # the user's pickle-global allowances, (pattern, origin): ``--allow-global`` or the user configuration file,
-    # never a settings file in the scanned folder (``ckptdoctor.rules.pickle_policy.Allowance``)
+    # never a settings file in the scanned folder (``ckptdoctor.pickle_verdict.policy.Allowance``)
     allow_globals: tuple[tuple[str, str], ...] = ()
 
     def enabled(self, r: Rule) -> bool:
@@ -233,7 +247,7 @@ def judged(tree: Tree, selection: Selection | None = None) -> Tree:
     The one place verdicts are made: the scanner, ``run_rules`` and the security rules all come through here."""
     if tree.pickle_verdicts is not None:
         return tree
-    from ckptdoctor.pickle_analysis import with_verdicts  # imports the policy: only for a tree not judged yet
+    from ckptdoctor.pickle_verdict.judge import with_verdicts  # imports the policy: only for a tree not judged yet
 
     return with_verdicts(tree, (selection or Selection()).allow_globals)
 
@@ -246,18 +260,21 @@ def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:
     """
     selection = selection or Selection()
     tree = judged(tree, selection)
-    return evaluate((r for r in all_rules() if selection.enabled(r)), tree, tree.root, selection)
+    return evaluate((r for r in all_rules() if selection.enabled(r)), tree, tree, selection)
 
 
-def evaluate(rules: Iterable[Rule], subject: Any, root: str, selection: Selection) -> list[Finding]:
+def evaluate(rules: Iterable[Rule], subject: Any, tree: Tree, selection: Selection) -> list[Finding]:
     """The one rule engine, for scan rules (``subject``: a ``Tree``) and gate rules (the gate's ``ResumeContext``)
-    alike: each rule's function is applied to ``subject`` and its hits become findings under ``root``, at the
+    alike: each rule's function is applied to ``subject`` and its hits become findings, at the
     severity ``selection`` overrides, else the hit's, else the rule's; deduplicated and sorted deterministically.
+    ``tree`` is the tree judged (the gate's checkpoint tree): findings are under its root, each naming its file at
+    fault (``file_at_fault``).
 
     A rule that raises is itself a bug: it is reported as an internal error finding (an error at ``.``) and the
     other rules still run, so one broken rule never hides the others' findings, in a scan or in a gate.
     """
     found: dict[tuple[str, str, str], Finding] = {}
+    files = file_paths(tree)
     for r in rules:
         default = selection.severity.get(r.code, r.severity)
         try:
@@ -266,7 +283,7 @@ def evaluate(rules: Iterable[Rule], subject: Any, root: str, selection: Selectio
             hits = [Hit(".", f"internal error in rule {r.code}: {type(exc).__name__}: {exc}", Severity.ERROR)]
         for h in hits:
             sev = selection.severity.get(r.code, h.severity or default)
-            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=root)
+            f = Finding(r.code, r.name, sev, h.path, h.message, h.fix, root=tree.root, file=file_at_fault(h, files))
             found.setdefault((r.code, h.path, h.message), f)
     return sorted(found.values(), key=Finding.sort_key)
 

@@ -10,13 +10,22 @@ import os
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import PATH_KINDS, holds_checkpoint
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, ProblemKind, Run, Stack, Tree, frozen_value
+from ckptdoctor.model import (
+    HISTORY_KEYS,
+    Checkpoint,
+    FileKind,
+    FolderRole,
+    ProblemKind,
+    Run,
+    Stack,
+    Tree,
+    frozen,
+)
 from ckptdoctor.rules import Hit, rule
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
@@ -247,7 +256,7 @@ def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...
         return False
 
 
-_COMPARED = ("step", "loss", "learning_rate")  # all that ``_entry_divergence`` reads of an entry
+_COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
 
 
 @trainer_view.per_object
@@ -311,8 +320,7 @@ def same_history(older: trainer_view.TrainerStateView, newer: trainer_view.Train
     return _common_steps(older, newer) and history_divergence(older, newer) is None
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class StaleVerdict:
     """Resume's pick belongs to another run than lower-numbered checkpoints of the same folder.
 
@@ -435,8 +443,9 @@ def unread_paths(tree: Tree) -> frozenset[str]:
 
 def torn_evidence(
     ck: Checkpoint, links_out: frozenset[str] = frozenset(), unread: frozenset[str] = frozenset()
-) -> list[str]:
-    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files.
+) -> list[tuple[str, str | None]]:
+    """Signs of an interrupted save: what the Trainer writes last is missing, a sentinel, empty or cut files; each
+    with the path of the file it is about (None for a missing file or folder).
 
     ``links_out`` (from ``linked_out(tree)``) names links out of the root: a resume follows them, so a
     `trainer_state.json` linked elsewhere is not missing (CKD604 reports the link). ``unread`` (from
@@ -444,14 +453,14 @@ def torn_evidence(
     not empty, and proves nothing (CKD001 reports it)."""
     if ck.path in unread:
         return []
-    out: list[str] = []
+    out: list[tuple[str, str | None]] = []
     state_path = trainer_view.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{trainer_view.TRAINER_STATE}"
     has_state = ck.file(trainer_view.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
     if not has_state:
         present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
         inside = "" if ck.path in ("", ".") else f"{ck.path}/"
         hidden = any(p.startswith(inside) for p in unread)
-        out.append(
+        out.append((
             "no `trainer_state.json` (the Trainer writes it last)"
             + (
                 f"; it holds {', '.join(f'`{p}`' for p in present[:6])}"
@@ -459,24 +468,29 @@ def torn_evidence(
                 else "; what it holds could not all be read"
                 if hidden
                 else "; the folder is empty"
-            )
-        )
-    if ck.file(JIT_SENTINEL) is not None:
-        out.append(f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)")
+            ),
+            None,
+        ))
+    sentinel = ck.file(JIT_SENTINEL)
+    if sentinel is not None:
+        out.append((f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)", sentinel.path))
     dcp_dirs = {ck.relname(f).rsplit("/", 1)[0] for f in ck.files if f.kind == FileKind.DCP_DATA}
     for d in sorted(dcp_dirs):
         if ck.file(f"{d}/.metadata") is None:
-            out.append(f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)")
+            what = f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)"
+            out.append((what, None))
     for f in ck.files:
         rel = ck.relname(f)
+        if not trainer_view.resume_reads(ck, rel):
+            continue  # damage the resume never meets is that file's own finding (CKD202, CKD203), not a torn save
         if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
-            out.append(f"`{rel}` is empty (0 bytes)")
+            out.append((f"`{rel}` is empty (0 bytes)", f.path))
         elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
             # its reader says where: "JSON ends mid-document at line L column C: ..."
             if rel == trainer_view.TRAINER_STATE:
-                out.append(f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}")
+                out.append((f"`{rel}` (the Trainer writes it last) is cut short: {cut[0]}", f.path))
             else:
-                out.append(f"`{rel}` is truncated")
+                out.append((f"`{rel}` is truncated", f.path))
     return out
 
 
@@ -493,7 +507,10 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     ## What it does
     Flags checkpoint folders without `trainer_state.json` (the Trainer writes it last), with a `trainer_state.json`
     cut short (invalid JSON that stops mid-document; one that is complete but wrong is CKD402's alone), with the JIT
-    sentinel `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files.
+    sentinel `checkpoint-is-incomplete.txt`, with a DCP folder lacking `.metadata`, or with empty or truncated files
+    that a resume opens (weights, shards, adapter files, `config.json`, optimizer, scheduler, scaler and RNG states,
+    anything in a sub-folder). A damaged side file no resume opens (`ema_backup.safetensors`, `training_args.bin`)
+    does not condemn the folder: it is that file's own finding (CKD202, CKD203), which quarantines the file alone.
     It is an error when `resume_from_checkpoint=True` would pick the folder, a warning otherwise.
 
     ## Why is this bad?
@@ -511,7 +528,8 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     resume picks the last complete checkpoint.
 
     ## References
-    `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`);
+    `src/transformers/trainer.py` `_save_checkpoint` (write order), `train` (`TrainerState.load_from_json`),
+    `_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state` (the files a resume opens);
     `trainer_utils.get_last_checkpoint`.
     """
     links_out = linked_out(tree)
@@ -528,7 +546,9 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
             sev = Severity.ERROR if picked else Severity.WARNING
             lead = "resume_from_checkpoint=True picks this interrupted save: " if run.resume_pick == ck.path else ""
             plan = FixPlan(f"Quarantine `{ck.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ck.path),))
-            yield Hit(ck.path, lead + "; ".join(evidence), sev, None if run.standalone else plan)
+            at_fault = next((path for _, path in evidence if path is not None), None)
+            message = lead + "; ".join(text for text, _ in evidence)
+            yield Hit(ck.path, message, sev, None if run.standalone else plan, file=at_fault)
 
 
 @rule("CKD103", "leftover-temp-checkpoint", Severity.WARNING, fix=Applicability.SAFE)
@@ -590,6 +610,7 @@ def step_mismatch(tree: Tree) -> Iterator[Hit]:
                 yield Hit(
                     ck.path,
                     f"folder says step {ck.step} but `trainer_state.json` has global_step {ts.global_step}",
+                    file=state.path if (state := ck.file(trainer_view.TRAINER_STATE)) is not None else None,
                 )
 
 
@@ -648,10 +669,13 @@ def best_checkpoint_missing(tree: Tree) -> Iterator[Hit]:
                 run.path.rsplit("/", 1)[-1]
             )
             new = None if target is None else f"{run_name}/{target.path.rsplit('/', 1)[-1]}"
-            # Same layout as TrainerState.save_to_json, so only this value's line changes.
-            text = json.dumps({**ts.raw, "best_model_checkpoint": new}, indent=2, sort_keys=True) + "\n"
             title = f"Set best_model_checkpoint in `{where}` to " + ("null" if new is None else f"`{new}`")
-            plan = FixPlan(title, Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, where, text),))
+            if ts.complete:
+                # Same layout as TrainerState.save_to_json, so only this value's line changes.
+                text = json.dumps({**ts.raw, "best_model_checkpoint": new}, indent=2, sort_keys=True) + "\n"
+                plan = FixPlan(title, Applicability.SAFE, (FixOp(OpKind.REWRITE_JSON, where, text),))
+            else:  # read in pieces (too large to hold whole): there is no whole value to write back
+                plan = FixPlan(f"{title} by hand (the file is too large to rewrite)", Applicability.MANUAL)
             if target is None:
                 msg = f"best_model_checkpoint `{best}` names a folder that does not exist in this run"
             else:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import FileFacts, ProblemKind, Tree
-from ckptdoctor.pickle_analysis import Verdict
+from ckptdoctor.pickle_verdict.judge import Verdict
 from ckptdoctor.rules import Hit, judged, rule
 
 

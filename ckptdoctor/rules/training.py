@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import plural, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileKind, FolderRole, JsonFacts, ProblemKind, Run, Tree
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, JsonFacts, ProblemKind, Run, Tree
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
 
@@ -22,6 +22,11 @@ def _checkpoints(tree: Tree) -> Iterator[tuple[Checkpoint, bool]]:
         for ck in run.checkpoints:
             if ck.role in (FolderRole.CHECKPOINT, FolderRole.MODEL):
                 yield ck, run.resume_pick == ck.path or run.standalone
+
+
+def _path_of(f: FileFacts | None) -> str | None:
+    """A file's path for ``Hit.file`` (None when it is not there)."""
+    return None if f is None else f.path
 
 
 @rule("CKD401", "lr-schedule-finished", Severity.INFO, superseded_by_gate=True)
@@ -58,6 +63,7 @@ def lr_schedule_finished(tree: Tree) -> Iterator[Hit]:
                 ck.path,
                 f"schedule finished: global_step {ts.global_step} of max_steps {ts.max_steps} with LR 0; resuming with "
                 "the same arguments trains nothing, with more epochs the first step runs at LR 0",
+                file=_path_of(ck.file(trainer_view.TRAINER_STATE)),
             )
 
 
@@ -291,6 +297,7 @@ def _resumed_with_other_adapter(run: Run) -> Iterator[Hit]:
             f"resumed from `{older.path}` with another adapter: its optimizer state was saved for target_modules "
             f"{mods_a} (r={r_a}) but `{newer.path}` trains {mods_b} (r={r_b}), and log_history continues the same "
             "run, so the restored Adam moments were applied to other parameters",
+            file=_path_of(trainer_view.optimizer_file(newer)),
         )
 
 
@@ -413,8 +420,8 @@ def lightning_resume_refused(tree: Tree) -> Iterator[Hit]:
     `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector.resume_start`;
     `src/lightning/fabric/utilities/cloud_io.py` `_load`; `torch/_weights_only_unpickler.py` `_get_allowed_globals`.
     """
-    from ckptdoctor.pickle_analysis import file_pickle
-    from ckptdoctor.rules.pickle_policy import weights_only_accepts
+    from ckptdoctor.pickle_verdict.judge import file_pickle
+    from ckptdoctor.pickle_verdict.policy import weights_only_accepts
     from ckptdoctor.stacks import lightning
 
     for f in tree.all_files():

@@ -8,7 +8,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor import trainer_view
@@ -25,7 +24,7 @@ from ckptdoctor.model import (
     TensorData,
     TensorInfo,
     Tree,
-    frozen_value,
+    frozen,
 )
 from ckptdoctor.rules import Hit, rule
 
@@ -150,6 +149,44 @@ def _family(f: FileFacts) -> str:
     return "other"
 
 
+_UNREAD = (
+    Severity.WARNING,
+    "no resume opens it: a side file in a Trainer checkpoint folder",
+)
+
+
+def _unread_side_files(tree: Tree) -> dict[str, str]:
+    """Files of Trainer checkpoint folders that no resume opens (``trainer_view.resume_reads``), each with its path
+    relative to its folder: damage there stops no resume, so it is the file's finding, not the checkpoint's."""
+    out: dict[str, str] = {}
+    for run in tree.runs:
+        for ck in run.checkpoints:
+            if ck.role is FolderRole.CHECKPOINT:
+                for f in ck.files:
+                    rel = ck.relname(f)
+                    if not trainer_view.resume_reads(ck, rel):
+                        out[f.path] = rel
+    return out
+
+
+def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
+    """CKD202/CKD203: each problem of each file of ``family``; a warning with a quarantine of the file alone when no
+    resume opens it, an error otherwise."""
+    unread = _unread_side_files(tree)
+    for f in tree.all_files():
+        if _family(f) != family:
+            continue
+        rel = unread.get(f.path)
+        plan = None if rel is None else FixPlan(
+            f"Quarantine `{f.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, f.path),)
+        )
+        for msg in _problems(f):
+            if rel is None:
+                yield Hit(f.path, msg)
+            else:
+                yield Hit(f.path, f"{msg} (no resume opens `{rel}`)", _UNREAD[0], plan)
+
+
 def _problems(f: FileFacts) -> Iterator[str]:
     for p in f.problems:
         if p.kind not in PATH_KINDS and p.kind not in (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE):
@@ -158,7 +195,7 @@ def _problems(f: FileFacts) -> Iterator[str]:
         yield f"`{f.path}` is empty (0 bytes)"
 
 
-@rule("CKD202", "corrupt-safetensors", Severity.ERROR)
+@rule("CKD202", "corrupt-safetensors", Severity.ERROR, fix=Applicability.SAFE, severity_when=(_UNREAD,))
 def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     """A safetensors file that the safetensors library would refuse to open.
 
@@ -175,21 +212,23 @@ def corrupt_safetensors(tree: Tree) -> Iterator[Hit]:
     A `model-00002-of-00003.safetensors` copied while still being written: 1,048,576 bytes shorter than its header
     declares.
 
+    A file in a `checkpoint-N` folder that no resume opens (`ema_backup.safetensors` beside `model.safetensors`)
+    is a warning: the resume does not meet it, and the checkpoint stays usable.
+
     ## Fix safety
-    No automatic fix: tensor data cannot be invented. Restore the file from a copy, or resume from an earlier
-    checkpoint (quarantining this one with `ckptdoctor fix` when it is the one resume would pick).
+    Safe for a file no resume opens: that file alone is quarantined (restorable with `ckptdoctor undo`), and the
+    checkpoint keeps what the resume loads. Otherwise no automatic fix: tensor data cannot be invented. Restore the
+    file from a copy, or resume from an earlier checkpoint (quarantining this one with `ckptdoctor fix` when it is
+    the one resume would pick).
 
     ## References
     safetensors `safetensors/src/tensor.rs` (`SafeTensors::read_metadata`, `Metadata::validate`: the checks its
     loader makes before any tensor is read).
     """
-    for f in tree.all_files():
-        if _family(f) == "safetensors":
-            for msg in _problems(f):
-                yield Hit(f.path, msg)
+    yield from _corrupt_hits(tree, "safetensors")
 
 
-@rule("CKD203", "corrupt-torch-archive", Severity.ERROR)
+@rule("CKD203", "corrupt-torch-archive", Severity.ERROR, fix=Applicability.SAFE, severity_when=(_UNREAD,))
 def corrupt_torch_archive(tree: Tree) -> Iterator[Hit]:
     """A `torch.save` file (`.bin`, `.pt`, `.pth`) that `torch.load` would refuse: broken zip, missing or short
     storage records, truncated legacy file.
@@ -205,16 +244,18 @@ def corrupt_torch_archive(tree: Tree) -> Iterator[Hit]:
     ## Example
     An `optimizer.pt` truncated by a full disk.
 
+    A file in a `checkpoint-N` folder that no resume opens (`training_args.bin`, a callback's `ema.pt`) is a
+    warning: the resume does not meet it.
+
     ## Fix safety
-    No automatic fix: restore the file or resume from an earlier checkpoint.
+    Safe for a file no resume opens: that file alone is quarantined (restorable with `ckptdoctor undo`). Otherwise
+    no automatic fix: restore the file or resume from an earlier checkpoint.
 
     ## References
-    `torch/serialization.py` (`_load`, `_save`), `caffe2/serialize/inline_container.cc`.
+    `torch/serialization.py` (`_load`, `_save`), `caffe2/serialize/inline_container.cc`; `src/transformers/trainer.py`
+    `_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state` (the files a resume opens).
     """
-    for f in tree.all_files():
-        if _family(f) == "torch":
-            for msg in _problems(f):
-                yield Hit(f.path, msg)
+    yield from _corrupt_hits(tree, "torch")
 
 
 def _index_files(ck: Checkpoint) -> list[FileFacts]:
@@ -265,8 +306,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
                     )
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class _IndexCheck:
     """What is wrong with a shard index against its shards' headers, and what it costs a load."""
 
@@ -989,3 +1029,105 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
                     if p.kind is ProblemKind.MALFORMED:
                         yield Hit(f.path, f"archive read only in part ({p.message}): the members past it were not "
                                           "checked")  # fmt: skip
+
+
+# The output embedding a causal LM head ties to its input embedding (`_tied_weights_keys` of the *ForCausalLM,
+# *LMHeadModel and *ForConditionalGeneration classes: `lm_head.weight`; GPT-NeoX's `embed_out.weight`).
+_HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
+_INPUT_EMBED_RE = re.compile(r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared)\.weight$")
+_LM_ARCH_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+# Config classes whose `tie_word_embeddings` defaults to False (`src/transformers/models/<type>/configuration_*.py`);
+# every other class keeps `PreTrainedConfig`'s default, True. Only read when `config.json` does not say: transformers
+# writes the key whenever it differs from that base default (4.x `PretrainedConfig.to_diff_dict`), and always in 5.x.
+_UNTIED_BY_DEFAULT = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3", "gpt_neox", "stablelm",
+    "olmo", "olmo2", "gptj", "granite", "deepseek_v3",
+})
+
+
+def _tie_word_embeddings(cfg: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``cfg`` ties the LM head to the input embedding, and where that comes from (for the message)."""
+    for where, sub in (("", cfg), ("text_config.", cfg.get("text_config"))):
+        if isinstance(sub, dict) and isinstance(sub.get("tie_word_embeddings"), bool):
+            value = "true" if sub["tie_word_embeddings"] else "false"
+            return bool(sub["tie_word_embeddings"]), f"`{where}tie_word_embeddings` is {value}"
+    model_type = cfg.get("model_type")
+    if model_type in _UNTIED_BY_DEFAULT:
+        return False, f"`tie_word_embeddings` is absent and `{model_type}` models default to untied"
+    return True, "`tie_word_embeddings` defaults to true"
+
+
+def _saved_weight_names(ck: Checkpoint) -> tuple[FileFacts, list[str]] | None:
+    """The file that says which full-model tensors ``ck`` holds (the single weights file, else the shard index) and
+    their names; None for adapter, FSDP, DeepSpeed-only and MindNLP folders, or when that file was not readable."""
+    if trainer_view.is_mindnlp(ck) or trainer_view.has_adapter(ck):
+        return None
+    single = trainer_view.loaded_weight_file(ck)
+    if single is not None:
+        ts = trainer_view.tensors_of(single)
+        return None if ts is None else (single, [t.name for t in ts])
+    idx = ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX)
+    wm = trainer_view.weight_map(idx) if idx is not None else None
+    return None if idx is None or wm is None else (idx, list(wm))
+
+
+@rule("CKD217", "untied-head-not-saved", Severity.ERROR)
+def untied_head_not_saved(tree: Tree) -> Iterator[Hit]:
+    """`config.json` says the LM head is not tied to the input embedding, but the weights hold no head.
+
+    ## What it does
+    For a causal or seq2seq language model (`architectures` ends in `ForCausalLM`, `LMHeadModel` or
+    `ForConditionalGeneration`) whose `config.json` says `tie_word_embeddings: false` (at the top or in
+    `text_config`; when the key is absent, the default of the model type's config class), checks that the weights
+    (`model.safetensors`, `pytorch_model.bin`, or the shard index's `weight_map`) hold the output embedding
+    `lm_head.weight` (GPT-NeoX: `embed_out.weight`) beside the input embedding.
+
+    ## Why is this bad?
+    The model was tied in memory when it was saved: `save_pretrained` keeps one tensor of each pair that shares
+    storage and drops the other, so the head was not written. Its `config.json` now says the two are separate, so
+    `from_pretrained` of this folder builds an untied model and initialises `lm_head.weight` at random (the only
+    trace is a MISSING line in the load report), and a model built from this `config.json` has one parameter more
+    than the optimizer state, so a resume with it raises at the optimizer load. Resuming with the script that wrote
+    it works, which is why this goes unnoticed until the model is evaluated or deployed. transformers logs "missing
+    keys: [lm_head.weight]" on every correctly tied resume too: that line is not evidence either way.
+
+    ## Example
+    A script builds a model with tied embeddings, then sets `model.config.tie_word_embeddings = False` (to untie the
+    head later, or copied from another recipe) and trains with the Trainer: every `checkpoint-N/` holds
+    `model.embed_tokens.weight` and no `lm_head.weight`, with `"tie_word_embeddings": false`.
+
+    ## Fix safety
+    No automatic fix: if the head was tied, set `tie_word_embeddings` to true in `config.json`; if it should be a
+    separate matrix, save it again from a model that really is untied (`model.lm_head.weight =
+    torch.nn.Parameter(model.lm_head.weight.clone())`).
+
+    ## References
+    huggingface/transformers#38870 ("Safetensors deserializing silently mishandles tied parameters");
+    `src/transformers/modeling_utils.py` `remove_tied_weights_from_state_dict` (drops a tensor that shares storage,
+    under `PreTrainedModel.save_pretrained`), `PreTrainedModel.get_expanded_tied_weights_keys` (no tying when
+    `config.tie_word_embeddings` is false) and `PreTrainedModel.tie_weights`; `src/transformers/trainer.py`
+    `Trainer._load_optimizer_and_scheduler`.
+    """
+    for ck, _ in _checkpoints(tree):
+        cfg = _config(ck)
+        if cfg is None:
+            continue
+        archs = cfg.get("architectures")
+        if not isinstance(archs, list) or not any(isinstance(a, str) and a.endswith(_LM_ARCH_SUFFIXES) for a in archs):
+            continue
+        tied, why = _tie_word_embeddings(cfg)
+        saved = None if tied else _saved_weight_names(ck)
+        if saved is None:
+            continue
+        source, names = saved
+        embeds = [n for n in names if _INPUT_EMBED_RE.search(n)]
+        if not embeds or any(n == h or n.endswith("." + h) for n in names for h in _HEAD_NAMES):
+            continue
+        cfg_file = ck.file("config.json")
+        assert cfg_file is not None
+        yield Hit(
+            cfg_file.path,
+            f"{why}, but `{ck.relname(source)}` holds no `lm_head.weight`, only the input embedding "
+            f"`{embeds[0]}` it was tied to when saved: `from_pretrained` initialises the head at random, and a "
+            "model built from this config does not match the optimizer state",
+        )

@@ -53,7 +53,7 @@ def user_allowances(allow_global: Sequence[str] = ()) -> tuple[tuple[str, str], 
     Raises ``UsageError`` for a pattern that is not ``module.Name``/``module.*``, or names something dangerous, and
     for a user configuration file that cannot be read as TOML or whose ``allow-globals`` is not a list of strings.
     """
-    from ckptdoctor.rules.pickle_policy import check_pattern
+    from ckptdoctor.pickle_verdict.policy import check_pattern
 
     out: list[tuple[str, str]] = [(p.strip(), "--allow-global") for p in allow_global]
     found = user_table()

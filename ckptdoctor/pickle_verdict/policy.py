@@ -12,7 +12,7 @@ data; code runs when a function, or a class with a hostile ``__init__``/``__redu
   or from ``enum.Enum``, and defines none of the hooks unpickling calls (``__reduce__``, ``__setstate__``,
   ``__new__``...): a ``TrainingArguments`` subclass of any package;
 - **allowed** when the stream itself rebuilds it as ``TrainingArguments`` data (``NEWOBJ`` with no arguments, then
-  a ``BUILD`` of a dict holding TrainingArguments' own fields; see ``pickle_analysis``);
+  a ``BUILD`` of a dict holding TrainingArguments' own fields; see ``judge``);
 - **unknown** (CKD602, a warning) when it is a proven class of an installed package outside the known ones that
   the stream only names (never calls);
 - **unsafe** (CKD601, an error) otherwise: anything dangerous, computed, an attribute chain, a function, a class of
@@ -30,10 +30,9 @@ import functools
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.model import GlobalRef, frozen_value
+from ckptdoctor.model import GlobalRef, frozen
 
 
 def _generated() -> frozenset[str]:
@@ -41,7 +40,7 @@ def _generated() -> frozenset[str]:
     from importlib import resources
 
     try:
-        doc = json.loads(resources.files("ckptdoctor.rules").joinpath("allowlist.json").read_text("utf-8"))
+        doc = json.loads(resources.files("ckptdoctor.pickle_verdict").joinpath("allowlist.json").read_text("utf-8"))
         return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ())) | frozenset(doc.get("classes", ()))
     except (OSError, ValueError):
         return frozenset()  # a missing data file makes the scan stricter, never looser
@@ -512,8 +511,7 @@ class Standing(enum.Enum):
     UNSAFE = "unsafe"  # dangerous, computed, or an attribute chain: an error whatever the stream does with it
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class Allowance:
     """One user allowance: ``pattern`` (``pkg.mod.Name``, or ``pkg.mod.*`` for that module and its submodules) and
     where it came from (``--allow-global``, or the user configuration file's path)."""
@@ -556,7 +554,7 @@ def check_pattern(pattern: str) -> str | None:
 # reads those bytes after the BUILD and replaces the wrapper with the array (joblib/numpy_pickle.py
 # ``NumpyArrayWrapper.read_array``). The class defines no hook, and the rebuild runs only that read: data, where the
 # rest of the ``joblib`` package loads files and pickles (``joblib.load``). Admitted only rebuilt so, with a plain
-# numpy ``subclass`` (``pickle_analysis`` checks the state); never called.
+# numpy ``subclass`` (``judge`` checks the state); never called.
 JOBLIB_ARRAY = GlobalRef("joblib.numpy_pickle", "NumpyArrayWrapper")
 
 
@@ -632,8 +630,7 @@ class FileStandings:
         return f"not looked up: the file names more than {self.limit} globals the allowlist does not settle (limit)"
 
 
-@frozen_value
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@frozen
 class ClassFacts:
     """A class found in an installed package's source: where it is defined, its bases (dotted, as imported) and
     the unpickling hooks it defines itself."""

@@ -24,9 +24,7 @@ from ckptdoctor.model import (
     TorchFacts,
     Tree,
 )
-from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
-from ckptdoctor.rules.pickle_policy import (
+from ckptdoctor.pickle_verdict.policy import (
     JOBLIB_ARRAY,
     Allowance,
     FileStandings,
@@ -34,6 +32,8 @@ from ckptdoctor.rules.pickle_policy import (
     may_call,
     rebuilt_as_data,
 )
+from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
+from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
@@ -167,7 +167,7 @@ def _torchscript_own(g: GlobalRef) -> bool:
 def judge(
     pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = (), torchscript: bool = False
 ) -> Verdict:
-    """Judge every global ``pf`` imports or calls, then the pickles nested in its values (see ``pickle_policy``).
+    """Judge every global ``pf`` imports or calls, then the pickles nested in its values (see ``policy``).
 
     Unsafe: anything dangerous or computed (imported or called), attribute chains outside the allowlist, any global
     no fact proves to be a class (deny by default), a class outside the known packages that is called or passed to
