@@ -93,7 +93,7 @@ def test_a_payload_in_a_torchscript_archive_is_still_flagged(tmp_path: Path) -> 
 # joblib -----------------------------------------------------------------------------------------------------------
 
 _JOBLIB = Path(__file__).parent / "data" / "joblib" / "joblib-1.6.0-arrays.joblib"  # joblib.dump by 1.6.0
-# of {"w": f32[3,4], "b": i64[3], "step": 4}; outside data/stacks until the walker reads it clean (xfail below)
+# of {"w": f32[3,4], "b": i64[3], "step": 4}
 
 
 def _joblib_stream() -> bytes:
@@ -115,11 +115,6 @@ def test_joblibs_array_wrapper_rebuilt_as_joblib_dump_writes_it_is_data() -> Non
     assert _verdict(_joblib_stream()) == ((), ())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="walker: read the array bytes joblib's NumpyUnpickler reads after a NumpyArrayWrapper's BUILD as data "
-    "(issue 22, item 6; a reader change, left to the walker branch)",
-)
 def test_a_real_joblib_file_scans_clean(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "state.joblib").write_bytes(_JOBLIB.read_bytes())

@@ -52,7 +52,7 @@ def _is_class(v: Any, module: str, name: str) -> bool:
 
 def read_dcp_metadata(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
     """Walk a DCP ``.metadata`` pickle: the fqns it describes and the (file, offset, length) of every item."""
-    outcome = read_raw_pickle(f, size, limits)
+    outcome = read_raw_pickle(f, size, limits, joblib=False)  # torch.distributed.checkpoint reads it with pickle.load
     facts = outcome.content
     if not isinstance(facts, PickleFacts):
         return outcome

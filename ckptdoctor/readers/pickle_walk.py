@@ -161,6 +161,40 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
     return _Obj(func, args)
 
 
+# joblib's array wrapper (joblib/numpy_pickle.py): ``joblib.load`` reads an array's bytes after its BUILD.
+JOBLIB_WRAPPER = GlobalRef("joblib.numpy_pickle", "NumpyArrayWrapper")
+_NP_DTYPE = GlobalRef("numpy", "dtype")
+# numpy's fixed-size type strings, as ``dtype.__reduce__`` writes them (kind + bytes): bool, ints, floats, complex,
+# datetimes. Flexible kinds (V, S, U) take their size from the pickled state; O is a pointer (64-bit builds).
+_NP_FIXED = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|12|16)|c(?:8|16|24|32)|[Mm]8(?:\[[0-9A-Za-z]+\])?)")
+_NP_FLEXIBLE = re.compile(r"[VSU][0-9]*")
+_NP_OBJECT = re.compile(r"O[48]")
+
+
+def _np_dtype(v: Any) -> tuple[int, bool] | None:
+    """The itemsize of the dtype a walked ``numpy.dtype(str, align, copy)`` REDUCE + BUILD makes, and whether it
+    holds Python objects; None when the walk cannot tell as numpy would. numpy's ``arraydescr_setstate``
+    (numpy/_core/src/multiarray/descriptor.c) takes a flexible type's size from the state's ``elsize`` and
+    ``hasobject`` from the state's ``flags`` (``NPY_ITEM_HASOBJECT``, bit 0), whatever the type string says."""
+    if type(v) is not _Obj or v.func != _NP_DTYPE or type(v.args) is not tuple or not v.args:
+        return None
+    name, st = v.args[0], v.state
+    if type(name) is not str or type(st) is not tuple or len(st) < 8 or st[0] not in (3, 4):
+        return None  # every numpy since 1.7 pickles a dtype with a version 3 or 4 state
+    elsize, flags = st[5], st[7]
+    if type(flags) is not int:
+        return None
+    if _NP_OBJECT.fullmatch(name):
+        itemsize = 8
+    elif _NP_FIXED.fullmatch(name):
+        itemsize = int(name[1:].split("[")[0])
+    elif _NP_FLEXIBLE.fullmatch(name) and type(elsize) is int and elsize >= 0:
+        itemsize = elsize
+    else:
+        return None
+    return itemsize, bool(flags & 1)
+
+
 # One GlobalRef object per name across walks (bounded), so the tensor-run cache compares memo reads by identity.
 _GLOBALS: dict[tuple[str, str], GlobalRef] = {}
 _GLOBALS_ENTRIES = 10_000
@@ -327,6 +361,7 @@ def walk_pickle(
     limits: Limits = DEFAULT_LIMITS,
     persistent_load: Callable[[PickleValue], PickleValue] | None = None,
     start: int = 0,
+    joblib: bool = False,
 ) -> tuple[PickleFacts | None, tuple[ReadProblem, ...], int]:
     """Walk one pickle stream in ``data`` from ``start`` without executing anything.
 
@@ -334,8 +369,20 @@ def walk_pickle(
     just after STOP (or where the walk stopped), so callers can walk concatenated pickles. When problems are
     returned, ``facts.value`` is None (the stream did not complete) but ``globals``/``calls`` still list what the
     stream imported and called up to that point.
+
+    ``joblib``: read the stream as ``joblib.load`` does (its ``NumpyUnpickler``): the bytes of each array written
+    after a ``joblib.numpy_pickle.NumpyArrayWrapper`` BUILD are data, or a nested pickle for an object array
+    (``_joblib_array``). Any other loader reads those bytes as opcodes: a caller passing it also walks the stream
+    without it, when the stream names the wrapper.
     """
     walker = _Walker(data, limits, persistent_load, start)
+    walker.joblib = joblib
+    return _finish(walker)
+
+
+def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...], int]:
+    """Run ``walker`` to its end: its facts, problems and where it stopped (``walk_pickle``)."""
+    limits = walker.limits
     problem: ReadProblem | None = None
     value: Any = None
     try:
@@ -405,6 +452,8 @@ class _Walker:
         self.max_marks = limits.nesting_depth
         self.fast = _FAST_PATH
         self.passed_budget = _PASSED_VALUES
+        self.joblib = False  # BUILD of joblib's array wrapper reads the array's bytes (``walk_pickle``)
+        self.frame_end = 0  # where the last FRAME ends (joblib reads an array's bytes from the file past it)
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -934,10 +983,60 @@ class _Walker:
                 inst.state.update(state)
             else:
                 inst.state = state
+            if self.joblib and inst.func == JOBLIB_WRAPPER:
+                self._joblib_array(inst)
         elif type(inst) is GlobalRef:
             self.calls[inst] = None
         # BUILD on a dict (torch's ``_metadata`` on state dicts) sets attributes, not items: the value stays the
         # plain dict.
+
+    def _joblib_array(self, wrapper: _Obj) -> None:
+        """Step over the array ``joblib.load`` reads right after a BUILD of its array wrapper, as its
+        ``NumpyUnpickler.load_build`` and ``NumpyArrayWrapper.read_array`` read it (joblib/numpy_pickle.py): for an
+        object dtype a nested pickle, loaded by a fresh unpickler (walked here as the pickle it is; what it imports
+        and calls counts for this stream); else a padding-length byte and that many bytes (when the state has a
+        ``numpy_array_alignment_bytes`` that is not None), then shape x itemsize bytes of data. The bytes are read
+        from the file past the current frame, so a BUILD that does not end its frame is not followed. Whatever the
+        walk cannot size exactly as numpy would is a problem, never a guess."""
+        state = wrapper.state
+        if self.pos < self.frame_end:
+            raise _Malformed("joblib array wrapper built inside a frame: joblib.load reads its array past the frame")
+        if type(state) is not dict:
+            raise _Malformed("joblib array wrapper whose state is no dict: its array cannot be sized")
+        shape: Any = state.get("shape")
+        dtype = _np_dtype(state.get("dtype"))
+        if dtype is None:
+            raise _Malformed("joblib array wrapper whose dtype the walk cannot size as numpy does")
+        itemsize, hasobject = dtype
+        mmap = state.get("allow_mmap")
+        if hasobject and not (mmap is None or mmap is False):
+            # ``joblib.load(mmap_mode=...)`` memory-maps such an array (``read_mmap``: shape x itemsize bytes) where
+            # the default load unpickles it: two readings, and ``joblib.dump`` never allows mmap for objects
+            raise _Malformed("joblib object array that allows mmap: joblib.load reads it two ways")
+        if hasobject:
+            nested = _Walker(self.data, self.limits, None, self.pos)
+            facts, problems, end = _finish(nested)
+            if facts is None or problems:
+                why = problems[0].message if problems else "no opcode"
+                raise _Malformed(f"joblib object array's nested pickle: {why}",
+                                 problems[0].kind if problems else ProblemKind.MALFORMED_PICKLE)  # fmt: skip
+            self.globals.update(dict.fromkeys(facts.globals))
+            self.calls.update(dict.fromkeys(g for g in facts.calls if g not in facts.rebuilt))
+            self.rebuilt.update(dict.fromkeys(facts.rebuilt))
+            self.persistent_ids += facts.persistent_ids
+            # the nested unpickler read its last frame whole, even past its STOP
+            self.pos = max(end, nested.frame_end)
+            self.stack[-1] = _Obj(None, (wrapper, facts.value))  # the array: what it is built from, not a wrapper
+            return
+        if type(shape) not in (tuple, list) or not _INT_ONLY.issuperset(map(type, shape)) or min(shape, default=0) < 0:
+            raise _Malformed("joblib array wrapper whose shape is not a tuple of counts")
+        count = 1
+        for d in shape:
+            count *= d
+        if state.get("numpy_array_alignment_bytes") is not None:  # ``safe_get_numpy_array_alignment_bytes``
+            self.pos += 1 + self._peek_byte()
+        self._take(count * itemsize)  # raises past the end: joblib reads exactly these bytes
+        self.stack[-1] = _Obj(None, (wrapper, None))
 
     def _op_newobj(self) -> None:
         stack = self.stack
@@ -1005,6 +1104,7 @@ class _Walker:
         if frame_len > self.n - pos:
             raise _Malformed(f"{TRUNCATED}: frame of {frame_len} bytes, {self.n - pos} left")
         _check_frame(self.data, pos, pos + frame_len)
+        self.frame_end = pos + frame_len
 
     def _op_stop(self) -> bool:
         if not self.stack:

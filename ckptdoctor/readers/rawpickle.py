@@ -7,7 +7,7 @@ from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem
-from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.pickle_walk import JOBLIB_WRAPPER, merge_pickles, walk_pickle
 from ckptdoctor.readers.zipdir import _problem, _read_at
 
 __all__ = ["read_raw_pickle"]
@@ -16,8 +16,12 @@ _MAX_EXTRA_PICKLES = 64  # further streams walked after the first
 
 
 
-def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
-    """Walk a plain pickle file (``pickle.dump`` output); content is its ``PickleFacts``."""
+def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS, joblib: bool = True) -> ReadOutcome:
+    """Walk a plain pickle file (``pickle.dump`` output); content is its ``PickleFacts``.
+
+    ``joblib``: whether ``joblib.load`` may read the file; its value is then the one ``joblib.load`` reads (array
+    bytes stepped over), with what ``pickle.load`` imports and calls added. A reader that steers on the value of a
+    file only ``pickle.load`` reads (DCP's ``.metadata``) passes False."""
     if size == 0:
         return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
     if size > limits.pickle_bytes:
@@ -28,7 +32,10 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
         data = _read_at(f, 0, size)
     except OSError as exc:
         return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
-    facts, problems, end = walk_pickle(data, limits=limits)
+    facts, problems, end = walk_pickle(data, limits=limits, joblib=joblib)
+    if joblib and facts is not None and JOBLIB_WRAPPER in facts.globals:
+        facts, limited = _as_pickle_load_too(data, facts, limits)
+        problems = (*problems, *limited)
     if facts is None or problems or end >= size:
         return ReadOutcome(facts, problems)
     # Bytes after STOP: pickle.load stops there, but a loader that calls it again (as legacy torch.load does)
@@ -56,6 +63,23 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> 
     )
     return ReadOutcome(merge_pickles(facts, extra), tuple(more))
 
+
+
+def _as_pickle_load_too(
+    data: bytes, facts: PickleFacts, limits: Limits
+) -> tuple[PickleFacts, tuple[ReadProblem, ...]]:
+    """``facts`` of the stream as ``joblib.load`` reads it, with what ``pickle.load`` imports and calls reading the
+    same file: it walks the array bytes joblib writes after each array wrapper as opcodes. That reading usually
+    stops at the padding-length byte (1 to 16: no opcode), where ``pickle.load`` raises having run only what the
+    walk recorded, so its malformed end is no finding; a limit it hit is (what lies past it was not judged)."""
+    plain, problems, _ = walk_pickle(data, limits=limits)
+    limited = tuple(
+        ReadProblem(p.kind, f"read as pickle.load reads it: {p.message}")
+        for p in problems
+        if p.kind is ProblemKind.LIMIT
+    )
+    merged = merge_pickles(facts, [plain]) if plain is not None else None
+    return (merged if merged is not None else facts), limited
 
 
 def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> tuple[PickleFacts | None, tuple[ReadProblem, ...]]:
