@@ -78,15 +78,20 @@ def steps_per_epoch_of(ts: trainer_view.TrainerStateView) -> int | None:
 
 
 @functools.cache
-def installed_transformers() -> str | None:
-    """The version of the transformers installed beside ckptdoctor, from its distribution metadata: transformers
-    itself is never imported (the gate reads, it does not load a training stack)."""
+def installed_version(dist: str) -> str | None:
+    """The version of the distribution ``dist`` installed beside ckptdoctor, from its metadata: the package itself is
+    never imported (the gate reads, it does not load a training stack); None when it is not installed."""
     from importlib import metadata
 
     try:
-        return metadata.version("transformers")
+        return metadata.version(dist)
     except (metadata.PackageNotFoundError, ValueError):
         return None
+
+
+def installed_transformers() -> str | None:
+    """The version of the transformers installed beside ckptdoctor (``installed_version``)."""
+    return installed_version("transformers")
 
 
 def transformers_version(

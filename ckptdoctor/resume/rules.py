@@ -794,16 +794,6 @@ _RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
 
 
 @functools.cache
-def _installed(dist: str) -> str | None:
-    """The version of ``dist`` installed beside ckptdoctor, from its metadata (never imported)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
-
-
 def _version(text: str | None) -> tuple[int, int] | None:
     m = re.match(r"^\s*(\d{1,4})(?:\.(\d{1,4}))?", text or "")
     return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
@@ -899,10 +889,12 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None:
         return
     ck, p, _ = resumed
-    torch_v = _version(_installed("torch"))
+    from ckptdoctor.resume.resolve import installed_version
+
+    torch_v = _version(installed_version("torch"))
     if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):
         return  # 4.x passes no weights_only to most loads, and torch < 2.6 defaults it to False
-    numpy_major = (_version(_installed("numpy")) or (2, 0))[0]
+    numpy_major = (_version(installed_version("numpy")) or (2, 0))[0]
     from ckptdoctor.pickle_verdict.judge import file_pickle
 
     for f, reader, rng in weights_only_loads(ck, p, ctx.plan.world_size):
