@@ -28,7 +28,7 @@ from ckptdoctor.resume.resolve import ResolvedArgs
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
 from ckptdoctor.settings.exit import ExitPolicy, Outcome
-from ckptdoctor.settings.selection import Options, warn_kept
+from ckptdoctor.settings.selection import Options, Scope, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
 
@@ -337,7 +337,8 @@ def run_gate(
             inside = os.path.join(target, ck_arg)
             in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
             target = inside if in_run else ck_arg
-    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), options)
+    scope = _scope(os.fspath(run_dir), options)
+    selection, cfg_fail_on = scope.selection, scope.fail_on
     fail_on = options.fail_on
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     scanned: Sequence[Finding] = ()
@@ -357,7 +358,9 @@ def run_gate(
         )
     if args_file is not None:
         result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))
-    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+    # The user configuration never travels with a checkpoint: its fail-on is trusted as --fail-on is (as a scan's).
+    untrusted = not scope.config.trusted
+    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None and untrusted)
 
 
 def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
@@ -374,10 +377,15 @@ def rule_selection(run_dir: str, options: Options) -> tuple[Selection, str | Non
 
     Raises ``GateInputError`` for a settings file that cannot be used.
     """
+    scope = _scope(run_dir, options)
+    return scope.selection, scope.fail_on
+
+
+def _scope(run_dir: str, options: Options) -> Scope:
     from ckptdoctor.errors import UsageError
-    from ckptdoctor.settings.selection import resolve_selection
+    from ckptdoctor.settings.selection import resolve_scope
 
     try:
-        return resolve_selection(run_dir, options)
+        return resolve_scope(run_dir, options)
     except UsageError as exc:
         raise GateInputError(str(exc)) from None
