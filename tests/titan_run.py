@@ -121,7 +121,8 @@ def _flat(states: dict[str, Any], model_only: bool = False) -> dict[str, Any]:
 
 
 def _write(rank: int, job: dict[str, Any], world: int) -> None:
-    states = _states(rank, world)
+    # `loader_world`: the data-parallel degree the dataloader records, when it is not the number of ranks
+    states = _states(rank, job.get("loader_world", world))
     model, opt = states["model"], states["optimizer"].optim
     folder = os.path.join(job["root"], "checkpoint")
     for step in range(1, job["steps"] + 1):

@@ -102,8 +102,12 @@ def int_value(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-_STATE_LABELS = {"optimizer": "optimizer", "lr_scheduler": "scheduler", "dataloader": "dataloader",
-                 "train_state": "train-state"}
+_STATE_LABELS = {
+    "optimizer": "optimizer",
+    "lr_scheduler": "scheduler",
+    "dataloader": "dataloader",
+    "train_state": "train-state",
+}
 
 
 def kinds(ck: Checkpoint) -> list[str]:
