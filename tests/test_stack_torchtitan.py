@@ -66,7 +66,7 @@ def _damage(root: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def titan(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
     """The runs (by name) and what resuming each did (``titan_run.py resume``), with the default world size 2 and,
-    for ``model-only@4``, ``full@dp4``, the planned data-parallel degree or step given."""
+    for ``model-only@4``, ``full@dp4``, ``full@7``, the planned data-parallel degree or step given."""
     root = tmp_path_factory.mktemp("titan")
     jobs = [{"root": str(root / name), **spec} for name, spec in WRITES.items()]
     (root / "write.json").write_text(json.dumps(jobs))
@@ -75,6 +75,7 @@ def titan(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], di
     resumes = {name: {"root": str(path)} for name, path in runs.items()}
     resumes["model-only@4"] = {"root": str(runs["model-only"]), "load_step": 4}
     resumes["full@dp4"] = {"root": str(runs["full"]), "world": 4}
+    resumes["full@7"] = {"root": str(runs["full"]), "load_step": 7}
     (root / "resume.json").write_text(json.dumps(list(resumes.values())))
     _run("resume", str(root / "resume.json"), str(root / "results.json"))
     results = json.loads((root / "results.json").read_text())
@@ -162,3 +163,70 @@ def test_dataloader_ranks_against_the_world_size(titan: Any) -> None:
     hits = [f for f in found if f.rule == "CKD513"]
     assert {f.path for f in hits} == {"checkpoint/step-2", "checkpoint/step-4"}
     assert "missing dp rank(s) 2, 3" in hits[0].message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `ckptdoctor gate` follows `CheckpointManager.load()`: each verdict next to what the resume above did
+
+
+def _gate(path: Path, **planned: Any) -> Any:
+    from ckptdoctor.resume.api import gate
+
+    return gate(path, config=False, **planned)
+
+
+def test_gate_predicts_the_step_load_takes(titan: Any) -> None:
+    runs, resumed = titan
+    r = _gate(runs["full"], max_steps=10, world_size=2)
+    assert not r.failed, r.findings
+    assert r.checkpoint.endswith("checkpoint/step-6") and r.weights_branch == "dcp"
+    assert r.start_step == resumed["full"]["train_state_step"] == 6 and r.steps_to_train == 4
+    assert r.to_json()["weights_file"] == "dcp.load: model, optimizer, lr_scheduler, dataloader, train_state"
+
+
+def test_gate_fails_where_load_raises(titan: Any) -> None:
+    runs, resumed = titan
+    cases = {  # the run, the plan, what the real resume did
+        "model-only": (runs["model-only"], {}, "Missing key in checkpoint state_dict"),
+        "full@dp4": (runs["full"], {"world_size": 4}, "dp_degree is inconsistent"),
+        "full@7": (runs["full"], {"load_step": 7}, "--checkpoint.load_step=7 not found"),
+        "cut-rank": (runs["cut-rank"], {}, ""),
+    }
+    for name, (path, planned, raised) in cases.items():
+        assert raised in resumed[name]["error"], (name, resumed[name])
+        r = _gate(path, **planned)
+        assert r.failed, name
+        if name != "cut-rank":
+            assert any(f.rule == "CKD514" for f in r.findings), (name, r.findings)
+        else:  # the scan's CKD501 about the folder loaded is kept
+            assert any(f.rule == "CKD501" for f in r.findings), r.findings
+    # the previous full save, named: what the real resume loaded
+    r = _gate(runs["model-only"], load_step=4)
+    assert not r.failed and r.start_step == resumed["model-only@4"]["train_state_step"] == 4
+
+
+def test_gate_fails_where_load_falls_back(titan: Any) -> None:
+    runs, resumed = titan
+    r = _gate(runs["torn-newest"])
+    assert r.checkpoint.endswith("checkpoint/step-4") and resumed["torn-newest"]["load_step"] == 4
+    (hit,) = [f for f in r.findings if f.rule == "CKD514"]
+    assert hit.path == "checkpoint/step-6" and "falls back to `step-4`" in hit.message
+
+
+def test_stack_option_and_the_trainer_gate(titan: Any, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+
+    runs, _ = titan
+    out = CliRunner().invoke(main, ["gate", str(runs["full"]), "--max-steps", "10", "--load-step", "4"])
+    assert out.exit_code == 0, out.output
+    assert "train_state.step 4 -> training.steps 10: trains 6" in out.output
+    # `--stack trainer` follows the Trainer's resume, which finds no checkpoint-N there
+    out = CliRunner().invoke(main, ["gate", str(runs["full"]), "--stack", "trainer"])
+    assert out.exit_code == 1 and "CKD413" in out.output
+    # `--stack torchtitan` on a folder torchtitan never wrote: load() starts from scratch
+    out = CliRunner().invoke(main, ["gate", str(tmp_path), "--stack", "torchtitan"])
+    assert out.exit_code == 1 and "CKD514" in out.output
+    out = CliRunner().invoke(main, ["gate", str(tmp_path), "--stack", "torchtitan", "--allow-empty"])
+    assert out.exit_code == 0, out.output
