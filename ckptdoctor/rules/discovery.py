@@ -27,6 +27,7 @@ from ckptdoctor.model import (
     frozen,
 )
 from ckptdoctor.rules import Hit, rule
+from ckptdoctor.stacks import TRAINER_SAVES
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 
@@ -528,7 +529,7 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     for run in tree.runs:
         for ck in run.checkpoints:
             # Only the Trainer's folders: another stack writes no `trainer_state.json` by design (ckptdoctor.stacks)
-            if ck.role not in (FolderRole.CHECKPOINT,) or ck.stack is not Stack.TRAINER:
+            if ck.role not in (FolderRole.CHECKPOINT,) or ck.stack not in TRAINER_SAVES:
                 continue
             evidence = torn_evidence(ck, links_out, unread)
             if not evidence:
@@ -709,7 +710,7 @@ def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
     """
     for run in tree.runs:
         for ck in run.checkpoints:
-            if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck):
+            if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck) or ck.stack is Stack.TORCHTITAN:
                 continue  # a link out of the root is not followed, but a resume follows it (CKD604 reports it)
             if trainer_view.weights_branch(ck) == "none":
                 picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""
