@@ -55,12 +55,17 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
     Only PyTorch folders are weighed (MindNLP and TensorFlow folders keep the Trainer's stack, as before). The run's
     stack is the Trainer's when any of its folders is, else that of its signed folders, else the Trainer's. A
     folder with no signature takes its run's stack when the run has signed folders; alone, a `checkpoint-N`
-    folder is the Trainer's when it could be a Trainer save cut short and of unknown make otherwise, and any other
+    folder is accelerate's when it holds only what ``save_state`` writes before its RNG states (an optimizer or
+    scheduler ``.bin`` among them), the Trainer's when it could be a Trainer save cut short, of unknown make
+    otherwise, and any other
     folder (a model folder, the run's own files) stays the Trainer's.
     """
     signed = {ck.path: signature(ck.files, _top_names(ck)) for ck in checkpoints if ck.framework is Framework.PYTORCH}
     found = {s for s in signed.values() if s is not None}
-    run_stack = Stack.TRAINER if Stack.TRAINER in found or not found else sorted(found)[0]
+    # no folder signed: a `save_state` cut short before its RNG states is still accelerate's (its own `.bin` names)
+    cut = {ck.path for ck in checkpoints if signed.get(ck.path, Stack.TRAINER) is None and accelerate.could_be_torn(
+        accelerate.top_names(ck))} if not found else set()
+    run_stack = Stack.TRAINER if Stack.TRAINER in found or not (found or cut) else min(found or {Stack.ACCELERATE})
     out = []
     for ck in checkpoints:
         if ck.path not in signed:
@@ -70,7 +75,8 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
         if stack is None:
             torn = trainer.could_be_torn(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
             unknown = ck.role is FolderRole.CHECKPOINT and not torn
-            stack = run_stack if found else (Stack.UNKNOWN if unknown else Stack.TRAINER)
+            stack = run_stack if found else Stack.ACCELERATE if ck.path in cut else (
+                Stack.UNKNOWN if unknown else Stack.TRAINER)
         out.append(ck if stack is ck.stack else dataclasses.replace(ck, stack=stack))
     return out, run_stack
 
