@@ -35,7 +35,14 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             source = s.sources.get("transformers_version", "default")
             lines.append(f"  transformers     {printable(s.transformers_version)} ({source})")
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
-        if total is None or todo is None:
+        if s is None and result.stack != "trainer":  # another stack's resume: its steps as far as they are known
+            at = "unknown" if start is None else f"step {start} (the loaded scheduler's)"
+            plan = "" if total is None or todo is None else f" -> {start + todo if start else todo} of max_steps " \
+                f"{total}: trains {todo}"
+            lines.append(f"  steps            {at}{plan}")
+            if result.restores:
+                lines.append(f"  restores         {', '.join(result.restores)}")
+        elif total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
             rules = {f.rule for f in result.findings}
             why = ("the resume raises before its first step" if "CKD413" in rules

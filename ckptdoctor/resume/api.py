@@ -31,6 +31,8 @@ from ckptdoctor.settings.exit import ExitPolicy, Outcome
 from ckptdoctor.settings.selection import Options, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
+# The stacks `--stack` names (ckptdoctor.stacks): whose resume the gate predicts.
+STACKS = ("trainer", "accelerate", "lightning", "torchtitan")
 
 
 @frozen
@@ -57,6 +59,8 @@ class GateResult(Outcome):
     adapter_tensors: tuple[int, int] | None = None
     weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
     starts_afresh: bool = False  # allow_empty and nothing saved: the launcher starts afresh, so no checkpoint passes
+    stack: str = "trainer"  # whose resume was predicted (`--stack`, else the scanned run's: ckptdoctor.stacks)
+    restores: tuple[str, ...] = ()  # another stack's resume: the files it loads, in order (the Trainer's: empty)
 
     def exit_policy(self) -> ExitPolicy:
         """``fail_on``, the caller's, or RUN_DIR's settings file's (``fail_on_from_settings``): as ``ckptdoctor
@@ -110,6 +114,8 @@ class GateResult(Outcome):
         doc: dict[str, Any] = _finite({
             "schema": SCHEMA,
             "run": self.run,
+            "stack": self.stack,
+            "restores": list(self.restores),
             "checkpoint": self.checkpoint,
             "starts_afresh": self.starts_afresh,
             "weights_branch": self.weights_branch,
@@ -223,9 +229,12 @@ def gate(
     config: bool = True,
     allow_global: Sequence[str] = (),
     allow_empty: bool = False,
+    stack: str | None = None,
     **planned: Any,
 ) -> GateResult:
-    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
+    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir), or
+    the resume of the stack that wrote it (``stack``, as ``--stack``: ``"accelerate"`` predicts
+    ``Accelerator.load_state()``; None: the stack the scan recognises, see docs/stacks.md).
 
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
     ``lr_scheduler_type``, ``warmup_steps`` (below 1 a ratio under 5.x; under 4.x, whose TrainingArguments take
@@ -273,7 +282,7 @@ def gate(
         allow_empty=allow_empty, on_kept=warn_kept,
     )
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, options, planned,
-                    args_file=args_facts)
+                    args_file=args_facts, stack=stack)
 
 
 def gate_options(**given: Any) -> Options:
@@ -302,6 +311,7 @@ def run_gate(
     options: Options,
     planned: Mapping[str, Any],
     args_file: FileFacts | None = None,
+    stack: str | None = None,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
     settings file may not turn off (the CLI's note on stderr, the API's warning).
@@ -309,6 +319,8 @@ def run_gate(
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
     """
+    if stack is not None and stack not in STACKS:
+        raise GateInputError(f"stack must be one of {', '.join(STACKS)}, not {stack!r}")
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
@@ -349,11 +361,17 @@ def run_gate(
 
         report = scan(target, selection=selection)
         tree, scanned = report.trees[0], report.findings
-    result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+    from ckptdoctor.resume import accelerate
+
+    if accelerate.chosen(stack, tree):  # accelerate's `load_state()`, not the Trainer's resume
+        result = accelerate.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+    else:
+        result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
         # nothing saved yet: the launcher starts afresh, so "train() raises: no checkpoint" (CKD413) is accepted
         result = replace(
-            result, findings=tuple(f for f in result.findings if f.rule != "CKD413"), starts_afresh=True
+            result, findings=tuple(f for f in result.findings if f.rule not in ("CKD413", "CKD432")),
+            starts_afresh=True
         )
     if args_file is not None:
         result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))

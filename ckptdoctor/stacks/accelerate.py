@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ckptdoctor.model import Checkpoint, FileFacts, Opaque, Run, TorchFacts, frozen
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, Opaque, ProblemKind, Run, Stack, TorchFacts, frozen
 
 # `RNG_STATE_NAME` in src/accelerate/utils/constants.py: every process writes its own, last, at every save.
 _SIGNATURE_RE = re.compile(r"^random_states_\d+\.pkl$")
@@ -236,3 +236,85 @@ def folder_files(ck: Checkpoint) -> list[FileFacts]:
     """The files of ``ck`` that ``load_state`` opens by name: every top-level file it knows."""
     return [f for f in ck.files if "/" not in ck.relname(f) and (
         _INDEXED_RE.match(f.name) or _RNG_RE.match(f.name) or _CUSTOM_RE.match(f.name) or f.name == SCALER)]
+
+
+@frozen
+class Registered:
+    """What the resuming program prepared and registered, as far as it is known (None: not known, then taken from
+    what the run's complete saves hold): ``load_state`` opens one file per prepared object."""
+
+    models: int | None = None
+    optimizers: int | None = None
+    schedulers: int | None = None
+    scaler: bool | None = None  # whether the accelerator has a GradScaler (fp16 off CPU)
+    custom: int | None = None  # objects given to `register_for_checkpointing`
+    process_index: int = 0  # the rank whose `random_states_<rank>.pkl` is loaded
+
+
+@frozen
+class LoadState:
+    """What ``load_state`` does with one run: the folder it loads, the files it opens there (in order), why it
+    raises (empty: it does not), what it silently leaves unrestored, and the steps the loaded scheduler holds."""
+
+    folder: str | None
+    reads: tuple[str, ...]
+    raises: tuple[str, ...]
+    unrestored: tuple[str, ...]
+    step: int | None
+
+
+def _want(run: Run, reg: Registered) -> Saved:
+    """What ``load_state`` looks for: the registered counts where known, else the run's complete saves'."""
+    saves = expected([ck for ck in run.checkpoints if ck.stack is Stack.ACCELERATE] or list(run.checkpoints))
+
+    def count(n: int | None, seen: frozenset[int]) -> frozenset[int]:
+        return seen if n is None else frozenset(range(n))
+
+    return Saved(count(reg.models, saves.models), count(reg.optimizers, saves.optimizers),
+                 count(reg.schedulers, saves.schedulers), saves.samplers,
+                 saves.scaler if reg.scaler is None else reg.scaler, frozenset({reg.process_index}), frozenset())
+
+
+def load_state(run: Run | None, reg: Registered | None = None) -> LoadState:
+    """Predict ``load_state()`` (automatic naming) or ``load_state(folder)`` (a folder scanned alone, or the
+    highest ``checkpoint-N``) for ``run``, an accelerate run, or None when the scan found none."""
+    reg = reg or Registered()
+    if run is None:
+        why = "`load_state()` finds no save: with automatic naming it lists `project_dir/checkpoints` " \
+              "(`FileNotFoundError` when missing, `IndexError` when empty)"
+        return LoadState(None, (), (why,), (), None)
+    if is_automatic(run) and not run.standalone:
+        bad = digitless(run.entries)
+        if bad:
+            return LoadState(None, (), (f"`load_state()` raises `IndexError` sorting `{run.path}`: `{bad[0]}` has no "
+                                        "digit",), (), None)
+    ck = picked(run)
+    if ck is None:
+        return LoadState(None, (), ("`load_state()` finds no save to load",), (), None)
+    names = top_names(ck)
+    have = saved(names)
+    want = _want(run, reg)
+    reads: list[str] = []
+    for i in sorted(want.models):
+        safe, bin_ = _name("model", i, "safetensors"), _name("pytorch_model", i, "bin")
+        reads.append(safe if safe in names or bin_ not in names else bin_)
+    reads += [_name("optimizer", i, "bin") for i in sorted(want.optimizers)]
+    reads += [_name("scheduler", i, "bin") for i in sorted(want.schedulers)]
+    reads += [_name("sampler", i, "bin") for i in sorted(want.samplers)]
+    reads += [SCALER] if want.scaler else []
+    rng = f"random_states_{reg.process_index}.pkl"
+    raises = [f"no `{n}`: `load_state()` raises `FileNotFoundError`" for n, hard in missing(names, want) if hard]
+    damaged = {f.name for f in folder_files(ck) if f.kind is FileKind.EMPTY or any(
+        p.kind is ProblemKind.TRUNCATED for p in f.problems)}
+    raises += [f"`{n}` is cut short: `load_state()` raises in `torch.load`" for n in reads if n in damaged]
+    unrestored = [] if rng in names and rng not in damaged else [
+        f"no readable `{rng}`: the RNG states and `Accelerator.step` are not restored"]
+    reads += [rng] if rng in names else []
+    count = len(have.custom)
+    if reg.custom is not None and count != reg.custom:
+        raises.append(f"{count} `custom_checkpoint_<i>.pkl` files for {reg.custom} registered objects: "
+                      "`load_state()` raises `RuntimeError`")
+    elif gaps := custom_gaps(names):
+        raises.append(f"no `custom_checkpoint_{gaps[0]}.pkl`: `load_state()` raises `FileNotFoundError`")
+    reads += [f"custom_checkpoint_{i}.pkl" for i in range(count)]
+    return LoadState(ck.path, tuple(reads), tuple(raises), tuple(unrestored), scheduler_step(ck))
