@@ -162,3 +162,18 @@ def test_custom_checkpoint_counts_differ_within_a_run(tmp_path: Path) -> None:
     assert (hit.rule, hit.path, hit.severity) == ("CKD431", "checkpoints/checkpoint_2", Severity.WARNING)
     assert hit.message == ("2 custom checkpoint files where the run's other saves hold 1: `load_state()` raises "
                            "`RuntimeError` unless exactly 2 objects are registered with `register_for_checkpointing`")
+
+
+def test_first_save_cut_short_is_accelerates(tmp_path: Path) -> None:
+    """The only save, cut before its RNG state: nothing in the run holds accelerate's signature, but its
+    `optimizer.bin`/`scheduler.bin` are names only `save_state` writes: it is an interrupted accelerate save, not a
+    folder of unknown make (CKD108) nor an interrupted Trainer save (CKD102)."""
+    root = tmp_path / "project"
+    Program(root).train(1)
+    ck = root / "checkpoints" / "checkpoint_0"
+    (ck / "random_states_0.pkl").unlink()
+    assert Program(root).resume() == 1  # the RNG state's absence is only logged
+    (hit,) = _findings(root)
+    assert (hit.rule, hit.path, hit.severity) == ("CKD121", "checkpoints/checkpoint_0", Severity.ERROR)
+    assert hit.message.endswith("no `random_states_0.pkl`: `load_state()` restores no RNG state and no `step` (it "
+                                "logs \"Could not load random states\")")

@@ -24,7 +24,9 @@ from ckptdoctor.findings import Severity
 from ckptdoctor.integrations.transformers import ResumeGateError
 from ckptdoctor.render.gate import finding_line
 from ckptdoctor.resume import GateResult
-from ckptdoctor.resume.accelerate import check
+from ckptdoctor.resume.accelerate import judge
+from ckptdoctor.resume.api import gate_options, rule_selection
+from ckptdoctor.resume.plan import Plan
 from ckptdoctor.stacks.accelerate import Registered
 
 logger = logging.getLogger("ckptdoctor")
@@ -83,3 +85,28 @@ def check_load_state(
         if f.severity in (Severity.ERROR, Severity.WARNING):
             logger.warning("%s", finding_line(f))
     return result
+
+
+def check(
+    target: str,
+    reg: Registered,
+    *,
+    folder: bool = False,
+    max_steps: int | None = None,
+    fail_on: str | None = None,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    config: bool = True,
+) -> GateResult:
+    """The accelerate gate of ``load_state()`` (``folder`` False: ``target`` is ``project_dir``, automatic naming)
+    or ``load_state(target)``, for a program that prepared and registered what ``reg`` says."""
+    from ckptdoctor.scanner import scan
+    from ckptdoctor.settings.selection import warn_kept
+
+    options = gate_options(select=select, ignore=ignore, fail_on=fail_on, no_config=not config, on_kept=warn_kept)
+    selection, cfg_fail_on = rule_selection(target, options)
+    plan = Plan(checkpoint=target if folder else None, max_steps=max_steps,
+                fail_on=options.fail_on or cfg_fail_on or "error")
+    report = scan(target, selection=selection)
+    fields = judge(report.trees[0], plan, run=target, scanned=report.findings, selection=selection, registered=reg)
+    return GateResult(**fields, fail_on_from_settings=options.fail_on is None and cfg_fail_on is not None)

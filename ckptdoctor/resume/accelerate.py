@@ -3,19 +3,18 @@
 ``ckptdoctor gate RUN`` comes here (``resume.api.run_gate``) when the scanned run is accelerate's, or with
 ``--stack accelerate``: the prediction is ``stacks.accelerate.load_state``'s, judged by CKD432 (it raises) and the
 scan's findings on the save it loads and on the run's own folder (CKD120 an entry it cannot sort, CKD430 an older
-state picked, CKD431 custom checkpoints, any damaged file). ``check`` is the same for a program's own
-``Accelerator`` (``ckptdoctor.integrations.accelerate``), with what it registered.
+state picked, CKD431 custom checkpoints, any damaged file). ``ckptdoctor.integrations.accelerate`` does the same
+for a program's own ``Accelerator``, with what it registered.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
+from typing import Any
 
 from ckptdoctor.findings import Finding, display_path
 from ckptdoctor.model import FolderRole, Run, Stack, Tree
 from ckptdoctor.resume.accelerate_rules import AccelerateResume, accelerate_gate_findings
-from ckptdoctor.resume.api import GateResult, gate_options, rule_selection
 from ckptdoctor.resume.plan import Plan
 from ckptdoctor.rules import Selection
 from ckptdoctor.stacks import accelerate
@@ -56,9 +55,10 @@ def judge(
     scanned: Sequence[Finding] = (),
     selection: Selection | None = None,
     registered: accelerate.Registered | None = None,
-) -> GateResult:
+) -> dict[str, Any]:
     """Predict ``load_state()`` for the accelerate run in ``tree`` and judge it: CKD432 where it raises, and the
-    scan's findings about the save it loads and the run folder itself (not those about other saves)."""
+    scan's findings about the save it loads and the run folder itself (not those about other saves). Returns the
+    ``GateResult`` fields (``resume.api`` builds it: this module sits below it)."""
     selection = selection or Selection()
     found = run_of(tree)
     load = accelerate.load_state(found, registered)
@@ -71,40 +71,16 @@ def judge(
         here = load.folder is not None and _under(f.path, load.folder)
         return (here or in_run) and not any(_under(f.path, o) for o in others) and f.rule not in _RESTATED
 
-    kept = [f for f in scanned if about_this_resume(f)]
+    # no save at all: CKD432 says what load_state() raises (the scan's CKD002 says the same of any stack)
+    kept = [f for f in scanned if about_this_resume(f)] if found is not None else []
     findings = tuple(sorted([*kept, *accelerate_gate_findings(ctx, selection)], key=Finding.sort_key))
     label = run if run is not None else tree.root
     folder = None if load.folder is None else display_path(tree.root, load.folder)
     start, total = load.step, plan.max_steps
     todo = None if start is None or total is None else max(0, total - start)
-    return GateResult(
-        label, folder, "accelerate `load_state()`", start, total, todo, (), findings, None,
-        restores_optimizer=any(n.startswith("optimizer") for n in load.reads), fail_on=plan.fail_on,
-        weights_file=load.reads[0] if load.reads else None, stack=STACK, restores=load.reads,
-    )
-
-
-def check(
-    project_or_folder: str | os.PathLike[str],
-    registered: accelerate.Registered,
-    *,
-    folder: bool = False,
-    max_steps: int | None = None,
-    fail_on: str | None = None,
-    select: Sequence[str] = (),
-    ignore: Sequence[str] = (),
-    config: bool = True,
-) -> GateResult:
-    """Gate ``load_state()`` (``folder`` False: ``project_or_folder`` is ``project_dir``, automatic naming) or
-    ``load_state(project_or_folder)`` for a program that prepared and registered what ``registered`` says."""
-    from ckptdoctor.scanner import scan
-    from ckptdoctor.settings.selection import warn_kept
-
-    target = os.fspath(project_or_folder)
-    options = gate_options(select=select, ignore=ignore, fail_on=fail_on, no_config=not config, on_kept=warn_kept)
-    selection, cfg_fail_on = rule_selection(target, options)
-    plan = Plan(checkpoint=target if folder else None, max_steps=max_steps,
-                fail_on=options.fail_on or cfg_fail_on or "error")
-    report = scan(target, selection=selection)
-    tree = report.trees[0]
-    return judge(tree, plan, run=target, scanned=report.findings, selection=selection, registered=registered)
+    return {
+        "run": label, "checkpoint": folder, "weights_branch": "accelerate `load_state()`", "start_step": start,
+        "max_steps": total, "steps_to_train": todo, "lr": (), "findings": findings,
+        "restores_optimizer": any(n.startswith("optimizer") for n in load.reads), "fail_on": plan.fail_on,
+        "weights_file": load.reads[0] if load.reads else None, "stack": STACK, "restores": load.reads,
+    }

@@ -364,7 +364,8 @@ def run_gate(
     from ckptdoctor.resume import accelerate
 
     if accelerate.chosen(stack, tree):  # accelerate's `load_state()`, not the Trainer's resume
-        result = accelerate.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+        result = GateResult(**accelerate.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned,
+                                               selection=selection))
     else:
         result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
