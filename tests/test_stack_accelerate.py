@@ -177,3 +177,17 @@ def test_first_save_cut_short_is_accelerates(tmp_path: Path) -> None:
     assert (hit.rule, hit.path, hit.severity) == ("CKD121", "checkpoints/checkpoint_0", Severity.ERROR)
     assert hit.message.endswith("no `random_states_0.pkl`: `load_state()` restores no RNG state and no `step` (it "
                                 "logs \"Could not load random states\")")
+
+
+def test_no_fix_from_inside_the_checkpoints_folder(clean: Path, tmp_path: Path) -> None:
+    """The fixer's own folder at a `checkpoints/` root would be an entry `load_state()` cannot sort: refused."""
+    from ckptdoctor.fixer.errors import FixRefused
+
+    root = _copy(clean, tmp_path)
+    ck = root / "checkpoints" / "checkpoint_2"
+    (ck / "ema.safetensors").write_bytes((ck / "model.safetensors").read_bytes()[:100])  # CKD202 quarantines it
+    age(root)
+    with pytest.raises(FixRefused, match="load_state"):
+        fix(str(root / "checkpoints"))
+    assert not (root / "checkpoints" / ".ckptdoctor").exists()
+    assert Program(root, custom=1).resume() == 4

@@ -170,7 +170,8 @@ def expected(checkpoints: Sequence[Checkpoint]) -> Saved:
             out |= getattr(s, attr)
         return frozenset(out)
 
-    return Saved(union("models") or frozenset({0}), union("optimizers"), union("schedulers"), union("samplers"),
+    # only what complete saves hold: under DeepSpeed or FSDP the model and optimizer are saved by other names
+    return Saved(union("models"), union("optimizers"), union("schedulers"), union("samplers"),
                  any(s.scaler for s in whole), union("ranks") or frozenset({0}), frozenset())
 
 
