@@ -114,3 +114,16 @@ def test_check_load_state_with_the_programs_accelerator(clean: Path, tmp_path: P
     named = Program(root, custom=1)
     assert check_load_state(named.acc, root / "checkpoints" / "checkpoint_2").start_step == 3
     assert named.resume(root / "checkpoints" / "checkpoint_2") == 3
+
+
+def test_saves_by_hand_and_a_folder_named(tmp_path: Path) -> None:
+    """The diffusers scripts' layout (``save_state(output_dir/checkpoint-N)``): the gate takes the highest
+    ``checkpoint-N`` (what ``--resume_from_checkpoint latest`` passes to ``load_state``), or the folder named."""
+    out = tmp_path / "out"
+    Program().train(4, folder=out)
+    r = gate(out, max_steps=6)
+    assert (r.stack, r.verdict, r.start_step, r.steps_to_train) == ("accelerate", "pass", 4, 2)
+    assert r.checkpoint is not None and r.checkpoint.endswith("checkpoint-4")
+    named = gate(out, checkpoint="checkpoint-2")
+    assert (named.stack, named.verdict, named.start_step) == ("accelerate", "pass", 2)
+    assert Program().resume(out / "checkpoint-2") == 2

@@ -191,3 +191,15 @@ def test_no_fix_from_inside_the_checkpoints_folder(clean: Path, tmp_path: Path) 
         fix(str(root / "checkpoints"))
     assert not (root / "checkpoints" / ".ckptdoctor").exists()
     assert Program(root, custom=1).resume() == 4
+
+
+def test_a_resume_that_numbers_on_is_silent(clean: Path, tmp_path: Path) -> None:
+    """CKD430's remedy: after ``load_state()``, ``project_configuration.iteration`` set past the highest save."""
+    root = _copy(clean, tmp_path)
+    second = Program(root, custom=1)
+    second.resume()
+    second.acc.project_configuration.iteration = 4
+    second.train(2)
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+    assert _findings(root) == []
+    assert Program(root, custom=1).resume() == 6

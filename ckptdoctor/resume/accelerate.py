@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.findings import Finding, display_path
+from ckptdoctor.findings import Finding, display_path, within
 from ckptdoctor.model import FolderRole, Run, Stack, Tree
 from ckptdoctor.resume.accelerate_rules import AccelerateResume, accelerate_gate_findings
 from ckptdoctor.resume.plan import Plan
@@ -43,10 +43,6 @@ def run_of(tree: Tree) -> Run | None:
     return next((r for r in runs if accelerate.is_automatic(r)), runs[0] if runs else None)
 
 
-def _under(path: str, folder: str) -> bool:
-    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
-
-
 def judge(
     tree: Tree,
     plan: Plan,
@@ -68,8 +64,8 @@ def judge(
 
     def about_this_resume(f: Finding) -> bool:  # the save it loads, or an entry of the run folder (CKD120)
         in_run = (f.path.rsplit("/", 1)[0] if "/" in f.path else ".") == run_path
-        here = load.folder is not None and _under(f.path, load.folder)
-        return (here or in_run) and not any(_under(f.path, o) for o in others) and f.rule not in _RESTATED
+        here = load.folder is not None and within(f.path, load.folder)
+        return (here or in_run) and not any(within(f.path, o) for o in others) and f.rule not in _RESTATED
 
     # no save at all: CKD432 says what load_state() raises (the scan's CKD002 says the same of any stack)
     kept = [f for f in scanned if about_this_resume(f)] if found is not None else []

@@ -10,7 +10,7 @@ from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
-from ckptdoctor.findings import Finding, display_path, finding_json
+from ckptdoctor.findings import Finding, display_path, finding_json, within
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
 from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
@@ -161,10 +161,6 @@ def _superseded(code: str) -> bool:
     return r is not None and r.superseded_by_gate
 
 
-def _in(path: str, folder: str) -> bool:
-    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
-
-
 def _sorted(findings: Sequence[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=Finding.sort_key))
 
@@ -189,7 +185,7 @@ def judge(
     if ck is None and pick is not None and plan.checkpoint is None:
         # A `checkpoint-N` link out of the root: get_last_checkpoint picks it, the scan never reads it (CKD604,
         # an error there). The resume may well work; nothing here can say what it loads.
-        unread = _sorted([f for f in scanned if _in(f.path, pick)])
+        unread = _sorted([f for f in scanned if within(f.path, pick)])
         return GateResult(run_label, display_path(tree.root, pick), "none", None, None, None, (), unread,
                           fail_on=plan.fail_on)  # fmt: skip
     if ck is None:
@@ -198,7 +194,7 @@ def judge(
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
     # CKD201 is judged again for the file this resume reads (resume.rules.adapter_rule)
-    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
+    kept = [f for f in scanned if within(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
     adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)

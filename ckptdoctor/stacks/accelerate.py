@@ -89,9 +89,9 @@ def load_state_pick(entries: Iterable[str]) -> str | None:
 
 def resume_text(run: Run) -> str:
     """What resuming ``run`` (an accelerate run) loads, in the words of accelerate's own call."""
-    names = [ck.path.rsplit("/", 1)[-1] for ck in run.checkpoints]
-    if run.path.rsplit("/", 1)[-1] == AUTOMATIC_PARENT and any(AUTOMATIC_RE.match(n) for n in names):
-        pick = load_state_pick(names)
+    if is_automatic(run) and not run.standalone:
+        # every entry `load_state()` lists, files and others too (`Run.entries`), else the saves found
+        pick = load_state_pick(run.entries or [ck.path.rsplit("/", 1)[-1] for ck in run.checkpoints])
         return f"accelerate; `load_state()` loads `{pick}`" if pick else "accelerate; `load_state()` raises"
     return "accelerate `save_state` folders; `load_state(folder)` loads the folder named"
 
