@@ -127,3 +127,20 @@ def test_saves_by_hand_and_a_folder_named(tmp_path: Path) -> None:
     named = gate(out, checkpoint="checkpoint-2")
     assert (named.stack, named.verdict, named.start_step) == ("accelerate", "pass", 2)
     assert Program().resume(out / "checkpoint-2") == 2
+
+
+def test_an_entry_with_a_higher_number_than_every_save(clean: Path, tmp_path: Path) -> None:
+    """A TensorBoard file in `checkpoints/`: its first digit run sorts above every save, so `load_state()` takes
+    the file as the folder to load, and raises."""
+    root = _copy(clean, tmp_path)
+    (root / "checkpoints" / "events.out.tfevents.1764201600.host").write_bytes(b"")
+    with pytest.raises(OSError):
+        Program(root, custom=1).resume()
+    r = gate(root)
+    assert r.verdict == "fail" and sorted(f.rule for f in r.findings) == ["CKD120", "CKD432"]
+    said = {f.rule: f.message for f in r.findings}
+    assert said["CKD432"] == ("`load_state()` picks `events.out.tfevents.1764201600.host` (the highest number "
+                                     "in `checkpoints`), which is no save folder")
+    assert said["CKD120"] == ("`load_state()` sorts `checkpoints` by the number in each entry's name and takes "
+                                     "`events.out.tfevents.1764201600.host`, the highest, as the save to load: it is "
+                                     "none")

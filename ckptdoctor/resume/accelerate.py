@@ -2,7 +2,7 @@
 
 ``ckptdoctor gate RUN`` comes here (``resume.api.run_gate``) when the scanned run is accelerate's, or with
 ``--stack accelerate``: the prediction is ``stacks.accelerate.load_state``'s, judged by CKD432 (it raises) and the
-scan's findings on the save it loads and on the run's own folder (CKD120 an entry it cannot sort, CKD430 an older
+scan's findings on the save it loads and on the run's own folder (CKD120 a stray entry it cannot use, CKD430 an older
 state picked, CKD431 custom checkpoints, any damaged file). ``ckptdoctor.integrations.accelerate`` does the same
 for a program's own ``Accelerator``, with what it registered.
 """

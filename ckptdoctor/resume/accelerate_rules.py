@@ -48,7 +48,7 @@ def accelerate_load_state_will_fail(ctx: Any) -> Iterator[Hit]:
     .../optimizer.bin`.
 
     ## Fix safety
-    No fix here; `ckptdoctor fix` quarantines an interrupted save (CKD121) or an entry without a digit (CKD120).
+    No fix here; `ckptdoctor fix` quarantines an interrupted save (CKD121) or a stray entry of `checkpoints/` (CKD120).
 
     ## References
     `src/accelerate/accelerator.py` `Accelerator.load_state`; `src/accelerate/checkpointing.py`

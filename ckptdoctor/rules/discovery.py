@@ -819,44 +819,51 @@ def _in_run(run: Run, name: str) -> str:
     return name if run.path in ("", ".") else f"{run.path}/{name}"
 
 
-@rule("CKD120", "accelerate-entry-without-number", Severity.ERROR, fix=Applicability.SAFE)
-def accelerate_entry_without_number(tree: Tree) -> Iterator[Hit]:
-    """An entry of accelerate's `checkpoints/` folder has no digit in its name, so `Accelerator.load_state()` raises.
+@rule("CKD120", "accelerate-stray-entry", Severity.ERROR, fix=Applicability.SAFE)
+def accelerate_stray_entry(tree: Tree) -> Iterator[Hit]:
+    """An entry of accelerate's `checkpoints/` folder that is no save makes `Accelerator.load_state()` raise.
 
     ## What it does
-    Flags each file or folder in automatic checkpoint naming's `project_dir/checkpoints/` (a folder of
-    `checkpoint_<i>` saves written by `Accelerator.save_state()`) whose name holds no digit: `notes.txt`, `best/`,
-    `.DS_Store`, ckptdoctor's own `.ckptdoctor/` when a fix ran with this folder as its root.
+    Flags, in automatic checkpoint naming's `project_dir/checkpoints/` (a folder of `checkpoint_<i>` saves written
+    by `Accelerator.save_state()`), each file or folder whose name holds no digit (`notes.txt`, `best/`, `.DS_Store`,
+    ckptdoctor's own `.ckptdoctor/` when a fix once ran with this folder as its root), and an entry that is no save
+    but holds the highest number there (`events.out.tfevents.1764201600.host`, `best_9/`).
 
     ## Why is this bad?
     `load_state()` with no folder lists `project_dir/checkpoints` and sorts every entry by the first number in its
-    name; a name without one raises `IndexError: list index out of range` before anything loads. `save_state()`
-    sorts the same listing the same way to delete the oldest saves once `total_limit` is reached, and raises there
-    too.
+    name: a name without one raises `IndexError: list index out of range` before anything loads (`save_state()`
+    sorts the same listing to delete the oldest saves once `total_limit` is reached, and raises there too), and the
+    entry with the highest number is loaded as the save, whatever it is: a file or a foreign folder raises
+    `FileNotFoundError` or `NotADirectoryError` looking for `model.safetensors` in it.
 
     ## Example
     `checkpoints/` holds `checkpoint_0/`, `checkpoint_1/` and a `README.md` someone added.
 
     ## Fix safety
     Safe: the entry is quarantined (moved into `.ckptdoctor/quarantine/` at the scan root, restorable with
-    `ckptdoctor undo`), so `load_state()` finds numbered folders only. No fix is offered when the root scanned is the
-    `checkpoints/` folder itself: the quarantine would be one more entry without a digit there; scan the project
-    folder above it.
+    `ckptdoctor undo`), so `load_state()` finds the saves only. No fix is offered when the root scanned is the
+    `checkpoints/` folder itself (the quarantine would be one more entry without a digit there: scan the project
+    folder above it), nor for ckptdoctor's own folder.
 
     ## References
     `src/accelerate/accelerator.py` `Accelerator.load_state` (`_inner`: `re.findall(r"[\\/]?([0-9]+)(?=[^\\/]*$)",
-    folder)[0]`), `Accelerator.save_state` (the same sort for `total_limit`).
+    folder)[0]`, then `folders[-1]`), `Accelerator.save_state` (the same sort for `total_limit`).
     """
     for run in tree.runs:
         if not run.entries:
             continue
         at_root = run.path in ("", ".")
-        for name in accelerate.digitless(run.entries):
+        saves = {ck.path.rsplit("/", 1)[-1] for ck in run.checkpoints}
+        stray = [(n, f"raises `IndexError` on `{n}`, which has none") for n in accelerate.digitless(run.entries)]
+        last = accelerate.load_state_pick(run.entries)
+        if last is not None and last not in saves:
+            stray.append((last, f"takes `{last}`, the highest, as the save to load: it is none"))
+        for name, effect in stray:
             path = _in_run(run, name)
             plan = None if at_root or name == OWN_DIR else FixPlan(
                 f"Quarantine `{path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, path),))
-            yield Hit(path, f"`load_state()` sorts `{run.path}` by the number in each entry's name and raises "
-                            f"`IndexError` on `{name}`, which has none", fix=plan)
+            yield Hit(path, f"`load_state()` sorts `{run.path}` by the number in each entry's name and {effect}",
+                      fix=plan)
 
 
 def accelerate_torn(ck: Checkpoint, want: accelerate.Saved, unread: frozenset[str]) -> list[tuple[str, str | None]]:
@@ -910,7 +917,7 @@ def accelerate_interrupted_save(tree: Tree) -> Iterator[Hit]:
     ## Fix safety
     Safe: the folder is quarantined (moved into `.ckptdoctor/quarantine/`, restorable with `ckptdoctor undo`), so
     `load_state()` picks the last complete save. No fix when the scan root is the `checkpoints/` folder itself (the
-    quarantine would be an entry `load_state()` cannot sort: CKD120) or the folder alone.
+    quarantine would be a stray entry there: CKD120) or the folder alone.
 
     ## References
     `src/accelerate/checkpointing.py` `save_accelerator_state` (write order), `load_accelerator_state` (what is

@@ -54,17 +54,18 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
 
     Only PyTorch folders are weighed (MindNLP and TensorFlow folders keep the Trainer's stack, as before). The run's
     stack is the Trainer's when any of its folders is, else that of its signed folders, else the Trainer's. A
-    folder with no signature takes its run's stack when the run has signed folders; alone, a `checkpoint-N`
+    folder with no signature takes its run's stack when the run has signed folders. Alone, a ``checkpoint_<i>``
     folder is accelerate's when it holds only what ``save_state`` writes before its RNG states (an optimizer or
-    scheduler ``.bin`` among them), the Trainer's when it could be a Trainer save cut short, of unknown make
-    otherwise, and any other
-    folder (a model folder, the run's own files) stays the Trainer's.
+    scheduler ``.bin`` among them); a ``checkpoint-N`` folder is the Trainer's when it could be a Trainer save cut
+    short, of unknown make otherwise; any other folder (a model folder, the run's own files) stays the Trainer's.
     """
     signed = {ck.path: signature(ck.files, _top_names(ck)) for ck in checkpoints if ck.framework is Framework.PYTORCH}
     found = {s for s in signed.values() if s is not None}
-    # no folder signed: a `save_state` cut short before its RNG states is still accelerate's (its own `.bin` names)
-    cut = {ck.path for ck in checkpoints if signed.get(ck.path, Stack.TRAINER) is None and accelerate.could_be_torn(
-        accelerate.top_names(ck))} if not found else set()
+    # no folder signed: a `save_state` cut short before its RNG states, under automatic naming's own folder name
+    # (`checkpoint_<i>`, which the Trainer never writes), is still accelerate's by its own `.bin` names
+    cut = {ck.path for ck in checkpoints if signed.get(ck.path, Stack.TRAINER) is None
+           and accelerate.AUTOMATIC_RE.match(ck.path.rsplit("/", 1)[-1])
+           and accelerate.could_be_torn(accelerate.top_names(ck))} if not found else set()
     run_stack = Stack.TRAINER if Stack.TRAINER in found or not (found or cut) else min(found or {Stack.ACCELERATE})
     out = []
     for ck in checkpoints:

@@ -171,8 +171,9 @@ def expected(checkpoints: Sequence[Checkpoint]) -> Saved:
         return frozenset(out)
 
     # only what complete saves hold: under DeepSpeed or FSDP the model and optimizer are saved by other names
+    # rank 0's RNG state only: each process writes its own, and another world size leaves other ranks' files
     return Saved(union("models"), union("optimizers"), union("schedulers"), union("samplers"),
-                 any(s.scaler for s in whole), union("ranks") or frozenset({0}), frozenset())
+                 any(s.scaler for s in whole), frozenset({0}), frozenset())
 
 
 def _name(stem: str, i: int, ext: str) -> str:
@@ -290,6 +291,10 @@ def load_state(run: Run | None, reg: Registered | None = None) -> LoadState:
             return LoadState(None, (), (f"`load_state()` raises `IndexError` sorting `{run.path}`: `{bad[0]}` has no "
                                         "digit",), (), None)
     ck = picked(run)
+    if ck is None and is_automatic(run) and not run.standalone:
+        last = load_state_pick(run.entries)
+        why = f"`load_state()` picks `{last}` (the highest number in `{run.path}`), which is no save folder"
+        return LoadState(None, (), (why if last else "`load_state()` finds no save to load",), (), None)
     if ck is None:
         return LoadState(None, (), ("`load_state()` finds no save to load",), (), None)
     names = top_names(ck)
