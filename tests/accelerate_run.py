@@ -67,3 +67,19 @@ class Program:
         """``load_state(folder)`` (``load_state()`` with automatic naming when None); the step it restored."""
         self.acc.load_state(None if folder is None else str(folder))
         return self.step
+
+
+def four_saves(root: Path) -> Path:
+    """A project of four steps, a save after each, ``total_limit=3``, one registered object: ``checkpoints/``
+    holds ``checkpoint_1`` to ``checkpoint_3`` (the scheduler at steps 2 to 4)."""
+    Program(root, custom=1).train(4)
+    return root
+
+
+def copy_project(src: Path, tmp_path: Path) -> Path:
+    """A copy of the project ``src`` to change one thing in."""
+    import shutil
+
+    root = tmp_path / "project"
+    shutil.copytree(src, root)
+    return root

@@ -15,22 +15,14 @@ pytest.importorskip("accelerate")
 
 from ckptdoctor import gate
 from ckptdoctor.integrations.accelerate import ResumeGateError, check_load_state
-from tests.accelerate_run import Program
+from tests.accelerate_run import Program, copy_project, four_saves
 from tests.test_fix import run_cli
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four steps, a save after each, ``total_limit=3``, one registered object: ``checkpoint_1`` to ``_3``."""
-    root = tmp_path_factory.mktemp("gate-acc") / "project"
-    Program(root, custom=1).train(4)
-    return root
-
-
-def _copy(clean: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "project"
-    shutil.copytree(clean, root)
-    return root
+    """A real automatic-naming project (``accelerate_run.four_saves``)."""
+    return four_saves(tmp_path_factory.mktemp("gate-acc") / "project")
 
 
 def test_clean_run_passes_with_what_load_state_restores(clean: Path) -> None:
@@ -50,7 +42,7 @@ def test_clean_run_passes_with_what_load_state_restores(clean: Path) -> None:
 
 
 def test_interrupted_pick_fails_with_load_states_error_not_the_trainers(clean: Path, tmp_path: Path) -> None:
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     cut = root / "checkpoints" / "checkpoint_4"
     shutil.copytree(root / "checkpoints" / "checkpoint_3", cut)
     for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
@@ -66,7 +58,7 @@ def test_interrupted_pick_fails_with_load_states_error_not_the_trainers(clean: P
 
 
 def test_older_state_fails(clean: Path, tmp_path: Path) -> None:
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     second = Program(root, custom=1)
     second.resume()
     second.train(2)
@@ -76,7 +68,7 @@ def test_older_state_fails(clean: Path, tmp_path: Path) -> None:
 
 
 def test_entry_without_digit_fails(clean: Path, tmp_path: Path) -> None:
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     (root / "checkpoints" / "notes.txt").write_text("best so far: 3\n")
     with pytest.raises(IndexError):
         Program(root, custom=1).resume()
@@ -97,7 +89,7 @@ def test_stack_option(clean: Path, tmp_path: Path) -> None:
 
 
 def test_check_load_state_with_the_programs_accelerator(clean: Path, tmp_path: Path) -> None:
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     program = Program(root, custom=1)
     result = check_load_state(program.acc, max_steps=8)
     assert (result.start_step, result.steps_to_train) == (4, 4)
@@ -132,7 +124,7 @@ def test_saves_by_hand_and_a_folder_named(tmp_path: Path) -> None:
 def test_an_entry_with_a_higher_number_than_every_save(clean: Path, tmp_path: Path) -> None:
     """A TensorBoard file in `checkpoints/`: its first digit run sorts above every save, so `load_state()` takes
     the file as the folder to load, and raises."""
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     (root / "checkpoints" / "events.out.tfevents.1764201600.host").write_bytes(b"")
     with pytest.raises(OSError):
         Program(root, custom=1).resume()

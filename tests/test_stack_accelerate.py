@@ -15,7 +15,7 @@ pytest.importorskip("accelerate")
 from ckptdoctor import fix, undo
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.scanner import scan
-from tests.accelerate_run import Program
+from tests.accelerate_run import Program, copy_project, four_saves
 from tests.test_fix import age, tree_state
 
 
@@ -26,17 +26,8 @@ def _findings(root: Path) -> list[Finding]:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real automatic-naming run: four steps, a save after each, ``total_limit=3``, one registered object;
-    ``checkpoints/`` then holds ``checkpoint_1`` to ``checkpoint_3`` (the scheduler at steps 2 to 4)."""
-    root = tmp_path_factory.mktemp("acc") / "project"
-    Program(root, custom=1).train(4)
-    return root
-
-
-def _copy(clean: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "project"
-    shutil.copytree(clean, root)
-    return root
+    """A real automatic-naming project (``accelerate_run.four_saves``)."""
+    return four_saves(tmp_path_factory.mktemp("acc") / "project")
 
 
 def test_clean_run_and_its_resume_are_silent(clean: Path, tmp_path: Path) -> None:
@@ -44,14 +35,14 @@ def test_clean_run_and_its_resume_are_silent(clean: Path, tmp_path: Path) -> Non
     assert _findings(clean) == []
     assert _findings(clean / "checkpoints") == []  # the checkpoints folder as the root
     assert _findings(clean / "checkpoints" / "checkpoint_3") == []  # one save alone
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     assert Program(root, custom=1).resume() == 4  # load_state() takes the highest number, the newest here
 
 
 def test_interrupted_save_that_load_state_picks(clean: Path, tmp_path: Path) -> None:
     """``save_state`` writes the RNG states after the optimizer and scheduler: cut before them, the folder holds
     the weights only, and ``load_state()`` picks it and raises."""
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     cut = root / "checkpoints" / "checkpoint_4"
     shutil.copytree(root / "checkpoints" / "checkpoint_3", cut)
     for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
@@ -95,7 +86,7 @@ def test_truncated_optimizer_in_a_save_by_hand(tmp_path: Path) -> None:
 def test_iteration_restarts_and_load_state_takes_an_older_state(clean: Path, tmp_path: Path) -> None:
     """A resumed program's saves restart at ``checkpoint_0``; rotation deletes by number, so the newest state goes
     first; the next ``load_state()`` resumes an older one."""
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     second = Program(root, custom=1)
     assert second.resume() == 4
     second.train(2)  # steps 5 and 6, written as checkpoint_0 then checkpoint_1 (deleting checkpoint_0 for room)
@@ -109,7 +100,7 @@ def test_iteration_restarts_and_load_state_takes_an_older_state(clean: Path, tmp
 
 
 def test_entry_without_a_digit_crashes_load_state(clean: Path, tmp_path: Path) -> None:
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     (root / "checkpoints" / "best").mkdir()
     with pytest.raises(IndexError):
         Program(root, custom=1).resume()
@@ -183,7 +174,7 @@ def test_no_fix_from_inside_the_checkpoints_folder(clean: Path, tmp_path: Path) 
     """The fixer's own folder at a `checkpoints/` root would be an entry `load_state()` cannot sort: refused."""
     from ckptdoctor.fixer.errors import FixRefused
 
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     ck = root / "checkpoints" / "checkpoint_2"
     (ck / "ema.safetensors").write_bytes((ck / "model.safetensors").read_bytes()[:100])  # CKD202 quarantines it
     age(root)
@@ -195,7 +186,7 @@ def test_no_fix_from_inside_the_checkpoints_folder(clean: Path, tmp_path: Path) 
 
 def test_a_resume_that_numbers_on_is_silent(clean: Path, tmp_path: Path) -> None:
     """CKD430's remedy: after ``load_state()``, ``project_configuration.iteration`` set past the highest save."""
-    root = _copy(clean, tmp_path)
+    root = copy_project(clean, tmp_path)
     second = Program(root, custom=1)
     second.resume()
     second.acc.project_configuration.iteration = 4
