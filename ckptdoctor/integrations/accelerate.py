@@ -77,29 +77,6 @@ def check_load_state(
         target, folder = os.fspath(accelerator.project_dir), False
     else:
         target, folder = os.path.expanduser(os.fspath(input_dir)), True
-    result = check(target, registered(accelerator), folder=folder, max_steps=max_steps, fail_on=fail_on,
-                   select=select, ignore=ignore, config=config)
-    if result.failed:
-        raise ResumeGateError(result)
-    for f in result.findings:
-        if f.severity in (Severity.ERROR, Severity.WARNING):
-            logger.warning("%s", finding_line(f))
-    return result
-
-
-def check(
-    target: str,
-    reg: Registered,
-    *,
-    folder: bool = False,
-    max_steps: int | None = None,
-    fail_on: str | None = None,
-    select: Sequence[str] = (),
-    ignore: Sequence[str] = (),
-    config: bool = True,
-) -> GateResult:
-    """The accelerate gate of ``load_state()`` (``folder`` False: ``target`` is ``project_dir``, automatic naming)
-    or ``load_state(target)``, for a program that prepared and registered what ``reg`` says."""
     from ckptdoctor.scanner import scan
     from ckptdoctor.settings.selection import warn_kept
 
@@ -108,5 +85,13 @@ def check(
     plan = Plan(checkpoint=target if folder else None, max_steps=max_steps,
                 fail_on=options.fail_on or cfg_fail_on or "error")
     report = scan(target, selection=selection)
-    fields = judge(report.trees[0], plan, run=target, scanned=report.findings, selection=selection, registered=reg)
-    return GateResult(**fields, fail_on_from_settings=options.fail_on is None and cfg_fail_on is not None)
+    fields = judge(report.trees[0], plan, run=target, scanned=report.findings, selection=selection,
+                   registered=registered(accelerator))
+    result = GateResult(**fields, fail_on_from_settings=options.fail_on is None and cfg_fail_on is not None)
+    if result.failed:
+        raise ResumeGateError(result)
+    for f in result.findings:
+        if f.severity in (Severity.ERROR, Severity.WARNING):
+            logger.warning("%s", finding_line(f))
+    return result
+
