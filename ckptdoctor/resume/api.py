@@ -12,6 +12,7 @@ from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json, within
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
+from ckptdoctor.resume import accelerate as accelerate_resume
 from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
@@ -357,11 +358,9 @@ def run_gate(
 
         report = scan(target, selection=selection)
         tree, scanned = report.trees[0], report.findings
-    from ckptdoctor.resume import accelerate
-
-    if accelerate.chosen(stack, tree):  # accelerate's `load_state()`, not the Trainer's resume
-        result = GateResult(**accelerate.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned,
-                                               selection=selection))
+    if accelerate_resume.chosen(stack, tree):  # accelerate's `load_state()`, not the Trainer's resume
+        result = GateResult(**accelerate_resume.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned,
+                                                      selection=selection))
     else:
         result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
