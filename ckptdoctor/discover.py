@@ -99,6 +99,7 @@ class _Dir:
     dirs: list[_Dir] = field(default_factory=list)
     # Every child os.path.isdir would accept (links included, even those not followed): get_last_checkpoint's view.
     dir_names: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # every name listed, ckptdoctor's own folder too (os.listdir's)
     has_run: bool = False  # this folder or one below it is a run
     # `.distcp` files (relative path -> path to open): read after the walk, at the items `.metadata` locates.
     distcp: dict[str, str] = field(default_factory=dict)
@@ -247,6 +248,7 @@ class _Walker(Generic[L, M]):
         subdirs: list[tuple[Entry[M], str]] = []  # (folder, rel)
         for item in listed:
             raw = item.name
+            node.names.append(raw)
             if raw == OWN_DIR:
                 continue
             shown = display(raw)
@@ -433,7 +435,9 @@ class _Grouper:
         settled, stack = settle(sorted(checkpoints, key=lambda c: c.path))
         # resume_pick stays the Trainer's pick (get_last_checkpoint) whoever wrote the run: the gate predicts a
         # Trainer resume; what the run's own stack resumes is its module's to say (ckptdoctor.stacks).
-        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=_pick(node), stack=stack))
+        entries = tuple(node.names) if automatic else ()  # what `load_state()`'s listing sorts by number
+        self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=_pick(node), stack=stack,
+                             entries=entries))
 
 
     def _titan_run(self, node: _Dir) -> None:

@@ -106,6 +106,11 @@ def finding_json(f: Finding) -> dict[str, Any]:
     }
 
 
+def within(path: str, folder: str) -> bool:
+    """Whether the root-relative ``path`` is ``folder`` or below it (every path is below the root, ``.``)."""
+    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
+
+
 def display_path(root: str, path: str) -> str:
     """A path as the user can paste it: the root they gave joined with the relative path.
 

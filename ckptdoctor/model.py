@@ -562,6 +562,9 @@ class Run:
     resume_pick: str | None
     standalone: bool = False
     stack: Stack = Stack.TRAINER  # the program that wrote the run (its checkpoints' stack)
+    # Every name listed in the run's folder, ckptdoctor's own included, as `os.listdir` gives them: filled only for
+    # accelerate's automatic `checkpoints/` folder, whose every entry `Accelerator.load_state()` sorts by number.
+    entries: tuple[str, ...] = ()
 
 
 @frozen

@@ -187,7 +187,8 @@ LAYERS: list[set[str]] = [
     {"ckptdoctor.pickle_verdict"},
     {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
      "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict",
-     "ckptdoctor.resume.torchtitan"},
+     "ckptdoctor.resume.torchtitan",
+     "ckptdoctor.resume.accelerate_rules"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
     # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name

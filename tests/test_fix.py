@@ -185,6 +185,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (side / "checkpoint-4" / "ema_backup.safetensors").write_bytes(b"x")
     sidept = make_run(base / "sidept", (2, 4))  # the same as a torch file (CKD203)
     (sidept / "checkpoint-4" / "ema.pt").write_bytes((sidept / "checkpoint-4" / "optimizer.pt").read_bytes()[:200])
+    from tests.accelerate_run import Program  # real accelerate 1.15 saves: an interrupted one, an unsortable entry
+
+    for name in ("acc-torn", "acc-entry"):
+        Program(base / name).train(3)  # checkpoints/checkpoint_0 to _2
+    for lost in ("scheduler.bin", "random_states_0.pkl"):
+        (base / "acc-torn" / "checkpoints" / "checkpoint_2" / lost).unlink()
+    (base / "acc-entry" / "checkpoints" / "notes").mkdir()
     for name in ("stub", "mixed"):
         (base / name).mkdir()
     stub_run(base / "stub")
@@ -220,6 +227,8 @@ def copy(built: dict[str, Path], tmp_path: Path) -> Any:
 ROUND_TRIPS = [
     ("stub", "CKD201", ["checkpoint-4/pytorch_model.bin"]),
     ("torn", "CKD102", ["checkpoint-6"]),
+    ("acc-torn", "CKD121", ["checkpoints/checkpoint_2"]),
+    ("acc-entry", "CKD120", ["checkpoints/notes"]),
     ("temp", "CKD103", ["tmp-checkpoint-6"]),
     ("shard", "CKD205", []),
     ("best", "CKD105", []),

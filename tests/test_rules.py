@@ -521,7 +521,45 @@ def foreign_checkpoint(copy: Copy) -> Path:
     return root
 
 
+def accelerate_run(change: Callable[[Path], None] = lambda root: None, *, custom: int = 0,
+                   resumed: bool = False) -> Callable[[Copy], Path]:
+    """A real accelerate 1.15 automatic-naming project (four steps, a save after each, ``total_limit=3``:
+    ``checkpoints/checkpoint_1`` to ``_3``; ``custom`` registered objects), changed by ``change``; ``resumed``: then
+    resumed by a new program with ``load_state()`` and trained two more steps, saving after each."""
+
+    def make(copy: Copy) -> Path:
+        from tests.accelerate_run import Program
+
+        root = copy("clean-full").parent / "accelerate"
+        Program(root, custom=custom).train(4)
+        if resumed:
+            again = Program(root, custom=custom)
+            again.resume()
+            again.train(2)
+        change(root)
+        return root
+
+    return make
+
+
+def _unlink(*rels: str) -> Callable[[Path], None]:
+    def change(root: Path) -> None:
+        for rel in rels:
+            (root / rel).unlink()
+    return change
+
+
 FIRES: tuple[Fires, ...] = (
+    Fires("CKD120", "accelerate-notes", accelerate_run(lambda r: (r / "checkpoints" / "notes.txt").write_text("x")),
+          "checkpoints/notes.txt", ERR, ("`load_state()`", "`IndexError` on `notes.txt`")),
+    Fires("CKD121", "accelerate-cut", accelerate_run(_unlink("checkpoints/checkpoint_3/scheduler.bin",
+                                                             "checkpoints/checkpoint_3/random_states_0.pkl")),
+          "checkpoints/checkpoint_3", ERR, ("`load_state()` picks this interrupted save", "no `scheduler.bin`")),
+    Fires("CKD430", "accelerate-resumed", accelerate_run(resumed=True), "checkpoints/checkpoint_3", ERR,
+          ("scheduler at step 4", "`checkpoint_1` holds step 6")),
+    Fires("CKD431", "accelerate-gap", accelerate_run(_unlink("checkpoints/checkpoint_3/custom_checkpoint_1.pkl"),
+                                                     custom=3),
+          "checkpoints/checkpoint_3", ERR, ("no `custom_checkpoint_1.pkl`",)),
     Fires("CKD108", "custom-loop", foreign_checkpoint, "checkpoint-5", INFO,
           ("no known training program", "`state.pkl`", "never quarantined")),
     Fires("CKD416", "lightning-namespace", sample("lightning-2.6.6/namespace"), "checkpoints/last.ckpt", ERR,
@@ -633,6 +671,10 @@ FIRES: tuple[Fires, ...] = (
 )
 
 SILENT: tuple[Silent, ...] = (
+    Silent("CKD120", "accelerate", accelerate_run()),
+    Silent("CKD121", "accelerate", accelerate_run()),
+    Silent("CKD430", "accelerate", accelerate_run(custom=1)),
+    Silent("CKD431", "accelerate", accelerate_run(custom=2)),
     Silent("CKD108", "clean-full", lambda copy: copy("clean-full")),
     Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),

@@ -120,6 +120,10 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
               "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
               "(args.to_json_string()), or YAML when PyYAML is installed; the options above "
               "override it.  [default: none: the run's own arguments]")
+@click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]), default=None,
+              help="Whose resume to predict: trainer (Trainer.train(resume_from_checkpoint)), accelerate "
+              "(Accelerator.load_state(): the save it picks, what it restores, where it raises; --max-steps is the "
+              "planned end) ...  [default: the stack that wrote RUN_DIR, recognised from its files]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
@@ -153,6 +157,7 @@ def gate_command(
     save_safetensors: bool | None,
     auto_find_batch_size: bool | None,
     training_args_file: str | None,
+    stack: str | None,
     lr_steps: int,
     fmt: str,
     output_file: str | None,

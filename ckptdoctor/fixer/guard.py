@@ -147,8 +147,16 @@ def _read_only(path: str) -> bool:
 
 
 def preflight(plan: RootPlan, *, force: bool = False, now: float | None = None) -> None:
-    """Refuse (``FixRefused``) a read-only tree or, unless ``force``, a run written in the last 60 seconds."""
+    """Refuse (``FixRefused``) a read-only tree, accelerate's ``checkpoints/`` folder as the root, or, unless
+    ``force``, a run written in the last 60 seconds."""
     root = plan.abs_root
+    if any(run.entries and run.path in ("", ".") for run in plan.tree.runs):
+        # `Accelerator.load_state()` sorts every entry there by the number in its name: our own folder has none
+        raise FixRefused(
+            f"{plan.root} is accelerate's automatic `checkpoints/` folder: the fixer's `{OWN_DIR}/` folder there "
+            "would make `Accelerator.load_state()` raise IndexError; fix the project folder above it; nothing was "
+            "changed"
+        )
     places = {"."} | {_parent(op.path) for op in plan.ops}
     places |= {op.path for op in plan.ops if op.is_dir or op.kind != OpKind.QUARANTINE}
     if os.path.isdir(_own(root)):

@@ -39,6 +39,13 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             at = "unknown" if start is None else f"train_state.step {start}"
             plan = "" if total is None else f" -> training.steps {total}: trains {todo if todo is not None else '?'}"
             lines.append(f"  steps            {at}{plan}")
+        elif s is None and result.stack != "trainer":  # another stack's resume: its steps as far as they are known
+            at = "unknown" if start is None else f"step {start} (the loaded scheduler's)"
+            plan = "" if total is None or todo is None else f" -> {start + todo if start else todo} of max_steps " \
+                f"{total}: trains {todo}"
+            lines.append(f"  steps            {at}{plan}")
+            if result.restores:
+                lines.append(f"  restores         {', '.join(result.restores)}")
         elif total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
             rules = {f.rule for f in result.findings}

@@ -10,8 +10,9 @@ from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
-from ckptdoctor.findings import Finding, display_path, finding_json
+from ckptdoctor.findings import Finding, display_path, finding_json, within
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
+from ckptdoctor.resume import accelerate as accelerate_resume
 from ckptdoctor.resume import torchtitan as titan_gate
 from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
@@ -32,6 +33,8 @@ from ckptdoctor.settings.exit import ExitPolicy, Outcome
 from ckptdoctor.settings.selection import Options, Scope, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
+# The stacks `--stack` names (ckptdoctor.stacks): whose resume the gate predicts.
+STACKS = ("trainer", "accelerate", "lightning", "torchtitan")
 
 
 @frozen
@@ -58,6 +61,8 @@ class GateResult(Outcome):
     adapter_tensors: tuple[int, int] | None = None
     weights_file: str | None = None  # the file the weights load reads (None: several, or not one file: FSDP...)
     starts_afresh: bool = False  # allow_empty and nothing saved: the launcher starts afresh, so no checkpoint passes
+    stack: str = "trainer"  # whose resume was predicted (`--stack`, else the scanned run's: ckptdoctor.stacks)
+    restores: tuple[str, ...] = ()  # another stack's resume: the files it loads, in order (the Trainer's: empty)
 
     def exit_policy(self) -> ExitPolicy:
         """``fail_on``, the caller's, or RUN_DIR's settings file's (``fail_on_from_settings``): as ``ckptdoctor
@@ -111,6 +116,8 @@ class GateResult(Outcome):
         doc: dict[str, Any] = _finite({
             "schema": SCHEMA,
             "run": self.run,
+            "stack": self.stack,
+            "restores": list(self.restores),
             "checkpoint": self.checkpoint,
             "starts_afresh": self.starts_afresh,
             "weights_branch": self.weights_branch,
@@ -156,10 +163,6 @@ def _superseded(code: str) -> bool:
     return r is not None and r.superseded_by_gate
 
 
-def _in(path: str, folder: str) -> bool:
-    return folder in ("", ".") or path == folder or path.startswith(folder + "/")
-
-
 def _sorted(findings: Sequence[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=Finding.sort_key))
 
@@ -184,7 +187,7 @@ def judge(
     if ck is None and pick is not None and plan.checkpoint is None:
         # A `checkpoint-N` link out of the root: get_last_checkpoint picks it, the scan never reads it (CKD604,
         # an error there). The resume may well work; nothing here can say what it loads.
-        unread = _sorted([f for f in scanned if _in(f.path, pick)])
+        unread = _sorted([f for f in scanned if within(f.path, pick)])
         return GateResult(run_label, display_path(tree.root, pick), "none", None, None, None, (), unread,
                           fail_on=plan.fail_on)  # fmt: skip
     if ck is None:
@@ -193,7 +196,7 @@ def judge(
     label = display_path(tree.root, ck.path)
     p = predict(ck, plan, label)
     # CKD201 is judged again for the file this resume reads (resume.rules.adapter_rule)
-    kept = [f for f in scanned if _in(f.path, ck.path) and not _superseded(f.rule)]
+    kept = [f for f in scanned if within(f.path, ck.path) and not _superseded(f.rule)]
     findings = _sorted(kept + gate_findings(ResumeContext(tree, plan, ck, p), selection))
     steps = p.steps
     adapter = None if p.adapter is None else (p.adapter.restored, p.adapter.total)
@@ -227,7 +230,9 @@ def gate(
     stack: str | None = None,
     **planned: Any,
 ) -> GateResult:
-    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
+    """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir), or
+    the resume of the stack that wrote it (``stack``, as ``--stack``: ``"accelerate"`` predicts
+    ``Accelerator.load_state()``; None: the stack the scan recognises, see docs/stacks.md).
 
     ``planned`` takes the ``Plan`` fields (``num_train_epochs``, ``max_steps``, ``learning_rate``,
     ``lr_scheduler_type``, ``warmup_steps`` (below 1 a ratio under 5.x; under 4.x, whose TrainingArguments take
@@ -317,6 +322,8 @@ def run_gate(
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
     """
+    if stack is not None and stack not in STACKS:
+        raise GateInputError(f"stack must be one of {', '.join(STACKS)}, not {stack!r}")
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
@@ -361,14 +368,18 @@ def run_gate(
     if titan_gate.applies(tree, stack):  # torchtitan's `CheckpointManager.load()`, not the Trainer's resume
         v = titan_gate.judge(tree, plan, scanned, selection, options.allow_empty)
         ck_label = None if v.checkpoint is None else display_path(tree.root, v.checkpoint)
-        return GateResult(os.fspath(run_dir), ck_label, "dcp", v.start_step, v.max_steps, v.steps_to_train, (),
-                          v.findings, fail_on=plan.fail_on, weights_file=v.loads,
-                          fail_on_from_settings=fail_on is None and cfg_fail_on is not None)  # fmt: skip
-    result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
+        result = GateResult(os.fspath(run_dir), ck_label, "dcp", v.start_step, v.max_steps, v.steps_to_train, (),
+                            v.findings, fail_on=plan.fail_on, weights_file=v.loads, stack="torchtitan")  # fmt: skip
+    elif accelerate_resume.chosen(stack, tree):  # accelerate's `load_state()`, not the Trainer's resume
+        result = GateResult(**accelerate_resume.judge(tree, plan, run=os.fspath(run_dir), scanned=scanned,
+                                                      selection=selection))
+    else:
+        result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
         # nothing saved yet: the launcher starts afresh, so "train() raises: no checkpoint" (CKD413) is accepted
         result = replace(
-            result, findings=tuple(f for f in result.findings if f.rule != "CKD413"), starts_afresh=True
+            result, findings=tuple(f for f in result.findings if f.rule not in ("CKD413", "CKD432")),
+            starts_afresh=True
         )
     if args_file is not None:
         result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))

@@ -117,6 +117,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.security",
     "ckptdoctor.resume.rules",
     "ckptdoctor.resume.torchtitan",
+    "ckptdoctor.resume.accelerate_rules",
 )
 
 

@@ -27,7 +27,8 @@ from ckptdoctor.model import (
     frozen,
 )
 from ckptdoctor.rules import Hit, rule
-from ckptdoctor.stacks import TRAINER_SAVES
+from ckptdoctor.sources.interface import OWN_DIR
+from ckptdoctor.stacks import TRAINER_SAVES, accelerate
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 
@@ -803,3 +804,134 @@ def checkpoint_of_unknown_make(tree: Tree) -> Iterator[Hit]:
                 names = ", ".join(f"`{n}`" for n in held[:6]) + (", ..." if len(held) > 6 else "")
                 yield Hit(ck.path, f"no known training program wrote this folder (it holds {names}); "
                                    "judged only as files, never quarantined")
+
+
+def _in_run(run: Run, name: str) -> str:
+    return name if run.path in ("", ".") else f"{run.path}/{name}"
+
+
+@rule("CKD120", "accelerate-stray-entry", Severity.ERROR, fix=Applicability.SAFE)
+def accelerate_stray_entry(tree: Tree) -> Iterator[Hit]:
+    """An entry of accelerate's `checkpoints/` folder that is no save makes `Accelerator.load_state()` raise.
+
+    ## What it does
+    Flags, in automatic checkpoint naming's `project_dir/checkpoints/` (a folder of `checkpoint_<i>` saves written
+    by `Accelerator.save_state()`), each file or folder whose name holds no digit (`notes.txt`, `best/`, `.DS_Store`,
+    ckptdoctor's own `.ckptdoctor/` when a fix once ran with this folder as its root), and an entry that is no save
+    but holds the highest number there (`events.out.tfevents.1764201600.host`, `best_9/`).
+
+    ## Why is this bad?
+    `load_state()` with no folder lists `project_dir/checkpoints` and sorts every entry by the first number in its
+    name: a name without one raises `IndexError: list index out of range` before anything loads (`save_state()`
+    sorts the same listing to delete the oldest saves once `total_limit` is reached, and raises there too), and the
+    entry with the highest number is loaded as the save, whatever it is: a file or a foreign folder raises
+    `FileNotFoundError` or `NotADirectoryError` looking for `model.safetensors` in it.
+
+    ## Example
+    `checkpoints/` holds `checkpoint_0/`, `checkpoint_1/` and a `README.md` someone added.
+
+    ## Fix safety
+    Safe: the entry is quarantined (moved into `.ckptdoctor/quarantine/` at the scan root, restorable with
+    `ckptdoctor undo`), so `load_state()` finds the saves only. No fix is offered when the root scanned is the
+    `checkpoints/` folder itself (the quarantine would be one more entry without a digit there: scan the project
+    folder above it), nor for ckptdoctor's own folder.
+
+    ## References
+    `src/accelerate/accelerator.py` `Accelerator.load_state` (`_inner`: `re.findall(r"[\\/]?([0-9]+)(?=[^\\/]*$)",
+    folder)[0]`, then `folders[-1]`), `Accelerator.save_state` (the same sort for `total_limit`).
+    """
+    for run in tree.runs:
+        if not run.entries:
+            continue
+        at_root = run.path in ("", ".")
+        saves = {ck.path.rsplit("/", 1)[-1] for ck in run.checkpoints}
+        stray = [(n, f"raises `IndexError` on `{n}`, which has none") for n in accelerate.digitless(run.entries)]
+        last = accelerate.load_state_pick(run.entries)
+        if last is not None and last not in saves:
+            stray.append((last, f"takes `{last}`, the highest, as the save to load: it is none"))
+        for name, effect in stray:
+            path = _in_run(run, name)
+            plan = None if at_root or name == OWN_DIR else FixPlan(
+                f"Quarantine `{path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, path),))
+            yield Hit(path, f"`load_state()` sorts `{run.path}` by the number in each entry's name and {effect}",
+                      fix=plan)
+
+
+def accelerate_torn(ck: Checkpoint, want: accelerate.Saved, unread: frozenset[str]) -> list[tuple[str, str | None]]:
+    """Signs that the accelerate save ``ck`` was cut short, as ``load_state`` meets them: files it opens that are
+    missing (against ``want``, what the run's complete saves hold), empty or truncated; each with the file at fault
+    (None when missing)."""
+    if ck.path in unread:
+        return []
+    out: list[tuple[str, str | None]] = []
+    for name, raises in accelerate.missing(accelerate.top_names(ck), want):
+        effect = "`load_state()` raises `FileNotFoundError`" if raises else (
+            "`load_state()` restores no RNG state and no `step` (it logs \"Could not load random states\")")
+        out.append((f"no `{name}`: {effect}", None))
+    for f in accelerate.folder_files(ck):
+        if f.kind == FileKind.EMPTY:
+            out.append((f"`{f.name}` is empty (0 bytes)", f.path))
+        elif any(p.kind == ProblemKind.TRUNCATED for p in f.problems):
+            out.append((f"`{f.name}` is truncated", f.path))
+    return out
+
+
+@rule(
+    "CKD121",
+    "accelerate-interrupted-save",
+    Severity.WARNING,
+    fix=Applicability.SAFE,
+    severity_when=((Severity.ERROR, "it is the folder `load_state()` picks, or a folder scanned alone"),),
+)
+def accelerate_interrupted_save(tree: Tree) -> Iterator[Hit]:
+    """An `Accelerator.save_state()` folder that was cut short: a file `load_state()` opens is missing or damaged.
+
+    ## What it does
+    Judges accelerate's folders (`ckptdoctor.stacks`: they hold `random_states_<rank>.pkl`, or only what `save_state`
+    writes before it) by what `Accelerator.load_state()` opens in them: each model's `model{_i}.safetensors` (or
+    `pytorch_model{_i}.bin`), `optimizer{_i}.bin`, `scheduler{_i}.bin`, `sampler{_i}.bin` and `scaler.pt` as the
+    run's complete saves hold them, and `random_states_<rank>.pkl` (written after all of those, so a folder without
+    it is a save that stopped). Empty and truncated files count too. It is an error in the folder `load_state()`
+    picks (the highest `checkpoint_<i>` under automatic naming; the highest `checkpoint-N`, which the diffusers
+    scripts' `--resume_from_checkpoint latest` passes to it) or a folder scanned alone, a warning elsewhere.
+
+    ## Why is this bad?
+    `load_state()` checks nothing before loading: a missing optimizer or scheduler file raises `FileNotFoundError`
+    halfway through the restore (the model is already overwritten), a truncated one raises in `torch.load`, and a
+    missing RNG state is only logged at info level: the run goes on with neither the RNG states nor
+    `Accelerator.step` restored.
+
+    ## Example
+    The job was preempted while `save_state()` wrote `checkpoints/checkpoint_3/`: `model.safetensors` is there,
+    `optimizer.bin` is cut short, `scheduler.bin` and `random_states_0.pkl` are not.
+
+    ## Fix safety
+    Safe: the folder is quarantined (moved into `.ckptdoctor/quarantine/`, restorable with `ckptdoctor undo`), so
+    `load_state()` picks the last complete save. No fix when the scan root is the `checkpoints/` folder itself (the
+    quarantine would be a stray entry there: CKD120) or the folder alone.
+
+    ## References
+    `src/accelerate/checkpointing.py` `save_accelerator_state` (write order), `load_accelerator_state` (what is
+    loaded, the `try` around the RNG states); `src/accelerate/accelerator.py` `Accelerator.load_state`.
+    """
+    unread = unread_paths(tree)
+    for run in tree.runs:
+        folders = [ck for ck in run.checkpoints if ck.stack is Stack.ACCELERATE]
+        if not folders:
+            continue
+        want = accelerate.expected(folders)
+        pick = accelerate.picked(run)
+        for ck in folders:
+            evidence = accelerate_torn(ck, want, unread)
+            if not evidence:
+                continue
+            is_pick = pick is not None and pick.path == ck.path
+            sev = Severity.ERROR if is_pick or run.standalone else Severity.WARNING
+            lead = ("`load_state()` picks this interrupted save: " if is_pick and accelerate.is_automatic(run)
+                    else "`load_state()` of the highest `checkpoint-N` (the diffusers scripts' "
+                    "`--resume_from_checkpoint latest`) loads this interrupted save: "
+                    if is_pick and not run.standalone else "")
+            plan = None if run.standalone or (run.path in ("", ".") and accelerate.is_automatic(run)) else FixPlan(
+                f"Quarantine `{ck.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, ck.path),))
+            at_fault = next((path for _, path in evidence if path is not None), None)
+            yield Hit(ck.path, lead + "; ".join(text for text, _ in evidence), sev, plan, file=at_fault)

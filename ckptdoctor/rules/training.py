@@ -9,9 +9,20 @@ from collections.abc import Iterator
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import plural, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Severity
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, FolderRole, JsonFacts, ProblemKind, Run, Tree
+from ckptdoctor.model import (
+    Checkpoint,
+    FileFacts,
+    FileKind,
+    FolderRole,
+    JsonFacts,
+    ProblemKind,
+    Run,
+    Stack,
+    Tree,
+)
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.rules.discovery import same_history
+from ckptdoctor.stacks import accelerate
 
 # Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).
 REQUIRED_STATE_FIELDS = ("global_step", "max_steps", "log_history")
@@ -439,3 +450,108 @@ def lightning_resume_refused(tree: Tree) -> Iterator[Hit]:
         names = ", ".join(f"`{d}`" for d in refused[:4]) + (", ..." if len(refused) > 4 else "")
         yield Hit(f.path, f"`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`: Lightning loads it with "
                           f"`torch.load(weights_only=True)`, which refuses {names}{held}")
+
+
+def accelerate_newer(run: Run) -> tuple[Checkpoint, int, Checkpoint, int] | None:
+    """When ``load_state()`` picks an older state than another save of the automatic-naming ``run`` holds:
+    ``(pick, its scheduler step, the newest, its step)`` by ``scheduler.bin``'s ``last_epoch``; else None."""
+    pick = accelerate.picked(run) if accelerate.is_automatic(run) else None
+    if pick is None or pick.stack is not Stack.ACCELERATE:
+        return None
+    at = accelerate.scheduler_step(pick)
+    if at is None:
+        return None
+    steps = [(s, ck) for ck in run.checkpoints if ck.stack is Stack.ACCELERATE
+             and (s := accelerate.scheduler_step(ck)) is not None]
+    step, newest = max(steps, key=lambda t: (t[0], t[1].path))
+    return (pick, at, newest, step) if step > at else None
+
+
+@rule("CKD430", "accelerate-older-state-picked", Severity.ERROR)
+def accelerate_older_state_picked(tree: Tree) -> Iterator[Hit]:
+    """`Accelerator.load_state()` picks a save whose scheduler is behind another save's: it resumes an older state.
+
+    ## What it does
+    In automatic checkpoint naming's `checkpoints/` folder, compares the folder `load_state()` picks (the highest
+    number) with every other save by the steps its learning-rate scheduler was stepped (`last_epoch` in
+    `scheduler.bin`, read from the pickle stream without loading it), and fires when another save is further on.
+
+    ## Why is this bad?
+    `load_state()` does not restore `ProjectConfiguration.iteration`: a program that resumes and then calls
+    `save_state()` writes `checkpoint_0`, `checkpoint_1` ... again, beside the older, higher-numbered saves.
+    Rotation (`total_limit`) deletes by the same number, so it deletes the newest saves first, and the next
+    `load_state()` silently takes the highest number: an older state, whose steps are trained again. (Without
+    `total_limit`, the resumed program's first `save_state()` raises `ValueError: Checkpoint directory ...
+    checkpoint_0 (0) already exists` instead, while `checkpoint_0` is still there.)
+
+    ## Example
+    `total_limit=3`; a first run saved `checkpoint_1` to `checkpoint_3` (scheduler at steps 2, 3, 4). A resumed run
+    saved step 5 as `checkpoint_0` (deleting `checkpoint_1`): `load_state()` now picks `checkpoint_3`, at step 4.
+
+    ## Fix safety
+    No automatic fix: renaming saves changes what resumes. Load the newest save by name
+    (`accelerator.load_state("checkpoints/checkpoint_0")`) and, after every `load_state()`, set
+    `accelerator.project_configuration.iteration` to one past the highest `checkpoint_<i>` so later saves number on.
+
+    ## References
+    `src/accelerate/accelerator.py` `Accelerator.load_state` (the pick; `iteration` is not restored),
+    `Accelerator.save_state` (`checkpoint_{self.save_iteration}`, the `total_limit` rotation);
+    `src/accelerate/utils/dataclasses.py` `ProjectConfiguration`.
+    """
+    for run in tree.runs:
+        found = accelerate_newer(run)
+        if found is None:
+            continue
+        pick, at, newest, step = found
+        name = newest.path.rsplit("/", 1)[-1]
+        yield Hit(pick.path, f"`load_state()` picks this save, its scheduler at step {at}, but `{name}` holds step "
+                             f"{step}: the resume silently takes the older state (`load_state()` does not restore "
+                             "`project_configuration.iteration`, so saves after a resume restart at `checkpoint_0`)",
+                  file=f"{pick.path}/scheduler.bin")
+
+
+@rule("CKD431", "accelerate-custom-checkpoints-mismatch", Severity.WARNING,
+      severity_when=((Severity.ERROR, "`load_state()` would open a `custom_checkpoint_<i>.pkl` that is not there"),))
+def accelerate_custom_checkpoints_mismatch(tree: Tree) -> Iterator[Hit]:
+    """The `custom_checkpoint_<i>.pkl` files of an accelerate save do not fit one set of registered objects.
+
+    ## What it does
+    `save_state()` writes one `custom_checkpoint_<i>.pkl` per object given to `register_for_checkpointing`,
+    numbered from 0. An error when the numbers have a gap (`load_state()` opens 0 to n-1 for n files, so one is
+    missing whatever is registered); a warning when saves of one run hold different counts (the program registered
+    other objects at some point: one count or the other makes `load_state()` raise).
+
+    ## Why is this bad?
+    `load_state()` counts the files, raises `RuntimeError: Number of custom checkpoints in folder ... does not
+    match the number of registered objects` unless the count equals the objects the resuming program registered,
+    then loads each by index (`FileNotFoundError` for a gap).
+
+    ## Example
+    `checkpoint_2/` holds `custom_checkpoint_0.pkl` and `custom_checkpoint_2.pkl`; or `checkpoint_1/` holds one
+    custom file and `checkpoint_2/` two, after an EMA object was registered mid-run.
+
+    ## Fix safety
+    No fix: only the resuming program knows which objects it registers (the gate and
+    `ckptdoctor.integrations.accelerate.check_load_state` compare the count with it).
+
+    ## References
+    `src/accelerate/accelerator.py` `Accelerator.load_state` (the count), `Accelerator.register_for_checkpointing`;
+    `src/accelerate/checkpointing.py` `save_custom_state`, `load_custom_state`.
+    """
+    for run in tree.runs:
+        folders = [ck for ck in run.checkpoints if ck.stack is Stack.ACCELERATE]
+        counts = {ck.path: len(accelerate.saved(accelerate.top_names(ck)).custom) for ck in folders}
+        # only complete saves (the custom files come after the RNG state; a cut save is CKD121's)
+        whole = [ck.path for ck in folders if 0 in accelerate.saved(accelerate.top_names(ck)).ranks]
+        usual = Counter(counts[p] for p in whole).most_common(1)[0][0] if whole else 0
+        for ck in folders:
+            gaps = accelerate.custom_gaps(accelerate.top_names(ck))
+            if gaps:
+                lost = ", ".join(f"`custom_checkpoint_{i}.pkl`" for i in gaps)
+                yield Hit(ck.path, f"{plural(counts[ck.path], 'custom checkpoint file')} but no {lost}: "
+                                   "`load_state()` loads them by index from 0 and raises `FileNotFoundError`",
+                          Severity.ERROR)
+            elif ck.path in whole and counts[ck.path] != usual:
+                yield Hit(ck.path, f"{plural(counts[ck.path], 'custom checkpoint file')} where the run's other saves "
+                                   f"hold {usual}: `load_state()` raises `RuntimeError` unless exactly "
+                                   f"{counts[ck.path]} objects are registered with `register_for_checkpointing`")

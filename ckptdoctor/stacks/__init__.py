@@ -67,13 +67,20 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
     MindNLP and TensorFlow folders are those stacks' (``Checkpoint.framework`` is their signature: MindSpore and
     TensorFlow files); only PyTorch folders are weighed further. The run's stack is the Trainer's when any of its
     folders is, else that of its signed folders, else MindNLP's or TensorFlow's when all its folders are, else the
-    Trainer's. A folder with no signature takes its run's stack when the run has signed folders; alone, a `checkpoint-N`
-    folder is the Trainer's when it could be a Trainer save cut short and of unknown make otherwise, and any other
-    folder (a model folder, the run's own files) stays the Trainer's.
+    Trainer's. A folder with no signature takes its run's stack when the run has signed folders. Alone, a
+    ``checkpoint_<i>`` folder is accelerate's when it holds only what ``save_state`` writes before its RNG states
+    (an optimizer or scheduler ``.bin`` among them); a ``checkpoint-N`` folder is the Trainer's when it could be a
+    Trainer save cut short, of unknown make otherwise; any other folder (a model folder, the run's own files) stays
+    the Trainer's.
     """
     signed = {ck.path: signature(ck.files, _top_names(ck)) for ck in checkpoints if ck.framework is Framework.PYTORCH}
     found = {s for s in signed.values() if s is not None}
-    run_stack = Stack.TRAINER if Stack.TRAINER in found or not found else sorted(found)[0]
+    # no folder signed: a `save_state` cut short before its RNG states, under automatic naming's own folder name
+    # (`checkpoint_<i>`, which the Trainer never writes), is still accelerate's by its own `.bin` names
+    cut = {ck.path for ck in checkpoints if signed.get(ck.path, Stack.TRAINER) is None
+           and accelerate.AUTOMATIC_RE.match(ck.path.rsplit("/", 1)[-1])
+           and accelerate.could_be_torn(accelerate.top_names(ck))} if not found else set()
+    run_stack = Stack.TRAINER if Stack.TRAINER in found or not (found or cut) else min(found or {Stack.ACCELERATE})
     others = {_FRAMEWORK_STACKS[ck.framework] for ck in checkpoints if ck.framework in _FRAMEWORK_STACKS}
     if not signed and len(others) == 1:
         run_stack = others.pop()
@@ -86,7 +93,8 @@ def settle(checkpoints: Sequence[Checkpoint]) -> tuple[list[Checkpoint], Stack]:
         else:
             torn = trainer.could_be_torn(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
             unknown = ck.role is FolderRole.CHECKPOINT and not torn
-            stack = run_stack if found else (Stack.UNKNOWN if unknown else Stack.TRAINER)
+            stack = run_stack if found else Stack.ACCELERATE if ck.path in cut else (
+                Stack.UNKNOWN if unknown else Stack.TRAINER)
         out.append(ck if stack is ck.stack else dataclasses.replace(ck, stack=stack))
     return out, run_stack
 
