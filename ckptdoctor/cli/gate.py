@@ -100,8 +100,6 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
 @click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on: compared with "
               "the ranks that saved the checkpoint (CKD504), and a change of it changes the steps per epoch.  "
               "[default: the run's own, not checked]")
-@click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]), help="The program "
-              "whose resume the gate follows.  [default: the one that wrote RUN_DIR, recognised from its files]")
 @click.option("--load-step", type=click.IntRange(min=-1), help="torchtitan: the planned --checkpoint.load_step "
               "(-1: the latest step-N holding .metadata, as CheckpointManager.load() takes it); with --max-steps as "
               "training.steps and --world-size as the data-parallel degree.  [default: -1]")
@@ -123,7 +121,8 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
 @click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]), default=None,
               help="Whose resume to predict: trainer (Trainer.train(resume_from_checkpoint)), accelerate "
               "(Accelerator.load_state(): the save it picks, what it restores, where it raises; --max-steps is the "
-              "planned end) ...  [default: the stack that wrote RUN_DIR, recognised from its files]")
+              "planned end), torchtitan (CheckpointManager.load(): the step-N it loads, --max-steps as "
+              "training.steps) ...  [default: the stack that wrote RUN_DIR, recognised from its files]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
@@ -151,7 +150,6 @@ def gate_command(
     per_device_train_batch_size: int | None,
     gradient_accumulation_steps: int | None,
     world_size: int | None,
-    stack: str | None,
     load_step: int | None,
     transformers_version: str | None,
     save_safetensors: bool | None,
