@@ -1,15 +1,15 @@
 """The victim side of the audit-hook soundness run: load a file the way its container's loader does, in a throw-away
 process, under ``sys.addaudithook``, and report every event that means code ran or the world changed.
 
-A server process imports what a victim has loaded (``victim_modules``: what the policy assumes a resuming process
-has imported, and the modules of exact allowlist entries), warms every loader on a clean file of every container (so their own lazy imports are
-done), and then forks one child per case: the child installs the hook, loads the file, and reports; it never
-outlives its case. The hook records and *blocks* (raises) ``exec``, ``compile``, ``os.system``, ``subprocess.Popen``,
-``os.exec``/``spawn``/``posix_spawn``/``fork``, ``open`` for writing, every ``socket.*`` and ``ctypes.*``
-event, filesystem changes (``os.remove``/``rename``/``mkdir``/``chmod``/``truncate``/``symlink``/``link``,
-``shutil.*``), environment changes, ``object.__setattr__``/``__delattr__`` on a type (monkeypatching), building
-code or functions (``code.__new__``, ``function.__new__``, ``marshal.loads``) and ``webbrowser.open``; it records
-(without blocking) every ``import`` of a module not already loaded. Events fired while an import runs the imported
+A server process imports what a victim has loaded (``victim_modules``: what the policy assumes a resuming process has
+imported, and the modules of exact allowlist entries), warms every loader on a clean file of every container (so their
+own lazy imports are done), and then forks one child per case: the child installs the hook, loads the file, and reports;
+it never outlives its case. The hook records and *blocks* (raises) ``exec``, ``compile``, ``os.system``,
+``subprocess.Popen``, ``os.exec``/``spawn``/``posix_spawn``/``fork``, ``open`` for writing, every ``socket.*`` and
+``ctypes.*`` event, filesystem changes (``os.remove``/``rename``/``mkdir``/``chmod``/``truncate``/``symlink``/``link``,
+``shutil.*``), environment changes, ``object.__setattr__``/``__delattr__`` on a type (monkeypatching), building code or
+functions (``code.__new__``, ``function.__new__``, ``marshal.loads``) and ``webbrowser.open``; it records (without
+blocking) every ``import`` of a module not already loaded. Events fired while an import runs the imported
 module's own body are tagged ``in-import`` and not blocked (that is what importing is).
 
     from bench.audit_loader import LoaderServer
@@ -299,10 +299,9 @@ def serve() -> None:
     for module in os.environ.get("CKD_AUDIT_PRELOAD", ",".join(VICTIM)).split(","):
         if module == RESUME:
             for name in victim_modules():
-                try:
+                # a package of the matrix not installed here (deepspeed, trl), a shim that raises
+                with contextlib.suppress(Exception):
                     importlib.import_module(name)
-                except Exception:  # a package of the matrix not installed here (deepspeed, trl), a shim that raises
-                    pass
             continue
         importlib.import_module(module)
     import torch

@@ -565,6 +565,10 @@ def main() -> None:
 
         unreviewed = sorted(g for g in doc["called"] if g not in REVIEWED_CALLS and g not in CALLED_ENUMS)
         print("called by real files, not reviewed for calls:", unreviewed or "none")
+        print("called:", doc["called"])
+        ran = {k: v if isinstance(v, str) else v.get("versions") for k, v in doc["stacks"].items()}
+        print("stacks:", json.dumps(ran))
+        print("deepspeed runs:", doc["deepspeed_runs"] or "none")
         sys.exit(1 if missing or unreviewed else 0)
     OUT.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     print(f"wrote {OUT}: {len(doc['observed'])} observed globals, {len(doc['enums'])} enum classes, "

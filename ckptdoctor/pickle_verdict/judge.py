@@ -138,7 +138,7 @@ class _Judge:
             self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
         for g, st, why in pending:
             text = where + describe(g)
-            if why.startswith(IMPORTS_UNLOADED) and g not in called:
+            if why.startswith(IMPORTS_UNLOADED) and (g not in called or g in rebuilt):
                 text += f" ({why})"  # a class proved by its source, whose module the load would import
             if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted and in_own_package(g):
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None

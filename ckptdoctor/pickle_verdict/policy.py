@@ -10,11 +10,12 @@ data; code runs when a function, or a class with a hostile ``__init__``/``__redu
 - **allowed** when the installed package's source (read with ``ast``, never imported) shows it is a class of a known
   package (transformers, TRL, accelerate, peft, DeepSpeed, torch ...), or a class anywhere that derives from one,
   or from ``enum.Enum``, and defines none of the hooks unpickling calls (``__reduce__``, ``__setstate__``,
-  ``__new__``...): a ``TrainingArguments`` subclass of any package;
+  ``__new__``...), and its module is one a resuming process has already imported (``RESUME_MODULES``): naming a
+  class imports its module, and the proof says nothing about that module's top level;
 - **allowed** when the stream itself rebuilds it as ``TrainingArguments`` data (``NEWOBJ`` with no arguments, then
   a ``BUILD`` of a dict holding TrainingArguments' own fields; see ``judge``);
-- **unknown** (CKD602, a warning) when it is a proven class of an installed package outside the known ones that
-  the stream only names (never calls);
+- **unknown** (CKD602, a warning) when it is a proven class of an installed package outside the known ones, of a
+  loaded module, that the stream only names (never calls);
 - **unsafe** (CKD601, an error) otherwise: anything dangerous, computed, an attribute chain, a function, a class of
   an unknown package that is called, or a name no fact proves to be a class (deny by default).
 
