@@ -161,13 +161,38 @@ def test_a_class_whose_module_is_not_loaded_is_unproven(dotted: str, tmp_path: P
         assert f"would import `{module}`, which a resuming process has not imported" in found[0], found
 
 
+def test_a_known_packages_unloaded_class_is_not_training_arguments_data(tmp_path: Path) -> None:
+    """The TrainingArguments-data rule (NEWOBJ of no arguments + BUILD of TrainingArguments' fields) admits an
+    in-house class whose package the user's resume script imports; a class of torch or transformers whose module a
+    resuming process has not imported is not admitted so: the import itself is the hazard."""
+    from ckptdoctor.pickle_verdict.judge import TRAINING_ARGS_FIELDS
+
+    fields = {k: 1 for k in sorted(TRAINING_ARGS_FIELDS)}
+    body = pickle.dumps(fields, protocol=2)[2:-1]  # the dict, without PROTO and STOP
+    stream = b"\x80\x02ctorch._inductor.cpp_builder\nCppOptions\n)\x81" + body + b"b."
+    (tmp_path / "training_args.bin").write_bytes(stream)
+    found = _security(tmp_path)
+    assert len(found) == 1 and "would import `torch._inductor.cpp_builder`" in found[0], found
+
+
+def test_the_resume_modules_are_loaded_by_this_environments_resume_path() -> None:
+    """What the set holds is loaded here when a bare DCP resume loads a file (``make_allowlist --modules``' leanest
+    path): the set never claims a module this environment's resuming process lacks."""
+    from bench.make_allowlist import _RESUME_DCP, _run_stack
+
+    got = _run_stack((), Path("/nonexistent"), _RESUME_DCP)
+    assert isinstance(got, dict), got
+    assert pickle_policy.resume_modules() <= set(got["modules"])
+
+
 def test_the_resume_modules_hold_what_every_resume_path_loads() -> None:
     """``resume_modules.json`` is what every stack's resume path had imported when it loaded a file (the
     intersection): torch and numpy's core, no test, compiler or model module, nothing a Lightning or bare DCP resume
     lacks (transformers, peft, accelerate)."""
     loaded = pickle_policy.resume_modules()
     assert {"torch", "torch.serialization", "torch.optim", "numpy", "collections", "pickle"} <= loaded
-    for absent in ("torch._inductor", "torch.testing._internal", "numpy.lib.tests", "transformers", "peft",
+    # (``import torch`` itself imports a few ``torch.testing._internal`` modules: those are in, opinfo is not)
+    for absent in ("torch._inductor", "torch.testing._internal.opinfo", "numpy.lib.tests", "transformers", "peft",
                    "accelerate", "torch._dynamo"):  # fmt: skip
         assert not any(m == absent or m.startswith(absent + ".") for m in loaded), absent
     doc = json.loads((Path(pickle_policy.__file__).with_name("resume_modules.json")).read_text())
