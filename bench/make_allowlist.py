@@ -272,23 +272,10 @@ def resume_modules(stacks_dir: Path) -> dict[str, Any]:
 
 def write_stacks(folder: Path, stacks_dir: Path) -> dict[str, Any]:
     """Run each stack of the matrix that is installed under ``stacks_dir``; returns what each covered."""
-    covered: dict[str, Any] = {}
-    for name, layers, script, argv in STACKS:
-        where = [stacks_dir / sub for sub in layers]
-        if not all(w.is_dir() for w in where):
-            covered[name] = "not installed here"
-            continue
-        venv_python = where[0] / "bin" / "python" if len(where) == 1 else None
-        python = str(venv_python) if venv_python is not None and venv_python.exists() else sys.executable
-        env = dict(os.environ)
-        if python == sys.executable and where:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, where), env.get("PYTHONPATH", "")]))
-        out = folder / name.split(" ")[0]
-        proc = subprocess.run([python, "-c", script, str(out), *argv], capture_output=True, text=True, env=env,
-                              timeout=900)  # fmt: skip
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        covered[name] = json.loads(lines[-1]) if proc.returncode == 0 and lines else f"failed: {proc.stderr[-300:]}"
-    return covered
+    return {
+        name: _run_stack(layers, stacks_dir, script, (str(folder / name.split(" ")[0]), *argv))
+        for name, layers, script, argv in STACKS
+    }
 
 
 def globals_in(folder: Path, called: set[str] | None = None) -> dict[str, set[str]]:
