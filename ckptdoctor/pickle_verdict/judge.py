@@ -140,7 +140,8 @@ class _Judge:
             text = where + describe(g)
             if why.startswith(IMPORTS_UNLOADED) and (g not in called or g in rebuilt):
                 text += f" ({why})"  # a class proved by its source, whose module the load would import
-            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted and in_own_package(g):
+            own = not why.startswith(IMPORTS_UNLOADED) or in_own_package(g)  # not torch._inductor as TrainingArguments
+            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted and own:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
             elif st is Standing.UNKNOWN and g not in called and passed is not None and g not in passed:
                 if clean:

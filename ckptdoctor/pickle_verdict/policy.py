@@ -102,8 +102,9 @@ _NOT_LOADED = ", which a resuming process has not imported, and run its top leve
 
 def in_own_package(g: GlobalRef) -> bool:
     """Whether ``g`` is loaded, or is of a package outside the known ones: the stream may then rebuild it as
-    TrainingArguments data (an in-house subclass, whose package the user's own resume script imports). A class of
-    torch, transformers ... whose module is not loaded is not: naming it imports torch._inductor, a model module."""
+    TrainingArguments data (an in-house subclass, whose package the user's own resume script imports). An installed
+    class of torch, transformers ... whose module is not loaded is not: naming it imports torch._inductor, a model
+    module. (A class no installed source proves, a TRL config where TRL is absent, is judged by the stream alone.)"""
     return not_loaded(g) is None or g.module.split(".", 1)[0] not in KNOWN_PACKAGES
 
 
