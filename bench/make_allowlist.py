@@ -174,25 +174,108 @@ STACKS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
 )
 
 
+# What a resuming process has imported when it loads a checkpoint file: the source proof of a class (policy.py) holds
+# only for a class whose module is one of these, since the unpickler imports the module of every global it names
+# and an import runs that module's top level. Each script is a stack's resume path up to its load (the imports of a
+# resume script, then one load through the stack's loader, so the loader's own lazy imports count) and prints
+# ``sorted(sys.modules)`` as JSON. Layers and venvs as in ``STACKS``.
+_RESUME_LOAD = """
+import io, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+buf = io.BytesIO(); torch.save({"t": torch.zeros(2), "step": 1}, buf); buf.seek(0)
+torch.load(buf, weights_only=False)
+print(json.dumps({"modules": sorted(sys.modules)}))
+"""
+# transformers.Trainer resuming (trainer.py ``_load_from_checkpoint``, ``_load_optimizer_and_scheduler``,
+# ``_load_rng_state``: torch.load of optimizer.pt, scheduler.pt, rng_state.pth), with peft, accelerate and numpy
+# imported as a fine-tuning script does
+_RESUME_TRAINER = """
+import warnings; warnings.simplefilter("ignore")
+import torch
+from transformers import Trainer, TrainingArguments
+import peft, accelerate, numpy
+""" + _RESUME_LOAD
+# a bare torch.distributed.checkpoint resume (torchtitan's checkpointer, accelerate's FSDP path): dcp.load reads
+# .metadata (FileSystemReader.read_metadata) and the .distcp blobs (torch.load, weights_only=False)
+_RESUME_DCP = """
+import warnings; warnings.simplefilter("ignore")
+import torch, numpy
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+""" + _RESUME_LOAD
+# Lightning 2.6 resuming (``trainer.fit(model, ckpt_path=...)``: lightning/fabric/utilities/cloud_io.py ``_load``)
+_RESUME_LIGHTNING = """
+import warnings; warnings.simplefilter("ignore")
+import torch, numpy
+import lightning
+from lightning.fabric.utilities.cloud_io import _load
+""" + _RESUME_LOAD
+# DeepSpeed resuming (deepspeed/runtime/engine.py ``load_checkpoint``), when its layer is installed
+_RESUME_DEEPSPEED = """
+import warnings; warnings.simplefilter("ignore")
+import torch, numpy
+import deepspeed
+from deepspeed.runtime.engine import DeepSpeedEngine
+""" + _RESUME_LOAD
+RESUME_PATHS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("transformers-5 Trainer (this environment)", (), _RESUME_TRAINER),
+    ("transformers-4.57 Trainer", ("tf4",), _RESUME_TRAINER),
+    ("transformers-4.40 Trainer", ("tf440",), _RESUME_TRAINER),
+    ("transformers-5 Trainer, numpy-1.26.4", ("np1",), _RESUME_TRAINER),
+    ("torch.distributed.checkpoint (this environment)", (), _RESUME_DCP),
+    ("lightning-2.6.6", ("lightning-layer",), _RESUME_LIGHTNING),
+    ("deepspeed-0.19.8", ("deepspeed-0.19.8",), _RESUME_DEEPSPEED),
+)
+MODULES_OUT = ROOT / "ckptdoctor" / "pickle_verdict" / "resume_modules.json"
+
+
+def _run_stack(layers: tuple[str, ...], stacks_dir: Path, script: str, argv: tuple[str, ...] = ()) -> Any:
+    """Run ``script`` in the stack made of ``layers`` under ``stacks_dir`` (none: this environment); its last JSON
+    line, or a string saying why there is none."""
+    where = [stacks_dir / sub for sub in layers]
+    if not all(w.is_dir() for w in where):
+        return "not installed here"
+    venv_python = where[0] / "bin" / "python" if len(where) == 1 else None
+    python = str(venv_python) if venv_python is not None and venv_python.exists() else sys.executable
+    env = dict(os.environ)
+    if python == sys.executable and where:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, where), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else f"failed: {proc.stderr[-300:]}"
+
+
+def resume_modules(stacks_dir: Path) -> dict[str, Any]:
+    """The modules every stack of ``RESUME_PATHS`` that runs here has imported when it loads a file (their
+    intersection: a file may be loaded by any of them), and what each stack ran or why it did not."""
+    common: set[str] | None = None
+    covered: dict[str, Any] = {}
+    for name, layers, script in RESUME_PATHS:
+        got = _run_stack(layers, stacks_dir, script)
+        if not isinstance(got, dict):
+            covered[name] = got
+            continue
+        # the process's own entry points (``__main__``, multiprocessing's ``__mp_main__``, an editable install's
+        # finder) are no module a pickle can name to any effect
+        mods = {m for m in got["modules"] if not m.startswith("__") or m == "__future__"}
+        covered[name] = f"{len(mods)} modules"
+        common = mods if common is None else common & mods
+    return {
+        "about": "Modules a resuming process has imported when it loads a checkpoint file: what every resume path "
+        "below imports (their intersection). Generated by `python bench/make_allowlist.py --modules`; do not edit "
+        "by hand. The pickle policy vouches for a class by its source only when its module is one of these.",
+        "stacks": covered,
+        "modules": sorted(common or ()),
+    }
+
+
 def write_stacks(folder: Path, stacks_dir: Path) -> dict[str, Any]:
     """Run each stack of the matrix that is installed under ``stacks_dir``; returns what each covered."""
-    covered: dict[str, Any] = {}
-    for name, layers, script, argv in STACKS:
-        where = [stacks_dir / sub for sub in layers]
-        if not all(w.is_dir() for w in where):
-            covered[name] = "not installed here"
-            continue
-        venv_python = where[0] / "bin" / "python" if len(where) == 1 else None
-        python = str(venv_python) if venv_python is not None and venv_python.exists() else sys.executable
-        env = dict(os.environ)
-        if python == sys.executable and where:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, where), env.get("PYTHONPATH", "")]))
-        out = folder / name.split(" ")[0]
-        proc = subprocess.run([python, "-c", script, str(out), *argv], capture_output=True, text=True, env=env,
-                              timeout=900)  # fmt: skip
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        covered[name] = json.loads(lines[-1]) if proc.returncode == 0 and lines else f"failed: {proc.stderr[-300:]}"
-    return covered
+    return {
+        name: _run_stack(layers, stacks_dir, script, (str(folder / name.split(" ")[0]), *argv))
+        for name, layers, script, argv in STACKS
+    }
 
 
 def globals_in(folder: Path, called: set[str] | None = None) -> dict[str, set[str]]:
@@ -450,7 +533,14 @@ def main() -> None:
     ap.add_argument("--no-trainer", action="store_true")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--stacks", type=Path, default=Path("/work/stacks"), help="where the matrix's stacks live")
+    ap.add_argument("--modules", action="store_true",
+                    help=f"only regenerate {MODULES_OUT.name} (what resuming processes have imported)")
     args = ap.parse_args()
+    if args.modules:
+        mods = resume_modules(args.stacks)
+        MODULES_OUT.write_text(json.dumps(mods, indent=1) + "\n")
+        print(f"wrote {MODULES_OUT}: {len(mods['modules'])} modules; stacks: {mods['stacks']}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         doc = build(Path(tmp), trainer=not args.no_trainer, deepspeed=not args.no_deepspeed, stacks_dir=args.stacks)
     if args.check:
@@ -462,6 +552,10 @@ def main() -> None:
 
         unreviewed = sorted(g for g in doc["called"] if g not in REVIEWED_CALLS and g not in CALLED_ENUMS)
         print("called by real files, not reviewed for calls:", unreviewed or "none")
+        print("called:", doc["called"])
+        ran = {k: v if isinstance(v, str) else v.get("versions") for k, v in doc["stacks"].items()}
+        print("stacks:", json.dumps(ran))
+        print("deepspeed runs:", doc["deepspeed_runs"] or "none")
         sys.exit(1 if missing or unreviewed else 0)
     OUT.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     print(f"wrote {OUT}: {len(doc['observed'])} observed globals, {len(doc['enums'])} enum classes, "

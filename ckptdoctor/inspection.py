@@ -67,18 +67,32 @@ def plain(value: Any, depth: int = 0) -> Any:
     return repr(value)
 
 
-def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
+def _pickle_part(pf: PickleFacts | None, torchscript: bool = False) -> dict[str, Any]:
     if pf is None:
         return {}
-    from ckptdoctor.limits import DEFAULT_LIMITS
-    from ckptdoctor.pickle_verdict.policy import FileStandings, Standing
+    from ckptdoctor.pickle_verdict.judge import describe as shown
+    from ckptdoctor.pickle_verdict.judge import judge
 
-    # What the pickle policy makes of each global on its own (dangerous: CKD601 wherever it appears; unknown:
-    # CKD601 when called, or not proved a class), so that a file looked at here on its own does not read as harmless.
-    words = {Standing.ALLOWED: "allowed", Standing.UNSAFE: "dangerous"}
-    standing = FileStandings(DEFAULT_LIMITS.pickle_source_globals)  # as bounded as a scan's judging
-    verdicts = {g.dotted: words.get(standing(g)[0], "unknown") for g in pf.globals}
-    return {
+    # Each global carries the verdict the scan gives the stream (``judge``, with no user allowance), never what its
+    # name alone would get: a class admitted by name may be called with arguments (only REVIEWED_CALLS and
+    # CALLED_ENUMS entries may be), or named from a module a resuming process has not imported. So a file looked at
+    # here on its own does not read as harmless where the scan flags it.
+    verdict = judge(pf, torchscript=torchscript)
+    verdicts: dict[str, str] = {}
+    why: dict[str, str] = {}
+    for g in (*pf.globals, *pf.calls):
+        name = shown(g)
+        hit = next((u for u in verdict.unsafe if u == name or u.startswith(name + " (")), None)
+        if hit is not None:
+            from ckptdoctor.pickle_verdict.policy import is_dangerous
+
+            verdicts[g.dotted] = "dangerous" if is_dangerous(g) else "denied"
+            why[g.dotted] = hit
+        elif name in verdict.unknown:
+            verdicts[g.dotted] = "unknown"
+        else:
+            verdicts[g.dotted] = "allowed"
+    out = {
         "protocol": pf.protocol,
         "opcodes": pf.opcodes,
         "globals": [g.dotted for g in pf.globals],
@@ -86,6 +100,9 @@ def _pickle_part(pf: PickleFacts | None) -> dict[str, Any]:
         "calls": [g.dotted for g in pf.calls],
         "value": plain(pf.value),
     }
+    if why:
+        out["why"] = why
+    return out
 
 
 def describe(facts: FileFacts) -> dict[str, Any]:
@@ -106,7 +123,7 @@ def describe(facts: FileFacts) -> dict[str, Any]:
         out["tensors"] = [
             {"name": n, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.storage_nbytes} for n, t in c.tensors
         ]
-        out.update(_pickle_part(c.pickle))
+        out.update(_pickle_part(c.pickle, c.torchscript and facts.alt_pickle is None))
     elif isinstance(c, DcpMetadataFacts):
         out["keys"] = list(c.keys)
         out["storage"] = [

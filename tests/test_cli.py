@@ -186,6 +186,42 @@ def test_inspect_marks_what_the_scan_would_flag_in_a_pickle(tmp_path: Path) -> N
     assert "posix.system [dangerous: CKD601]" in out and "_rebuild_tensor_v2 [" not in out
 
 
+def test_inspect_gives_each_global_the_scans_verdict_not_its_names(tmp_path: Path) -> None:
+    """``inspect`` judges the stream as the scan does: an allowlisted class called with arguments (not a reviewed
+    call), and a class proved by its source whose module a resuming process has not imported, are CKD601 there and
+    here; a reviewed call (an enum's value lookup) and a named class of a loaded module are allowed in both."""
+    from ckptdoctor import scan
+
+    cases = {
+        # TrainingArguments is an exact allowlist entry, but only a NEWOBJ of no arguments + BUILD is its rebuild
+        "called": (b"\x80\x02ctransformers.training_args\nTrainingArguments\nX\x01\x00\x00\x00o\x85R.",
+                   "transformers.training_args.TrainingArguments", "denied"),
+        # CALLED_ENUMS: a value lookup, reviewed harmless for any argument
+        "enum": (b"\x80\x02ctransformers.trainer_utils\nIntervalStrategy\nX\x05\x00\x00\x00steps\x85R.",
+                 "transformers.trainer_utils.IntervalStrategy", "allowed"),
+        # a numpy test module: naming the class imports it
+        "unloaded": (b"\x80\x02cnumpy.lib.tests.test_shape_base\nTestApplyOverAxes\n0N.",
+                     "numpy.lib.tests.test_shape_base.TestApplyOverAxes", "denied"),
+        # a class of torch, proved by its source, in a module every resume path has imported
+        "named": (b"\x80\x02ctorch.optim.adamw\nAdamW\n0N.", "torch.optim.adamw.AdamW", "allowed"),
+    }
+    for label, (data, dotted, word) in cases.items():
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "optimizer.pt").write_bytes(data)
+        flagged = [f for f in scan(str(tmp_path / label), no_config=True).findings if f.rule == "CKD601"]
+        assert bool(flagged) == (word == "denied"), (label, flagged)
+        code, out = run("inspect", "--format", "json", str(tmp_path / label / "optimizer.pt"))
+        doc = json.loads(out)
+        assert code == 0 and doc["verdicts"][dotted] == word, (label, doc["verdicts"])
+        if word == "denied":
+            assert doc["why"][dotted] in flagged[0].message, (doc["why"], flagged[0].message)
+            code, out = run("inspect", str(tmp_path / label / "optimizer.pt"))
+            assert f"{dotted} [not proved harmless as used: CKD601]" in out
+    assert "would import `numpy.lib.tests.test_shape_base`" in json.loads(
+        run("inspect", "--format", "json", str(tmp_path / "unloaded" / "optimizer.pt"))[1]
+    )["why"]["numpy.lib.tests.test_shape_base.TestApplyOverAxes"]
+
+
 def test_rules_and_explain() -> None:
     code, out = run("rules", "--format", "json")
     assert code == 0 and any(r["code"] == "CKD201" for r in json.loads(out)["rules"])

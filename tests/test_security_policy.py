@@ -124,8 +124,79 @@ def test_a_trl_config_is_admitted_by_the_stream_facts_not_a_name_list(monkeypatc
         ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
     ],
 )
-def test_classes_of_installed_known_packages_are_proved_by_their_source(module: str, name: str) -> None:
+def test_classes_of_installed_known_packages_are_proved_by_their_source(
+    module: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source proof, for a class whose module a resuming process has imported. Where it has not, loading the
+    file would import the module and run its top level, whatever the class defines: unproven, and the scan says
+    which module (``test_a_class_whose_module_is_not_loaded_is_unproven``)."""
+    monkeypatch.setattr(pickle_policy, "RESUME_MODULES", pickle_policy.resume_modules() | {module})
     assert standing(GlobalRef(module, name))[0] is Standing.ALLOWED
+
+
+@pytest.mark.parametrize(
+    "dotted",
+    [
+        "numpy.lib.tests.test_shape_base.TestApplyOverAxes",  # the s1-c74 counterexample: a numpy test module
+        "torch._inductor.cpp_builder.CppOptions",
+        "transformers.models.llama.modeling_llama.LlamaModel",
+        "peft.tuners.lora.config.LoraConfig",  # a Lightning or bare DCP resume has not imported peft
+    ],
+)
+def test_a_class_whose_module_is_not_loaded_is_unproven(dotted: str, tmp_path: Path) -> None:
+    """Naming a class makes the unpickler import its module (``find_class``): a class proved plain by its source
+    still runs its module's top level when a resuming process had not imported it. Only named (GLOBAL, then
+    discarded), or rebuilt by a NEWOBJ of no arguments, it is an error that names the module."""
+    module, _, name = dotted.rpartition(".")
+    assert module not in pickle_policy.resume_modules()
+    st, why = standing(GlobalRef(module, name))
+    assert st is Standing.UNPROVEN and f"would import `{module}`" in why, why
+    named = f"\x80\x02c{module}\n{name}\n0N.".encode("latin-1")
+    rebuilt = f"\x80\x02c{module}\n{name}\n)\x81}}b.".encode("latin-1")
+    for label, data in (("named", named), ("rebuilt", rebuilt)):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "optimizer.pt").write_bytes(data)
+        found = _security(tmp_path / label)
+        assert len(found) == 1 and found[0].startswith("CKD601"), (label, found)
+        assert f"would import `{module}`, which a resuming process has not imported" in found[0], found
+
+
+def test_a_known_packages_unloaded_class_is_not_training_arguments_data(tmp_path: Path) -> None:
+    """The TrainingArguments-data rule (NEWOBJ of no arguments + BUILD of TrainingArguments' fields) admits an
+    in-house class whose package the user's resume script imports; a class of torch or transformers whose module a
+    resuming process has not imported is not admitted so: the import itself is the hazard."""
+    from ckptdoctor.pickle_verdict.judge import TRAINING_ARGS_FIELDS
+
+    fields = {k: 1 for k in sorted(TRAINING_ARGS_FIELDS)}
+    body = pickle.dumps(fields, protocol=2)[2:-1]  # the dict, without PROTO and STOP
+    stream = b"\x80\x02ctorch._inductor.cpp_builder\nCppOptions\n)\x81" + body + b"b."
+    (tmp_path / "training_args.bin").write_bytes(stream)
+    found = _security(tmp_path)
+    assert len(found) == 1 and "would import `torch._inductor.cpp_builder`" in found[0], found
+
+
+def test_the_resume_modules_are_loaded_by_this_environments_resume_path() -> None:
+    """What the set holds is loaded here when a bare DCP resume loads a file (``make_allowlist --modules``' leanest
+    path): the set never claims a module this environment's resuming process lacks."""
+    from bench.make_allowlist import _RESUME_DCP, _run_stack
+
+    got = _run_stack((), Path("/nonexistent"), _RESUME_DCP)
+    assert isinstance(got, dict), got
+    assert pickle_policy.resume_modules() <= set(got["modules"])
+
+
+def test_the_resume_modules_hold_what_every_resume_path_loads() -> None:
+    """``resume_modules.json`` is what every stack's resume path had imported when it loaded a file (the
+    intersection): torch and numpy's core, no test, compiler or model module, nothing a Lightning or bare DCP resume
+    lacks (transformers, peft, accelerate)."""
+    loaded = pickle_policy.resume_modules()
+    assert {"torch", "torch.serialization", "torch.optim", "numpy", "collections", "pickle"} <= loaded
+    # (``import torch`` itself imports a few ``torch.testing._internal`` modules: those are in, opinfo is not)
+    for absent in ("torch._inductor", "torch.testing._internal.opinfo", "numpy.lib.tests", "transformers", "peft",
+                   "accelerate", "torch._dynamo"):  # fmt: skip
+        assert not any(m == absent or m.startswith(absent + ".") for m in loaded), absent
+    doc = json.loads((Path(pickle_policy.__file__).with_name("resume_modules.json")).read_text())
+    assert doc["modules"] == sorted(loaded) and len(doc["stacks"]) >= 2
 
 
 @pytest.mark.parametrize(
@@ -174,8 +245,15 @@ def test_an_inhouse_training_arguments_subclass_passes_installed_or_not(
     run = tmp_path / "run"
     run.mkdir()
     torch.save(inhouse_args.MyArgs(output_dir=str(tmp_path / "o"), report_to="none"), run / "training_args.bin")
-    assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.ALLOWED  # derives from TrainingArguments
-    assert standing(GlobalRef("inhouse_args", "Evil"))[0] is Standing.UNKNOWN  # defines __reduce__ itself
+    with monkeypatch.context() as m:  # the source proof, had a resuming process imported the package
+        m.setattr(pickle_policy, "RESUME_MODULES", pickle_policy.resume_modules() | {"inhouse_args"})
+        assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.ALLOWED  # derives from TrainingArguments
+        assert standing(GlobalRef("inhouse_args", "Evil"))[0] is Standing.UNKNOWN  # defines __reduce__ itself
+        assert _security(run) == []
+    pickle_policy.clear_caches()
+    # It has not (the module set holds no in-house package): the class is unproven, yet the stream rebuilds
+    # TrainingArguments data of a package outside the known ones, which the user's own resume script imports
+    assert standing(GlobalRef("inhouse_args", "MyArgs"))[0] is Standing.UNPROVEN
     assert _security(run) == []
     monkeypatch.syspath_prepend(str(tmp_path / "nothing"))
     import sys

@@ -25,10 +25,12 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.pickle_verdict.policy import (
+    IMPORTS_UNLOADED,
     JOBLIB_ARRAY,
     Allowance,
     FileStandings,
     Standing,
+    in_own_package,
     may_call,
     rebuilt_as_data,
 )
@@ -136,7 +138,10 @@ class _Judge:
             self.unsafe[f"values past the first {_MAX_PASSED:,} (not searched for globals handed to calls)"] = None
         for g, st, why in pending:
             text = where + describe(g)
-            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted:
+            if why.startswith(IMPORTS_UNLOADED) and (g not in called or g in rebuilt):
+                text += f" ({why})"  # a class proved by its source, whose module the load would import
+            own = not why.startswith(IMPORTS_UNLOADED) or in_own_package(g)  # not torch._inductor as TrainingArguments
+            if st is Standing.UNPROVEN and g in data and g in rebuilt and g not in demoted and own:
                 self.admitted[(g.dotted, "rebuilt as TrainingArguments data (NEWOBJ + BUILD of its fields)")] = None
             elif st is Standing.UNKNOWN and g not in called and passed is not None and g not in passed:
                 if clean:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-_MARKS = {"dangerous": " [dangerous: CKD601]", "unknown": " [not allowlisted: CKD602]", "allowed": ""}
+_MARKS = {"dangerous": " [dangerous: CKD601]", "denied": " [not proved harmless as used: CKD601]",
+          "unknown": " [not allowlisted: CKD602]", "allowed": ""}
 
 
 def _marked(names: list[str], verdicts: dict[str, str]) -> str:

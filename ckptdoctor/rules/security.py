@@ -35,14 +35,15 @@ def unsafe_pickle_global(tree: Tree) -> Iterator[Hit]:
     `builtins.eval` / `exec` / `getattr`, `importlib`, `operator.methodcaller`, `functools.partial`, `runpy`,
     `socket`, `torch.load`, `numpy.load` ...) are errors wherever they appear; so is any other global that is not
     on the allowlist generated from real stacks' files, not proved by its installed source to be a class of a
-    known package (or a class deriving from one, or an enum), and not rebuilt by the stream as TrainingArguments
-    data: functions and unproven names are denied by default. A call with arguments (`REDUCE`, `OBJ`, `INST`,
-    `NEWOBJ` with arguments, `NEWOBJ_EX`, `SETITEM`/`APPEND`/`BUILD` on an object the stream made, or a class handed
-    to a call) is admitted only for an entry reviewed harmless for any arguments, whatever package the class is
-    from: a class's `__init__` is code (`numpy.memmap` writes a file, `torch.utils.benchmark`'s `Timer` execs its
-    statement). A class of another package is an error when the stream calls it or passes it to a call (arguments,
-    dict keys and sets included). Your own classes can be allowed with `--allow-global` or the user
-    configuration; each use is shown in the report.
+    known package (or a class deriving from one, or an enum) in a module a resuming process has already imported
+    (naming a class makes the unpickler import its module, running its top level), and not rebuilt by the stream
+    as TrainingArguments data: functions and unproven names are denied by default. A call with arguments (`REDUCE`,
+    `OBJ`, `INST`, `NEWOBJ` with arguments, `NEWOBJ_EX`, `SETITEM`/`APPEND`/`BUILD` on an object the stream made, or a
+    class handed to a call) is admitted only for an entry reviewed harmless for any arguments, whatever package the
+    class is from: a class's `__init__` is code (`numpy.memmap` writes a file, `torch.utils.benchmark`'s `Timer` execs
+    its statement). A class of another package is an error when the stream calls it or passes it to a call (arguments,
+    dict keys and sets included). Your own classes can be allowed with `--allow-global` or the user configuration; each
+    use is shown in the report.
 
     ## Why is this bad?
     `pickle.load` calls these while reading: loading the file runs the attacker's code with your credentials.
@@ -76,8 +77,9 @@ def unknown_pickle_global(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     Reports globals that the installed package's source proves to be classes, of a package other than the ones
-    checkpoints come from (torch, transformers, TRL, accelerate, peft, DeepSpeed ...), which the stream names but
-    never calls nor hands to a call. Anything called, and anything not proved a class, is CKD601.
+    checkpoints come from (torch, transformers, TRL, accelerate, peft, DeepSpeed ...), in a module a resuming
+    process has already imported, which the stream names but never calls nor hands to a call. Anything called,
+    anything not proved a class, and a class whose module loading would import, is CKD601.
 
     ## Why is this bad?
     `pickle.load` imports the class's module (running its top-level code), and `weights_only=True` loads refuse
