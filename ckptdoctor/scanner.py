@@ -172,6 +172,7 @@ def scan_root(
     (``Part.last``): a run is read, handed on and released before the next is read, so memory holds one run at a
     time. ``split`` False (and ``--deep``, whose data and checksums are the whole root's) hands the root whole, in
     one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s."""
+    from ckptdoctor import trainer_view
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import holds_checkpoint
     from ckptdoctor.progress import Counter
@@ -189,6 +190,7 @@ def scan_root(
         held = held or holds_checkpoint(tree)
         counted += tree.files_seen
         on_part(Part(judged(placed(tree), selection), above))
+        trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
 
     split = split and not selection.deep
     with _gc_paused():
@@ -206,7 +208,6 @@ def scan_root(
                 counter.close()
         tree = placed(tree)
         if selection.deep:
-            from ckptdoctor import trainer_view
             from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
 
             if url:  # object storage (ckptdoctor.sources.fsspec): no local file to stream
