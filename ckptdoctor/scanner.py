@@ -256,6 +256,8 @@ def merged(parts: Sequence[Tree]) -> Tree:
         pickle_verdicts=None,
     )
     files = tree.all_files()
+    if rest.pickle_verdicts is None:  # parts not judged yet
+        return dataclasses.replace(tree, tf_shard_problems=tf_shard_problems(files))
     verdicts = {path: v for t in parts for path, v in t.pickle_verdicts or ()}
     return dataclasses.replace(
         tree,

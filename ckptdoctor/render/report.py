@@ -6,7 +6,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
@@ -126,7 +126,7 @@ class RunPieces:
         """Keep the pieces of ``tree`` (the root ``index``-th in the report, or a part of it) and its ``findings``."""
         for run in tree.runs:
             if self.fmt == "text":
-                self._runs.append((index, run.path, _run_lines(tree.root, run, list(findings), self.style, self.width)))
+                self._runs.append((index, run.path, _run_facts(tree.root, run, self.style, self.width)))
             elif self.fmt == "json":
                 self._runs.append((index, run.path, run_entry(tree.root, run)))
         self._allowed.extend((index, where, a) for where, a in _allowances(tree))
@@ -134,6 +134,19 @@ class RunPieces:
     def runs(self) -> list[Any]:
         """Each run's piece, in the report's order."""
         return [piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1]))]
+
+    def text(self, report: Report) -> list[str]:
+        """The text report's runs: each one's title and table (by the findings of its root) and a blank line."""
+        out: list[str] = []
+        tallies: dict[int, dict[str, dict[Severity, int]]] = {}
+        for index, _, facts in sorted(self._runs, key=lambda r: (r[0], r[1])):
+            if index not in tallies:
+                root = report.trees[index].root
+                tallies[index] = _tally([f for f in report.findings if f.root == root])
+            out.extend(facts.head)
+            out.append(_run_table(facts, tallies[index], self.width))
+            out.append("")
+        return out
 
     def allowed(self) -> list[dict[str, str]]:
         """Each allowance (``allowances``), in the report's order."""
@@ -213,22 +226,23 @@ def _tally(findings: list[Finding]) -> dict[str, dict[Severity, int]]:
 _PICKS = "  <- resume picks"
 
 
-def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> str:
+def _status(path: str, pick: str | None, tally: dict[str, dict[Severity, int]]) -> str:
     """``ok``, or each severity's count, worst first (``2 errors, 1 info``), worded as the summary line counts them
-    (one count labelled with the worst severity, ``error (3)``, read as three errors)."""
-    found = tally.get("." if ck.path in ("", ".") else ck.path)
+    (one count labelled with the worst severity, ``error (3)``, read as three errors), for the checkpoint at
+    ``path`` of a run whose resume picks ``pick``."""
+    found = tally.get("." if path in ("", ".") else path)
     if found is None:
         label = "ok"
     else:
         worst_first = sorted(found, key=lambda s: -s.rank)
         label = ", ".join(plural(found[s], s.value) for s in worst_first)
-    if run.resume_pick is not None and run.resume_pick == ck.path:
+    if pick is not None and pick == path:
         label += _PICKS
     return label
 
 
-def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
-    tally = _tally(findings)
+def _fact_rows(run: Run) -> list[tuple[list[Any], str]]:
+    """Each checkpoint's table cells but its status (what its facts say), with its path."""
     rows = []
     for ck in ordered(run):
         row = checkpoint_row(ck)
@@ -236,7 +250,7 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
         if ck.role == FolderRole.MODEL and name == ".":
             name = ". (model files)"
         lr = row["learning_rate"]
-        rows.append(
+        rows.append((
             [
                 printable(name),
                 "" if row["step"] is None else row["step"],
@@ -244,9 +258,9 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
                 "-" if row["tensors"] is None else f"{row['tensors']:,}",
                 human_bytes(row["bytes"]),
                 "-" if lr is None else f"{lr:.3g}",
-                _status(ck, run, tally),
-            ]
-        )
+            ],
+            ck.path,
+        ))  # fmt: skip
     return rows
 
 
@@ -269,10 +283,11 @@ def _drop_order(rows: list[list[Any]]) -> list[int]:
     return idle + [i for i in _DROP_ORDER if i not in idle]
 
 
-def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
+def _run_table(facts: _RunFacts, tally: dict[str, dict[Severity, int]], width: int | None = None) -> str:
+    """A run's table: its checkpoints' cells (``_fact_rows``) and each one's status by the root's ``tally``."""
     from tabulate import tabulate  # only the text report needs it
 
-    every = _table_rows(run, findings)
+    every = [[*cells, _status(path, facts.pick, tally)] for cells, path in facts.rows]
     shown = list(range(len(every))) if width is None else _shown_rows(every)
     rows = [every[i] for i in shown]
     keep = list(range(len(_HEADERS)))
@@ -375,8 +390,7 @@ def render_text(
     st = _Style(color)
     out: list[str] = []
     if not quiet:
-        for lines in (pieces or RunPieces.of(report, "text", color=color, width=width)).runs():
-            out.extend(lines)
+        out.extend((pieces or RunPieces.of(report, "text", color=color, width=width)).text(report))
     if report.findings:
         out.extend(finding_entries(report.findings, st, width))
         if not quiet:
@@ -395,8 +409,17 @@ def render_text(
     return "\n".join(out)
 
 
-def _run_lines(root: str, run: Run, findings: list[Finding], st: _Style, width: int | None) -> list[str]:
-    """One run in the text report: its title, what a resume picks, its table of checkpoints and a blank line."""
+class _RunFacts(NamedTuple):
+    """What the text report shows of a run, but the status of its checkpoints (which take every finding of the
+    root: a run's model files count the findings of a run in a folder below them)."""
+
+    head: list[str]  # its title and what a resume picks
+    pick: str | None
+    rows: list[tuple[list[Any], str]]  # ``_fact_rows``
+
+
+def _run_facts(root: str, run: Run, st: _Style, width: int | None) -> _RunFacts:
+    """One run in the text report: its title, what a resume picks, its table's cells."""
     out: list[str] = []
     title = printable(display_path(root, run.path))
     pick = run.resume_pick
@@ -418,9 +441,7 @@ def _run_lines(root: str, run: Run, findings: list[Finding], st: _Style, width: 
     else:
         out.extend(_fit_styled(title, width, st.bold))
         out.extend(_fit_styled(f"  ({pick_txt})", width, st.dim))
-    out.append(_run_table(run, findings, width))
-    out.append("")
-    return out
+    return _RunFacts(out, run.resume_pick, _fact_rows(run))
 
 
 # Findings of one rule whose messages differ only by their own path (300 copies of one folder) are shown as one
