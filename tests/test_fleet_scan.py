@@ -225,3 +225,14 @@ def test_pieces_keep_no_facts(tmp_path: Path) -> None:
     assert dataclasses.asdict(report.trees[0].runs[0])  # the facts are in the report, not in the pieces
     assert all(type(v) in (str, type(None), list) for entry in pieces.runs() for v in entry.values())
     assert [f["rule"] for f in map(finding_json, report.findings)] == [f.rule for f in report.findings]
+
+
+def test_jsonl_with_deep_judges_each_root_whole_and_writes_the_manifest(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    shutil.copytree(FIXTURES / "interrupted-save", root)
+    result = _cli(str(root), "--deep", "--checksums", "write", "--format", "jsonl", "--no-config")
+    *findings, summary = (json.loads(line) for line in result.output.splitlines() if line.startswith("{"))
+    assert (root / ".ckptdoctor" / "manifest.json").is_file()
+    doc = json.loads(_cli(str(root), "--deep", "--format", "json", "--no-config").output)
+    assert [{k: v for k, v in f.items() if k != "schema"} for f in findings] == doc["findings"]
+    assert summary["summary"]["error"] == doc["summary"]["error"] and result.exit_code == 1

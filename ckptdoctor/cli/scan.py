@@ -169,9 +169,15 @@ def scan(
     pieces = RunPieces(kept, color=color, width=width)
     if fmt == "jsonl":
         with Lines(output_file, silent) as lines:
-            report = _scan(roots, options, jobs, deep, checksums, _sink(lines, pieces))
+            sink = _sink(lines, pieces)
+            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink)
+            if deep:  # --deep judges each root whole (and --checksums write needs it): its lines come after
+                for i, tree in enumerate(report.trees):
+                    sink(i, tree, [f for f in report.findings if f.root == tree.root])
             report = dataclasses.replace(report, seconds=_elapsed())
             lines.write(_summary_json(report, pieces))
+        if checksums == "write":
+            _write_manifests(report.trees)
         _exit(report, checksums)
     report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add)
     if deep:  # the trees were kept whole (--deep hands each root whole; --checksums write needs them)
