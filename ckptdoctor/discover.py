@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -23,6 +24,7 @@ from ckptdoctor.model import (
     ReadProblem,
     Run,
     ShardProblem,
+    Stack,
     TfIndexFacts,
     Tree,
 )
@@ -34,6 +36,7 @@ from ckptdoctor.sources.local import on_local_disk
 from ckptdoctor.stacks import accelerate as accelerate_stack
 from ckptdoctor.stacks import lightning as lightning_stack
 from ckptdoctor.stacks import settle
+from ckptdoctor.stacks import torchtitan as titan_stack
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
 DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
@@ -106,13 +109,10 @@ class _Dir:
     emitted: bool = False
     # Paths of the files listed here, kept while the walk is below this folder (``PartCallback``'s second value).
     listed: list[str] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)  # an emitted folder's file names (its ``files`` are released)
     # `.distcp` files (relative path -> path to open): read after the walk, at the items `.metadata` locates.
     distcp: dict[str, str] = field(default_factory=dict)
-
-    def file_names(self) -> list[str]:
-        """The names of this folder's own files (kept when the folder was emitted)."""
-        return self.names if self.emitted else [f.name for f in self.files]
+    file_names: list[str] = field(default_factory=list)  # its files' names as listed (known before pooled reads end)
+    names: list[str] = field(default_factory=list)  # an emitted folder's files' names once read (``files`` is released)
 
 
 def default_jobs(root: str | None = None) -> int:
@@ -298,6 +298,7 @@ class _Walker(Generic[L, M]):
                 files.append((entry, crel))
 
         in_dcp = in_dcp_folder(crel for _, crel in files)
+        node.file_names = [entry.name for entry, _ in files]
         if self.emit is not None:
             node.listed = [crel for _, crel in files]
         for entry, crel in files:
@@ -352,7 +353,9 @@ class _Walker(Generic[L, M]):
 def _absorbable(name: str) -> bool:
     """Whether a folder of this name may be taken whole as a checkpoint by the run above it (``_Grouper.visit``),
     subfolders and all: nothing inside it is grouped on its own."""
-    return bool(_ROTATION_RE.search(name) or accelerate_stack.AUTOMATIC_RE.match(name))
+    return bool(
+        _ROTATION_RE.search(name) or accelerate_stack.AUTOMATIC_RE.match(name) or titan_stack.step_of(name) is not None
+    )
 
 
 class _Emitter:
@@ -384,7 +387,8 @@ class _Emitter:
         tree = _grouped(self.root, grouper, mine, files_seen, self.abs_root)
         self.on_part(tree, tuple(rel for d in above for rel in d.listed))
         return _Dir(
-            rel=node.rel, name=node.name, mtime=node.mtime, has_run=True, emitted=True, names=node.file_names()
+            rel=node.rel, name=node.name, mtime=node.mtime, has_run=True, emitted=True,
+            file_names=node.file_names, names=[f.name for f in node.files],
         )
 
 
@@ -472,7 +476,11 @@ class _Grouper:
         m = _RESUME_RE.search(root_name)
         role, step = (FolderRole.CHECKPOINT, int(m.group(1))) if m else (FolderRole.MODEL, None)
         inner = [d for d in top.dirs if not d.has_run]
-        settled, stack = settle([_checkpoint(top, role, step, inner)])
+        if titan_stack.is_layout([(root_name, top.file_names)]):  # one torchtitan `step-N` save, given directly
+            ck = _checkpoint(top, FolderRole.CHECKPOINT, titan_stack.step_of(root_name), inner)
+            settled, stack = [dataclasses.replace(ck, stack=Stack.TORCHTITAN)], Stack.TORCHTITAN
+        else:
+            settled, stack = settle([_checkpoint(top, role, step, inner)])
         self.runs.append(Run(path=".", checkpoints=tuple(settled), resume_pick=None, standalone=True, stack=stack))
         for d in top.dirs:
             if d.has_run:
@@ -496,7 +504,9 @@ class _Grouper:
                 # A TensorFlow checkpoint folder or Keras weights: one checkpoint, restored as a whole.
                 dirs = [d for d in node.dirs if d.has_run]
                 ck = _checkpoint(node, FolderRole.MODEL, None, [d for d in node.dirs if not d.has_run])
-                self.runs.append(Run(path=node.rel, checkpoints=(ck,), resume_pick=None, standalone=True))
+                settled, stack = settle([ck])
+                self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=None, standalone=True,
+                                     stack=stack))
             else:
                 self.loose.extend(node.files)
             for d in dirs:
@@ -505,6 +515,9 @@ class _Grouper:
         checkpoints: list[Checkpoint] = []
         others: list[_Dir] = []
         automatic = accelerate_stack.is_automatic_layout(node.name, node.dir_names)
+        if _is_titan_run(node):
+            self._titan_run(node)
+            return
         for d in node.dirs:
             if _ROTATION_RE.search(d.name):
                 checkpoints.append(_checkpoint(d, *_role(d.name), d.dirs))
@@ -527,6 +540,29 @@ class _Grouper:
         self.runs.append(Run(path=node.rel, checkpoints=tuple(settled), resume_pick=_pick(node), stack=stack))
 
 
+    def _titan_run(self, node: _Dir) -> None:
+        """A torchtitan checkpoint folder: each folder `_find_load_step` matches (`step-<N>`) is a checkpoint of
+        torchtitan's, with that step; anything else in the folder is visited as usual."""
+        checkpoints: list[Checkpoint] = []
+        for d in node.dirs:
+            step = titan_stack.step_of(d.name)
+            if step is None:
+                self.visit(d)
+                continue
+            ck = _checkpoint(d, FolderRole.CHECKPOINT, step, d.dirs)
+            checkpoints.append(dataclasses.replace(ck, stack=Stack.TORCHTITAN))
+        self.loose.extend(node.files)
+        ordered = tuple(sorted(checkpoints, key=lambda c: c.path))
+        self.runs.append(Run(path=node.rel, checkpoints=ordered, resume_pick=None, stack=Stack.TORCHTITAN))
+
+
+def _is_titan_run(node: _Dir) -> bool:
+    """torchtitan's checkpoint folder (``ckptdoctor.stacks.torchtitan.is_layout``) with no Trainer folder in it."""
+    return titan_stack.is_layout((d.name, d.file_names) for d in node.dirs) and not any(
+        _ROTATION_RE.search(n) for n in node.dir_names
+    )
+
+
 def _is_lightning_folder(node: _Dir) -> bool:
     """A folder holding PyTorch Lightning `.ckpt` files (``ckptdoctor.stacks.lightning``)."""
     return any(lightning_stack.signed(f) for f in node.files)
@@ -541,8 +577,10 @@ def _mark_lightning(node: _Dir) -> None:
 
 
 def _is_run(node: _Dir) -> bool:
-    return any(_ROTATION_RE.search(n) for n in node.dir_names) or accelerate_stack.is_automatic_layout(
-        node.name, node.dir_names
+    return (
+        any(_ROTATION_RE.search(n) for n in node.dir_names)
+        or accelerate_stack.is_automatic_layout(node.name, node.dir_names)
+        or _is_titan_run(node)
     )
 
 
@@ -593,7 +631,8 @@ def _is_ckpt_file(name: str) -> bool:
 
 def _is_model_subfolder(node: _Dir) -> bool:
     """Subfolders writers put inside a model/checkpoint folder: extra adapters, DeepSpeed tags, DCP folders."""
-    names = set(node.file_names())
+    # an emitted folder keeps the names of the files it held once read (what ``files`` said of it)
+    names = set(node.names) if node.emitted else {f.name for f in node.files}
     if is_deepspeed_tag(node.name, names):
         return True
     return bool(

@@ -483,9 +483,12 @@ class Stack(str, enum.Enum):
     ``trainer_state.json`` by design, and is no interrupted Trainer save.
     """
 
-    TRAINER = "trainer"  # the transformers Trainer, and what runs it (TRL, LLaMA-Factory, axolotl, MindNLP 0.4's)
+    TRAINER = "trainer"  # the transformers Trainer, and what runs it (TRL, LLaMA-Factory, axolotl)
     ACCELERATE = "accelerate"  # accelerate's `Accelerator.save_state` (diffusers' scripts, accelerate's examples)
     LIGHTNING = "lightning"  # PyTorch Lightning's `Trainer.save_checkpoint` / `ModelCheckpoint` `.ckpt` files
+    TORCHTITAN = "torchtitan"  # torchtitan's `CheckpointManager`: `checkpoint/step-N/` DCP saves
+    MINDNLP = "mindnlp"  # MindNLP's Trainer (MindSpore `.ckpt` weights, `optimizer.ckpt`, `scheduler.json`)
+    TENSORFLOW = "tensorflow"  # Keras / TensorFlow: `tf.train.CheckpointManager` bundles, Keras `.h5` weights
     UNKNOWN = "unknown"  # a checkpoint folder whose files match no known program's: reported, never judged
 
 

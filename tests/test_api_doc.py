@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import ckptdoctor
-from tests.console import HANG_GUARD
+from tests.console import HANG_GUARD, environ
 from tests.test_docs import _age
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +54,7 @@ def test_api_examples_run_in_order_and_leave_the_fixtures_as_shipped(tmp_path: P
     shipped = _snapshot(checkout / "fixtures")
     for i, (code, expected) in enumerate(_examples(), 1):
         proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True,
-                              timeout=HANG_GUARD)  # fmt: skip
+                              timeout=HANG_GUARD, env=environ())  # fmt: skip
         assert proc.returncode == 0, (i, proc.stderr)
         assert proc.stdout.rstrip("\n") == expected.rstrip("\n"), (i, code)
     assert sorted(p.name for p in checkout.iterdir()) == ["fixtures"]  # nothing new beside it either

@@ -186,7 +186,8 @@ LAYERS: list[set[str]] = [
     # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it
     {"ckptdoctor.pickle_verdict"},
     {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
-     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
+     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict",
+     "ckptdoctor.resume.torchtitan"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
     {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
     # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name

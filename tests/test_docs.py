@@ -18,7 +18,7 @@ import click
 import pytest
 
 from ckptdoctor.cli import main
-from tests.console import HANG_GUARD
+from tests.console import HANG_GUARD, environ
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -81,7 +81,7 @@ def test_shown_session_is_real(doc: str, command: str, expected: str, tmp_path: 
 
             train(TrainConfig(output_dir=str(tmp_path / name), **TRAINED_RUNS[name]))  # type: ignore[arg-type]
     proc = subprocess.run([sys.executable, "-m", "ckptdoctor", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=environ())
     assert proc.returncode in (0, 1), proc.stderr
     assert _normalize(proc.stdout) == _normalize(expected), f"{doc}: `{command}` prints something else now"
 
@@ -98,7 +98,7 @@ def test_readme_json_schema_names_every_key(tmp_path: Path) -> None:
     (run / "checkpoint-8" / "extra.pkl").write_bytes(pickle.dumps(ipaddress.IPv4Address("10.0.0.1"), protocol=2))
     proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "--allow-global",
                            "ipaddress.IPv4Address", str(run)], cwd=REPO, capture_output=True, text=True,
-                          timeout=HANG_GUARD, env={**os.environ, "CKPTDOCTOR_USER_CONFIG": str(user)})  # fmt: skip
+                          timeout=HANG_GUARD, env=environ({"CKPTDOCTOR_USER_CONFIG": str(user)}))  # fmt: skip
     doc = json.loads(proc.stdout)
     assert doc["settings"], "the user configuration was not listed"
     assert doc["allowed_globals"], "the allowance was not listed"
@@ -138,7 +138,8 @@ def test_help_teaches(name: str, command: click.Command) -> None:
 
 
 def test_main_help_lists_every_command_with_examples() -> None:
-    proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "--help"], capture_output=True, text=True, timeout=60,
+                          env=environ())
     assert proc.returncode == 0 and "Examples:" in proc.stdout
     for name in ("scan", "fix", "undo", "gate", "inspect", "rules", "explain"):
         assert re.search(rf"^  {name} ", proc.stdout, re.M), name
@@ -150,7 +151,7 @@ def test_readme_counts_of_the_fixture_scan() -> None:
     m = re.search(r"It reports (\d+) errors, (\d+) warnings and (\d+) infos and exits 1", readme)
     assert m, "the README no longer says what `ckptdoctor scan fixtures/` reports"
     proc = subprocess.run([sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", "fixtures/"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=environ())
     summary = json.loads(proc.stdout)["summary"]
     assert proc.returncode == 1
     assert [summary["error"], summary["warning"], summary["info"]] == [int(g) for g in m.groups()]

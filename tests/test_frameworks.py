@@ -55,7 +55,13 @@ def test_discovery_names_the_framework_and_json_shows_it() -> None:
     assert by_path["tf/tf-trainer/checkpoint"] is Framework.TENSORFLOW
     assert by_path["tf/tf-trainer"] is Framework.TENSORFLOW
     assert by_path["tf/keras-weights"] is Framework.TENSORFLOW
+    # each is its own stack, recognised from the same files (MindSpore / TensorFlow), in the model and in JSON
+    stacks = {ck.path: ck.stack.value for run in tree.runs for ck in run.checkpoints}
+    assert stacks["mindnlp-run/checkpoint-2"] == stacks["mindnlp/checkpoint-6"] == "mindnlp"
+    assert stacks["tf/tf-trainer/checkpoint"] == stacks["tf/keras-weights"] == "tensorflow"
+    assert {r.path: r.stack.value for r in tree.runs}["mindnlp"] == "mindnlp"
     _, doc = _scan(TF / "tf-trainer")
+    assert {run["stack"] for run in doc["runs"]} == {"tensorflow"}
     rows = {c["path"]: c for run in doc["runs"] for c in run["checkpoints"]}
     assert rows["."]["framework"] == "tensorflow" and "hdf5" in rows["."]["kinds"]
     assert rows["."]["framework"] == "tensorflow" and rows["."]["files"] == 1

@@ -173,6 +173,21 @@ def test_the_command_line_can_still_turn_a_security_rule_off(hostile: Path) -> N
     assert gate(hostile, fail_on="never").verdict == "pass"
 
 
+def test_the_user_configuration_is_trusted_as_the_command_line_is(run: Path, tmp_path: Path) -> None:
+    """The user configuration never travels with a checkpoint: its `fail-on = "never"` passes a security error in
+    the gate exactly as it does in a scan (a run folder's own file cannot, above)."""
+    torch.save(_reducer(os.system, ("true",)), run / "checkpoint-4" / "training_args.bin")
+    user = tmp_path / "user.toml"
+    user.write_text('fail-on = "never"\n')
+    env = {"CKPTDOCTOR_USER_CONFIG": str(user)}
+    runner = CliRunner()
+    scanned = runner.invoke(main, ["scan", str(run)], env=env)
+    gated = runner.invoke(main, ["gate", str(run), "--format", "json"], env=env)
+    assert (scanned.exit_code, gated.exit_code) == (0, 0), (scanned.output, gated.output)
+    doc = json.loads(gated.stdout)
+    assert doc["verdict"] == "pass" and [f["rule"] for f in doc["findings"]] == ["CKD601"]
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [

@@ -184,12 +184,15 @@ def test_an_unreadable_file_the_resume_loads_is_an_error(
     root = _run(tmp_path)
     deny(root / "checkpoint-8" / name)
     deny(root / "checkpoint-4" / name)
-    (root / "checkpoint-8" / "notes.txt").write_text("x")
-    deny(root / "checkpoint-8" / "notes.txt")
+    # side files no resume opens (trainer_view.resume_reads), whatever their suffix: a warning
+    for side in ("notes.txt", "ema_backup.safetensors"):
+        (root / "checkpoint-8" / side).write_text("x")
+        deny(root / "checkpoint-8" / side)
     found = scan(str(root)).findings
     assert [f.severity for f in _at(found, f"checkpoint-8/{name}", "CKD001")] == [Severity.ERROR]
     assert [f.severity for f in _at(found, f"checkpoint-4/{name}", "CKD001")] == [Severity.WARNING]
-    assert [f.severity for f in _at(found, "checkpoint-8/notes.txt", "CKD001")] == [Severity.WARNING]
+    for side in ("notes.txt", "ema_backup.safetensors"):
+        assert [f.severity for f in _at(found, f"checkpoint-8/{side}", "CKD001")] == [Severity.WARNING]
     code, _ = _cli("scan", str(root))
     assert code == 1
 

@@ -49,6 +49,16 @@ def test_a_root_under_the_working_directory_is_relative_to_srcroot(
         assert "file=mal/checkpoint-4/model.safetensors," in sarif.render_github([_finding(root)]), root
 
 
+def test_an_annotation_points_at_the_file_at_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder finding that names its file (``Finding.file``) is annotated on that file, as SARIF anchors it:
+    GitHub shows annotations on files, not on folders. One with no file stays at its folder."""
+    monkeypatch.chdir(tmp_path)
+    at_folder = Finding("CKD217", "untied-head-not-saved", Severity.ERROR, "checkpoint-4", "msg", root="mal",
+                        file="checkpoint-4/config.json")  # fmt: skip
+    assert "file=mal/checkpoint-4/config.json," in sarif.render_github([at_folder])
+    assert "file=mal/checkpoint-4," in sarif.render_github([_finding("mal", "checkpoint-4")])
+
+
 def test_a_root_outside_the_working_directory_is_an_absolute_file_uri(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -433,6 +433,25 @@ def sample(rel: str, change: Callable[[Path], None] = lambda root: None) -> Call
     return make
 
 
+TITAN = "torchtitan-0.3.0-layout"  # tests/titan_run.py: real two-rank DCP saves in torchtitan's layout
+
+
+def _titan_steps(root: Path) -> Path:
+    return root / "checkpoint"
+
+
+def _drop_titan_metadata(root: Path) -> None:
+    (_titan_steps(root) / "step-4" / ".metadata").unlink()
+
+
+def _drop_titan_rank_file(root: Path) -> None:
+    (_titan_steps(root) / "step-4" / "__1_0.distcp").unlink()
+
+
+def _rename_titan_step(root: Path) -> None:
+    (_titan_steps(root) / "step-2").rename(_titan_steps(root) / "step-6")
+
+
 def _drop_tf_bundle_3(root: Path) -> None:
     for p in (root / "checkpoint").glob("ckpt-3.*"):
         p.unlink()
@@ -585,6 +604,16 @@ FIRES: tuple[Fires, ...] = (
           "checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp", ERR, ("references 21 items in `__1_0.distcp`",)),
     Fires("CKD501", "fsdp-rank-file-short", truncated("fsdp", "checkpoint-4/optimizer_0/__1_0.distcp", 100),
           "checkpoint-4/optimizer_0/__1_0.distcp", ERR, ("has 100 bytes", "references bytes up to")),
+    Fires("CKD501", "torchtitan-rank-file-missing", sample(f"{TITAN}/full", _drop_titan_rank_file),
+          "checkpoint/step-4/__1_0.distcp", ERR, ("references", "which does not exist")),
+    Fires("CKD510", "torchtitan-step-without-metadata", sample(f"{TITAN}/full", _drop_titan_metadata),
+          "checkpoint/step-4", ERR, ("`_find_load_step` skips it", "resumes from `step-2`, 2 steps earlier")),
+    Fires("CKD511", "torchtitan-model-only-final-step", sample(f"{TITAN}/model-only"), "checkpoint/step-4", INFO,
+          ("model-only save", "`Missing key in checkpoint state_dict`", "`optimizer`, `lr_scheduler`")),
+    Fires("CKD512", "torchtitan-renamed-step", sample(f"{TITAN}/full", _rename_titan_step), "checkpoint/step-6", ERR,
+          ("`train_state.step` is 2 but the folder is `step-6`", "continues from step 2")),
+    Fires("CKD513", "torchtitan-loader-world-4", sample(f"{TITAN}/loader-world-4"), "checkpoint/step-2", WARN,
+          ("`dataloader.world_size` is 4", "missing dp rank(s) 2, 3")),
     Fires("CKD502", "zero-partition-missing", deepspeed(ranks=(0,)), f"{CK8}/global_step8", ERR,
           ("1 of 2 ZeRO optimizer partitions", "missing rank(s) 1")),
     Fires("CKD503", "latest-tag-deleted", deepspeed(tags=(4, 8), drop="global_step8"), f"{CK8}/latest", ERR,
@@ -651,6 +680,11 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD405", "zero3-empty-adapter", emptied("clean-lora", f"{CK8}/adapter_model.safetensors")),
     Silent("CKD406", "full-resumed", clean("full-resumed")),
     Silent("CKD501", "fsdp", clean("fsdp")),
+    Silent("CKD501", "torchtitan", sample(f"{TITAN}/full")),
+    Silent("CKD510", "torchtitan", sample(f"{TITAN}/full")),
+    Silent("CKD511", "torchtitan", sample(f"{TITAN}/full")),
+    Silent("CKD512", "torchtitan", sample(f"{TITAN}/full")),
+    Silent("CKD513", "torchtitan", sample(f"{TITAN}/full")),
     Silent("CKD502", "deepspeed", deepspeed()),
     Silent("CKD503", "deepspeed", deepspeed()),
     Silent("CKD601", "clean-full", clean("clean-full")),

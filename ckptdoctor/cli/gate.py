@@ -100,6 +100,11 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
 @click.option("--world-size", type=click.IntRange(min=1), help="Processes the resume will run on: compared with "
               "the ranks that saved the checkpoint (CKD504), and a change of it changes the steps per epoch.  "
               "[default: the run's own, not checked]")
+@click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]), help="The program "
+              "whose resume the gate follows.  [default: the one that wrote RUN_DIR, recognised from its files]")
+@click.option("--load-step", type=click.IntRange(min=-1), help="torchtitan: the planned --checkpoint.load_step "
+              "(-1: the latest step-N holding .metadata, as CheckpointManager.load() takes it); with --max-steps as "
+              "training.steps and --world-size as the data-parallel degree.  [default: -1]")
 @click.option("--transformers-version", metavar="X.Y", help="The transformers version the resume will run "
               "under: the gate follows its resume path (4.x differs from 5.x in the weights file it loads, the batch "
               "size it resumes at, and some schedules).  [default: the installed transformers, else the "
@@ -142,6 +147,8 @@ def gate_command(
     per_device_train_batch_size: int | None,
     gradient_accumulation_steps: int | None,
     world_size: int | None,
+    stack: str | None,
+    load_step: int | None,
     transformers_version: str | None,
     save_safetensors: bool | None,
     auto_find_batch_size: bool | None,
@@ -216,9 +223,11 @@ def gate_command(
             "per_device_train_batch_size": per_device_train_batch_size,
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "transformers_version": transformers_version, "save_safetensors": save_safetensors,
+            "load_step": load_step,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
-        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts)
+        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
+                          stack=stack)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -6,6 +6,7 @@ import errno
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -27,6 +28,7 @@ from ckptdoctor.readers.torchzip import read_zip_at
 __all__ = ["read_dcp_data", "read_dcp_items", "read_dcp_metadata"]
 
 _DCP_MODULE = "torch.distributed.checkpoint.metadata"
+_SCALAR_TEXT = 256  # the longest string item kept as a value
 
 
 def _fields(v: Any) -> dict[str, Any] | None:
@@ -122,8 +124,11 @@ def read_dcp_items(
     This is how a scan reads a `.distcp` file: only the blobs torch would unpickle without restriction (BYTE_IO
     items; tensor items are loaded with weights_only=True), located by the metadata, so the cost is the size of
     those blobs' directories and pickles, not of the file. Ranges past the end of the file are CKD501's business.
+    The content's ``value`` maps the offset of each item that holds a number or a short string to it (a torchtitan
+    save's ``train_state.step``, ``dataloader.world_size``), as ``dcp.load`` would return it; None when none does.
     """
     found: list[PickleFacts] = []
+    scalars: dict[int, int | float | str] = {}
     problems: list[ReadProblem] = []
     try:
         for n, (start, length) in enumerate(sorted(set(items))):
@@ -135,11 +140,17 @@ def read_dcp_items(
             outcome = read_zip_at(f, start, length, limits)
             if isinstance(outcome.content, TorchFacts) and outcome.content.pickle is not None:
                 found.append(outcome.content.pickle)
+                value = outcome.content.pickle.value
+                if type(value) in (int, float) or (type(value) is str and len(value) <= _SCALAR_TEXT):
+                    scalars[start] = value
             if len(problems) < 20:
                 problems.extend(ReadProblem(p.kind, f"item at byte {start}: {p.message}") for p in outcome.problems[:5])
     except OSError as exc:
         return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
-    return ReadOutcome(merge_pickles(None, found), tuple(problems))
+    merged = merge_pickles(None, found)
+    if merged is not None and scalars:
+        merged = replace(merged, value=scalars)
+    return ReadOutcome(merged, tuple(problems))
 
 
 def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:

@@ -35,7 +35,11 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             source = s.sources.get("transformers_version", "default")
             lines.append(f"  transformers     {printable(s.transformers_version)} ({source})")
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
-        if total is None or todo is None:
+        if result.weights_branch == "dcp":  # torchtitan: `load()` restores train_state.step, trains to training.steps
+            at = "unknown" if start is None else f"train_state.step {start}"
+            plan = "" if total is None else f" -> training.steps {total}: trains {todo if todo is not None else '?'}"
+            lines.append(f"  steps            {at}{plan}")
+        elif total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
             rules = {f.rule for f in result.findings}
             why = ("the resume raises before its first step" if "CKD413" in rules

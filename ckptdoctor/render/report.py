@@ -11,8 +11,9 @@ from typing import Any, NamedTuple
 from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
-from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Tree
+from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack, Tree
 from ckptdoctor.scanner import Report
+from ckptdoctor.stacks import torchtitan as titan
 from ckptdoctor.version import __version__
 
 SCHEMA = "ckptdoctor.report/1"
@@ -50,8 +51,9 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
         "step": ck.step,
         "global_step": ts.global_step if ts else None,
         "max_steps": ts.max_steps if ts else None,
-        "kinds": trainer_view.kinds(ck),
+        "kinds": titan.kinds(ck) if ck.stack is Stack.TORCHTITAN else trainer_view.kinds(ck),
         "framework": ck.framework.value,
+        "stack": ck.stack.value,
         "files": len(ck.files),
         "bytes": sum(f.size for f in ck.files),
         "tensors": trainer_view.tensor_count(ck),
@@ -97,6 +99,7 @@ def run_entry(root: str, run: Run) -> dict[str, Any]:
         "root": root,
         "path": run.path,
         "resume_pick": run.resume_pick,
+        "stack": run.stack.value,
         "checkpoints": [checkpoint_row(ck) for ck in ordered(run)],
     }
 
@@ -223,6 +226,8 @@ def _tally(findings: list[Finding]) -> dict[str, dict[Severity, int]]:
     return out
 
 
+# What a checkpoint holds besides weights: the table's weights column omits them
+_STATE_KINDS = ("optimizer", "scheduler", "trainer-state", "dataloader", "train-state")
 _PICKS = "  <- resume picks"
 
 
@@ -254,7 +259,7 @@ def _fact_rows(run: Run) -> list[tuple[list[Any], str]]:
             [
                 printable(name),
                 "" if row["step"] is None else row["step"],
-                ",".join(k for k in row["kinds"] if k not in ("optimizer", "scheduler", "trainer-state")) or "-",
+                ",".join(k for k in row["kinds"] if k not in _STATE_KINDS) or "-",
                 "-" if row["tensors"] is None else f"{row['tensors']:,}",
                 human_bytes(row["bytes"]),
                 "-" if lr is None else f"{lr:.3g}",

@@ -157,10 +157,12 @@ def github_annotation(level: str, message: str, *, file: str | None = None, titl
 
 
 def render_github(findings: Sequence[Finding], *, notice: str | None = None) -> str:
-    """GitHub Actions annotations, one line per finding (``notice`` first, as a plain notice line)."""
+    """GitHub Actions annotations, one line per finding (``notice`` first, as a plain notice line), each at the
+    file at fault (``Finding.file``), else at the finding's folder."""
     lines = [github_annotation("notice", notice, title="ckptdoctor")] if notice else []
     for f in findings:
         title = f"{f.rule} {f.name}"
-        where = repository_path(finding_location(f))
+        # the file at fault, as SARIF anchors it: GitHub shows an annotation on a file, never on a folder
+        where = repository_path(finding_location(f if f.file is None else replace(f, path=f.file)))
         lines.append(github_annotation(_GITHUB_LEVEL[f.severity], f.message, file=where, title=title))
     return "\n".join(lines)

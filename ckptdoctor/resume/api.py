@@ -12,6 +12,7 @@ from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
+from ckptdoctor.resume import torchtitan as titan_gate
 from ckptdoctor.resume.args_file import read_training_args
 from ckptdoctor.resume.plan import (
     DEFAULT_LR_STEPS,
@@ -28,7 +29,7 @@ from ckptdoctor.resume.resolve import ResolvedArgs
 from ckptdoctor.resume.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
 from ckptdoctor.settings.exit import ExitPolicy, Outcome
-from ckptdoctor.settings.selection import Options, warn_kept
+from ckptdoctor.settings.selection import Options, Scope, warn_kept
 
 SCHEMA = "ckptdoctor.gate/1"
 
@@ -223,6 +224,7 @@ def gate(
     config: bool = True,
     allow_global: Sequence[str] = (),
     allow_empty: bool = False,
+    stack: str | None = None,
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
@@ -260,6 +262,11 @@ def gate(
     checkpoint at all passes (a launcher gating before the first save, which starts afresh: ``starts_afresh`` is then
     True); without it, it fails
     (CKD413: ``train(resume_from_checkpoint=True)`` raises).
+
+    ``stack`` (``--stack``) names the program whose resume the gate follows; by default the scanned run's own. A
+    torchtitan run (``stack="torchtitan"``) is judged by ``CheckpointManager.load()`` (``ckptdoctor.resume.torchtitan``,
+    CKD514): ``load_step`` is its ``checkpoint.load_step`` (-1: the latest), ``max_steps`` its ``training.steps``,
+    ``world_size`` the data-parallel degree.
     """
     args_facts: FileFacts | None = None
     if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
@@ -273,7 +280,7 @@ def gate(
         allow_empty=allow_empty, on_kept=warn_kept,
     )
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, options, planned,
-                    args_file=args_facts)
+                    args_file=args_facts, stack=stack)
 
 
 def gate_options(**given: Any) -> Options:
@@ -302,6 +309,7 @@ def run_gate(
     options: Options,
     planned: Mapping[str, Any],
     args_file: FileFacts | None = None,
+    stack: str | None = None,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
     settings file may not turn off (the CLI's note on stderr, the API's warning).
@@ -337,7 +345,8 @@ def run_gate(
             inside = os.path.join(target, ck_arg)
             in_run = checkpoint_in_run and not os.path.isdir(ck_arg) and os.path.isdir(inside)
             target = inside if in_run else ck_arg
-    selection, cfg_fail_on = rule_selection(os.fspath(run_dir), options)
+    scope = _scope(os.fspath(run_dir), options)
+    selection, cfg_fail_on = scope.selection, scope.fail_on
     fail_on = options.fail_on
     plan = Plan(checkpoint=ck_arg, lr_steps=lr_steps, fail_on=fail_on or cfg_fail_on or "error", **values)
     scanned: Sequence[Finding] = ()
@@ -349,6 +358,12 @@ def run_gate(
 
         report = scan(target, selection=selection)
         tree, scanned = report.trees[0], report.findings
+    if titan_gate.applies(tree, stack):  # torchtitan's `CheckpointManager.load()`, not the Trainer's resume
+        v = titan_gate.judge(tree, plan, scanned, selection, options.allow_empty)
+        ck_label = None if v.checkpoint is None else display_path(tree.root, v.checkpoint)
+        return GateResult(os.fspath(run_dir), ck_label, "dcp", v.start_step, v.max_steps, v.steps_to_train, (),
+                          v.findings, fail_on=plan.fail_on, weights_file=v.loads,
+                          fail_on_from_settings=fail_on is None and cfg_fail_on is not None)  # fmt: skip
     result = judge(tree, plan, run=os.fspath(run_dir), scanned=scanned, selection=selection)
     if options.allow_empty and ck_arg is None and result.checkpoint is None and not holds_checkpoint(tree):
         # nothing saved yet: the launcher starts afresh, so "train() raises: no checkpoint" (CKD413) is accepted
@@ -357,7 +372,9 @@ def run_gate(
         )
     if args_file is not None:
         result = replace(result, findings=_sorted([*result.findings, *args_file_findings(args_file, selection)]))
-    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+    # The user configuration never travels with a checkpoint: its fail-on is trusted as --fail-on is (as a scan's).
+    untrusted = not scope.config.trusted
+    return replace(result, fail_on_from_settings=fail_on is None and cfg_fail_on is not None and untrusted)
 
 
 def args_file_findings(facts: FileFacts, selection: Selection) -> list[Finding]:
@@ -374,10 +391,15 @@ def rule_selection(run_dir: str, options: Options) -> tuple[Selection, str | Non
 
     Raises ``GateInputError`` for a settings file that cannot be used.
     """
+    scope = _scope(run_dir, options)
+    return scope.selection, scope.fail_on
+
+
+def _scope(run_dir: str, options: Options) -> Scope:
     from ckptdoctor.errors import UsageError
-    from ckptdoctor.settings.selection import resolve_selection
+    from ckptdoctor.settings.selection import resolve_scope
 
     try:
-        return resolve_selection(run_dir, options)
+        return resolve_scope(run_dir, options)
     except UsageError as exc:
         raise GateInputError(str(exc)) from None

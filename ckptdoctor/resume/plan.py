@@ -83,6 +83,8 @@ class Plan:
     save_safetensors: bool | None = None
     auto_find_batch_size: bool | None = None
     transformers_version: str | None = None
+    # torchtitan's `checkpoint.load_step` (-1: the latest step holding `.metadata`); only its gate reads it
+    load_step: int | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
@@ -95,7 +97,8 @@ PLAN_FIELDS = frozenset(
     ("num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
      "lr_scheduler_kwargs",
      "steps_per_epoch", "world_size", "per_device_train_batch_size", "gradient_accumulation_steps",
-     "ignore_data_skip", "grad_scaler", "save_safetensors", "auto_find_batch_size", "transformers_version")
+     "ignore_data_skip", "grad_scaler", "save_safetensors", "auto_find_batch_size", "transformers_version",
+     "load_step")
 )  # fmt: skip
 
 
@@ -201,7 +204,7 @@ def check_plan(values: dict[str, Any]) -> None:
         number = trainer_view.number(v)
         if v is not None and (number is None or not math.isfinite(number)):
             raise GateInputError(f"{key} must be a finite number, not {brief(v)}")
-    for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1),
+    for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1), ("load_step", -1),
                      ("per_device_train_batch_size", 1), ("gradient_accumulation_steps", 1)):
         v = values.get(key)
         if v is not None and (trainer_view._int(v) is None or (low is not None and v < low) or abs(v) >= INT_LIMIT):

@@ -116,6 +116,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
     "ckptdoctor.resume.rules",
+    "ckptdoctor.resume.torchtitan",
 )
 
 

@@ -27,44 +27,36 @@ from ckptdoctor.model import (
     frozen,
 )
 from ckptdoctor.rules import Hit, rule
+from ckptdoctor.stacks import TRAINER_SAVES
 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 
 
 # Paths a resume cannot open: in the checkpoint it picks, one of them is an error.
 _BLOCKING_KINDS = (ProblemKind.UNREADABLE, ProblemKind.SPECIAL_FILE, ProblemKind.SYMLINK_LOOP)
-# What a resume opens in the checkpoint folder itself: weights, adapters, optimizer, scheduler, scaler and RNG
-# states, DCP pieces, and the JSON files `_load_from_checkpoint` and `train()` parse. Anything in a subfolder
-# (DeepSpeed tags, FSDP and DCP folders, extra adapters) and names without a suffix (`latest`, folders) count too.
-_LOADED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata", ".index.json")
-_LOADED_JSON = ("config.json", "trainer_state.json", "adapter_config.json")
 
 
-def _resume_picks(tree: Tree) -> list[str]:
-    """The folders `resume_from_checkpoint=True` picks, one per run, and standalone checkpoints."""
-    out = [run.resume_pick for run in tree.runs if run.resume_pick is not None]
-    out.extend(ck.path for run in tree.runs if run.standalone for ck in run.checkpoints)
+def _resume_picks(tree: Tree) -> list[Checkpoint]:
+    """The checkpoints `resume_from_checkpoint=True` picks, one per run, and standalone checkpoints."""
+    out = [ck for run in tree.runs if run.resume_pick is not None for ck in run.checkpoints
+           if ck.path == run.resume_pick]  # fmt: skip
+    out.extend(ck for run in tree.runs if run.standalone for ck in run.checkpoints)
     return out
 
 
-def _loaded(rel: str) -> bool:
-    """Whether a resume may open ``rel`` (relative to the checkpoint folder; "" is the folder itself)."""
-    name = rel.lower()
-    return rel == "" or "/" in rel or "." not in name or name.endswith(_LOADED_SUFFIXES) or name in _LOADED_JSON
-
-
-def _severity(path: str, kind: ProblemKind, picked: list[str]) -> Severity:
-    """Error when the resume would open ``path``: the folder it picks, or a file there a loader opens."""
+def _severity(path: str, kind: ProblemKind, picked: list[Checkpoint]) -> Severity:
+    """Error when the resume would open ``path``: the folder it picks, or a file there a loader opens
+    (``trainer_view.resume_reads``; an entry without a suffix may be a subfolder, which a loader reads whole)."""
     if kind not in _BLOCKING_KINDS:
         return Severity.WARNING
     for ck in picked:
-        if ck in (".", ""):
+        if ck.path in (".", ""):
             rel = "" if path in (".", "") else path
-        elif path == ck or path.startswith(f"{ck}/"):
-            rel = path[len(ck) + 1 :]
+        elif path == ck.path or path.startswith(f"{ck.path}/"):
+            rel = path[len(ck.path) + 1 :]
         else:
             continue
-        if _loaded(rel):
+        if trainer_view.resume_reads(ck, rel) or "." not in rel:
             return Severity.ERROR
     return Severity.WARNING
 
@@ -537,7 +529,7 @@ def incomplete_checkpoint(tree: Tree) -> Iterator[Hit]:
     for run in tree.runs:
         for ck in run.checkpoints:
             # Only the Trainer's folders: another stack writes no `trainer_state.json` by design (ckptdoctor.stacks)
-            if ck.role not in (FolderRole.CHECKPOINT,) or ck.stack is not Stack.TRAINER:
+            if ck.role not in (FolderRole.CHECKPOINT,) or ck.stack not in TRAINER_SAVES:
                 continue
             evidence = torn_evidence(ck, links_out, unread)
             if not evidence:
@@ -718,7 +710,7 @@ def no_resumable_checkpoint(tree: Tree) -> Iterator[Hit]:
     """
     for run in tree.runs:
         for ck in run.checkpoints:
-            if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck):
+            if ck.role != FolderRole.CHECKPOINT or not ck.files or _links_out(tree, ck) or ck.stack is Stack.TORCHTITAN:
                 continue  # a link out of the root is not followed, but a resume follows it (CKD604 reports it)
             if trainer_view.weights_branch(ck) == "none":
                 picked = " and resume_from_checkpoint=True picks it" if run.resume_pick == ck.path else ""

@@ -1,4 +1,4 @@
-"""Distributed-checkpoint rules: FSDP (torch.distributed.checkpoint) shards and DeepSpeed partitions."""
+"""Distributed-checkpoint rules: FSDP and torchtitan (torch.distributed.checkpoint) saves, DeepSpeed partitions."""
 
 from __future__ import annotations
 
@@ -6,8 +6,19 @@ import re
 from collections.abc import Iterator
 
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
-from ckptdoctor.model import Checkpoint, DcpMetadataFacts, DeepSpeedTag, FolderRole, TextFacts, TorchFacts, Tree
+from ckptdoctor.model import (
+    Checkpoint,
+    DcpMetadataFacts,
+    DeepSpeedTag,
+    FolderRole,
+    Run,
+    Stack,
+    TextFacts,
+    TorchFacts,
+    Tree,
+)
 from ckptdoctor.rules import Hit, rule
+from ckptdoctor.stacks import torchtitan as titan
 
 
 def _checkpoints(tree: Tree) -> Iterator[Checkpoint]:
@@ -155,3 +166,213 @@ def deepspeed_latest_dangling(tree: Tree) -> Iterator[Hit]:
             + (f" (present: {', '.join(sorted(tags))})" if tags else ""),
             fix=plan,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torchtitan's `CheckpointManager` (ckptdoctor.stacks.torchtitan): `checkpoint/step-N/` DCP saves
+
+
+def _titan_runs(tree: Tree) -> Iterator[tuple[Run, Checkpoint | None]]:
+    """Each torchtitan run with the step folder ``load(step=-1)`` loads (None: none, a fresh start)."""
+    for run in tree.runs:
+        if run.stack is Stack.TORCHTITAN:
+            yield run, titan.load_pick(run)
+
+
+def _name(ck: Checkpoint) -> str:
+    return ck.path.rsplit("/", 1)[-1]
+
+
+@rule(
+    "CKD510",
+    "dcp-step-without-metadata",
+    Severity.WARNING,
+    severity_when=((Severity.ERROR, "it is newer than the step `load()` picks: the resume silently falls back"),),
+)
+def dcp_step_without_metadata(tree: Tree) -> Iterator[Hit]:
+    """A torchtitan `step-N` folder holds no `.metadata`: a save cut short, which the resume skips without a word.
+
+    ## What it does
+    Looks in every `step-N` folder of a torchtitan checkpoint folder for the `.metadata` file
+    torch.distributed.checkpoint writes last (after every rank wrote its `__<rank>_<i>.distcp`). It is an error when
+    the folder is newer than the step `CheckpointManager.load()` picks, a warning otherwise.
+
+    ## Why is this bad?
+    torchtitan's `_find_load_step` counts only `step-N` folders that hold `.metadata`, so after a save cut short
+    (preemption, a full disk, a crash in `dcp.save`) `load()` silently resumes from the save before it: the steps
+    between are trained again, and nothing in the log says the newest save was skipped. The folder itself can
+    never be loaded: `dcp.load` needs the metadata to find any item.
+
+    ## Example
+    `checkpoint/step-1000/` holds `__0_0.distcp` and `__1_0.distcp` but no `.metadata`; the job restarts from
+    `step-500`.
+
+    ## Fix safety
+    No automatic fix. Remove or move the folder when the older state is what you want to resume; otherwise the
+    state of that step is lost.
+
+    ## References
+    torchtitan `torchtitan/components/checkpointer/dcp.py` (`CheckpointManager._find_load_step`, `_load`);
+    `torch/distributed/checkpoint/state_dict_saver.py` (`save`: `finish_checkpoint` writes the metadata after the
+    data), `torch/distributed/checkpoint/filesystem.py` (`FileSystemWriter.finish`).
+    """
+    for run, pick in _titan_runs(tree):
+        for ck in run.checkpoints:
+            if ck.step is None or titan.loadable(ck):
+                continue
+            held = sorted(ck.relname(f) for f in ck.files)
+            what = (
+                f"holds {', '.join(f'`{h}`' for h in held[:4])}{', ...' if len(held) > 4 else ''}"
+                if held
+                else ("is empty")
+            )
+            later = pick is None or (pick.step is not None and ck.step > pick.step)
+            if pick is None:
+                effect = "finds no other step: a fresh start, training from scratch"
+            else:
+                effect = f"resumes from `{_name(pick)}`" + (
+                    f", {ck.step - (pick.step or 0):,} steps earlier" if later else ""
+                )
+            yield Hit(
+                ck.path,
+                f"no `.metadata` (torch.distributed.checkpoint writes it last); the folder {what}: torchtitan's "
+                f"`_find_load_step` skips it and `load()` {effect}",
+                Severity.ERROR if later else Severity.WARNING,
+            )
+
+
+@rule(
+    "CKD511",
+    "dcp-model-only-step",
+    Severity.INFO,
+)
+def dcp_model_only_step(tree: Tree) -> Iterator[Hit]:
+    """The torchtitan step `load()` picks holds the model alone (`last_save_model_only`): training cannot continue
+    from it.
+
+    ## What it does
+    Reads the keys of the `.metadata` of the step `CheckpointManager.load()` picks and reports it when none of the
+    states torchtitan restores beside the model (`optimizer`, `lr_scheduler`, `dataloader`, `train_state`) is
+    there: the final save of a run with the default `checkpoint.last_save_model_only = true`. An info in a scan (a
+    finished run is meant to end so); `ckptdoctor gate` fails on it, since continuing is what it checks.
+
+    ## Why is this bad?
+    `load()` loads every state but the model alone only for step 0, so continuing such a run (more
+    `training.steps`, a new job on the same `checkpoint.folder`) fails in `dcp.load` on every rank:
+    `RuntimeError: Missing key in checkpoint state_dict: optimizer...` (or `dataloader.dp_rank_0`,
+    `lr_scheduler.last_epoch`, `train_state.step`).
+
+    ## Example
+    A 1000-step run with `interval = 500` ends with `step-1000/` holding only the model in float32; a job raised to
+    1500 steps on the same folder crashes at start.
+
+    ## Fix safety
+    No automatic fix: resume from the previous full save with `--checkpoint.load_step` (the gate predicts it with
+    `--load-step`), or save the last step in full with `--checkpoint.last_save_model_only false`.
+
+    ## References
+    torchtitan `torchtitan/components/checkpointer/dcp.py` (`CheckpointManager._save_last_step`, `_load`,
+    `_states_to_load`), `torchtitan/components/checkpointer/base.py` (`last_save_model_only`);
+    `torch/distributed/checkpoint/default_planner.py` (`create_default_local_load_plan`: "Missing key in checkpoint
+    state_dict").
+    """
+    for _, pick in _titan_runs(tree):
+        meta = titan.metadata(pick) if pick is not None else None
+        if pick is None or meta is None or pick.step == 0:
+            continue
+        missing = titan.missing_states(meta)
+        if len(missing) == len(titan.STATES):
+            yield Hit(
+                pick.path,
+                f"`load()` picks this model-only save (`last_save_model_only`): continuing from it, `dcp.load` "
+                f"raises `Missing key in checkpoint state_dict` for {', '.join(f'`{m}`' for m in missing)}",
+            )
+
+
+@rule(
+    "CKD512",
+    "dcp-train-state-step-mismatch",
+    Severity.WARNING,
+    severity_when=((Severity.ERROR, "it is the step `load()` picks"),),
+)
+def dcp_train_state_step_mismatch(tree: Tree) -> Iterator[Hit]:
+    """A torchtitan save's `train_state.step` is not the step in its folder's name.
+
+    ## What it does
+    Reads the `train_state.step` item of each `step-N` save (a small pickle in a `.distcp` file, located by
+    `.metadata`; walked, never loaded) and compares it with N. An error for the step `load()` picks.
+
+    ## Why is this bad?
+    `load()` chooses the folder by its name, but the training loop continues from the restored `train_state.step`:
+    a folder renamed or copied into place resumes at another step than its name says, retrains or skips steps, and
+    its next saves overwrite or interleave the run's other `step-N` folders.
+
+    ## Example
+    `step-800/` copied from another run's `step-600/`: the job resumes at step 600 and writes `step-700/`.
+
+    ## Fix safety
+    No automatic fix: find the folder the state belongs to.
+
+    ## References
+    torchtitan `torchtitan/trainer.py` (`Trainer.state_dict` / `load_state_dict`: `step`, `ntokens_seen`; `train`
+    continues from `self.step`), `torchtitan/components/checkpointer/dcp.py` (`_find_load_step`).
+    """
+    for run, pick in _titan_runs(tree):
+        for ck in run.checkpoints:
+            meta = titan.metadata(ck)
+            if meta is None or ck.step is None:
+                continue
+            saved = titan.int_value(titan.item_value(ck, meta, "train_state.step"))
+            if saved is not None and saved != ck.step:
+                picked = pick is not None and pick.path == ck.path
+                yield Hit(
+                    ck.path,
+                    f"`train_state.step` is {saved:,} but the folder is `{_name(ck)}`"
+                    + (f": `load()` picks it by its name and training continues from step {saved:,}" if picked else ""),
+                    Severity.ERROR if picked else Severity.WARNING,
+                )
+
+
+@rule("CKD513", "dcp-dataloader-ranks-mismatch", Severity.WARNING)
+def dcp_dataloader_ranks_mismatch(tree: Tree) -> Iterator[Hit]:
+    """A torchtitan save holds dataloader state for other data-parallel ranks than the world size it records.
+
+    ## What it does
+    Compares the `dataloader.dp_rank_<r>` keys of each save's `.metadata` with its `dataloader.world_size` item:
+    every rank from 0 to the world size less one should be there, and no other. `ckptdoctor gate --world-size`
+    also compares them with the planned data-parallel degree.
+
+    ## Why is this bad?
+    On `load()`, a rank whose `dp_rank_<r>` state is absent logs "DataLoader state is empty for dp rank" and reads
+    its data from the beginning again, so the resumed run sees some samples twice; a save from another data-parallel
+    degree fails `ParallelAwareDataloader.load_state_dict`'s assertion ("dp_degree is inconsistent before and after
+    checkpoint, dataloader resharding is not supported yet").
+
+    ## Example
+    A save whose `dataloader.world_size` is 4 holds `dp_rank_0` and `dp_rank_1` only.
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    torchtitan `torchtitan/components/dataloader.py` (`ParallelAwareDataloader.state_dict`, `load_state_dict`).
+    """
+    for run, _ in _titan_runs(tree):
+        for ck in run.checkpoints:
+            meta = titan.metadata(ck)
+            if meta is None or "dataloader.world_size" not in meta.keys:
+                continue
+            world = titan.int_value(titan.item_value(ck, meta, "dataloader.world_size"))
+            ranks = titan.dataloader_ranks(meta)
+            if world is None or world < 1 or ranks == list(range(world)):
+                continue
+            missing = sorted(set(range(world)) - set(ranks))
+            extra = sorted(set(ranks) - set(range(world)))
+            said = [f"missing dp rank(s) {', '.join(map(str, missing))}"] if missing else []
+            said += [f"dp rank(s) {', '.join(map(str, extra))} beyond it"] if extra else []
+            yield Hit(
+                ck.path,
+                f"`dataloader.world_size` is {world:,} but the save holds {len(ranks):,} "
+                f"`dataloader.dp_rank_<r>` states ({'; '.join(said)}): `load()` restarts the "
+                "data of each missing rank from the beginning",
+            )

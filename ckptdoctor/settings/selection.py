@@ -227,8 +227,14 @@ def resolve_selection(path: str, options: Options) -> tuple[Selection, str | Non
     or lower security rules, ``options.on_kept(source, codes)`` is told which stay on (the command line prints a
     note, the Python API warns; None: nothing is said).
     """
-    first = _Resolver(options).root(path).scopes[0]
+    first = resolve_scope(path, options)
     return first.selection, first.fail_on
+
+
+def resolve_scope(path: str, options: Options) -> Scope:
+    """The ``Scope`` of the settings file closest to ``path`` (``resolve_selection``'s), with whether that file is
+    the trusted user configuration (``scope.config.trusted``). Raises as ``resolve_selection``."""
+    return _Resolver(options).root(path).scopes[0]
 
 
 def root_settings(
