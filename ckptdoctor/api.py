@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from ckptdoctor.errors import UsageError
@@ -35,9 +35,14 @@ from ckptdoctor.settings.selection import (
 if TYPE_CHECKING:
     from ckptdoctor.fixer.run import FixResult
     from ckptdoctor.model import Tree
-    from ckptdoctor.scanner import Report
+    from ckptdoctor.rules import Selection
+    from ckptdoctor.scanner import Part, Report
 
-NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: what allow_empty accepts
+NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: what allow_empty accepts (scanner.NO_CHECKPOINT)
+
+# ``scan_roots``'s ``on_part``: each part of a root as it is judged (the root's index in the report, the part's
+# tree, its findings under the settings that govern it).
+PartSink = Callable[[int, "Tree", "list[Finding]"], None]
 
 
 def scan(
@@ -94,8 +99,16 @@ def scan_roots(
     checksums: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
     progress: TextIO | None = None,
+    on_part: PartSink | None = None,
 ) -> Report:
-    """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``."""
+    """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``.
+
+    With ``on_part`` the scan keeps one run in memory at a time: each part of a root (a run folder, or a folder of
+    runs, as discovery finishes it; the rest of the root last) is judged under the settings that govern it and
+    handed to ``on_part(index, tree, findings)`` (``index``: the root's place in the report), then released. The
+    Report then holds each root's findings, settings and file count, and a tree of no runs (``--deep`` still hands
+    each root whole). The findings are those of the scan without ``on_part``, in the same order.
+    """
     from ckptdoctor.scanner import Report, check_roots
     from ckptdoctor.scanner import scan as scan_trees
 
@@ -106,6 +119,8 @@ def scan_roots(
     if checksums is not None:
         _check_checksums(roots.paths, checksums, deep)
     roots = check_roots(roots)
+    if on_part is not None:
+        return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress)
     parts = [
         scan_trees(
             roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums
@@ -134,6 +149,98 @@ def scan_roots(
     )
 
 
+def _scan_parts(
+    roots: Roots,
+    options: Options,
+    groups: Sequence[tuple[list[str], Selection, str | None, list[RootSettings]]],
+    on_part: PartSink,
+    deep: bool,
+    jobs: int | None,
+    checksums: str | None,
+    limits: Limits,
+    progress: TextIO | None,
+) -> Report:
+    """``scan_roots`` with ``on_part``: each root scanned part by part (``scanner.scan_root``)."""
+    import time
+
+    from ckptdoctor.model import Tree
+    from ckptdoctor.scanner import Report, checked_selection, scan_root
+
+    start = time.perf_counter()
+    trees: list[Tree] = []
+    findings: list[Finding] = []
+    settings: list[RootSettings] = []
+    folders: list[list[str]] = []
+    for ps, selection, _, group_settings in groups:
+        sel = checked_selection(selection)
+        if deep and not sel.deep:
+            sel = dataclasses.replace(sel, deep=True)
+        for p, rs in zip(ps, group_settings, strict=True):
+            judge = _PartJudge(len(trees), rs, sel, options, deep, on_part)
+            scan_root(p, roots.url(p), sel, judge, limits=limits, jobs=jobs, progress=progress, checksums=checksums)
+            trees.append(Tree(root=p, runs=(), files_seen=judge.files, abs_root=judge.abs_root))
+            findings.extend(sorted(judge.findings, key=Finding.sort_key))
+            settings.append(judge.settings())
+            folders.append(judge.folders)
+    return Report(
+        tuple(trees),
+        tuple(findings),
+        time.perf_counter() - start,
+        ExitPolicy.of_settings(options.fail_on, settings),
+        settings_used(zip(settings, folders, strict=True)),
+    )
+
+
+class _PartJudge:
+    """Judges each part of one root under the settings files that govern it (those in the folders above it, found
+    in the listing, and its own) and hands it on; keeps only its findings, folders and file count."""
+
+    def __init__(
+        self, index: int, settings: RootSettings, selection: Selection, options: Options, deep: bool, sink: PartSink
+    ) -> None:
+        self.index = index
+        self.own = settings
+        self.selection = selection
+        self.options = options
+        self.deep = deep
+        self.sink = sink
+        self.findings: list[Finding] = []
+        self.folders: list[str] = []
+        self.files = 0
+        self.abs_root = ""
+        self.configs: set[str] = set()  # settings files listed so far (they govern the folders below them)
+        self.found: set[str] = set()  # those of the parts judged (what the whole root's listing holds)
+        self._nested: tuple[frozenset[str], RootSettings] | None = None
+
+    def __call__(self, part: Part) -> None:
+        from ckptdoctor.scanner import part_findings
+        from ckptdoctor.settings.files import CONFIG_NAMES
+
+        tree = part.tree
+        found = part_findings(part, self.selection)
+        if not self.options.no_config:
+            own = {f.path for f in tree.all_files() if f.name in CONFIG_NAMES}
+            self.found |= own
+            self.configs |= own | {p for p in part.above if p.rsplit("/", 1)[-1] in CONFIG_NAMES}
+            found = _judged(part, self._settings(self.configs), found, self.deep)
+        self.findings.extend(found)
+        self.folders.extend(_folders(tree))
+        self.files += tree.files_seen
+        self.abs_root = tree.abs_root
+        self.sink(self.index, tree, found)
+
+    def _settings(self, configs: set[str]) -> RootSettings:
+        """The root's settings with the files ``configs`` below it (resolved once per set of files)."""
+        key = frozenset(configs)
+        if self._nested is None or self._nested[0] != key:
+            self._nested = key, with_nested(self.own, sorted(key), self.options)
+        return self._nested[1]
+
+    def settings(self) -> RootSettings:
+        """The root's settings with every settings file its listing held, as ``Report.settings`` lists them."""
+        return self.own if self.options.no_config else self._settings(self.found)
+
+
 def _folders(tree: Tree) -> list[str]:
     """The run and checkpoint folders discovery found in ``tree``, relative to its root."""
     return [p for run in tree.runs for p in (run.path, *(ck.path for ck in run.checkpoints))]
@@ -145,22 +252,24 @@ def _nested_settings(
     """The settings files below ``tree``'s root applied to the folders they govern, as ruff applies the closest
     configuration to each file (``_judged``). The scan's own listing finds the files (no extra look at the disk); a
     tree without one is returned as it is."""
+    from ckptdoctor.scanner import Part
+
     nested = with_nested(settings, (f.path for f in tree.all_files()), options)
-    return nested, _judged(tree, nested, findings, deep)
+    return nested, _judged(Part(tree, last=True, whole=tree), nested, findings, deep)
 
 
-def _judged(tree: Tree, settings: RootSettings, findings: Sequence[Finding], deep: bool) -> list[Finding]:
-    """``findings`` (a scan of ``tree`` under the root's own scope) with each nested scope's instead for the folders
+def _judged(part: Part, settings: RootSettings, findings: Sequence[Finding], deep: bool) -> list[Finding]:
+    """``findings`` (a scan of ``part`` under the root's own scope) with each nested scope's instead for the folders
     it governs: the rules are run again under each nested file's selection and each finding is kept from the run of
     the scope holding its path."""
     if len(settings.scopes) == 1:
         return list(findings)
-    from ckptdoctor.rules import run_rules
+    from ckptdoctor.scanner import part_findings
 
     out = [f for f in findings if settings.scope_of(f.path) is settings.scopes[0]]
     for scope in settings.scopes[1:]:
         selection = dataclasses.replace(scope.selection, deep=deep or scope.selection.deep)
-        out.extend(f for f in run_rules(tree, selection) if settings.scope_of(f.path) is scope)
+        out.extend(f for f in part_findings(part, selection) if settings.scope_of(f.path) is scope)
     return sorted(out, key=Finding.sort_key)
 
 
@@ -241,7 +350,9 @@ def fix_roots(
         # Resolved once per root, from the listing before the fix: the rescan is judged under the same files.
         if root not in nested:
             nested[root], _ = _nested_settings(tree, own[root], (), options, False)
-        return _judged(tree, nested[root], findings, False)
+        from ckptdoctor.scanner import Part
+
+        return _judged(Part(tree, last=True, whole=tree), nested[root], findings, False)
 
     results = [
         fix_trees(

@@ -40,6 +40,10 @@ from ckptdoctor.stacks import torchtitan as titan_stack
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
 DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
+# What `discover` hands each run folder it finishes when asked to (``on_part``): the folder's own Tree (its runs,
+# loose files and path problems, as the whole root's Tree would hold them) and the paths of the files listed in the
+# folders above it inside the root (where settings files that govern it live).
+PartCallback = Callable[[Tree, "tuple[str, ...]"], None]
 
 # transformers trainer_utils `_re_checkpoint`, used by get_last_checkpoint (and so by resume_from_checkpoint=True).
 # Kept exactly, Unicode `\d` and `$` before a trailing newline included, so resume_pick agrees with it.
@@ -101,9 +105,15 @@ class _Dir:
     dir_names: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)  # every name listed, ckptdoctor's own folder too (os.listdir's)
     has_run: bool = False  # this folder or one below it is a run
+    # Handed to ``on_part`` as its own Tree and released: only its name, file names and ``has_run`` stay, which is
+    # all its parent's grouping asks of it (``_is_model_subfolder``, ``_is_run``); the Grouper skips it.
+    emitted: bool = False
+    # Paths of the files listed here, kept while the walk is below this folder (``PartCallback``'s second value).
+    listed: list[str] = field(default_factory=list)
     # `.distcp` files (relative path -> path to open): read after the walk, at the items `.metadata` locates.
     distcp: dict[str, str] = field(default_factory=dict)
     file_names: list[str] = field(default_factory=list)  # its files' names as listed (known before pooled reads end)
+    names: list[str] = field(default_factory=list)  # an emitted folder's files' names once read (``files`` is released)
 
 
 def default_jobs(root: str | None = None) -> int:
@@ -121,7 +131,11 @@ def default_jobs(root: str | None = None) -> int:
 
 
 def discover(
-    root: str, limits: Limits = DEFAULT_LIMITS, jobs: int = 1, progress: Callable[[], None] | None = None
+    root: str,
+    limits: Limits = DEFAULT_LIMITS,
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+    on_part: PartCallback | None = None,
 ) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
@@ -133,11 +147,19 @@ def discover(
     A URL root (``s3://bucket/run/``, ``gs://``, ``hf://``...) is listed and read through fsspec instead
     (``ckptdoctor.sources.fsspec``), into the same Tree. ``progress`` is called once per file read (from any
     thread).
+
+    ``on_part`` (a scan that keeps one run in memory at a time) is handed each folder below the root that is grouped
+    on its own whatever is above it (a run, or a folder of runs, not inside a folder its run may take as a
+    checkpoint) as soon as its walk is over, as a Tree of its runs, loose files and path problems; its facts are
+    then released and the returned Tree holds the rest. The parts and the rest hold exactly what the Tree without
+    ``on_part`` holds.
     """
-    return _discover(root, source_for(root, limits), jobs, progress)
+    return _discover(root, source_for(root, limits), jobs, progress, on_part)
 
 
-def _discover(root: str, source: Source[L, M], jobs: int, progress: Callable[[], None] | None) -> Tree:
+def _discover(
+    root: str, source: Source[L, M], jobs: int, progress: Callable[[], None] | None, on_part: PartCallback | None
+) -> Tree:
     problems: list[PathProblem] = []
     found = source.root(problems)
     if isinstance(found, PathProblem):
@@ -151,12 +173,13 @@ def _discover(root: str, source: Source[L, M], jobs: int, progress: Callable[[],
             tf_shard_problems=tf_shard_problems((facts,)),
         )
 
+    emit = None if on_part is None else _Emitter(root, source, problems, on_part)
     if jobs <= 1:
-        walker = _Walker(source, problems, None, progress)
+        walker = _Walker(source, problems, None, progress, emit)
         top = walker.walk(found, ".", 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(source, problems, pool, progress)
+            walker = _Walker(source, problems, pool, progress, emit)
             top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
     _drop_vanished(top, problems)
@@ -171,6 +194,11 @@ def build_tree(
     _mark_lightning(top)
     grouper = _Grouper()
     grouper.visit_root(top, root_name)
+    return _grouped(root, grouper, problems, files_seen, abs_root)
+
+
+def _grouped(root: str, grouper: _Grouper, problems: list[PathProblem], files_seen: int, abs_root: str) -> Tree:
+    """The sorted ``Tree`` of what ``grouper`` found."""
     runs = tuple(sorted(grouper.runs, key=lambda r: r.path))
     loose = tuple(sorted(grouper.loose, key=lambda f: f.path))
     return Tree(
@@ -220,6 +248,7 @@ class _Walker(Generic[L, M]):
         problems: list[PathProblem],
         pool: ThreadPoolExecutor | None,
         progress: Callable[[], None] | None = None,
+        emit: _Emitter | None = None,
     ) -> None:
         self.source = source
         self.limits = source.limits
@@ -227,9 +256,14 @@ class _Walker(Generic[L, M]):
         self.progress = progress
         self.problems = problems
         self.files_seen = 0
+        self.emit = emit
+        self.above: list[_Dir] = []  # the folders being walked, the root first (their ``listed`` files)
 
-    def walk(self, folder: Entry[M], rel: str, depth: int, ancestors: frozenset[Hashable]) -> _Dir:
-        """Walk one directory (already known to be one) and everything below it."""
+    def walk(
+        self, folder: Entry[M], rel: str, depth: int, ancestors: frozenset[Hashable], absorbed: bool = False
+    ) -> _Dir:
+        """Walk one directory (already known to be one) and everything below it. ``absorbed``: it is, or is inside,
+        a folder its run may take whole as a checkpoint (nothing below it is emitted on its own)."""
         node = _Dir(rel=rel, name=folder.name, mtime=folder.mtime)
         source = self.source
         if source.stopped:
@@ -267,6 +301,8 @@ class _Walker(Generic[L, M]):
 
         in_dcp = in_dcp_folder(crel for _, crel in files)
         node.file_names = [entry.name for entry, _ in files]
+        if self.emit is not None:
+            node.listed = [crel for _, crel in files]
         for entry, crel in files:
             if in_dcp and crel.endswith(".distcp"):
                 node.distcp[crel] = entry.path
@@ -287,9 +323,75 @@ class _Walker(Generic[L, M]):
                     PathProblem(crel, ReadProblem(ProblemKind.SYMLINK_LOOP, "leads back to a folder above it"), target)
                 )
                 continue
-            node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
-        node.has_run = _is_run(node) or _is_framework_folder(node) or any(d.has_run for d in node.dirs)
+            if self.emit is None:
+                node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
+                continue
+            inner = absorbed or _absorbable(entry.name)
+            before = self.files_seen
+            self.above.append(node)
+            try:
+                child = self.walk(entry, crel, depth + 1, ancestors, inner)
+                if child.has_run and not inner:
+                    # its files (those of parts emitted below it are counted there already) go with it
+                    child = self.emit(child, self.files_seen - before, self.above)
+                    self.files_seen = before
+            finally:
+                self.above.pop()
+            node.dirs.append(child)
+        # The folder's own reads are over before it is judged a run: a TensorFlow folder or a Lightning `.ckpt` is
+        # known by what its files hold (a pooled read still pending would leave it loose).
+        if node.pending:
+            node.files.extend(f.result() for f in node.pending)
+            node.pending.clear()
+        node.has_run = (
+            _is_run(node)
+            or _is_framework_folder(node)
+            or _is_lightning_folder(node)
+            or any(d.has_run for d in node.dirs)
+        )
         return node
+
+
+def _absorbable(name: str) -> bool:
+    """Whether a folder of this name may be taken whole as a checkpoint by the run above it (``_Grouper.visit``),
+    subfolders and all: nothing inside it is grouped on its own."""
+    return bool(
+        _ROTATION_RE.search(name) or accelerate_stack.AUTOMATIC_RE.match(name) or titan_stack.step_of(name) is not None
+    )
+
+
+class _Emitter:
+    """Hands each finished run folder to ``on_part`` as its own Tree (grouped exactly as the whole root's grouping
+    would group it: a folder with a run in it, named so no run above takes it as a checkpoint, is visited on its
+    own) and leaves a stub in its place."""
+
+    def __init__(self, root: str, source: Source[L, M], problems: list[PathProblem], on_part: PartCallback) -> None:
+        self.root = root
+        self.read_dcp_items = source.read_dcp_items
+        self.abs_root = source.abs_root
+        self.problems = problems
+        self.on_part = on_part
+
+    def __call__(self, node: _Dir, files_seen: int, above: Sequence[_Dir]) -> _Dir:
+        """Emit ``node`` (``files_seen``: the files its walk read, those of parts emitted below it left out) and
+        return its stub. ``above``: the folders it is in, the root first."""
+        mine: list[PathProblem] = []
+        kept: list[PathProblem] = []
+        prefix = node.rel + "/"
+        for p in self.problems:  # its own entry's problems (a bad name, a link) and everything below it
+            (mine if p.path == node.rel or p.path.startswith(prefix) else kept).append(p)
+        self.problems[:] = kept
+        _drop_vanished(node, mine)
+        _read_dcp_items(node, self.read_dcp_items)
+        _mark_lightning(node)
+        grouper = _Grouper()
+        grouper.visit(node)
+        tree = _grouped(self.root, grouper, mine, files_seen, self.abs_root)
+        self.on_part(tree, tuple(rel for d in above for rel in d.listed))
+        return _Dir(
+            rel=node.rel, name=node.name, mtime=node.mtime, has_run=True, emitted=True,
+            file_names=node.file_names, names=[f.name for f in node.files],
+        )
 
 
 def _drop_vanished(top: _Dir, problems: list[PathProblem]) -> None:
@@ -387,6 +489,8 @@ class _Grouper:
                 self.visit(d)
 
     def visit(self, node: _Dir) -> None:
+        if node.emitted:  # judged as a part of its own already
+            return
         if not node.has_run:
             self.loose.extend(_all_files(node))
             return
@@ -531,7 +635,8 @@ def _is_ckpt_file(name: str) -> bool:
 
 def _is_model_subfolder(node: _Dir) -> bool:
     """Subfolders writers put inside a model/checkpoint folder: extra adapters, DeepSpeed tags, DCP folders."""
-    names = {f.name for f in node.files}
+    # an emitted folder keeps the names of the files it held once read (what ``files`` said of it)
+    names = set(node.names) if node.emitted else {f.name for f in node.files}
     if is_deepspeed_tag(node.name, names):
         return True
     return bool(

@@ -7,7 +7,7 @@ import errno
 import gc
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import field
 from typing import TextIO
@@ -21,6 +21,38 @@ from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
 from ckptdoctor.settings.selection import SettingsUse
 
 CHECKSUMS = ("write", "verify")
+NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: judged on what the whole root held, on its last part
+
+
+@frozen
+class Part:
+    """One piece of a root's scan, judged on its own: a run folder (or a folder of runs) as discovery finished it
+    (``discover``'s ``on_part``), or the rest of the root, last. A scan that keeps everything has one part per root.
+
+    ``tree`` holds the part's runs, loose files and path problems, with their pickle verdicts (and ``--deep`` data);
+    ``above`` the paths of the files listed in the folders above it (where the settings files that govern it are);
+    ``whole`` is the tree CKD002 judges (the last part, counting every file of the root) or None (not judged here).
+    """
+
+    tree: Tree
+    above: tuple[str, ...] = ()
+    last: bool = False
+    whole: Tree | None = None
+
+
+def part_findings(part: Part, selection: Selection) -> list[Finding]:
+    """The findings of the rules ``selection`` enables on ``part``, sorted as a whole root's are: each rule judges
+    the part's tree, and CKD002 the whole root's (``Part.whole``), so the parts of a root together give exactly the
+    findings of the root judged whole."""
+    from ckptdoctor.rules import all_rules, evaluate
+
+    rules = [r for r in all_rules() if selection.enabled(r)]
+    tree = judged(part.tree, selection)
+    out = evaluate([r for r in rules if r.code != NO_CHECKPOINT], tree, tree, selection)
+    if part.whole is not None:
+        whole = part.whole
+        out.extend(evaluate([r for r in rules if r.code == NO_CHECKPOINT], whole, whole, selection))
+    return sorted(out, key=Finding.sort_key)
 
 
 @frozen
@@ -106,47 +138,132 @@ def scan(
     that matches no rule (it would silently select nothing) or for an empty ``paths``, ``TypeError`` for a path that
     is not one.
     """
-    from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
-    from ckptdoctor.progress import Counter
-
     roots = check_roots(paths)  # a Roots checked at the door (api.scan, fixer.fix) is not checked again
     if checksums is not None and (checksums not in CHECKSUMS or not deep):
         raise ValueError(f"checksums={checksums!r}: expected one of {CHECKSUMS}, with deep=True")
     sel = checked_selection(selection or Selection())
     if deep and not sel.deep:
         sel = dataclasses.replace(sel, deep=True)
-    if sel.deep:  # tensor records are read whole anyway: check their zip local headers too
-        limits = dataclasses.replace(limits, zip_data_local_headers=True)
     start = time.perf_counter()
     trees: list[Tree] = []
     findings: list[Finding] = []
-    with _gc_paused():
-        for p in roots:
-            counter = Counter(progress) if progress is not None else None
-            try:
-                tree = discover(
-                    p, limits, jobs if jobs is not None else default_jobs(p), counter.tick if counter else None
-                )
-            finally:
-                if counter is not None:
-                    counter.close()
-            if not tree.abs_root:
-                tree = dataclasses.replace(tree, abs_root=os.path.abspath(p))
-            if sel.deep:
-                from ckptdoctor import trainer_view
-                from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
-
-                if roots.url(p):  # object storage (ckptdoctor.sources.fsspec): no local file to stream
-                    raise DeepUnavailable(f"{p}: deep checks read every tensor byte and work on local files only")
-                workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
-                compared = trainer_view.value_compared_files(ck for run in tree.runs for ck in run.checkpoints)
-                data = check_tree(tree, workers, progress, checksums=checksums is not None, values=compared)
-                manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
-                tree = dataclasses.replace(tree, data=data, manifest=manifest)
-            tree = judged(tree, sel)
-            trees.append(tree)
-            findings.extend(scan_tree(tree, sel))
+    for p in roots:
+        kept = _Kept(sel)
+        scan_root(p, roots.url(p), sel, kept, limits=limits, jobs=jobs, progress=progress, checksums=checksums)
+        trees.append(merged(kept.trees))
+        findings.extend(sorted(kept.findings, key=Finding.sort_key))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)
+
+
+def scan_root(
+    path: str,
+    url: bool,
+    selection: Selection,
+    on_part: Callable[[Part], None],
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    jobs: int | None = None,
+    progress: TextIO | None = None,
+    checksums: str | None = None,
+    split: bool = True,
+) -> None:
+    """Discover one root (``url``: a URL, read through fsspec) and hand its parts to ``on_part`` as discovery
+    finishes them, each with its pickle verdicts (under ``selection``'s allowances), the rest of the root last
+    (``Part.last``): a run is read, handed on and released before the next is read, so memory holds one run at a
+    time. ``split`` False (and ``--deep``, whose data and checksums are the whole root's) hands the root whole, in
+    one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s."""
+    from ckptdoctor import trainer_view
+    from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
+    from ckptdoctor.facts import holds_checkpoint
+    from ckptdoctor.progress import Counter
+
+    if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
+        limits = dataclasses.replace(limits, zip_data_local_headers=True)
+    held = False  # whether a part handed on held a checkpoint (CKD002 is judged on the whole root)
+    counted = 0  # the files of the parts handed on
+
+    def placed(tree: Tree) -> Tree:
+        return tree if tree.abs_root else dataclasses.replace(tree, abs_root=os.path.abspath(path))
+
+    def part(tree: Tree, above: tuple[str, ...]) -> None:
+        nonlocal held, counted
+        held = held or holds_checkpoint(tree)
+        counted += tree.files_seen
+        on_part(Part(judged(placed(tree), selection), above))
+        trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
+
+    split = split and not selection.deep
+    with _gc_paused():
+        counter = Counter(progress) if progress is not None else None
+        try:
+            tree = discover(
+                path,
+                limits,
+                jobs if jobs is not None else default_jobs(path),
+                counter.tick if counter else None,
+                part if split else None,
+            )
+        finally:
+            if counter is not None:
+                counter.close()
+        tree = placed(tree)
+        if selection.deep:
+            from ckptdoctor.deep import DeepUnavailable, check_tree, read_manifest  # numpy: only for --deep
+
+            if url:  # object storage (ckptdoctor.sources.fsspec): no local file to stream
+                raise DeepUnavailable(f"{path}: deep checks read every tensor byte and work on local files only")
+            workers = jobs if jobs is not None else default_jobs()  # numpy and hashing release the GIL
+            compared = trainer_view.value_compared_files(ck for run in tree.runs for ck in run.checkpoints)
+            data = check_tree(tree, workers, progress, checksums=checksums is not None, values=compared)
+            manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
+            tree = dataclasses.replace(tree, data=data, manifest=manifest)
+        tree = judged(tree, selection)
+        whole = None if held else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
+        on_part(Part(tree, (), True, whole))
+
+
+class _Kept:
+    """Keeps each part of a root and its findings (``scan``: a Report holds every tree)."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.selection = selection
+        self.trees: list[Tree] = []
+        self.findings: list[Finding] = []
+
+    def __call__(self, part: Part) -> None:
+        self.trees.append(part.tree)
+        self.findings.extend(part_findings(part, self.selection))
+
+
+def merged(parts: Sequence[Tree]) -> Tree:
+    """The parts of one root (``scan_root``, the rest last) as the one Tree discovery gives without parts: runs,
+    loose files and path problems sorted as it sorts them, pickle verdicts and TensorFlow shard problems in
+    ``Tree.all_files`` order."""
+    rest = parts[-1]
+    if len(parts) == 1:
+        return rest
+    from ckptdoctor.discover import tf_shard_problems
+
+    runs = tuple(sorted((r for t in parts for r in t.runs), key=lambda r: r.path))
+    loose = tuple(sorted((f for t in parts for f in t.loose_files), key=lambda f: f.path))
+    problems = sorted((p for t in parts for p in t.path_problems), key=lambda p: (p.path, p.problem.kind.value))
+    tree = dataclasses.replace(
+        rest,
+        runs=runs,
+        loose_files=loose,
+        path_problems=tuple(problems),
+        files_seen=sum(t.files_seen for t in parts),
+        pickle_verdicts=None,
+    )
+    files = tree.all_files()
+    if rest.pickle_verdicts is None:  # parts not judged yet
+        return dataclasses.replace(tree, tf_shard_problems=tf_shard_problems(files))
+    verdicts = {path: v for t in parts for path, v in t.pickle_verdicts or ()}
+    return dataclasses.replace(
+        tree,
+        tf_shard_problems=tf_shard_problems(files),
+        pickle_verdicts=tuple((f.path, verdicts[f.path]) for f in files if f.path in verdicts),
+    )
 
 
 def check_roots(paths: Sequence[PathArg] | PathArg | Roots) -> Roots:

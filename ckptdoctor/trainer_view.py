@@ -64,12 +64,14 @@ def scheduler_file(ck: Checkpoint) -> FileFacts | None:
 _T = TypeVar("_T")
 _K = TypeVar("_K")
 _CACHE_SIZE = 4096
+_CACHES: list[dict[int, Any]] = []  # every ``per_object`` cache, for ``forget``
 
 
 def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
     """Memoise ``fn`` by its argument's identity, for pure functions of frozen values that are asked the same
     question by several rules. The cache is bounded and holds each argument, so its id stays unique."""
     cache: dict[int, tuple[_K, _T]] = {}
+    _CACHES.append(cache)
 
     def memo(x: _K) -> _T:
         hit = cache.get(id(x))
@@ -82,6 +84,13 @@ def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
         return result
 
     return memo
+
+
+def forget() -> None:
+    """Empty every ``per_object`` cache: a scan that judges one run at a time calls it once a run is judged and
+    rendered, since each cache holds its arguments (a run's facts, its parsed log histories) until it fills."""
+    for cache in _CACHES:
+        cache.clear()
 
 
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:

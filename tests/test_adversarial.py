@@ -378,6 +378,7 @@ def test_an_interrupt_exits_130_not_1(command: str, monkeypatch: pytest.MonkeyPa
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ckptdoctor.scanner, "scan", interrupted)
+    monkeypatch.setattr(ckptdoctor.scanner, "scan_root", interrupted)  # the command's scan, one part at a time
     root = copy_fixture("stub-shadow", tmp_path / "run")
     status, _, err = invoke(command, str(root))
     assert status == 130 and "Interrupted." in err and "Aborted" not in err

@@ -4,8 +4,9 @@ writes, as a shell's ``> PATH`` would; never a checkpoint's)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
@@ -28,6 +29,37 @@ def emit(text: str, output_file: str | None, silent: bool) -> None:
             raise UsageProblem(f"--output-file {output_file}: {why}") from None
     elif text and not silent:
         click.echo(text)
+
+
+class Lines:
+    """Where ``--format jsonl`` writes its lines as they come: ``--output-file`` (a file that cannot be written is
+    a usage error, before the scan), else stdout unless ``--silent``; each line is flushed, so a pipeline reads a
+    run's findings while the next run is scanned."""
+
+    def __init__(self, output_file: str | None, silent: bool) -> None:
+        self.output_file = output_file
+        self.silent = silent
+        self.out: TextIO | None = None
+
+    def __enter__(self) -> Lines:
+        if self.output_file is not None:
+            try:
+                self.out = open(self.output_file, "w", encoding="utf-8")  # closed by __exit__
+            except OSError as exc:
+                why = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise UsageProblem(f"--output-file {self.output_file}: {why}") from None
+        elif not self.silent:
+            self.out = sys.stdout
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.out is not None and self.out is not sys.stdout:
+            self.out.close()
+
+    def write(self, line: str) -> None:
+        if self.out is not None:
+            self.out.write(line + "\n")
+            self.out.flush()
 
 
 def print_settings(

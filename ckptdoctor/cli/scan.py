@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -24,11 +24,14 @@ from ckptdoctor.cli.options import (
     show_settings_option,
     text_width,
 )
-from ckptdoctor.cli.output import emit, print_settings
+from ckptdoctor.cli.output import Lines, emit, print_settings
 from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
+    from ckptdoctor.api import PartSink
+    from ckptdoctor.findings import Finding
     from ckptdoctor.model import Tree
+    from ckptdoctor.render.report import RunPieces
     from ckptdoctor.roots import Roots
     from ckptdoctor.scanner import Report
     from ckptdoctor.settings.selection import Options
@@ -38,6 +41,7 @@ Examples:
   ckptdoctor scan runs/my-run/                 # before resume_from_checkpoint=True
   ckptdoctor scan runs/my-run/checkpoint-800   # before resume_from_checkpoint="...checkpoint-800"
   ckptdoctor scan --format json runs/ | jq '.findings[].rule'
+  ckptdoctor scan --format jsonl /fleet/ | jq -c 'select(.severity == "error")'
   ckptdoctor scan --select CKD2 --fail-on warning model/
   ckptdoctor scan --ignore CKD206,CKD404 runs/my-run/
   ckptdoctor scan --format sarif --fail-on never run/ > out.sarif   # report, never fail
@@ -74,11 +78,12 @@ configuration, can.
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "json", "sarif", "github"]),
+    type=click.Choice(["text", "json", "jsonl", "sarif", "github"]),
     default="text",
     show_default=True,
     help="text: tables and findings for people; json: one ckptdoctor.report/1 document for scripts; "
-    "sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
+    "jsonl: one ckptdoctor.finding/1 line per finding as each run is judged, then one ckptdoctor.summary/1 line, "
+    "for pipelines that stream; sarif: SARIF 2.1.0 for code scanning; github: workflow annotation lines.",
 )
 @click.option(
     "--statistics",
@@ -146,19 +151,37 @@ def scan(
     then one line per finding with its fix, then a summary. Names with control characters are shown escaped
     (\\x1b); --format json gives them exactly.
     """
-    from ckptdoctor.render.report import render_json, render_text
+    from ckptdoctor.render.report import RunPieces, render_json, render_text
     from ckptdoctor.roots import Roots
 
-    if statistics and fmt in ("sarif", "github"):
+    if statistics and fmt in ("sarif", "github", "jsonl"):
         raise UsageProblem(f"--statistics prints text or json, not {fmt}")
     roots = Roots.of(paths)  # `scan X X` (or `X ./X/`) scans X once, as ruff does
     options = request_options(select, ignore, fail_on, no_config, allow_global, allow_empty)
     if show_settings:
-        print_settings(roots.paths, fmt, options, output_file=output_file, silent=silent)
+        print_settings(roots.paths, "json" if fmt == "jsonl" else fmt, options, output_file=output_file, silent=silent)
     _check_remote_roots(roots, deep)
     roots = _check_special_roots(roots)
-    report = _scan(roots, options, jobs, deep, checksums)
     width = text_width(output_file, sys.stdout)
+    color = output_file is None and _use_color(sys.stdout)
+    # What the report keeps of each run as the scan goes (its table, or its JSON entry): the facts are released.
+    kept = "none" if statistics else "text" if fmt == "text" and not quiet else fmt
+    pieces = RunPieces(kept, color=color, width=width)
+    if fmt == "jsonl":
+        with Lines(output_file, silent) as lines:
+            sink = _sink(lines, pieces)
+            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink)
+            if deep:  # --deep judges each root whole (and --checksums write needs it): its lines come after
+                for i, tree in enumerate(report.trees):
+                    sink(i, tree, [f for f in report.findings if f.root == tree.root])
+            report = dataclasses.replace(report, seconds=_elapsed())
+            lines.write(_summary_json(report, pieces))
+        if checksums == "write":
+            _write_manifests(report.trees)
+        _exit(report, checksums)
+    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add)
+    if deep:  # the trees were kept whole (--deep hands each root whole; --checksums write needs them)
+        pieces = RunPieces.of(report, kept, color=color, width=width)
     if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
         report = dataclasses.replace(report, seconds=_elapsed())
     if statistics:
@@ -167,11 +190,11 @@ def scan(
         if fmt == "json":
             import json
 
-            text = json.dumps(statistics_json(report), indent=2, allow_nan=False)
+            text = json.dumps(statistics_json(report, pieces), indent=2, allow_nan=False)
         else:
             text = render_statistics(report, width)
     elif fmt == "json":
-        text = render_json(report)
+        text = render_json(report, pieces)
     elif fmt == "sarif":
         from ckptdoctor.render.sarif import render_sarif
 
@@ -182,15 +205,47 @@ def scan(
 
         text = render_github(report.findings, notice=summary_line(report))
     else:
-        color = output_file is None and _use_color(sys.stdout)
-        text = render_text(report, color=color, width=width, quiet=quiet, clock=_elapsed)
+        text = render_text(report, color=color, width=width, quiet=quiet, clock=_elapsed, pieces=pieces)
     emit(text, output_file, silent)
     if checksums == "write":
         _write_manifests(report.trees)
+    _exit(report, checksums)
+
+
+def _exit(report: Report, checksums: str | None) -> NoReturn:
+    """Exit with the report's code, under its exit policy."""
     code = report.exit_status(on_security_kept=_note_security)
     if checksums != "write":
         _read_only_done()
     sys.exit(code)
+
+
+def _summary_json(report: Report, pieces: RunPieces) -> str:
+    """The last line of ``--format jsonl``: the ``ckptdoctor.summary/1`` object (the JSON report without its runs
+    and findings, which came before it)."""
+    import json
+
+    from ckptdoctor.render.report import SUMMARY_SCHEMA, to_json
+
+    doc = to_json(report, pieces)
+    del doc["runs"], doc["findings"]
+    return json.dumps({**doc, "schema": SUMMARY_SCHEMA}, allow_nan=False)
+
+
+def _sink(lines: Lines, pieces: RunPieces) -> PartSink:
+    """``api.scan_roots``'s ``on_part`` for ``--format jsonl``: each part's findings written as
+    ``ckptdoctor.finding/1`` lines as the part is judged, and its runs kept in ``pieces``."""
+    import json
+
+    from ckptdoctor.findings import finding_json
+    from ckptdoctor.render.report import FINDING_SCHEMA
+
+    def take(index: int, tree: Tree, findings: list[Finding]) -> None:
+        pieces.add(index, tree, findings)
+        for f in findings:
+            lines.write(json.dumps({"schema": FINDING_SCHEMA, **finding_json(f)}, allow_nan=False))
+
+    return take
 
 
 def _elapsed() -> float:
@@ -200,13 +255,23 @@ def _elapsed() -> float:
     return time.monotonic() - started()
 
 
-def _scan(roots: Roots, options: Options, jobs: int | None, deep: bool, checksums: str | None) -> Report:
-    """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error."""
+def _scan(
+    roots: Roots,
+    options: Options,
+    jobs: int | None,
+    deep: bool,
+    checksums: str | None,
+    on_part: PartSink | None = None,
+) -> Report:
+    """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error.
+    ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``)."""
     from ckptdoctor.api import scan_roots
     from ckptdoctor.progress import progress_stream
 
     def run() -> Report:
-        return scan_roots(roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream())
+        return scan_roots(
+            roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream(), on_part=on_part
+        )
 
     if not deep:
         return run()

@@ -6,17 +6,20 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
-from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack
+from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack, Tree
 from ckptdoctor.scanner import Report
 from ckptdoctor.stacks import torchtitan as titan
 from ckptdoctor.version import __version__
 
 SCHEMA = "ckptdoctor.report/1"
+# `scan --format jsonl`: one finding per line, then one summary line, each naming its schema.
+FINDING_SCHEMA = "ckptdoctor.finding/1"
+SUMMARY_SCHEMA = "ckptdoctor.summary/1"
 
 _COLORS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -63,38 +66,106 @@ def ordered(run: Run) -> list[Checkpoint]:
     return sorted(run.checkpoints, key=lambda c: (c.step is None, c.step or 0, path_order(c.path)))
 
 
-def allowances(report: Report) -> list[dict[str, str]]:
+def allowances(report: Report, pieces: RunPieces | None = None) -> list[dict[str, str]]:
     """Each pickle global only the user's allowances let through: file, global, pattern, origin (``--allow-global``
     or the user configuration file's path)."""
+    return (pieces or RunPieces.of(report, "json")).allowed()
+
+
+def _allowances(tree: Tree) -> list[tuple[tuple[Any, ...], dict[str, str]]]:
+    """``tree``'s allowances (``allowances``), each with its place in ``Tree.all_files`` order: the run's path and
+    the file's index in it, or the loose file's path (``RunPieces`` sorts the parts of a root with it)."""
+    used = [(path, v) for path, v in tree.pickle_verdicts or () if v.allowed_by_user]
+    if not used:
+        return []
+    where: dict[str, tuple[Any, ...]] = {f.path: (1, f.path, 0) for f in tree.loose_files}
+    for run in tree.runs:
+        i = 0
+        for ck in run.checkpoints:
+            for f in ck.files:
+                where[f.path] = (0, run.path, i)
+                i += 1
     out = []
-    for tree in report.trees:
-        for path, verdict in tree.pickle_verdicts or ():
-            for dotted, pattern, origin in verdict.allowed_by_user:
-                file = display_path(tree.root, path)
-                out.append({"file": file, "global": dotted, "pattern": pattern, "origin": origin})
+    for path, verdict in used:
+        for dotted, pattern, origin in verdict.allowed_by_user:
+            file = display_path(tree.root, path)
+            out.append((where[path], {"file": file, "global": dotted, "pattern": pattern, "origin": origin}))
     return out
 
 
-def to_json(report: Report) -> dict[str, Any]:
-    """The report as the documented ``ckptdoctor.report/1`` document: ``settings`` lists each settings file applied
-    with the folders it governed (``allowed_globals`` when a user allowance let a pickle global through)."""
-    runs = []
-    for tree in report.trees:
+def run_entry(root: str, run: Run) -> dict[str, Any]:
+    """One run as the JSON report's ``runs`` lists it."""
+    return {
+        "root": root,
+        "path": run.path,
+        "resume_pick": run.resume_pick,
+        "stack": run.stack.value,
+        "checkpoints": [checkpoint_row(ck) for ck in ordered(run)],
+    }
+
+
+class RunPieces:
+    """What a report keeps of each run once its part of the scan is judged (``api.scan_roots``'s ``on_part``): its
+    rendered table (text) or its ``runs`` entry (JSON) and the pickle globals the user's allowances let through,
+    never its facts, which the scan then releases. Pieces are put back in the report's order (roots in order, runs
+    by path) whatever order the parts came in."""
+
+    def __init__(self, fmt: str, *, color: bool = False, width: int | None = None) -> None:
+        self.fmt = fmt  # "text" keeps tables, "json" keeps entries, anything else keeps allowances only
+        self.style = _Style(color)
+        self.width = width
+        self._runs: list[tuple[int, str, Any]] = []
+        self._allowed: list[tuple[int, tuple[Any, ...], dict[str, str]]] = []
+
+    @classmethod
+    def of(cls, report: Report, fmt: str, *, color: bool = False, width: int | None = None) -> RunPieces:
+        """The pieces of a report that holds its trees whole."""
+        pieces = cls(fmt, color=color, width=width)
+        for i, tree in enumerate(report.trees):
+            pieces.add(i, tree, [f for f in report.findings if f.root == tree.root])
+        return pieces
+
+    def add(self, index: int, tree: Tree, findings: Sequence[Finding]) -> None:
+        """Keep the pieces of ``tree`` (the root ``index``-th in the report, or a part of it) and its ``findings``."""
         for run in tree.runs:
-            runs.append(
-                {
-                    "root": tree.root,
-                    "path": run.path,
-                    "resume_pick": run.resume_pick,
-                    "stack": run.stack.value,
-                    "checkpoints": [checkpoint_row(ck) for ck in ordered(run)],
-                }
-            )
+            if self.fmt == "text":
+                self._runs.append((index, run.path, _run_facts(tree.root, run, self.style, self.width)))
+            elif self.fmt == "json":
+                self._runs.append((index, run.path, run_entry(tree.root, run)))
+        self._allowed.extend((index, where, a) for where, a in _allowances(tree))
+
+    def runs(self) -> list[Any]:
+        """Each run's piece, in the report's order."""
+        return [piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1]))]
+
+    def text(self, report: Report) -> list[str]:
+        """The text report's runs: each one's title and table (by the findings of its root) and a blank line."""
+        out: list[str] = []
+        tallies: dict[int, dict[str, dict[Severity, int]]] = {}
+        for index, _, facts in sorted(self._runs, key=lambda r: (r[0], r[1])):
+            if index not in tallies:
+                root = report.trees[index].root
+                tallies[index] = _tally([f for f in report.findings if f.root == root])
+            out.extend(facts.head)
+            out.append(_run_table(facts, tallies[index], self.width))
+            out.append("")
+        return out
+
+    def allowed(self) -> list[dict[str, str]]:
+        """Each allowance (``allowances``), in the report's order."""
+        return [a for _, _, a in sorted(self._allowed, key=lambda r: (r[0], r[1]))]
+
+
+def to_json(report: Report, pieces: RunPieces | None = None) -> dict[str, Any]:
+    """The report as the documented ``ckptdoctor.report/1`` document: ``settings`` lists each settings file applied
+    with the folders it governed (``allowed_globals`` when a user allowance let a pickle global through).
+    ``pieces``: the runs, kept as the scan went (``RunPieces``), when ``report`` holds no runs itself."""
+    pieces = pieces or RunPieces.of(report, "json")
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "version": __version__,
         "roots": [t.root for t in report.trees],
-        "runs": runs,
+        "runs": pieces.runs(),
         "findings": [finding_json(f) for f in report.findings],
         "summary": {
             "error": report.count(Severity.ERROR),
@@ -105,15 +176,15 @@ def to_json(report: Report) -> dict[str, Any]:
         },
         "settings": [{"path": u.path, "trusted": u.trusted, "folders": list(u.folders)} for u in report.settings],
     }
-    allowed = allowances(report)
+    allowed = pieces.allowed()
     if allowed:
         doc["allowed_globals"] = allowed
     return doc
 
 
-def render_json(report: Report) -> str:
+def render_json(report: Report, pieces: RunPieces | None = None) -> str:
     """The JSON document as text (strict JSON: non-finite numbers were already mapped to null)."""
-    return json.dumps(to_json(report), indent=2, allow_nan=False)
+    return json.dumps(to_json(report, pieces), indent=2, allow_nan=False)
 
 
 def human_bytes(n: int) -> str:
@@ -160,22 +231,23 @@ _STATE_KINDS = ("optimizer", "scheduler", "trainer-state", "dataloader", "train-
 _PICKS = "  <- resume picks"
 
 
-def _status(ck: Checkpoint, run: Run, tally: dict[str, dict[Severity, int]]) -> str:
+def _status(path: str, pick: str | None, tally: dict[str, dict[Severity, int]]) -> str:
     """``ok``, or each severity's count, worst first (``2 errors, 1 info``), worded as the summary line counts them
-    (one count labelled with the worst severity, ``error (3)``, read as three errors)."""
-    found = tally.get("." if ck.path in ("", ".") else ck.path)
+    (one count labelled with the worst severity, ``error (3)``, read as three errors), for the checkpoint at
+    ``path`` of a run whose resume picks ``pick``."""
+    found = tally.get("." if path in ("", ".") else path)
     if found is None:
         label = "ok"
     else:
         worst_first = sorted(found, key=lambda s: -s.rank)
         label = ", ".join(plural(found[s], s.value) for s in worst_first)
-    if run.resume_pick is not None and run.resume_pick == ck.path:
+    if pick is not None and pick == path:
         label += _PICKS
     return label
 
 
-def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
-    tally = _tally(findings)
+def _fact_rows(run: Run) -> list[tuple[list[Any], str]]:
+    """Each checkpoint's table cells but its status (what its facts say), with its path."""
     rows = []
     for ck in ordered(run):
         row = checkpoint_row(ck)
@@ -183,7 +255,7 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
         if ck.role == FolderRole.MODEL and name == ".":
             name = ". (model files)"
         lr = row["learning_rate"]
-        rows.append(
+        rows.append((
             [
                 printable(name),
                 "" if row["step"] is None else row["step"],
@@ -191,9 +263,9 @@ def _table_rows(run: Run, findings: list[Finding]) -> list[list[Any]]:
                 "-" if row["tensors"] is None else f"{row['tensors']:,}",
                 human_bytes(row["bytes"]),
                 "-" if lr is None else f"{lr:.3g}",
-                _status(ck, run, tally),
-            ]
-        )
+            ],
+            ck.path,
+        ))  # fmt: skip
     return rows
 
 
@@ -216,10 +288,11 @@ def _drop_order(rows: list[list[Any]]) -> list[int]:
     return idle + [i for i in _DROP_ORDER if i not in idle]
 
 
-def _run_table(run: Run, findings: list[Finding], width: int | None = None) -> str:
+def _run_table(facts: _RunFacts, tally: dict[str, dict[Severity, int]], width: int | None = None) -> str:
+    """A run's table: its checkpoints' cells (``_fact_rows``) and each one's status by the root's ``tally``."""
     from tabulate import tabulate  # only the text report needs it
 
-    every = _table_rows(run, findings)
+    every = [[*cells, _status(path, facts.pick, tally)] for cells, path in facts.rows]
     shown = list(range(len(every))) if width is None else _shown_rows(every)
     rows = [every[i] for i in shown]
     keep = list(range(len(_HEADERS)))
@@ -308,6 +381,7 @@ def render_text(
     width: int | None = None,
     quiet: bool = False,
     clock: Callable[[], float] | None = None,
+    pieces: RunPieces | None = None,
 ) -> str:
     """Tables of checkpoints per run, then findings grouped like a linter's, then a one-line summary.
 
@@ -315,42 +389,20 @@ def render_text(
     terminal the caller passes its width and every line fits it: a short header per finding (``path: CODE
     [severity] name``) with the message wrapped below it. ``quiet`` prints the findings only (``-q``). ``clock()``,
     asked once everything above the summary line is rendered, is the time the summary shows (the command's whole
-    time); without it the summary shows the scan's own time.
+    time); without it the summary shows the scan's own time. ``pieces``: the runs' tables, kept as the scan went
+    (``RunPieces``, made with the same ``color`` and ``width``), when ``report`` holds no runs itself.
     """
     st = _Style(color)
     out: list[str] = []
-    for tree in report.trees if not quiet else ():
-        tree_findings = [f for f in report.findings if f.root == tree.root]
-        for run in tree.runs:
-            title = printable(display_path(tree.root, run.path))
-            pick = run.resume_pick
-            pick_txt = (
-                f"resume_from_checkpoint=True picks `{printable(display_path(tree.root, pick))}`"
-                if pick
-                else ("given directly (pass it as resume_from_checkpoint)" if run.standalone else "nothing to resume")
-            )
-            pick_txt = stacks.resume_text(run) or pick_txt
-            frameworks = sorted({ck.framework for ck in run.checkpoints if ck.framework is not Framework.PYTORCH})
-            if frameworks:  # another stack's checkpoints: say whose, and how it restores a TF folder
-                names = ", ".join(_FRAMEWORK_NAMES[fw] for fw in frameworks)
-                if frameworks == [Framework.TENSORFLOW] and not pick:
-                    bundle = any(f.name == "checkpoint" for ck in run.checkpoints for f in ck.files)
-                    pick_txt = "a restart restores the bundle `checkpoint` names" if bundle else "weights for Keras"
-                pick_txt = f"{names}; {pick_txt}"
-            if width is None or len(title) + len(pick_txt) + 4 <= width:
-                out.append(st.bold(f"{title}") + st.dim(f"  ({pick_txt})"))
-            else:
-                out.extend(_fit_styled(title, width, st.bold))
-                out.extend(_fit_styled(f"  ({pick_txt})", width, st.dim))
-            out.append(_run_table(run, tree_findings, width))
-            out.append("")
+    if not quiet:
+        out.extend((pieces or RunPieces.of(report, "text", color=color, width=width)).text(report))
     if report.findings:
         out.extend(finding_entries(report.findings, st, width))
         if not quiet:
             out.append("")
     if quiet:
         return "\n".join(out)
-    allowed = allowances(report)
+    allowed = allowances(report, pieces)
     for a in allowed:
         origin = a["origin"] if a["origin"] == "--allow-global" else f"allow-globals in {a['origin']}"
         line = (f"{printable(a['file'])}: pickle global `{printable(a['global'])}` allowed by "
@@ -360,6 +412,41 @@ def render_text(
         out.append("")
     out.extend(fit(summary_line(report, None if clock is None else clock()), width))
     return "\n".join(out)
+
+
+class _RunFacts(NamedTuple):
+    """What the text report shows of a run, but the status of its checkpoints (which take every finding of the
+    root: a run's model files count the findings of a run in a folder below them)."""
+
+    head: list[str]  # its title and what a resume picks
+    pick: str | None
+    rows: list[tuple[list[Any], str]]  # ``_fact_rows``
+
+
+def _run_facts(root: str, run: Run, st: _Style, width: int | None) -> _RunFacts:
+    """One run in the text report: its title, what a resume picks, its table's cells."""
+    out: list[str] = []
+    title = printable(display_path(root, run.path))
+    pick = run.resume_pick
+    pick_txt = (
+        f"resume_from_checkpoint=True picks `{printable(display_path(root, pick))}`"
+        if pick
+        else ("given directly (pass it as resume_from_checkpoint)" if run.standalone else "nothing to resume")
+    )
+    pick_txt = stacks.resume_text(run) or pick_txt
+    frameworks = sorted({ck.framework for ck in run.checkpoints if ck.framework is not Framework.PYTORCH})
+    if frameworks:  # another stack's checkpoints: say whose, and how it restores a TF folder
+        names = ", ".join(_FRAMEWORK_NAMES[fw] for fw in frameworks)
+        if frameworks == [Framework.TENSORFLOW] and not pick:
+            bundle = any(f.name == "checkpoint" for ck in run.checkpoints for f in ck.files)
+            pick_txt = "a restart restores the bundle `checkpoint` names" if bundle else "weights for Keras"
+        pick_txt = f"{names}; {pick_txt}"
+    if width is None or len(title) + len(pick_txt) + 4 <= width:
+        out.append(st.bold(f"{title}") + st.dim(f"  ({pick_txt})"))
+    else:
+        out.extend(_fit_styled(title, width, st.bold))
+        out.extend(_fit_styled(f"  ({pick_txt})", width, st.dim))
+    return _RunFacts(out, run.resume_pick, _fact_rows(run))
 
 
 # Findings of one rule whose messages differ only by their own path (300 copies of one folder) are shown as one
@@ -487,10 +574,10 @@ def statistics(findings: Sequence[Finding]) -> list[dict[str, Any]]:
     return [{**r, "severity": r["severity"].value} for r in out]
 
 
-def statistics_json(report: Report) -> dict[str, Any]:
+def statistics_json(report: Report, pieces: RunPieces | None = None) -> dict[str, Any]:
     """The ``ckptdoctor.statistics/1`` document of ``scan --statistics --format json``: the per-rule counts and the
     report's summary counts."""
-    doc = to_json(report)
+    doc = to_json(report, pieces or RunPieces("none"))
     return {
         "schema": STATISTICS_SCHEMA,
         "version": __version__,
