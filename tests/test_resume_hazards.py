@@ -147,6 +147,17 @@ def test_rotation_by_mtime_deletes_the_checkpoint_the_resume_started_from_and_th
     os.utime(run / "checkpoint-2", (now, now))  # restored from a backup without its times
 
     touched_gate, clean_gate = gate(run, max_steps=6), gate(clean, max_steps=6)
+    # the resume's own save_total_limit, planned (before the resume rotates): 3 keeps every folder, 0 turns rotation off
+    assert [f for f in gate(run, max_steps=6, save_total_limit=0).findings if f.rule == "CKD417"] == []
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+
+    out = CliRunner().invoke(main, ["gate", str(run), "--max-steps", "6", "--save-total-limit", "3"])
+    assert out.exit_code == 0 and "CKD417" not in out.output
+    out = CliRunner().invoke(main, ["gate", str(run), "--max-steps", "6", "--save-total-limit", "2"])
+    assert "CKD417" in out.output and "with save_total_limit 2" in out.output
+    assert CliRunner().invoke(main, ["gate", str(run), "--save-total-limit", "-1"]).exit_code == 2
     resumed = trainer([{"out": str(d), "resume": True, "args": {"max_steps": 6, "save_total_limit": 2}}
                        for d in (run, clean)], tmp_path / "resume")
     assert resumed[0]["start"] == 4 and resumed[0]["folders"] == ["checkpoint-2", "checkpoint-6"]  # 4 deleted
@@ -181,6 +192,9 @@ def test_numpy_scalars_in_the_optimizer_state_are_refused_by_the_resume_and_the_
     assert all("names `numpy._core.multiarray.scalar`" in f.message for f in found)
     assert [f for f in gate(clean, checkpoint="checkpoint-2").findings if f.rule == "CKD418"] == []
     assert codes(run, "CKD601") == codes(run, "CKD602") == []  # harmless to the security rules, and still unloadable
+    # the prediction says the resume raises (no steps), and CKD413 does not say it a second time
+    refused = gate(run, checkpoint="checkpoint-2")
+    assert refused.steps_to_train is None and "CKD413" not in {f.rule for f in refused.findings}
 
 
 @pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to write the RNG state with")
@@ -198,6 +212,35 @@ def test_an_rng_state_written_under_numpy_1_is_refused_under_numpy_2_and_the_gat
     found = [f for f in gate(run, checkpoint="checkpoint-2").findings if f.rule == "CKD418"]
     assert [f.path for f in found] == ["rng_state.pth"]
     assert "names `numpy.core.multiarray._reconstruct`" in found[0].message and "under numpy 2" in found[0].message
+
+
+@pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to resume with")
+def test_a_numpy_2_rng_state_resumed_under_numpy_1_raises_and_the_gate_with_numpy_version_says_so(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "numpy2"
+    trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train")  # this interpreter's numpy 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (NUMPY1, os.environ.get("PYTHONPATH")) if p)}
+    resumed = trainer([{"out": str(run), "resume": str(run / "checkpoint-2"), "args": {"max_steps": 4}}],
+                      tmp_path / "resume", env=env)[0]
+    assert resumed["error"][0] == "UnpicklingError" and resumed["steps"] == []
+    assert "Unsupported global: GLOBAL numpy._core.multiarray._reconstruct" in resumed["error"][1]
+
+    planned = gate(run, checkpoint="checkpoint-2", numpy_version="1.26")
+    found = [f for f in planned.findings if f.rule == "CKD418"]
+    assert [f.path for f in found] == ["rng_state.pth"] and "under numpy 1 admits" in found[0].message
+    assert planned.steps_to_train is None and planned.failed
+    same = gate(run, checkpoint="checkpoint-2", numpy_version="2.3")
+    assert same.steps_to_train == 2 and not [f for f in same.findings if f.rule == "CKD418"]
+    out = CliRunner().invoke(main, ["gate", str(run), "--checkpoint", "checkpoint-2", "--numpy-version", "1.26"])
+    assert out.exit_code == 1 and "CKD418" in out.output and "the resume raises before its first step" in out.output
+    bad = CliRunner().invoke(main, ["gate", str(run), "--numpy-version", "two"])
+    assert bad.exit_code == 2 and "numpy_version must be a version" in bad.output
 
 
 # ---- 4. trainer_state.json written by one transformers, resumed by another ----
@@ -243,3 +286,12 @@ def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so
     found = [f for f in prediction.findings if f.rule == "CKD419"]
     assert len(found) == 1 and "written by transformers 4.40.2" in found[0].message
     assert "raises KeyError: 'TrainerControl'" in found[0].message
+
+
+def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
+    from ckptdoctor.resume.plan import version_major, version_tuple
+
+    assert version_tuple("4.57.6") == (4, 57) and version_tuple("5.23.0.dev0") == (5, 23)
+    assert version_tuple(" 2") == (2, 0) and version_tuple("1.26.4") == (1, 26)
+    assert version_tuple("12345") is None and version_tuple("v4") is None and version_tuple(None) is None
+    assert version_major("4.40.2") == 4 and version_major("x") is None
