@@ -295,3 +295,67 @@ def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
     assert version_tuple(" 2") == (2, 0) and version_tuple("1.26.4") == (1, 26)
     assert version_tuple("12345") is None and version_tuple("v4") is None and version_tuple(None) is None
     assert version_major("4.40.2") == 4 and version_major("x") is None
+
+
+# ---- 5. the saved key layout differs from the live model's ----
+
+
+def _layout(result: Any) -> list[Finding]:
+    return [f for f in result.findings if f.rule == "CKD421"]
+
+
+def test_a_5x_mixtral_resume_leaves_router_and_experts_at_init_and_the_gate_counts_what_it_restores(
+    tmp_path: Path,
+) -> None:
+    from ckptdoctor.resume import gate
+
+    run, clean = tmp_path / "mixtral", tmp_path / "llama"
+    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}},
+             {"out": str(clean), "args": {"max_steps": 4}}], tmp_path / "train")
+    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+                        "args": {"max_steps": 4}}], tmp_path / "resume")[0]
+    assert "error" not in resumed and resumed["steps"] == [3, 4]  # it trains, from random experts
+    assert resumed["tensors"] == 21 and len(resumed["at_init"]) == 6
+    assert all(".mlp.gate." in n or ".mlp.experts." in n for n in resumed["at_init"])
+
+    found = _layout(gate(run, checkpoint="checkpoint-2"))
+    assert len(found) == 1 and found[0].path == "model.safetensors"
+    assert "builds `MixtralForCausalLM` in another key layout" in found[0].message
+    assert "restores 15 of 21 tensors" in found[0].message and "keep their initial values" in found[0].message
+    assert _layout(gate(clean, checkpoint="checkpoint-2")) == []
+    # a 4.x resume builds the per-expert layout it was saved in, and its optimizer has the 5.x parameter count
+    older = _layout(gate(run, checkpoint="checkpoint-2", transformers_version="4.57"))
+    assert len(older) == 1 and "holds state for 21 parameters" in older[0].message and "with 29" in older[0].message
+
+
+def test_the_key_layout_table_is_generated_from_the_releases() -> None:
+    from ckptdoctor.resume.predict import _key_layouts
+
+    releases = _key_layouts()
+    assert releases["4.51.3"] == {"kind": "none"}  # the vision-language renames came with 4.52
+    assert releases["4.52.1"]["classes"]["LlavaForConditionalGeneration"][0] == ["^language_model.model",
+                                                                                "model.language_model"]
+    for v5 in ("5.0.0", "5.24.0"):
+        assert [t["kind"] for t in releases[v5]["types"]["mixtral"]] == ["WeightRenaming", "WeightConverter",
+                                                                        "WeightConverter"]
+
+
+@pytest.mark.skipif(not TF4_PYTHON, reason="CKPTDOCTOR_TF4_PYTHON is not set: no transformers 4.57 to write with")
+def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "mixtral457"
+    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}}], tmp_path / "train", python=TF4_PYTHON)
+    planned = gate(run, checkpoint="checkpoint-2", transformers_version="5.24")
+    same = gate(run, checkpoint="checkpoint-2", transformers_version="4.57")
+    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+                        "args": {"max_steps": 4}}], tmp_path / "resume")[0]  # this interpreter's 5.x
+    assert resumed["error"] == ["ValueError", "loaded state dict contains a parameter group that doesn't match the "
+                                              "size of optimizer's group"]
+    assert resumed["steps"] == []
+    found = _layout(planned)
+    assert len(found) == 1 and planned.steps_to_train is None and planned.failed
+    assert "restores 15 of 21 tensors" in found[0].message and "raises ValueError" in found[0].message
+    assert "holds state for 29 parameters (as transformers 4.57.6 built" in found[0].message
+    assert "CKD413" not in {f.rule for f in planned.findings}
+    assert _layout(same) == [] and same.steps_to_train == 2

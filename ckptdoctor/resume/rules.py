@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # The rules that say the resume raises before its first step (``Prediction.crash``): CKD413, and those that name a
 # crash of their own kind (``Prediction.crash_rule``).
-CRASH_RULES = frozenset({"CKD413", "CKD418"})
+CRASH_RULES = frozenset({"CKD413", "CKD418", "CKD421"})
 JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
 LR_RTOL = 1e-9
 
@@ -914,3 +914,62 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(where, f"{by}it holds no saved `TrainerControl` in `stateful_callbacks`: transformers {tv} trains "
                          "until its first save, then raises KeyError: 'TrainerControl' in _save_checkpoint, leaving "
                          "that checkpoint without its trainer_state.json")
+
+
+@rule("CKD421", "saved-key-layout-not-restored", Severity.ERROR, gate_only=True)
+def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resuming transformers builds the model in another key layout than the one the checkpoint was saved in:
+    the resume restores only part of the weights (or, from an older release, crashes at the optimizer load).
+
+    ## What it does
+    Looks up the checkpoint's `config.json` `architectures` (else `model_type`) in a table generated from the
+    transformers releases (`ckptdoctor/key_layouts.json`, written by `bench/make_key_layouts.py` from 4.40, 4.51,
+    4.52, 4.57, 5.0 and 5.24; the nearest release at or below the resuming one is used): the vision-language
+    classes of 4.52 to 4.57 whose `_checkpoint_conversion_mapping` `save_pretrained` reverses, and the conversion
+    mappings of transformers 5 (mixture-of-experts models such as Mixtral, Qwen2-MoE, DeepSeek). It converts the
+    keys of the weights file the resume loads as `from_pretrained` would, and counts the live model's tensors the
+    file restores under their own name ("restores N of M tensors"). When the checkpoint was written by a release
+    whose live layout was the saved one (`config.json` `transformers_version`, e.g. 4.57) and the conversion
+    merges tensors, the restored `optimizer.pt` holds another parameter count than the resuming model has.
+
+    ## Why is this bad?
+    `Trainer._load_from_checkpoint` loads the file with `model.load_state_dict(state_dict, strict=False)`: no key
+    conversion runs. transformers 5 saves Mixtral with per-expert keys (`block_sparse_moe.experts.0.w1.weight`) and
+    builds it with fused ones (`mlp.experts.gate_up_proj`): the router and the experts (6 of 21 tensors of a 2-layer
+    model) keep their random initial values, and the only sign is a "missing keys" log line; the run trains on
+    from noise in those layers while its step count and LR say it resumed. A Mixtral checkpoint written by 4.57
+    resumed under 5.x goes further and raises `ValueError` at the optimizer load.
+
+    ## Example
+    `trainer.train(resume_from_checkpoint=True)` on a `MixtralForCausalLM` run under transformers 5.24: "restores
+    15 of 21 tensors"; the same checkpoint loaded with `from_pretrained` is complete.
+
+    ## Fix safety
+    No fix. Resume under the release that matches the saved layout's live model (4.51 or earlier for the 4.52-4.57
+    vision-language classes; a 4.x release for a 5.x mixture-of-experts checkpoint), or rebuild the model with
+    `from_pretrained(checkpoint)` and start a new run from it (the optimizer state is lost).
+
+    ## References
+    huggingface/transformers#42491 and #41580 (mixture-of-experts checkpoints after the 5.0 weight conversion),
+    huggingface/transformers#39900 ("Llava: missing keys when resuming from checkpoint"; the 4.52 key rename);
+    `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping`,
+    `src/transformers/core_model_loading.py` `WeightTransform.rename_source_key`, `src/transformers/modeling_utils.py`
+    `PreTrainedModel.save_pretrained` (the reversed mapping; 4.52-4.57: `VLMS`, `_checkpoint_conversion_mapping`),
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint`, `Trainer._load_optimizer_and_scheduler`.
+    """
+    ck, p = ctx.checkpoint, ctx.prediction
+    layout = p.layout if p is not None else None
+    if ck is None or p is None or layout is None:
+        return
+    tv = p.settings.transformers_version
+    if layout.restored == layout.total:  # the keys load as saved; the optimizer state has another layout's count
+        yield Hit(_in_folder(ck, layout.file), f"transformers {tv} builds `{layout.architecture}` with the saved "
+                  f"keys, but {layout.optimizer_crash}")
+        return
+    missing = ", ".join(f"`{k}`" for k in layout.missing) + (", ..." if layout.total - layout.restored > 3 else "")
+    tail = (f"; then {layout.optimizer_crash}" if layout.optimizer_crash is not None else
+            ": those tensors keep their initial values, with only a missing-keys log line")
+    yield Hit(_in_folder(ck, layout.file),
+              f"transformers {tv} builds `{layout.architecture}` in another key layout than the one saved (table of "
+              f"transformers {layout.release}): the resume's load_state_dict(strict=False) restores "
+              f"{layout.restored:,} of {plural(layout.total, 'tensor')}, not {missing}{tail}")
