@@ -950,8 +950,9 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
     `from_pretrained(checkpoint)` and start a new run from it (the optimizer state is lost).
 
     ## References
-    huggingface/transformers#42491 and #41580 (mixture-of-experts checkpoints after the 5.0 weight conversion),
-    huggingface/transformers#39900 ("Llava: missing keys when resuming from checkpoint"; the 4.52 key rename);
+    huggingface/transformers#43701 and its pull request huggingface/transformers#44366 ("Fix resume_from_checkpoint
+    key mismatch for models with _checkpoint_conversion_mapping": `Trainer._load_from_checkpoint` applies no
+    conversion; closed unmerged at the time of writing);
     `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping`,
     `src/transformers/core_model_loading.py` `WeightTransform.rename_source_key`, `src/transformers/modeling_utils.py`
     `PreTrainedModel.save_pretrained` (the reversed mapping; 4.52-4.57: `VLMS`, `_checkpoint_conversion_mapping`),
