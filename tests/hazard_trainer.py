@@ -8,6 +8,8 @@ tests/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOCTOR_T
   ``config.tie_word_embeddings = False`` on the tied model before training (the weights stay tied in memory);
   ``from_config``: build the model from that folder's ``config.json`` instead (what a user does who resumes from the
   checkpoint's config);
+- ``init_from``: start from that checkpoint's weights (``from_pretrained``) as a new run, as a script does that
+  passes a checkpoint as the model instead of resuming it;
 - ``early_stopping``: patience of an ``EarlyStoppingCallback`` (with evaluation every ``eval_steps``);
 - ``numpy_lr``: a ``LambdaLR`` whose lambda returns numpy floats (numpy scalars then reach the optimizer's and the
   scheduler's state);
@@ -65,6 +67,8 @@ class Recorder(TrainerCallback):  # type: ignore[misc]
 
 def build_model(job: dict[str, Any]) -> Any:
     torch.manual_seed(0)
+    if job.get("init_from"):
+        return transformers.AutoModelForCausalLM.from_pretrained(job["init_from"])
     if job.get("from_config"):
         cfg = transformers.AutoConfig.from_pretrained(job["from_config"])
         return transformers.AutoModelForCausalLM.from_config(cfg)

@@ -359,3 +359,48 @@ def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_s
     assert "holds state for 29 parameters (as transformers 4.57.6 built" in found[0].message
     assert "CKD413" not in {f.rule for f in planned.findings}
     assert _layout(same) == [] and same.steps_to_train == 2
+
+
+# ---- 2. a run started from another run's checkpoint instead of resuming it ----
+
+SIBLING = {"max_steps": 8, "learning_rate": 1e-2}
+
+
+def _started(root: Path) -> list[Finding]:
+    return codes(root, "CKD422")
+
+
+def _history(ck: Path) -> list[dict[str, Any]]:
+    return [e for e in json.loads((ck / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+
+
+def test_a_run_started_from_a_sibling_checkpoint_restarts_its_schedule_and_the_losses_show_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    trainer([{"out": str(root / "run-a"), "args": SIBLING},
+             {"out": str(root / "run-b"), "init_from": str(root / "run-a" / "checkpoint-8"), "args": SIBLING},
+             {"out": str(root / "run-c"), "args": {**SIBLING, "seed": 1}}], tmp_path / "train")
+    a, b = _history(root / "run-a" / "checkpoint-8"), _history(root / "run-b" / "checkpoint-8")
+    # the damage: run-b warms up again at the full LR from step 1, with a fresh optimizer, on run-a's weights
+    assert b[0]["step"] == 1 and b[0]["learning_rate"] == SIBLING["learning_rate"] > a[-1]["learning_rate"]
+    assert b[0]["loss"] < a[0]["loss"] - (a[0]["loss"] - a[-1]["loss"]) / 2
+    assert "_name_or_path" not in json.loads((root / "run-b" / "checkpoint-8" / "config.json").read_text())
+
+    found = _started(root)
+    assert [f.path for f in found] == ["run-b/checkpoint-8/config.json"]
+    assert "sibling run `run-a`" in found[0].message and "likely started from `run-a`'s weights" in found[0].message
+    assert _started(root / "run-a") == _started(root / "run-b") == []  # one run alone shows nothing
+    # run-c trained from scratch beside them (another seed): it starts where run-a started
+    assert not [f for f in found if "run-c" in f.path]
+
+
+@pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to write with")
+def test_transformers_440_names_the_checkpoint_a_run_was_started_from(tmp_path: Path) -> None:
+    a, b = tmp_path / "run-a", tmp_path / "elsewhere" / "run-b"
+    trainer([{"out": str(a), "args": SIBLING},
+             {"out": str(b), "init_from": str(a / "checkpoint-8"), "args": SIBLING}], tmp_path / "train",
+            env=_layered(TF440))
+    assert json.loads((b / "checkpoint-8" / "config.json").read_text())["_name_or_path"] == str(a / "checkpoint-8")
+    found = _started(b)  # the run alone: the file says where it came from
+    assert [f.path for f in found] == ["checkpoint-8/config.json"]
+    assert f"`_name_or_path` names `{a / 'checkpoint-8'}`" in found[0].message
+    assert _started(a) == []
