@@ -471,7 +471,7 @@ def started_from_checkpoint(copy: Copy) -> Path:
     root = copy("clean-full")
     for ck in root.glob("checkpoint-*"):
         config = json.loads((ck / "config.json").read_text())
-        config["_name_or_path"] = "/jobs/run-a/checkpoint-500"  # what from_pretrained("/jobs/run-a/checkpoint-500") sets
+        config["_name_or_path"] = "/jobs/run-a/checkpoint-500"  # what 4.x from_pretrained(that path) writes
         (ck / "config.json").write_text(json.dumps(config))
     return root
 
