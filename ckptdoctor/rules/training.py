@@ -516,6 +516,13 @@ def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
     (`resume_from_checkpoint`), `Trainer._load_optimizer_and_scheduler`.
     """
     newest = {run.path: ck for run in tree.runs if (ck := _newest(run)) is not None}
+    layouts: dict[str, frozenset[tuple[str, tuple[int, ...]]] | None] = {}  # each run's, read once
+
+    def layout_of(path: str) -> frozenset[tuple[str, tuple[int, ...]]] | None:
+        if path not in layouts:
+            layouts[path] = _layout(newest[path])
+        return layouts[path]
+
     for run in tree.runs:
         ck = newest.get(run.path)
         if ck is None:
@@ -535,8 +542,8 @@ def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
         oldest = min((c.folder_mtime for c in run.checkpoints), default=0.0)
         for other in tree.runs:
             ock = newest.get(other.path)
-            if other is run or ock is None or ock.folder_mtime > oldest or _layout(ock) != _layout(ck) or (
-                    _layout(ck) is None):
+            if other is run or ock is None or ock.folder_mtime > oldest or layout_of(run.path) is None or (
+                    layout_of(other.path) != layout_of(run.path)):
                 continue
             ots = trainer_view.trainer_state(ock)
             theirs = _losses(ots) if ots is not None else []
