@@ -890,10 +890,11 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
     `Trainer.train`; hiyouga/LlamaFactory#4406 ("TrainerState.__init__() got an unexpected keyword argument
     'stateful_callbacks'").
     """
-    resumed = _resumed(ctx)
-    if resumed is None:
+    ck, p = ctx.checkpoint, ctx.prediction
+    # a crash another rule names (CKD418, CKD421) comes after TrainerState.load_from_json: this one comes first
+    if ck is None or p is None or (p.steps is None and p.crash_rule is None):
         return
-    ck, p, steps = resumed
+    steps_to_train = p.steps.steps_to_train if p.steps is not None else 0
     ts = trainer_view.trainer_state(ck)
     from ckptdoctor.resume.plan import version_tuple
 
@@ -910,7 +911,7 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(where, f"{by}it holds {', '.join(f'`{k}`' for k in unknown)}, which transformers {tv}'s "
                          f"TrainerState does not have: train() raises TypeError (\"unexpected keyword argument "
                          f"'{unknown[0]}'\") at its start")
-    elif save_raises and steps.steps_to_train > 0:
+    elif save_raises and steps_to_train > 0:
         yield Hit(where, f"{by}it holds no saved `TrainerControl` in `stateful_callbacks`: transformers {tv} trains "
                          "until its first save, then raises KeyError: 'TrainerControl' in _save_checkpoint, leaving "
                          "that checkpoint without its trainer_state.json")
