@@ -113,7 +113,7 @@ class _Dir:
     # `.distcp` files (relative path -> path to open): read after the walk, at the items `.metadata` locates.
     distcp: dict[str, str] = field(default_factory=dict)
     file_names: list[str] = field(default_factory=list)  # its files' names as listed (known before pooled reads end)
-    names: list[str] = field(default_factory=list)  # an emitted folder's files' names once read (``files`` is released)
+    read_names: list[str] = field(default_factory=list)  # an emitted folder's files' names once read (files released)
 
 
 def default_jobs(root: str | None = None) -> int:
@@ -390,7 +390,7 @@ class _Emitter:
         self.on_part(tree, tuple(rel for d in above for rel in d.listed))
         return _Dir(
             rel=node.rel, name=node.name, mtime=node.mtime, has_run=True, emitted=True,
-            file_names=node.file_names, names=[f.name for f in node.files],
+            file_names=node.file_names, read_names=[f.name for f in node.files],
         )
 
 
@@ -636,7 +636,7 @@ def _is_ckpt_file(name: str) -> bool:
 def _is_model_subfolder(node: _Dir) -> bool:
     """Subfolders writers put inside a model/checkpoint folder: extra adapters, DeepSpeed tags, DCP folders."""
     # an emitted folder keeps the names of the files it held once read (what ``files`` said of it)
-    names = set(node.names) if node.emitted else {f.name for f in node.files}
+    names = set(node.read_names) if node.emitted else {f.name for f in node.files}
     if is_deepspeed_tag(node.name, names):
         return True
     return bool(

@@ -4,17 +4,21 @@ Run as a script, never imported by the suite: ``python tests/hazard_trainer.py J
 tests/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOCTOR_TF4_PYTHON``'s). A job is a dict:
 
 - ``out``: output_dir; ``args``: TrainingArguments overrides; ``resume``: null, true or a checkpoint path;
-- ``model``: ``"llama"`` (tied embeddings) or ``"gpt2"``; ``untie_config``: set ``config.tie_word_embeddings =
-  False`` on the tied model before training (the weights stay tied in memory); ``from_config``: build the model
-  from that folder's ``config.json`` instead (what a user does who resumes from the checkpoint's config);
+- ``model``: ``"llama"`` (tied embeddings), ``"gpt2"`` or ``"mixtral"`` (2 layers of 2 experts); ``untie_config``: set
+  ``config.tie_word_embeddings = False`` on the tied model before training (the weights stay tied in memory);
+  ``from_config``: build the model from that folder's ``config.json`` instead (what a user does who resumes from the
+  checkpoint's config);
+- ``init_from``: start from that checkpoint's weights (``from_pretrained``) as a new run, as a script does that
+  passes a checkpoint as the model instead of resuming it;
 - ``early_stopping``: patience of an ``EarlyStoppingCallback`` (with evaluation every ``eval_steps``);
 - ``numpy_lr``: a ``LambdaLR`` whose lambda returns numpy floats (numpy scalars then reach the optimizer's and the
   scheduler's state);
 - ``touch``: folders whose modification time is set to now before training (a copy that did not keep times).
 
-The result says what ``train()`` did: the global_step at ``on_train_begin``, the optimizer steps it ran, the
-exception it raised (type and message), the checkpoint folders left after it, and, for ``from_pretrained``, whether
-the loaded head equals the saved input embedding.
+The result says what ``train()`` did: the global_step at ``on_train_begin`` and the model's tensors that are still
+at their initial values then (``at_init``: what the resume's weights load did not restore), the optimizer steps it
+ran, the exception it raised (type and message), the checkpoint folders left after it, and, for
+``from_pretrained``, whether the loaded head equals the saved input embedding.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ class Recorder(TrainerCallback):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.seen["start"] = state.global_step
+        model, init = kwargs.get("model"), self.seen.pop("init", None)
+        if model is not None and init is not None and state.global_step > 0:  # a resume: what its load left alone
+            sd = model.state_dict()
+            self.seen["at_init"] = sorted(n for n, t in sd.items() if n in init and torch.equal(t, init[n]))
+            self.seen["tensors"] = len(sd)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.seen["steps"].append(state.global_step)
@@ -58,9 +67,15 @@ class Recorder(TrainerCallback):  # type: ignore[misc]
 
 def build_model(job: dict[str, Any]) -> Any:
     torch.manual_seed(0)
+    if job.get("init_from"):
+        return transformers.AutoModelForCausalLM.from_pretrained(job["init_from"])
     if job.get("from_config"):
         cfg = transformers.AutoConfig.from_pretrained(job["from_config"])
         return transformers.AutoModelForCausalLM.from_config(cfg)
+    if job.get("model") == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=32))
     if job.get("model", "llama") == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0))
@@ -94,6 +109,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                                                             early_stopping_threshold=1e9))
         eval_set = Tokens(8, seed=1)
     model = build_model(job)
+    seen["init"] = {n: t.detach().clone() for n, t in model.state_dict().items()}
     trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=Tokens(), eval_dataset=eval_set,
                       callbacks=callbacks)
     if job.get("numpy_lr"):
@@ -106,6 +122,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=job.get("resume"))
     except Exception as exc:  # the crash is the result
         result["error"] = [type(exc).__name__, str(exc)[:2000]]
+    seen.pop("init", None)
     result.update(seen)
     result["folders"] = sorted(p.name for p in out.glob("checkpoint-*"))
     if job.get("check_head"):

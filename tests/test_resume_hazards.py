@@ -147,6 +147,17 @@ def test_rotation_by_mtime_deletes_the_checkpoint_the_resume_started_from_and_th
     os.utime(run / "checkpoint-2", (now, now))  # restored from a backup without its times
 
     touched_gate, clean_gate = gate(run, max_steps=6), gate(clean, max_steps=6)
+    # the resume's own save_total_limit, planned (before the resume rotates): 3 keeps every folder, 0 turns rotation off
+    assert [f for f in gate(run, max_steps=6, save_total_limit=0).findings if f.rule == "CKD417"] == []
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+
+    out = CliRunner().invoke(main, ["gate", str(run), "--max-steps", "6", "--save-total-limit", "3"])
+    assert out.exit_code == 0 and "CKD417" not in out.output
+    out = CliRunner().invoke(main, ["gate", str(run), "--max-steps", "6", "--save-total-limit", "2"])
+    assert "CKD417" in out.output and "with save_total_limit 2" in out.output
+    assert CliRunner().invoke(main, ["gate", str(run), "--save-total-limit", "-1"]).exit_code == 2
     resumed = trainer([{"out": str(d), "resume": True, "args": {"max_steps": 6, "save_total_limit": 2}}
                        for d in (run, clean)], tmp_path / "resume")
     assert resumed[0]["start"] == 4 and resumed[0]["folders"] == ["checkpoint-2", "checkpoint-6"]  # 4 deleted
@@ -181,6 +192,9 @@ def test_numpy_scalars_in_the_optimizer_state_are_refused_by_the_resume_and_the_
     assert all("names `numpy._core.multiarray.scalar`" in f.message for f in found)
     assert [f for f in gate(clean, checkpoint="checkpoint-2").findings if f.rule == "CKD418"] == []
     assert codes(run, "CKD601") == codes(run, "CKD602") == []  # harmless to the security rules, and still unloadable
+    # the prediction says the resume raises (no steps), and CKD413 does not say it a second time
+    refused = gate(run, checkpoint="checkpoint-2")
+    assert refused.steps_to_train is None and "CKD413" not in {f.rule for f in refused.findings}
 
 
 @pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to write the RNG state with")
@@ -198,6 +212,35 @@ def test_an_rng_state_written_under_numpy_1_is_refused_under_numpy_2_and_the_gat
     found = [f for f in gate(run, checkpoint="checkpoint-2").findings if f.rule == "CKD418"]
     assert [f.path for f in found] == ["rng_state.pth"]
     assert "names `numpy.core.multiarray._reconstruct`" in found[0].message and "under numpy 2" in found[0].message
+
+
+@pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to resume with")
+def test_a_numpy_2_rng_state_resumed_under_numpy_1_raises_and_the_gate_with_numpy_version_says_so(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "numpy2"
+    trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train")  # this interpreter's numpy 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (NUMPY1, os.environ.get("PYTHONPATH")) if p)}
+    resumed = trainer([{"out": str(run), "resume": str(run / "checkpoint-2"), "args": {"max_steps": 4}}],
+                      tmp_path / "resume", env=env)[0]
+    assert resumed["error"][0] == "UnpicklingError" and resumed["steps"] == []
+    assert "Unsupported global: GLOBAL numpy._core.multiarray._reconstruct" in resumed["error"][1]
+
+    planned = gate(run, checkpoint="checkpoint-2", numpy_version="1.26")
+    found = [f for f in planned.findings if f.rule == "CKD418"]
+    assert [f.path for f in found] == ["rng_state.pth"] and "under numpy 1 admits" in found[0].message
+    assert planned.steps_to_train is None and planned.failed
+    same = gate(run, checkpoint="checkpoint-2", numpy_version="2.3")
+    assert same.steps_to_train == 2 and not [f for f in same.findings if f.rule == "CKD418"]
+    out = CliRunner().invoke(main, ["gate", str(run), "--checkpoint", "checkpoint-2", "--numpy-version", "1.26"])
+    assert out.exit_code == 1 and "CKD418" in out.output and "the resume raises before its first step" in out.output
+    bad = CliRunner().invoke(main, ["gate", str(run), "--numpy-version", "two"])
+    assert bad.exit_code == 2 and "numpy_version must be a version" in bad.output
 
 
 # ---- 4. trainer_state.json written by one transformers, resumed by another ----
@@ -243,3 +286,121 @@ def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so
     found = [f for f in prediction.findings if f.rule == "CKD419"]
     assert len(found) == 1 and "written by transformers 4.40.2" in found[0].message
     assert "raises KeyError: 'TrainerControl'" in found[0].message
+
+
+def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
+    from ckptdoctor.resume.plan import version_major, version_tuple
+
+    assert version_tuple("4.57.6") == (4, 57) and version_tuple("5.23.0.dev0") == (5, 23)
+    assert version_tuple(" 2") == (2, 0) and version_tuple("1.26.4") == (1, 26)
+    assert version_tuple("12345") is None and version_tuple("v4") is None and version_tuple(None) is None
+    assert version_major("4.40.2") == 4 and version_major("x") is None
+
+
+# ---- 5. the saved key layout differs from the live model's ----
+
+
+def _layout(result: Any) -> list[Finding]:
+    return [f for f in result.findings if f.rule == "CKD421"]
+
+
+def test_a_5x_mixtral_resume_leaves_router_and_experts_at_init_and_the_gate_counts_what_it_restores(
+    tmp_path: Path,
+) -> None:
+    from ckptdoctor.resume import gate
+
+    run, clean = tmp_path / "mixtral", tmp_path / "llama"
+    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}},
+             {"out": str(clean), "args": {"max_steps": 4}}], tmp_path / "train")
+    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+                        "args": {"max_steps": 4}}], tmp_path / "resume")[0]
+    assert "error" not in resumed and resumed["steps"] == [3, 4]  # it trains, from random experts
+    assert resumed["tensors"] == 21 and len(resumed["at_init"]) == 6
+    assert all(".mlp.gate." in n or ".mlp.experts." in n for n in resumed["at_init"])
+
+    found = _layout(gate(run, checkpoint="checkpoint-2"))
+    assert len(found) == 1 and found[0].path == "model.safetensors"
+    assert "builds `MixtralForCausalLM` in another key layout" in found[0].message
+    assert "restores 15 of 21 tensors" in found[0].message and "keep their initial values" in found[0].message
+    assert _layout(gate(clean, checkpoint="checkpoint-2")) == []
+    # a 4.x resume builds the per-expert layout it was saved in, and its optimizer has the 5.x parameter count
+    older = _layout(gate(run, checkpoint="checkpoint-2", transformers_version="4.57"))
+    assert len(older) == 1 and "holds state for 21 parameters" in older[0].message and "with 29" in older[0].message
+
+
+def test_the_key_layout_table_is_generated_from_the_releases() -> None:
+    from ckptdoctor.resume.predict import _key_layouts
+
+    releases = _key_layouts()
+    assert releases["4.51.3"] == {"kind": "none"}  # the vision-language renames came with 4.52
+    assert releases["4.52.1"]["classes"]["LlavaForConditionalGeneration"][0] == ["^language_model.model",
+                                                                                "model.language_model"]
+    for v5 in ("5.0.0", "5.24.0"):
+        assert [t["kind"] for t in releases[v5]["types"]["mixtral"]] == ["WeightRenaming", "WeightConverter",
+                                                                        "WeightConverter"]
+
+
+@pytest.mark.skipif(not TF4_PYTHON, reason="CKPTDOCTOR_TF4_PYTHON is not set: no transformers 4.57 to write with")
+def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_says_so(tmp_path: Path) -> None:
+    from ckptdoctor.resume import gate
+
+    run = tmp_path / "mixtral457"
+    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}}], tmp_path / "train", python=TF4_PYTHON)
+    planned = gate(run, checkpoint="checkpoint-2", transformers_version="5.24")
+    same = gate(run, checkpoint="checkpoint-2", transformers_version="4.57")
+    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+                        "args": {"max_steps": 4}}], tmp_path / "resume")[0]  # this interpreter's 5.x
+    assert resumed["error"] == ["ValueError", "loaded state dict contains a parameter group that doesn't match the "
+                                              "size of optimizer's group"]
+    assert resumed["steps"] == []
+    found = _layout(planned)
+    assert len(found) == 1 and planned.steps_to_train is None and planned.failed
+    assert "restores 15 of 21 tensors" in found[0].message and "raises ValueError" in found[0].message
+    assert "holds state for 29 parameters (as transformers 4.57.6 built" in found[0].message
+    assert "CKD413" not in {f.rule for f in planned.findings}
+    assert _layout(same) == [] and same.steps_to_train == 2
+
+
+# ---- 2. a run started from another run's checkpoint instead of resuming it ----
+
+SIBLING = {"max_steps": 8, "learning_rate": 1e-2}
+
+
+def _started(root: Path) -> list[Finding]:
+    return codes(root, "CKD422")
+
+
+def _history(ck: Path) -> list[dict[str, Any]]:
+    return [e for e in json.loads((ck / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+
+
+def test_a_run_started_from_a_sibling_checkpoint_restarts_its_schedule_and_the_losses_show_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    trainer([{"out": str(root / "run-a"), "args": SIBLING},
+             {"out": str(root / "run-b"), "init_from": str(root / "run-a" / "checkpoint-8"), "args": SIBLING},
+             {"out": str(root / "run-c"), "args": {**SIBLING, "seed": 1}}], tmp_path / "train")
+    a, b = _history(root / "run-a" / "checkpoint-8"), _history(root / "run-b" / "checkpoint-8")
+    # the damage: run-b warms up again at the full LR from step 1, with a fresh optimizer, on run-a's weights
+    assert b[0]["step"] == 1 and b[0]["learning_rate"] == SIBLING["learning_rate"] > a[-1]["learning_rate"]
+    assert b[0]["loss"] < a[0]["loss"] - (a[0]["loss"] - a[-1]["loss"]) / 2
+    assert "_name_or_path" not in json.loads((root / "run-b" / "checkpoint-8" / "config.json").read_text())
+
+    found = _started(root)
+    assert [f.path for f in found] == ["run-b/checkpoint-8/config.json"]
+    assert "sibling run `run-a`" in found[0].message and "likely started from `run-a`'s weights" in found[0].message
+    assert _started(root / "run-a") == _started(root / "run-b") == []  # one run alone shows nothing
+    # run-c trained from scratch beside them (another seed): it starts where run-a started
+    assert not [f for f in found if "run-c" in f.path]
+
+
+@pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to write with")
+def test_transformers_440_names_the_checkpoint_a_run_was_started_from(tmp_path: Path) -> None:
+    a, b = tmp_path / "run-a", tmp_path / "elsewhere" / "run-b"
+    trainer([{"out": str(a), "args": SIBLING},
+             {"out": str(b), "init_from": str(a / "checkpoint-8"), "args": SIBLING}], tmp_path / "train",
+            env=_layered(TF440))
+    assert json.loads((b / "checkpoint-8" / "config.json").read_text())["_name_or_path"] == str(a / "checkpoint-8")
+    found = _started(b)  # the run alone: the file says where it came from
+    assert [f.path for f in found] == ["checkpoint-8/config.json"]
+    assert f"`_name_or_path` names `{a / 'checkpoint-8'}`" in found[0].message
+    assert _started(a) == []

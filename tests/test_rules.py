@@ -485,6 +485,16 @@ def lm_save(untie_config: bool) -> Callable[[Copy], Path]:
 
     return make
 
+def started_from_checkpoint(copy: Copy) -> Path:
+    """A run whose model was built from another run's checkpoint, as transformers 4.x records it in config.json."""
+    root = copy("clean-full")
+    for ck in root.glob("checkpoint-*"):
+        config = json.loads((ck / "config.json").read_text())
+        config["_name_or_path"] = "/jobs/run-a/checkpoint-500"  # what 4.x from_pretrained(that path) writes
+        (ck / "config.json").write_text(json.dumps(config))
+    return root
+
+
 @dataclass(frozen=True, slots=True)
 class Fires:
     """Rule ``code`` reports ``path`` with ``severity`` and a message holding every fragment of ``says``."""
@@ -662,6 +672,8 @@ FIRES: tuple[Fires, ...] = (
           (f"`{__name__}.WarmupCallback`", "can run code")),
     Fires("CKD217", "untied-config-tied-save", lm_save(untie_config=True), "config.json", ERR,
           ("`tie_word_embeddings` is false", "no `lm_head.weight`", "`model.embed_tokens.weight`")),
+    Fires("CKD422", "name-or-path-checkpoint", started_from_checkpoint, f"{CK8}/config.json", WARN,
+          ("`_name_or_path` names `/jobs/run-a/checkpoint-500`", "as a new run", "not resumed from it")),
     Fires("CKD602", "installed-class", installed_class_state, f"{CK8}/callback_state.pt", WARN,
           ("`argparse.ArgumentParser`", "outside the allowlist")),
     Fires("CKD603", "cut-pickle-in-zip", cut_rng_pickle, f"{CK8}/rng_state.pth", ERR, ("truncated stream",)),
@@ -683,6 +695,8 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD216", "keras-weights", sample("tf/keras-weights")),
     Silent("CKD217", "tied-save", lm_save(untie_config=False)),
     Silent("CKD217", "clean-full", clean("clean-full")),
+    Silent("CKD422", "clean-full", clean("clean-full")),
+    Silent("CKD422", "mindnlp-siblings", sample("mindnlp")),
     Silent("CKD001", "link-inside-root", link_inside),
     Silent("CKD002", "clean-full", clean("clean-full")),
     Silent("CKD002", "fsdp", clean("fsdp")),

@@ -107,6 +107,12 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
               "under: the gate follows its resume path (4.x differs from 5.x in the weights file it loads, the batch "
               "size it resumes at, and some schedules).  [default: the installed transformers, else the "
               "checkpoint's transformers_version, else 5.x]")
+@click.option("--numpy-version", metavar="X.Y", help="The numpy version the resume will run under: numpy 1 and 2 "
+              "name their array rebuild differently, and the RNG state's weights-only load admits only the resuming "
+              "one's (CKD418).  [default: the installed numpy, else 2]")
+@click.option("--save-total-limit", type=click.IntRange(min=0), help="The resuming save_total_limit: the rotation "
+              "after the resume's first save is played with it (CKD417; 0 keeps every checkpoint).  [default: the "
+              "run's own]")
 @click.option("--save-safetensors/--no-save-safetensors", default=None, help="The resuming save_safetensors "
               "(transformers 4.x only: with --no-save-safetensors it loads pytorch_model.bin, never "
               "model.safetensors).  [default: the run's own, else True]")
@@ -152,6 +158,8 @@ def gate_command(
     world_size: int | None,
     load_step: int | None,
     transformers_version: str | None,
+    numpy_version: str | None,
+    save_total_limit: int | None,
     save_safetensors: bool | None,
     auto_find_batch_size: bool | None,
     training_args_file: str | None,
@@ -227,6 +235,7 @@ def gate_command(
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "transformers_version": transformers_version, "save_safetensors": save_safetensors,
             "load_step": load_step,
+            "numpy_version": numpy_version, "save_total_limit": save_total_limit,
         }
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,

@@ -6,7 +6,7 @@ from typing import Any
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.resume.api import GateResult
-from ckptdoctor.resume.rules import format_lrs
+from ckptdoctor.resume.rules import CRASH_RULES, format_lrs
 
 
 def render_text(result: GateResult, *, width: int | None = None, quiet: bool = False) -> str:
@@ -49,7 +49,7 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
         elif total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
             rules = {f.rule for f in result.findings}
-            why = ("the resume raises before its first step" if "CKD413" in rules
+            why = ("the resume raises before its first step" if rules & CRASH_RULES
                    else "the planned batch size changes the steps per epoch by an unknown amount (CKD414)"
                    if "CKD414" in rules else "`trainer_state.json` was not read (CKD412)" if "CKD412" in rules
                    else "the checkpoint was not read (CKD604)")
@@ -111,7 +111,7 @@ def summary(result: GateResult) -> str:
         return "resume finds no checkpoint"
     lrs = f"; first LRs {format_lrs(result.lr)}" if result.lr else ""
     if result.max_steps is None or result.steps_to_train is None:
-        what = "and raises before its first step" if any(f.rule == "CKD413" for f in result.findings) else (
+        what = "and raises before its first step" if any(f.rule in CRASH_RULES for f in result.findings) else (
             "; its steps are not predicted")
         return f"resume loads {result.checkpoint} ({result.weights_branch}) {what}; verdict {result.verdict}"
     return (

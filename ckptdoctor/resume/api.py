@@ -254,6 +254,10 @@ def gate(
     ``checkpoint_in_run=False`` it is a path only, taken from the working directory exactly as ``train()`` takes it
     (a folder that is not there is CKD413). Reads only; never imports torch.
 
+    ``numpy_version`` is the numpy the resume runs under ("1.26"; default: the installed one), whose weights-only
+    RNG load CKD418 judges, and ``save_total_limit`` the resuming one (default: the run's), with which CKD417 plays
+    the rotation after the first save.
+
     Rules are chosen as ``ckptdoctor scan`` chooses them: ``select`` and ``ignore`` are rule codes or prefixes
     (``--select``/``--ignore``), combined with the closest settings file from ``run_dir`` upward
     (``.ckptdoctor.toml`` or ``[tool.ckptdoctor]`` in ``pyproject.toml``, as ``scan`` finds it; else the user

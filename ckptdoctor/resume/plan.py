@@ -61,7 +61,9 @@ class Plan:
     ``scaler.pt`` in the checkpoint makes ``_load_scaler`` raise AttributeError. ``save_safetensors`` is the
     resuming ``TrainingArguments``' (transformers 4.x only: False loads ``pytorch_model.bin``, not
     ``model.safetensors``). ``transformers_version`` is the version the resume runs under ("4.57"; None: the
-    installed one, else the checkpoint's, see ``transformers_version``).
+    installed one, else the checkpoint's, see ``transformers_version``). ``save_total_limit`` is the resuming
+    ``TrainingArguments``' (None: the run's own, from ``training_args.bin``; 0: no rotation) and ``numpy_version``
+    the numpy the resume runs under ("1.26"; None: the installed one): CKD417 and CKD418 judge with them.
     """
 
     checkpoint: str | None = None
@@ -85,6 +87,8 @@ class Plan:
     transformers_version: str | None = None
     # torchtitan's `checkpoint.load_step` (-1: the latest step holding `.metadata`); only its gate reads it
     load_step: int | None = None
+    save_total_limit: int | None = None
+    numpy_version: str | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
@@ -98,7 +102,7 @@ PLAN_FIELDS = frozenset(
      "lr_scheduler_kwargs",
      "steps_per_epoch", "world_size", "per_device_train_batch_size", "gradient_accumulation_steps",
      "ignore_data_skip", "grad_scaler", "save_safetensors", "auto_find_batch_size", "transformers_version",
-     "load_step")
+     "load_step", "save_total_limit", "numpy_version")
 )  # fmt: skip
 
 
@@ -146,6 +150,9 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
             out[key] = count
     if isinstance(args.get("lr_scheduler_type"), str):
         out["lr_scheduler_type"] = args["lr_scheduler_type"]
+    limit = trainer_view._int(args.get("save_total_limit"))
+    if limit is not None and limit >= 0:
+        out["save_total_limit"] = limit
     kwargs = parse_kwargs(args.get("lr_scheduler_kwargs"))
     if kwargs is not None:
         out["lr_scheduler_kwargs"] = kwargs
@@ -183,6 +190,9 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
         v = args.get(key)
         if v is not None and (trainer_view._int(v) is None or v < 1):
             raise GateInputError(f"training_args {key} must be an integer >= 1, not {brief(v)}")
+    v = args.get("save_total_limit")
+    if v is not None and trainer_view._int(v) is None:
+        raise GateInputError(f"training_args save_total_limit must be an integer, not {brief(v)}")
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
         raise GateInputError(f"training_args lr_scheduler_type must be a string, not {brief(v)}")
@@ -217,6 +227,12 @@ def check_plan(values: dict[str, Any]) -> None:
     version = values.get("transformers_version")
     if version is not None and version_major(version) is None:
         raise GateInputError(f"transformers_version must be a version such as 4.57 or 5.23, not {brief(version)}")
+    version = values.get("numpy_version")
+    if version is not None and version_major(version) is None:
+        raise GateInputError(f"numpy_version must be a version such as 1.26 or 2.3, not {brief(version)}")
+    limit = values.get("save_total_limit")
+    if limit is not None and (trainer_view._int(limit) is None or limit < 0 or limit >= INT_LIMIT):
+        raise GateInputError(f"save_total_limit must be an integer >= 0, not {brief(limit)}")
     raw = values.get("lr_scheduler_kwargs")
     if isinstance(raw, str) and not raw.strip():
         values.pop("lr_scheduler_kwargs")  # TrainingArguments reads an empty string as no kwargs
@@ -227,10 +243,17 @@ def check_plan(values: dict[str, Any]) -> None:
         values["lr_scheduler_kwargs"] = kwargs
 
 
-_VERSION_RE = re.compile(r"(\d+)(?:\.\d+)*")
+_VERSION_RE = re.compile(r"\s*(\d{1,4})(?:\.(\d{1,4}))?(?![\d])")
+
+
+def version_tuple(version: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string ("4.57.6" -> (4, 57), "5.23.0.dev0", "4.57", "2" -> (2, 0)): the one
+    parser of the versions the gate compares (transformers, torch, numpy); None when it is not one."""
+    m = _VERSION_RE.match(version) if isinstance(version, str) else None
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 
 def version_major(version: object) -> int | None:
-    """The major number of a transformers version string ("4.57.6", "5.23.0.dev0", "4.57"), or None."""
-    m = _VERSION_RE.match(version.strip()) if isinstance(version, str) else None
-    return int(m.group(1)) if m is not None and len(m.group(1)) <= 4 else None
+    """The major number of a version string (``version_tuple``), or None."""
+    v = version_tuple(version)
+    return None if v is None else v[0]

@@ -14,13 +14,138 @@ It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the fro
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ckptdoctor import schedules, trainer_view
+from ckptdoctor.facts import plural
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, int_text
-from ckptdoctor.resume.resolve import ResolvedArgs, resolve
+from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, int_text, version_tuple
+from ckptdoctor.resume.resolve import ResolvedArgs, installed_version, resolve
+
+# ---------------------------------------------------------------------------------------------------------------
+# What torch.load(weights_only=True) refuses among the files the resume loads (issue 24, item 3): the resume raises
+# UnpicklingError on the first one; CKD418 names each. A loadability verdict, not a security one (CKD6xx judge that).
+
+# torch's weights-only unpickler (`torch/_weights_only_unpickler.py` `_get_allowed_globals`, torch 2.6-2.13): the
+# globals it admits with no `safe_globals` at all. Dtypes, legacy storage and tensor classes and quantization
+# schemes are admitted by name pattern below.
+_TORCH_ADMITS = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+    *(f"torch._utils._rebuild_{f}" for f in (
+        "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3", "sparse_tensor",
+        "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass", "device_tensor_from_numpy",
+        "device_tensor_from_cpu_tensor")),
+})
+_TORCH_ADMITS_RE = re.compile(
+    r"^torch\.(?:[A-Z]\w*Storage|(?:cuda\.)?[A-Z]\w*Tensor|per_(?:tensor|channel)_\w+|"
+    r"(?:u?int\d+|float\w*|bfloat16|complex\d+|c?float|c?double|c?half|half|short|long|int|bool|bits\w+|q\w+))$")
+# transformers' `safe_globals()` (`src/transformers/trainer_pt_utils.py`, 4.47 on), around the RNG load only: numpy's
+# array rebuild under the resuming numpy's own module name, `numpy.ndarray`, `numpy.dtype` and the uint32 dtype class.
+_NUMPY_CORE = {1: "numpy.core", 2: "numpy._core"}
+_RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
+
+
+def weights_only_admits(name: str, rng_safe_globals: bool, numpy_major: int) -> bool:
+    """Whether ``torch.load(weights_only=True)`` admits the pickle global ``name`` (``module.qualname``): torch's
+    own allowlist, plus transformers' ``safe_globals()`` when the load runs inside it (the RNG state's)."""
+    if name in _TORCH_ADMITS or _TORCH_ADMITS_RE.match(name):
+        return True
+    if rng_safe_globals:
+        return name in _RNG_SAFE or name == f"{_NUMPY_CORE.get(numpy_major, 'numpy._core')}.multiarray._reconstruct"
+    return False
+
+
+
+
+@frozen
+class Refusal:
+    """A file the resume loads with ``weights_only=True`` that names a global the load refuses."""
+
+    file: FileFacts
+    name: str  # its name in the checkpoint folder
+    reader: str  # what loads it (``Trainer._load_rng_state`` inside ``safe_globals()``, ...)
+    refused: tuple[str, ...]  # the refused globals, in the order the pickle names them
+    rng: bool  # the load runs inside transformers' ``safe_globals()``
+    numpy_major: int  # the resuming numpy's major version
+
+    @property
+    def crash(self) -> str:
+        """What the resume raises on this file, for ``Prediction.crash``."""
+        return (f"`{self.name}` names `{self.refused[0]}`, which weights_only=True refuses: train() raises "
+                f"UnpicklingError in {self.reader}")
+
+
+def weights_only_loads(
+    ck: Checkpoint, version: tuple[int, int], weights_file: str | None, restores: bool, rng_ranks: int | None
+) -> list[tuple[FileFacts, str, bool]]:
+    """Each file the planned resume reads with ``torch.load(weights_only=True)``, in the order it reads them, what
+    reads it, and whether transformers' ``safe_globals()`` is around that load (transformers 5.x:
+    `Trainer._load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_scaler`, `_load_rng_state`; peft
+    `torch_load` for `adapter_model.bin`). ``rng_ranks``: the ranks whose RNG state is loaded (None: the resume
+    trains no step, and loads none)."""
+    out: list[tuple[FileFacts, str, bool]] = []
+    if trainer_view.is_mindnlp(ck):
+        return out  # MindNLP loads its state with MindSpore, not torch.load
+    rng_safe = version >= (4, 47)  # 4.36-4.46 load the RNG state with no safe_globals() around it
+
+    def add(name: str, reader: str, rng: bool = False) -> None:
+        f = ck.file(name)
+        if f is not None:
+            out.append((f, reader, rng))
+
+    wf = weights_file
+    if wf is not None and wf.endswith(".bin"):
+        add(wf, "peft `torch_load`" if wf == trainer_view.ADAPTER_BIN else "`Trainer._load_from_checkpoint`")
+    elif wf == trainer_view.BIN_INDEX:
+        for shard in sorted(set((trainer_view.weight_map(ck.file(wf)) or {}).values()) if ck.file(wf) else ()):
+            add(shard, "`load_sharded_checkpoint`")
+    if restores:
+        opt = trainer_view.optimizer_file(ck)
+        if opt is not None:
+            add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
+        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
+    add("scaler.pt", "`Trainer._load_scaler`")
+    if rng_ranks is not None:
+        names = ["rng_state.pth"] if rng_ranks <= 1 else [f"rng_state_{r}.pth" for r in range(rng_ranks)]
+        for name in names:
+            add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
+    return out
+
+
+def refusals(
+    ck: Checkpoint,
+    version: tuple[int, int],
+    torch_version: tuple[int, int] | None,
+    numpy_major: int,
+    weights_file: str | None,
+    restores: bool,
+    rng_ranks: int | None,
+) -> tuple[Refusal, ...]:
+    """The files of ``weights_only_loads`` whose pickle names a global the load refuses, in load order. Under
+    transformers 4.x with torch below 2.6 there are none (4.x passes no weights_only to most loads, and torch < 2.6
+    defaults it to False)."""
+    if version < (5, 0) and torch_version is not None and torch_version < (2, 6):
+        return ()
+    from ckptdoctor.pickle_verdict.judge import file_pickle
+
+    out: list[Refusal] = []
+    for f, reader, rng in weights_only_loads(ck, version, weights_file, restores, rng_ranks):
+        pf = file_pickle(f)
+        if pf is None:
+            continue
+        refused = tuple(g.dotted for g in pf.globals if not weights_only_admits(g.dotted, rng, numpy_major))
+        if refused:
+            out.append(Refusal(f, ck.relname(f), reader, refused, rng, numpy_major))
+    return tuple(out)
 
 
 @frozen
@@ -99,6 +224,10 @@ class Prediction:
     # branch "full" beside an adapter: what load_state_dict(strict=False) of that file restores of the adapter
     adapter: trainer_view.AdapterRestore | None = None
     weights_file: str | None = None  # the file the weights load reads (weights_file), when one file says it
+    crash_rule: str | None = None  # the rule that names ``crash`` when it is not CKD413's (CKD418)
+    refused: tuple[Refusal, ...] = ()  # the files the resume loads that weights_only=True refuses, in load order
+    # the weights file's keys against the live model's layout under the resuming transformers (None: they agree)
+    layout: LayoutRestore | None = None
 
 
 def resume_checkpoint(tree: Tree) -> tuple[Checkpoint | None, str | None]:
@@ -163,9 +292,36 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
     restores = trainer_view.is_deepspeed(ck) or (
         trainer_view.has_optimizer_state(ck) and trainer_view.scheduler_file(ck) is not None
     )
+    refused = _refused(ck, plan, settings, found.weights_file, restores, steps.steps_to_train)
+    if refused:  # torch.load(weights_only=True) raises on the first refused file: nothing is trained
+        return replace(found, crash=refused[0].crash, crash_rule="CKD418", refused=refused, restores=restores)
+    layout = key_layout(ck, settings.transformers_version, found.weights_file, restores)
+    found = replace(found, layout=layout)
+    if layout is not None and layout.optimizer_crash is not None:
+        return replace(found, crash=layout.optimizer_crash, crash_rule="CKD421", restores=restores)
     base = _base_lr(ck) if restores else settings.learning_rate
     found = replace(found, steps=steps, warmup=warmup, restores=restores, base_lr=base)
     return _predict_lrs(found, ck, steps, warmup, plan.lr_steps)
+
+
+def numpy_major(plan: Plan) -> tuple[int, str]:
+    """The major version of the numpy the resume runs under, and whence: planned (``Plan.numpy_version``), else the
+    one installed beside ckptdoctor (its metadata), else 2."""
+    planned = version_tuple(plan.numpy_version)
+    if planned is not None:
+        return planned[0], "planned"
+    installed = version_tuple(installed_version("numpy"))
+    return (installed[0], "installed") if installed is not None else (2, "default")
+
+
+def _refused(
+    ck: Checkpoint, plan: Plan, s: ResolvedArgs, weights: str | None, restores: bool, steps_to_train: int
+) -> tuple[Refusal, ...]:
+    """The files this resume loads with ``weights_only=True`` that the load refuses (``weights_only.refusals``)."""
+    version = version_tuple(s.transformers_version) or (5, 0)
+    rng_ranks = (plan.world_size or 1) if steps_to_train > 0 else None
+    return refusals(ck, version, version_tuple(installed_version("torch")), numpy_major(plan)[0], weights, restores,
+                    rng_ranks)
 
 
 def _mindnlp_settings(s: ResolvedArgs, ts: trainer_view.TrainerStateView | None) -> ResolvedArgs:
@@ -459,3 +615,158 @@ def _base_lr(ck: Checkpoint) -> float | None:
     if opt is not None and opt.groups:
         return opt.groups[0].initial_lr
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The saved key layout against the live model's (issue 24, item 5)
+
+
+@frozen
+class LayoutRestore:
+    """What ``load_state_dict(state_dict, strict=False)`` of the weights file restores when the resuming transformers
+    builds the model in another key layout than the one ``save_pretrained`` wrote (``ckptdoctor/key_layouts.json``)."""
+
+    file: str  # the weights file (or index) the resume loads
+    architecture: str  # config.json's class name (or model type) the table matched
+    release: str  # the transformers release of the table whose layout was used
+    restored: int  # live tensors whose name the file holds
+    total: int  # the live model's tensors, as the file's keys become under the release's conversion
+    missing: tuple[str, ...]  # live tensors left at their initial values (first ones, in name order)
+    saved_changed: int  # saved keys the conversion renames or merges
+    optimizer_crash: str | None  # the optimizer load's crash: the state holds another layout's parameter count
+
+
+@functools.cache
+def _key_layouts() -> dict[str, Any]:
+    """The generated table (bench/make_key_layouts.py), read on first use; empty when it is missing."""
+    from importlib import resources
+
+    try:
+        doc = json.loads(resources.files("ckptdoctor").joinpath("key_layouts.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    releases = doc.get("releases") if isinstance(doc, dict) else None
+    return releases if isinstance(releases, dict) else {}
+
+
+def _layout_release(version: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The table's entry for ``version``: the nearest release read at or below it, of the same major."""
+    want = version_tuple(version)
+    if want is None:
+        return None
+    best: tuple[tuple[int, int], str] | None = None
+    for release in _key_layouts():
+        v = version_tuple(release)
+        if v is not None and v[0] == want[0] and v <= want and (best is None or v > best[0]):
+            best = (v, release)
+    return None if best is None else (best[1], _key_layouts()[best[1]])
+
+
+def _converter(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Callable[[str], str]] | None:
+    """The key conversion ``entry`` applies to a model of class or type ``names`` (the first found), as a function
+    of a saved key; None when it has none, or one whose transforms are not modelled (counted as unknown)."""
+    if entry.get("kind") == "regex_sub":
+        for name in names:
+            pairs = entry.get("classes", {}).get(name)
+            if pairs:
+                compiled = [(re.compile(p), r) for p, r in pairs]
+
+                def sub(key: str, compiled: list[tuple[re.Pattern[str], str]] = compiled) -> str:
+                    for pattern, repl in compiled:  # from_pretrained's key_mapping: the first pattern that matches
+                        new, n = pattern.subn(repl, key)
+                        if n:
+                            return new
+                    return key
+
+                return name, sub
+        return None
+    if entry.get("kind") != "conversion":
+        return None
+    for name in names:
+        transforms = entry.get("types", {}).get(name)
+        if not transforms:
+            continue
+        if any(t.get("kind") not in ("WeightRenaming", "WeightConverter") for t in transforms):
+            return None
+        steps = [(re.compile(t["regex"]), str(t["targets"][0])) for t in transforms]
+
+        def convert(key: str, steps: list[tuple[re.Pattern[str], str]] = steps) -> str:
+            for pattern, target in steps:  # WeightTransform.rename_source_key, each transform in turn
+                m = pattern.search(key)
+                if m is None:
+                    continue
+                replacement = target
+                if "\\1" in target:
+                    group = next(g for g, v in m.groupdict().items() if v is not None)
+                    replacement = target.replace("\\1", m.group(pattern.groupindex[group] + 1) or "")
+                key = key.replace(m.group(0), replacement, 1)
+            return key
+
+        return name, convert
+    return None
+
+
+def _saved_keys(ck: Checkpoint, weights: str) -> list[str] | None:
+    """The tensor names of the weights file (or shard index) the resume loads."""
+    f = ck.file(weights)
+    if weights in (trainer_view.SAFE_INDEX, trainer_view.BIN_INDEX):
+        wm = trainer_view.weight_map(f) if f is not None else None
+        return sorted(wm) if wm is not None else None
+    tensors = trainer_view.tensors_of(f) if f is not None else None
+    return sorted(t.name for t in tensors) if tensors is not None else None
+
+
+def _convert_keys(version: str | None, names: tuple[str, ...], saved: list[str]) -> tuple[str, str, list[str],
+                                                                                         list[str]] | None:
+    """Under ``version``'s table: the name matched, the release read, the saved keys it converts and the live keys
+    they become (not among the unconverted ones); None when it converts none."""
+    found = _layout_release(version)
+    conv = _converter(found[1], names) if found is not None and names else None
+    if found is None or conv is None:
+        return None
+    live = {k: conv[1](k) for k in saved}
+    changed = [k for k in saved if live[k] != k]
+    if not changed:
+        return None
+    unchanged = set(saved) - set(changed)
+    return conv[0], found[0], changed, sorted({live[k] for k in changed} - unchanged)
+
+
+def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool) -> LayoutRestore | None:
+    """What the resume under transformers ``version`` restores of the model from ``weights`` when that release
+    builds the checkpoint's architecture (``config.json``) in another key layout than the saved one, and whether
+    the optimizer load then raises (the release that wrote the checkpoint trained another parameter count: its
+    ``transformers_version`` converts other keys, or none). None when nothing differs, or nothing says it does (no
+    table entry, an unmodelled conversion, unreadable keys)."""
+    config = trainer_view._json(ck.file("config.json"))
+    if not isinstance(config, dict) or weights is None:
+        return None
+    arch = config.get("architectures")
+    names = tuple(a for a in (arch if isinstance(arch, list) else []) if isinstance(a, str))[:1]
+    if isinstance(config.get("model_type"), str):
+        names += (config["model_type"],)
+    saved = _saved_keys(ck, weights)
+    if not names or not saved:
+        return None
+    resumed = _convert_keys(version, names, saved)
+    wrote = config.get("transformers_version")
+    written = _convert_keys(wrote, names, saved) if isinstance(wrote, str) else None
+    shown = names[0]
+    crash = None
+    opt = trainer_view.optimizer_state(ck) if restores else None
+    delta_r = 0 if resumed is None else len(resumed[3]) - len(resumed[2])
+    delta_w = 0 if written is None else len(written[3]) - len(written[2])
+    if opt is not None and isinstance(wrote, str) and version_tuple(wrote) is not None and delta_r != delta_w:
+        opt_name = ck.relname(trainer_view.optimizer_file(ck) or ck.files[0])
+        crash = (f"`{opt_name}` holds state for {plural(opt.param_count, 'parameter')} (as transformers {wrote} built "
+                 f"`{shown}`), and transformers {version} builds it with {opt.param_count + delta_r - delta_w:,}: "
+                 "train() raises ValueError (\"loaded state dict contains a parameter group that doesn't match the "
+                 "size of optimizer's group\") in _load_optimizer_and_scheduler")
+    if resumed is None and crash is None:
+        return None
+    if resumed is None:  # the resuming release loads the saved keys as they are: only the optimizer differs
+        return LayoutRestore(weights, shown, "", len(saved), len(saved), (), 0, crash)
+    _, release, changed, targets = resumed
+    restored = len(saved) - len(changed)
+    return LayoutRestore(weights, shown, release, restored, restored + len(targets), tuple(targets[:3]),
+                         len(changed), crash)

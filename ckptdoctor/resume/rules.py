@@ -8,9 +8,7 @@ them (``Selection.enabled`` refuses gate-only rules); they are registered like e
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -18,7 +16,7 @@ from typing import TYPE_CHECKING
 from ckptdoctor import trainer_view
 from ckptdoctor.facts import plural, saved_world_size
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.model import Checkpoint, FileFacts, ProblemKind, Tree, frozen
+from ckptdoctor.model import Checkpoint, ProblemKind, Tree, frozen
 from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
 
 if TYPE_CHECKING:
@@ -28,6 +26,9 @@ if TYPE_CHECKING:
 # Every scan imports this module (the registry documents these rules), and only the gate runs them: the plan,
 # the prediction and the schedules are imported by the rules that read them, so a scan's start-up does not pay.
 
+# The rules that say the resume raises before its first step (``Prediction.crash``): CKD413, and those that name a
+# crash of their own kind (``Prediction.crash_rule``).
+CRASH_RULES = frozenset({"CKD413", "CKD418", "CKD421"})
 JUMP_FACTOR = 1.25  # an LR rise above this factor over the last LR used is a "large jump" (CKD411)
 LR_RTOL = 1e-9
 
@@ -428,6 +429,8 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     from ckptdoctor.resume.predict import state_not_read
 
     s = p.settings
+    if p.crash_rule is not None:
+        return  # the rule that names this crash reports it (CKD418: a weights-only refusal)
     if p.crash is not None or (p.start is None and state_not_read(ck) is None):
         yield Hit(ck.path, p.crash or "`trainer_state.json` cannot be read: train() raises")
     elif p.step_error is not None:
@@ -668,7 +671,9 @@ def _rotation_order(version: str) -> str:
     """How ``version``'s checkpoint rotation orders `checkpoint-*` folders: ``"mtime"`` (>= 4.52 and 5.x, falling
     back to the step number when the newest and oldest folder are less than a second apart), ``"mtime-only"``
     (<= 4.37, no fallback) or ``"step"`` (4.38-4.51)."""
-    v = _version(version)
+    from ckptdoctor.resume.plan import version_tuple
+
+    v = version_tuple(version)
     if v is None or v >= (4, 52):
         return "mtime"
     return "mtime-only" if v <= (4, 37) else "step"
@@ -719,7 +724,8 @@ def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
     """The resume's first save will delete a checkpoint newer (by step) than one it keeps: rotation goes by mtime.
 
     ## What it does
-    With the `save_total_limit` saved in the checkpoint's `training_args.bin`, plays the rotation that follows the
+    With the planned `save_total_limit` (`--save-total-limit`), else the one saved in the checkpoint's
+    `training_args.bin`, plays the rotation that follows the
     resume's first save as the resuming transformers does it: the `checkpoint-*` folders of the run ordered by their
     own modification time (5.x and 4.52 on, unless the filesystem reports one time for every folder; 4.37 and
     older always; 4.38 to 4.51 order by step number and never trip), the new save and `best_model_checkpoint`
@@ -752,9 +758,10 @@ def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
     ck, p, _ = resumed
     if trainer_view.is_mindnlp(ck):
         return  # MindNLP's Trainer rotates with its own code
-    args = trainer_view.training_args(ck) or {}  # the resume usually runs with the arguments that saved it
-    limit = args.get("save_total_limit")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+    limit = ctx.plan.save_total_limit  # planned (--save-total-limit), else the arguments that saved the checkpoint
+    if limit is None:
+        limit = trainer_view._int((trainer_view.training_args(ck) or {}).get("save_total_limit"))
+    if limit is None or limit <= 0:
         return
     rot = next_rotation(ck, ctx.tree, limit, _rotation_order(p.settings.transformers_version))
     if rot is None:
@@ -771,79 +778,6 @@ def rotation_deletes_newer_checkpoint(ctx: ResumeContext) -> Iterator[Hit]:
                        "and a lower-numbered folder was modified later (copied or touched)")
 
 
-# torch's weights-only unpickler (`torch/_weights_only_unpickler.py` `_get_allowed_globals`, torch 2.6-2.13): the
-# globals it admits with no `safe_globals` at all. Dtypes, legacy storage and tensor classes and quantization
-# schemes are admitted by name pattern below.
-_TORCH_ADMITS = frozenset({
-    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
-    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
-    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
-    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
-    *(f"torch._utils._rebuild_{f}" for f in (
-        "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3", "sparse_tensor",
-        "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass", "device_tensor_from_numpy",
-        "device_tensor_from_cpu_tensor")),
-})
-_TORCH_ADMITS_RE = re.compile(
-    r"^torch\.(?:[A-Z]\w*Storage|(?:cuda\.)?[A-Z]\w*Tensor|per_(?:tensor|channel)_\w+|"
-    r"(?:u?int\d+|float\w*|bfloat16|complex\d+|c?float|c?double|c?half|half|short|long|int|bool|bits\w+|q\w+))$")
-# transformers' `safe_globals()` (`src/transformers/trainer_pt_utils.py`, 4.47 on), around the RNG load only: numpy's
-# array rebuild under the resuming numpy's own module name, `numpy.ndarray`, `numpy.dtype` and the uint32 dtype class.
-_NUMPY_CORE = {1: "numpy.core", 2: "numpy._core"}
-_RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
-
-
-@functools.cache
-def _version(text: str | None) -> tuple[int, int] | None:
-    m = re.match(r"^\s*(\d{1,4})(?:\.(\d{1,4}))?", text or "")
-    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
-
-
-def weights_only_admits(name: str, rng_safe_globals: bool, numpy_major: int) -> bool:
-    """Whether ``torch.load(weights_only=True)`` admits the pickle global ``name`` (``module.qualname``): torch's
-    own allowlist, plus transformers' ``safe_globals()`` when the load runs inside it (the RNG state's)."""
-    if name in _TORCH_ADMITS or _TORCH_ADMITS_RE.match(name):
-        return True
-    if rng_safe_globals:
-        return name in _RNG_SAFE or name == f"{_NUMPY_CORE.get(numpy_major, 'numpy._core')}.multiarray._reconstruct"
-    return False
-
-
-def weights_only_loads(ck: Checkpoint, p: Prediction, world_size: int | None) -> list[tuple[FileFacts, str, bool]]:
-    """Each file the planned resume reads with ``torch.load(weights_only=True)``, what reads it, and whether
-    transformers' ``safe_globals()`` is around that load (transformers 5.x: `Trainer._load_from_checkpoint`,
-    `_load_optimizer_and_scheduler`, `_load_scaler`, `_load_rng_state`; peft `torch_load` for `adapter_model.bin`)."""
-    out: list[tuple[FileFacts, str, bool]] = []
-    if trainer_view.is_mindnlp(ck):
-        return out  # MindNLP loads its state with MindSpore, not torch.load
-    version = _version(p.settings.transformers_version) or (5, 0)
-    rng_safe = version >= (4, 47)  # 4.36-4.46 load the RNG state with no safe_globals() around it
-
-    def add(name: str, reader: str, rng: bool = False) -> None:
-        f = ck.file(name)
-        if f is not None:
-            out.append((f, reader, rng))
-
-    wf = p.weights_file
-    if wf is not None and wf.endswith(".bin"):
-        add(wf, "peft `torch_load`" if wf == trainer_view.ADAPTER_BIN else "`Trainer._load_from_checkpoint`")
-    elif wf == trainer_view.BIN_INDEX:
-        for shard in sorted(set((trainer_view.weight_map(ck.file(wf)) or {}).values()) if ck.file(wf) else ()):
-            add(shard, "`load_sharded_checkpoint`")
-    if p.restores:
-        opt = trainer_view.optimizer_file(ck)
-        if opt is not None:
-            add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
-        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
-    add("scaler.pt", "`Trainer._load_scaler`")
-    if p.steps is not None and p.steps.steps_to_train > 0:
-        ranks = world_size or 1
-        names = ["rng_state.pth"] if ranks <= 1 else [f"rng_state_{r}.pth" for r in range(ranks)]
-        for name in names:
-            add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
-    return out
-
-
 @rule("CKD418", "weights-only-load-refused", Severity.ERROR, gate_only=True)
 def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     """A file the planned resume loads names a pickle global that `torch.load(weights_only=True)` refuses.
@@ -853,9 +787,10 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     optimizer, scheduler and scaler states, the RNG state of each planned rank), compares the globals its pickle
     names with what that load admits: torch's weights-only allowlist, plus, for the RNG state only,
     transformers' `safe_globals()` (numpy's `_reconstruct` under the *resuming* numpy's module name, `numpy.ndarray`,
-    `numpy.dtype`, `numpy.dtypes.UInt32DType`). The resuming numpy is the one installed beside ckptdoctor (its
-    metadata; numpy 2 when none is). This is a loadability verdict, not a security one: the file may be harmless
-    (CKD6xx judge that) and still be refused.
+    `numpy.dtype`, `numpy.dtypes.UInt32DType`). The resuming numpy is the one planned (`--numpy-version`), else
+    the one installed beside ckptdoctor (its metadata; numpy 2 when none is). This is a loadability verdict, not a
+    security one: the file may be harmless (CKD6xx judge that) and still be refused. The gate's prediction says
+    the resume raises at the first refused file (no steps are trained).
 
     ## Why is this bad?
     The resume raises `UnpicklingError: Weights only load failed ... Unsupported global: GLOBAL ...` before its
@@ -885,29 +820,13 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     resuming training from checkpoint"), deepmodeling/deepmd-kit#4147 (a numpy-float learning rate refused as
     `numpy.core.multiarray.scalar`).
     """
-    resumed = _resumed(ctx)
-    if resumed is None:
-        return
-    ck, p, _ = resumed
-    from ckptdoctor.resume.resolve import installed_version
-
-    torch_v = _version(installed_version("torch"))
-    if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):
-        return  # 4.x passes no weights_only to most loads, and torch < 2.6 defaults it to False
-    numpy_major = (_version(installed_version("numpy")) or (2, 0))[0]
-    from ckptdoctor.pickle_verdict.judge import file_pickle
-
-    for f, reader, rng in weights_only_loads(ck, p, ctx.plan.world_size):
-        pf = file_pickle(f)
-        if pf is None:
-            continue
-        refused = [g.dotted for g in pf.globals if not weights_only_admits(g.dotted, rng, numpy_major)]
-        if refused:
-            more = f" (and {plural(len(refused) - 1, 'other')})" if len(refused) > 1 else ""
-            admits = (f"neither torch's weights-only allowlist nor transformers' safe_globals() under numpy "
-                      f"{numpy_major} admits" if rng else "torch's weights-only allowlist does not admit")
-            yield Hit(f.path, f"{reader} loads `{ck.relname(f)}` with weights_only=True and raises UnpicklingError: "
-                              f"it names `{refused[0]}`{more}, which {admits}")
+    p = ctx.prediction
+    for r in p.refused if p is not None else ():
+        more = f" (and {plural(len(r.refused) - 1, 'other')})" if len(r.refused) > 1 else ""
+        admits = (f"neither torch's weights-only allowlist nor transformers' safe_globals() under numpy "
+                  f"{r.numpy_major} admits" if r.rng else "torch's weights-only allowlist does not admit")
+        yield Hit(r.file.path, f"{r.reader} loads `{r.name}` with weights_only=True and raises UnpicklingError: "
+                               f"it names `{r.refused[0]}`{more}, which {admits}")
 
 
 # The fields of `TrainerState` (`src/transformers/trainer_callback.py`), read from the releases: 4.40.2 has these;
@@ -971,12 +890,15 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
     `Trainer.train`; hiyouga/LlamaFactory#4406 ("TrainerState.__init__() got an unexpected keyword argument
     'stateful_callbacks'").
     """
-    resumed = _resumed(ctx)
-    if resumed is None:
+    ck, p = ctx.checkpoint, ctx.prediction
+    # a crash another rule names (CKD418, CKD421) comes after TrainerState.load_from_json: this one comes first
+    if ck is None or p is None or (p.steps is None and p.crash_rule is None):
         return
-    ck, p, steps = resumed
+    steps_to_train = p.steps.steps_to_train if p.steps is not None else 0
     ts = trainer_view.trainer_state(ck)
-    version = _version(p.settings.transformers_version)
+    from ckptdoctor.resume.plan import version_tuple
+
+    version = version_tuple(p.settings.transformers_version)
     if ts is None or version is None or trainer_view.is_mindnlp(ck):  # MindNLP's Trainer has its own state code
         return
     unknown, save_raises = state_incompatibility(ts.raw, version)
@@ -989,7 +911,67 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(where, f"{by}it holds {', '.join(f'`{k}`' for k in unknown)}, which transformers {tv}'s "
                          f"TrainerState does not have: train() raises TypeError (\"unexpected keyword argument "
                          f"'{unknown[0]}'\") at its start")
-    elif save_raises and steps.steps_to_train > 0:
+    elif save_raises and steps_to_train > 0:
         yield Hit(where, f"{by}it holds no saved `TrainerControl` in `stateful_callbacks`: transformers {tv} trains "
                          "until its first save, then raises KeyError: 'TrainerControl' in _save_checkpoint, leaving "
                          "that checkpoint without its trainer_state.json")
+
+
+@rule("CKD421", "saved-key-layout-not-restored", Severity.ERROR, gate_only=True)
+def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
+    """The resuming transformers builds the model in another key layout than the one the checkpoint was saved in:
+    the resume restores only part of the weights (or, from an older release, crashes at the optimizer load).
+
+    ## What it does
+    Looks up the checkpoint's `config.json` `architectures` (else `model_type`) in a table generated from the
+    transformers releases (`ckptdoctor/key_layouts.json`, written by `bench/make_key_layouts.py` from 4.40, 4.51,
+    4.52, 4.57, 5.0 and 5.24; the nearest release at or below the resuming one is used): the vision-language
+    classes of 4.52 to 4.57 whose `_checkpoint_conversion_mapping` `save_pretrained` reverses, and the conversion
+    mappings of transformers 5 (mixture-of-experts models such as Mixtral, Qwen2-MoE, DeepSeek). It converts the
+    keys of the weights file the resume loads as `from_pretrained` would, and counts the live model's tensors the
+    file restores under their own name ("restores N of M tensors"). When the checkpoint was written by a release
+    whose live layout was the saved one (`config.json` `transformers_version`, e.g. 4.57) and the conversion
+    merges tensors, the restored `optimizer.pt` holds another parameter count than the resuming model has.
+
+    ## Why is this bad?
+    `Trainer._load_from_checkpoint` loads the file with `model.load_state_dict(state_dict, strict=False)`: no key
+    conversion runs. transformers 5 saves Mixtral with per-expert keys (`block_sparse_moe.experts.0.w1.weight`) and
+    builds it with fused ones (`mlp.experts.gate_up_proj`): the router and the experts (6 of 21 tensors of a 2-layer
+    model) keep their random initial values, and the only sign is a "missing keys" log line; the run trains on
+    from noise in those layers while its step count and LR say it resumed. A Mixtral checkpoint written by 4.57
+    resumed under 5.x goes further and raises `ValueError` at the optimizer load.
+
+    ## Example
+    `trainer.train(resume_from_checkpoint=True)` on a `MixtralForCausalLM` run under transformers 5.24: "restores
+    15 of 21 tensors"; the same checkpoint loaded with `from_pretrained` is complete.
+
+    ## Fix safety
+    No fix. Resume under the release that matches the saved layout's live model (4.51 or earlier for the 4.52-4.57
+    vision-language classes; a 4.x release for a 5.x mixture-of-experts checkpoint), or rebuild the model with
+    `from_pretrained(checkpoint)` and start a new run from it (the optimizer state is lost).
+
+    ## References
+    huggingface/transformers#43701 and its pull request huggingface/transformers#44366 ("Fix resume_from_checkpoint
+    key mismatch for models with _checkpoint_conversion_mapping": `Trainer._load_from_checkpoint` applies no
+    conversion; closed unmerged at the time of writing);
+    `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping`,
+    `src/transformers/core_model_loading.py` `WeightTransform.rename_source_key`, `src/transformers/modeling_utils.py`
+    `PreTrainedModel.save_pretrained` (the reversed mapping; 4.52-4.57: `VLMS`, `_checkpoint_conversion_mapping`),
+    `src/transformers/trainer.py` `Trainer._load_from_checkpoint`, `Trainer._load_optimizer_and_scheduler`.
+    """
+    ck, p = ctx.checkpoint, ctx.prediction
+    layout = p.layout if p is not None else None
+    if ck is None or p is None or layout is None:
+        return
+    tv = p.settings.transformers_version
+    if layout.restored == layout.total:  # the keys load as saved; the optimizer state has another layout's count
+        yield Hit(_in_folder(ck, layout.file), f"transformers {tv} builds `{layout.architecture}` with the saved "
+                  f"keys, but {layout.optimizer_crash}")
+        return
+    missing = ", ".join(f"`{k}`" for k in layout.missing) + (", ..." if layout.total - layout.restored > 3 else "")
+    tail = (f"; then {layout.optimizer_crash}" if layout.optimizer_crash is not None else
+            ": those tensors keep their initial values, with only a missing-keys log line")
+    yield Hit(_in_folder(ck, layout.file),
+              f"transformers {tv} builds `{layout.architecture}` in another key layout than the one saved (table of "
+              f"transformers {layout.release}): the resume's load_state_dict(strict=False) restores "
+              f"{layout.restored:,} of {plural(layout.total, 'tensor')}, not {missing}{tail}")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import math
+import posixpath
+import re
 from collections import Counter
 from collections.abc import Iterator
 
@@ -555,3 +558,120 @@ def accelerate_custom_checkpoints_mismatch(tree: Tree) -> Iterator[Hit]:
                 yield Hit(ck.path, f"{plural(counts[ck.path], 'custom checkpoint file')} where the run's other saves "
                                    f"hold {usual}: `load_state()` raises `RuntimeError` unless exactly "
                                    f"{counts[ck.path]} objects are registered with `register_for_checkpointing`")
+
+
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
+LEARNED = 0.02  # a run whose logged loss fell by less than this fraction gives no evidence of where another started
+
+
+def _losses(ts: trainer_view.TrainerStateView) -> list[tuple[int, float]]:
+    """``(step, loss)`` of the training logs in ``log_history``, in file order."""
+    out: list[tuple[int, float]] = []
+    for entry in ts.log_history:
+        step, loss = trainer_view._int(entry.get("step")), trainer_view._num(entry.get("loss"))
+        if step is not None and loss is not None and math.isfinite(loss):
+            out.append((step, loss))
+    return out
+
+
+def _newest(run: Run) -> Checkpoint | None:
+    cks = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
+    return max(cks, key=lambda c: c.step or 0) if cks else None
+
+
+def _layout(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
+    tensors = trainer_view.tensors_of(trainer_view.loaded_weight_file(ck))
+    return None if not tensors else frozenset((t.name, tuple(t.shape)) for t in tensors)
+
+
+def _source_named(ck: Checkpoint, run: Run, tree: Tree) -> str | None:
+    """The checkpoint folder ``config.json``'s ``_name_or_path`` names, when it is not one of ``run``'s own."""
+    config = trainer_view._json(ck.file("config.json"))
+    name = config.get("_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(name, str) or not _CHECKPOINT_NAME.match(posixpath.basename(name.rstrip("/\\"))):
+        return None
+    parent = posixpath.normpath(posixpath.dirname(name.rstrip("/\\").replace("\\", "/")))
+    own = posixpath.normpath(posixpath.join(tree.root.replace("\\", "/"), run.path))
+    return None if parent in (own, posixpath.normpath(run.path)) else name
+
+
+@rule("CKD422", "run-started-from-checkpoint", Severity.WARNING)
+def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
+    """The run was started from another run's checkpoint as a new run instead of resuming it: its optimizer state,
+    LR schedule (warm-up included) and `global_step` started over.
+
+    ## What it does
+    Says what the files show, at the confidence they show it:
+    - transformers 4.x (4.40 measured) writes the path given to `from_pretrained` into `config.json`
+      `_name_or_path`: a path ending in another run's `checkpoint-N` means the model was built from that
+      checkpoint's weights. That is what the file says.
+    - transformers 4.57 and 5.x write no such path. When the scan holds a sibling run with the same weight layout
+      whose checkpoints are older, which learned (its logged loss fell by 2% or more), and whose first logged step
+      this run's first log shares, this run's first logged loss starting nearer to where the sibling ended than to
+      where it began is evidence, not proof, that it started from the sibling's weights: the finding says "likely".
+
+    ## Why is this bad?
+    Passing a checkpoint as the model (`model_name_or_path=.../checkpoint-500`) instead of
+    `resume_from_checkpoint` loads the weights only. AdamW restarts from zero moments, the schedule warms up again
+    from step 0 to the full learning rate, and the data order restarts: the loss often jumps, and the run trains
+    for its whole `max_steps` again. Nothing warns.
+
+    ## Example
+    `AutoModelForCausalLM.from_pretrained("run-a/checkpoint-8")` passed to a new `Trainer(output_dir="run-b")`,
+    then `trainer.train()`: `run-b`'s log starts at step 1 at the full learning rate, at `run-a`'s last loss.
+
+    ## Fix safety
+    No fix: if you meant to continue `run-a`, resume it with `trainer.train(resume_from_checkpoint=...)` (its
+    optimizer and schedule are restored); if starting over on those weights was the plan, ignore this.
+
+    ## References
+    huggingface/transformers#1923 ("Step restarts from step 0 when reload from an existing checkpoint?": a
+    checkpoint loaded as the model, not resumed); `src/transformers/modeling_utils.py`
+    `PreTrainedModel.from_pretrained` (sets `config._name_or_path`), `src/transformers/configuration_utils.py`
+    `PretrainedConfig.to_dict` (4.x writes `_name_or_path`), `src/transformers/trainer.py` `Trainer.train`
+    (`resume_from_checkpoint`), `Trainer._load_optimizer_and_scheduler`.
+    """
+    newest = {run.path: ck for run in tree.runs if (ck := _newest(run)) is not None}
+    layouts: dict[str, frozenset[tuple[str, tuple[int, ...]]] | None] = {}  # each run's, read once
+
+    def layout_of(path: str) -> frozenset[tuple[str, tuple[int, ...]]] | None:
+        if path not in layouts:
+            layouts[path] = _layout(newest[path])
+        return layouts[path]
+
+    for run in tree.runs:
+        ck = newest.get(run.path)
+        if ck is None:
+            continue
+        where = ck.path + "/config.json" if ck.path not in ("", ".") else "config.json"
+        source = _source_named(ck, run, tree)
+        if source is not None:
+            yield Hit(where, f"`_name_or_path` names `{source}`: this run was built from that checkpoint's weights "
+                             "as a new run (global_step from 0, a fresh optimizer, the LR schedule and its warm-up "
+                             "restarted), not resumed from it")
+            continue
+        ts = trainer_view.trainer_state(ck)
+        mine = _losses(ts) if ts is not None else []
+        if not mine or ck.file("config.json") is None:
+            continue
+        first_step, first = mine[0]
+        oldest = min((c.folder_mtime for c in run.checkpoints), default=0.0)
+        for other in tree.runs:
+            ock = newest.get(other.path)
+            if other is run or ock is None or ock.folder_mtime > oldest or layout_of(run.path) is None or (
+                    layout_of(other.path) != layout_of(run.path)):
+                continue
+            ots = trainer_view.trainer_state(ock)
+            theirs = _losses(ots) if ots is not None else []
+            if len(theirs) < 2 or theirs[0][0] != first_step:
+                continue
+            start, late = theirs[0][1], theirs[-1][1]
+            if start - late < LEARNED * abs(start) or not first < start - (start - late) / 2:
+                continue
+            yield Hit(where, f"its first logged loss ({first:.4g} at step {first_step}) starts near where sibling "
+                             f"run `{other.path}` ended ({late:.4g} at step {theirs[-1][0]}, from {start:.4g} at step "
+                             f"{theirs[0][0]}), while its steps count from the start: it was likely started from "
+                             f"`{other.path}`'s weights as a new run (a fresh optimizer, the LR schedule and its "
+                             "warm-up restarted), not resumed. Inferred from the logged losses: transformers 4.57 and "
+                             "5.x record no source path")
+            break
