@@ -174,6 +174,28 @@ class PickleFacts:
     # the globals of ``calls`` the stream only rebuilds without arguments: every call of each is a NEWOBJ of an empty
     # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
     rebuilt: tuple[GlobalRef, ...] = ()
+    # what each call of ``torch.storage._load_from_bytes`` hands it (a ``torch.load`` of those bytes): the literal
+    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``pickle_walk.BYTES_LOADER``)
+    loads: tuple[bytes | None, ...] = ()
+    # the other streams a loader unpickles from the same file, when ``merge_pickles`` made this one: every stream,
+    # the main one first, each with its own value (the judge reads each stream's values on its own); () otherwise
+    streams: tuple[PickleFacts, ...] = ()
+    # the pickles found inside this stream's values and ``loads`` when it was read (``readers.nested``); None when
+    # they were not searched for yet
+    nested: tuple[NestedPickle, ...] | None = None
+    # what that search did not look at (a bound it reached): each is a finding, never silence
+    unsearched: tuple[str, ...] = ()
+
+
+@frozen
+class NestedPickle:
+    """A pickle (or ``torch.save`` file) found in the bytes or strings of another stream's values, or handed to
+    ``torch.storage._load_from_bytes`` (``load``: its index in that stream's ``loads``; -1 otherwise). ``clean``:
+    it was read without problems (bytes that merely start like a pickle stop early)."""
+
+    facts: PickleFacts
+    clean: bool
+    load: int = -1
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -59,14 +59,6 @@ def _security(root: Path) -> list[str]:
     return [f"{f.rule} {f.path}: {f.message}" for f in scan(str(root)).findings if f.rule.startswith("CKD6")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 item 6: TE's recipe classes (DelayedScaling rebuilt, Format called as an enum, _FormatHelper "
-    "a NamedTuple) need reviewed entries, and torch.storage._load_from_bytes (a full torch.load of its bytes) can be "
-    "admitted only once those bytes are judged as torch.load reads them: the nested search reads only the main "
-    "stream's value (merge_pickles keeps it alone, so an _extra_state pickle's bytes are never searched), reads a "
-    "legacy torch blob's first stream only, and stops at 64 nested pickles per file",
-)
 def test_a_real_shaped_te_fp8_extra_state_scans_clean(tmp_path: Path) -> None:
     _build(tmp_path / "run" / "checkpoint-1" / "model.pt")
     assert _security(tmp_path / "run") == []

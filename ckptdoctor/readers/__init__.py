@@ -120,6 +120,8 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
                 return _facts(base, kind, known)
             f = io.BytesIO(data)
         outcome = reader(f, base.size, limits)
+        if isinstance(outcome, ReadOutcome):
+            outcome = _with_nested(outcome, limits)
         if key is not None and isinstance(outcome, ReadOutcome):
             if len(_OUTCOMES) >= _OUTCOMES_ENTRIES:
                 _OUTCOMES.clear()
@@ -131,6 +133,16 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
     if not isinstance(outcome, ReadOutcome):
         return _with(base, kind, _bug(f"{kind.value} reader", TypeError(f"returned {type(outcome).__name__}")))
     return _facts(base, kind, outcome)
+
+
+def _with_nested(outcome: ReadOutcome, limits: Limits) -> ReadOutcome:
+    """``outcome`` with the pickles nested in its streams' values found (``nested.with_nested``), when it has any
+    stream: imported only then."""
+    if outcome.alt_pickle is None and outcome.content is None:
+        return outcome
+    from ckptdoctor.readers.nested import with_nested
+
+    return with_nested(outcome, limits)
 
 
 def _facts(base: FileFacts, kind: FileKind, outcome: ReadOutcome) -> FileFacts:
@@ -257,6 +269,7 @@ def read_dcp_items_from(
             outcome = read_dcp_data(f, facts.size, limits)
         else:
             outcome = read_dcp_items(f, facts.size, items, limits)
+        outcome = _with_nested(outcome, limits)
     except OSError as e:
         return _with(facts, facts.kind, _unreadable(e))
     except Exception as e:  # defence in depth, as for every reader

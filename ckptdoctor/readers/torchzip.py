@@ -17,7 +17,7 @@ from ckptdoctor.model import (
     TorchFacts,
     ZipMember,
 )
-from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
+from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
@@ -171,7 +171,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     problems.extend(storages.problems)
     tensors, tensor_problems = _tensors(facts.value) if facts is not None else ((), [])
     problems.extend(tensor_problems)
-    if any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+    if has_extra_state(tensors):
         read = _storage_reader(f, by_name, data_prefix, d, limits)
         inner, inner_problems = extra_state_pickles(tensors, read, limits)
         extra.extend(inner)
