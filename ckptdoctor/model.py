@@ -12,7 +12,7 @@ import operator
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -288,6 +288,16 @@ class DcpStorageRef:
     offset: int
     length: int
     is_bytes: bool = False  # a BYTE_IO item (non-tensor): torch loads it with weights_only=False
+
+
+class DcpItem(NamedTuple):
+    """One item of a `.distcp` file that a scan reads, at the byte range `.metadata` gives it: a BYTE_IO item
+    (``extra_state`` empty: torch unpickles it with weights_only=False), or the tensor of an `_extra_state` key
+    (``extra_state``: its fqn), whose bytes TransformerEngine's ``set_extra_state`` unpickles."""
+
+    offset: int
+    length: int
+    extra_state: str = ""
 
 
 @frozen

@@ -167,3 +167,68 @@ def test_nested_pickles_are_found_when_the_file_is_read_and_not_walked_again(
     assert isinstance(pf, PickleFacts)
     v = judge(pf)
     assert v.nested == 1 and any("system" in u for u in v.unsafe)
+
+
+def _bytes_tensor(data: bytes) -> Any:
+    """What TransformerEngine's get_extra_state returns: the pickle's bytes as a uint8 tensor."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _save_format(fmt: str, folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, folder / "model.safetensors")
+    else:
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one process, no process group
+            dcp.save(state, checkpoint_id=folder / "dcp")
+
+
+# How each library hands the `_extra_state` record to set_extra_state, which unpickles its bytes.
+_LOAD_EXTRA = {
+    "safetensors": "from safetensors.torch import load_file; sd = load_file(sys.argv[1] + '/model.safetensors')",
+    "dcp": "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save; "
+    "dcp_to_torch_save(sys.argv[1] + '/dcp', sys.argv[1] + '/sd.pt'); sd = torch.load(sys.argv[1] + '/sd.pt')",
+}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "dcp"])
+def test_an_extra_state_pickle_in_safetensors_and_dcp_data_is_judged(tmp_path: Path, fmt: str) -> None:
+    """safetensors and `torch.distributed.checkpoint` hold an `_extra_state` uint8 tensor as any tensor; a module's
+    ``load_state_dict`` hands it to ``set_extra_state``, which unpickles its bytes (TransformerEngine)."""
+    canary = tmp_path / "canary"
+    bad = tmp_path / "bad" / "checkpoint-1"
+    payload = pickle.dumps({"recipe": None, "x": _Touch(canary)})
+    _save_format(fmt, bad, {"linear.weight": torch.zeros(2, 2), "linear._extra_state": _bytes_tensor(payload)})
+    _live(f"import pickle, sys, torch; {_LOAD_EXTRA[fmt]}; pickle.loads(sd['linear._extra_state'].numpy().tobytes())",
+          str(bad))  # fmt: skip
+    assert canary.exists()
+    assert any(f.startswith("CKD601") and "system" in f for f in _security(tmp_path / "bad"))
+    good = tmp_path / "good" / "checkpoint-1"
+    clean = pickle.dumps({"scale_fwd": torch.ones(3), "extra_fp8_variables": {"num_gemms": 1}})
+    _save_format(fmt, good, {"linear.weight": torch.zeros(2, 2), "linear._extra_state": _bytes_tensor(clean)})
+    assert _security(tmp_path / "good") == []
+
+
+def test_only_the_head_of_an_extra_state_record_is_read_unless_it_holds_a_pickle(tmp_path: Path) -> None:
+    """A large `_extra_state` tensor that is no pickle is passed over on its head (no limit reached); a pickle past
+    ``Limits.pickle_bytes`` is reported as not judged."""
+    from safetensors.torch import save_file
+
+    from ckptdoctor.limits import Limits
+
+    small = Limits(pickle_bytes=4096)
+    path = tmp_path / "model.safetensors"
+    save_file({"a._extra_state": torch.zeros(1 << 20, dtype=torch.uint8)}, path)
+    facts = read_file(str(path), path.name, os.stat(path), small)
+    assert facts.problems == () and facts.alt_pickle is None
+    big = pickle.dumps({"blob": b"x" * 10_000}, protocol=4)
+    save_file({"a._extra_state": torch.frombuffer(bytearray(big), dtype=torch.uint8)}, path)
+    facts = read_file(str(path), path.name, os.stat(path), small)
+    assert any("not judged" in p.message for p in facts.problems)

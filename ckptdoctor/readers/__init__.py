@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import FileFacts, FileKind, ProblemKind, ReadOutcome, ReadProblem
+from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleFacts, ProblemKind, ReadOutcome, ReadProblem
 from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
 
 Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
@@ -138,7 +138,8 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
 def _with_nested(outcome: ReadOutcome, limits: Limits) -> ReadOutcome:
     """``outcome`` with the pickles nested in its streams' values found (``nested.with_nested``), when it has any
     stream: imported only then."""
-    if outcome.alt_pickle is None and outcome.content is None:
+    c = outcome.content
+    if outcome.alt_pickle is None and getattr(c, "pickle", None) is None and not isinstance(c, PickleFacts):
         return outcome
     from ckptdoctor.readers.nested import with_nested
 
@@ -206,7 +207,11 @@ def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadO
     alt, problems = read_as_pickle(f, size, limits)
     if alt is None and not problems:
         return outcome
-    return dataclasses.replace(outcome, problems=(*outcome.problems, *problems), alt_pickle=alt)
+    if alt is not None and outcome.alt_pickle is not None:  # the `_extra_state` pickles too
+        from ckptdoctor.readers.pickle_walk import merge_pickles
+
+        alt = merge_pickles(alt, [outcome.alt_pickle])
+    return dataclasses.replace(outcome, problems=(*outcome.problems, *problems), alt_pickle=alt or outcome.alt_pickle)
 
 
 def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:
@@ -246,7 +251,7 @@ __all__ = ["VANISHED", "read_dcp_items_from", "read_file", "read_open_file"]
 
 
 def read_dcp_items_of(
-    abs_path: str, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+    abs_path: str, facts: FileFacts, items: list[DcpItem] | None, limits: Limits
 ) -> FileFacts:
     """``facts`` of a `.distcp` file completed with the pickles of the blobs at ``items`` (from `.metadata`), or,
     when ``items`` is None (no readable metadata), of every blob found by searching the file (bounded by limits)."""
@@ -259,7 +264,7 @@ def read_dcp_items_of(
 
 
 def read_dcp_items_from(
-    f: BinaryIO, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+    f: BinaryIO, facts: FileFacts, items: list[DcpItem] | None, limits: Limits
 ) -> FileFacts:
     """``read_dcp_items_of`` for an already open `.distcp` file (local or remote); never raises."""
     from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_items
