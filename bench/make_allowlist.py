@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckptdoctor.model import PickleFacts  # noqa: E402
 from ckptdoctor.readers import read_file  # noqa: E402
+from tests.te_recipe import LOAD_TE_RECIPE  # noqa: E402
 
 OUT = ROOT / "ckptdoctor" / "pickle_verdict" / "allowlist.json"
 
@@ -142,17 +143,10 @@ print(json.dumps({"versions": versions("bitsandbytes", "torch"), "configs": ["Ad
 # refuses to import, so the recipe module is loaded from the layer's own source under its real module path (the
 # layer: ``pip install --no-deps --target /work/stacks/te transformer_engine==2.20.2``).
 _TE = _ARGS_COMMON + """
-import importlib.metadata, importlib.util, pickle, types
+import importlib.metadata, pickle
 root = next(os.path.join(p, "transformer_engine") for p in sys.path
             if os.path.isfile(os.path.join(p, "transformer_engine", "common", "recipe", "__init__.py")))
-for name, path in (("transformer_engine", root), ("transformer_engine.common", root + "/common")):
-    package = types.ModuleType(name)  # TE's package __init__ loads its compiled core: only the recipe is needed
-    package.__path__ = [path]
-    sys.modules[name] = package
-spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", root + "/common/recipe/__init__.py")
-recipe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = recipe
-spec.loader.exec_module(recipe)
+""" + LOAD_TE_RECIPE + """
 class Linear(torch.nn.Linear):
     def __init__(self, fmt):
         super().__init__(2, 2)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ckptdoctor.scanner import scan
+from tests.te_recipe import LOAD_TE_RECIPE
 
 pytest.importorskip("torch")
 pytest.importorskip("pydantic")
@@ -25,17 +26,10 @@ TE_LAYER = Path("/work/stacks/te/transformer_engine")
 pytestmark = pytest.mark.skipif(not (TE_LAYER / "common" / "recipe").is_dir(), reason="the TE layer is not installed")
 
 _BUILD = r"""
-import importlib.util, os, pickle, sys, types
+import os, pickle, sys
 import torch
 root = sys.argv[2]
-for name, path in (("transformer_engine", root), ("transformer_engine.common", root + "/common")):
-    package = types.ModuleType(name)  # TE's package __init__ loads its compiled core: only the recipe is needed
-    package.__path__ = [path]
-    sys.modules[name] = package
-spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", root + "/common/recipe/__init__.py")
-recipe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = recipe
-spec.loader.exec_module(recipe)
+""" + LOAD_TE_RECIPE + r"""
 state = {"recipe": recipe.DelayedScaling(), "scale_fwd": torch.ones(3), "amax_history_fwd": torch.zeros(16, 3),
          "scale_bwd": torch.ones(2), "amax_history_bwd": torch.zeros(16, 2),
          "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True, "fp8_max_fwd": 448.0}}

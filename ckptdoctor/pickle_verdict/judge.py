@@ -89,7 +89,7 @@ class _Judge:
             if self.torchscript and not where and _torchscript_own(g):
                 self.admitted[(g.dotted, _TORCHSCRIPT_WHY)] = None
                 continue
-            if g == BYTES_LOADER and g not in rebuilt and _loads_read(pf):
+            if g.name == "_load_from_bytes" and g == BYTES_LOADER and g not in rebuilt and _loads_read(pf):
                 self.admitted[(g.dotted, _LOADS_WHY)] = None
                 continue
             st, why = self.standing(g)
