@@ -5,7 +5,9 @@ value a ``_FormatHelper`` NamedTuple), the CPU scale and amax-history tensors (p
 pickles its storage as ``torch.storage._load_from_bytes`` of a legacy ``torch.save`` in literal bytes) and
 ``extra_fp8_variables`` (plain values). TE itself cannot be imported here (the pip package without its compiled
 core refuses to import), so the recipe module is loaded from TE's own source in the ``/work/stacks/te`` layer
-(``pip install --no-deps --target /work/stacks/te transformer_engine==2.20.2``) under its real module path."""
+(``pip install --no-deps --target /work/stacks/te transformer_engine==2.20.2``) under its real module path. Each
+record is saved as a module's state dict is: ``torch.save``, ``safetensors.torch.save_file`` and a one-process
+``torch.distributed.checkpoint.save``; a clean one scans clean, a payload in any record is CKD601."""
 
 from __future__ import annotations
 
