@@ -92,9 +92,12 @@ def _search_stream(pf: PickleFacts, budget: NestedBudget, depth: int) -> PickleF
     loaded = {id(b) for b in pf.loads if b is not None}
     blobs: Iterator[tuple[int, bytes | None]] = itertools.chain(
         ((i, b) for i, b in enumerate(pf.loads) if b is not None),
-        ((-1, _candidate(v)) for v in _texts(pf.value, past) if id(v) not in loaded),
+        ((-1, v if v is _CUT else _candidate(v)) for _, v in _texts(pf.value) if id(v) not in loaded),
     )
     for load, blob in blobs:
+        if blob is _CUT:
+            past.append(f"values past the first {MAX_VALUES:,} (not searched for nested pickles)")
+            break
         if blob is None:
             continue
         if len(blob) > budget.bytes:
@@ -144,30 +147,32 @@ def _read_blob(blob: bytes, limits: Limits, torch_load: bool) -> tuple[PickleFac
 
 # Values ``_texts`` looks into (the containers ``iter_values`` enters) or yields (what ``_candidate`` reads).
 _OPEN = frozenset({dict, list, tuple, Opaque, bytes, str})
+_CUT: Any = object()  # yielded by ``_texts`` when its budget ends the search with values left unsearched
 
 
-def _texts(value: PickleValue, past: list[str]) -> Iterator[Any]:
-    """The bytes and strings long enough to hold a serialized object.
+def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
+    """The bytes and strings long enough to hold a serialized object, with the number of values visited so far.
 
     The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
     building paths, so the per-stream budget cuts at the same values. A container whose children are all closed
     values (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one. Past
-    ``MAX_VALUES`` values, the bound is added to ``past`` when anything that could hold a pickle is left unsearched.
+    ``MAX_VALUES`` values, ``_CUT`` is yielded when anything that could hold a pickle is left unsearched.
     """
     seen: set[int] = set()
     todo: list[Any] = [value]
     i = 0
     while todo:
         v = todo.pop()
-        if i >= MAX_VALUES:
+        index = i
+        if index >= MAX_VALUES:
             todo.append(v)
             if any(type(x) in _OPEN for x in todo):
-                past.append(f"values past the first {MAX_VALUES:,} (not searched for nested pickles)")
+                yield index, _CUT
             return
         i += 1
         t = type(v)
         if t is bytes or (t is str and len(v) >= _MIN_B64):
-            yield v
+            yield index, v
             continue
         if not (t is dict or t is list or t is tuple or t is Opaque) or id(v) in seen:
             continue
