@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckptdoctor.model import PickleFacts  # noqa: E402
 from ckptdoctor.readers import read_file  # noqa: E402
+from tests.te_recipe import LOAD_TE_RECIPE  # noqa: E402
 
 OUT = ROOT / "ckptdoctor" / "pickle_verdict" / "allowlist.json"
 
@@ -136,6 +137,32 @@ model(torch.randn(2, 64)).sum().backward(); opt.step()
 torch.save(opt.state_dict(), os.path.join(out, "optimizer.pt"))
 print(json.dumps({"versions": versions("bitsandbytes", "torch"), "configs": ["AdamW8bit"]}))
 """
+# TransformerEngine's fp8 ``_extra_state`` (Megatron-LM and NeMo models): what
+# ``TransformerEngineBaseModule.get_extra_state`` (transformer_engine/pytorch/module/base.py) pickles into a uint8
+# tensor for each recipe TE keeps state for, saved as a module's state dict. The pip package without its compiled core
+# refuses to import, so the recipe module is loaded from the layer's own source under its real module path (the
+# layer: ``pip install --no-deps --target /work/stacks/te transformer_engine==2.20.2``).
+_TE = _ARGS_COMMON + """
+import importlib.metadata, pickle
+root = next(os.path.join(p, "transformer_engine") for p in sys.path
+            if os.path.isfile(os.path.join(p, "transformer_engine", "common", "recipe", "__init__.py")))
+""" + LOAD_TE_RECIPE + """
+class Linear(torch.nn.Linear):
+    def __init__(self, fmt):
+        super().__init__(2, 2)
+        self.recipe = recipe.DelayedScaling(fp8_format=fmt)
+    def get_extra_state(self):  # get_extra_state's dict for a delayed-scaling recipe, on CPU
+        state = {"recipe": self.recipe, "scale_fwd": torch.ones(3), "amax_history_fwd": torch.zeros(16, 3),
+                 "scale_bwd": torch.ones(2), "amax_history_bwd": torch.zeros(16, 2),
+                 "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True, "fp8_max_fwd": 448.0}}
+        return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+done = []
+for fmt in (recipe.Format.HYBRID, recipe.Format.E4M3):
+    torch.save(Linear(fmt).state_dict(), os.path.join(out, f"te-{fmt.name}.pt"))
+    done.append(fmt.name)
+version = importlib.metadata.version("transformer_engine")
+print(json.dumps({"versions": {"transformer_engine": version, **versions("torch")}, "configs": done}))
+"""
 # bench/stack_writer.py, run by each transformers and numpy stack: TrainingArguments variants (Seq2Seq, FSDP, bf16,
 # fp16, torch_compile), a 2-step Trainer run (safetensors and .bin), peft LoRA/DoRA/IA3/modules_to_save/prompt tuning
 # adapters through the Trainer as .bin; or, for numpy, RNG state, arrays, scalars and object arrays.
@@ -171,6 +198,7 @@ STACKS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
     *((name, (sub,), _WRITER, ("transformers",)) for name, sub in TRANSFORMERS_LAYERS),
     ("numpy-1.26.4", ("numpy-1.26.4",), _WRITER, ("numpy",)),
     ("bitsandbytes-0.50.2", ("bnb-0.50.2",), _BNB, ()),
+    ("transformer-engine-2.20.2", ("te",), _TE, ()),
 )
 
 

@@ -13,6 +13,7 @@ from typing import Generic
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
     Checkpoint,
+    DcpItem,
     DcpMetadataFacts,
     DeepSpeedTag,
     FileFacts,
@@ -39,7 +40,7 @@ from ckptdoctor.stacks import settle
 from ckptdoctor.stacks import torchtitan as titan_stack
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
-DcpItemReader = Callable[[str, FileFacts, "list[tuple[int, int]] | None"], FileFacts]
+DcpItemReader = Callable[[str, FileFacts, "list[DcpItem] | None"], FileFacts]
 # What `discover` hands each run folder it finishes when asked to (``on_part``): the folder's own Tree (its runs,
 # loose files and path problems, as the whole root's Tree would hold them) and the paths of the files listed in the
 # folders above it inside the root (where settings files that govern it live).
@@ -420,7 +421,8 @@ def in_dcp_folder(rels: Iterable[str]) -> bool:
 
 def _read_dcp_items(top: _Dir, read_items: DcpItemReader) -> None:
     """Complete each `.distcp` file's facts with the pickles of its BYTE_IO items, located by the folder's
-    `.metadata` (torch unpickles those with weights_only=False), so the cost is those items, not the file. Without
+    `.metadata` (torch unpickles those with weights_only=False), and of its `_extra_state` tensors (pickles
+    TransformerEngine's set_extra_state loads), so the cost is those items, not the file. Without
     readable metadata (a torn or doctored folder, rare) each file is searched for blobs, bounded by the limits."""
     stack = [top]
     while stack:
@@ -428,15 +430,18 @@ def _read_dcp_items(top: _Dir, read_items: DcpItemReader) -> None:
         stack.extend(d.dirs)
         if not d.distcp:
             continue
-        items: dict[str, list[tuple[int, int]]] = {}
+        from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX
+
+        items: dict[str, list[DcpItem]] = {}
         has_metadata = any(isinstance(f.content, DcpMetadataFacts) for f in d.files)
         for f in d.files:
             if isinstance(f.content, DcpMetadataFacts):
                 folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
                 for ref in f.content.storage:
-                    if ref.is_bytes:
+                    extra = not ref.is_bytes and ref.fqn.endswith(EXTRA_STATE_SUFFIX)
+                    if ref.is_bytes or extra:
                         rel = f"{folder}/{ref.relative_path}" if folder else ref.relative_path
-                        items.setdefault(rel, []).append((ref.offset, ref.length))
+                        items.setdefault(rel, []).append(DcpItem(ref.offset, ref.length, ref.fqn if extra else ""))
         d.files = [
             f
             if f.path not in d.distcp or (has_metadata and f.path not in items)

@@ -12,7 +12,7 @@ import operator
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -174,6 +174,28 @@ class PickleFacts:
     # the globals of ``calls`` the stream only rebuilds without arguments: every call of each is a NEWOBJ of an empty
     # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
     rebuilt: tuple[GlobalRef, ...] = ()
+    # what each call of ``torch.storage._load_from_bytes`` hands it (a ``torch.load`` of those bytes): the literal
+    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``pickle_walk.BYTES_LOADER``)
+    loads: tuple[bytes | None, ...] = ()
+    # the other streams a loader unpickles from the same file, when ``merge_pickles`` made this one: every stream,
+    # the main one first, each with its own value (the judge reads each stream's values on its own); () otherwise
+    streams: tuple[PickleFacts, ...] = ()
+    # the pickles found inside this stream's values and ``loads`` when it was read (``readers.nested``); None when
+    # they were not searched for yet
+    nested: tuple[NestedPickle, ...] | None = None
+    # what that search did not look at (a bound it reached): each is a finding, never silence
+    unsearched: tuple[str, ...] = ()
+
+
+@frozen
+class NestedPickle:
+    """A pickle (or ``torch.save`` file) found in the bytes or strings of another stream's values, or handed to
+    ``torch.storage._load_from_bytes`` (``load``: its index in that stream's ``loads``; -1 otherwise). ``clean``:
+    it was read without problems (bytes that merely start like a pickle stop early)."""
+
+    facts: PickleFacts
+    clean: bool
+    load: int = -1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,6 +288,16 @@ class DcpStorageRef:
     offset: int
     length: int
     is_bytes: bool = False  # a BYTE_IO item (non-tensor): torch loads it with weights_only=False
+
+
+class DcpItem(NamedTuple):
+    """One item of a `.distcp` file that a scan reads, at the byte range `.metadata` gives it: a BYTE_IO item
+    (``extra_state`` empty: torch unpickles it with weights_only=False), or the tensor of an `_extra_state` key
+    (``extra_state``: its fqn), whose bytes TransformerEngine's ``set_extra_state`` unpickles."""
+
+    offset: int
+    length: int
+    extra_state: str = ""
 
 
 @frozen

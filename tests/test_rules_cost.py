@@ -33,6 +33,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import ckptdoctor.readers as readers_package
 from ckptdoctor import trainer_view
 from ckptdoctor.findings import Finding
 from ckptdoctor.model import (
@@ -45,7 +46,8 @@ from ckptdoctor.model import (
     Opaque,
     TensorRef,
 )
-from ckptdoctor.pickle_verdict import judge as pickle_analysis
+from ckptdoctor.pickle_verdict import judge as pickle_judge
+from ckptdoctor.readers import nested as pickle_analysis  # the nested-pickle search, found at read time
 from ckptdoctor.readers.pickle_walk import iter_values
 from ckptdoctor.rules import discovery
 from ckptdoctor.scanner import scan
@@ -292,7 +294,7 @@ def pickles_tight(root: Path) -> Path:
 
 
 # scenario -> pickle_analysis budgets patched while it is scanned
-TIGHT = {"pickles_tight": {"_MAX_VALUES": 7, "_MAX_NESTED": 2}}
+TIGHT = {"pickles_tight": {"MAX_VALUES": 7, "MAX_NESTED": 2}}
 
 
 SCENARIOS: dict[str, Callable[[Path], Path]] = {
@@ -329,6 +331,8 @@ def _findings(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[lis
     target = SCENARIOS[name](tmp)
     for attr, value in TIGHT.get(name, {}).items():
         monkeypatch.setattr(pickle_analysis, attr, value)
+        # outcomes of small files are kept per process, nested pickles included: read them again under the budgets
+        monkeypatch.setattr(readers_package, "_OUTCOMES", {})
     report = scan(str(target), jobs=1)
     return [_record(f, str(tmp)) for f in report.findings]
 
@@ -411,7 +415,7 @@ def _texts_reference(value: Any) -> list[tuple[int, Any]]:
     return [
         (i, v)
         for i, (_, v) in enumerate(iter_values(value))
-        if i < pickle_analysis._MAX_VALUES and (type(v) is bytes or (type(v) is str and len(v) >= 16))
+        if i < pickle_analysis.MAX_VALUES and (type(v) is bytes or (type(v) is str and len(v) >= 16))
     ]
 
 
@@ -426,7 +430,7 @@ def test_texts_visits_what_iter_values_visits(value: Any) -> None:
 @given(value=_shared(), cap=st.integers(0, 30))
 def test_texts_stops_at_the_value_budget(value: Any, cap: int) -> None:
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(pickle_analysis, "_MAX_VALUES", cap)
+        m.setattr(pickle_analysis, "MAX_VALUES", cap)
         got = list(pickle_analysis._texts(value))
         # past the budget, a _CUT marker says values were left unsearched (reported, never a silent cut)
         assert [x for x in got if x[1] is not pickle_analysis._CUT] == _texts_reference(value)
@@ -532,12 +536,12 @@ def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest
     """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
     calls: list[int] = []
-    real = pickle_analysis.judge
+    real = pickle_judge.judge
 
     def counting(pf: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(id(pf))
         return real(pf, *args, **kwargs)
 
-    monkeypatch.setattr(pickle_analysis, "judge", counting)
+    monkeypatch.setattr(pickle_judge, "judge", counting)
     scan(str(run), jobs=1)
     assert calls and len(calls) == len(set(calls)) == 2 * 3  # optimizer.pt, scheduler.pt, rng_state.pth

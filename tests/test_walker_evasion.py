@@ -361,12 +361,29 @@ def test_nested_protocol0_pickle_in_bytes_is_judged() -> None:
     assert any("system" in u for u in _verdict_of(pickle.dumps({"blob": _touch(Path("/x"))}, protocol=2)))
 
 
-def test_nested_pickles_past_the_count_are_reported() -> None:
+def test_nested_pickles_past_the_count_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of nested pickles (a TransformerEngine model's `_extra_state` records) are judged; past the count
+    bound the rest is a finding."""
+    import ckptdoctor.readers.nested as nested
+
     inner = pickle.dumps({"a": 1}, protocol=2)
-    many = pickle.dumps([inner + bytes([i]) for i in range(200)], protocol=2)
-    assert any("past the first" in u for u in _verdict_of(many))
+    many = pickle.dumps([inner + i.to_bytes(2, "little") for i in range(600)], protocol=2)
+    assert _verdict_of(many) == ()
+    monkeypatch.setattr(nested, "MAX_NESTED", 64)
+    assert any("past the first 64" in u for u in _verdict_of(many))
     few = pickle.dumps([inner] * 3, protocol=2)
     assert _verdict_of(few) == ()
+
+
+def test_nested_pickles_past_the_byte_budget_are_reported() -> None:
+    from ckptdoctor.limits import Limits
+    from ckptdoctor.pickle_verdict.judge import judge
+    from ckptdoctor.readers.pickle_walk import walk_pickle
+
+    inner = pickle.dumps({"a": "x" * 100}, protocol=2)
+    facts, _, _ = walk_pickle(pickle.dumps([inner + bytes([i]) for i in range(50)], protocol=2))
+    assert facts is not None and judge(facts).unsafe == ()
+    assert any("bytes in all" in u for u in judge(facts, Limits(pickle_bytes=len(inner) * 10)).unsafe)
 
 
 def test_nested_pickles_past_the_depth_are_reported() -> None:

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import io
-import itertools
-from collections.abc import Iterator
 from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -34,15 +29,15 @@ from ckptdoctor.pickle_verdict.policy import (
     may_call,
     rebuilt_as_data,
 )
-from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL, merge_pickles, walk_pickle
-from ckptdoctor.readers.sniff import HEAD_BYTES, pickled_head
+from ckptdoctor.readers.nested import NestedBudget, search_nested
+from ckptdoctor.readers.pickle_walk import BYTES_LOADER, UNRESOLVED_CALL, merge_pickles
 
 __all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
 
-_MAX_NESTED = 64  # nested pickles walked per file
-_MAX_NESTED_DEPTH = 3  # pickle in bytes in a pickle in bytes ...
-_MAX_VALUES = 2_000_000  # values visited per stream while looking for nested pickles
-_MIN_B64 = 16  # shorter strings cannot hold a pickle that calls anything
+# ``torch.storage._load_from_bytes`` is ``torch.load(weights_only=False)`` of its argument: admitted only in a stream
+# where every call of it hands it literal bytes that the reader read as ``torch.load`` does (``readers.nested``) and
+# that read cleanly; what those bytes import and call is judged as a nested pickle of the same file.
+_LOADS_WHY = "called on literal bytes, each read as torch.load reads them and judged as a nested pickle"
 
 
 Verdict = PickleVerdict  # the verdict is a value of the model: the tree carries it, the rules report it
@@ -95,6 +90,9 @@ class _Judge:
         for g in (*pf.globals, *pf.calls):
             if self.torchscript and not where and _torchscript_own(g):
                 self.admitted[(g.dotted, _TORCHSCRIPT_WHY)] = None
+                continue
+            if g.name == "_load_from_bytes" and g == BYTES_LOADER and g not in rebuilt and _loads_read(pf):
+                self.admitted[(g.dotted, _LOADS_WHY)] = None
                 continue
             st, why = self.standing(g)
             if st is Standing.ALLOWED:
@@ -179,10 +177,13 @@ def judge(
     a call (in its arguments, dict keys and sets included). ``allow`` are the user's allowances.
     """
     j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
-    j.globals_of(pf, "")
+    if any(part.nested is None for part in pf.streams or (pf,)):
+        pf = search_nested(pf, NestedBudget(limits))  # facts that did not come from a reader
+    nested = 0
+    for part in pf.streams or (pf,):  # each stream a loader unpickles, with its own values
+        j.globals_of(part, "")
+        nested += _judge_nested(part, j)
     calls_unsafe = any(describe(g) in j.unsafe for g in pf.calls)
-    budget = [_MAX_NESTED, limits.pickle_bytes]
-    nested = _nested(pf, limits, j, 1, budget)
     admitted = tuple(sorted(j.admitted))
     return Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), admitted, j.limit)
 
@@ -322,156 +323,24 @@ _HOLDERS = frozenset({dict, list, tuple, set, frozenset, Opaque})
 _HOLDERS_OR_GLOBAL = _HOLDERS | {GlobalRef}
 
 
-def _nested(pf: PickleFacts, limits: Limits, j: _Judge, depth: int, budget: list[int]) -> int:
-    """Walk pickles hidden in ``pf``'s bytes and strings (raw of any protocol, base64, torch zip); returns how many
-    were walked. Every bound is a finding: a nested pickle past the count, bytes or depth bound, or values past the
-    search's budget, is reported unsafe (not judged), never dropped."""
-    if pf.value is None:
-        return 0
+def _loads_read(pf: PickleFacts) -> bool:
+    """Whether every call of ``BYTES_LOADER`` in ``pf`` hands it literal bytes that were read cleanly as a nested
+    ``torch.save`` file."""
+    if not pf.loads or any(b is None for b in pf.loads) or pf.nested is None:
+        return False
+    read = {n.load for n in pf.nested if n.clean}
+    return all(i in read for i in range(len(pf.loads)))
+
+
+def _judge_nested(pf: PickleFacts, j: _Judge) -> int:
+    """Judge the pickles the readers found nested in ``pf``'s values (``readers.nested``); returns how many there
+    were. What that search did not look at (a bound it reached) is unsafe: it is not proved harmless."""
+    for what in pf.unsearched:
+        j.unsafe[what] = None  # a bound of the search: what it did not look at is not proved harmless
     count = 0
-    for _, v in _texts(pf.value):
-        if v is _CUT:
-            _past_bound(j, f"values past the first {_MAX_VALUES:,} (not searched for nested pickles)")
-            break
-        blob = _candidate(v)
-        if blob is None:
-            continue
-        if len(blob) > budget[1]:
-            _past_bound(j, f"nested pickles past {limits.pickle_bytes:,} bytes in all (not judged)")
-            break
-        inner = _walk_blob(blob, limits)
-        if inner is None:
-            continue
-        facts, clean = inner
-        if not (clean or facts.globals or facts.calls):
-            continue  # bytes that merely start like a pickle: pickle.loads stops where the walk stopped
-        if depth > _MAX_NESTED_DEPTH:
-            _past_bound(j, f"a pickle nested more than {_MAX_NESTED_DEPTH} deep (not judged)")
-            break
-        if budget[0] <= 0:
-            _past_bound(j, f"nested pickles past the first {_MAX_NESTED} (not judged)")
-            break
-        budget[0] -= 1
-        budget[1] -= len(blob)
+    for n in pf.nested or ():
         count += 1
-        j.globals_of(facts, "nested pickle: ", clean)
-        count += _nested(facts, limits, j, depth + 1, budget)
+        for part in n.facts.streams or (n.facts,):
+            j.globals_of(part, "nested pickle: ", n.clean)
+            count += _judge_nested(part, j)
     return count
-
-
-def _past_bound(j: _Judge, what: str) -> None:
-    """Report a bound of the nested search as unsafe: what it did not look at is not proved harmless."""
-    j.unsafe[what] = None
-
-
-# Values ``_texts`` looks into (the containers ``iter_values`` enters) or yields (what ``_candidate`` reads).
-_OPEN = frozenset({dict, list, tuple, Opaque, bytes, str})
-_CUT: Any = object()  # yielded by ``_texts`` when its budget ends the search with values left unsearched
-
-
-def _texts(value: PickleValue) -> Iterator[tuple[int, Any]]:
-    """The bytes and strings long enough to hold a serialized object, with the number of values visited so far.
-
-    The same walk as ``iter_values`` (root first, children in order, a shared container entered once) without
-    building paths, so the per-file budget cuts at the same values. A container whose children are all closed values
-    (tensors, numbers, globals: most of a state dict) is counted without visiting them one by one. Past
-    ``_MAX_VALUES`` values, ``_CUT`` is yielded when anything that could hold a pickle is left unsearched.
-    """
-    seen: set[int] = set()
-    todo: list[Any] = [value]
-    i = 0
-    while todo:
-        v = todo.pop()
-        index = i
-        if index >= _MAX_VALUES:
-            todo.append(v)
-            if any(type(x) in _OPEN for x in todo):
-                yield index, _CUT
-            return
-        i += 1
-        t = type(v)
-        if t is bytes or (t is str and len(v) >= _MIN_B64):
-            yield index, v
-            continue
-        if not (t is dict or t is list or t is tuple or t is Opaque) or id(v) in seen:
-            continue
-        seen.add(id(v))
-        kids: list[Any] | tuple[Any, ...]
-        if t is dict:
-            kids = list(v.values())
-        elif t is Opaque:
-            kids = list(v.args) if type(v.args) is tuple else []
-            if type(v.state) is dict:
-                kids.extend(v.state.values())
-            elif v.state is not None:
-                kids.append(v.state)
-        else:
-            kids = v
-        kinds = set(map(type, kids))
-        if _OPEN.isdisjoint(kinds):
-            i += len(kids)  # visited right after their parent, and nothing in them can hold a pickle
-        elif kinds == {dict} and _closed_dicts(kids, seen):
-            i += len(kids) + sum(map(len, kids))  # optimizer ``state``: {param: {step, exp_avg, exp_avg_sq}}
-        else:
-            todo.extend(reversed(kids))
-
-
-def _closed_dicts(dicts: list[Any] | tuple[Any, ...], seen: set[int]) -> bool:
-    """Whether ``dicts`` (all plain dicts) are distinct, not entered before, and hold only closed values; marks
-    them entered when they are. Each is then visited once followed by its values, as ``iter_values`` would."""
-    ids = set(map(id, dicts))
-    if len(ids) != len(dicts) or not seen.isdisjoint(ids):
-        return False
-    if not _OPEN.isdisjoint(map(type, itertools.chain.from_iterable(map(dict.values, dicts)))):
-        return False
-    seen.update(ids)
-    return True
-
-
-def _candidate(v: object) -> bytes | None:
-    """Bytes that may be a serialized object: a pickle, a torch zip, or base64 text of either."""
-    if type(v) is bytes:
-        if _is_serialized(v):
-            return v
-        return _unbase64(v)
-    if type(v) is str and len(v) >= _MIN_B64:
-        try:
-            return _unbase64(v.encode("ascii"))
-        except UnicodeEncodeError:
-            return None
-    return None
-
-
-def _is_serialized(b: bytes) -> bool:
-    """A pickle of any protocol (0 and 1 have no PROTO opcode: their head must walk as one) or a torch zip."""
-    return b[:4] == b"PK\x03\x04" or pickled_head(b[:HEAD_BYTES])
-
-
-def _unbase64(b: bytes) -> bytes | None:
-    if len(b) < _MIN_B64:
-        return None
-    text = b.strip()
-    for alt in (b"+/", b"-_"):
-        try:
-            raw = base64.b64decode(text, altchars=alt, validate=True)
-        except (binascii.Error, ValueError):
-            continue
-        if _is_serialized(raw):
-            return raw
-    return None
-
-
-def _walk_blob(blob: bytes, limits: Limits) -> tuple[PickleFacts, bool] | None:
-    """The facts of a nested pickle or torch zip, and whether it walked without problems."""
-    if blob[:4] == b"PK\x03\x04":
-        from ckptdoctor.readers.torchzip import read_torch
-
-        outcome = read_torch(io.BytesIO(blob), len(blob), limits)
-        content = outcome.content
-        if isinstance(content, TorchFacts) and content.pickle is not None:
-            return content.pickle, not outcome.problems
-        return None
-    facts, problems, _ = walk_pickle(blob, limits=limits)
-    if facts is None:
-        return None
-    return facts, not problems

@@ -513,6 +513,8 @@ REVIEWED_CALLS: dict[str, str] = {
     "numpy._core.multiarray.scalar": "reads a scalar from bytes",
     "numpy.dtype": "parses a type descriptor",
     "numpy.ndarray": "__setstate__ copies array bytes",
+    # TransformerEngine's fp8 `_extra_state` (transformer_engine/common/recipe/__init__.py): a NamedTuple's __new__
+    "transformer_engine.common.recipe._FormatHelper": "a NamedTuple: stores its two fields",
 }
 # The Python-defined hooks a rebuild (NEWOBJ of no arguments, then BUILD) of an exact allowlist entry runs, each
 # reviewed (docs/security.md, "Calls"); ``tests/test_security_calls.py`` finds every such hook of every installed
@@ -528,6 +530,8 @@ REBUILD_HOOKS: dict[str, str] = {
     "pathlib.Path.__new__": "the path `.`, no I/O",
     "uuid.UUID.__setstate__": "sets its integer",
     "uuid.UUID.__setattr__": "raises TypeError",
+    "transformer_engine.common.recipe.Recipe.__setattr__": "clears a cached repr, then object.__setattr__",
+    "transformer_engine.common.recipe._FormatHelper.__new__": "a NamedTuple's: a tuple of its fields",
 }
 # Enum classes a real stack's files call for a value lookup (``Cls(value)``: ``Enum.__new__`` returns the member or
 # raises; a second argument tries the functional API, which refuses an enum that has members). Reviewed for any
@@ -545,6 +549,7 @@ CALLED_ENUMS: frozenset[str] = frozenset(
         "transformers.trainer_utils.SaveStrategy",
         "transformers.trainer_utils.SchedulerType",
         "transformers.training_args.OptimizerNames",
+        "transformer_engine.common.recipe.Format",
     }
 )
 

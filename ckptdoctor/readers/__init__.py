@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import FileFacts, FileKind, ProblemKind, ReadOutcome, ReadProblem
+from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleFacts, ProblemKind, ReadOutcome, ReadProblem
 from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
 
 Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
@@ -120,6 +120,8 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
                 return _facts(base, kind, known)
             f = io.BytesIO(data)
         outcome = reader(f, base.size, limits)
+        if isinstance(outcome, ReadOutcome):
+            outcome = _with_nested(outcome, limits)
         if key is not None and isinstance(outcome, ReadOutcome):
             if len(_OUTCOMES) >= _OUTCOMES_ENTRIES:
                 _OUTCOMES.clear()
@@ -131,6 +133,17 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
     if not isinstance(outcome, ReadOutcome):
         return _with(base, kind, _bug(f"{kind.value} reader", TypeError(f"returned {type(outcome).__name__}")))
     return _facts(base, kind, outcome)
+
+
+def _with_nested(outcome: ReadOutcome, limits: Limits) -> ReadOutcome:
+    """``outcome`` with the pickles nested in its streams' values found (``nested.with_nested``), when it has any
+    stream: imported only then."""
+    c = outcome.content
+    if outcome.alt_pickle is None and getattr(c, "pickle", None) is None and not isinstance(c, PickleFacts):
+        return outcome
+    from ckptdoctor.readers.nested import with_nested
+
+    return with_nested(outcome, limits)
 
 
 def _facts(base: FileFacts, kind: FileKind, outcome: ReadOutcome) -> FileFacts:
@@ -194,7 +207,11 @@ def _read_safetensors_or_pickle(f: BinaryIO, size: int, limits: Limits) -> ReadO
     alt, problems = read_as_pickle(f, size, limits)
     if alt is None and not problems:
         return outcome
-    return dataclasses.replace(outcome, problems=(*outcome.problems, *problems), alt_pickle=alt)
+    if alt is not None and outcome.alt_pickle is not None:  # the `_extra_state` pickles too
+        from ckptdoctor.readers.pickle_walk import merge_pickles
+
+        alt = merge_pickles(alt, [outcome.alt_pickle])
+    return dataclasses.replace(outcome, problems=(*outcome.problems, *problems), alt_pickle=alt or outcome.alt_pickle)
 
 
 def _special_problem(mode: int) -> tuple[FileKind, ReadProblem] | None:
@@ -234,7 +251,7 @@ __all__ = ["VANISHED", "read_dcp_items_from", "read_file", "read_open_file"]
 
 
 def read_dcp_items_of(
-    abs_path: str, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+    abs_path: str, facts: FileFacts, items: list[DcpItem] | None, limits: Limits
 ) -> FileFacts:
     """``facts`` of a `.distcp` file completed with the pickles of the blobs at ``items`` (from `.metadata`), or,
     when ``items`` is None (no readable metadata), of every blob found by searching the file (bounded by limits)."""
@@ -247,7 +264,7 @@ def read_dcp_items_of(
 
 
 def read_dcp_items_from(
-    f: BinaryIO, facts: FileFacts, items: list[tuple[int, int]] | None, limits: Limits
+    f: BinaryIO, facts: FileFacts, items: list[DcpItem] | None, limits: Limits
 ) -> FileFacts:
     """``read_dcp_items_of`` for an already open `.distcp` file (local or remote); never raises."""
     from ckptdoctor.readers.dcp import read_dcp_data, read_dcp_items
@@ -257,6 +274,7 @@ def read_dcp_items_from(
             outcome = read_dcp_data(f, facts.size, limits)
         else:
             outcome = read_dcp_items(f, facts.size, items, limits)
+        outcome = _with_nested(outcome, limits)
     except OSError as e:
         return _with(facts, facts.kind, _unreadable(e))
     except Exception as e:  # defence in depth, as for every reader

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
+    DcpItem,
     DcpMetadataFacts,
     DcpStorageRef,
     GlobalRef,
@@ -117,27 +118,30 @@ _CHUNK = 8 << 20
 
 
 def read_dcp_items(
-    f: BinaryIO, size: int, items: Sequence[tuple[int, int]], limits: Limits = DEFAULT_LIMITS
+    f: BinaryIO, size: int, items: Sequence[DcpItem | tuple[int, int]], limits: Limits = DEFAULT_LIMITS
 ) -> ReadOutcome:
-    """Walk the pickles of the torch.save blobs at ``items`` ((offset, length) pairs from `.metadata`).
+    """Walk the pickles of the torch.save blobs at ``items`` (from `.metadata`).
 
     This is how a scan reads a `.distcp` file: only the blobs torch would unpickle without restriction (BYTE_IO
-    items; tensor items are loaded with weights_only=True), located by the metadata, so the cost is the size of
-    those blobs' directories and pickles, not of the file. Ranges past the end of the file are CKD501's business.
-    The content's ``value`` maps the offset of each item that holds a number or a short string to it (a torchtitan
-    save's ``train_state.step``, ``dataloader.world_size``), as ``dcp.load`` would return it; None when none does.
+    items; tensor items are loaded with weights_only=True), and the `_extra_state` tensors whose bytes
+    TransformerEngine's set_extra_state unpickles after ``dcp.load`` (``extra_state.py``), located by the metadata,
+    so the cost is the size of those blobs' directories and pickles, not of the file. Ranges past the end of the
+    file are CKD501's business. The content's ``value`` maps the offset of each item that holds a number or a short
+    string to it (a torchtitan save's ``train_state.step``, ``dataloader.world_size``), as ``dcp.load`` would return
+    it; None when none does.
     """
     found: list[PickleFacts] = []
     scalars: dict[int, int | float | str] = {}
     problems: list[ReadProblem] = []
     try:
-        for n, (start, length) in enumerate(sorted(set(items))):
+        for n, item in enumerate(sorted(set(map(_item, items)))):
+            start, length, fqn = item
             if n >= limits.zip_entries:
                 problems.append(ReadProblem(ProblemKind.LIMIT, f"more than {limits.zip_entries} items"))
                 break
             if start < 0 or length <= 0 or start + length > size:
                 continue
-            outcome = read_zip_at(f, start, length, limits)
+            outcome = read_zip_at(f, start, length, limits, root=fqn)
             if isinstance(outcome.content, TorchFacts) and outcome.content.pickle is not None:
                 found.append(outcome.content.pickle)
                 value = outcome.content.pickle.value
@@ -151,6 +155,10 @@ def read_dcp_items(
     if merged is not None and scalars:
         merged = replace(merged, value=scalars)
     return ReadOutcome(merged, tuple(problems))
+
+
+def _item(item: DcpItem | tuple[int, int]) -> DcpItem:
+    return item if type(item) is DcpItem else DcpItem(*item)
 
 
 def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import struct
 
@@ -29,7 +30,7 @@ from ckptdoctor.readers.pickle_values import (
 )
 
 __all__ = [
-    "CYCLE", "PAST_BUDGET", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long",
+    "BYTES_LOADER", "CYCLE", "PAST_BUDGET", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long",
     "c_memo_index", "iter_values", "merge_pickles", "walk_pickle",
 ]
 
@@ -85,6 +86,11 @@ UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
 # whatever the rest holds is not judged, so it cannot be proved harmless.
 PAST_BUDGET = GlobalRef("<limit>", "globals handed to calls past the walk's budget (not judged)")
 _PASSED_VALUES = 4_000_000  # values of call arguments looked at per walk; real arguments hold a handful
+# ``torch.load(io.BytesIO(b), weights_only=False)`` of the bytes it is handed (torch/storage.py): what a plain
+# ``pickle.dumps`` of a tensor writes for its storage (``TypedStorage.__reduce__``), TransformerEngine's
+# ``_extra_state`` among them. The walk records what each call hands it (``PickleFacts.loads``), so those bytes can be
+# read as ``torch.load`` reads them and judged.
+BYTES_LOADER = GlobalRef("torch.storage", "_load_from_bytes")
 
 _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})
@@ -212,6 +218,10 @@ def _global(module: str, name: str, protocol: int) -> GlobalRef:
             _GLOBALS.clear()
         ref = _GLOBALS[(module, name)] = GlobalRef(module, name)
     return ref
+
+
+def _one_bytes(args: Any) -> bool:
+    return type(args) is tuple and len(args) == 1 and type(args[0]) is bytes
 
 
 def _decode_str(raw: bytes) -> str | bytes:
@@ -411,6 +421,12 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
                 ReadProblem(ProblemKind.LIMIT, f"value nests deeper than {limits.nesting_depth} levels; cut there")
             )
     calls = walker.calls
+    loads = walker.loads
+    if loads:
+        # called or used some other way too (handed to a call, rebuilt, OBJ/INST): not every call's bytes are known
+        if BYTES_LOADER in calls or BYTES_LOADER in walker.rebuilt:
+            loads.append(None)
+        calls[BYTES_LOADER] = None
     rebuilt = tuple(g for g in walker.rebuilt if g not in calls)
     facts = PickleFacts(
         protocol=walker.protocol,
@@ -420,6 +436,7 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
         opcodes=walker.count,
         persistent_ids=walker.persistent_ids,
         rebuilt=rebuilt,
+        loads=tuple(loads),
     )
     return facts, tuple(problems), walker.pos
 
@@ -441,6 +458,7 @@ class _Walker:
         # classes NEWOBJ-ed with no arguments, and BUILDs of such objects: the policy proves these from source, where
         # any other call needs a reviewed entry (``PickleFacts.rebuilt``)
         self.rebuilt: dict[GlobalRef, None] = {}
+        self.loads: list[bytes | None] = []  # the literal bytes each REDUCE hands ``BYTES_LOADER`` (not in ``calls``)
         self.persistent_ids = 0
         self._replayed_calls: set[int] = set()  # ids of GlobalRefs already in ``calls`` (kept alive by it)
         self.n = len(data)
@@ -953,7 +971,10 @@ class _Walker:
         func = stack[-1]
         self._passed(args)
         if type(func) is GlobalRef:
-            self.calls[func] = None
+            if func.name == "_load_from_bytes" and func == BYTES_LOADER and _one_bytes(args):
+                self.loads.append(args[0])  # ``_finish`` records the call
+            else:
+                self.calls[func] = None
             stack[-1] = _interpret(func, args) if type(args) is tuple else _Obj(func, args)
         else:
             self._call_target(func)
@@ -1154,10 +1175,13 @@ def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleF
     """``main`` with the globals and calls of the ``extra`` streams found in the same file added.
 
     The value stays ``main``'s (None when there is no main stream): rules that judge what loading the file could
-    run see every stream; rules that read the value see the one the loader returns.
+    run see every stream; rules that read the value see the one the loader returns. Every stream, each with its own
+    value, is kept in ``streams`` (main first): the judge reads each one's values, for the pickles nested in them and
+    the globals handed to its calls.
     """
     if not extra:
         return main
+    streams = (*(_parts(main) if main is not None else ()), *itertools.chain.from_iterable(map(_parts, extra)))
     base = main if main is not None else PickleFacts(extra[0].protocol, None, (), (), 0)
     globals_ = dict.fromkeys(base.globals)
     calls = dict.fromkeys(base.calls)
@@ -1173,4 +1197,9 @@ def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleF
         pids += e.persistent_ids
     only_rebuilt = tuple(g for g in rebuilt if g not in called)
     return replace(base, globals=tuple(globals_), calls=tuple(calls), opcodes=opcodes, persistent_ids=pids,
-                   rebuilt=only_rebuilt)  # fmt: skip
+                   rebuilt=only_rebuilt, loads=(), streams=streams, nested=None, unsearched=())  # fmt: skip
+
+
+def _parts(pf: PickleFacts) -> tuple[PickleFacts, ...]:
+    """The streams ``pf`` stands for: those it was merged from, or itself."""
+    return pf.streams or (pf,)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import ProblemKind, ReadOutcome, ReadProblem, SafetensorsFacts, TensorInfo
+from ckptdoctor.readers.extra_state import named_extra_state, safetensors_extra_state
 from ckptdoctor.readers.jsonfiles import deeper_than
+from ckptdoctor.readers.pickle_walk import merge_pickles
 
 # safetensors dtype code -> bits per element (``Dtype::bitsize`` in safetensors/src/tensor.rs, 0.8).
 DTYPE_BITS: dict[str, int] = {
@@ -110,7 +113,15 @@ def _read(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
         facts = _parse_header(raw)
     except _Reject as rej:
         return _failed(ProblemKind.MALFORMED, rej.message)
-    return ReadOutcome(content=facts, problems=_length_problems(facts, size))
+    problems = _length_problems(facts, size)
+    if named_extra_state(map(_NAME, facts.tensors)):
+        # TransformerEngine's `_extra_state` tensors: pickles loaded after the weights (``readers/extra_state.py``)
+        pickles, more = safetensors_extra_state(f, facts, limits)
+        return ReadOutcome(facts, (*problems, *more), merge_pickles(None, pickles))
+    return ReadOutcome(content=facts, problems=problems)
+
+
+_NAME = operator.attrgetter("name")
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes:

@@ -7,7 +7,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
-from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
+from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
 from ckptdoctor.readers.pickle_walk import merge_pickles, ran_off_the_end, walk_pickle
 from ckptdoctor.readers.rawpickle import walk_problems_kept
 from ckptdoctor.readers.torchstore import _Storages, _tensors
@@ -116,7 +116,7 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     problems.extend(tensor_problems)
     if missing:
         tensors = tuple((p, replace(t, storage_nbytes=None) if t.storage_key in missing else t) for p, t in tensors)
-    if starts and any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+    if starts and has_extra_state(tensors):
         inner, inner_problems = extra_state_pickles(tensors, _legacy_reader(f, starts, storages), limits)
         streams.extend(inner)
         problems.extend(inner_problems)

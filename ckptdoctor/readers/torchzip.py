@@ -17,7 +17,7 @@ from ckptdoctor.model import (
     TorchFacts,
     ZipMember,
 )
-from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
+from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
@@ -85,7 +85,9 @@ def read_archive(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Rea
     return archive.read_archive(f, size, limits, read_torch)
 
 
-def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOutcome:
+def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str = "") -> ReadOutcome:
+    """``read_torch`` of a zip; ``root`` names the saved value where a caller knows it (a DCP item's fqn): the
+    path its tensors have in the state dict a module loads (an `_extra_state` tensor saved alone)."""
     d, problems = _directory(f, size, limits)
     if d is None:
         return ReadOutcome(None, tuple(problems))
@@ -171,9 +173,10 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
     problems.extend(storages.problems)
     tensors, tensor_problems = _tensors(facts.value) if facts is not None else ((), [])
     problems.extend(tensor_problems)
-    if any(path.endswith(EXTRA_STATE_SUFFIX) for path, _ in tensors):
+    named = tuple((f"{root}.{p}" if p else root, t) for p, t in tensors) if root else tensors
+    if has_extra_state(named):
         read = _storage_reader(f, by_name, data_prefix, d, limits)
-        inner, inner_problems = extra_state_pickles(tensors, read, limits)
+        inner, inner_problems = extra_state_pickles(named, read, limits)
         extra.extend(inner)
         problems.extend(inner_problems)
     merged = merge_pickles(facts, extra)
@@ -382,9 +385,12 @@ def _npy_pickle(
     return facts
 
 
-def read_zip_at(f: BinaryIO, start: int, length: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
-    """Read the torch zip blob occupying ``length`` bytes of ``f`` from ``start`` (a `.distcp` item)."""
+def read_zip_at(
+    f: BinaryIO, start: int, length: int, limits: Limits = DEFAULT_LIMITS, root: str = ""
+) -> ReadOutcome:
+    """Read the torch zip blob occupying ``length`` bytes of ``f`` from ``start`` (a `.distcp` item; ``root``: its
+    fqn, for an `_extra_state` tensor)."""
     if start < 0 or length <= 0:
         return ReadOutcome(None, (_problem(ProblemKind.TRUNCATED, f"empty zip blob at byte {start}"),))
     view = io.BufferedReader(Window(f, start, length))
-    return _read_zip(view, length, limits)
+    return _read_zip(view, length, limits, root=root)

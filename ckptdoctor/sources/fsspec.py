@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 from urllib.parse import urlsplit
 
 from ckptdoctor.limits import Limits
-from ckptdoctor.model import FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem
+from ckptdoctor.model import DcpItem, FileFacts, FileKind, PathProblem, ProblemKind, ReadProblem
 from ckptdoctor.readers import read_dcp_items_from, read_open_file
 from ckptdoctor.sources.interface import OWN_DIR, Entry
 
@@ -141,7 +141,7 @@ class FsspecSource:
         """Read one object's header (see ``_read``)."""
         return _read(self._fs, entry.path, rel, entry.meta, self.limits, in_dcp)
 
-    def read_dcp_items(self, path: str, facts: FileFacts, items: list[tuple[int, int]] | None) -> FileFacts:
+    def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """The `.distcp` items at ``items``, prefetched in one concurrent batch (see ``_prefetch``)."""
         try:
             with _open(self._fs, path, facts.size) as f:
@@ -387,7 +387,7 @@ PREFETCH_BYTES = 16 << 20
 
 
 def _prefetch(
-    fs: AbstractFileSystem, full: str, f: BinaryIO, size: int, items: list[tuple[int, int]] | None
+    fs: AbstractFileSystem, full: str, f: BinaryIO, size: int, items: list[DcpItem] | None
 ) -> BinaryIO:
     """``f`` with the small `.distcp` items the reader will walk fetched ahead in one concurrent batch: a torch.save
     blob is read in scattered pieces (end record, directory, each member's header), one request each otherwise."""
@@ -395,7 +395,7 @@ def _prefetch(
         return f
     wanted: list[tuple[int, int]] = []  # (start, length) spans: neighbouring items merged into one request
     budget = PREFETCH_BYTES
-    for start, length in sorted(set(items)):
+    for start, length in sorted({(item.offset, item.length) for item in items}):
         if start < 0 or not 0 < length <= min(WHOLE_FILE, budget) or start + length > size:
             continue
         if wanted and start - sum(wanted[-1]) <= READAHEAD and start + length - wanted[-1][0] <= 4 * WHOLE_FILE:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ckptdoctor.limits import Limits
-    from ckptdoctor.model import FileFacts, PathProblem
+    from ckptdoctor.model import DcpItem, FileFacts, PathProblem
 
 # The fixer's own folder (quarantine, journal): never part of what is scanned, by any source.
 OWN_DIR = ".ckptdoctor"
@@ -81,7 +81,7 @@ class Source(Protocol[L, M]):
         """The facts of the file ``entry``, reported at ``rel``; never raises."""
         ...
 
-    def read_dcp_items(self, path: str, facts: FileFacts, items: list[tuple[int, int]] | None) -> FileFacts:
+    def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """``facts`` of the `.distcp` file at ``path`` completed with its items' pickles (see readers); never
         raises."""
         ...

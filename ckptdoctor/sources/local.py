@@ -8,7 +8,7 @@ import os
 import stat
 
 from ckptdoctor.limits import Limits
-from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem
+from ckptdoctor.model import DcpItem, FileFacts, PathProblem, ProblemKind, ReadProblem
 from ckptdoctor.readers import VANISHED, read_dcp_items_of, read_file
 from ckptdoctor.sources.interface import Entry, display
 
@@ -91,7 +91,7 @@ class LocalSource:
         facts = read_file(entry.path, rel, entry.meta, self.limits, in_dcp, True)  # frameworks: MindSpore, TF, HDF5 too
         return dataclasses.replace(facts, is_link=True) if entry.is_link else facts
 
-    def read_dcp_items(self, path: str, facts: FileFacts, items: list[tuple[int, int]] | None) -> FileFacts:
+    def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """``read_dcp_items_of`` the local file at ``path``."""
         return read_dcp_items_of(path, facts, items, self.limits)
 
