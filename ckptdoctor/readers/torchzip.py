@@ -18,6 +18,7 @@ from ckptdoctor.model import (
     ZipMember,
 )
 from ckptdoctor.readers.extra_state import EXTRA_STATE_SUFFIX, StorageReader, extra_state_pickles
+from ckptdoctor.readers.lightning import lightning_facts
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
@@ -177,7 +178,8 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0) -> ReadOut
         extra.extend(inner)
         problems.extend(inner_problems)
     merged = merge_pickles(facts, extra)
-    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder, torchscript),
+    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder, torchscript,
+                                  lightning_facts(facts)),
                        tuple(problems))  # fmt: skip
 
 

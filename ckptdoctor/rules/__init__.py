@@ -115,6 +115,7 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
+    "ckptdoctor.rules.lightning",
     "ckptdoctor.resume.rules",
 )
 

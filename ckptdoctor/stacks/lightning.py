@@ -1,18 +1,38 @@
-"""PyTorch Lightning as a stack: how its checkpoints look and how ``Trainer.fit(ckpt_path=...)`` loads them.
+r"""PyTorch Lightning as a stack: how its checkpoints look and how ``Trainer.fit(ckpt_path=...)`` loads them.
 
-``Trainer.save_checkpoint`` and ``ModelCheckpoint`` (src/lightning/pytorch/callbacks/model_checkpoint.py) write one
-``.ckpt`` file per save with ``torch.save``: a dict holding ``epoch``, ``global_step``, ``pytorch-lightning_version``,
-``state_dict``, ``loops``, ``callbacks``, ``optimizer_states``, ``lr_schedulers`` and, when the module called
-``save_hyperparameters``, ``hparams_name`` and ``hyper_parameters`` (the module's init arguments as given: an
-``argparse.Namespace`` stays one). ``ModelCheckpoint`` writes into its ``dirpath``, by default
-``<default_root_dir>/lightning_logs/version_<n>/checkpoints/``, names files ``epoch=<e>-step=<s>.ckpt`` and keeps
-``last.ckpt`` when ``save_last`` is set.
+Layout. ``Trainer.save_checkpoint`` and ``ModelCheckpoint`` (src/lightning/pytorch/callbacks/model_checkpoint.py)
+write one ``.ckpt`` file per save with ``torch.save``: a dict holding ``epoch``, ``global_step``,
+``pytorch-lightning_version``, ``state_dict``, ``loops``, ``callbacks``, ``optimizer_states``, ``lr_schedulers`` (the
+last two not with ``save_weights_only=True``) and, when the module called ``save_hyperparameters``, ``hparams_name``
+and ``hyper_parameters`` (the module's init arguments as given: an ``argparse.Namespace`` stays one).
+``ModelCheckpoint`` writes into its ``dirpath``; without one, ``__resolve_ckpt_dir`` takes the first logger's
+``<save_dir>/<name>/version_<n>/checkpoints`` (the default logger: ``<default_root_dir>/lightning_logs/version_<n>/``,
+``n`` one above the highest existing version for a new Trainer), or ``<default_root_dir>/checkpoints`` without a
+logger. Files are named ``epoch=<e>-step=<s>.ckpt``; with ``save_last`` it writes ``last.ckpt`` (``last-v<k>.ckpt``
+when a ``last.ckpt`` it did not write is there) only when it saved a top-k file at the same step, and
+``save_last="link"`` makes it a symbolic link to the last file saved. ``ModelCheckpoint.state_dict`` stores its
+``dirpath`` and the absolute paths it tracks (``best_model_path``, ``best_k_models``, ``last_model_path``).
 
-The resume, ``Trainer.fit(model, ckpt_path=..., weights_only=None)``, goes through
-``_CheckpointConnector.resume_start`` (src/lightning/pytorch/trainer/connectors/checkpoint_connector.py) to
-``Strategy.load_checkpoint`` and ``lightning.fabric.utilities.cloud_io._load``, which calls ``torch.load`` with the
-``weights_only`` given: None for a local path, so torch's default, True since torch 2.6. That load refuses any
-global outside torch's weights-only allowlist.
+What ``fit(ckpt_path=...)`` picks (``_CheckpointConnector._parse_ckpt_path``,
+src/lightning/pytorch/trainer/connectors/checkpoint_connector.py):
+
+- ``None`` with a model: nothing is loaded; the fit starts at step 0.
+- ``"last"``: every ``ModelCheckpoint``'s ``_find_last_checkpoints`` lists its (resolved) folder for ``.ckpt`` files
+  whose stem matches ``^last(-(\d+))?``; those that exist (a dangling link does not) are candidates, and the most
+  recently modified one loads. None: it warns ("there is no last checkpoint available. No checkpoint will be
+  loaded") and trains from scratch.
+- ``"best"``: the first ``ModelCheckpoint``'s ``best_model_path`` (after a restore, the one in the checkpoint's
+  callback state); none is a ``ValueError``.
+- a path: that file.
+
+What it needs from the file (``_CheckpointConnector.restore_training_state``): ``loops`` (the fit loop's progress:
+``trainer.global_step`` and ``current_epoch`` resume from it, not from ``global_step``/``epoch``; a current epoch
+above ``max_epochs`` raises ``MisconfigurationException``), ``optimizer_states`` and ``lr_schedulers`` (missing:
+``KeyError``, "checkpoint contains only the model"), and each callback's state (``ModelCheckpoint.load_state_dict``
+restores the tracked paths only when the ``dirpath`` stored equals its own, ``best_model_path`` always). The load
+itself goes through ``Strategy.load_checkpoint`` to ``lightning.fabric.utilities.cloud_io._load``, which calls
+``torch.load`` with the ``weights_only`` given: None for a local path, so torch's default, True since torch 2.6.
+The facts read from each ``.ckpt`` are ``model.LightningFacts`` (``readers.lightning``).
 """
 
 from __future__ import annotations
@@ -21,7 +41,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.model import FileFacts, FileKind, GlobalRef, Opaque, Run, TorchFacts
+from ckptdoctor.model import FileFacts, FileKind, GlobalRef, LightningFacts, Opaque, Run, TorchFacts
 
 # The key every Lightning checkpoint holds (`_CheckpointConnector.dump_checkpoint`).
 VERSION_KEY = "pytorch-lightning_version"
@@ -43,15 +63,44 @@ def last_pick(files: Sequence[FileFacts]) -> FileFacts | None:
     """The file ``fit(ckpt_path="last")`` loads among one ``ModelCheckpoint`` folder's ``files``: the ``.ckpt`` files
     whose stem matches ``last(-N)?``, the most recently modified (``_CheckpointConnector._parse_ckpt_path``);
     None when there is none (Lightning then warns and trains from scratch)."""
-    last = [f for f in files if f.name.endswith(SUFFIX) and _LAST_RE.match(f.name[: -len(SUFFIX)])]
+    last = [f for f in files if is_last_name(f.name)]
     return max(sorted(last, key=lambda f: f.path), key=lambda f: f.mtime, default=None)
+
+
+def run_files(run: Run) -> list[FileFacts]:
+    """The files directly in ``run``'s folder (a ``ModelCheckpoint`` folder: what ``_find_last_checkpoints`` lists)."""
+    return [f for ck in run.checkpoints for f in ck.files if f.path.rsplit("/", 1)[0] == run.path or (
+        run.path in ("", ".") and "/" not in f.path)]
+
+
+def is_last_name(name: str) -> bool:
+    """Whether ``name`` is one ``_find_last_checkpoints`` matches: ``.ckpt`` with a stem ``last(-N)?...``."""
+    return name.endswith(SUFFIX) and _LAST_RE.match(name[: -len(SUFFIX)]) is not None
+
+
+def facts_of(f: FileFacts) -> LightningFacts | None:
+    """The Lightning facts of ``f`` (None: no Lightning checkpoint)."""
+    return f.content.lightning if isinstance(f.content, TorchFacts) else None
+
+
+def step_of(f: FileFacts) -> int | None:
+    """The optimizer step a resume from ``f`` starts at: its fit loop's count (``global_step`` without loops)."""
+    lf = facts_of(f)
+    if lf is None:
+        return None
+    return lf.loop_steps if lf.loop_steps is not None else lf.global_step
+
+
+def newest(files: Sequence[FileFacts]) -> FileFacts | None:
+    """The Lightning checkpoint among ``files`` that holds the most optimizer steps (the newest by mtime among
+    equals); None when there is none."""
+    stepped = [(s, f.mtime, f.path, f) for f in files if (s := step_of(f)) is not None]
+    return max(stepped, key=lambda t: t[:3])[3] if stepped else None
 
 
 def resume_text(run: Run) -> str:
     """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
-    files = [f for ck in run.checkpoints for f in ck.files if f.path.rsplit("/", 1)[0] == run.path or (
-        run.path in ("", ".") and "/" not in f.path)]
-    pick = last_pick(files)
+    pick = last_pick(run_files(run))
     if pick is None:
         return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'

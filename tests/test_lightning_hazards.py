@@ -1,0 +1,89 @@
+"""Proof: each PyTorch Lightning 2.6 resume hazard, built and resumed with the real Lightning, is reported at the file
+at fault (CKD430-434), and the clean runs built beside them raise no error or warning.
+
+The runs and resumes happen in the Lightning interpreter (``CKPTDOCTOR_LIGHTNING_PYTHON``; tests/lightning_hazards.py
+through tests/lightning_run.py, as a subprocess). Each scenario copies the run as training left it to
+``<root>.built`` before resuming; the scan judges that copy, the resume's outcome is what Lightning did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptdoctor.scanner import scan
+from tests.test_stack_lightning import _lightning, needs_lightning
+
+SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
+             "loop_counters", "moved_paths")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Every scenario built and resumed once: name -> (the run as built, the resume's outcome)."""
+    tmp = tmp_path_factory.mktemp("lightning")
+    results = _lightning([{"scenario": s, "root": str(tmp / s)} for s in SCENARIOS], tmp)
+    return {s: (tmp / f"{s}.built", r) for s, r in zip(SCENARIOS, results, strict=True)}
+
+
+def _found(root: Path) -> list[tuple[str, str]]:
+    return [(f.rule, f.path) for f in scan(str(root)).findings]
+
+
+@needs_lightning
+def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["stale_last"]
+    assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.path) == ("CKD430", "checkpoints/last.ckpt")
+    assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
+
+
+@needs_lightning
+def test_dangling_last_trains_from_scratch(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["dangling_last"]
+    assert out["raised"] is None and out["loaded"] is None and out["start_step"] == 0
+    assert any("no last checkpoint available" in w for w in out["warnings"])
+    assert ("CKD431", "checkpoints/last.ckpt") in _found(root)
+
+
+@needs_lightning
+def test_weights_only_resume_raises_keyerror(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["weights_only"]
+    assert out["raised"] == "KeyError" and "contains only the model" in out["message"]
+    assert _found(root) == [("CKD433", "checkpoints/last.ckpt")]
+
+
+@needs_lightning
+def test_loop_counters_win_over_global_step(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["loop_counters"]
+    assert out["raised"] is None and out["start_step"] == 2  # global_step says 0
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.path) == ("CKD432", "checkpoints/last.ckpt")
+    assert "`global_step` is 0 but the fit loop counts 2 optimizer steps" in f.message
+
+
+@needs_lightning
+def test_callback_paths_outside_dirpath(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["moved_paths"]
+    # the resumed run in b/ tracks a/'s file as its best: `ckpt_path="best"` would load another run's file
+    assert out["raised"] is None and "/moved_paths/a/" in out["best_after"]
+    assert _found(root) == [("CKD434", "b/checkpoints/epoch=0-step=2.ckpt")]
+
+
+@needs_lightning
+def test_clean_real_runs_raise_nothing(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A link `last.ckpt`, the default logger's layout and a finished OneCycleLR run are clean in a scan (the
+    version_N and OneCycleLR hazards depend on the planned resume: the gate's)."""
+    for name in ("link_clean", "default_logger", "onecycle"):
+        root, out = runs[name]
+        assert scan(str(root)).findings == (), name
+    assert runs["link_clean"][1]["start_step"] == 4
+
+
+def test_rules_are_silent_on_committed_runs() -> None:
+    data = Path(__file__).parent / "data" / "lightning-2.6.6"
+    assert scan(str(data / "plain")).findings == ()
+    assert [f.rule for f in scan(str(data / "namespace")).findings if f.rule.startswith("CKD43")] == []
