@@ -269,6 +269,9 @@ class LightningFacts:
     has_loops: bool
     loop_steps: int | None  # optimizer steps the fit loop counts: what `trainer.global_step` resumes at
     loop_epoch: int | None  # ``fit_loop.epoch_progress.current.completed``: what `trainer.current_epoch` resumes at
+    # ``epoch_progress.current.processed``: epochs whose batches all ran (one above `completed` for a save in
+    # `on_train_epoch_end`); `_FitLoop.done` compares it with `max_epochs`
+    loop_epochs_processed: int | None
     has_optimizer: bool  # ``optimizer_states`` present (a `save_weights_only` checkpoint has none)
     has_schedulers: bool  # ``lr_schedulers`` present
     schedulers: tuple[SchedulerState, ...]

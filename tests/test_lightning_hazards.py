@@ -78,7 +78,7 @@ def test_clean_real_runs_raise_nothing(runs: dict[str, tuple[Path, dict[str, Any
     """A link `last.ckpt`, the default logger's layout and a finished OneCycleLR run are clean in a scan (the
     version_N and OneCycleLR hazards depend on the planned resume: the gate's)."""
     for name in ("link_clean", "default_logger", "onecycle"):
-        root, out = runs[name]
+        root, _ = runs[name]
         assert scan(str(root)).findings == (), name
     assert runs["link_clean"][1]["start_step"] == 4
 
@@ -87,3 +87,61 @@ def test_rules_are_silent_on_committed_runs() -> None:
     data = Path(__file__).parent / "data" / "lightning-2.6.6"
     assert scan(str(data / "plain")).findings == ()
     assert [f.rule for f in scan(str(data / "namespace")).findings if f.rule.startswith("CKD43")] == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gate predicts the real resume: the file `fit(ckpt_path="last")` loaded, the steps it trained, what it raised
+
+
+def _gate(root: Path, **planned: Any) -> Any:
+    from ckptdoctor.resume.api import gate
+
+    return gate(root, **planned)
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("link_clean", 3), ("loop_counters", 2)])
+def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                       max_epochs: int) -> None:
+    root, out = runs[name]
+    result = _gate(root, max_epochs=max_epochs)
+    assert Path(result.checkpoint).name == Path(out["loaded"]).name
+    assert (result.start_step, result.max_steps) == (out["start_step"], out["end_step"])
+    assert result.weights_branch == "lightning"
+    assert result.failed is (name == "stale_last")  # CKD430: the loaded file is older than the newest
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "code", "raised"), [
+    ("weights_only", "CKD435", "KeyError"), ("onecycle", "CKD435", "ValueError"),
+    ("dangling_last", "CKD436", None), ("default_logger", "CKD436", None)])
+def test_gate_fails_where_lightning_raises_or_starts_over(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                                          code: str, raised: str | None) -> None:
+    root, out = runs[name]
+    assert out["raised"] == raised
+    if raised is None:  # it warned and trained from scratch
+        assert out["loaded"] is None and out["start_step"] == 0
+    result = _gate(root, max_epochs=2 if name != "dangling_last" else 3)
+    assert result.failed and code in {f.rule for f in result.findings}
+    if raised is not None:
+        assert f"`{raised}`" in next(f.message for f in result.findings if f.rule == code)
+
+
+@needs_lightning
+def test_gate_logger_version_names_the_folder(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file."""
+    root, _ = runs["default_logger"]
+    result = _gate(root, max_epochs=2, logger_version=0)
+    assert not result.failed and result.checkpoint.endswith("version_0/checkpoints/last.ckpt")
+    assert (result.start_step, result.max_steps) == (2, 4)
+
+
+@needs_lightning
+def test_gate_cli_stack_option(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+
+    root, _ = runs["onecycle"]
+    res = CliRunner().invoke(main, ["gate", str(root), "--stack", "lightning", "--max-epochs", "2"])
+    assert res.exit_code == 1 and "CKD435" in res.output and "OneCycleLR" in res.output

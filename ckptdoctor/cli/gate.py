@@ -115,6 +115,16 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
               "loaded; its pickle is judged as `scan` judges it: a security finding fails the gate), a JSON file "
               "(args.to_json_string()), or YAML when PyYAML is installed; the options above "
               "override it.  [default: none: the run's own arguments]")
+@click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]),
+              help="The training program whose resume to predict.  [default: the one that wrote RUN_DIR, recognised "
+              "from its files]")
+@click.option("--ckpt-path", metavar="last|best|none|PATH", help="Lightning: the planned Trainer.fit(ckpt_path=...).  "
+              "[default: last]")
+@click.option("--max-epochs", type=click.IntRange(min=-1), help="Lightning: the planned Trainer(max_epochs=...).  "
+              "[default: Lightning's: 1000, or unlimited with --max-steps]")
+@click.option("--logger-version", type=click.IntRange(min=0), help="Lightning: the version_N the resuming Trainer's "
+              "logger takes (or its ModelCheckpoint's dirpath names), for a run in lightning_logs/version_N/.  "
+              "[default: the default logger's, the next version]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
@@ -158,6 +168,10 @@ def gate_command(
     allow_global: tuple[str, ...],
     show_settings: bool,
     allow_empty: bool,
+    stack: str | None = None,
+    ckpt_path: str | None = None,
+    max_epochs: int | None = None,
+    logger_version: int | None = None,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
@@ -217,8 +231,11 @@ def gate_command(
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "transformers_version": transformers_version, "save_safetensors": save_safetensors,
         }
+        lightning = {"ckpt_path": ckpt_path, "max_epochs": max_epochs, "logger_version": logger_version}
+        planned.update({k: v for k, v in lightning.items() if v is not None})  # only a Lightning gate reads them
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
-        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts)
+        result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
+                          stack=stack)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -19,6 +19,7 @@ VERSION_KEY = "pytorch-lightning_version"
 _AUTO = ("epoch_loop.automatic_optimization.optim_progress", "optimizer", "step", "total", "completed")
 _MANUAL = ("epoch_loop.manual_optimization.optim_step_progress", "total", "completed")
 _EPOCH = ("epoch_progress", "current", "completed")
+_EPOCH_PROCESSED = ("epoch_progress", "current", "processed")
 
 
 def lightning_facts(pickle: PickleFacts | None) -> LightningFacts | None:
@@ -38,6 +39,7 @@ def lightning_facts(pickle: PickleFacts | None) -> LightningFacts | None:
         has_loops=isinstance(fit, dict),
         loop_steps=steps,
         loop_epoch=_int(_at(fit, _EPOCH)),
+        loop_epochs_processed=_int(_at(fit, _EPOCH_PROCESSED)),
         has_optimizer="optimizer_states" in value,
         has_schedulers="lr_schedulers" in value,
         schedulers=tuple(_scheduler(s) for s in scheds) if isinstance(scheds, list) else (),

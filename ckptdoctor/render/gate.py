@@ -35,7 +35,11 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             source = s.sources.get("transformers_version", "default")
             lines.append(f"  transformers     {printable(s.transformers_version)} ({source})")
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
-        if total is None or todo is None:
+        if result.weights_branch == "lightning":  # `fit(ckpt_path=...)`: the loops' step, no schedule to predict
+            at = "unknown" if start is None else f"global_step {start}"
+            lines.append(f"  steps            {at} -> {total}: trains {todo}" if todo is not None and total is not None
+                         else f"  steps            {at}: how many it trains is not predicted")
+        elif total is None or todo is None:
             at = "unknown" if start is None else f"global_step {start}"
             rules = {f.rule for f in result.findings}
             why = ("the resume raises before its first step" if "CKD413" in rules

@@ -223,6 +223,7 @@ def gate(
     config: bool = True,
     allow_global: Sequence[str] = (),
     allow_empty: bool = False,
+    stack: str | None = None,
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir).
@@ -260,6 +261,11 @@ def gate(
     checkpoint at all passes (a launcher gating before the first save, which starts afresh: ``starts_afresh`` is then
     True); without it, it fails
     (CKD413: ``train(resume_from_checkpoint=True)`` raises).
+
+    ``stack`` ("trainer", "accelerate", "lightning", "torchtitan"; None: recognised from the run) names the program
+    whose resume is predicted. A PyTorch Lightning run is gated as ``Trainer.fit(ckpt_path=...)``
+    (``resume.lightning``): ``planned`` then takes ``ckpt_path`` ("last", "best", "none" or a path),
+    ``max_epochs``, ``max_steps``, ``logger_version`` and ``steps_per_epoch``.
     """
     args_facts: FileFacts | None = None
     if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
@@ -273,7 +279,7 @@ def gate(
         allow_empty=allow_empty, on_kept=warn_kept,
     )
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, options, planned,
-                    args_file=args_facts)
+                    args_file=args_facts, stack=stack)
 
 
 def gate_options(**given: Any) -> Options:
@@ -302,13 +308,20 @@ def run_gate(
     options: Options,
     planned: Mapping[str, Any],
     args_file: FileFacts | None = None,
+    stack: str | None = None,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
-    settings file may not turn off (the CLI's note on stderr, the API's warning).
+    settings file may not turn off (the CLI's note on stderr, the API's warning). ``stack`` (``--stack``) names the
+    program whose resume is predicted; None: the one that wrote the run.
 
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
     """
+    from ckptdoctor.resume import lightning as lightning_gate
+
+    if lightning_gate.handles(run_dir, stack, planned):  # `fit(ckpt_path=...)`, not `train(resume_from_checkpoint=...)`
+        selected = rule_selection(os.fspath(run_dir), options)
+        return lightning_gate.run_gate(run_dir, checkpoint, planned, selected, options.fail_on, GateResult)
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")

@@ -37,11 +37,23 @@ The facts read from each ``.ckpt`` are ``model.LightningFacts`` (``readers.light
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.model import FileFacts, FileKind, GlobalRef, LightningFacts, Opaque, Run, TorchFacts
+from ckptdoctor.model import (
+    FileFacts,
+    FileKind,
+    GlobalRef,
+    LightningFacts,
+    Opaque,
+    Run,
+    Stack,
+    TorchFacts,
+    Tree,
+    frozen,
+)
 
 # The key every Lightning checkpoint holds (`_CheckpointConnector.dump_checkpoint`).
 VERSION_KEY = "pytorch-lightning_version"
@@ -141,3 +153,144 @@ def _names(v: Any, dotted: str, depth: int) -> bool:
     if isinstance(v, (list, tuple)):
         return any(_names(x, dotted, depth + 1) for x in v)
     return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a planned `fit(ckpt_path=...)` does (the gate's prediction: pure, from the tree)
+
+_VERSION_RE = re.compile(r"^(?:(.*)/)?version_(\d+)/checkpoints$")
+# Lightning's `Trainer(max_epochs=None, max_steps=-1)` trains 1000 epochs (`_FitLoop` defaults, trainer.py)
+DEFAULT_MAX_EPOCHS = 1000
+
+
+@frozen
+class LightningPlan:
+    """The planned resume: ``fit(ckpt_path=ckpt_path)`` under a Trainer with ``max_epochs``/``max_steps`` (None:
+    Lightning's defaults) whose logger takes ``logger_version`` (None: the default logger, the next
+    ``version_N``; it matters only for runs in that layout)."""
+
+    ckpt_path: str = "last"  # "last", "best", "none" or a path
+    max_epochs: int | None = None
+    max_steps: int | None = None
+    logger_version: int | None = None
+    steps_per_epoch: int | None = None
+
+
+@frozen
+class LightningPrediction:
+    """What ``fit(ckpt_path=...)`` does: the folder "last" looks in, the file it loads (None: none), the step and
+    epoch it starts at, the steps it trains (None: unknown), and why it trains from scratch or raises (None: it
+    does not)."""
+
+    plan: LightningPlan
+    looks_in: str | None
+    loaded: FileFacts | None
+    start_step: int | None
+    start_epoch: int | None
+    steps_to_train: int | None
+    max_steps: int | None
+    from_scratch: str | None = None
+    raises: str | None = None
+
+
+def lightning_runs(tree: Tree) -> list[Run]:
+    """The Lightning runs of ``tree``."""
+    return [r for r in tree.runs if r.stack is Stack.LIGHTNING]
+
+
+def predict(tree: Tree, plan: LightningPlan, path_file: FileFacts | None = None) -> LightningPrediction:
+    """Predict ``fit(ckpt_path=plan.ckpt_path)`` on the Lightning runs of ``tree`` (``path_file``: the file a path
+    ``ckpt_path`` names, found in the tree; None when it is not there)."""
+    runs = lightning_runs(tree)
+    if plan.ckpt_path == "none":
+        return LightningPrediction(plan, None, None, 0, 0, None, plan.max_steps)
+    if plan.ckpt_path == "best":
+        why = ('`fit(ckpt_path="best")` raises `ValueError`: a new Trainer\'s `ModelCheckpoint` has no '
+               "`best_model_path` before the checkpoint is restored (`_CheckpointConnector._parse_ckpt_path`)")
+        return LightningPrediction(plan, None, None, None, None, None, plan.max_steps, raises=why)
+    if plan.ckpt_path != "last":
+        if path_file is None:
+            return LightningPrediction(plan, None, None, None, None, None, plan.max_steps, raises=(
+                f"`fit(ckpt_path={plan.ckpt_path!r})` raises `FileNotFoundError`: no such checkpoint"))
+        return _from_file(plan, None, path_file)
+    if not runs:
+        return LightningPrediction(plan, None, None, 0, 0, None, plan.max_steps, from_scratch=(
+            '`fit(ckpt_path="last")` finds no Lightning checkpoint folder here: it warns and trains from scratch'))
+    run = max(runs, key=_run_order)
+    looks_in = run.path
+    m = _VERSION_RE.match(run.path)
+    if m is not None:
+        base = f"{m.group(1)}/" if m.group(1) else ""
+        versions = [int(v.group(2)) for r in runs if (v := _VERSION_RE.match(r.path)) and v.group(1) == m.group(1)]
+        version = plan.logger_version if plan.logger_version is not None else max(versions) + 1
+        looks_in = f"{base}version_{version}/checkpoints"
+        run = next((r for r in runs if r.path == looks_in), None)  # type: ignore[assignment]
+        if run is None:
+            why = (f'`fit(ckpt_path="last")` looks in `{looks_in}`'
+                   + (": a new Trainer's default logger takes the next version" if plan.logger_version is None
+                      else "") + ", which holds no `last*.ckpt`: it warns and trains from scratch "
+                   "(`ModelCheckpoint.__resolve_ckpt_dir`, `_CheckpointConnector._parse_ckpt_path`)")
+            return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    pick = last_pick(run_files(run))
+    if pick is None:
+        why = (f'`fit(ckpt_path="last")` finds no `last*.ckpt` that exists in `{looks_in}`: it warns and trains from '
+               "scratch (`_CheckpointConnector._parse_ckpt_path`)")
+        return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    return _from_file(plan, looks_in, pick)
+
+
+def _run_order(run: Run) -> tuple[int, float]:
+    m = _VERSION_RE.match(run.path)
+    return (int(m.group(2)) if m else -1, max((ck.mtime for ck in run.checkpoints), default=0.0))
+
+
+def _from_file(plan: LightningPlan, looks_in: str | None, f: FileFacts) -> LightningPrediction:
+    lf = facts_of(f)
+    if lf is None:
+        return LightningPrediction(plan, looks_in, f, None, None, None, plan.max_steps, raises=(
+            f"`{f.name}` is no Lightning checkpoint that could be read: `fit(ckpt_path=...)` cannot restore it"))
+    start = lf.loop_steps if lf.loop_steps is not None else lf.global_step
+    epoch = lf.loop_epoch if lf.loop_epoch is not None else lf.epoch
+    max_epochs = plan.max_epochs if plan.max_epochs is not None else (
+        DEFAULT_MAX_EPOCHS if plan.max_steps in (None, -1) else -1)
+    base = LightningPrediction(plan, looks_in, f, start, epoch, None, plan.max_steps)
+    if not (lf.has_optimizer and lf.has_schedulers):
+        return dataclasses.replace(base, raises=(
+            "`fit(ckpt_path=...)` raises `KeyError`: the checkpoint holds only the model (`save_weights_only`), "
+            "and `_CheckpointConnector.restore_optimizers_and_schedulers` needs `optimizer_states`"))
+    if epoch is not None and max_epochs != -1 and epoch > max_epochs:
+        return dataclasses.replace(base, raises=(
+            f"`fit` raises `MisconfigurationException`: the checkpoint's current_epoch {epoch} is above "
+            f"max_epochs {max_epochs} (`_CheckpointConnector.restore_loops`)"))
+    done = lf.loop_epochs_processed if lf.loop_epochs_processed is not None else epoch
+    steps = _steps(plan, start, done, max_epochs)
+    base = dataclasses.replace(base, start_epoch=done)
+    base = dataclasses.replace(base, steps_to_train=steps)
+    for s in lf.schedulers:
+        if s.total_steps is None or s.last_epoch is None or start is None:
+            continue
+        room = s.total_steps - s.last_epoch
+        if (steps is None and room <= 0) or (steps is not None and steps > room):
+            return dataclasses.replace(base, raises=(
+                f"`fit` raises `ValueError` from `OneCycleLR.step`: it was built for {s.total_steps} steps and has "
+                f"taken {s.last_epoch}; the resume steps it " + ("again" if steps is None else f"{steps} more times")
+                + ' (each optimizer step, with `interval="step"`)'))
+    return base
+
+
+def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs: int) -> int | None:
+    """The optimizer steps the resumed fit takes from step ``start`` with ``epoch`` epochs done: the first of
+    ``max_steps`` and ``max_epochs`` reached."""
+    if start is None:
+        return None
+    limits = []
+    if plan.max_steps not in (None, -1):
+        limits.append(max(0, plan.max_steps - start))
+    spe = plan.steps_per_epoch
+    if spe is None and epoch and start % epoch == 0:
+        spe = start // epoch  # the run's own steps per epoch, when its steps fill its done epochs evenly
+    if max_epochs != -1:
+        if spe is None or epoch is None:
+            return None  # the epoch bound is unknown: which limit stops the fit cannot be said
+        limits.append(max(0, max_epochs * spe - start))
+    return min(limits) if limits else None
