@@ -189,8 +189,39 @@ def moved_paths(root: str) -> dict[str, Any]:
     return out
 
 
+def callback(root: str) -> dict[str, Any]:
+    """``ckptdoctor.integrations.lightning.gate_callback`` in a real fit: the default logger's run resumed by a new
+    Trainer (it would train from scratch: the callback stops it before anything loads), and a run with a fixed
+    ``dirpath`` (it passes, and the fit resumes)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's ckptdoctor
+    from ckptdoctor.integrations.lightning import ResumeGateError, gate_callback
+
+    out: dict[str, Any] = {}
+    logged = f"{root}/logged"
+    _trainer(logged, [ModelCheckpoint(save_last=True)], logger=True, max_epochs=1).fit(Module(), _data())
+    gated = gate_callback(ckpt_path="last")
+    try:
+        _trainer(logged, [ModelCheckpoint(save_last=True), gated], logger=True, max_epochs=2).fit(
+            Module(), _data(), ckpt_path="last")
+        out["logged"] = None
+    except ResumeGateError as e:
+        out["logged"] = [f.rule for f in e.result.findings]
+    fixed = f"{root}/fixed/checkpoints"
+    _trainer(f"{root}/fixed", [ModelCheckpoint(dirpath=fixed, save_last=True)], max_epochs=1).fit(Module(), _data())
+    gated, start = gate_callback(ckpt_path="last"), StartStep()
+    trainer = _trainer(f"{root}/fixed", [ModelCheckpoint(dirpath=fixed, save_last=True), gated, start], max_epochs=2)
+    trainer.fit(Module(), _data(), ckpt_path="last")
+    result = gated.result
+    out["fixed"] = {"failed": result.failed, "start": result.start_step, "end": result.max_steps,
+                    "real_start": start.step, "real_end": trainer.global_step}
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths)}
+                                     loop_counters, moved_paths, callback)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

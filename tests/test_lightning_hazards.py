@@ -17,7 +17,7 @@ from ckptdoctor.scanner import scan
 from tests.test_stack_lightning import _lightning, needs_lightning
 
 SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
-             "loop_counters", "moved_paths")
+             "loop_counters", "moved_paths", "callback")
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +145,13 @@ def test_gate_cli_stack_option(runs: dict[str, tuple[Path, dict[str, Any]]]) -> 
     root, _ = runs["onecycle"]
     res = CliRunner().invoke(main, ["gate", str(root), "--stack", "lightning", "--max-epochs", "2"])
     assert res.exit_code == 1 and "CKD435" in res.output and "OneCycleLR" in res.output
+
+
+@needs_lightning
+def test_gate_callback_in_a_real_fit(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The Lightning callback stops the fit that would train from scratch (the default logger's next version) in its
+    `setup`, and lets the resumable one run, predicting the steps it trains."""
+    _, out = runs["callback"]
+    assert out["logged"] == ["CKD436"]
+    fixed = out["fixed"]
+    assert not fixed["failed"] and (fixed["start"], fixed["end"]) == (fixed["real_start"], fixed["real_end"]) == (2, 4)
