@@ -155,3 +155,30 @@ def test_gate_callback_in_a_real_fit(runs: dict[str, tuple[Path, dict[str, Any]]
     assert out["logged"] == ["CKD436"]
     fixed = out["fixed"]
     assert not fixed["failed"] and (fixed["start"], fixed["end"]) == (fixed["real_start"], fixed["real_end"]) == (2, 4)
+
+
+@needs_lightning
+def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
+    """CKD431's unsafe fix moves the dangling link itself into the quarantine (its target is never followed); the
+    rescan has no finding about it, and undo puts the same link back."""
+    import os
+    import shutil
+
+    import ckptdoctor
+
+    built, _ = runs["dangling_last"]
+    root = tmp_path / "run"
+    shutil.copytree(built, root, symlinks=True)
+    link = root / "checkpoints" / "last.ckpt"
+    target = os.readlink(link)
+    (f,) = [f for f in scan(str(root)).findings if f.rule == "CKD431"]
+    assert f.fix is not None and f.fix.applicability.value == "unsafe"
+    assert "the newest checkpoint there is `epoch=0-step=2.ckpt`" in f.message
+    assert ckptdoctor.fix(str(root), force=True).exit_code() != 0  # unsafe: not applied by default
+    assert os.path.islink(link)
+    ckptdoctor.fix(str(root), unsafe=True, force=True)
+    assert not os.path.lexists(link)
+    assert [x.rule for x in scan(str(root)).findings] == []
+    ckptdoctor.undo(str(root))
+    assert os.path.islink(link) and os.readlink(link) == target
+    assert ("CKD431", "checkpoints/last.ckpt") in _found(root)

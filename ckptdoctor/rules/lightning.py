@@ -8,7 +8,7 @@ import posixpath
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ckptdoctor.findings import Severity
+from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import Run, Stack, Tree
 from ckptdoctor.rules import Hit, rule
 from ckptdoctor.stacks import lightning
@@ -64,7 +64,7 @@ def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
                              "(`_CheckpointConnector._parse_ckpt_path` takes the newest `last*.ckpt` by time)")
 
 
-@rule("CKD431", "lightning-last-dangling", Severity.ERROR)
+@rule("CKD431", "lightning-last-dangling", Severity.ERROR, fix=Applicability.UNSAFE)
 def lightning_last_dangling(tree: Tree) -> Iterator[Hit]:
     """A `last.ckpt` link points at a file that is gone: `fit(ckpt_path="last")` trains from scratch.
 
@@ -82,8 +82,10 @@ def lightning_last_dangling(tree: Tree) -> Iterator[Hit]:
     `last.ckpt -> epoch=1-step=4.ckpt`, and `epoch=1-step=4.ckpt` was deleted.
 
     ## Fix safety
-    No automatic fix yet. Point the link at the checkpoint to resume from, or resume with
-    `fit(ckpt_path="<file>")`.
+    Unsafe (`ckptdoctor fix --unsafe-fixes`): the link is moved into the quarantine (the link itself; its target is
+    never followed), journaled and undoable with `ckptdoctor undo`. It changes what resumes: another `last-v<k>.ckpt`
+    in the folder, when there is one, is what `fit(ckpt_path="last")` then loads; otherwise it still trains from
+    scratch, and the message names the newest checkpoint to pass as `fit(ckpt_path=...)` or to link `last.ckpt` to.
 
     ## References
     `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`;
@@ -93,10 +95,17 @@ def lightning_last_dangling(tree: Tree) -> Iterator[Hit]:
     from ckptdoctor.sources.local import BROKEN_LINK
 
     for p in tree.path_problems:
-        if p.problem.message == BROKEN_LINK and lightning.is_last_name(posixpath.basename(p.path)):
-            yield Hit(p.path, f'`{posixpath.basename(p.path)}` is a link to a file that does not exist: '
-                              '`fit(ckpt_path="last")` skips it, warns and trains from scratch '
-                              "(`_CheckpointConnector._parse_ckpt_path`)")
+        name = posixpath.basename(p.path)
+        if p.problem.message != BROKEN_LINK or not lightning.is_last_name(name):
+            continue
+        folder = posixpath.dirname(p.path)
+        beside = [f for f in tree.all_files() if posixpath.dirname(f.path) == folder]
+        top = lightning.newest(beside)
+        newest = "" if top is None else f"; the newest checkpoint there is `{top.name}`"
+        plan = FixPlan(f"Quarantine the dangling `{name}` link", Applicability.UNSAFE,
+                       (FixOp(OpKind.QUARANTINE, p.path),))
+        yield Hit(p.path, f"`{name}` is a link to a file that does not exist: `fit(ckpt_path=\"last\")` skips it, "
+                          f"warns and trains from scratch (`_CheckpointConnector._parse_ckpt_path`){newest}", fix=plan)
 
 
 @rule("CKD432", "lightning-loop-counters", Severity.WARNING)
