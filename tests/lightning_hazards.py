@@ -189,6 +189,27 @@ def moved_paths(root: str) -> dict[str, Any]:
     return out
 
 
+def planned(root: str) -> dict[str, Any]:
+    """One run saving every step for 3 epochs (6 steps), resumed three ways, each from its own copy:
+    ``ckpt_path="best"`` in a new Trainer, the file at step 5 (epoch 2, mid-epoch) with ``max_epochs=1``, and the
+    file at step 3 (mid-epoch 1) with ``max_steps=5``."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, every_n_train_steps=1, save_top_k=-1, save_last=True)],
+             max_epochs=3).fit(Module(), _data())
+    _built(root)
+    out: dict[str, Any] = {}
+    for name, ckpt, kw in (("best", "best", {"max_epochs": 4}),
+                           ("epoch_above", "epoch=2-step=5.ckpt", {"max_epochs": 1}),
+                           ("path_steps", "epoch=1-step=3.ckpt", {"max_steps": 5})):
+        copy = f"{root}.{name}"
+        shutil.copytree(f"{root}.built", copy, symlinks=True)
+        start = StartStep()
+        path = ckpt if ckpt == "best" else f"{copy}/checkpoints/{ckpt}"
+        out[name] = _resume(_trainer(copy, [ModelCheckpoint(dirpath=f"{copy}/checkpoints", save_last=True), start],
+                                     **kw), start, path)
+    return out
+
+
 def callback(root: str) -> dict[str, Any]:
     """``ckptdoctor.integrations.lightning.gate_callback`` in a real fit: the default logger's run resumed by a new
     Trainer (it would train from scratch: the callback stops it before anything loads), and a run with a fixed
@@ -221,7 +242,7 @@ def callback(root: str) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths, callback)}
+                                     loop_counters, moved_paths, callback, planned)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from ckptdoctor.scanner import scan
 from tests.test_stack_lightning import _lightning, needs_lightning
 
 SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
-             "loop_counters", "moved_paths", "callback")
+             "loop_counters", "moved_paths", "callback", "planned")
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +182,20 @@ def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any
     ckptdoctor.undo(str(root))
     assert os.path.islink(link) and os.readlink(link) == target
     assert ("CKD431", "checkpoints/last.ckpt") in _found(root)
+
+
+@needs_lightning
+def test_gate_follows_best_a_path_max_epochs_and_max_steps(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """`ckpt_path="best"` in a new Trainer raises `ValueError`; a checkpoint whose epoch is above `max_epochs` raises
+    `MisconfigurationException`; a path resumes mid-epoch at its loops' step and trains to `max_steps`."""
+    root, out = runs["planned"]
+    best = _gate(root, ckpt_path="best", max_epochs=4)
+    assert out["best"]["raised"] == "ValueError" and best.failed
+    assert [f.rule for f in best.findings] == ["CKD435"] and "`ValueError`" in best.findings[0].message
+    above = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=2-step=5.ckpt"), max_epochs=1)
+    assert out["epoch_above"]["raised"] == "MisconfigurationException" and above.failed
+    assert "`MisconfigurationException`" in next(f.message for f in above.findings if f.rule == "CKD435")
+    steps = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=1-step=3.ckpt"), max_steps=5)
+    real = out["path_steps"]
+    assert real["raised"] is None and not steps.failed
+    assert (steps.start_step, steps.max_steps, steps.steps_to_train) == (real["start_step"], real["end_step"], 2)
