@@ -199,3 +199,26 @@ def test_gate_follows_best_a_path_max_epochs_and_max_steps(runs: dict[str, tuple
     real = out["path_steps"]
     assert real["raised"] is None and not steps.failed
     assert (steps.start_step, steps.max_steps, steps.steps_to_train) == (real["start_step"], real["end_step"], 2)
+
+
+DATA = Path(__file__).parent / "data" / "lightning-2.6.6"
+
+
+def test_gate_on_the_committed_run_without_lightning(tmp_path: Path) -> None:
+    """Without the Lightning interpreter: the committed run is recognised and gated as `fit(ckpt_path=...)`; a path
+    outside RUN_DIR is judged where it is, a missing one is `FileNotFoundError`."""
+    import shutil
+
+    plain = DATA / "plain"
+    result = _gate(plain, max_epochs=3)
+    assert (result.weights_branch, Path(result.checkpoint).name, result.start_step, result.max_steps) == (
+        "lightning", "last.ckpt", 4, 6)
+    assert not result.failed
+    elsewhere = tmp_path / "x.ckpt"
+    shutil.copy(plain / "checkpoints" / "epoch=1-step=4.ckpt", elsewhere)
+    moved = _gate(plain, ckpt_path=str(elsewhere), max_epochs=3)
+    assert not moved.failed and moved.checkpoint.endswith("x.ckpt") and moved.start_step == 4
+    missing = _gate(plain, ckpt_path=str(tmp_path / "nope.ckpt"))
+    assert missing.failed and "`FileNotFoundError`" in missing.findings[0].message
+    trainer = _gate(plain, stack="trainer")  # --stack overrides: the Trainer finds no checkpoint-N here
+    assert trainer.weights_branch != "lightning" and "CKD413" in {f.rule for f in trainer.findings}

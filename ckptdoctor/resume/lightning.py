@@ -77,9 +77,12 @@ def run_gate(
     selection, cfg_fail_on = selected
     from ckptdoctor.scanner import scan
 
-    report = scan(os.fspath(run_dir), selection=selection)
+    root = os.fspath(run_dir)
+    if ckpt_path not in ("last", "best", "none") and os.path.isfile(ckpt_path) and not _inside(ckpt_path, root):
+        root = os.path.dirname(os.path.abspath(ckpt_path))  # `fit` loads it from where it is: judge it there
+    report = scan(root, selection=selection)
     tree, scanned = report.trees[0], report.findings
-    p = lightning.predict(tree, plan, _named(tree, os.fspath(run_dir), ckpt_path))
+    p = lightning.predict(tree, plan, _named(tree, root, ckpt_path))
     unselected = replace(selection, select=())
     rules = [r for r in all_rules() if r.code in ("CKD435", "CKD436") and unselected.enabled(replace(
         r, gate_only=False))]
@@ -95,6 +98,11 @@ def run_gate(
         weights_file=None if loaded is None else loaded.name,
     )
     return replace(out, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
+
+
+def _inside(path: str, folder: str) -> bool:
+    real, base = os.path.realpath(path), os.path.realpath(folder)
+    return real.startswith(base.rstrip(os.sep) + os.sep)
 
 
 def _named(tree: Tree, run_dir: str, ckpt_path: str) -> FileFacts | None:
