@@ -181,6 +181,10 @@ def gate_command(
     closest settings file from RUN_DIR upward, as `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a
     checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
     and trainer_state.json). Nothing is loaded or executed.
+
+    A PyTorch Lightning run (recognised from its .ckpt files, or --stack lightning) is gated as
+    Trainer.fit(ckpt_path=...) instead: --ckpt-path, --max-epochs, --max-steps and --logger-version plan it, and
+    CKD430-436 judge it (docs/stacks.md).
     """
     try:
         options = gate_options(
@@ -232,6 +236,9 @@ def gate_command(
             "transformers_version": transformers_version, "save_safetensors": save_safetensors,
         }
         lightning = {"ckpt_path": ckpt_path, "max_epochs": max_epochs, "logger_version": logger_version}
+        if stack not in (None, "lightning") and any(v is not None for v in lightning.values()):
+            raise UsageProblem("--ckpt-path, --max-epochs and --logger-version plan a Lightning resume, not "
+                               f"--stack {stack}'s")
         planned.update({k: v for k, v in lightning.items() if v is not None})  # only a Lightning gate reads them
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
