@@ -115,7 +115,6 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
-    "ckptdoctor.rules.lightning",
     "ckptdoctor.resume.rules",
 )
 
