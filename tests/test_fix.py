@@ -189,7 +189,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (base / name).mkdir()
     stub_run(base / "stub")
     mixed_run(base / "mixed")
-    # real Lightning 2.6 output with its `save_last="link"` link left dangling (CKD431, an unsafe fix)
+    # real Lightning 2.6 output with its `save_last="link"` link left dangling (CKD441, an unsafe fix)
     lightning = shutil.copytree(Path(__file__).parent / "data" / "lightning-2.6.6" / "plain", base / "lightning")
     (lightning / "checkpoints" / "last.ckpt").unlink()
     (lightning / "checkpoints" / "last.ckpt").symlink_to("epoch=2-step=6.ckpt")

@@ -1,5 +1,5 @@
 """Proof: each PyTorch Lightning 2.6 resume hazard, built and resumed with the real Lightning, is reported at the file
-at fault (CKD430-434), and the clean runs built beside them raise no error or warning.
+at fault (CKD440-434), and the clean runs built beside them raise no error or warning.
 
 The runs and resumes happen in the Lightning interpreter (``CKPTDOCTOR_LIGHTNING_PYTHON``; tests/lightning_hazards.py
 through tests/lightning_run.py, as a subprocess). Each scenario copies the run as training left it to
@@ -37,7 +37,7 @@ def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) 
     root, out = runs["stale_last"]
     assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
     (f,) = scan(str(root)).findings
-    assert (f.rule, f.path) == ("CKD430", "checkpoints/last.ckpt")
+    assert (f.rule, f.path) == ("CKD440", "checkpoints/last.ckpt")
     assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
 
 
@@ -46,14 +46,14 @@ def test_dangling_last_trains_from_scratch(runs: dict[str, tuple[Path, dict[str,
     root, out = runs["dangling_last"]
     assert out["raised"] is None and out["loaded"] is None and out["start_step"] == 0
     assert any("no last checkpoint available" in w for w in out["warnings"])
-    assert ("CKD431", "checkpoints/last.ckpt") in _found(root)
+    assert ("CKD441", "checkpoints/last.ckpt") in _found(root)
 
 
 @needs_lightning
 def test_weights_only_resume_raises_keyerror(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     root, out = runs["weights_only"]
     assert out["raised"] == "KeyError" and "contains only the model" in out["message"]
-    assert _found(root) == [("CKD433", "checkpoints/last.ckpt")]
+    assert _found(root) == [("CKD443", "checkpoints/last.ckpt")]
 
 
 @needs_lightning
@@ -61,7 +61,7 @@ def test_loop_counters_win_over_global_step(runs: dict[str, tuple[Path, dict[str
     root, out = runs["loop_counters"]
     assert out["raised"] is None and out["start_step"] == 2  # global_step says 0
     (f,) = scan(str(root)).findings
-    assert (f.rule, f.path) == ("CKD432", "checkpoints/last.ckpt")
+    assert (f.rule, f.path) == ("CKD442", "checkpoints/last.ckpt")
     assert "`global_step` is 0 but the fit loop counts 2 optimizer steps" in f.message
 
 
@@ -70,7 +70,7 @@ def test_callback_paths_outside_dirpath(runs: dict[str, tuple[Path, dict[str, An
     root, out = runs["moved_paths"]
     # the resumed run in b/ tracks a/'s file as its best: `ckpt_path="best"` would load another run's file
     assert out["raised"] is None and "/moved_paths/a/" in out["best_after"]
-    assert _found(root) == [("CKD434", "b/checkpoints/epoch=0-step=2.ckpt")]
+    assert _found(root) == [("CKD444", "b/checkpoints/epoch=0-step=2.ckpt")]
 
 
 @needs_lightning
@@ -108,13 +108,13 @@ def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any
     assert Path(result.checkpoint).name == Path(out["loaded"]).name
     assert (result.start_step, result.max_steps) == (out["start_step"], out["end_step"])
     assert result.weights_branch == "lightning"
-    assert result.failed is (name == "stale_last")  # CKD430: the loaded file is older than the newest
+    assert result.failed is (name == "stale_last")  # CKD440: the loaded file is older than the newest
 
 
 @needs_lightning
 @pytest.mark.parametrize(("name", "code", "raised"), [
-    ("weights_only", "CKD435", "KeyError"), ("onecycle", "CKD435", "ValueError"),
-    ("dangling_last", "CKD436", None), ("default_logger", "CKD436", None)])
+    ("weights_only", "CKD445", "KeyError"), ("onecycle", "CKD445", "ValueError"),
+    ("dangling_last", "CKD446", None), ("default_logger", "CKD446", None)])
 def test_gate_fails_where_lightning_raises_or_starts_over(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
                                                           code: str, raised: str | None) -> None:
     root, out = runs[name]
@@ -144,7 +144,7 @@ def test_gate_cli_stack_option(runs: dict[str, tuple[Path, dict[str, Any]]]) -> 
 
     root, _ = runs["onecycle"]
     res = CliRunner().invoke(main, ["gate", str(root), "--stack", "lightning", "--max-epochs", "2"])
-    assert res.exit_code == 1 and "CKD435" in res.output and "OneCycleLR" in res.output
+    assert res.exit_code == 1 and "CKD445" in res.output and "OneCycleLR" in res.output
 
 
 @needs_lightning
@@ -152,14 +152,14 @@ def test_gate_callback_in_a_real_fit(runs: dict[str, tuple[Path, dict[str, Any]]
     """The Lightning callback stops the fit that would train from scratch (the default logger's next version) in its
     `setup`, and lets the resumable one run, predicting the steps it trains."""
     _, out = runs["callback"]
-    assert out["logged"] == ["CKD436"]
+    assert out["logged"] == ["CKD446"]
     fixed = out["fixed"]
     assert not fixed["failed"] and (fixed["start"], fixed["end"]) == (fixed["real_start"], fixed["real_end"]) == (2, 4)
 
 
 @needs_lightning
 def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
-    """CKD431's unsafe fix moves the dangling link itself into the quarantine (its target is never followed); the
+    """CKD441's unsafe fix moves the dangling link itself into the quarantine (its target is never followed); the
     rescan has no finding about it, and undo puts the same link back."""
     import os
     import shutil
@@ -171,7 +171,7 @@ def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any
     shutil.copytree(built, root, symlinks=True)
     link = root / "checkpoints" / "last.ckpt"
     target = os.readlink(link)
-    (f,) = [f for f in scan(str(root)).findings if f.rule == "CKD431"]
+    (f,) = [f for f in scan(str(root)).findings if f.rule == "CKD441"]
     assert f.fix is not None and f.fix.applicability.value == "unsafe"
     assert "the newest checkpoint there is `epoch=0-step=2.ckpt`" in f.message
     assert ckptdoctor.fix(str(root), force=True).exit_code() != 0  # unsafe: not applied by default
@@ -181,7 +181,7 @@ def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any
     assert [x.rule for x in scan(str(root)).findings] == []
     ckptdoctor.undo(str(root))
     assert os.path.islink(link) and os.readlink(link) == target
-    assert ("CKD431", "checkpoints/last.ckpt") in _found(root)
+    assert ("CKD441", "checkpoints/last.ckpt") in _found(root)
 
 
 @needs_lightning
@@ -191,10 +191,10 @@ def test_gate_follows_best_a_path_max_epochs_and_max_steps(runs: dict[str, tuple
     root, out = runs["planned"]
     best = _gate(root, ckpt_path="best", max_epochs=4)
     assert out["best"]["raised"] == "ValueError" and best.failed
-    assert [f.rule for f in best.findings] == ["CKD435"] and "`ValueError`" in best.findings[0].message
+    assert [f.rule for f in best.findings] == ["CKD445"] and "`ValueError`" in best.findings[0].message
     above = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=2-step=5.ckpt"), max_epochs=1)
     assert out["epoch_above"]["raised"] == "MisconfigurationException" and above.failed
-    assert "`MisconfigurationException`" in next(f.message for f in above.findings if f.rule == "CKD435")
+    assert "`MisconfigurationException`" in next(f.message for f in above.findings if f.rule == "CKD445")
     steps = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=1-step=3.ckpt"), max_steps=5)
     real = out["path_steps"]
     assert real["raised"] is None and not steps.failed

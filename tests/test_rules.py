@@ -535,17 +535,17 @@ FIRES: tuple[Fires, ...] = (
           ("no known training program", "`state.pkl`", "never quarantined")),
     Fires("CKD416", "lightning-namespace", sample("lightning-2.6.6/namespace"), "checkpoints/last.ckpt", ERR,
           ("`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`", "`argparse.Namespace`", "`hyper_parameters`")),
-    Fires("CKD430", "lightning-stale-last", sample("lightning-2.6.6/plain", _lightning_stale_last),
+    Fires("CKD440", "lightning-stale-last", sample("lightning-2.6.6/plain", _lightning_stale_last),
           "checkpoints/last.ckpt", ERR, ("`fit(ckpt_path=\"last\")` loads `last.ckpt` at step 2", "holds step 4")),
-    Fires("CKD431", "lightning-dangling-last", sample("lightning-2.6.6/plain", _lightning_dangling_last),
+    Fires("CKD441", "lightning-dangling-last", sample("lightning-2.6.6/plain", _lightning_dangling_last),
           "checkpoints/last.ckpt", ERR, ("does not exist", "trains from scratch", "`epoch=1-step=4.ckpt`")),
-    Fires("CKD432", "lightning-global-step-edited", sample("lightning-2.6.6/plain", _lightning_edit(
+    Fires("CKD442", "lightning-global-step-edited", sample("lightning-2.6.6/plain", _lightning_edit(
           lambda c: c.update(global_step=0))), "checkpoints/last.ckpt", WARN,
           ("`global_step` is 0 but the fit loop counts 4 optimizer steps", "`_CheckpointConnector.restore_loops`")),
-    Fires("CKD433", "lightning-weights-only", sample("lightning-2.6.6/plain", _lightning_edit(
+    Fires("CKD443", "lightning-weights-only", sample("lightning-2.6.6/plain", _lightning_edit(
           lambda c: [c.pop("optimizer_states"), c.pop("lr_schedulers")])), "checkpoints/last.ckpt", INFO,
           ("holds only the model", "`KeyError`")),
-    Fires("CKD434", "lightning-best-elsewhere", sample("lightning-2.6.6/plain", _lightning_edit(_lightning_outside)),
+    Fires("CKD444", "lightning-best-elsewhere", sample("lightning-2.6.6/plain", _lightning_edit(_lightning_outside)),
           "checkpoints/last.ckpt", WARN, ("`/elsewhere/run/checkpoints/epoch=0-step=2.ckpt`", "outside its `dirpath`")),
     Fires("CKD002", "logs-only", logs_only, ".", ERR, ("no checkpoint here", "none of its 1 file", "--allow-empty")),
     Fires("CKD107", "tf-bundle-deleted", sample("tf/tf-trainer", _drop_tf_bundle_3), "checkpoint/checkpoint", ERR,
@@ -647,7 +647,7 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD108", "clean-full", lambda copy: copy("clean-full")),
     Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
     *(Silent(code, "lightning-plain", sample("lightning-2.6.6/plain"))
-      for code in ("CKD430", "CKD431", "CKD432", "CKD433", "CKD434")),
+      for code in ("CKD440", "CKD441", "CKD442", "CKD443", "CKD444")),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD215", "mindnlp", sample("mindnlp")),
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),

@@ -184,7 +184,7 @@ def gate_command(
 
     A PyTorch Lightning run (recognised from its .ckpt files, or --stack lightning) is gated as
     Trainer.fit(ckpt_path=...) instead: --ckpt-path, --max-epochs, --max-steps and --logger-version plan it, and
-    CKD430-436 judge it (docs/stacks.md).
+    CKD440-436 judge it (docs/stacks.md).
     """
     try:
         options = gate_options(

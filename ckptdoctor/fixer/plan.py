@@ -114,7 +114,7 @@ def _plan_op(abs_root: str, kind: OpKind, rel: str, content: str | None, rule: s
     if st is None:
         return why or f"`{rel}` cannot be used"
     if kind == OpKind.QUARANTINE:
-        # a link is moved as the link (a dangling Lightning `last.ckpt`, CKD431), never followed
+        # a link is moved as the link (a dangling Lightning `last.ckpt`, CKD441), never followed
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             return f"`{rel}` is not a regular file, folder or link"
         return PlannedOp(kind, rel, (rule,), title, is_dir=stat.S_ISDIR(st.st_mode))

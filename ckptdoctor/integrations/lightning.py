@@ -72,8 +72,8 @@ def check_resume(
     """Gate ``trainer.fit(model, ckpt_path=ckpt_path)`` before calling it; raise ``ResumeGateError`` on failure.
 
     Predicts which file ``fit`` loads ("last", "best", a path, None), the step it resumes at and the steps it trains
-    under the Trainer's ``max_epochs``/``max_steps``, and fails where Lightning raises (CKD435), trains from scratch
-    (CKD436) or loads the wrong state (CKD430 ...). Returns the prediction when it passes; findings of severity
+    under the Trainer's ``max_epochs``/``max_steps``, and fails where Lightning raises (CKD445), trains from scratch
+    (CKD446) or loads the wrong state (CKD440 ...). Returns the prediction when it passes; findings of severity
     warning or error that did not fail it are logged on the ``ckptdoctor`` logger. ``fail_on``, ``select``,
     ``ignore`` and ``config`` are ``gate()``'s.
     """

@@ -1007,7 +1007,7 @@ def _prediction(ctx: object) -> LightningPrediction | None:
     return ctx if isinstance(ctx, LightningPrediction) else None
 
 
-@rule("CKD435", "lightning-resume-raises", Severity.ERROR, gate_only=True)
+@rule("CKD445", "lightning-resume-raises", Severity.ERROR, gate_only=True)
 def lightning_resume_raises(ctx: object) -> Iterator[Hit]:
     """The planned `Trainer.fit(ckpt_path=...)` raises before its first step.
 
@@ -1040,7 +1040,7 @@ def lightning_resume_raises(ctx: object) -> Iterator[Hit]:
         yield Hit(p.loaded.path if p.loaded is not None else ".", p.raises)
 
 
-@rule("CKD436", "lightning-resume-from-scratch", Severity.ERROR, gate_only=True)
+@rule("CKD446", "lightning-resume-from-scratch", Severity.ERROR, gate_only=True)
 def lightning_resume_from_scratch(ctx: object) -> Iterator[Hit]:
     """The planned `fit(ckpt_path="last")` finds no checkpoint: it warns and trains from step 0.
 

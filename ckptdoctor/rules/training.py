@@ -452,7 +452,7 @@ def _lightning_runs(tree: Tree) -> Iterator[Run]:
     return (r for r in tree.runs if r.stack is Stack.LIGHTNING)
 
 
-@rule("CKD430", "lightning-last-stale", Severity.ERROR)
+@rule("CKD440", "lightning-last-stale", Severity.ERROR)
 def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
     """`fit(ckpt_path="last")` loads a `last.ckpt` older than the newest checkpoint in its folder.
 
@@ -495,7 +495,7 @@ def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
                              "(`_CheckpointConnector._parse_ckpt_path` takes the newest `last*.ckpt` by time)")
 
 
-@rule("CKD431", "lightning-last-dangling", Severity.ERROR, fix=Applicability.UNSAFE)
+@rule("CKD441", "lightning-last-dangling", Severity.ERROR, fix=Applicability.UNSAFE)
 def lightning_last_dangling(tree: Tree) -> Iterator[Hit]:
     """A `last.ckpt` link points at a file that is gone: `fit(ckpt_path="last")` trains from scratch.
 
@@ -539,7 +539,7 @@ def lightning_last_dangling(tree: Tree) -> Iterator[Hit]:
                           f"warns and trains from scratch (`_CheckpointConnector._parse_ckpt_path`){newest}", fix=plan)
 
 
-@rule("CKD432", "lightning-loop-counters", Severity.WARNING)
+@rule("CKD442", "lightning-loop-counters", Severity.WARNING)
 def lightning_loop_counters(tree: Tree) -> Iterator[Hit]:
     """A Lightning checkpoint's `global_step` or `epoch` disagrees with its loops: the resume follows the loops.
 
@@ -578,7 +578,7 @@ def lightning_loop_counters(tree: Tree) -> Iterator[Hit]:
                                                  "(`_CheckpointConnector.restore_loops`)")
 
 
-@rule("CKD433", "lightning-weights-only", Severity.INFO)
+@rule("CKD443", "lightning-weights-only", Severity.INFO)
 def lightning_weights_only(tree: Tree) -> Iterator[Hit]:
     """A Lightning checkpoint holds only the model: `fit(ckpt_path=...)` raises `KeyError` on it.
 
@@ -615,7 +615,7 @@ def lightning_weights_only(tree: Tree) -> Iterator[Hit]:
                           "`_CheckpointConnector.restore_optimizers_and_schedulers`")
 
 
-@rule("CKD434", "lightning-callback-paths-outside", Severity.WARNING)
+@rule("CKD444", "lightning-callback-paths-outside", Severity.WARNING)
 def lightning_callback_paths_outside(tree: Tree) -> Iterator[Hit]:
     """A `ModelCheckpoint` state in this checkpoint tracks files outside its own `dirpath`.
 

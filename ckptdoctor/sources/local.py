@@ -104,7 +104,7 @@ class LocalSource:
         return real == root or real.startswith(root if root.endswith(os.sep) else root + os.sep)
 
 
-# What a link whose target does not exist is reported as (CKD001; CKD431 knows a dangling Lightning `last.ckpt` by it)
+# What a link whose target does not exist is reported as (CKD001; CKD441 knows a dangling Lightning `last.ckpt` by it)
 BROKEN_LINK = "broken symbolic link: target does not exist"
 
 
