@@ -254,6 +254,50 @@ class TorchFacts:
     # a TorchScript archive (``torch.jit.save``: it holds ``constants.pkl``), which ``torch.load`` hands to
     # ``torch.jit.load``: its pickles are read by TorchScript's own unpickler, its ``code/`` records are TorchScript
     torchscript: bool = False
+    lightning: LightningFacts | None = None  # what `Trainer.fit(ckpt_path=...)` reads, for a Lightning `.ckpt`
+
+
+@frozen
+class CheckpointCallbackState:
+    """One ``ModelCheckpoint``'s state in a Lightning checkpoint (``ModelCheckpoint.state_dict``): the folder it
+    wrote to and the files it tracks, as the absolute paths Lightning stored ("" or None when unset)."""
+
+    key: str  # its key in ``callbacks``: ``ModelCheckpoint{'monitor': ..., ...}``
+    dirpath: str | None
+    best_model_path: str | None
+    last_model_path: str | None
+    kth_best_model_path: str | None
+    best_k_models: tuple[str, ...]
+
+
+@frozen
+class SchedulerState:
+    """One learning-rate scheduler's state in a Lightning checkpoint (``lr_schedulers``): its steps taken
+    (``last_epoch``) and, for a ``OneCycleLR``, the ``total_steps`` it was built for (None otherwise)."""
+
+    last_epoch: int | None
+    total_steps: int | None
+
+
+@frozen
+class LightningFacts:
+    """What ``Trainer.fit(ckpt_path=...)`` reads from a PyTorch Lightning ``.ckpt``, pulled from its pickle at read
+    time (readers.lightning): the counters, whether the optimizer/scheduler/loop state is there, and each
+    ``ModelCheckpoint``'s state. None for a counter that is absent or not an integer."""
+
+    version: str  # ``pytorch-lightning_version``
+    global_step: int | None
+    epoch: int | None
+    has_loops: bool
+    loop_steps: int | None  # optimizer steps the fit loop counts: what `trainer.global_step` resumes at
+    loop_epoch: int | None  # ``fit_loop.epoch_progress.current.completed``: what `trainer.current_epoch` resumes at
+    # ``epoch_progress.current.processed``: epochs whose batches all ran (one above `completed` for a save in
+    # `on_train_epoch_end`); `_FitLoop.done` compares it with `max_epochs`
+    loop_epochs_processed: int | None
+    has_optimizer: bool  # ``optimizer_states`` present (a `save_weights_only` checkpoint has none)
+    has_schedulers: bool  # ``lr_schedulers`` present
+    schedulers: tuple[SchedulerState, ...]
+    checkpoint_callbacks: tuple[CheckpointCallbackState, ...]
 
 
 @frozen

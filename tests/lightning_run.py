@@ -51,7 +51,11 @@ def _trainer(root: str, max_epochs: int) -> L.Trainer:
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
-    """Train, then resume from `last`; the outcome of the resume."""
+    """Train, then resume from `last`; the outcome of the resume (a ``scenario`` job: ``lightning_hazards``)."""
+    if job.get("scenario"):
+        import lightning_hazards
+
+        return lightning_hazards.run(job)
     torch.manual_seed(0)
     hp = argparse.Namespace(lr=0.1, hidden=4) if job.get("namespace") else None
     _trainer(job["root"], 1).fit(Tiny(hp), _data())

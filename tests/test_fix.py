@@ -196,6 +196,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (base / name).mkdir()
     stub_run(base / "stub")
     mixed_run(base / "mixed")
+    # real Lightning 2.6 output with its `save_last="link"` link left dangling (CKD441, an unsafe fix)
+    lightning = shutil.copytree(Path(__file__).parent / "data" / "lightning-2.6.6" / "plain", base / "lightning")
+    (lightning / "checkpoints" / "last.ckpt").unlink()
+    (lightning / "checkpoints" / "last.ckpt").symlink_to("epoch=2-step=6.ckpt")
     out = {p.name: age(p) for p in base.iterdir()}
     os.utime(stale / "checkpoint-12", ns=(0, (time.time_ns() - 7200 * 10**9)))  # older than the second run
     for f in (stale / "checkpoint-12").iterdir():

@@ -559,6 +559,34 @@ def _unlink(*rels: str) -> Callable[[Path], None]:
     return change
 
 
+def _lightning_edit(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """Rewrite the real Lightning sample's `last.ckpt` as a user's script does (torch.load, change, torch.save)."""
+
+    def edit(root: Path) -> None:
+        path = root / "checkpoints" / "last.ckpt"
+        ckpt = torch.load(path, weights_only=True)
+        change(ckpt)
+        torch.save(ckpt, path)
+
+    return edit
+
+
+def _lightning_stale_last(root: Path) -> None:
+    """`last.ckpt` at step 2 (the namespace run's, with `save_last` kept behind) beside `epoch=1-step=4.ckpt`."""
+    shutil.copy(SAMPLES / "lightning-2.6.6" / "namespace" / "checkpoints" / "last.ckpt",
+                root / "checkpoints" / "last.ckpt")
+
+
+def _lightning_dangling_last(root: Path) -> None:
+    (root / "checkpoints" / "last.ckpt").unlink()
+    (root / "checkpoints" / "last.ckpt").symlink_to("epoch=2-step=6.ckpt")
+
+
+def _lightning_outside(c: dict[str, Any]) -> None:
+    for state in c["callbacks"].values():
+        state["best_model_path"] = "/elsewhere/run/checkpoints/epoch=0-step=2.ckpt"
+
+
 FIRES: tuple[Fires, ...] = (
     Fires("CKD120", "accelerate-notes", accelerate_run(lambda r: (r / "checkpoints" / "notes.txt").write_text("x")),
           "checkpoints/notes.txt", ERR, ("`load_state()`", "`IndexError` on `notes.txt`")),
@@ -574,6 +602,18 @@ FIRES: tuple[Fires, ...] = (
           ("no known training program", "`state.pkl`", "never quarantined")),
     Fires("CKD416", "lightning-namespace", sample("lightning-2.6.6/namespace"), "checkpoints/last.ckpt", ERR,
           ("`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`", "`argparse.Namespace`", "`hyper_parameters`")),
+    Fires("CKD440", "lightning-stale-last", sample("lightning-2.6.6/plain", _lightning_stale_last),
+          "checkpoints/last.ckpt", ERR, ("`fit(ckpt_path=\"last\")` loads `last.ckpt` at step 2", "holds step 4")),
+    Fires("CKD441", "lightning-dangling-last", sample("lightning-2.6.6/plain", _lightning_dangling_last),
+          "checkpoints/last.ckpt", ERR, ("does not exist", "trains from scratch", "`epoch=1-step=4.ckpt`")),
+    Fires("CKD442", "lightning-global-step-edited", sample("lightning-2.6.6/plain", _lightning_edit(
+          lambda c: c.update(global_step=0))), "checkpoints/last.ckpt", WARN,
+          ("`global_step` is 0 but the fit loop counts 4 optimizer steps", "`_CheckpointConnector.restore_loops`")),
+    Fires("CKD443", "lightning-weights-only", sample("lightning-2.6.6/plain", _lightning_edit(
+          lambda c: [c.pop("optimizer_states"), c.pop("lr_schedulers")])), "checkpoints/last.ckpt", INFO,
+          ("holds only the model", "`KeyError`")),
+    Fires("CKD444", "lightning-best-elsewhere", sample("lightning-2.6.6/plain", _lightning_edit(_lightning_outside)),
+          "checkpoints/last.ckpt", WARN, ("`/elsewhere/run/checkpoints/epoch=0-step=2.ckpt`", "outside its `dirpath`")),
     Fires("CKD002", "logs-only", logs_only, ".", ERR, ("no checkpoint here", "none of its 1 file", "--allow-empty")),
     Fires("CKD107", "tf-bundle-deleted", sample("tf/tf-trainer", _drop_tf_bundle_3), "checkpoint/checkpoint", ERR,
           ("model_checkpoint_path", '"ckpt-3"', "NotFoundError")),
@@ -689,6 +729,8 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD431", "accelerate", accelerate_run(custom=2)),
     Silent("CKD108", "clean-full", lambda copy: copy("clean-full")),
     Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
+    *(Silent(code, "lightning-plain", sample("lightning-2.6.6/plain"))
+      for code in ("CKD440", "CKD441", "CKD442", "CKD443", "CKD444")),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD215", "mindnlp", sample("mindnlp")),
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),

@@ -127,8 +127,16 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
 @click.option("--stack", type=click.Choice(["trainer", "accelerate", "lightning", "torchtitan"]), default=None,
               help="Whose resume to predict: trainer (Trainer.train(resume_from_checkpoint)), accelerate "
               "(Accelerator.load_state(): the save it picks, what it restores, where it raises; --max-steps is the "
-              "planned end), torchtitan (CheckpointManager.load(): the step-N it loads, --max-steps as "
-              "training.steps) ...  [default: the stack that wrote RUN_DIR, recognised from its files]")
+              "planned end), lightning (Trainer.fit(ckpt_path=...)), torchtitan (CheckpointManager.load(): the "
+              "step-N it loads, --max-steps as training.steps).  [default: the stack that wrote RUN_DIR, "
+              "recognised from its files]")
+@click.option("--ckpt-path", metavar="last|best|none|PATH", help="Lightning: the planned Trainer.fit(ckpt_path=...).  "
+              "[default: last]")
+@click.option("--max-epochs", type=click.IntRange(min=-1), help="Lightning: the planned Trainer(max_epochs=...).  "
+              "[default: Lightning's: 1000, or unlimited with --max-steps]")
+@click.option("--logger-version", type=click.IntRange(min=0), help="Lightning: the version_N the resuming Trainer's "
+              "logger takes (or its ModelCheckpoint's dirpath names), for a run in lightning_logs/version_N/.  "
+              "[default: the default logger's, the next version]")
 @click.option("--lr-steps", type=click.IntRange(min=0, max=MAX_LR_STEPS), default=DEFAULT_LR_STEPS, show_default=True,
               help="How many resumed optimizer steps' LRs to predict (fewer when the resume trains fewer steps).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
@@ -176,15 +184,22 @@ def gate_command(
     allow_global: tuple[str, ...],
     show_settings: bool,
     allow_empty: bool,
+    ckpt_path: str | None = None,
+    max_epochs: int | None = None,
+    logger_version: int | None = None,
 ) -> None:
     """Predict what trainer.train(resume_from_checkpoint=...) will do for RUN_DIR, and fail when it is wrong.
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
     learning rates, following the resume path of the transformers version it will run under (5.x or 4.x), then
-    judges the plan: the gate rules (CKD407-415, CKD504) plus every scan finding about that checkpoint, under the
+    judges the plan: the gate rules (CKD407-421, CKD504) plus every scan finding about that checkpoint, under the
     closest settings file from RUN_DIR upward, as `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a
     checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
     and trainer_state.json). Nothing is loaded or executed.
+
+    A PyTorch Lightning run (recognised from its .ckpt files, or --stack lightning) is gated as
+    Trainer.fit(ckpt_path=...) instead: --ckpt-path, --max-epochs, --max-steps and --logger-version plan it, and
+    CKD440-446 judge it (docs/stacks.md).
     """
     try:
         options = gate_options(
@@ -237,6 +252,11 @@ def gate_command(
             "load_step": load_step,
             "numpy_version": numpy_version, "save_total_limit": save_total_limit,
         }
+        lightning = {"ckpt_path": ckpt_path, "max_epochs": max_epochs, "logger_version": logger_version}
+        if stack not in (None, "lightning") and any(v is not None for v in lightning.values()):
+            raise UsageProblem("--ckpt-path, --max-epochs and --logger-version plan a Lightning resume, not "
+                               f"--stack {stack}'s")
+        planned.update({k: v for k, v in lightning.items() if v is not None})  # only a Lightning gate reads them
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
                           stack=stack)

@@ -72,11 +72,14 @@ def link_on_the_way(abs_root: str, rel: str, *, last: bool = False, missing_ok: 
     return None
 
 
-def check_path(abs_root: str, rel: str, *, own_manifest: bool = False) -> tuple[os.stat_result | None, str | None]:
+def check_path(
+    abs_root: str, rel: str, *, own_manifest: bool = False, link_ok: bool = False
+) -> tuple[os.stat_result | None, str | None]:
     """``rel``'s lstat when the fixer may touch it: inside the root, not ckptdoctor's own, through no link.
 
     Returns ``(None, reason)`` when it must not. ``own_manifest`` lets exactly ``OWN_MANIFEST`` through (the
-    manifest update the planner adds itself; no rule's plan can name it).
+    manifest update the planner adds itself; no rule's plan can name it). ``link_ok``: ``rel`` itself may be a
+    symbolic link (a quarantine moves the link, never what it points at; no folder on the way may be one).
     """
     why = rel_problem(rel, own_manifest=own_manifest) or link_on_the_way(abs_root, rel, missing_ok=False)
     if why is not None:
@@ -85,7 +88,7 @@ def check_path(abs_root: str, rel: str, *, own_manifest: bool = False) -> tuple[
         st = os.lstat(_abs(abs_root, rel))
     except OSError as e:
         return None, f"`{rel}` cannot be used: {e.strerror or e}"
-    if stat.S_ISLNK(st.st_mode):
+    if stat.S_ISLNK(st.st_mode) and not link_ok:
         return None, f"`{rel}` is a symbolic link; the fixer never writes through one"
     return st, None
 

@@ -110,12 +110,13 @@ def _read_small(abs_root: str, rel: str) -> bytes:
 
 def _plan_op(abs_root: str, kind: OpKind, rel: str, content: str | None, rule: str, title: str) -> PlannedOp | str:
     """One fix operation checked against the disk, or the reason it is rejected."""
-    st, why = check_path(abs_root, rel)
+    st, why = check_path(abs_root, rel, link_ok=kind == OpKind.QUARANTINE)
     if st is None:
         return why or f"`{rel}` cannot be used"
     if kind == OpKind.QUARANTINE:
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-            return f"`{rel}` is not a regular file or folder"
+        # a link is moved as the link (a dangling Lightning `last.ckpt`, CKD441), never followed
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return f"`{rel}` is not a regular file, folder or link"
         return PlannedOp(kind, rel, (rule,), title, is_dir=stat.S_ISDIR(st.st_mode))
     if content is None:
         return f"the plan to rewrite `{rel}` carries no new text"

@@ -119,7 +119,8 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
     with RootLock(root):
         ops: list[JournalOp] = []
         for i, p in enumerate(plan.ops):
-            now_st, why = check_path(root, p.path, own_manifest=p.path == OWN_MANIFEST)
+            now_st, why = check_path(root, p.path, own_manifest=p.path == OWN_MANIFEST,
+                                     link_ok=p.kind == OpKind.QUARANTINE)
             if now_st is None:
                 raise FixRefused(f"{why}; nothing was changed")
             try:

@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem, TorchFacts
 from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
+from ckptdoctor.readers.lightning import lightning_facts
 from ckptdoctor.readers.pickle_walk import merge_pickles, ran_off_the_end, walk_pickle
 from ckptdoctor.readers.rawpickle import walk_problems_kept
 from ckptdoctor.readers.torchstore import _Storages, _tensors
@@ -121,7 +122,8 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         streams.extend(inner)
         problems.extend(inner_problems)
     merged = merge_pickles(obj, _calling(streams))
-    return ReadOutcome(TorchFacts("legacy", "", (), merged, tensors, byteorder), tuple(problems))
+    facts = TorchFacts("legacy", "", (), merged, tensors, byteorder, lightning=lightning_facts(obj))
+    return ReadOutcome(facts, tuple(problems))
 
 
 def _calling(streams: list[PickleFacts]) -> list[PickleFacts]:

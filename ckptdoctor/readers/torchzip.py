@@ -18,6 +18,7 @@ from ckptdoctor.model import (
     ZipMember,
 )
 from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
+from ckptdoctor.readers.lightning import lightning_facts
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
@@ -180,7 +181,8 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
         extra.extend(inner)
         problems.extend(inner_problems)
     merged = merge_pickles(facts, extra)
-    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder, torchscript),
+    return ReadOutcome(TorchFacts("zip", prefix, tuple(members), merged, tensors, byteorder, torchscript,
+                                  lightning_facts(facts)),
                        tuple(problems))  # fmt: skip
 
 

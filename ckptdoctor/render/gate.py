@@ -35,7 +35,11 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             source = s.sources.get("transformers_version", "default")
             lines.append(f"  transformers     {printable(s.transformers_version)} ({source})")
         start, total, todo = result.start_step, result.max_steps, result.steps_to_train
-        if result.weights_branch == "dcp":  # torchtitan: `load()` restores train_state.step, trains to training.steps
+        if result.weights_branch == "lightning":  # `fit(ckpt_path=...)`: the loops' step, no schedule to predict
+            at = "unknown" if start is None else f"global_step {start}"
+            lines.append(f"  steps            {at} -> {total}: trains {todo}" if todo is not None and total is not None
+                         else f"  steps            {at}: how many it trains is not predicted")
+        elif result.weights_branch == "dcp":  # torchtitan: `load()` restores train_state.step, trains to training.steps
             at = "unknown" if start is None else f"train_state.step {start}"
             plan = "" if total is None else f" -> training.steps {total}: trains {todo if todo is not None else '?'}"
             lines.append(f"  steps            {at}{plan}")

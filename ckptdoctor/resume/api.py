@@ -272,10 +272,13 @@ def gate(
     True); without it, it fails
     (CKD413: ``train(resume_from_checkpoint=True)`` raises).
 
-    ``stack`` (``--stack``) names the program whose resume the gate follows; by default the scanned run's own. A
-    torchtitan run (``stack="torchtitan"``) is judged by ``CheckpointManager.load()`` (``ckptdoctor.resume.torchtitan``,
-    CKD514): ``load_step`` is its ``checkpoint.load_step`` (-1: the latest), ``max_steps`` its ``training.steps``,
-    ``world_size`` the data-parallel degree.
+    ``stack`` ("trainer", "accelerate", "lightning", "torchtitan"; None: recognised from the run) names the program
+    whose resume is predicted. A PyTorch Lightning run is gated as ``Trainer.fit(ckpt_path=...)``
+    (``resume.lightning``): ``planned`` then takes ``ckpt_path`` ("last", "best", "none" or a path),
+    ``max_epochs``, ``max_steps``, ``logger_version`` and ``steps_per_epoch``. A torchtitan run is judged by
+    ``CheckpointManager.load()`` (``ckptdoctor.resume.torchtitan``, CKD514): ``load_step`` is its
+    ``checkpoint.load_step`` (-1: the latest), ``max_steps`` its ``training.steps``, ``world_size`` the data-parallel
+    degree.
     """
     args_facts: FileFacts | None = None
     if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
@@ -321,13 +324,23 @@ def run_gate(
     stack: str | None = None,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
-    settings file may not turn off (the CLI's note on stderr, the API's warning).
+    settings file may not turn off (the CLI's note on stderr, the API's warning). ``stack`` (``--stack``) names the
+    program whose resume is predicted; None: the one that wrote the run.
 
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
     """
     if stack is not None and stack not in STACKS:
         raise GateInputError(f"stack must be one of {', '.join(STACKS)}, not {stack!r}")
+
+    from ckptdoctor.resume import lightning as lightning_gate
+
+    if lightning_gate.handles(run_dir, stack, planned):  # `fit(ckpt_path=...)`, not `train(resume_from_checkpoint=...)`
+        scope = _scope(os.fspath(run_dir), options)
+        trusted = scope.config.trusted  # the user configuration's fail-on counts as the caller's (as in a scan)
+        caller = options.fail_on or (scope.fail_on if trusted else None)
+        selected = (scope.selection, None if trusted else scope.fail_on)
+        return lightning_gate.run_gate(run_dir, checkpoint, planned, selected, caller, GateResult)
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")

@@ -22,6 +22,7 @@ from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule
 if TYPE_CHECKING:
     from ckptdoctor.resume.plan import Plan
     from ckptdoctor.resume.predict import Prediction, StepPlan
+    from ckptdoctor.stacks.lightning import LightningPrediction
 
 # Every scan imports this module (the registry documents these rules), and only the gate runs them: the plan,
 # the prediction and the schedules are imported by the rules that read them, so a scan's start-up does not pay.
@@ -975,3 +976,78 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
               f"transformers {tv} builds `{layout.architecture}` in another key layout than the one saved (table of "
               f"transformers {layout.release}): the resume's load_state_dict(strict=False) restores "
               f"{layout.restored:,} of {plural(layout.total, 'tensor')}, not {missing}{tail}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PyTorch Lightning: a planned `fit(ckpt_path=...)` (``stacks.lightning.LightningPrediction``); ``resume.lightning``
+# runs these two, and they say nothing about the Trainer's resume context (``ResumeContext``).
+
+
+def _prediction(ctx: object) -> LightningPrediction | None:
+    from ckptdoctor.stacks.lightning import LightningPrediction
+
+    return ctx if isinstance(ctx, LightningPrediction) else None
+
+
+@rule("CKD445", "lightning-resume-raises", Severity.ERROR, gate_only=True)
+def lightning_resume_raises(ctx: object) -> Iterator[Hit]:
+    """The planned `Trainer.fit(ckpt_path=...)` raises before its first step.
+
+    ## What it does
+    Follows Lightning's resume for the planned `ckpt_path`, `max_epochs` and `max_steps` (`ckptdoctor gate RUN
+    --ckpt-path ... --max-epochs ...`) and names the exception it meets: `KeyError` for a weights-only checkpoint,
+    `ValueError` from a `OneCycleLR` asked to step past its `total_steps` (a finished run resumed with more epochs),
+    `MisconfigurationException` for a checkpoint's epoch above `max_epochs`, `ValueError` for `ckpt_path="best"` in a
+    new Trainer, `FileNotFoundError` for a path that is not there.
+
+    ## Why is this bad?
+    The job dies at start-up (a scheduler's `ValueError` only at the first step, after data loading), on every
+    rank, with a message about the scheduler or the loops rather than about the plan.
+
+    ## Example
+    A run with `OneCycleLR(total_steps=trainer.estimated_stepping_batches)` finished its 1 epoch; resumed with
+    `max_epochs=2`, the first step raises `ValueError: Tried to step 3 times. The specified number of total steps
+    is 2`.
+
+    ## Fix safety
+    No automatic fix. For a finished `OneCycleLR`, start a new fit from the weights with a new schedule; for a
+    weights-only file, `Model.load_from_checkpoint(path)` and `fit` without `ckpt_path`.
+
+    ## References
+    `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`,
+    `restore_loops`, `restore_optimizers_and_schedulers`; `torch/optim/lr_scheduler.py` `OneCycleLR.get_lr`.
+    """
+    p = _prediction(ctx)
+    if p is not None and p.raises is not None:
+        yield Hit(p.loaded.path if p.loaded is not None else ".", p.raises)
+
+
+@rule("CKD446", "lightning-resume-from-scratch", Severity.ERROR, gate_only=True)
+def lightning_resume_from_scratch(ctx: object) -> Iterator[Hit]:
+    """The planned `fit(ckpt_path="last")` finds no checkpoint: it warns and trains from step 0.
+
+    ## What it does
+    Resolves the folder `fit(ckpt_path="last")` lists, as `ModelCheckpoint.__resolve_ckpt_dir` does for the planned
+    Trainer: with the default logger and no `dirpath`, a new Trainer logs to the next `version_N`
+    (`--logger-version` says which version it takes), and looks for an existing `last*.ckpt` there.
+
+    ## Why is this bad?
+    Lightning treats a missing last checkpoint as "set and forget before the first fit": a warning, then training
+    from scratch, overwriting nothing and resuming nothing. The run you meant to continue is silently restarted.
+
+    ## Example
+    `lightning_logs/version_0/checkpoints/last.ckpt` exists; a new `Trainer(default_root_dir=...)` with the default
+    logger takes `version_1`, and `fit(ckpt_path="last")` looks in `version_1/checkpoints`.
+
+    ## Fix safety
+    No automatic fix. Pass the file (`fit(ckpt_path=".../version_0/checkpoints/last.ckpt")`), give
+    `ModelCheckpoint(dirpath=...)` a fixed folder, or the logger a fixed `version`.
+
+    ## References
+    `src/lightning/pytorch/callbacks/model_checkpoint.py` `ModelCheckpoint.__resolve_ckpt_dir`,
+    `_find_last_checkpoints`; `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py`
+    `_CheckpointConnector._parse_ckpt_path`; `src/lightning/fabric/loggers/csv_logs.py` `CSVLogger._get_next_version`.
+    """
+    p = _prediction(ctx)
+    if p is not None and p.from_scratch is not None:
+        yield Hit(p.looks_in or ".", p.from_scratch)

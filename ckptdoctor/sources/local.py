@@ -104,13 +104,17 @@ class LocalSource:
         return real == root or real.startswith(root if root.endswith(os.sep) else root + os.sep)
 
 
+# What a link whose target does not exist is reported as (CKD001; CKD441 knows a dangling Lightning `last.ckpt` by it)
+BROKEN_LINK = "broken symbolic link: target does not exist"
+
+
 def os_problem(rel: str, e: OSError, link: bool = False, listed: bool = False, folder: bool = False) -> PathProblem:
     """A PathProblem for an OSError met while listing or stat'ing ``rel``: ``listed`` when a listing showed it a
     moment ago (so ENOENT means it vanished), ``folder`` when it is a folder that could not be listed."""
     if e.errno == errno.ELOOP:
         return PathProblem(rel, ReadProblem(ProblemKind.SYMLINK_LOOP, "symbolic link loop"))
     if link and e.errno == errno.ENOENT:
-        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, "broken symbolic link: target does not exist"))
+        return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, BROKEN_LINK))
     if listed and e.errno == errno.ENOENT:
         return PathProblem(rel, ReadProblem(ProblemKind.UNREADABLE, VANISHED))
     if folder:  # it holds files nobody could check: not an empty folder

@@ -1,27 +1,59 @@
-"""PyTorch Lightning as a stack: how its checkpoints look and how ``Trainer.fit(ckpt_path=...)`` loads them.
+r"""PyTorch Lightning as a stack: how its checkpoints look and how ``Trainer.fit(ckpt_path=...)`` loads them.
 
-``Trainer.save_checkpoint`` and ``ModelCheckpoint`` (src/lightning/pytorch/callbacks/model_checkpoint.py) write one
-``.ckpt`` file per save with ``torch.save``: a dict holding ``epoch``, ``global_step``, ``pytorch-lightning_version``,
-``state_dict``, ``loops``, ``callbacks``, ``optimizer_states``, ``lr_schedulers`` and, when the module called
-``save_hyperparameters``, ``hparams_name`` and ``hyper_parameters`` (the module's init arguments as given: an
-``argparse.Namespace`` stays one). ``ModelCheckpoint`` writes into its ``dirpath``, by default
-``<default_root_dir>/lightning_logs/version_<n>/checkpoints/``, names files ``epoch=<e>-step=<s>.ckpt`` and keeps
-``last.ckpt`` when ``save_last`` is set.
+Layout. ``Trainer.save_checkpoint`` and ``ModelCheckpoint`` (src/lightning/pytorch/callbacks/model_checkpoint.py)
+write one ``.ckpt`` file per save with ``torch.save``: a dict holding ``epoch``, ``global_step``,
+``pytorch-lightning_version``, ``state_dict``, ``loops``, ``callbacks``, ``optimizer_states``, ``lr_schedulers`` (the
+last two not with ``save_weights_only=True``) and, when the module called ``save_hyperparameters``, ``hparams_name``
+and ``hyper_parameters`` (the module's init arguments as given: an ``argparse.Namespace`` stays one).
+``ModelCheckpoint`` writes into its ``dirpath``; without one, ``__resolve_ckpt_dir`` takes the first logger's
+``<save_dir>/<name>/version_<n>/checkpoints`` (the default logger: ``<default_root_dir>/lightning_logs/version_<n>/``,
+``n`` one above the highest existing version for a new Trainer), or ``<default_root_dir>/checkpoints`` without a
+logger. Files are named ``epoch=<e>-step=<s>.ckpt``; with ``save_last`` it writes ``last.ckpt`` (``last-v<k>.ckpt``
+when a ``last.ckpt`` it did not write is there) only when it saved a top-k file at the same step, and
+``save_last="link"`` makes it a symbolic link to the last file saved. ``ModelCheckpoint.state_dict`` stores its
+``dirpath`` and the absolute paths it tracks (``best_model_path``, ``best_k_models``, ``last_model_path``).
 
-The resume, ``Trainer.fit(model, ckpt_path=..., weights_only=None)``, goes through
-``_CheckpointConnector.resume_start`` (src/lightning/pytorch/trainer/connectors/checkpoint_connector.py) to
-``Strategy.load_checkpoint`` and ``lightning.fabric.utilities.cloud_io._load``, which calls ``torch.load`` with the
-``weights_only`` given: None for a local path, so torch's default, True since torch 2.6. That load refuses any
-global outside torch's weights-only allowlist.
+What ``fit(ckpt_path=...)`` picks (``_CheckpointConnector._parse_ckpt_path``,
+src/lightning/pytorch/trainer/connectors/checkpoint_connector.py):
+
+- ``None`` with a model: nothing is loaded; the fit starts at step 0.
+- ``"last"``: every ``ModelCheckpoint``'s ``_find_last_checkpoints`` lists its (resolved) folder for ``.ckpt`` files
+  whose stem matches ``^last(-(\d+))?``; those that exist (a dangling link does not) are candidates, and the most
+  recently modified one loads. None: it warns ("there is no last checkpoint available. No checkpoint will be
+  loaded") and trains from scratch.
+- ``"best"``: the first ``ModelCheckpoint``'s ``best_model_path`` (after a restore, the one in the checkpoint's
+  callback state); none is a ``ValueError``.
+- a path: that file.
+
+What it needs from the file (``_CheckpointConnector.restore_training_state``): ``loops`` (the fit loop's progress:
+``trainer.global_step`` and ``current_epoch`` resume from it, not from ``global_step``/``epoch``; a current epoch
+above ``max_epochs`` raises ``MisconfigurationException``), ``optimizer_states`` and ``lr_schedulers`` (missing:
+``KeyError``, "checkpoint contains only the model"), and each callback's state (``ModelCheckpoint.load_state_dict``
+restores the tracked paths only when the ``dirpath`` stored equals its own, ``best_model_path`` always). The load
+itself goes through ``Strategy.load_checkpoint`` to ``lightning.fabric.utilities.cloud_io._load``, which calls
+``torch.load`` with the ``weights_only`` given: None for a local path, so torch's default, True since torch 2.6.
+The facts read from each ``.ckpt`` are ``model.LightningFacts`` (``readers.lightning``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.model import FileFacts, FileKind, GlobalRef, Opaque, Run, TorchFacts
+from ckptdoctor.model import (
+    FileFacts,
+    FileKind,
+    GlobalRef,
+    LightningFacts,
+    Opaque,
+    Run,
+    Stack,
+    TorchFacts,
+    Tree,
+    frozen,
+)
 
 # The key every Lightning checkpoint holds (`_CheckpointConnector.dump_checkpoint`).
 VERSION_KEY = "pytorch-lightning_version"
@@ -43,15 +75,44 @@ def last_pick(files: Sequence[FileFacts]) -> FileFacts | None:
     """The file ``fit(ckpt_path="last")`` loads among one ``ModelCheckpoint`` folder's ``files``: the ``.ckpt`` files
     whose stem matches ``last(-N)?``, the most recently modified (``_CheckpointConnector._parse_ckpt_path``);
     None when there is none (Lightning then warns and trains from scratch)."""
-    last = [f for f in files if f.name.endswith(SUFFIX) and _LAST_RE.match(f.name[: -len(SUFFIX)])]
+    last = [f for f in files if is_last_name(f.name)]
     return max(sorted(last, key=lambda f: f.path), key=lambda f: f.mtime, default=None)
+
+
+def run_files(run: Run) -> list[FileFacts]:
+    """The files directly in ``run``'s folder (a ``ModelCheckpoint`` folder: what ``_find_last_checkpoints`` lists)."""
+    return [f for ck in run.checkpoints for f in ck.files if f.path.rsplit("/", 1)[0] == run.path or (
+        run.path in ("", ".") and "/" not in f.path)]
+
+
+def is_last_name(name: str) -> bool:
+    """Whether ``name`` is one ``_find_last_checkpoints`` matches: ``.ckpt`` with a stem ``last(-N)?...``."""
+    return name.endswith(SUFFIX) and _LAST_RE.match(name[: -len(SUFFIX)]) is not None
+
+
+def facts_of(f: FileFacts) -> LightningFacts | None:
+    """The Lightning facts of ``f`` (None: no Lightning checkpoint)."""
+    return f.content.lightning if isinstance(f.content, TorchFacts) else None
+
+
+def step_of(f: FileFacts) -> int | None:
+    """The optimizer step a resume from ``f`` starts at: its fit loop's count (``global_step`` without loops)."""
+    lf = facts_of(f)
+    if lf is None:
+        return None
+    return lf.loop_steps if lf.loop_steps is not None else lf.global_step
+
+
+def newest(files: Sequence[FileFacts]) -> FileFacts | None:
+    """The Lightning checkpoint among ``files`` that holds the most optimizer steps (the newest by mtime among
+    equals); None when there is none."""
+    stepped = [(s, f.mtime, f.path, f) for f in files if (s := step_of(f)) is not None]
+    return max(stepped, key=lambda t: t[:3])[3] if stepped else None
 
 
 def resume_text(run: Run) -> str:
     """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
-    files = [f for ck in run.checkpoints for f in ck.files if f.path.rsplit("/", 1)[0] == run.path or (
-        run.path in ("", ".") and "/" not in f.path)]
-    pick = last_pick(files)
+    pick = last_pick(run_files(run))
     if pick is None:
         return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
@@ -92,3 +153,144 @@ def _names(v: Any, dotted: str, depth: int) -> bool:
     if isinstance(v, (list, tuple)):
         return any(_names(x, dotted, depth + 1) for x in v)
     return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a planned `fit(ckpt_path=...)` does (the gate's prediction: pure, from the tree)
+
+_VERSION_RE = re.compile(r"^(?:(.*)/)?version_(\d+)/checkpoints$")
+# Lightning's `Trainer(max_epochs=None, max_steps=-1)` trains 1000 epochs (`_FitLoop` defaults, trainer.py)
+DEFAULT_MAX_EPOCHS = 1000
+
+
+@frozen
+class LightningPlan:
+    """The planned resume: ``fit(ckpt_path=ckpt_path)`` under a Trainer with ``max_epochs``/``max_steps`` (None:
+    Lightning's defaults) whose logger takes ``logger_version`` (None: the default logger, the next
+    ``version_N``; it matters only for runs in that layout)."""
+
+    ckpt_path: str = "last"  # "last", "best", "none" or a path
+    max_epochs: int | None = None
+    max_steps: int | None = None
+    logger_version: int | None = None
+    steps_per_epoch: int | None = None
+
+
+@frozen
+class LightningPrediction:
+    """What ``fit(ckpt_path=...)`` does: the folder "last" looks in, the file it loads (None: none), the step and
+    epoch it starts at, the steps it trains (None: unknown), and why it trains from scratch or raises (None: it
+    does not)."""
+
+    plan: LightningPlan
+    looks_in: str | None
+    loaded: FileFacts | None
+    start_step: int | None
+    start_epoch: int | None
+    steps_to_train: int | None
+    max_steps: int | None
+    from_scratch: str | None = None
+    raises: str | None = None
+
+
+def lightning_runs(tree: Tree) -> list[Run]:
+    """The Lightning runs of ``tree``."""
+    return [r for r in tree.runs if r.stack is Stack.LIGHTNING]
+
+
+def predict(tree: Tree, plan: LightningPlan, path_file: FileFacts | None = None) -> LightningPrediction:
+    """Predict ``fit(ckpt_path=plan.ckpt_path)`` on the Lightning runs of ``tree`` (``path_file``: the file a path
+    ``ckpt_path`` names, found in the tree; None when it is not there)."""
+    runs = lightning_runs(tree)
+    if plan.ckpt_path == "none":
+        return LightningPrediction(plan, None, None, 0, 0, None, plan.max_steps)
+    if plan.ckpt_path == "best":
+        why = ('`fit(ckpt_path="best")` raises `ValueError`: a new Trainer\'s `ModelCheckpoint` has no '
+               "`best_model_path` before the checkpoint is restored (`_CheckpointConnector._parse_ckpt_path`)")
+        return LightningPrediction(plan, None, None, None, None, None, plan.max_steps, raises=why)
+    if plan.ckpt_path != "last":
+        if path_file is None:
+            return LightningPrediction(plan, None, None, None, None, None, plan.max_steps, raises=(
+                f"`fit(ckpt_path={plan.ckpt_path!r})` raises `FileNotFoundError`: no such checkpoint"))
+        return _from_file(plan, None, path_file)
+    if not runs:
+        return LightningPrediction(plan, None, None, 0, 0, None, plan.max_steps, from_scratch=(
+            '`fit(ckpt_path="last")` finds no Lightning checkpoint folder here: it warns and trains from scratch'))
+    run = max(runs, key=_run_order)
+    looks_in = run.path
+    m = _VERSION_RE.match(run.path)
+    if m is not None:
+        base = f"{m.group(1)}/" if m.group(1) else ""
+        versions = [int(v.group(2)) for r in runs if (v := _VERSION_RE.match(r.path)) and v.group(1) == m.group(1)]
+        version = plan.logger_version if plan.logger_version is not None else max(versions) + 1
+        looks_in = f"{base}version_{version}/checkpoints"
+        run = next((r for r in runs if r.path == looks_in), None)  # type: ignore[assignment]
+        if run is None:
+            why = (f'`fit(ckpt_path="last")` looks in `{looks_in}`'
+                   + (": a new Trainer's default logger takes the next version" if plan.logger_version is None
+                      else "") + ", which holds no `last*.ckpt`: it warns and trains from scratch "
+                   "(`ModelCheckpoint.__resolve_ckpt_dir`, `_CheckpointConnector._parse_ckpt_path`)")
+            return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    pick = last_pick(run_files(run))
+    if pick is None:
+        why = (f'`fit(ckpt_path="last")` finds no `last*.ckpt` that exists in `{looks_in}`: it warns and trains from '
+               "scratch (`_CheckpointConnector._parse_ckpt_path`)")
+        return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    return _from_file(plan, looks_in, pick)
+
+
+def _run_order(run: Run) -> tuple[int, float]:
+    m = _VERSION_RE.match(run.path)
+    return (int(m.group(2)) if m else -1, max((ck.mtime for ck in run.checkpoints), default=0.0))
+
+
+def _from_file(plan: LightningPlan, looks_in: str | None, f: FileFacts) -> LightningPrediction:
+    lf = facts_of(f)
+    if lf is None:
+        return LightningPrediction(plan, looks_in, f, None, None, None, plan.max_steps, raises=(
+            f"`{f.name}` is no Lightning checkpoint that could be read: `fit(ckpt_path=...)` cannot restore it"))
+    start = lf.loop_steps if lf.loop_steps is not None else lf.global_step
+    epoch = lf.loop_epoch if lf.loop_epoch is not None else lf.epoch
+    max_epochs = plan.max_epochs if plan.max_epochs is not None else (
+        DEFAULT_MAX_EPOCHS if plan.max_steps in (None, -1) else -1)
+    base = LightningPrediction(plan, looks_in, f, start, epoch, None, plan.max_steps)
+    if not (lf.has_optimizer and lf.has_schedulers):
+        return dataclasses.replace(base, raises=(
+            "`fit(ckpt_path=...)` raises `KeyError`: the checkpoint holds only the model (`save_weights_only`), "
+            "and `_CheckpointConnector.restore_optimizers_and_schedulers` needs `optimizer_states`"))
+    if epoch is not None and max_epochs != -1 and epoch > max_epochs:
+        return dataclasses.replace(base, raises=(
+            f"`fit` raises `MisconfigurationException`: the checkpoint's current_epoch {epoch} is above "
+            f"max_epochs {max_epochs} (`_CheckpointConnector.restore_loops`)"))
+    done = lf.loop_epochs_processed if lf.loop_epochs_processed is not None else epoch
+    steps = _steps(plan, start, done, max_epochs)
+    base = dataclasses.replace(base, start_epoch=done)
+    base = dataclasses.replace(base, steps_to_train=steps)
+    for s in lf.schedulers:
+        if s.total_steps is None or s.last_epoch is None or start is None:
+            continue
+        room = s.total_steps - s.last_epoch
+        if (steps is None and room <= 0) or (steps is not None and steps > room):
+            return dataclasses.replace(base, raises=(
+                f"`fit` raises `ValueError` from `OneCycleLR.step`: it was built for {s.total_steps} steps and has "
+                f"taken {s.last_epoch}; the resume steps it " + ("again" if steps is None else f"{steps} more times")
+                + ' (each optimizer step, with `interval="step"`)'))
+    return base
+
+
+def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs: int) -> int | None:
+    """The optimizer steps the resumed fit takes from step ``start`` with ``epoch`` epochs done: the first of
+    ``max_steps`` and ``max_epochs`` reached."""
+    if start is None:
+        return None
+    limits = []
+    if plan.max_steps not in (None, -1):
+        limits.append(max(0, plan.max_steps - start))
+    spe = plan.steps_per_epoch
+    if spe is None and epoch and start % epoch == 0:
+        spe = start // epoch  # the run's own steps per epoch, when its steps fill its done epochs evenly
+    if max_epochs != -1:
+        if spe is None or epoch is None:
+            return None  # the epoch bound is unknown: which limit stops the fit cannot be said
+        limits.append(max(0, max_epochs * spe - start))
+    return min(limits) if limits else None
