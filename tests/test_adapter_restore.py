@@ -25,7 +25,7 @@ from safetensors.torch import load_file  # noqa: E402
 from ckptdoctor import trainer_view  # noqa: E402
 from ckptdoctor.discover import discover  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume  # noqa: E402
-from ckptdoctor.resume import gate  # noqa: E402
+from ckptdoctor.resume_gate import gate  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
 from tests.test_rules_transformers import Tokens, llama  # noqa: E402
 

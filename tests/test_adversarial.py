@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from ckptdoctor.cli import main
 from ckptdoctor.render.report import render_text
-from ckptdoctor.resume import GateInputError, gate
+from ckptdoctor.resume_gate import GateInputError, gate
 from ckptdoctor.scanner import scan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -163,9 +163,9 @@ def test_fix_keeps_a_security_error_failing_under_a_settings_files_never(hostile
 def test_the_api_names() -> None:
     assert set(ckptdoctor.__all__) == {"scan", "gate", "fix", "undo", "Finding", "Severity", "Report", "GateResult",
                                        "Selection", "__version__"}
-    importlib.import_module("ckptdoctor.resume")  # the gate's package must not replace the function `ckptdoctor.gate`
+    importlib.import_module("ckptdoctor.resume_gate")  # the package must not replace the function `ckptdoctor.gate`
 
-    assert callable(ckptdoctor.gate) and ckptdoctor.gate.__module__ == "ckptdoctor.resume.api"
+    assert callable(ckptdoctor.gate) and ckptdoctor.gate.__module__ == "ckptdoctor.resume_gate.api"
     for name in ckptdoctor.__all__:
         assert getattr(ckptdoctor, name) is not None and name in dir(ckptdoctor)
     with pytest.raises(AttributeError):

@@ -185,10 +185,10 @@ LAYERS: list[set[str]] = [
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
     # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it
     {"ckptdoctor.pickle_verdict"},
-    {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
-     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict"},
+    {"ckptdoctor.rules", "ckptdoctor.resume_gate.rules", "ckptdoctor.resume_gate.plan",
+     "ckptdoctor.resume_gate.args_file", "ckptdoctor.resume_gate.resolve", "ckptdoctor.resume_gate.predict"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
-    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
+    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume_gate", "ckptdoctor.fixer"},
     # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name
     {"ckptdoctor.api", "ckptdoctor"},
     {"ckptdoctor.render"},

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from ckptdoctor.cli import main
 from ckptdoctor.discover import discover
 from ckptdoctor.model import Framework
-from ckptdoctor.resume import gate
+from ckptdoctor.resume_gate import gate
 
 DATA = Path(__file__).parent / "data"
 MINDNLP = DATA / "mindnlp"  # checkpoint-6 of a save_safetensors=False run (mindspore_model.ckpt)

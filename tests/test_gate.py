@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from ckptdoctor.cli import main
-from ckptdoctor.resume import GateInputError, gate, resume_steps, steps_per_epoch_of
+from ckptdoctor.resume_gate import GateInputError, gate, resume_steps, steps_per_epoch_of
 from ckptdoctor.rules import all_rules
 from ckptdoctor.trainer_view import TrainerStateView
 from tests.builders import make_checkpoint, make_run
@@ -336,7 +336,7 @@ def test_training_args_as_yaml_and_json(midway: Path, tmp_path: Path) -> None:
 
 def test_derived_steps_per_epoch_range_holds_every_dataset_length() -> None:
     """The dataset lengths _samples_for gives back for a run's steps per epoch always hold the real length."""
-    from ckptdoctor.resume.resolve import _samples_for, updates_per_epoch
+    from ckptdoctor.resume_gate.resolve import _samples_for, updates_per_epoch
 
     for n in range(1, 90, 7):
         for batch, world, accum, drop in ((4, 1, 1, False), (8, 2, 3, False), (3, 3, 2, True), (5, 1, 4, True)):

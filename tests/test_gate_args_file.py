@@ -16,7 +16,7 @@ from click.testing import CliRunner  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
-from ckptdoctor.resume.args_file import read_training_args  # noqa: E402
+from ckptdoctor.resume_gate.args_file import read_training_args  # noqa: E402
 from tests.builders import make_run  # noqa: E402
 from tests.payloads import _reducer, hostile_payloads  # noqa: E402
 
@@ -102,8 +102,8 @@ def test_json_and_yaml_args_are_not_judged(tmp_path: Path) -> None:
 def test_the_python_api_takes_the_file_too(midway: Path, tmp_path: Path) -> None:
     """``gate(run_dir, training_args=PATH)`` reads the file as --training-args does: a training_args.bin plans the
     same as its mapping, a JSON file too, and a payload in a training_args.bin fails it (CKD601 at the path)."""
-    from ckptdoctor.resume import gate
-    from ckptdoctor.resume.plan import GateInputError
+    from ckptdoctor.resume_gate import gate
+    from ckptdoctor.resume_gate.plan import GateInputError
 
     args = _args(midway)
     path = tmp_path / "training_args.bin"

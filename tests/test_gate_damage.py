@@ -25,7 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.render.gate import render_text, summary  # noqa: E402
-from ckptdoctor.resume import GateResult, gate  # noqa: E402
+from ckptdoctor.resume_gate import GateResult, gate  # noqa: E402
 from tests.test_gate_transformers import Tokens  # noqa: E402  (16 sequences: 4 steps per epoch)
 
 PLAN = 6  # max_steps of the resume: checkpoint-2 has 4 steps left

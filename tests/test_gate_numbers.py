@@ -31,7 +31,7 @@ from transformers import TrainerState, TrainingArguments  # noqa: E402
 from ckptdoctor import schedules  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.render.gate import render_text, summary  # noqa: E402
-from ckptdoctor.resume import GateInputError, GateResult, gate  # noqa: E402
+from ckptdoctor.resume_gate import GateInputError, GateResult, gate  # noqa: E402
 from tests.builders import make_run, trainer_state  # noqa: E402
 
 HUGE = 10**5000  # past Python's 4,300-digit print limit; a pickle (LONG4) carries it, JSON cannot
@@ -182,7 +182,7 @@ def test_hostile_numbers_never_traceback(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The paths found by reading the gate (ckptdoctor/resume/), each pinned
+# The paths found by reading the gate (ckptdoctor/resume_gate/), each pinned
 
 
 @pytest.mark.parametrize("own", [math.nan, math.inf, -math.inf, 10**400], ids=["nan", "inf", "-inf", "10**400"])
@@ -309,7 +309,7 @@ def test_the_runs_own_warmup_ratio_counts_where_the_uninterrupted_schedule_is_re
     import dataclasses
 
     from ckptdoctor import trainer_view
-    from ckptdoctor.resume import rules as gate_rules
+    from ckptdoctor.resume_gate import rules as gate_rules
 
     args = {"warmup_steps": 0, "warmup_ratio": 0.1, "lr_scheduler_type": "linear", "learning_rate": 0.1}
     monkeypatch.setattr(trainer_view, "training_args", lambda ck: args)

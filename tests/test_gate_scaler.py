@@ -23,7 +23,7 @@ from transformers import TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume  # noqa: E402
-from ckptdoctor.resume import GateInputError, GateResult, gate  # noqa: E402
+from ckptdoctor.resume_gate import GateInputError, GateResult, gate  # noqa: E402
 from tests.test_gate_damage import cut, trainer  # noqa: E402  (the tiny GPT-2 Trainer, 4 steps per epoch)
 
 PLAN = 6  # max_steps of the resume: checkpoint-2 has 4 steps left

@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner, Result
 
 from ckptdoctor.cli import main
-from ckptdoctor.resume import GateInputError, gate
+from ckptdoctor.resume_gate import GateInputError, gate
 from tests.builders import make_run
 from tests.payloads import _reducer
 

@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from ckptdoctor.cli import main
-from ckptdoctor.resume import GateResult, gate
-from ckptdoctor.resume import resolve as resolve_module
+from ckptdoctor.resume_gate import GateResult, gate
+from ckptdoctor.resume_gate import resolve as resolve_module
 
 TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")
 SCRIPT = Path(__file__).with_name("tf4_trainer.py")
@@ -306,7 +306,7 @@ def test_the_version_is_planned_else_installed_else_the_checkpoints(
 
 
 def test_installed_version_is_read_from_metadata_without_importing_transformers() -> None:
-    code = ("import sys; from ckptdoctor.resume.resolve import installed_transformers as v; "
+    code = ("import sys; from ckptdoctor.resume_gate.resolve import installed_transformers as v; "
             "from importlib import metadata; assert v() == metadata.version('transformers'); "
             "assert 'transformers' not in sys.modules; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

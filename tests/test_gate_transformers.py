@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume, gate_callback  # noqa: E402
-from ckptdoctor.resume import GateResult, gate  # noqa: E402
+from ckptdoctor.resume_gate import GateResult, gate  # noqa: E402
 
 ALL = 1000  # lr_steps: predict every step, so the whole sequence is compared
 

@@ -20,7 +20,7 @@ from transformers import TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume, gate_callback  # noqa: E402
-from ckptdoctor.resume import GateInputError, gate, plan_from_training_args  # noqa: E402
+from ckptdoctor.resume_gate import GateInputError, gate, plan_from_training_args  # noqa: E402
 from tests.test_gate_transformers import ALL, Observed, assert_predicted, copy_run, make_trainer, train  # noqa: E402
 
 SECURITY_NOTE = "may not turn off or lower security rules"

@@ -25,7 +25,7 @@ from ckptdoctor.cli import main
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import FileFacts
 from ckptdoctor.readers import read_file
-from ckptdoctor.resume import gate
+from ckptdoctor.resume_gate import gate
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import local as local_source
 from tests import test_hostile_trees as hostile

@@ -364,7 +364,7 @@ def test_gate_of_an_s3_run_matches_the_local_gate_and_the_resume(
     """`ckptdoctor gate` of a run in object storage predicts what it predicts locally, which is what the real
     Trainer's resume does."""
     pytest.importorskip("transformers")
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
     from tests.test_gate_transformers import ALL, assert_predicted, train
 
     out = tmp_path / "out"

@@ -96,7 +96,7 @@ EARLY = {"max_steps": 16, "eval_strategy": "steps", "eval_steps": 2, "metric_for
 def test_an_early_stopped_run_resumed_trains_past_the_stop_and_the_gate_says_so(tmp_path: Path) -> None:
     import shutil
 
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run = tmp_path / "early"
     first = trainer([{"out": str(run), "early_stopping": 1, "args": EARLY}], tmp_path / "train")[0]
@@ -133,7 +133,7 @@ def test_rotation_by_mtime_deletes_the_checkpoint_the_resume_started_from_and_th
     import shutil
     import time
 
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run = tmp_path / "touched"
     trainer([{"out": str(run), "args": {"max_steps": 4, "save_total_limit": 2}}], tmp_path / "train")
@@ -165,7 +165,7 @@ NUMPY1 = os.environ.get("CKPTDOCTOR_NUMPY1_LAYER", "")  # a `pip install --targe
 
 
 def test_numpy_scalars_in_the_optimizer_state_are_refused_by_the_resume_and_the_gate_says_so(tmp_path: Path) -> None:
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run, clean = tmp_path / "numpy-lr", tmp_path / "clean"
     trainer([{"out": str(run), "numpy_lr": True, "args": {"max_steps": 4}},
@@ -185,7 +185,7 @@ def test_numpy_scalars_in_the_optimizer_state_are_refused_by_the_resume_and_the_
 
 @pytest.mark.skipif(not NUMPY1, reason="CKPTDOCTOR_NUMPY1_LAYER is not set: no numpy 1.x to write the RNG state with")
 def test_an_rng_state_written_under_numpy_1_is_refused_under_numpy_2_and_the_gate_says_so(tmp_path: Path) -> None:
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run = tmp_path / "numpy1"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (NUMPY1, os.environ.get("PYTHONPATH")) if p)}
@@ -212,7 +212,7 @@ def _layered(layer: str) -> dict[str, str]:
 
 @pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to resume with")
 def test_a_5x_state_resumed_by_440_raises_at_train_start_and_the_gate_says_so(tmp_path: Path) -> None:
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run = tmp_path / "v5"
     trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train")
@@ -232,7 +232,7 @@ def test_a_5x_state_resumed_by_440_raises_at_train_start_and_the_gate_says_so(tm
 
 @pytest.mark.skipif(not TF440, reason="CKPTDOCTOR_TF440_LAYER is not set: no transformers 4.40 to write with")
 def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so(tmp_path: Path) -> None:
-    from ckptdoctor.resume import gate
+    from ckptdoctor.resume_gate import gate
 
     run = tmp_path / "v440"
     trainer([{"out": str(run), "args": {"max_steps": 4}}], tmp_path / "train", env=_layered(TF440))

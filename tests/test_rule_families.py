@@ -19,7 +19,7 @@ FAMILIES = {
     "6": "ckptdoctor.rules.security",
 }
 # Modules of ckptdoctor/rules/ that are not a code family: the registry, private helpers and the pickle policy (the
-# gate-only rules are registered from ckptdoctor/resume/rules.py, whatever their family).
+# gate-only rules are registered from ckptdoctor/resume_gate/rules.py, whatever their family).
 NOT_FAMILIES = {"__init__"}
 
 

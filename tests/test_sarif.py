@@ -11,7 +11,7 @@ import pytest
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.render import sarif
-from ckptdoctor.resume import gate
+from ckptdoctor.resume_gate import gate
 from ckptdoctor.scanner import scan
 from tests.builders import make_run
 

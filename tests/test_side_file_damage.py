@@ -19,7 +19,7 @@ from ckptdoctor import api
 from ckptdoctor.cli import main
 from ckptdoctor.findings import Severity
 from ckptdoctor.fixer import undo
-from ckptdoctor.resume import gate
+from ckptdoctor.resume_gate import gate
 
 transformers = pytest.importorskip("transformers")
 from tests.test_e2e_resume import tree_digest  # noqa: E402

@@ -25,9 +25,9 @@ from ckptdoctor.cli.options import (
 from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import gate_json, render_text, summary
-from ckptdoctor.resume.api import gate_options, run_gate
-from ckptdoctor.resume.args_file import read_training_args
-from ckptdoctor.resume.plan import (
+from ckptdoctor.resume_gate.api import gate_options, run_gate
+from ckptdoctor.resume_gate.args_file import read_training_args
+from ckptdoctor.resume_gate.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     GateInputError,

@@ -3,7 +3,7 @@
 They need what the user plans (epochs, learning rate, world size), which a scan does not know, so ``scan`` never runs
 them (``Selection.enabled`` refuses gate-only rules); they are registered like every other rule, so ``rules``,
 ``explain``, the README catalog and SARIF output document them. Each reads the frozen ``Prediction``
-(``ckptdoctor.resume.predict``) and the checkpoint; ``gate_findings`` runs them.
+(``ckptdoctor.resume_gate.predict``) and the checkpoint; ``gate_findings`` runs them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ckptdoctor.model import Checkpoint, FileFacts, ProblemKind, Tree, frozen
 from ckptdoctor.rules import Hit, Rule, Selection, all_rules, evaluate, get_rule, rule
 
 if TYPE_CHECKING:
-    from ckptdoctor.resume.plan import Plan
-    from ckptdoctor.resume.predict import Prediction, StepPlan
+    from ckptdoctor.resume_gate.plan import Plan
+    from ckptdoctor.resume_gate.predict import Prediction, StepPlan
 
 # Every scan imports this module (the registry documents these rules), and only the gate runs them: the plan,
 # the prediction and the schedules are imported by the rules that read them, so a scan's start-up does not pay.
@@ -307,7 +307,7 @@ def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int
     """The LRs the run itself, not interrupted, uses at the ``n`` optimizer steps after ``start`` (None for a step
     past its own ``max_steps``), from its own schedule; None when that schedule cannot be rebuilt."""
     from ckptdoctor import schedules
-    from ckptdoctor.resume.plan import INT_LIMIT, own_warmup, parse_kwargs, plan_from_training_args
+    from ckptdoctor.resume_gate.plan import INT_LIMIT, own_warmup, parse_kwargs, plan_from_training_args
 
     args = trainer_view.training_args(ck)
     total = ts.max_steps
@@ -332,7 +332,7 @@ def _uninterrupted(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int
 def _warming_up(ck: Checkpoint, ts: trainer_view.TrainerStateView, start: int) -> bool:
     """True when the run was still in its own warm-up at ``start`` (False when that cannot be computed)."""
     from ckptdoctor import schedules
-    from ckptdoctor.resume.plan import own_warmup, plan_from_training_args
+    from ckptdoctor.resume_gate.plan import own_warmup, plan_from_training_args
 
     warmup = own_warmup(plan_from_training_args(trainer_view.training_args(ck) or {})) or 0.0
     try:
@@ -366,7 +366,7 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
     `src/transformers/optimization.py` `get_scheduler`, `GreedyLR`; `Trainer._evaluate` (steps the scheduler with
     the metrics); `torch/optim/lr_scheduler.py` `ReduceLROnPlateau.step`.
     """
-    from ckptdoctor.resume.predict import state_not_read
+    from ckptdoctor.resume_gate.predict import state_not_read
 
     if ctx.checkpoint is not None and ctx.prediction is not None and ctx.prediction.crash is None:
         unread = state_not_read(ctx.checkpoint)
@@ -424,8 +424,8 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(".", _no_checkpoint(ctx))
         return
     from ckptdoctor import schedules
-    from ckptdoctor.resume.plan import int_text
-    from ckptdoctor.resume.predict import state_not_read
+    from ckptdoctor.resume_gate.plan import int_text
+    from ckptdoctor.resume_gate.predict import state_not_read
 
     s = p.settings
     if p.crash is not None or (p.start is None and state_not_read(ck) is None):
@@ -529,7 +529,7 @@ def planned_batch_size_ignored(ctx: ResumeContext) -> Iterator[Hit]:
     ignored = p.settings.ignored_batch_size if p is not None else None
     if ck is None or p is None or ignored is None:
         return
-    from ckptdoctor.resume.plan import int_text
+    from ckptdoctor.resume_gate.plan import int_text
 
     s = p.settings
     ts = trainer_view.trainer_state(ck)
@@ -577,7 +577,7 @@ def world_size_mismatch(ctx: ResumeContext) -> Iterator[Hit]:
     kind = "FSDP/DeepSpeed shards"
     sev = Severity.ERROR
     if saved is None:
-        from ckptdoctor.resume.resolve import run_world_size
+        from ckptdoctor.resume_gate.resolve import run_world_size
 
         saved, kind, sev = run_world_size(ck), "RNG state files", Severity.WARNING
     if saved is None or saved == planned:
@@ -889,7 +889,7 @@ def weights_only_load_refused(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None:
         return
     ck, p, _ = resumed
-    from ckptdoctor.resume.resolve import installed_version
+    from ckptdoctor.resume_gate.resolve import installed_version
 
     torch_v = _version(installed_version("torch"))
     if p.settings.major < 5 and torch_v is not None and torch_v < (2, 6):

@@ -6,7 +6,7 @@ CKD504), registered like every other rule and run over a ``ResumeContext``. ``ap
 ``GateResult``. ``render/gate.py`` renders a result and ``cli/gate.py`` is the ``ckptdoctor gate`` command: they
 import this package, never the reverse.
 
-The names below are loaded on first use: the rule registry imports ``ckptdoctor.resume.rules`` on every scan, which
+The names below are loaded on first use: the rule registry imports ``ckptdoctor.resume_gate.rules`` on every scan, which
 must not pull in the API (and through it the scanner). ``predict()`` is not among them: it would hide the module.
 """
 
@@ -16,10 +16,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckptdoctor.resume.api import GateResult, gate, judge, rule_selection
-    from ckptdoctor.resume.plan import GateInputError, Plan, plan_from_training_args
-    from ckptdoctor.resume.predict import Prediction, StepPlan, resume_steps
-    from ckptdoctor.resume.resolve import ResolvedArgs, steps_per_epoch_of
+    from ckptdoctor.resume_gate.api import GateResult, gate, judge, rule_selection
+    from ckptdoctor.resume_gate.plan import GateInputError, Plan, plan_from_training_args
+    from ckptdoctor.resume_gate.predict import Prediction, StepPlan, resume_steps
+    from ckptdoctor.resume_gate.resolve import ResolvedArgs, steps_per_epoch_of
 
 _EXPORTS = {
     "GateResult": "api",

@@ -12,8 +12,8 @@ from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
-from ckptdoctor.resume.args_file import read_training_args
-from ckptdoctor.resume.plan import (
+from ckptdoctor.resume_gate.args_file import read_training_args
+from ckptdoctor.resume_gate.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     PLAN_FIELDS,
@@ -23,9 +23,9 @@ from ckptdoctor.resume.plan import (
     check_plan,
     plan_from_training_args,
 )
-from ckptdoctor.resume.predict import predict, resume_checkpoint
-from ckptdoctor.resume.resolve import ResolvedArgs
-from ckptdoctor.resume.rules import ResumeContext, gate_findings
+from ckptdoctor.resume_gate.predict import predict, resume_checkpoint
+from ckptdoctor.resume_gate.resolve import ResolvedArgs
+from ckptdoctor.resume_gate.rules import ResumeContext, gate_findings
 from ckptdoctor.rules import Selection, all_rules, get_rule, run_rules, security_codes
 from ckptdoctor.settings.exit import ExitPolicy, Outcome
 from ckptdoctor.settings.selection import Options, warn_kept

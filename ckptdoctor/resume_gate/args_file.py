@@ -12,7 +12,7 @@ from typing import Any
 
 from ckptdoctor import trainer_view
 from ckptdoctor.model import FileFacts, FileKind, JsonFacts
-from ckptdoctor.resume.plan import GateInputError
+from ckptdoctor.resume_gate.plan import GateInputError
 
 _YAML_NUMBERS = ("num_train_epochs", "learning_rate", "warmup_steps", "warmup_ratio")
 

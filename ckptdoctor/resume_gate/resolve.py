@@ -11,7 +11,7 @@ from typing import Any
 
 from ckptdoctor import trainer_view
 from ckptdoctor.model import Checkpoint, frozen
-from ckptdoctor.resume.plan import (
+from ckptdoctor.resume_gate.plan import (
     ARG_DEFAULTS,
     Plan,
     int_text,

@@ -9,7 +9,7 @@ The prediction follows transformers 5.x's resume path (``src/transformers/traine
 differences: the full-weights file ``save_safetensors`` picks, the checkpoint's batch size
 (``resolve``) and ``get_scheduler``'s kwargs (``schedules.build``).
 Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
-It makes no findings: the gate rules (``ckptdoctor.resume.rules``) judge the frozen ``Prediction``.
+It makes no findings: the gate rules (``ckptdoctor.resume_gate.rules``) judge the frozen ``Prediction``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import replace
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen
-from ckptdoctor.resume.plan import INT_LIMIT, GateInputError, Plan, int_text
-from ckptdoctor.resume.resolve import ResolvedArgs, resolve
+from ckptdoctor.resume_gate.plan import INT_LIMIT, GateInputError, Plan, int_text
+from ckptdoctor.resume_gate.resolve import ResolvedArgs, resolve
 
 
 @frozen
