@@ -19,7 +19,7 @@ import pytest
 from ckptdoctor.cli import options as cli
 from ckptdoctor.findings import Severity
 from ckptdoctor.fixer import FixRefused, fix
-from ckptdoctor.fixer.journal import _new_txid
+from ckptdoctor.fixer.journal import new_txid
 from ckptdoctor.rules import Selection
 from ckptdoctor.scanner import scan
 from tests.test_adversarial import copy_fixture, invoke
@@ -254,7 +254,7 @@ def test_colour_only_on_a_terminal_that_shows_it(
     monkeypatch.delenv("TERM", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert cli._use_color(_Terminal()) is color
+    assert cli.use_color(_Terminal()) is color
 
 
 def test_the_undo_help_shows_a_real_txid(tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ def test_the_undo_help_shows_a_real_txid(tmp_path: Path) -> None:
     shown = re.search(r"--txid (\S+)", out.split("Examples:")[1])
     assert code == 0 and shown is not None
     shape = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
-    assert shape.fullmatch(_new_txid()) and shape.fullmatch(shown.group(1))
+    assert shape.fullmatch(new_txid()) and shape.fullmatch(shown.group(1))
     root = copy_fixture("stub-shadow", tmp_path / "run")
     invoke("fix", str(age(root)))
     (txid,) = (p.stem for p in (root / ".ckptdoctor" / "journal").glob("*.json"))

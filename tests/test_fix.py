@@ -539,7 +539,7 @@ def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) 
     """The ancestor lookup that replaced comparing every path with every folder decides the same."""
     import random
 
-    from ckptdoctor.fixer.paths import _under
+    from ckptdoctor.fixer.paths import is_under
     from ckptdoctor.fixer.plan import _below
 
     rng = random.Random(seed)
@@ -547,7 +547,7 @@ def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) 
     paths = {"/".join(rng.choice(names) for _ in range(rng.randint(1, 4))) for _ in range(40)}
     folders = {p for p in paths if rng.random() < 0.3}
     for p in paths:
-        assert _below(p, folders) == any(p != d and _under(p, d) for d in folders), (p, folders)
+        assert _below(p, folders) == any(p != d and is_under(p, d) for d in folders), (p, folders)
 
 
 def test_the_catalog_says_which_fixes_need_the_flag(built: dict[str, Path]) -> None:

@@ -93,7 +93,7 @@ def _can_exchange() -> bool:
         for p in (a, b):
             Path(p).write_bytes(p.encode())
         try:
-            fixmod._exchange(a, b)
+            fixmod.rename_exchange(a, b)
         except OSError:
             return False
         return Path(a).read_bytes() == b.encode()

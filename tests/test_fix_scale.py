@@ -110,7 +110,7 @@ def kill_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str | None], 
                 raise _Killed(name)
 
         for module in (apply, transaction):
-            monkeypatch.setattr(module, "_crash_point", crash)
+            monkeypatch.setattr(module, "crash_point", crash)
 
     yield install
 

@@ -21,7 +21,7 @@ from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import journal as jmod
 from ckptdoctor.fixer import transaction
-from ckptdoctor.fixer.digests import _sha
+from ckptdoctor.fixer.digests import sha256_of
 from tests.builders import trainer_state
 from tests.test_fix import clone, mixed_run, run_cli, tree_state
 from tests.test_fix_adversarial import TXID, forge, journal_op
@@ -107,7 +107,7 @@ def test_an_interrupted_real_journal_is_completed_and_undone(root: Path) -> None
         if name == "op:2":
             raise _Killed(name)
 
-    with mock.patch.object(transaction, "_crash_point", crash), pytest.raises(_Killed):
+    with mock.patch.object(transaction, "crash_point", crash), pytest.raises(_Killed):
         run_cli("fix", str(root))
     (j,) = fixmod.load_journals(str(root))
     assert j.state == "applying" and [op.status for op in j.ops][:3] == ["done", "done", "pending"]
@@ -203,7 +203,7 @@ def test_dense_json_inside_strings_costs_nothing(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(jmod, "_MEMORY_SLACK", 0)
     content = json.dumps([[0, {"a": [1, 2]}, '"q\\']] * 100_000, separators=(",", ":"))
     data = content.encode()
-    after = fixmod.Digest("file", len(data), _sha(data), 0o644)
+    after = fixmod.Digest("file", len(data), sha256_of(data), 0o644)
     op = fixmod.JournalOp(1, OpKind.REWRITE_JSON, "x.json", [], "t", after, after, content)
     doc = json.dumps(fixmod.Journal(TXID, "/r", 1.0, "applied", [op]).to_json(), indent=2).encode()
     assert jmod.parse_memory(doc, 1 << 62) > 20 * len(doc)  # naive

@@ -66,7 +66,7 @@ def _same(data: bytes, limits: Limits = DEFAULT_LIMITS, with_loads: bool = True)
 def _counting_runs() -> Iterator[list[int]]:
     """Counts the tensor runs the fast path took (so a test knows it exercised it)."""
     taken: list[int] = []
-    real = pickle_walk._parse_run
+    real = pickle_walk.parse_run
 
     def spy(*args: Any) -> Any:
         run = real(*args)
@@ -74,11 +74,11 @@ def _counting_runs() -> Iterator[list[int]]:
             taken.append(args[1])
         return run
 
-    pickle_walk._parse_run = spy  # type: ignore[assignment]
+    pickle_walk.parse_run = spy  # type: ignore[assignment]
     try:
         yield taken
     finally:
-        pickle_walk._parse_run = real  # type: ignore[assignment]
+        pickle_walk.parse_run = real  # type: ignore[assignment]
 
 
 def _saved(obj: Any, path: Path) -> bytes:

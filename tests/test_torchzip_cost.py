@@ -15,7 +15,7 @@ import pytest
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import ProblemKind, ReadOutcome, TorchFacts
-from ckptdoctor.readers import torchzip
+from ckptdoctor.readers import zipdir
 from ckptdoctor.readers.torchzip import read_torch
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources.fsspec import remote_limits
@@ -230,7 +230,7 @@ def test_local_check_decides_as_the_two_read_check(tmp_path: Path) -> None:
     """Random damage to the local headers of a real file (names, their length and encoding flag, method, sizes,
     a cut): the one-read check names exactly the records the two-read check named."""
     base = _optimizer_bytes(tmp_path, 2)
-    d, problems = torchzip._directory(io.BytesIO(base), len(base), DEFAULT_LIMITS)
+    d, problems = zipdir.read_directory(io.BytesIO(base), len(base), DEFAULT_LIMITS)
     assert d is not None and problems == []
     rng = random.Random(605)
     fields = [6, 7, 8, 9, 18, 19, 22, 23, 26, 27]  # flags, method, sizes and name length, byte by byte
@@ -244,7 +244,7 @@ def test_local_check_decides_as_the_two_read_check(tmp_path: Path) -> None:
         if rng.random() < 0.05:
             del data[rng.randrange(d.members[-1].offset, len(data)) :]
         blob = bytes(data)
-        got = torchzip._local_mismatches(io.BytesIO(blob), d)
+        got = zipdir.local_mismatches(io.BytesIO(blob), d)
         assert got == _oracle_local_mismatches(io.BytesIO(blob), d.members)
         flagged += bool(got)
     assert flagged > 1000

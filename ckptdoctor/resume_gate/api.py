@@ -312,7 +312,7 @@ def run_gate(
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
-    if trainer_view._int(lr_steps) is None or not 0 <= lr_steps <= MAX_LR_STEPS:
+    if trainer_view.integer(lr_steps) is None or not 0 <= lr_steps <= MAX_LR_STEPS:
         raise GateInputError(f"lr_steps must be an integer between 0 and {MAX_LR_STEPS:,}, not {lr_steps!r}")
     values = plan_from_training_args(training_args, strict=True) if training_args else {}
     values.update({k: v for k, v in planned.items() if v is not None})

@@ -54,7 +54,7 @@ def read_training_args(path: str) -> ArgsFile:
                 raise GateInputError(f"{path}: not a regular file")
             facts = read_open_file(fh, FileFacts(path, st.st_size, st.st_mtime, FileKind.OTHER))
             if facts.kind in _PICKLE_KINDS:
-                args = trainer_view._training_args(facts)
+                args = trainer_view.training_args_value(facts)
                 if args is None:
                     why = facts.problems[0].message if facts.problems else "it holds no TrainingArguments state"
                     raise GateInputError(f"{path}: cannot read it as a training_args.bin: {why}{_unsafe(facts)}")

@@ -135,10 +135,10 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
         value = trainer_view.number(args.get(key))
         if value is not None:
             out[key] = value
-    if trainer_view._int(args.get("max_steps")) is not None:
+    if trainer_view.integer(args.get("max_steps")) is not None:
         out["max_steps"] = int(args["max_steps"])
     for key in BATCH_FIELDS:
-        count = trainer_view._int(args.get(key))
+        count = trainer_view.integer(args.get(key))
         if count is not None and count >= 1:
             out[key] = count
     if isinstance(args.get("lr_scheduler_type"), str):
@@ -174,11 +174,11 @@ def _check_training_args(args: Mapping[str, Any]) -> None:
         if v is not None and (number is None or not math.isfinite(number)):
             raise GateInputError(f"training_args {key} must be a finite number, not {brief(v)}")
     v = args.get("max_steps")
-    if v is not None and trainer_view._int(v) is None:
+    if v is not None and trainer_view.integer(v) is None:
         raise GateInputError(f"training_args max_steps must be an integer, not {brief(v)}")
     for key in BATCH_FIELDS:
         v = args.get(key)
-        if v is not None and (trainer_view._int(v) is None or v < 1):
+        if v is not None and (trainer_view.integer(v) is None or v < 1):
             raise GateInputError(f"training_args {key} must be an integer >= 1, not {brief(v)}")
     v = args.get("lr_scheduler_type")
     if v is not None and not isinstance(v, str):
@@ -204,7 +204,7 @@ def check_plan(values: dict[str, Any]) -> None:
     for key, low in (("max_steps", None), ("steps_per_epoch", 1), ("world_size", 1),
                      ("per_device_train_batch_size", 1), ("gradient_accumulation_steps", 1)):
         v = values.get(key)
-        if v is not None and (trainer_view._int(v) is None or (low is not None and v < low) or abs(v) >= INT_LIMIT):
+        if v is not None and (trainer_view.integer(v) is None or (low is not None and v < low) or abs(v) >= INT_LIMIT):
             raise GateInputError(f"{key} must be an integer{f' >= {low}' if low else ''} below 2**1023, not {brief(v)}")
     if values.get("lr_scheduler_type") is not None and not isinstance(values["lr_scheduler_type"], str):
         raise GateInputError(f"lr_scheduler_type must be a string, not {brief(values['lr_scheduler_type'])}")

@@ -105,7 +105,7 @@ def transformers_version(
     installed = installed_transformers()
     if installed is not None and version_major(installed) is not None:
         return installed, "installed"
-    config = trainer_view._json(ck.file("config.json"))
+    config = trainer_view.json_value(ck.file("config.json"))
     for name, doc in (("config.json", config), (trainer_view.TRAINER_STATE, ts.raw if ts is not None else None)):
         found = doc.get("transformers_version") if isinstance(doc, dict) else None
         # a version is a few characters: a file's megabyte of text in that key is not one, and is not echoed
@@ -138,7 +138,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
 
     sched = trainer_view.scheduler_state(ck)
     planned_max = plan.max_steps if plan.max_steps is not None else (-1 if plan.num_train_epochs is not None else None)
-    max_steps = pick("max_steps", planned_max, trainer_view._int(args.get("max_steps")),
+    max_steps = pick("max_steps", planned_max, trainer_view.integer(args.get("max_steps")),
                      (ts.max_steps if ts else None, "trainer_state.json"))
     epochs = pick("num_train_epochs", plan.num_train_epochs, trainer_view.number(args.get("num_train_epochs")),
                   (ts.num_train_epochs if ts else None, "trainer_state.json"))
@@ -171,7 +171,7 @@ def resolve(plan: Plan, ck: Checkpoint, ts: trainer_view.TrainerStateView | None
         # transformers 4.x's train() sets `self._train_batch_size = state.train_batch_size` on every resume, 5.x's
         # only with auto_find_batch_size (then `_inner_training_loop` gets it from find_executable_batch_size): the
         # dataloader is built at the checkpoint's batch size, whatever per_device_train_batch_size says
-        run_device = trainer_view._int(args.get("per_device_train_batch_size")) or ts.train_batch_size
+        run_device = trainer_view.integer(args.get("per_device_train_batch_size")) or ts.train_batch_size
         if plan.per_device_train_batch_size != run_device:
             ignored_batch = plan.per_device_train_batch_size
         plan = replace(plan, per_device_train_batch_size=None)
@@ -238,8 +238,8 @@ def derive_steps_per_epoch(
     if all(v is None for v in wanted):
         return upe0, "trainer_state.json" if upe0 is not None else "unknown", None
     batch0 = ts.train_batch_size if ts else None
-    device0 = trainer_view._int(args.get("per_device_train_batch_size"))
-    accum0 = trainer_view._int(args.get("gradient_accumulation_steps")) or (1 if args else None)
+    device0 = trainer_view.integer(args.get("per_device_train_batch_size"))
+    accum0 = trainer_view.integer(args.get("gradient_accumulation_steps")) or (1 if args else None)
     world0 = run_world_size(ck)
     unknown: list[str] = []
     batch1 = batch0

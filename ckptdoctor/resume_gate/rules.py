@@ -981,7 +981,7 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
         return
     unknown, save_raises = state_incompatibility(ts.raw, version)
     where = _in_folder(ck, trainer_view.TRAINER_STATE)
-    wrote = ts.raw.get("transformers_version") or trainer_view._json(ck.file("config.json"))
+    wrote = ts.raw.get("transformers_version") or trainer_view.json_value(ck.file("config.json"))
     by = f"written by transformers {wrote.get('transformers_version')}, " if isinstance(wrote, dict) and isinstance(
         wrote.get("transformers_version"), str) else ""
     tv = p.settings.transformers_version
