@@ -269,7 +269,7 @@ def write_torch_files(folder: Path) -> None:
 
 def write_dcp(folder: Path) -> None:
     """A real torch.distributed.checkpoint save (model and optimizer state)."""
-    from tests import payloads
+    from tests.helpers import payloads
 
     payloads.save_dcp(folder / "dcp")
 

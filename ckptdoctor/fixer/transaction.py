@@ -36,7 +36,7 @@ def _restore_times(abs_root: str, j: Journal) -> None:
 # saved once every `_batch(n)` operations: at most `JOURNAL_SAVES` saves in between, whatever n, and a small
 # transaction (n <= JOURNAL_SAVES) still saves after each one. A kill between two saves leaves at most `_batch(n)`
 # done operations marked pending, each recognised as applied (or, undoing, as restored) from the disk. After:
-# 500 folders 0.42 s + 0.35 s, 2,000 folders 1.4 s + 1.2 s (tests/test_fix_scale.py counts the saves).
+# 500 folders 0.42 s + 0.35 s, 2,000 folders 1.4 s + 1.2 s (tests/fixer/test_fix_scale.py counts the saves).
 JOURNAL_SAVES = 16
 
 

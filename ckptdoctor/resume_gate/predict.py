@@ -224,7 +224,7 @@ def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr
 # What raises before the first step
 
 # What the real loaders raise on a file the scan could not read (transformers 5.23, torch 2.13, safetensors 0.8):
-# tests/test_gate_damage.py resumes a real Trainer on each kind of damage. torch's zip reader (miniz) looks for the
+# tests/gate/test_gate_damage.py resumes a real Trainer on each kind of damage. torch's zip reader (miniz) looks for the
 # end-of-central-directory record in the last 4 KiB and then reads backwards: a cut archive no longer than that
 # raises RuntimeError ("failed finding central directory"), a longer one OSError [Errno 22] (a seek before byte 0).
 _ZIP_TAIL_SCAN = 4096

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 import ckptdoctor
 from ckptdoctor.cli import main
 from ckptdoctor.errors import UsageError
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 # A settings file's select or ignore that leaves security rules out warns (UserWarning): expected in these tests.
 pytestmark = pytest.mark.filterwarnings("ignore:ckptdoctor.*may not turn off:UserWarning")
@@ -40,13 +40,13 @@ def found(findings: tuple[ckptdoctor.Finding, ...]) -> list[tuple[str, str, str]
 
 
 @pytest.fixture
-def stub(tmp_path: Path) -> Path:
+def stubbed(tmp_path: Path) -> Path:
     shutil.copytree(FIXTURES / "stub-shadow", tmp_path / "stub-shadow")
     return tmp_path / "stub-shadow"
 
 
 @pytest.fixture
-def hostile(tmp_path: Path) -> Path:
+def evil(tmp_path: Path) -> Path:
     """A clean run with a malicious training_args.bin and a settings file that came with it asking to hide that."""
     root = tmp_path / "hostile"
     shutil.copytree(FIXTURES / "clean-full", root)
@@ -66,40 +66,40 @@ def hostile(tmp_path: Path) -> Path:
         'select = ["CKD1"]\n',
     ],
 )
-def test_scan_reads_the_settings_file_as_the_command_line_does(stub: Path, settings: str) -> None:
+def test_scan_reads_the_settings_file_as_the_command_line_does(stubbed: Path, settings: str) -> None:
     if settings:
-        (stub / ".ckptdoctor.toml").write_text(settings)
-    report = ckptdoctor.scan(stub)
-    code, cli_found, _ = cli("scan", str(stub))
+        (stubbed / ".ckptdoctor.toml").write_text(settings)
+    report = ckptdoctor.scan(stubbed)
+    code, cli_found, _ = cli("scan", str(stubbed))
     assert found(report.findings) == cli_found
     assert report.exit_code() == code
-    assert ckptdoctor.scan(stub, no_config=True).exit_code() == cli("scan", "--no-config", str(stub))[0] == 1
+    assert ckptdoctor.scan(stubbed, no_config=True).exit_code() == cli("scan", "--no-config", str(stubbed))[0] == 1
 
 
-def test_options_override_the_settings_file_as_on_the_command_line(stub: Path) -> None:
-    (stub / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
-    report = ckptdoctor.scan(stub, fail_on="error", ignore="CKD1")
-    code, cli_found, _ = cli("scan", "--fail-on", "error", "--ignore", "CKD1", str(stub))
+def test_options_override_the_settings_file_as_on_the_command_line(stubbed: Path) -> None:
+    (stubbed / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
+    report = ckptdoctor.scan(stubbed, fail_on="error", ignore="CKD1")
+    code, cli_found, _ = cli("scan", "--fail-on", "error", "--ignore", "CKD1", str(stubbed))
     assert (found(report.findings), report.exit_code()) == (cli_found, code) and code == 1
     assert report.exit_code("never") == 0  # an explicit fail-on judges the findings alone
 
 
-def test_each_root_is_judged_by_its_own_settings_file(stub: Path, tmp_path: Path) -> None:
+def test_each_root_is_judged_by_its_own_settings_file(stubbed: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
-    shutil.copytree(stub, other)
-    (stub / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
-    report = ckptdoctor.scan([stub, other])
-    code, cli_found, _ = cli("scan", str(stub), str(other))
+    shutil.copytree(stubbed, other)
+    (stubbed / ".ckptdoctor.toml").write_text('fail-on = "never"\n')
+    report = ckptdoctor.scan([stubbed, other])
+    code, cli_found, _ = cli("scan", str(stubbed), str(other))
     assert found(report.findings) == cli_found and report.exit_code() == code == 1
-    only_quiet = ckptdoctor.scan([stub])
-    assert only_quiet.findings and only_quiet.exit_code() == cli("scan", str(stub))[0] == 0
+    only_quiet = ckptdoctor.scan([stubbed])
+    assert only_quiet.findings and only_quiet.exit_code() == cli("scan", str(stubbed))[0] == 0
 
 
-def test_a_settings_file_cannot_hide_a_security_error(hostile: Path) -> None:
+def test_a_settings_file_cannot_hide_a_security_error(evil: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = ckptdoctor.scan(hostile)
-    code, cli_found, err = cli("scan", str(hostile))
+        report = ckptdoctor.scan(evil)
+    code, cli_found, err = cli("scan", str(evil))
     assert ("CKD601", "error", "checkpoint-8/training_args.bin") in cli_found
     assert found(report.findings) == cli_found and report.exit_code() == code == 1
     assert 'security errors fail the scan even with fail-on = "never"' in err
@@ -108,10 +108,10 @@ def test_a_settings_file_cannot_hide_a_security_error(hostile: Path) -> None:
     assert len(said) == 1 and "ignore=[...]" in said[0] and "--ignore" not in said[0]
     assert caught[0].filename == __file__  # the warning points at the caller, not into ckptdoctor
     heard: list[tuple[str, tuple[str, ...]]] = []
-    ckptdoctor.scan(hostile, on_kept=lambda source, codes: heard.append((source, tuple(codes))))
+    ckptdoctor.scan(evil, on_kept=lambda source, codes: heard.append((source, tuple(codes))))
     assert heard and heard[0][0].endswith(".ckptdoctor.toml") and "CKD601" in heard[0][1]
-    assert ckptdoctor.scan(hostile, ignore=["CKD601"]).exit_code() == cli("scan", "--ignore", "CKD601",
-                                                                            str(hostile))[0]
+    assert ckptdoctor.scan(evil, ignore=["CKD601"]).exit_code() == cli("scan", "--ignore", "CKD601",
+                                                                            str(evil))[0]
 
 
 @pytest.mark.parametrize(
@@ -124,39 +124,41 @@ def test_a_settings_file_cannot_hide_a_security_error(hostile: Path) -> None:
         ({"checksums": "write"}, "--checksums write needs --deep"),
     ],
 )
-def test_what_the_command_line_exits_2_for_is_a_usage_error(stub: Path, kwargs: dict[str, object], says: str) -> None:
+def test_what_the_command_line_exits_2_for_is_a_usage_error(
+    stubbed: Path, kwargs: dict[str, object], says: str
+) -> None:
     with pytest.raises(UsageError, match=re.escape(says)):
-        ckptdoctor.scan(stub, **kwargs)  # type: ignore[arg-type]
+        ckptdoctor.scan(stubbed, **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_bad_settings_file_is_a_usage_error_as_on_the_command_line(stub: Path) -> None:
-    (stub / ".ckptdoctor.toml").write_text('select = ["CKD9"]\n')
+def test_a_bad_settings_file_is_a_usage_error_as_on_the_command_line(stubbed: Path) -> None:
+    (stubbed / ".ckptdoctor.toml").write_text('select = ["CKD9"]\n')
     with pytest.raises(UsageError, match="select CKD9: no rule code starts with"):
-        ckptdoctor.scan(stub)
-    result = CliRunner().invoke(main, ["scan", str(stub)])
+        ckptdoctor.scan(stubbed)
+    result = CliRunner().invoke(main, ["scan", str(stubbed)])
     assert result.exit_code == 2 and "select CKD9: no rule code starts with" in result.stderr
 
 
-def test_fix_gives_the_command_line_exit_code(stub: Path, tmp_path: Path) -> None:
+def test_fix_gives_the_command_line_exit_code(stubbed: Path, tmp_path: Path) -> None:
     twin = tmp_path / "twin"
-    shutil.copytree(stub, twin)
-    dry = ckptdoctor.fix(stub, dry_run=True)
+    shutil.copytree(stubbed, twin)
+    dry = ckptdoctor.fix(stubbed, dry_run=True)
     code, cli_found, _ = cli("fix", "--dry-run", str(twin))
     assert dry.exit_code() == code == 1 and found(dry.remaining) == cli_found
-    result = ckptdoctor.fix(stub, force=True)
+    result = ckptdoctor.fix(stubbed, force=True)
     code, cli_found, _ = cli("fix", "--force", str(twin))
     assert result.exit_code() == code and found(result.remaining) == cli_found
     txid = result.txids[0]
     assert txid is not None
-    journal, restored = ckptdoctor.undo(str(stub), txid)
+    journal, restored = ckptdoctor.undo(str(stubbed), txid)
     assert journal.txid == txid and restored >= 1
 
 
-def test_fix_keeps_a_security_error_failing_under_a_settings_files_never(hostile: Path) -> None:
+def test_fix_keeps_a_security_error_failing_under_a_settings_files_never(evil: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dry = ckptdoctor.fix(hostile, dry_run=True)
-    code, _, err = cli("fix", "--dry-run", str(hostile))
+        dry = ckptdoctor.fix(evil, dry_run=True)
+    code, _, err = cli("fix", "--dry-run", str(evil))
     assert dry.exit_code() == code == 1 and 'security errors fail the scan even with fail-on = "never"' in err
 
 

@@ -22,9 +22,8 @@ from ckptdoctor.fixer import FixRefused, fix
 from ckptdoctor.fixer.journal import new_txid
 from ckptdoctor.rules import Selection
 from ckptdoctor.scanner import scan
-from tests.test_adversarial import copy_fixture, invoke
-from tests.test_fix import age
-from tests.test_fix_dryrun import stubs_and_hostile_pickle
+from tests.helpers.cli import copy_fixture, invoke
+from tests.helpers.fixing import age, stubs_and_hostile_pickle
 
 NEVER_NOTE = 'security errors fail the scan even with fail-on = "never" in a settings file'
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import ckptdoctor
-from tests.console import HANG_GUARD
-from tests.test_docs import _age
+from tests.helpers.console import HANG_GUARD
+from tests.helpers.docs import _age
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 API_DOC = REPO / "docs" / "api.md"
 
 

@@ -9,33 +9,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from ckptdoctor.cli import main
 from ckptdoctor.render.report import render_text
 from ckptdoctor.resume_gate import GateInputError, gate
 from ckptdoctor.scanner import scan
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process; a traceback (any exception but SystemExit) fails the test."""
-    result = CliRunner().invoke(main, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
-
-
-def copy_fixture(name: str, dest: Path) -> Path:
-    shutil.copytree(FIXTURES / name, dest)
-    return dest
+from tests.helpers.cli import FIXTURES, copy_fixture, invoke
 
 
 def patch_state(ck: Path, text_patch: dict[str, str]) -> None:

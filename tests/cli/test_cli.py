@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from ckptdoctor.cli import main
-from tests.builders import make_run
+from tests.helpers.builders import make_run
+from tests.helpers.paths import REPO
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -175,7 +176,7 @@ def test_inspect_marks_what_the_scan_would_flag_in_a_pickle(tmp_path: Path) -> N
     """A file looked at on its own must not read as harmless: each global carries the scan's verdict."""
     import torch
 
-    from tests.payloads import _reducer
+    from tests.helpers.payloads import _reducer
 
     torch.save({"a": _reducer(os.system, ("true",)), "w": torch.zeros(2)}, tmp_path / "evil.pt")
     code, out = run("inspect", "--format", "json", str(tmp_path / "evil.pt"))
@@ -198,11 +199,11 @@ def test_rules_and_explain() -> None:
 def test_readme_rule_table_and_test_command_are_current() -> None:
     from ckptdoctor.rules import rules_markdown
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     start, end = "<!-- rules:start -->\n", "<!-- rules:end -->"
     table = readme.split(start, 1)[1].split(end, 1)[0].strip()
     assert table == rules_markdown(), "README rule table is stale: paste `ckptdoctor rules --format markdown`"
-    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
     command = ci.strip().splitlines()[-1]
     assert command in readme, "README must show the exact test command .ci/run runs"
 
@@ -275,7 +276,7 @@ def test_fail_on_never_in_a_settings_file_does_not_pass_a_malicious_pickle(tmp_p
 def test_the_console_entry_ends_fast_and_says_everything(tmp_path: Path) -> None:
     """`python -m ckptdoctor` (cli.run) ends read-only commands with os._exit once output is flushed: the whole
     report still arrives, with the same exit code as in-process; a command that writes exits normally."""
-    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "stub-shadow"
+    fixtures = REPO / "fixtures" / "stub-shadow"
     p = subprocess.run(
         [sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", str(fixtures)], capture_output=True, text=True
     )
@@ -301,7 +302,7 @@ def test_the_console_entry_ends_fast_and_says_everything(tmp_path: Path) -> None
 
 def test_an_fsdp_checkpoint_lists_its_optimizer_folder() -> None:
     """FSDP keeps the optimizer in `optimizer_0/`: the resume restores it, so the kinds say so (as gate does)."""
-    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    fixtures = REPO / "fixtures"
     code, out = run("scan", "--format", "json", "--fail-on", "never", str(fixtures / "fsdp"))
     assert code == 0
     kinds = [ck["kinds"] for r in json.loads(out)["runs"] for ck in r["checkpoints"]]

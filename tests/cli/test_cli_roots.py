@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 
 import ckptdoctor
-from tests.test_adversarial import copy_fixture, invoke
+from tests.helpers.cli import copy_fixture, invoke
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stub_roots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_fixture("stub-shadow", tmp_path_factory.mktemp("roots") / "stub-shadow")
 
 
-def test_a_root_named_twice_is_scanned_once(stub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(stub.parent)
+def test_a_root_named_twice_is_scanned_once(stub_roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(stub_roots.parent)
     once = json.loads(invoke("scan", "--format", "json", "stub-shadow")[1])
-    code, out, _ = invoke("scan", "--format", "json", "stub-shadow", "./stub-shadow/", str(stub))
+    code, out, _ = invoke("scan", "--format", "json", "stub-shadow", "./stub-shadow/", str(stub_roots))
     twice = json.loads(out)
     assert code == 1
     assert twice["summary"]["files"] == once["summary"]["files"]
@@ -38,11 +38,11 @@ def test_an_empty_root_is_an_error_finding_unless_allowed(tmp_path: Path) -> Non
     assert code == 0 and json.loads(out)["findings"] == []
 
 
-def test_rules_can_be_selected_and_ignored_by_name(stub: Path) -> None:
-    by_code = invoke("scan", "--format", "json", "--select", "CKD201", str(stub))
-    by_name = invoke("scan", "--format", "json", "--select", "stub-weights-shadow-adapter", str(stub))
+def test_rules_can_be_selected_and_ignored_by_name(stub_roots: Path) -> None:
+    by_code = invoke("scan", "--format", "json", "--select", "CKD201", str(stub_roots))
+    by_name = invoke("scan", "--format", "json", "--select", "stub-weights-shadow-adapter", str(stub_roots))
     assert by_code[0] == by_name[0] == 1 and json.loads(by_code[1])["findings"] == json.loads(by_name[1])["findings"]
-    assert invoke("scan", "--ignore", "Stub-Weights-Shadow-Adapter", str(stub))[0] == 0
+    assert invoke("scan", "--ignore", "Stub-Weights-Shadow-Adapter", str(stub_roots))[0] == 0
 
 
 def test_a_settings_file_may_name_rules_too(tmp_path: Path) -> None:
@@ -53,8 +53,8 @@ def test_a_settings_file_may_name_rules_too(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("option", ["--select", "--ignore"])
 @pytest.mark.parametrize("value", ["", " , "])
-def test_an_empty_selection_is_a_usage_error(stub: Path, option: str, value: str) -> None:
-    code, out, err = invoke("scan", option, value, str(stub))
+def test_an_empty_selection_is_a_usage_error(stub_roots: Path, option: str, value: str) -> None:
+    code, out, err = invoke("scan", option, value, str(stub_roots))
     assert code == 2 and out == "" and f"{option} was given no rule code" in err
 
 

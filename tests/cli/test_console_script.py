@@ -1,4 +1,4 @@
-"""The tests of the command line run the installed console script (``tests/console.py``); in CI, where the
+"""The tests of the command line run the installed console script (``tests/helpers/console.py``); in CI, where the
 README's command installs it, its absence is a failure rather than a silent fall-back to ``python -m``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ckptdoctor
-from tests.console import IN_CI, SCRIPT, command, run
+from tests.helpers.console import IN_CI, SCRIPT, command, run
 
 
 def test_the_installed_console_script_runs_this_checkout() -> None:

@@ -20,9 +20,8 @@ from ckptdoctor.cli import main
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.render import sarif
 from ckptdoctor.rules import all_rules
-from tests.builders import make_checkpoint
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.builders import make_checkpoint
+from tests.helpers.paths import REPO
 
 
 def _finding(root: str, path: str = "checkpoint-4/model.safetensors") -> Finding:

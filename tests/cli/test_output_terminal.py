@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import console
+from tests.helpers import console
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "output_golden"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

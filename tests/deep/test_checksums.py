@@ -7,39 +7,18 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from ckptdoctor import deep
-from ckptdoctor.cli import main
 from ckptdoctor.scanner import scan
-from tests.builders import make_run
+from tests.helpers.builders import make_run
+from tests.helpers.checksums import _cli, _verify, _write
 
 MANIFEST = Path(".ckptdoctor/manifest.json")
 WEIGHTS = "checkpoint-4/model.safetensors"
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def _write(root: Path) -> str:
-    code, _, err = _cli("scan", "--deep", "--checksums", "write", "--fail-on", "never", str(root))
-    assert code == 0, err
-    return err
-
-
-def _verify(root: Path) -> list[dict[str, Any]]:
-    """The CKD214 findings of a verify scan, as (path, severity, message) dicts."""
-    code, out, err = _cli("scan", "--deep", "--checksums", "verify", "--format", "json", "--fail-on", "never",
-                          str(root))
-    assert code == 0, err
-    return [f for f in json.loads(out)["findings"] if f["rule"] == "CKD214"]
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
@@ -51,17 +30,17 @@ def _snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Path:
+def checksum_run(tmp_path: Path) -> Path:
     return make_run(tmp_path / "run")
 
 
-def test_write_records_every_file_and_changes_nothing_else(run: Path) -> None:
-    before = _snapshot(run)
-    err = _write(run)
-    after = _snapshot(run)
+def test_write_records_every_file_and_changes_nothing_else(checksum_run: Path) -> None:
+    before = _snapshot(checksum_run)
+    err = _write(checksum_run)
+    after = _snapshot(checksum_run)
     assert set(after) - set(before) == {".ckptdoctor", ".ckptdoctor/manifest.json"}
     assert {k: after[k] for k in before} == before  # the root keeps its mtime; no lock or temp file is left
-    doc = json.loads((run / MANIFEST).read_text())
+    doc = json.loads((checksum_run / MANIFEST).read_text())
     assert doc["schema"] == "ckptdoctor.manifest/1" and doc["algorithm"] == "sha256"
     assert doc["ckptdoctor"] and doc["created"].endswith("Z")
     files = {p: data for p, (data, _) in before.items() if data is not None}
@@ -70,30 +49,30 @@ def test_write_records_every_file_and_changes_nothing_else(run: Path) -> None:
         assert e["size"] == len(files[e["path"]])
         assert e["sha256"] == hashlib.sha256(files[e["path"]]).hexdigest()
     assert f"sha256 of {len(files)} files" in err
-    assert _verify(run) == []
+    assert _verify(checksum_run) == []
 
 
-def test_a_flipped_byte_in_tensor_data_keeps_the_header_valid_and_is_caught(run: Path) -> None:
-    _write(run)
-    path = run / WEIGHTS
+def test_a_flipped_byte_in_tensor_data_keeps_the_header_valid_and_is_caught(checksum_run: Path) -> None:
+    _write(checksum_run)
+    path = checksum_run / WEIGHTS
     raw = bytearray(path.read_bytes())
     (header_len,) = struct.unpack("<Q", raw[:8])
     raw[8 + header_len + 5] ^= 0x01  # inside the first tensor's data
     path.write_bytes(bytes(raw))
-    tree = scan(str(run)).trees[0]
+    tree = scan(str(checksum_run)).trees[0]
     assert not next(f for f in tree.all_files() if f.path == WEIGHTS).problems  # the header still reads cleanly
-    (hit,) = _verify(run)
+    (hit,) = _verify(checksum_run)
     assert (hit["path"], hit["severity"]) == (WEIGHTS, "error")
     assert "differs from" in hit["message"] and "sha256" in hit["message"]
 
 
-def test_missing_resized_and_new_files_are_reported(run: Path) -> None:
-    _write(run)
-    (run / "checkpoint-2/optimizer.pt").unlink()
-    with open(run / "checkpoint-4/trainer_state.json", "a") as fh:
+def test_missing_resized_and_new_files_are_reported(checksum_run: Path) -> None:
+    _write(checksum_run)
+    (checksum_run / "checkpoint-2/optimizer.pt").unlink()
+    with open(checksum_run / "checkpoint-4/trainer_state.json", "a") as fh:
         fh.write("\n")
-    save_file({"w": torch.ones(3)}, str(run / "checkpoint-4/extra.safetensors"))
-    hits = {f["path"]: (f["severity"], f["message"]) for f in _verify(run)}
+    save_file({"w": torch.ones(3)}, str(checksum_run / "checkpoint-4/extra.safetensors"))
+    hits = {f["path"]: (f["severity"], f["message"]) for f in _verify(checksum_run)}
     assert hits.keys() == {"checkpoint-2/optimizer.pt", "checkpoint-4/trainer_state.json",
                            "checkpoint-4/extra.safetensors"}
     assert hits["checkpoint-2/optimizer.pt"][0] == "error" and "missing" in hits["checkpoint-2/optimizer.pt"][1]
@@ -102,13 +81,13 @@ def test_missing_resized_and_new_files_are_reported(run: Path) -> None:
     assert hits["checkpoint-4/extra.safetensors"] == ("warning", "not listed in the checksum manifest (76 bytes)")
 
 
-def test_an_unusable_manifest_is_a_finding_at_its_path(run: Path) -> None:
-    _write(run)
-    (run / MANIFEST).write_text('{"schema": "ckptdoctor.manifest/1", "files": [{"path": "../x", "size": 1}]}')
-    (hit,) = _verify(run)
+def test_an_unusable_manifest_is_a_finding_at_its_path(checksum_run: Path) -> None:
+    _write(checksum_run)
+    (checksum_run / MANIFEST).write_text('{"schema": "ckptdoctor.manifest/1", "files": [{"path": "../x", "size": 1}]}')
+    (hit,) = _verify(checksum_run)
     assert hit["path"] == MANIFEST.as_posix() and "cannot be used" in hit["message"]
-    (run / MANIFEST).write_bytes(b"\xff{")
-    (hit,) = _verify(run)
+    (checksum_run / MANIFEST).write_bytes(b"\xff{")
+    (hit,) = _verify(checksum_run)
     assert "not valid JSON" in hit["message"]
 
 
@@ -136,35 +115,35 @@ def test_one_pass_feeds_the_digest_and_the_tensor_checks(tmp_path: Path, chunk: 
     assert all(d.sha256 is None for d in plain.data)
 
 
-def test_usage_errors_exit_2(run: Path, tmp_path: Path) -> None:
-    code, _, err = _cli("scan", "--checksums", "write", str(run))
+def test_usage_errors_exit_2(checksum_run: Path, tmp_path: Path) -> None:
+    code, _, err = _cli("scan", "--checksums", "write", str(checksum_run))
     assert code == 2 and "needs --deep" in err
-    code, _, err = _cli("scan", "--deep", "--checksums", "verify", str(run))
+    code, _, err = _cli("scan", "--deep", "--checksums", "verify", str(checksum_run))
     assert code == 2 and "has no .ckptdoctor/manifest.json" in err
-    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(run / WEIGHTS))
+    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(checksum_run / WEIGHTS))
     assert code == 2 and "is not a folder" in err
     with pytest.raises(ValueError):
-        scan(str(run), checksums="verify")
-    assert not (run / ".ckptdoctor").exists()
+        scan(str(checksum_run), checksums="verify")
+    assert not (checksum_run / ".ckptdoctor").exists()
 
 
-def test_write_refuses_links_and_read_only_folders(run: Path, tmp_path: Path) -> None:
+def test_write_refuses_links_and_read_only_folders(checksum_run: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    os.symlink(elsewhere, run / ".ckptdoctor")
-    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(run))
+    os.symlink(elsewhere, checksum_run / ".ckptdoctor")
+    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(checksum_run))
     assert code == 2 and "not a plain folder" in err
     assert list(elsewhere.iterdir()) == []
-    (run / ".ckptdoctor").unlink()
-    (run / ".ckptdoctor").mkdir()
-    os.symlink(elsewhere / "target.json", run / MANIFEST)
-    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(run))
+    (checksum_run / ".ckptdoctor").unlink()
+    (checksum_run / ".ckptdoctor").mkdir()
+    os.symlink(elsewhere / "target.json", checksum_run / MANIFEST)
+    code, _, err = _cli("scan", "--deep", "--checksums", "write", str(checksum_run))
     assert code == 2 and "not a plain file" in err
     assert list(elsewhere.iterdir()) == []
-    (run / MANIFEST).unlink()
-    os.chmod(run / ".ckptdoctor", 0o555)
+    (checksum_run / MANIFEST).unlink()
+    os.chmod(checksum_run / ".ckptdoctor", 0o555)
     try:
-        code, _, err = _cli("scan", "--deep", "--checksums", "write", str(run))
+        code, _, err = _cli("scan", "--deep", "--checksums", "write", str(checksum_run))
     finally:
-        os.chmod(run / ".ckptdoctor", 0o755)
+        os.chmod(checksum_run / ".ckptdoctor", 0o755)
     assert code == 2 and "read-only" in err  # no write bit: refused even for root, who ignores permissions

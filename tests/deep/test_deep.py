@@ -18,8 +18,8 @@ from ckptdoctor.discover import discover
 from ckptdoctor.findings import Finding
 from ckptdoctor.model import ProblemKind
 from ckptdoctor.scanner import scan
-from tests.builders import make_checkpoint, trainer_state
-from tests.console import HANG_GUARD
+from tests.helpers.builders import make_checkpoint, trainer_state
+from tests.helpers.console import HANG_GUARD
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 

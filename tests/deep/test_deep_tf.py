@@ -17,8 +17,9 @@ from ckptdoctor.cli import main
 from ckptdoctor.discover import discover
 from ckptdoctor.model import FileData, ProblemKind
 from ckptdoctor.readers import tfbundle
+from tests.helpers.paths import TESTS
 
-TF = Path(__file__).parent / "data" / "tf"  # tf-trainer: TFTrainer's checkpoint/ + tf_model.h5; keras-weights
+TF = TESTS / "data" / "tf"  # tf-trainer: TFTrainer's checkpoint/ + tf_model.h5; keras-weights
 SHARD = "checkpoint/ckpt-3.data-00000-of-00001"
 
 

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
 from ckptdoctor.scanner import scan  # noqa: E402
-from tests.test_rules_transformers import Tokens, llama  # noqa: E402
+from tests.helpers.trainer_runs import Tokens, llama  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +33,16 @@ def trainer(out: Path, callbacks: list[Any] | None = None) -> Any:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stale_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stale") / "out"
     trainer(out).train()
     return out
 
 
-def planted(built: Path, tmp_path: Path, step: int) -> Path:
+def planted(stale_run: Path, tmp_path: Path, step: int) -> Path:
     """A copy of the run whose `checkpoint-8` also holds a `pytorch_model.bin` of step ``step``'s weights."""
     out = tmp_path / "out"
-    shutil.copytree(built, out)
+    shutil.copytree(stale_run, out)
     weights = load_file(str(out / f"checkpoint-{step}" / "model.safetensors"))
     torch.save(weights, out / "checkpoint-8" / "pytorch_model.bin")
     return out
@@ -62,8 +62,8 @@ class Snapshot(transformers.TrainerCallback):  # type: ignore[misc]
         self.params = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_a_stale_bin_differs_in_value_and_the_resume_loads_the_safetensors(built: Path, tmp_path: Path) -> None:
-    out = planted(built, tmp_path, 4)
+def test_a_stale_bin_differs_in_value_and_the_resume_loads_the_safetensors(stale_run: Path, tmp_path: Path) -> None:
+    out = planted(stale_run, tmp_path, 4)
     ck = out / "checkpoint-8"
     assert ckd206(out, deep=False) == []  # same names, dtypes and shapes: no tensor bytes read, nothing to say
     (msg,) = ckd206(out, deep=True)
@@ -78,8 +78,8 @@ def test_a_stale_bin_differs_in_value_and_the_resume_loads_the_safetensors(built
     assert not all(torch.equal(snap.params[k], v) for k, v in stale.items())
 
 
-def test_a_bin_equal_to_the_safetensors_is_silent(built: Path, tmp_path: Path) -> None:
-    out = planted(built, tmp_path, 8)
+def test_a_bin_equal_to_the_safetensors_is_silent(stale_run: Path, tmp_path: Path) -> None:
+    out = planted(stale_run, tmp_path, 8)
     assert ckd206(out, deep=False) == [] and ckd206(out, deep=True) == []
     # values are digested only where forms compete: checkpoint-4's single form costs nothing more
     digests = {d.path: {t.digest is not None for t in d.tensors} for d in scan(str(out), deep=True).trees[0].data}

@@ -1,7 +1,7 @@
 """A mistyped, unmounted or empty root must not pass a CI gate: "No problems found in 0 files" with exit 0 let a typo
 in `$OUTPUT_DIR` through. A root that does not exist is a usage error (2); a root holding no checkpoint at all is
 CKD002, an error (1); `--allow-empty` (``allow_empty=True``) accepts it for a launcher gating before the first save.
-Driven through the installed console script (`tests/console.py`) and the Python API alike."""
+Driven through the installed console script (`tests/helpers/console.py`) and the Python API alike."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 import ckptdoctor
-from tests import console
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import console
+from tests.helpers.paths import REPO
 
 
 def cli(*args: str) -> tuple[int, str, str]:

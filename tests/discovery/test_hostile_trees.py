@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from ckptdoctor.findings import Finding
 from ckptdoctor.scanner import Report, scan
-from tests.console import HANG_GUARD
+from tests.helpers.console import HANG_GUARD
 
 
 def _scan(root: Path) -> Report:
@@ -149,34 +148,6 @@ def test_deep_nesting(tmp_path: Path) -> None:
     (d / "optimizer.pt").write_bytes(b"\x80\x02}.")
     report = _scan(tmp_path)
     assert any(f.rule == "CKD001" for f in report.findings)
-
-
-@pytest.fixture
-def deny(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
-    """Emulate permission-denied paths (the suite may run as root, for whom mode 000 changes nothing)."""
-    denied: set[str] = set()
-    real_open, real_scandir = os.open, os.scandir
-
-    def fake_open(path: Any, *args: Any, **kwargs: Any) -> int:
-        if os.fsdecode(path) in denied:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
-        return real_open(path, *args, **kwargs)
-
-    def fake_scandir(path: Any = ".") -> Any:
-        if os.fsdecode(path) in denied:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
-        return real_scandir(path)
-
-    monkeypatch.setattr(os, "open", fake_open)
-    monkeypatch.setattr(os, "scandir", fake_scandir)
-
-    def add(p: Path) -> None:
-        denied.add(str(p))
-        p.chmod(0)
-
-    yield add
-    for p in denied:
-        os.chmod(p, 0o700)
 
 
 def test_permission_denied_files_and_folders(tmp_path: Path, deny: Callable[[Path], None]) -> None:

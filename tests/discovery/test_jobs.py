@@ -18,12 +18,12 @@ from ckptdoctor.discover import default_jobs, discover
 from ckptdoctor.model import FileKind, ProblemKind
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources.local import _file_system_type
-from tests.builders import make_checkpoint, make_run
-from tests.payloads import save_dcp
+from tests.helpers.builders import make_checkpoint, make_run
+from tests.helpers.payloads import save_dcp
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def jobs_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two runs of real checkpoints plus every kind of entry the walk must survive."""
     base = tmp_path_factory.mktemp("jobs")
     root = base / "root"
@@ -63,14 +63,14 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("jobs", [2, 3, 8, 32])
-def test_tree_is_identical_for_any_jobs(hostile: Path, jobs: int) -> None:
+def test_tree_is_identical_for_any_jobs(jobs_tree: Path, jobs: int) -> None:
     # repr, not ==: NaN values parsed from JSON never compare equal to themselves.
-    sequential = discover(str(hostile), jobs=1)
-    assert repr(discover(str(hostile), jobs=jobs)) == repr(sequential)
+    sequential = discover(str(jobs_tree), jobs=1)
+    assert repr(discover(str(jobs_tree), jobs=jobs)) == repr(sequential)
 
 
-def test_hostile_entries_are_all_there(hostile: Path) -> None:
-    tree = discover(str(hostile), jobs=8)
+def test_hostile_entries_are_all_there(jobs_tree: Path) -> None:
+    tree = discover(str(jobs_tree), jobs=8)
     kinds = {p.problem.kind for p in tree.path_problems}
     assert {ProblemKind.SYMLINK_LOOP, ProblemKind.LINK_ESCAPES_ROOT, ProblemKind.UNREADABLE} <= kinds
     assert ProblemKind.BAD_NAME in kinds
@@ -80,9 +80,9 @@ def test_hostile_entries_are_all_there(hostile: Path) -> None:
     assert tree.files_seen == len(files)
 
 
-def test_report_is_identical_for_any_jobs(hostile: Path) -> None:
-    one = scan(str(hostile), jobs=1)
-    many = scan(str(hostile), jobs=6)
+def test_report_is_identical_for_any_jobs(jobs_tree: Path) -> None:
+    one = scan(str(jobs_tree), jobs=1)
+    many = scan(str(jobs_tree), jobs=6)
     assert one.findings == many.findings and one.findings
     assert repr(one.trees) == repr(many.trees)
 
@@ -95,9 +95,9 @@ def test_single_file_root_and_missing_root(tmp_path: Path) -> None:
         assert discover(str(tmp_path / "nope"), jobs=jobs).path_problems[0].problem.kind is ProblemKind.UNREADABLE
 
 
-def test_cli_jobs_option(hostile: Path, tmp_path: Path) -> None:
+def test_cli_jobs_option(jobs_tree: Path, tmp_path: Path) -> None:
     root = tmp_path / "copy"
-    shutil.copytree(hostile / "run-a" / "checkpoint-4", root / "checkpoint-4")
+    shutil.copytree(jobs_tree / "run-a" / "checkpoint-4", root / "checkpoint-4")
     outs = []
     for jobs in ("1", "5"):
         result = CliRunner().invoke(main, ["scan", "--format", "json", "--jobs", jobs, str(root)])

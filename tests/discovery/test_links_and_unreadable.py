@@ -28,10 +28,10 @@ from ckptdoctor.readers import read_file
 from ckptdoctor.resume_gate import gate
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import local as local_source
-from tests import test_hostile_trees as hostile
-from tests.console import HANG_GUARD
+from tests.helpers.console import HANG_GUARD
+from tests.helpers.paths import REPO
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 
 
 def _cli(*args: str) -> tuple[int, str]:
@@ -106,7 +106,7 @@ def test_a_secret_behind_a_link_never_reaches_the_report(tmp_path: Path) -> None
 
 
 def test_a_real_trainer_checkpoint_moved_to_another_disk_and_linked_back(tmp_path: Path) -> None:
-    from tests.test_rules_transformers import llama, train
+    from tests.helpers.trainer_runs import llama, train
 
     out = train(tmp_path / "run", llama())
     store = tmp_path / "other-disk"
@@ -146,10 +146,6 @@ def test_fixes_never_act_through_a_link(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Unreadable folders and files
-
-
-# Permission denied on chosen paths, as a user without access sees it (root ignores mode 000).
-deny = hostile.deny
 
 
 def _run(tmp_path: Path) -> Path:

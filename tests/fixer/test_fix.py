@@ -3,7 +3,6 @@ root, read-only, busy, locked, changed since the fix)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,58 +14,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from click.testing import CliRunner
-from safetensors.torch import save_file
 
 from ckptdoctor import fixer as fixmod
-from ckptdoctor.cli import main
 from ckptdoctor.findings import Applicability, Finding, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.rules import Selection
 from ckptdoctor.scanner import scan
-from tests.builders import make_checkpoint, make_run, trainer_state
+from tests.helpers.builders import make_checkpoint, make_run
+from tests.helpers.fixing import (
+    age,
+    clone,
+    deepspeed_checkpoint,
+    mixed_run,
+    run_cli,
+    sharded_checkpoint,
+    stub_run,
+    tree_state,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers shared with test_fix_crash.py and test_fix_faults.py
-
-
-def tree_state(root: Path, *, mtimes: bool = True) -> dict[str, tuple[Any, ...]]:
-    """Every entry under ``root`` except ckptdoctor's own folder: type, mode, content hash (and mtime)."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not (Path(dirpath) == root and d == ".ckptdoctor"))
-        for name in [*dirs, *files]:
-            p = Path(dirpath) / name
-            st = p.lstat()
-            rel = str(p.relative_to(root))
-            if stat.S_ISLNK(st.st_mode):
-                content = os.readlink(p)
-            elif stat.S_ISREG(st.st_mode):
-                content = hashlib.sha256(p.read_bytes()).hexdigest()
-            else:
-                content = "dir"
-            entry: tuple[Any, ...] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), content)
-            out[rel] = (*entry, st.st_mtime_ns) if mtimes else entry
-    st = root.stat()
-    out["."] = (stat.S_IMODE(st.st_mode), st.st_mtime_ns) if mtimes else (stat.S_IMODE(st.st_mode),)
-    return out
-
-
-def age(root: Path, seconds: float = 3600.0) -> Path:
-    """Move every mtime under ``root`` ``seconds`` into the past, keeping their order (a run not being written)."""
-    paths = [root, *root.rglob("*")]
-    for p in sorted(paths, key=lambda q: -len(q.parts)):
-        st = p.lstat()
-        shift = int(seconds * 1e9)
-        os.utime(p, ns=(st.st_atime_ns - shift, st.st_mtime_ns - shift), follow_symlinks=False)
-    return root
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), env=env)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def codes(root: Path, select: str | None = None) -> list[str]:
@@ -74,86 +40,8 @@ def codes(root: Path, select: str | None = None) -> list[str]:
     return [f.rule for f in scan(str(root), selection=sel).findings]
 
 
-def make_lora_checkpoint(folder: Path, step: int = 4, max_steps: int = 8) -> Path:
-    """A LoRA checkpoint written by peft (adapter_model.safetensors + adapter_config.json) plus training state."""
-    from peft import LoraConfig, get_peft_model
-
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-
-    class Tiny(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.q_proj = torch.nn.Linear(8, 8)
-            self.v_proj = torch.nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.v_proj(self.q_proj(x))
-
-    model = get_peft_model(Tiny(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    model.save_pretrained(str(folder))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    torch.save(opt.state_dict(), folder / "optimizer.pt")
-    (folder / "trainer_state.json").write_text(json.dumps(trainer_state(step, max_steps), indent=2) + "\n")
-    return folder
-
-
-def stub_run(root: Path) -> Path:
-    """CKD201: LoRA checkpoints with a `torch.save({})` stub `pytorch_model.bin` beside the adapter in the last."""
-    for s in (2, 4):
-        make_lora_checkpoint(root / f"checkpoint-{s}", s)
-    torch.save({}, root / "checkpoint-4" / "pytorch_model.bin")
-    os.chmod(root / "checkpoint-4" / "pytorch_model.bin", 0o600)  # an unusual mode, to see it kept
-    return root
-
-
-def sharded_checkpoint(folder: Path, *, wrong: bool) -> Path:
-    """A checkpoint with weights in two safetensors shards and an index (wrong: one tensor mapped to shard 1)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    shards = {
-        "model-00001-of-00002.safetensors": {"embed.weight": torch.randn(16, 8)},
-        "model-00002-of-00002.safetensors": {"head.weight": torch.randn(16, 8), "head.bias": torch.randn(16)},
-    }
-    weight_map: dict[str, str] = {}
-    total = 0
-    for name, tensors in shards.items():
-        save_file(tensors, str(folder / name), metadata={"format": "pt"})
-        for k, v in tensors.items():
-            weight_map[k] = name
-            total += v.numel() * v.element_size()
-    if wrong:
-        weight_map["head.bias"] = "model-00001-of-00002.safetensors"
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    (folder / "trainer_state.json").write_text(json.dumps(trainer_state(4, 8), indent=2) + "\n")
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 16, "hidden_size": 8}))
-    return folder
-
-
-def deepspeed_checkpoint(folder: Path) -> Path:
-    """CKD503: a checkpoint whose DeepSpeed `latest` names `global_step9` while only `global_step8/` exists."""
-    make_checkpoint(folder, 8, 8)
-    tag = folder / "global_step8"
-    tag.mkdir()
-    torch.save({"module": {"w": torch.zeros(2)}}, tag / "mp_rank_00_model_states.pt")
-    torch.save({"optimizer_state_dict": {}}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    (folder / "latest").write_text("global_step9")
-    return folder
-
-
-def mixed_run(root: Path) -> Path:
-    """One output_dir holding one hazard of each safe fix kind: quarantine file, folder, rewrite JSON and text."""
-    stub_run(root)  # CKD201 in checkpoint-4
-    make_checkpoint(root / "tmp-checkpoint-6", 6)  # CKD103
-    (root / "tmp-checkpoint-6" / "trainer_state.json").unlink()
-    sharded_checkpoint(root / "checkpoint-1", wrong=True)  # CKD205
-    deepspeed_checkpoint(root / "checkpoint-3")  # CKD503
-    return root
-
-
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def fix_scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each scenario built once; tests work on copies."""
     base = tmp_path_factory.mktemp("built")
     torn = make_run(base / "torn", (2, 4, 6))
@@ -196,19 +84,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def clone(src: Path, dest: Path) -> Path:
-    """A copy of ``src`` with names, contents, modes and every mtime (folders' too) kept."""
-    shutil.copytree(src, dest, symlinks=True)
-    for p in sorted([src, *src.rglob("*")], key=lambda q: -len(q.parts)):
-        st = p.lstat()
-        os.utime(dest / p.relative_to(src), ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-    return dest
-
-
 @pytest.fixture
-def copy(built: dict[str, Path], tmp_path: Path) -> Any:
+def scenario_copy(fix_scenarios: dict[str, Path], tmp_path: Path) -> Any:
     def make(name: str) -> Path:
-        return clone(built[name], tmp_path / name)
+        return clone(fix_scenarios[name], tmp_path / name)
 
     return make
 
@@ -231,8 +110,8 @@ ROUND_TRIPS = [
 
 
 @pytest.mark.parametrize(("name", "rule", "moved"), ROUND_TRIPS, ids=[r[0] for r in ROUND_TRIPS])
-def test_round_trip(copy: Any, name: str, rule: str, moved: list[str]) -> None:
-    root = copy(name)
+def test_round_trip(scenario_copy: Any, name: str, rule: str, moved: list[str]) -> None:
+    root = scenario_copy(name)
     assert rule in codes(root), scan(str(root)).findings
     before = tree_state(root)
 
@@ -261,8 +140,8 @@ def test_round_trip(copy: Any, name: str, rule: str, moved: list[str]) -> None:
     assert tree_state(root) == before
 
 
-def test_mixed_plan_lists_every_operation_with_diffs(copy: Any) -> None:
-    root = copy("mixed")
+def test_mixed_plan_lists_every_operation_with_diffs(scenario_copy: Any) -> None:
+    root = scenario_copy("mixed")
     before = tree_state(root)
     code, out = run_cli("fix", "--dry-run", str(root))
     assert code == 1
@@ -305,8 +184,8 @@ def test_mixed_plan_lists_every_operation_with_diffs(copy: Any) -> None:
     assert code == 2 and "no fix transaction to undo" in out
 
 
-def test_best_model_checkpoint_rewrite_keeps_format_and_values(copy: Any) -> None:
-    root = copy("best")
+def test_best_model_checkpoint_rewrite_keeps_format_and_values(scenario_copy: Any) -> None:
+    root = scenario_copy("best")
     path = root / "checkpoint-4" / "trainer_state.json"
     old = path.read_text()
     run_cli("fix", "--select", "CKD105", str(root))
@@ -317,13 +196,13 @@ def test_best_model_checkpoint_rewrite_keeps_format_and_values(copy: Any) -> Non
         '  "best_model_checkpoint": "best/checkpoint-2",',
     )]
     assert '"best_metric": NaN' in new and new.endswith("}\n")
-    gone = copy("gone")
+    gone = scenario_copy("gone")
     run_cli("fix", "--select", "CKD105", str(gone))
     assert json.loads((gone / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"] is None
 
 
-def test_unsafe_fix_needs_the_flag(copy: Any) -> None:
-    root = copy("stale")
+def test_unsafe_fix_needs_the_flag(scenario_copy: Any) -> None:
+    root = scenario_copy("stale")
     assert "CKD101" in codes(root)
     before = tree_state(root)
     code, out = run_cli("fix", "--select", "CKD101", str(root))
@@ -337,8 +216,8 @@ def test_unsafe_fix_needs_the_flag(copy: Any) -> None:
     assert tree_state(root) == before
 
 
-def test_rewritten_file_keeps_mode_and_undo_restores_it(copy: Any) -> None:
-    root = copy("ds")
+def test_rewritten_file_keeps_mode_and_undo_restores_it(scenario_copy: Any) -> None:
+    root = scenario_copy("ds")
     latest = root / "checkpoint-8" / "latest"
     os.chmod(latest, 0o640)
     before = tree_state(root)
@@ -353,8 +232,8 @@ def test_rewritten_file_keeps_mode_and_undo_restores_it(copy: Any) -> None:
 # Refusals
 
 
-def test_undo_refuses_when_a_file_changed_since_the_fix(copy: Any) -> None:
-    root = copy("shard")
+def test_undo_refuses_when_a_file_changed_since_the_fix(scenario_copy: Any) -> None:
+    root = scenario_copy("shard")
     run_cli("fix", str(root))
     index = root / "checkpoint-4" / "model.safetensors.index.json"
     index.write_text(index.read_text().replace("total_size", "total_size_"))
@@ -365,8 +244,8 @@ def test_undo_refuses_when_a_file_changed_since_the_fix(copy: Any) -> None:
     assert tree_state(root) == edited
 
 
-def test_undo_refuses_when_a_quarantined_path_was_recreated(copy: Any) -> None:
-    root = copy("stub")
+def test_undo_refuses_when_a_quarantined_path_was_recreated(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     run_cli("fix", str(root))
     (root / "checkpoint-4" / "pytorch_model.bin").write_bytes(b"new")
     code, out = run_cli("undo", str(root))
@@ -374,8 +253,8 @@ def test_undo_refuses_when_a_quarantined_path_was_recreated(copy: Any) -> None:
     assert (root / "checkpoint-4" / "pytorch_model.bin").read_bytes() == b"new"
 
 
-def test_plans_outside_the_root_or_into_own_folder_are_rejected(copy: Any, tmp_path: Path) -> None:
-    root = copy("stub")
+def test_plans_outside_the_root_or_into_own_folder_are_rejected(scenario_copy: Any, tmp_path: Path) -> None:
+    root = scenario_copy("stub")
     (tmp_path / "outside.json").write_text("{}")
     tree = scan(str(root)).trees[0]
     bad = [
@@ -399,8 +278,8 @@ def test_plans_outside_the_root_or_into_own_folder_are_rejected(copy: Any, tmp_p
     assert (tmp_path / "outside.json").read_text() == "{}"
 
 
-def test_never_through_a_symlink(copy: Any) -> None:
-    root = copy("stub")
+def test_never_through_a_symlink(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     (root / "store").mkdir()
     os.rename(root / "checkpoint-4", root / "store" / "data")  # not a run: only the link makes it a checkpoint
     os.symlink("store/data", root / "checkpoint-4")
@@ -411,8 +290,8 @@ def test_never_through_a_symlink(copy: Any) -> None:
     assert tree_state(root) == before
 
 
-def test_read_only_tree_is_refused(copy: Any) -> None:
-    root = copy("stub")
+def test_read_only_tree_is_refused(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     before = tree_state(root)
     modes = {p: p.stat().st_mode for p in [root, *root.rglob("*")] if p.is_dir()}
     for p in modes:
@@ -427,8 +306,8 @@ def test_read_only_tree_is_refused(copy: Any) -> None:
     assert not (root / ".ckptdoctor").exists()
 
 
-def test_a_run_being_written_is_refused_unless_forced(copy: Any) -> None:
-    root = copy("temp")
+def test_a_run_being_written_is_refused_unless_forced(scenario_copy: Any) -> None:
+    root = scenario_copy("temp")
     (root / "tmp-checkpoint-6" / "optimizer.pt").touch()  # the save is still going on
     before = tree_state(root)
     code, out = run_cli("fix", str(root))
@@ -438,8 +317,8 @@ def test_a_run_being_written_is_refused_unless_forced(copy: Any) -> None:
     assert "Fixed 1 problem" in out
 
 
-def test_lock_held_by_a_live_fixer_refuses_and_a_stale_lock_is_taken_over(copy: Any) -> None:
-    root = copy("stub")
+def test_lock_held_by_a_live_fixer_refuses_and_a_stale_lock_is_taken_over(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     (root / ".ckptdoctor").mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -460,8 +339,8 @@ def test_lock_held_by_a_live_fixer_refuses_and_a_stale_lock_is_taken_over(copy: 
     assert not (root / ".ckptdoctor" / "lock").exists()
 
 
-def test_a_file_changed_between_plan_and_apply_is_refused(copy: Any) -> None:
-    root = copy("shard")
+def test_a_file_changed_between_plan_and_apply_is_refused(scenario_copy: Any) -> None:
+    root = scenario_copy("shard")
     report = scan(str(root))
     plan = fixmod.plan_root(report.trees[0], report.findings, root=str(root))
     assert len(plan.ops) == 1
@@ -474,16 +353,16 @@ def test_a_file_changed_between_plan_and_apply_is_refused(copy: Any) -> None:
     assert tree_state(root) == before
 
 
-def test_fix_refuses_files_and_nested_roots(copy: Any) -> None:
-    root = copy("stub")
+def test_fix_refuses_files_and_nested_roots(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     code, out = run_cli("fix", str(root / "checkpoint-4" / "pytorch_model.bin"))
     assert code == 2 and "not a folder" in out
     code, out = run_cli("fix", str(root), str(root / "checkpoint-4"))
     assert code == 2 and "inside" in out
 
 
-def test_discovery_never_sees_the_quarantine(copy: Any) -> None:
-    root = copy("torn")
+def test_discovery_never_sees_the_quarantine(scenario_copy: Any) -> None:
+    root = scenario_copy("torn")
     run_cli("fix", str(root))
     tree = scan(str(root)).trees[0]
     assert all(".ckptdoctor" not in f.path for f in tree.all_files())
@@ -498,7 +377,7 @@ def test_discovery_never_sees_the_quarantine(copy: Any) -> None:
 def test_stub_shadow_resume_matches_the_uninterrupted_run_after_fix(tmp_path: Path) -> None:
     pytest.importorskip("ckptdoctor.reference.scenarios")
     from ckptdoctor.reference.scenarios import base_config
-    from tests.reference_helpers import TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
+    from tests.helpers.reference import TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
 
     out = age(build_scenario("stub-shadow", tmp_path))
     before = tree_state(out)
@@ -516,9 +395,9 @@ def test_stub_shadow_resume_matches_the_uninterrupted_run_after_fix(tmp_path: Pa
 # Several roots; many operations
 
 
-def test_each_root_is_fixed_under_its_own_settings_file(copy: Any) -> None:
+def test_each_root_is_fixed_under_its_own_settings_file(scenario_copy: Any) -> None:
     """A settings file travels with its checkpoint: the first root's must not decide what the others get fixed for."""
-    quiet, stub = copy("shard"), copy("stub")
+    quiet, stub = scenario_copy("shard"), scenario_copy("stub")
     (quiet / ".ckptdoctor.toml").write_text('ignore = ["CKD2"]\n')
     age(quiet)
     _, out = run_cli("fix", str(quiet), str(stub))
@@ -527,8 +406,8 @@ def test_each_root_is_fixed_under_its_own_settings_file(copy: Any) -> None:
     assert "CKD205" in codes(quiet)  # its own file says: not CKD2
 
 
-def test_an_inside_root_is_refused_whatever_the_settings(copy: Any) -> None:
-    root = copy("stub")
+def test_an_inside_root_is_refused_whatever_the_settings(scenario_copy: Any) -> None:
+    root = scenario_copy("stub")
     (root / "checkpoint-4" / ".ckptdoctor.toml").write_text('ignore = ["CKD2"]\n')
     code, out = run_cli("fix", str(root), str(root / "checkpoint-4"))
     assert code == 2 and "is inside" in out, out
@@ -550,13 +429,13 @@ def test_operations_inside_quarantined_folders_are_dropped_as_before(seed: int) 
         assert _below(p, folders) == any(p != d and is_under(p, d) for d in folders), (p, folders)
 
 
-def test_the_catalog_says_which_fixes_need_the_flag(built: dict[str, Path]) -> None:
+def test_the_catalog_says_which_fixes_need_the_flag(fix_scenarios: dict[str, Path]) -> None:
     """`ckptdoctor rules` shows each rule's fix as safe or unsafe: it must be what its findings' plans carry."""
     from ckptdoctor.rules import all_rules
 
     declared = {r.code: r.fix for r in all_rules()}
     seen: dict[str, set[str]] = {}
-    for root in built.values():
+    for root in fix_scenarios.values():
         for f in scan(str(root)).findings:
             if f.fix is not None and f.fix.applicability != Applicability.MANUAL:
                 seen.setdefault(f.rule, set()).add(f.fix.applicability.value)

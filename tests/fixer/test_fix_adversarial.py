@@ -4,7 +4,6 @@ traceback; the refusal changes nothing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -18,15 +17,14 @@ import pytest
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import calls as fixcalls
-from tests.builders import make_run
-from tests.console import HANG_GUARD
-from tests.test_fix import age, clone, run_cli, stub_run, tree_state
-
-TXID = "20260101T000000Z-abcdef"
+from tests.helpers.builders import make_run
+from tests.helpers.console import HANG_GUARD
+from tests.helpers.fixing import age, clone, run_cli, stub_run, tree_state
+from tests.helpers.journals import TXID, forge, journal_op
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def aged_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real LoRA run with a CKD201 stub (one safe quarantine), aged so no fix calls it busy."""
     src = tmp_path_factory.mktemp("adv") / "src"
     src.mkdir()
@@ -34,42 +32,13 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def site(stub: Path, tmp_path: Path) -> tuple[Path, Path]:
+def site(aged_stub: Path, tmp_path: Path) -> tuple[Path, Path]:
     """``home`` with a user's file, and a downloaded checkpoint folder ``home/dl/model`` (the root) inside it."""
     home = tmp_path / "home"
     (home / "dl").mkdir(parents=True)
     (home / "victim.txt").write_text("the user's own file\n")
     (home / "dl" / "victim.txt").write_text("the user's own file\n")
-    return home, clone(stub, home / "dl" / "model")
-
-
-def journal_op(
-    kind: OpKind, path: str, before: fixmod.Digest, *, content: str | None = None, status: str = "pending"
-) -> fixmod.JournalOp:
-    data = None if content is None else content.encode()
-    after = None if data is None else fixmod.Digest("file", len(data), hashlib.sha256(data).hexdigest(), 0o644)
-    return fixmod.JournalOp(1, kind, path, ["CKD201"], "t", before, after, content, None, status)
-
-
-def forge(
-    root: Path,
-    ops: list[fixmod.JournalOp],
-    *,
-    state: str = "applied",
-    txid: str = TXID,
-    name: str | None = None,
-    dir_times: dict[str, tuple[int, int]] | None = None,
-    edit: Callable[[dict[str, Any]], None] | None = None,
-) -> Path:
-    """Write a journal the way the fixer does (same schema), as an attacker shipping it would."""
-    doc = fixmod.Journal(txid, "/somewhere/else", 1.0, state, ops, dir_times or {}).to_json()
-    if edit is not None:
-        edit(doc)
-    folder = root / ".ckptdoctor" / "journal"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name or txid}.json"
-    path.write_text(json.dumps(doc))
-    return path
+    return home, clone(aged_stub, home / "dl" / "model")
 
 
 def snapshot(home: Path) -> dict[str, tuple[Any, ...]]:
@@ -385,7 +354,7 @@ def test_ctrl_c_at_any_write_leaves_a_transaction_fix_or_undo_finishes(
 def test_a_folder_dated_past_2116_keeps_its_transaction_undoable(tmp_path: Path) -> None:
     """Found in review: the journal's time check stopped at 2**62 ns while lstat gives any signed 64-bit value, so
     the fixer refused its own journal (no undo) after fixing a tree with a far-future folder time."""
-    from tests.test_fix import mixed_run
+    from tests.helpers.fixing import mixed_run
 
     root = tmp_path / "run"
     root.mkdir()

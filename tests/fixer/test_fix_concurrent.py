@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ import pytest
 
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.fixer import calls as fixcalls
-from tests.builders import make_run, trainer_state
-from tests.test_fix import age, clone, deepspeed_checkpoint, run_cli, sharded_checkpoint, stub_run, tree_state
-from tests.test_fix_crash import _kill_at
+from tests.helpers.builders import make_run, trainer_state
+from tests.helpers.crash import EXCHANGE, _kill_at
+from tests.helpers.fixing import age, clone, deepspeed_checkpoint, run_cli, sharded_checkpoint, stub_run, tree_state
 
 WRITTEN = b'{"written": "by the trainer"}\n'
 
@@ -86,20 +85,6 @@ def _fs(*, links: bool = True, exchange: bool = True) -> fixmod.WriteCalls:
     )
 
 
-def _can_exchange() -> bool:
-    """Whether ``renameat2(RENAME_EXCHANGE)`` works here (Linux 3.15+, a filesystem that supports it)."""
-    with tempfile.TemporaryDirectory() as d:
-        a, b = os.path.join(d, "a"), os.path.join(d, "b")
-        for p in (a, b):
-            Path(p).write_bytes(p.encode())
-        try:
-            fixmod.rename_exchange(a, b)
-        except OSError:
-            return False
-        return Path(a).read_bytes() == b.encode()
-
-
-EXCHANGE = _can_exchange()
 FALLBACK_WINDOW = (
     "the fixer falls back to hash-then-os.replace, and a rename over the target (or, without hard links, an "
     "in-place write) between its last hash and the replace loses the writer's bytes"
@@ -111,7 +96,7 @@ NO_EXCHANGE = (
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def scenes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One scenario per fix kind: rewrite the index / trainer state / DeepSpeed `latest`, quarantine file / folder."""
     base = tmp_path_factory.mktemp("concurrent")
     sharded_checkpoint(base / "shard" / "checkpoint-4", wrong=True)
@@ -212,9 +197,9 @@ def _is_temp_of(rel: str) -> Callable[..., bool]:
 @pytest.mark.parametrize("writer", [_in_place, _atomic])
 @pytest.mark.parametrize("when", ["temp", "saved", "copied"])
 def test_rewrite_target_written_before_the_replace(
-    built: dict[str, Path], tmp_path: Path, hook: Any, name: str, writer: Any, when: str
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, name: str, writer: Any, when: str
 ) -> None:
-    root = clone(built[name], tmp_path / name)
+    root = clone(scenes[name], tmp_path / name)
     rel = REWRITES[name]
     target = root / rel
     if when == "temp":  # while the fixer writes its temp file
@@ -227,9 +212,9 @@ def test_rewrite_target_written_before_the_replace(
 
 
 @pytest.mark.parametrize("name", sorted(REWRITES))
-def test_rewrite_target_written_during_the_copy(built: dict[str, Path], tmp_path: Path, hook: Any, name: str) -> None:
+def test_rewrite_target_written_during_the_copy(scenes: dict[str, Path], tmp_path: Path, hook: Any, name: str) -> None:
     """Without hard links the copy of the original is verified: a write while copying aborts before the replace."""
-    root = clone(built[name], tmp_path / name)
+    root = clone(scenes[name], tmp_path / name)
     rel = REWRITES[name]
     original = (root / rel).read_bytes()
     h = Hook("fchmod", lambda fd, mode: True, _append(root / rel, b"\n"))  # the copy is read, not yet fsynced
@@ -246,12 +231,12 @@ def _swap(target: Path, writer: Callable[[], None], *, exchange: bool = True, af
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "replace"])
 @pytest.mark.parametrize("name", sorted(REWRITES))
 def test_in_place_write_in_the_instant_before_the_replace_is_put_back(
-    built: dict[str, Path], tmp_path: Path, hook: Any, name: str, exchange: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, name: str, exchange: bool
 ) -> None:
     """After the last check, an in-place writer lands in the original's inode: the exchange brings that inode out
     at the temp path, where the fixer sees it and swaps it back; without an exchange the quarantine holds it (a
     hard link), and the fixer sees it after the replace and puts that inode back."""
-    root = clone(built[name], tmp_path / name)
+    root = clone(scenes[name], tmp_path / name)
     rel = REWRITES[name]
     h = _swap(root / rel, _in_place(root / rel, WRITTEN), exchange=exchange)
     _fix_meets_writer(root, rel, h, WRITTEN, hook, _fs(exchange=exchange))
@@ -260,11 +245,11 @@ def test_in_place_write_in_the_instant_before_the_replace_is_put_back(
 @pytest.mark.xfail(not EXCHANGE, strict=True, reason=NO_EXCHANGE)
 @pytest.mark.parametrize("links", [True, False])
 def test_write_between_last_hash_and_replace_is_not_lost(
-    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
     """A rename over the target (or, without hard links, an in-place write) right before the atomic exchange: what
     the exchange takes out is not the original, so the fixer swaps the writer's file back and rolls back."""
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     writer = _atomic if links else _in_place
     h = _swap(root / rel, writer(root / rel, WRITTEN))
@@ -274,9 +259,9 @@ def test_write_between_last_hash_and_replace_is_not_lost(
 @pytest.mark.xfail(strict=True, reason=f"known window without RENAME_EXCHANGE (EINVAL simulated): {FALLBACK_WINDOW}")
 @pytest.mark.parametrize("links", [True, False])
 def test_without_rename_exchange_the_window_remains(
-    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     writer = _atomic if links else _in_place
     h = _swap(root / rel, writer(root / rel, WRITTEN), exchange=False)
@@ -288,9 +273,9 @@ def test_without_rename_exchange_the_window_remains(
 
 @pytest.mark.parametrize("links", [True, False])
 def test_without_rename_exchange_the_rewrite_still_applies_and_undoes(
-    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     before = tree_state(root)
     hook(Hook("open", lambda *a: False, lambda: None), _fs(links=links, exchange=False))
     code, out = run_cli("fix", str(root))
@@ -305,10 +290,10 @@ needs_exchange = pytest.mark.skipif(not EXCHANGE, reason=NO_EXCHANGE)
 
 
 @needs_exchange
-def test_written_twice_around_the_exchange_keeps_both(built: dict[str, Path], tmp_path: Path, hook: Any) -> None:
+def test_written_twice_around_the_exchange_keeps_both(scenes: dict[str, Path], tmp_path: Path, hook: Any) -> None:
     """One write before the exchange and another over the fixer's file right after it: the last write stays at
     the target and the one before it is set aside in the quarantine, named in the message; nothing to undo."""
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     before = tree_state(root)
     first = _swap(root / rel, _atomic(root / rel, WRITTEN))
@@ -330,9 +315,9 @@ def test_written_twice_around_the_exchange_keeps_both(built: dict[str, Path], tm
 
 @needs_exchange
 @pytest.mark.parametrize("direction", ["undo", "fix"])
-def test_killed_right_after_the_exchange_recovers(built: dict[str, Path], tmp_path: Path, direction: str) -> None:
+def test_killed_right_after_the_exchange_recovers(scenes: dict[str, Path], tmp_path: Path, direction: str) -> None:
     """SIGKILL between the exchange and its check: the original is at the temp path, the new text at the target."""
-    src = built["ds"]
+    src = scenes["ds"]
     before = tree_state(src)
     done = clone(src, tmp_path / "done")
     run_cli("fix", str(done))
@@ -361,11 +346,11 @@ def _kill() -> None:
 @needs_exchange
 @pytest.mark.parametrize("links", [True, False])
 def test_killed_after_exchanging_a_written_target_undo_gives_it_back(
-    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
     """Killed after the exchange took out a writer's file (so the fixer's text is at the target): `fix` refuses
     to complete it, `undo` swaps the writer's bytes back and removes everything of the fixer's."""
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     before = tree_state(root)
     writer = _swap(root / rel, (_atomic if links else _in_place)(root / rel, WRITTEN))
@@ -386,11 +371,11 @@ def test_killed_after_exchanging_a_written_target_undo_gives_it_back(
 
 @pytest.mark.parametrize("links", [True, False])
 def test_killed_after_a_writer_beat_the_check_undo_keeps_its_bytes(
-    built: dict[str, Path], tmp_path: Path, hook: Any, links: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, links: bool
 ) -> None:
     """Killed with the original kept and the new text in the temp file, after a writer replaced the target:
     `undo` recognises the fixer never reached the target and removes only the fixer's files."""
-    root = clone(built["ds"], tmp_path / "ds")
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     before = tree_state(root)
 
@@ -421,9 +406,9 @@ def _is(path: Path) -> Callable[..., bool]:
 
 @pytest.mark.parametrize("after", [False, True], ids=["before-move", "during-move"])
 def test_quarantined_file_written_around_the_move_goes_back(
-    built: dict[str, Path], tmp_path: Path, hook: Any, after: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, after: bool
 ) -> None:
-    root = clone(built["stub"], tmp_path / "stub")
+    root = clone(scenes["stub"], tmp_path / "stub")
     rel = "checkpoint-4/pytorch_model.bin"
     target = root / rel
     original = target.read_bytes()
@@ -440,9 +425,9 @@ def test_quarantined_file_written_around_the_move_goes_back(
 
 @pytest.mark.parametrize("after", [False, True], ids=["before-move", "during-move"])
 def test_new_file_in_a_quarantined_folder_goes_back_with_it(
-    built: dict[str, Path], tmp_path: Path, hook: Any, after: bool
+    scenes: dict[str, Path], tmp_path: Path, hook: Any, after: bool
 ) -> None:
-    root = clone(built["temp"], tmp_path / "temp")
+    root = clone(scenes["temp"], tmp_path / "temp")
     folder = root / "tmp-checkpoint-6"
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # the writer's folder handle follows it across the move
 
@@ -480,9 +465,9 @@ def _holder(path: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize(("name", "rel"), [("stub", "checkpoint-4/pytorch_model.bin"), ("ds", REWRITES["ds"])])
 def test_open_descriptor_writes_land_in_the_quarantine_and_undo_refuses(
-    built: dict[str, Path], tmp_path: Path, name: str, rel: str
+    scenes: dict[str, Path], tmp_path: Path, name: str, rel: str
 ) -> None:
-    root = clone(built[name], tmp_path / name)
+    root = clone(scenes[name], tmp_path / name)
     original = (root / rel).read_bytes()
     proc = _holder(root / rel)
     try:
@@ -510,8 +495,8 @@ def test_open_descriptor_writes_land_in_the_quarantine_and_undo_refuses(
 # Undo with a writer between its check and its replace
 
 
-def test_undo_keeps_a_write_made_after_its_check(built: dict[str, Path], tmp_path: Path, hook: Any) -> None:
-    root = clone(built["ds"], tmp_path / "ds")
+def test_undo_keeps_a_write_made_after_its_check(scenes: dict[str, Path], tmp_path: Path, hook: Any) -> None:
+    root = clone(scenes["ds"], tmp_path / "ds")
     rel = REWRITES["ds"]
     assert "Fixed 1 problem" in run_cli("fix", str(root))[1]
     (j,) = fixmod.load_journals(str(root))

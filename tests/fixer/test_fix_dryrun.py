@@ -17,10 +17,16 @@ from click.testing import CliRunner
 
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.cli import main
-from tests.payloads import hostile_payloads
-from tests.test_fix import age, deepspeed_checkpoint, sharded_checkpoint, tree_state
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+from tests.helpers.fixing import (
+    FIXTURES,
+    age,
+    deepspeed_checkpoint,
+    fixture,
+    sharded_checkpoint,
+    stubs_and_hostile_pickle,
+    tree_state,
+)
+from tests.helpers.payloads import hostile_payloads
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -29,11 +35,6 @@ def invoke(*args: str) -> tuple[int, str, str]:
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, result.stdout, result.stderr
-
-
-def fixture(name: str, tmp_path: Path) -> Path:
-    """A copy of a shipped fixture, every mtime an hour old (a run nobody is writing)."""
-    return age(Path(shutil.copytree(FIXTURES / name, tmp_path / name)))
 
 
 def missing_shard(tmp_path: Path) -> Path:
@@ -56,15 +57,6 @@ def truncated_state(tmp_path: Path) -> Path:
     state = run / "checkpoint-8" / "trainer_state.json"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     return age(run) / "checkpoint-8"
-
-
-def stubs_and_hostile_pickle(tmp_path: Path) -> Path:
-    """stub-shadow (two stub pytorch_model.bin the fix quarantines) with a hostile rng_state.pth (CKD601, no fix)."""
-    root = fixture("stub-shadow", tmp_path)
-    (root / "checkpoint-4" / "rng_state.pth").write_bytes(
-        hostile_payloads(tmp_path / "canary")["posix.system protocol 0"][0]
-    )
-    return age(root)
 
 
 UNFIXABLE = [(missing_shard, {"CKD204"}), (posix_system, {"CKD601"}), (truncated_state, {"CKD402", "CKD102"})]

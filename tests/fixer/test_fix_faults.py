@@ -14,7 +14,7 @@ import pytest
 
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.fixer import calls as fixcalls
-from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
+from tests.helpers.fixing import age, clone, mixed_run, run_cli, tree_state
 
 
 class Faults:
@@ -54,7 +54,7 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Faults | None]
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def faults_mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("faults")
     (base / "src").mkdir()
     src = age(mixed_run(base / "src"))
@@ -69,61 +69,61 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"src": src, "before": tree_state(src), "planned": tree_state(done), "calls": counter.calls}
 
 
-def test_the_seam_sees_every_kind_of_write(mixed: dict[str, Any]) -> None:
-    assert {"open", "write", "fsync", "replace", "rename", "link", "mkdir", "utime"} <= set(mixed["calls"])
+def test_the_seam_sees_every_kind_of_write(faults_mixed: dict[str, Any]) -> None:
+    assert {"open", "write", "fsync", "replace", "rename", "link", "mkdir", "utime"} <= set(faults_mixed["calls"])
 
 
-def test_single_fault_at_every_call(mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
+def test_single_fault_at_every_call(faults_mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
     errs = (errno.ENOSPC, errno.EIO, errno.EROFS)
     outcomes: set[str] = set()
-    for k in range(1, len(mixed["calls"]) + 1):
-        root = clone(mixed["src"], tmp_path / f"k{k}")
+    for k in range(1, len(faults_mixed["calls"]) + 1):
+        root = clone(faults_mixed["src"], tmp_path / f"k{k}")
         f = Faults(k, errs[k % 3])
         faults(f)
         code, out = run_cli("fix", str(root))
         faults(None)
         assert f.failed, k
         state = tree_state(root)
-        assert state in (mixed["before"], mixed["planned"]), (k, mixed["calls"][k - 1], out)
+        assert state in (faults_mixed["before"], faults_mixed["planned"]), (k, faults_mixed["calls"][k - 1], out)
         if code == 2:
             assert "failed" in out or "cannot lock" in out, out
         code, out = run_cli("undo", str(root))
-        if state == mixed["planned"]:
+        if state == faults_mixed["planned"]:
             assert code == 0, (k, out)
         else:
             assert (code == 2 and "no fix transaction to undo" in out) or "restored 0 operations" in out, (k, out)
-        assert tree_state(root) == mixed["before"], (k, mixed["calls"][k - 1])
-        outcomes.add("planned" if state == mixed["planned"] else "before")
+        assert tree_state(root) == faults_mixed["before"], (k, faults_mixed["calls"][k - 1])
+        outcomes.add("planned" if state == faults_mixed["planned"] else "before")
     assert outcomes == {"planned", "before"}
 
 
-def test_persistent_fault_then_undo(mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
+def test_persistent_fault_then_undo(faults_mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
     outcomes: set[str] = set()
-    for k in range(1, len(mixed["calls"]) + 1, 3):
-        root = clone(mixed["src"], tmp_path / f"p{k}")
+    for k in range(1, len(faults_mixed["calls"]) + 1, 3):
+        root = clone(faults_mixed["src"], tmp_path / f"p{k}")
         faults(Faults(k, errno.ENOSPC, persistent=True))
         code, out = run_cli("fix", str(root))
         faults(None)
-        if tree_state(root) != mixed["before"]:
+        if tree_state(root) != faults_mixed["before"]:
             outcomes.add("partial")
             assert "ckptdoctor undo" in out, (k, out)  # the message says how to recover
             code, out = run_cli("undo", str(root))
             assert code == 0, (k, out)
         else:
             outcomes.add("rolled back")
-        assert tree_state(root) == mixed["before"], (k, mixed["calls"][k - 1], out)
+        assert tree_state(root) == faults_mixed["before"], (k, faults_mixed["calls"][k - 1], out)
     assert outcomes == {"partial", "rolled back"}
 
 
-def test_fault_during_undo_then_undo_again(mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
-    probe = clone(mixed["src"], tmp_path / "probe")
+def test_fault_during_undo_then_undo_again(faults_mixed: dict[str, Any], tmp_path: Path, faults: Any) -> None:
+    probe = clone(faults_mixed["src"], tmp_path / "probe")
     run_cli("fix", str(probe))
     counter = Faults(10**9)
     faults(counter)
     assert run_cli("undo", str(probe))[0] == 0
     faults(None)
     for k in range(1, len(counter.calls) + 1, 2):
-        root = clone(mixed["src"], tmp_path / f"u{k}")
+        root = clone(faults_mixed["src"], tmp_path / f"u{k}")
         run_cli("fix", str(root))
         faults(Faults(k, errno.EIO))
         code, out = run_cli("undo", str(root))
@@ -132,4 +132,4 @@ def test_fault_during_undo_then_undo_again(mixed: dict[str, Any], tmp_path: Path
             assert "undo" in out, out
             code, out = run_cli("undo", str(root))
         assert code == 0 or "no fix transaction" in out, (k, out)
-        assert tree_state(root) == mixed["before"], (k, counter.calls[k - 1])
+        assert tree_state(root) == faults_mixed["before"], (k, counter.calls[k - 1])

@@ -13,9 +13,9 @@ from ckptdoctor import deep
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer.paths import OWN_MANIFEST
-from tests.builders import make_run
-from tests.test_checksums import _verify, _write
-from tests.test_fix import age, run_cli, stub_run, tree_state
+from tests.helpers.builders import make_run
+from tests.helpers.checksums import _verify, _write
+from tests.helpers.fixing import age, run_cli, stub_run, tree_state
 
 MANIFEST = Path(OWN_MANIFEST)
 STUB = "checkpoint-4/pytorch_model.bin"
@@ -31,7 +31,7 @@ def _listed(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stub(tmp_path: Path) -> Path:
+def manifest_stub(tmp_path: Path) -> Path:
     root = stub_run(tmp_path / "stub")
     _write_manifest(root)
     return age(root)
@@ -53,27 +53,27 @@ def test_the_path_is_the_one_scans_write() -> None:
     assert OWN_MANIFEST == deep.MANIFEST_PATH
 
 
-def test_a_quarantined_file_leaves_the_manifest_and_undo_puts_it_back(stub: Path) -> None:
-    before, files = (stub / MANIFEST).read_bytes(), tree_state(stub)
-    assert STUB in _listed(stub) and _verify(stub) == []
+def test_a_quarantined_file_leaves_the_manifest_and_undo_puts_it_back(manifest_stub: Path) -> None:
+    before, files = (manifest_stub / MANIFEST).read_bytes(), tree_state(manifest_stub)
+    assert STUB in _listed(manifest_stub) and _verify(manifest_stub) == []
 
-    code, out = run_cli("fix", "--dry-run", str(stub))
+    code, out = run_cli("fix", "--dry-run", str(manifest_stub))
     assert code == 1 and f"rewrite `{OWN_MANIFEST}`: 1 quarantined file no longer listed" in out, out
-    assert (stub / MANIFEST).read_bytes() == before
+    assert (manifest_stub / MANIFEST).read_bytes() == before
 
-    code, out = run_cli("fix", str(stub))
+    code, out = run_cli("fix", str(manifest_stub))
     assert "Fixed 1 problem" in out, out
-    assert STUB not in _listed(stub) and len(_listed(stub)) == len(json.loads(before)["files"]) - 1
-    assert _verify(stub) == []  # without the update: "listed file is missing"
-    (journal,) = fixmod.load_journals(str(stub))
+    assert STUB not in _listed(manifest_stub) and len(_listed(manifest_stub)) == len(json.loads(before)["files"]) - 1
+    assert _verify(manifest_stub) == []  # without the update: "listed file is missing"
+    (journal,) = fixmod.load_journals(str(manifest_stub))
     ops = [(op.kind, op.path) for op in journal.ops]
     assert ops == [(OpKind.QUARANTINE, STUB), (OpKind.REWRITE_JSON, OWN_MANIFEST)]
 
-    code, out = run_cli("undo", str(stub))
+    code, out = run_cli("undo", str(manifest_stub))
     assert code == 0, out
-    assert (stub / MANIFEST).read_bytes() == before
-    assert tree_state(stub) == files
-    assert _verify(stub) == []
+    assert (manifest_stub / MANIFEST).read_bytes() == before
+    assert tree_state(manifest_stub) == files
+    assert _verify(manifest_stub) == []
 
 
 def test_a_rewritten_file_is_listed_with_its_new_sha256(best: Path) -> None:
@@ -86,10 +86,10 @@ def test_a_rewritten_file_is_listed_with_its_new_sha256(best: Path) -> None:
     assert hashlib.sha256((best / rel).read_bytes()).hexdigest() == _listed(best)[rel]
 
 
-def test_other_fields_and_entries_are_kept(stub: Path) -> None:
-    doc = json.loads((stub / MANIFEST).read_text())
-    run_cli("fix", str(stub))
-    after = json.loads((stub / MANIFEST).read_text())
+def test_other_fields_and_entries_are_kept(manifest_stub: Path) -> None:
+    doc = json.loads((manifest_stub / MANIFEST).read_text())
+    run_cli("fix", str(manifest_stub))
+    after = json.loads((manifest_stub / MANIFEST).read_text())
     assert {k: v for k, v in after.items() if k != "files"} == {k: v for k, v in doc.items() if k != "files"}
     assert after["files"] == [e for e in doc["files"] if e["path"] != STUB]
 
@@ -114,25 +114,25 @@ def test_no_manifest_no_manifest_operation(tmp_path: Path) -> None:
         b' "size": 1, "sha256": "' + b"0" * 64 + b'"}]}',
     ],
 )
-def test_a_manifest_that_is_not_one_is_left_alone(stub: Path, content: bytes) -> None:
-    (stub / MANIFEST).write_bytes(content)
-    age(stub)
-    _code, out = run_cli("fix", str(stub))
+def test_a_manifest_that_is_not_one_is_left_alone(manifest_stub: Path, content: bytes) -> None:
+    (manifest_stub / MANIFEST).write_bytes(content)
+    age(manifest_stub)
+    _code, out = run_cli("fix", str(manifest_stub))
     assert "Fixed 1 problem" in out, out
-    assert (stub / MANIFEST).read_bytes() == content
+    assert (manifest_stub / MANIFEST).read_bytes() == content
 
 
-def test_an_unlisted_change_needs_no_manifest_operation(stub: Path) -> None:
-    doc = json.loads((stub / MANIFEST).read_text())
+def test_an_unlisted_change_needs_no_manifest_operation(manifest_stub: Path) -> None:
+    doc = json.loads((manifest_stub / MANIFEST).read_text())
     doc["files"] = [e for e in doc["files"] if e["path"] != STUB]
-    (stub / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
-    age(stub)
-    _code, out = run_cli("fix", "--dry-run", str(stub))
+    (manifest_stub / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    age(manifest_stub)
+    _code, out = run_cli("fix", "--dry-run", str(manifest_stub))
     assert OWN_MANIFEST not in out, out
 
 
-def test_no_rule_plan_may_name_the_manifest(stub: Path) -> None:
+def test_no_rule_plan_may_name_the_manifest(manifest_stub: Path) -> None:
     """Only the planner's own update passes: a rule's plan naming the manifest is rejected like any own path."""
-    assert fixmod.check_path(str(stub), OWN_MANIFEST)[0] is None
-    assert fixmod.check_path(str(stub), OWN_MANIFEST, own_manifest=True)[0] is not None
-    assert fixmod.check_path(str(stub), ".ckptdoctor/journal", own_manifest=True)[0] is None
+    assert fixmod.check_path(str(manifest_stub), OWN_MANIFEST)[0] is None
+    assert fixmod.check_path(str(manifest_stub), OWN_MANIFEST, own_manifest=True)[0] is not None
+    assert fixmod.check_path(str(manifest_stub), ".ckptdoctor/journal", own_manifest=True)[0] is None

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import ckptdoctor
-from tests import console
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import console
+from tests.helpers.paths import REPO
 
 
 def cli(*args: str) -> tuple[int, str]:

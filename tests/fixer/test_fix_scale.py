@@ -20,8 +20,8 @@ from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import apply, transaction
 from ckptdoctor.fixer import calls as fixcalls
-from tests.test_fix import age, clone, mixed_run, run_cli, tree_state
-from tests.test_fix_crash import _points, recover_either_way
+from tests.helpers.crash import _points, recover_either_way
+from tests.helpers.fixing import age, clone, mixed_run, run_cli, tree_state
 
 N_FOLDERS = 1_000
 
@@ -84,7 +84,7 @@ def test_a_small_transaction_still_saves_after_each_operation() -> None:
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def mixed_s(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("scale")
     (base / "src").mkdir()
     src = age(mixed_run(base / "src"))
@@ -129,13 +129,13 @@ def _saved_statuses(point: str, n: int, every: int) -> list[str]:
 @pytest.mark.parametrize("every", [2, 4])
 @pytest.mark.parametrize("direction", ["undo", "fix"])
 def test_a_kill_between_batched_saves_recovers_either_way(
-    mixed: dict[str, Any], tmp_path: Path, kill_at: Any, monkeypatch: pytest.MonkeyPatch, every: int, direction: str
+    mixed_s: dict[str, Any], tmp_path: Path, kill_at: Any, monkeypatch: pytest.MonkeyPatch, every: int, direction: str
 ) -> None:
-    n = len(mixed["kinds"])
+    n = len(mixed_s["kinds"])
     monkeypatch.setattr(transaction, "JOURNAL_SAVES", n // every)
     assert transaction._batch(n) == every
-    for i, point in enumerate(_points(mixed["kinds"])):
-        root = clone(mixed["src"], tmp_path / f"t{i}")
+    for i, point in enumerate(_points(mixed_s["kinds"])):
+        root = clone(mixed_s["src"], tmp_path / f"t{i}")
         kill_at(point)
         with pytest.raises(_Killed):
             run_cli("fix", str(root))
@@ -143,17 +143,17 @@ def test_a_kill_between_batched_saves_recovers_either_way(
         (j,) = fixmod.load_journals(str(root))
         assert j.state == "applying", point
         assert [op.status for op in j.ops] == _saved_statuses(point, n, every), point
-        recover_either_way(root, j.txid, direction, mixed, point)
+        recover_either_way(root, j.txid, direction, mixed_s, point)
 
 
 @pytest.mark.parametrize("every", [2, 4])
 def test_a_kill_between_batched_undo_saves_is_finished_by_undo(
-    mixed: dict[str, Any], tmp_path: Path, kill_at: Any, monkeypatch: pytest.MonkeyPatch, every: int
+    mixed_s: dict[str, Any], tmp_path: Path, kill_at: Any, monkeypatch: pytest.MonkeyPatch, every: int
 ) -> None:
-    n = len(mixed["kinds"])
+    n = len(mixed_s["kinds"])
     monkeypatch.setattr(transaction, "JOURNAL_SAVES", n // every)
     for point in ["undo:journal", *(f"undo:{k}" for k in range(n, 0, -1))]:
-        root = clone(mixed["src"], tmp_path / point.replace(":", "_"))
+        root = clone(mixed_s["src"], tmp_path / point.replace(":", "_"))
         run_cli("fix", str(root))
         kill_at(point)
         with pytest.raises(_Killed):
@@ -167,13 +167,13 @@ def test_a_kill_between_batched_undo_saves_is_finished_by_undo(
         assert code == 2 and "was interrupted" in out, out  # fix does not fight an undo half done
         code, out = run_cli("undo", str(root))
         assert code == 0, (point, out)
-        assert tree_state(root) == mixed["before"], point
+        assert tree_state(root) == mixed_s["before"], point
 
 
-def test_a_real_kill_between_batched_saves(mixed: dict[str, Any], tmp_path: Path) -> None:
+def test_a_real_kill_between_batched_saves(mixed_s: dict[str, Any], tmp_path: Path) -> None:
     """SIGKILL (not an exception) after op 3 of 4 with only the first and the last save: the journal on disk says
     nothing was done, the disk says three operations were; `undo` restores the tree."""
-    root = clone(mixed["src"], tmp_path / "sigkill")
+    root = clone(mixed_s["src"], tmp_path / "sigkill")
     code = (
         "import sys; from ckptdoctor.fixer import transaction; transaction.JOURNAL_SAVES = 1; "
         "from ckptdoctor.cli import main; sys.argv[0] = 'ckptdoctor'; main()"
@@ -188,4 +188,4 @@ def test_a_real_kill_between_batched_saves(mixed: dict[str, Any], tmp_path: Path
     assert sum(op.kind == OpKind.QUARANTINE for op in j.ops[:3]) >= 1
     code_, out = run_cli("undo", str(root))
     assert code_ == 0 and "restored 3 operations" in out, out
-    assert tree_state(root) == mixed["before"]
+    assert tree_state(root) == mixed_s["before"]

@@ -22,9 +22,9 @@ from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import journal as jmod
 from ckptdoctor.fixer import transaction
 from ckptdoctor.fixer.digests import sha256_of
-from tests.builders import trainer_state
-from tests.test_fix import clone, mixed_run, run_cli, tree_state
-from tests.test_fix_adversarial import TXID, forge, journal_op
+from tests.helpers.builders import trainer_state
+from tests.helpers.fixing import clone, mixed_run, run_cli, tree_state
+from tests.helpers.journals import TXID, forge, journal_op
 
 LOG_ENTRIES = 6_000  # a trainer_state.json of ~1 MB: what a long run's log_history makes
 EXPECTED_OPS = [  # every kind of fix, the same on every machine (a different plan fails here, not further down)

@@ -12,8 +12,8 @@ from typing import Any
 from ckptdoctor.fixer.journal import load_journals
 from ckptdoctor.render.report import render_text
 from ckptdoctor.scanner import scan
-from tests.test_adversarial import FIXTURES, copy_fixture, invoke
-from tests.test_fix import age, tree_state
+from tests.helpers.cli import FIXTURES, copy_fixture, invoke
+from tests.helpers.fixing import age, tree_state
 
 UNDO_KEYS = {"schema", "version", "action", "root", "refused"}
 

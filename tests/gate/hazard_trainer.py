@@ -1,7 +1,7 @@
 """Train or resume a tiny real Trainer in a fresh process, for the tests of the resume hazards users report most.
 
-Run as a script, never imported by the suite: ``python tests/hazard_trainer.py JOB.json RESULT.json`` (by
-tests/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOCTOR_TF4_PYTHON``'s). A job is a dict:
+Run as a script, never imported by the suite: ``python tests/gate/hazard_trainer.py JOB.json RESULT.json`` (by
+tests/gate/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOCTOR_TF4_PYTHON``'s). A job is a dict:
 
 - ``out``: output_dir; ``args``: TrainingArguments overrides; ``resume``: null, true or a checkpoint path;
 - ``model``: ``"llama"`` (tied embeddings) or ``"gpt2"``; ``untie_config``: set ``config.tie_word_embeddings =

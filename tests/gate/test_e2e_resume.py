@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ckptdoctor.fixer import fix, undo
+from ckptdoctor.fixer import undo
 from ckptdoctor.reference.fsdp import train_fsdp
 from ckptdoctor.reference.scenarios import (
     PREEMPT_STEP,
@@ -31,29 +31,8 @@ from ckptdoctor.reference.scenarios import (
     stale_higher_second_run,
 )
 from ckptdoctor.reference.train import TinyCausalLM, set_seed, train
-from ckptdoctor.scanner import scan
-from tests.reference_helpers import DEPARTS, TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
-
-
-def tree_digest(root: Path) -> dict[str, tuple[int, bytes]]:
-    """Names, modes and contents of every file under ``root`` outside ckptdoctor's own folder."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_file() and not rel.startswith(".ckptdoctor"):
-            out[rel] = (p.stat().st_mode, p.read_bytes())
-    return out
-
-
-def ckptdoctor_fix(root: Path, *, unsafe: bool = False) -> None:
-    """What the user runs: `ckptdoctor fix` (the run was written seconds ago, hence force)."""
-    result = fix([str(root)], unsafe=unsafe, force=True)
-    assert result.fixed >= 1 and all(t is not None for t in result.txids)
-
-
-def found(root: Path) -> set[tuple[str, str]]:
-    """(rule, path) of every finding ckptdoctor's scan reports under ``root``."""
-    return {(f.rule, f.path) for f in scan(str(root)).findings}
+from tests.helpers.e2e import ckptdoctor_fix, found, tree_digest
+from tests.helpers.reference import DEPARTS, TOL, build_scenario, max_difference, resume_copy, uninterrupted_losses
 
 
 def test_stub_shadow_resume_departs_and_moving_the_stub_aside_restores_it(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from ckptdoctor.cli import main
 from ckptdoctor.resume_gate import GateInputError, gate, resume_steps, steps_per_epoch_of
 from ckptdoctor.rules import all_rules
 from ckptdoctor.trainer_view import TrainerStateView
-from tests.builders import make_checkpoint, make_run
+from tests.helpers.builders import make_checkpoint
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
@@ -35,12 +35,6 @@ def run(*args: str) -> tuple[int, str]:
 
 def codes(result: Any) -> set[str]:
     return {f.rule for f in result.findings}
-
-
-@pytest.fixture(scope="module")
-def midway(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """checkpoint-2 and checkpoint-4 of an 8-step linear run (1 epoch of 8 steps), no training_args.bin."""
-    return make_run(tmp_path_factory.mktemp("midway") / "out")
 
 
 # ---------------------------------------------------------------------------------------------------------------

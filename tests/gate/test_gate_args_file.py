@@ -17,13 +17,7 @@ from transformers import TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.resume_gate.args_file import read_training_args  # noqa: E402
-from tests.builders import make_run  # noqa: E402
-from tests.payloads import _reducer, hostile_payloads  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def midway(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_run(tmp_path_factory.mktemp("midway") / "out")
+from tests.helpers.payloads import _reducer, hostile_payloads  # noqa: E402
 
 
 def _args(out: Path) -> Any:

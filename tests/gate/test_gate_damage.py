@@ -14,36 +14,20 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
 
+from tests.helpers.gate_damage import cut, tiny_model, trainer
+
 transformers = pytest.importorskip("transformers")
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.render.gate import render_text, summary  # noqa: E402
 from ckptdoctor.resume_gate import GateResult, gate  # noqa: E402
-from tests.test_gate_transformers import Tokens  # noqa: E402  (16 sequences: 4 steps per epoch)
 
 PLAN = 6  # max_steps of the resume: checkpoint-2 has 4 steps left
-
-
-def tiny_model() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=2, n_head=2))
-
-
-def trainer(out: Path, **overrides: Any) -> Trainer:
-    kwargs: dict[str, Any] = {
-        "output_dir": str(out), "per_device_train_batch_size": 4, "max_steps": 4, "learning_rate": 1e-3,
-        "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": [], "use_cpu": True,
-        "disable_tqdm": True, "seed": 0, "dataloader_num_workers": 0,
-    }
-    kwargs.update(overrides)
-    return Trainer(model=tiny_model(), args=TrainingArguments(**kwargs), train_dataset=Tokens())
 
 
 def resume_raises(out: Path) -> BaseException | None:
@@ -56,7 +40,7 @@ def resume_raises(out: Path) -> BaseException | None:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def damaged_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("damage") / "out"
     trainer(out).train()
     shutil.rmtree(out / "checkpoint-4")  # resume_from_checkpoint=True and the gate both pick checkpoint-2
@@ -64,10 +48,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sharded(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sharded(damaged_out: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same run whose checkpoint-2 holds its weights in two safetensors shards and an index."""
     out = tmp_path_factory.mktemp("sharded") / "out"
-    shutil.copytree(built, out)
+    shutil.copytree(damaged_out, out)
     ck = out / "checkpoint-2"
     tiny_model().save_pretrained(out / "shards", max_shard_size="5KB")  # the weights' values do not matter here
     os.remove(ck / "model.safetensors")
@@ -77,11 +61,6 @@ def sharded(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.rmtree(out / "shards")
     assert len(list(ck.glob("model-*.safetensors"))) == 2
     return out
-
-
-def cut(path: Path, keep: float = 0.5) -> None:
-    with open(path, "r+b") as fh:
-        fh.truncate(int(path.stat().st_size * keep))
 
 
 def empty(path: Path) -> None:
@@ -100,23 +79,23 @@ def scaler_state(ck: Path) -> None:
 
 # name: (fixture, damage to checkpoint-2, the file the gate names, the exception, the loader)
 CASES: dict[str, tuple[str, Callable[[Path], None], str, str, str]] = {
-    "optimizer-cut": ("built", lambda ck: cut(ck / "optimizer.pt"), "optimizer.pt", "OSError",
+    "optimizer-cut": ("damaged_out", lambda ck: cut(ck / "optimizer.pt"), "optimizer.pt", "OSError",
                       "_load_optimizer_and_scheduler"),
-    "optimizer-cut-small": ("built", lambda ck: cut(ck / "optimizer.pt", 0.05), "optimizer.pt", "RuntimeError",
+    "optimizer-cut-small": ("damaged_out", lambda ck: cut(ck / "optimizer.pt", 0.05), "optimizer.pt", "RuntimeError",
                             "_load_optimizer_and_scheduler"),
-    "optimizer-empty": ("built", lambda ck: empty(ck / "optimizer.pt"), "optimizer.pt", "EOFError",
+    "optimizer-empty": ("damaged_out", lambda ck: empty(ck / "optimizer.pt"), "optimizer.pt", "EOFError",
                         "_load_optimizer_and_scheduler"),
-    "optimizer-bin-only": ("built", lambda ck: os.rename(ck / "optimizer.pt", ck / "optimizer.bin"), "optimizer.pt",
-                           "FileNotFoundError", "_load_optimizer_and_scheduler"),
-    "scheduler-cut": ("built", lambda ck: cut(ck / "scheduler.pt"), "scheduler.pt", "RuntimeError",
+    "optimizer-bin-only": ("damaged_out", lambda ck: os.rename(ck / "optimizer.pt", ck / "optimizer.bin"),
+                           "optimizer.pt", "FileNotFoundError", "_load_optimizer_and_scheduler"),
+    "scheduler-cut": ("damaged_out", lambda ck: cut(ck / "scheduler.pt"), "scheduler.pt", "RuntimeError",
                       "_load_optimizer_and_scheduler"),
-    "rng-cut": ("built", lambda ck: cut(ck / "rng_state.pth"), "rng_state.pth", "OSError", "_load_rng_state"),
-    "scaler-cut": ("built", scaler_state, "scaler.pt", "AttributeError", "_load_scaler"),
-    "weights-cut": ("built", lambda ck: cut(ck / "model.safetensors"), "model.safetensors", "SafetensorError",
+    "rng-cut": ("damaged_out", lambda ck: cut(ck / "rng_state.pth"), "rng_state.pth", "OSError", "_load_rng_state"),
+    "scaler-cut": ("damaged_out", scaler_state, "scaler.pt", "AttributeError", "_load_scaler"),
+    "weights-cut": ("damaged_out", lambda ck: cut(ck / "model.safetensors"), "model.safetensors", "SafetensorError",
                     "_load_from_checkpoint"),
-    "config-cut": ("built", lambda ck: cut(ck / "config.json"), "config.json", "JSONDecodeError",
+    "config-cut": ("damaged_out", lambda ck: cut(ck / "config.json"), "config.json", "JSONDecodeError",
                    "_load_from_checkpoint"),
-    "trainer-state-cut": ("built", lambda ck: cut(ck / "trainer_state.json"), "trainer_state.json",
+    "trainer-state-cut": ("damaged_out", lambda ck: cut(ck / "trainer_state.json"), "trainer_state.json",
                           "JSONDecodeError", "TrainerState.load_from_json"),
     "shard-cut": ("sharded", lambda ck: cut(shards(ck)[0]), "model-00001-of-00002.safetensors", "SafetensorError",
                   "load_sharded_checkpoint"),
@@ -156,13 +135,13 @@ def test_the_gate_names_the_crash_the_real_resume_has(case: str, request: pytest
     assert raised is not None and type(raised).__name__ == exc_name, repr(raised)
 
 
-def test_an_optimizer_the_resume_skips_is_not_a_crash(built: Path, tmp_path: Path) -> None:
+def test_an_optimizer_the_resume_skips_is_not_a_crash(damaged_out: Path, tmp_path: Path) -> None:
     """Without `scheduler.pt` neither file is loaded: a cut `optimizer.pt` is skipped, the schedule restarts."""
     def skipped(ck: Path) -> None:
         cut(ck / "optimizer.pt")
         os.remove(ck / "scheduler.pt")
 
-    out = damaged(built, tmp_path, skipped)
+    out = damaged(damaged_out, tmp_path, skipped)
     result = gate(out, max_steps=PLAN)
     assert "CKD413" not in {f.rule for f in result.findings} and "CKD408" in {f.rule for f in result.findings}
     assert (result.start_step, result.max_steps, result.steps_to_train) == (2, PLAN, 4)
@@ -170,9 +149,9 @@ def test_an_optimizer_the_resume_skips_is_not_a_crash(built: Path, tmp_path: Pat
     assert resume_raises(out) is None
 
 
-def test_the_cli_reports_a_cut_optimizer_as_a_crash(built: Path, tmp_path: Path) -> None:
+def test_the_cli_reports_a_cut_optimizer_as_a_crash(damaged_out: Path, tmp_path: Path) -> None:
     """The review's case: `gate dmg/truncopt --max-steps 8` said "restored" and predicted an LR of 0."""
-    out = damaged(built, tmp_path, lambda ck: cut(ck / "optimizer.pt"))
+    out = damaged(damaged_out, tmp_path, lambda ck: cut(ck / "optimizer.pt"))
     result = CliRunner().invoke(main, ["gate", str(out), "--max-steps", "8"])
     assert result.exit_code == 1
     assert "restored" not in result.stdout and "CKD410" not in result.stdout
@@ -192,8 +171,8 @@ def test_json_says_null_for_an_empty_run_dir(tmp_path: Path) -> None:
     assert "none found" in text and "global_step" not in text
 
 
-def test_json_says_null_for_an_unreadable_trainer_state(built: Path, tmp_path: Path) -> None:
-    out = damaged(built, tmp_path, lambda ck: cut(ck / "trainer_state.json"))
+def test_json_says_null_for_an_unreadable_trainer_state(damaged_out: Path, tmp_path: Path) -> None:
+    out = damaged(damaged_out, tmp_path, lambda ck: cut(ck / "trainer_state.json"))
     result = CliRunner().invoke(main, ["gate", str(out), "--max-steps", "4", "--format", "json"])
     doc = json.loads(result.stdout)
     assert (doc["start_step"], doc["max_steps"], doc["steps_to_train"], doc["lr"]) == (None, None, None, [])

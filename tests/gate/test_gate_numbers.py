@@ -3,8 +3,8 @@
 or raises `GateInputError`, and the CLI exits 0, 1 or 2: never a traceback, never a hang.
 
 The checkpoint is built once, as the Trainer writes it: weights, optimizer and scheduler by torch
-(tests/builders.py), `training_args.bin` by `torch.save` of a real `TrainingArguments`, `trainer_state.json` by a
-real `TrainerState.save_to_json`. Each example rewrites those two files with hostile values.
+(tests/helpers/builders.py), `training_args.bin` by `torch.save` of a real `TrainingArguments`, `trainer_state.json`
+by a real `TrainerState.save_to_json`. Each example rewrites those two files with hostile values.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ckptdoctor import schedules  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.render.gate import render_text, summary  # noqa: E402
 from ckptdoctor.resume_gate import GateInputError, GateResult, gate  # noqa: E402
-from tests.builders import make_run, trainer_state  # noqa: E402
+from tests.helpers.builders import make_run, trainer_state  # noqa: E402
 
 HUGE = 10**5000  # past Python's 4,300-digit print limit; a pickle (LONG4) carries it, JSON cannot
 EXTREMES: list[Any] = [
@@ -72,7 +72,7 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def num_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = make_run(tmp_path_factory.mktemp("numbers") / "out", steps=(4,))
     ck = out / "checkpoint-4"
     args = TrainingArguments(output_dir=str(out), learning_rate=1e-3, num_train_epochs=1, per_device_train_batch_size=2,
@@ -170,14 +170,14 @@ def hostile(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=hostile(), fmt=st.sampled_from(["text", "json", "sarif", "github"]))
 def test_hostile_numbers_never_traceback(
-    built: Run, case: tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]], fmt: str
+    num_run: Run, case: tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]], fmt: str
 ) -> None:
     args, state, log, plan = case
-    write(built, args, state, log)
+    write(num_run, args, state, log)
     with schedule_steps() as walked:
-        check_api(built)
-        check_api(built, **plan)
-        check_cli(built, "--format", fmt)
+        check_api(num_run)
+        check_api(num_run, **plan)
+        check_cli(num_run, "--format", fmt)
     assert walked.count <= 3 * WALK_BOUND, walked.count  # a huge max_steps must not make the gate walk its steps
 
 
@@ -186,70 +186,70 @@ def test_hostile_numbers_never_traceback(
 
 
 @pytest.mark.parametrize("own", [math.nan, math.inf, -math.inf, 10**400], ids=["nan", "inf", "-inf", "10**400"])
-def test_the_runs_own_unusable_warmup_does_not_stop_the_jump_check(built: Run, own: float) -> None:
+def test_the_runs_own_unusable_warmup_does_not_stop_the_jump_check(num_run: Run, own: float) -> None:
     """`_jump` asks whether the run was still warming up from its own training_args.bin; that warm-up may be NaN."""
-    write(built, {"warmup_steps": own, "max_steps": 8}, {}, {})
-    result = check_api(built, warmup_steps=0, max_steps=64)  # the new schedule is at 59/64 of the base LR at step 5
+    write(num_run, {"warmup_steps": own, "max_steps": 8}, {}, {})
+    result = check_api(num_run, warmup_steps=0, max_steps=64)  # the new schedule is at 59/64 of the base LR at step 5
     assert result is not None and "CKD411" in {f.rule for f in result.findings}  # the rise is judged anyway
-    assert check_cli(built, "--warmup-steps", "0", "--max-steps", "64") == 0
+    assert check_cli(num_run, "--warmup-steps", "0", "--max-steps", "64") == 0
 
 
 @pytest.mark.parametrize("own", [math.nan, math.inf, 10**400], ids=["nan", "inf", "10**400"])
-def test_an_unusable_warmup_of_the_run_is_a_finding(built: Run, own: float) -> None:
-    write(built, {"warmup_steps": own}, {}, {})
-    result = check_api(built)
+def test_an_unusable_warmup_of_the_run_is_a_finding(num_run: Run, own: float) -> None:
+    write(num_run, {"warmup_steps": own}, {}, {})
+    result = check_api(num_run)
     assert result is not None and result.verdict == "fail"
     (finding,) = [f for f in result.findings if f.rule == "CKD413"]
     assert "warmup_steps" in finding.message and "train() raises" in finding.message
-    assert check_cli(built) == 1
+    assert check_cli(num_run) == 1
 
 
 @pytest.mark.parametrize("value", [2**1023, 10**400, HUGE], ids=["2**1023", "10**400", "10**5000"])
-def test_a_max_steps_beyond_any_float_is_the_crash_transformers_has(built: Run, value: int) -> None:
+def test_a_max_steps_beyond_any_float_is_the_crash_transformers_has(num_run: Run, value: int) -> None:
     """get_warmup_steps' ceil(max_steps x ratio) (or the schedule's lambda) raises OverflowError in train()."""
-    write(built, {"max_steps": value}, {}, {})
-    result = check_api(built)
+    write(num_run, {"max_steps": value}, {}, {})
+    result = check_api(num_run)
     assert result is not None and (result.verdict, result.max_steps, result.lr) == ("fail", None, ())
     (finding,) = [f for f in result.findings if f.rule == "CKD413"]
     shown = f"<an integer of {value.bit_length():,} bits>" if value == HUGE else str(value)  # too long to print
     assert f"max_steps {shown} (training_args.bin)" in finding.message and "OverflowError" in finding.message
-    assert check_cli(built, "--format", "json") == 1
+    assert check_cli(num_run, "--format", "json") == 1
 
 
-def test_a_global_step_beyond_any_float_is_unusable_input(built: Run) -> None:
-    write(built, {}, {"global_step": 10**400}, {})
+def test_a_global_step_beyond_any_float_is_unusable_input(num_run: Run) -> None:
+    write(num_run, {}, {"global_step": 10**400}, {})
     with pytest.raises(GateInputError, match=r"global_step \(1000+\) is beyond any float"):
-        gate(built.out, steps_per_epoch=4)
-    assert check_cli(built) == 2
+        gate(num_run.out, steps_per_epoch=4)
+    assert check_cli(num_run) == 2
 
 
 @pytest.mark.parametrize("value", [10**400, HUGE], ids=["10**400", "10**5000"])
 @pytest.mark.parametrize("field", ["num_train_epochs", "epoch", "max_steps", "global_step"])
-def test_a_trainer_state_number_beyond_any_float(built: Run, field: str, value: int) -> None:
-    write(built, {}, {field: value}, {})
-    check_api(built)
-    check_cli(built)
+def test_a_trainer_state_number_beyond_any_float(num_run: Run, field: str, value: int) -> None:
+    write(num_run, {}, {field: value}, {})
+    check_api(num_run)
+    check_cli(num_run)
 
 
-def test_a_logged_lr_beyond_any_float_reads_as_infinite(built: Run) -> None:
+def test_a_logged_lr_beyond_any_float_reads_as_infinite(num_run: Run) -> None:
     """A resume never reads the logged LRs back; the gate compares with them (CKD411) and reads this one as inf."""
-    write(built, {}, {}, {"learning_rate": 10**400})
-    assert gate(built.out).verdict in ("pass", "fail")
-    assert check_cli(built) in (0, 1)
+    write(num_run, {}, {}, {"learning_rate": 10**400})
+    assert gate(num_run.out).verdict in ("pass", "fail")
+    assert check_cli(num_run) in (0, 1)
 
 
-def test_a_scheduler_number_beyond_any_float_never_tracebacks(built: Run) -> None:
-    write(built, {}, {}, {})
-    path = built.ck / "scheduler.pt"
+def test_a_scheduler_number_beyond_any_float_never_tracebacks(num_run: Run) -> None:
+    write(num_run, {}, {}, {})
+    path = num_run.ck / "scheduler.pt"
     original = path.read_bytes()
     state = torch.load(path, weights_only=True)
     try:
         torch.save({**state, "base_lrs": [10**400]}, path)
         try:  # read as inf (trainer_view.number), the prediction goes on or the input is refused: never a traceback
-            gate(built.out)
+            gate(num_run.out)
         except GateInputError as exc:
             assert "beyond any float" in str(exc)
-        assert check_cli(built) in (0, 1, 2)
+        assert check_cli(num_run) in (0, 1, 2)
     finally:
         path.write_bytes(original)
 
@@ -265,22 +265,22 @@ def test_a_scheduler_number_beyond_any_float_never_tracebacks(built: Run) -> Non
     ],
     ids=["num_cycles 10**5000", "num_cycles nested", "power 10**400", "lr_end 10**5000", "key 10**5000"],
 )
-def test_scheduler_kwargs_too_large_to_print(built: Run, kwargs: dict[Any, Any]) -> None:
-    write(built, {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": kwargs}, {}, {})
-    result = check_api(built, max_steps=16)
+def test_scheduler_kwargs_too_large_to_print(num_run: Run, kwargs: dict[Any, Any]) -> None:
+    write(num_run, {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": kwargs}, {}, {})
+    result = check_api(num_run, max_steps=16)
     assert result is not None
-    assert check_cli(built, "--format", "json", "--max-steps", "16") in (0, 1)
+    assert check_cli(num_run, "--format", "json", "--max-steps", "16") in (0, 1)
 
 
-def test_a_huge_planned_max_steps_trains_without_walking_its_steps(built: Run) -> None:
-    write(built, {"warmup_steps": 2}, {}, {})  # an integer warm-up: no float of max_steps in the warm-up either
+def test_a_huge_planned_max_steps_trains_without_walking_its_steps(num_run: Run) -> None:
+    write(num_run, {"warmup_steps": 2}, {}, {})  # an integer warm-up: no float of max_steps in the warm-up either
     with schedule_steps() as walked:
-        result = check_api(built, max_steps=2**1000, lr_scheduler_type="constant", lr_steps=100_000)
+        result = check_api(num_run, max_steps=2**1000, lr_scheduler_type="constant", lr_steps=100_000)
     assert result is not None and result.steps_to_train == 2**1000 - 4 and len(result.lr) == 100_000
     assert walked.count <= 100_000 + WALK_BOUND, walked.count  # the LRs asked for, not the 2**1000 steps
     with pytest.raises(GateInputError, match="max_steps must be an integer below 2\\*\\*1023"):
-        gate(built.out, max_steps=2**1023)
-    assert check_cli(built, "--max-steps", "9" * 400) == 2
+        gate(num_run.out, max_steps=2**1023)
+    assert check_cli(num_run, "--max-steps", "9" * 400) == 2
 
 
 @pytest.mark.parametrize(
@@ -294,11 +294,11 @@ def test_a_huge_planned_max_steps_trains_without_walking_its_steps(built: Run) -
     ],
     ids=["nested 10**5", "epochs 400 digits", "epochs 5000 digits", "kwargs nested 10**5", "max_steps 400 digits"],
 )
-def test_hostile_training_args_json_is_a_usage_error(built: Run, tmp_path: Path, content: str) -> None:
-    write(built, {}, {}, {})
+def test_hostile_training_args_json_is_a_usage_error(num_run: Run, tmp_path: Path, content: str) -> None:
+    write(num_run, {}, {}, {})
     path = tmp_path / "args.json"
     path.write_text(content)
-    assert check_cli(built, "--training-args", str(path)) in (0, 2)
+    assert check_cli(num_run, "--training-args", str(path)) in (0, 2)
 
 
 def test_the_runs_own_warmup_ratio_counts_where_the_uninterrupted_schedule_is_rebuilt(

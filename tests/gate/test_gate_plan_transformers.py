@@ -24,7 +24,7 @@ from transformers import TrainingArguments  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.integrations.transformers import check_resume  # noqa: E402
 from ckptdoctor.resume_gate import gate  # noqa: E402
-from tests.test_gate_transformers import ALL, Observed, assert_predicted, codes, copy_run, make_trainer, train  # noqa: E402
+from tests.helpers.gate_runs import ALL, Observed, assert_predicted, codes, copy_run, make_trainer, train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

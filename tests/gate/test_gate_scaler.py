@@ -24,13 +24,13 @@ from transformers import TrainingArguments  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume  # noqa: E402
 from ckptdoctor.resume_gate import GateInputError, GateResult, gate  # noqa: E402
-from tests.test_gate_damage import cut, trainer  # noqa: E402  (the tiny GPT-2 Trainer, 4 steps per epoch)
+from tests.helpers.gate_damage import cut, trainer  # noqa: E402
 
 PLAN = 6  # max_steps of the resume: checkpoint-2 has 4 steps left
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def scaler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scaler") / "out"
     trainer(out).train()
     return out
@@ -61,8 +61,8 @@ def resume(tr: Any, out: Path) -> BaseException | None:
     return None
 
 
-def test_the_real_resume_without_a_scaler_raises_and_check_resume_predicts_it(built: Path, tmp_path: Path) -> None:
-    out = with_scaler(built, tmp_path)
+def test_the_real_resume_without_a_scaler_raises_and_check_resume_predicts_it(scaler_run: Path, tmp_path: Path) -> None:
+    out = with_scaler(scaler_run, tmp_path)
     tr = trainer(out, max_steps=PLAN)
     assert tr.accelerator.scaler is None  # fp32 on CPU: accelerate made no GradScaler
     with pytest.raises(ResumeGateError) as info:
@@ -76,9 +76,9 @@ def test_the_real_resume_without_a_scaler_raises_and_check_resume_predicts_it(bu
     assert traceback.extract_tb(raised.__traceback__)[-1].name == "_load_scaler"
 
 
-def test_a_resume_with_a_scaler_loads_it(built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_with_a_scaler_loads_it(scaler_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The resume an fp16 run on a GPU makes: a GradScaler is there, `scaler.pt` loads, training goes on."""
-    out = with_scaler(built, tmp_path)
+    out = with_scaler(scaler_run, tmp_path)
     tr = trainer(out, max_steps=PLAN)
     monkeypatch.setattr(tr.accelerator, "scaler", torch.amp.GradScaler("cpu"))
     result = check_resume(tr, str(out / "checkpoint-2"))
@@ -86,9 +86,9 @@ def test_a_resume_with_a_scaler_loads_it(built: Path, tmp_path: Path, monkeypatc
     assert resume(tr, out) is None and tr.state.global_step == PLAN
 
 
-def test_a_damaged_scaler_with_a_scaler_is_torch_loads_error(built: Path, tmp_path: Path,
+def test_a_damaged_scaler_with_a_scaler_is_torch_loads_error(scaler_run: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    out = with_scaler(built, tmp_path, damage=True)
+    out = with_scaler(scaler_run, tmp_path, damage=True)
     tr = trainer(out, max_steps=PLAN)
     monkeypatch.setattr(tr.accelerator, "scaler", torch.amp.GradScaler("cpu"))
     with pytest.raises(ResumeGateError) as info:
@@ -104,18 +104,18 @@ def test_a_damaged_scaler_with_a_scaler_is_torch_loads_error(built: Path, tmp_pa
     assert isinstance(raised, AttributeError), repr(raised)
 
 
-def test_unknown_scaler_keeps_a_whole_scaler_pt_quiet(built: Path, tmp_path: Path) -> None:
-    out = with_scaler(built, tmp_path)
+def test_unknown_scaler_keeps_a_whole_scaler_pt_quiet(scaler_run: Path, tmp_path: Path) -> None:
+    out = with_scaler(scaler_run, tmp_path)
     assert crashes(gate(out, checkpoint="checkpoint-2", max_steps=PLAN)) == []
     assert crashes(gate(out, checkpoint="checkpoint-2", max_steps=PLAN, grad_scaler=True)) == []
     assert len(crashes(gate(out, checkpoint="checkpoint-2", max_steps=PLAN, grad_scaler=False))) == 1
     # no scaler.pt: _load_scaler loads nothing
-    assert crashes(gate(built, checkpoint="checkpoint-2", max_steps=PLAN, grad_scaler=False)) == []
+    assert crashes(gate(scaler_run, checkpoint="checkpoint-2", max_steps=PLAN, grad_scaler=False)) == []
 
 
-def test_bf16_makes_no_scaler_on_any_device(built: Path, tmp_path: Path) -> None:
+def test_bf16_makes_no_scaler_on_any_device(scaler_run: Path, tmp_path: Path) -> None:
     """fp16 false and bf16 true: transformers asks accelerate for bf16, which never makes a GradScaler."""
-    out = with_scaler(built, tmp_path)
+    out = with_scaler(scaler_run, tmp_path)
     tr = trainer(out, max_steps=PLAN, bf16=True)
     assert tr.args.mixed_precision == "bf16" and tr.accelerator.scaler is None
     raised = resume(tr, out)
@@ -136,8 +136,8 @@ def cli(out: Path, tmp_path: Path, **fields: Any) -> Any:
     return CliRunner().invoke(main, ["gate", str(out), "--checkpoint", "checkpoint-2", "--training-args", str(path)])
 
 
-def test_the_cli_reads_the_scaler_from_fp16_and_bf16(built: Path, tmp_path: Path) -> None:
-    out = with_scaler(built, tmp_path)
+def test_the_cli_reads_the_scaler_from_fp16_and_bf16(scaler_run: Path, tmp_path: Path) -> None:
+    out = with_scaler(scaler_run, tmp_path)
     result = cli(out, tmp_path, fp16=False, bf16=True)
     assert result.exit_code == 1, result.output
     assert "CKD413 [error] `scaler.pt` (saved by an fp16 run) is there and the resume has no GradScaler: train() " \
@@ -149,6 +149,6 @@ def test_the_cli_reads_the_scaler_from_fp16_and_bf16(built: Path, tmp_path: Path
     assert result.exit_code == 2 and "fp16 must be true or false" in result.output
 
 
-def test_grad_scaler_must_be_a_bool(built: Path) -> None:
+def test_grad_scaler_must_be_a_bool(scaler_run: Path) -> None:
     with pytest.raises(GateInputError, match="grad_scaler must be True or False"):
-        gate(built, max_steps=PLAN, grad_scaler="no")
+        gate(scaler_run, max_steps=PLAN, grad_scaler="no")

@@ -1,7 +1,7 @@
 """`ckptdoctor gate` reads RUN_DIR's settings file as `ckptdoctor scan` reads it: select, ignore and severity apply
 to the scan findings and to the gate rules, its fail-on is the default, and it cannot hide a security finding.
 
-Every run is a real checkpoint (torch + safetensors, tests/builders.py); each test changes one thing.
+Every run is a real checkpoint (torch + safetensors, tests/helpers/builders.py); each test changes one thing.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from click.testing import CliRunner, Result
 
 from ckptdoctor.cli import main
 from ckptdoctor.resume_gate import GateInputError, gate
-from tests.builders import make_run
-from tests.payloads import _reducer
+from tests.helpers.builders import make_run
+from tests.helpers.payloads import _reducer
 
 WRONG_LR = ("--learning-rate", "1e-2")  # the checkpoint's base LR is 1e-3: CKD409 [error], nothing else
 
@@ -44,133 +44,134 @@ def outcome(*args: str) -> tuple[int, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def settings_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An output_dir with checkpoint-4 of an 8-step linear run: the gate passes with the run's own arguments."""
     return make_run(tmp_path_factory.mktemp("settings") / "out", steps=(4,))
 
 
 @pytest.fixture
-def run(built: Path, tmp_path: Path) -> Path:
+def settings_copy(settings_run: Path, tmp_path: Path) -> Path:
     out = tmp_path / "out"
-    shutil.copytree(built, out)
+    shutil.copytree(settings_run, out)
     return out
 
 
-def settings(run: Path, text: str, name: str = ".ckptdoctor.toml") -> None:
-    (run / name).write_text(text)
+def settings(settings_copy: Path, text: str, name: str = ".ckptdoctor.toml") -> None:
+    (settings_copy / name).write_text(text)
 
 
-def test_without_settings_the_gate_fails_on_the_planned_lr(run: Path) -> None:
-    code, doc, rules = gate_json(str(run), *WRONG_LR)
+def test_without_settings_the_gate_fails_on_the_planned_lr(settings_copy: Path) -> None:
+    code, doc, rules = gate_json(str(settings_copy), *WRONG_LR)
     assert (code, doc["verdict"], rules) == (1, "fail", {"CKD409"})
 
 
 @pytest.mark.parametrize("name", [".ckptdoctor.toml", "pyproject.toml"])
-def test_an_ignored_gate_rule_disappears(run: Path, name: str) -> None:
+def test_an_ignored_gate_rule_disappears(settings_copy: Path, name: str) -> None:
     table = "" if name == ".ckptdoctor.toml" else "[tool.ckptdoctor]\n"
-    settings(run, table + 'ignore = ["CKD409"]\n', name)
-    code, doc, rules = gate_json(str(run), *WRONG_LR)
+    settings(settings_copy, table + 'ignore = ["CKD409"]\n', name)
+    code, doc, rules = gate_json(str(settings_copy), *WRONG_LR)
     assert (code, doc["verdict"], rules) == (0, "pass", set())
-    text = cli("gate", str(run), *WRONG_LR)
+    text = cli("gate", str(settings_copy), *WRONG_LR)
     assert text.exit_code == 0 and "CKD409" not in text.stdout and "Verdict: pass" in text.stdout
-    assert gate(run, learning_rate=1e-2).verdict == "pass"
+    assert gate(settings_copy, learning_rate=1e-2).verdict == "pass"
 
 
-def test_an_ignored_scan_rule_disappears_from_gate_as_from_scan(run: Path) -> None:
+def test_an_ignored_scan_rule_disappears_from_gate_as_from_scan(settings_copy: Path) -> None:
     # CKD211 corrupt-json [error], a scan finding; json.load takes a repeated key, so the resume does not crash
-    (run / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')
-    assert outcome(str(run)) == (1, {"CKD211"})
-    settings(run, 'ignore = ["CKD211"]\n')
-    assert cli("scan", str(run)).exit_code == 0
-    assert outcome(str(run)) == (0, set())
+    (settings_copy / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')
+    assert outcome(str(settings_copy)) == (1, {"CKD211"})
+    settings(settings_copy, 'ignore = ["CKD211"]\n')
+    assert cli("scan", str(settings_copy)).exit_code == 0
+    assert outcome(str(settings_copy)) == (0, set())
 
 
-def test_select_narrows_the_scan_findings_and_the_gate_rules_still_run(run: Path) -> None:
+def test_select_narrows_the_scan_findings_and_the_gate_rules_still_run(settings_copy: Path) -> None:
     """A select list written for `scan` must not turn the gate's own judgement off: it narrows the scan findings."""
-    (run / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')  # CKD211, not a crash
-    os.remove(run / "checkpoint-4" / "rng_state.pth")  # CKD404 [info], outside the selection below
-    settings(run, 'select = ["CKD2"]\n')  # scan's weight rules only
-    assert outcome(str(run), *WRONG_LR) == (1, {"CKD211", "CKD409"})
-    settings(run, 'select = ["CKD41", "CKD409"]\n')  # gate rules only: the scan findings go
-    assert outcome(str(run), *WRONG_LR) == (1, {"CKD409"})
-    assert outcome(str(run), *WRONG_LR, "--no-config", "--select", "CKD2") == (1, {"CKD211", "CKD409"})
-    settings(run, 'select = ["CKD2"]\nignore = ["CKD409"]\n')  # ignoring a gate rule does turn it off
-    assert outcome(str(run), *WRONG_LR) == (1, {"CKD211"})
+    (settings_copy / "checkpoint-4" / "config.json").write_text('{"n_embd": 8, "n_embd": 8}')  # CKD211, not a crash
+    os.remove(settings_copy / "checkpoint-4" / "rng_state.pth")  # CKD404 [info], outside the selection below
+    settings(settings_copy, 'select = ["CKD2"]\n')  # scan's weight rules only
+    assert outcome(str(settings_copy), *WRONG_LR) == (1, {"CKD211", "CKD409"})
+    settings(settings_copy, 'select = ["CKD41", "CKD409"]\n')  # gate rules only: the scan findings go
+    assert outcome(str(settings_copy), *WRONG_LR) == (1, {"CKD409"})
+    assert outcome(str(settings_copy), *WRONG_LR, "--no-config", "--select", "CKD2") == (1, {"CKD211", "CKD409"})
+    settings(settings_copy, 'select = ["CKD2"]\nignore = ["CKD409"]\n')  # ignoring a gate rule does turn it off
+    assert outcome(str(settings_copy), *WRONG_LR) == (1, {"CKD211"})
 
 
-def test_a_severity_override_changes_the_verdict(run: Path) -> None:
-    settings(run, '[severity]\nCKD409 = "warning"\n')
-    code, doc, _ = gate_json(str(run), *WRONG_LR)
+def test_a_severity_override_changes_the_verdict(settings_copy: Path) -> None:
+    settings(settings_copy, '[severity]\nCKD409 = "warning"\n')
+    code, doc, _ = gate_json(str(settings_copy), *WRONG_LR)
     assert code == 0 and doc["verdict"] == "pass"
     assert [f["severity"] for f in doc["findings"]] == ["warning"]
-    os.remove(run / "checkpoint-4" / "rng_state.pth")  # CKD404 rng-state-missing [info], a scan finding
-    settings(run, '[severity]\nCKD404 = "error"\n')
-    code, doc, rules = gate_json(str(run))
+    os.remove(settings_copy / "checkpoint-4" / "rng_state.pth")  # CKD404 rng-state-missing [info], a scan finding
+    settings(settings_copy, '[severity]\nCKD404 = "error"\n')
+    code, doc, rules = gate_json(str(settings_copy))
     assert (code, doc["verdict"], rules) == (1, "fail", {"CKD404"})
 
 
-def test_fail_on_from_the_file_applies_and_the_command_line_overrides_it(run: Path) -> None:
-    settings(run, 'fail-on = "warning"\n[severity]\nCKD409 = "warning"\n')
-    text = cli("gate", str(run), *WRONG_LR)
+def test_fail_on_from_the_file_applies_and_the_command_line_overrides_it(settings_copy: Path) -> None:
+    settings(settings_copy, 'fail-on = "warning"\n[severity]\nCKD409 = "warning"\n')
+    text = cli("gate", str(settings_copy), *WRONG_LR)
     assert text.exit_code == 1 and "Verdict: fail (0 errors, 1 warning, 0 infos; fail-on warning from the settings " \
         "file)" in text.stdout
-    assert gate_json(str(run), *WRONG_LR, "--fail-on", "error")[0] == 0
-    result = gate(run, learning_rate=1e-2)
+    assert gate_json(str(settings_copy), *WRONG_LR, "--fail-on", "error")[0] == 0
+    result = gate(settings_copy, learning_rate=1e-2)
     assert (result.verdict, result.fail_on, result.exit_code) == ("fail", "warning", 1)
-    assert gate(run, learning_rate=1e-2, fail_on="error").verdict == "pass"
+    assert gate(settings_copy, learning_rate=1e-2, fail_on="error").verdict == "pass"
 
 
-def test_no_config_restores_the_defaults(run: Path) -> None:
-    settings(run, 'ignore = ["CKD409"]\nfail-on = "never"\n')
-    assert gate_json(str(run), *WRONG_LR)[0] == 0
-    code, doc, rules = gate_json(str(run), *WRONG_LR, "--no-config")
+def test_no_config_restores_the_defaults(settings_copy: Path) -> None:
+    settings(settings_copy, 'ignore = ["CKD409"]\nfail-on = "never"\n')
+    assert gate_json(str(settings_copy), *WRONG_LR)[0] == 0
+    code, doc, rules = gate_json(str(settings_copy), *WRONG_LR, "--no-config")
     assert (code, doc["verdict"], rules) == (1, "fail", {"CKD409"})
-    assert "--fail-on error" in cli("gate", str(run), *WRONG_LR, "--no-config").stdout
-    assert gate(run, learning_rate=1e-2, config=False).verdict == "fail"
+    assert "--fail-on error" in cli("gate", str(settings_copy), *WRONG_LR, "--no-config").stdout
+    assert gate(settings_copy, learning_rate=1e-2, config=False).verdict == "fail"
 
 
-def test_command_line_select_and_ignore_add_to_the_file(run: Path) -> None:
-    os.remove(run / "checkpoint-4" / "rng_state.pth")
-    settings(run, '[severity]\nCKD404 = "error"\n')
-    assert outcome(str(run), *WRONG_LR) == (1, {"CKD404", "CKD409"})
-    assert outcome(str(run), *WRONG_LR, "--ignore", "CKD404") == (1, {"CKD409"})
-    assert outcome(str(run), *WRONG_LR, "--ignore", "CKD404,CKD409") == (0, set())
-    assert outcome(str(run), *WRONG_LR, "--select", "CKD41") == (1, {"CKD409"})  # no scan finding; gate rules run
-    result = gate(run, learning_rate=1e-2, select=["CKD4"], ignore="CKD409")
+def test_command_line_select_and_ignore_add_to_the_file(settings_copy: Path) -> None:
+    os.remove(settings_copy / "checkpoint-4" / "rng_state.pth")
+    settings(settings_copy, '[severity]\nCKD404 = "error"\n')
+    assert outcome(str(settings_copy), *WRONG_LR) == (1, {"CKD404", "CKD409"})
+    assert outcome(str(settings_copy), *WRONG_LR, "--ignore", "CKD404") == (1, {"CKD409"})
+    assert outcome(str(settings_copy), *WRONG_LR, "--ignore", "CKD404,CKD409") == (0, set())
+    # no scan finding; gate rules run
+    assert outcome(str(settings_copy), *WRONG_LR, "--select", "CKD41") == (1, {"CKD409"})
+    result = gate(settings_copy, learning_rate=1e-2, select=["CKD4"], ignore="CKD409")
     assert {f.rule for f in result.findings} == {"CKD404"}
 
 
-def test_the_file_at_run_dir_counts_not_one_inside_a_checkpoint(run: Path) -> None:
-    settings(run / "checkpoint-4", 'ignore = ["CKD409"]\n')  # what scan of RUN_DIR ignores too
-    assert outcome(str(run), *WRONG_LR) == (1, {"CKD409"})
+def test_the_file_at_run_dir_counts_not_one_inside_a_checkpoint(settings_copy: Path) -> None:
+    settings(settings_copy / "checkpoint-4", 'ignore = ["CKD409"]\n')  # what scan of RUN_DIR ignores too
+    assert outcome(str(settings_copy), *WRONG_LR) == (1, {"CKD409"})
 
 
 @pytest.fixture
-def hostile(run: Path) -> Path:
+def evil_run(settings_copy: Path) -> Path:
     """The run with a `training_args.bin` whose unpickling would call `os.system` (CKD601 [error]), and a
     settings file that came with it asking to hide that."""
-    torch.save(_reducer(os.system, ("true",)), run / "checkpoint-4" / "training_args.bin")
-    settings(run, 'ignore = ["CKD6"]\nfail-on = "never"\n[severity]\nCKD601 = "info"\n')
-    return run
+    torch.save(_reducer(os.system, ("true",)), settings_copy / "checkpoint-4" / "training_args.bin")
+    settings(settings_copy, 'ignore = ["CKD6"]\nfail-on = "never"\n[severity]\nCKD601 = "info"\n')
+    return settings_copy
 
 
-def test_a_settings_file_cannot_hide_a_security_finding(hostile: Path) -> None:
-    result = cli("gate", str(hostile), "--format", "json")
+def test_a_settings_file_cannot_hide_a_security_finding(evil_run: Path) -> None:
+    result = cli("gate", str(evil_run), "--format", "json")
     doc = json.loads(result.stdout)
     assert result.exit_code == 1 and doc["verdict"] == "fail"
     assert [(f["rule"], f["severity"]) for f in doc["findings"]] == [("CKD601", "error")]
     assert "may not turn off or lower security rules" in result.stderr
     assert 'security errors fail the scan even with fail-on = "never"' in result.stderr
-    assert cli("scan", str(hostile)).exit_code == 1  # the gate agrees with scan
-    py = gate(hostile)
+    assert cli("scan", str(evil_run)).exit_code == 1  # the gate agrees with scan
+    py = gate(evil_run)
     assert py.verdict == "fail" and py.fail_on == "never" and py.exit_code == 1
 
 
-def test_the_command_line_can_still_turn_a_security_rule_off(hostile: Path) -> None:
-    assert outcome(str(hostile), "--ignore", "CKD601") == (0, set())
-    code, doc, rules = gate_json(str(hostile), "--fail-on", "never")
+def test_the_command_line_can_still_turn_a_security_rule_off(evil_run: Path) -> None:
+    assert outcome(str(evil_run), "--ignore", "CKD601") == (0, set())
+    code, doc, rules = gate_json(str(evil_run), "--fail-on", "never")
     assert (code, doc["verdict"], rules) == (0, "pass", {"CKD601"})
-    assert gate(hostile, fail_on="never").verdict == "pass"
+    assert gate(evil_run, fail_on="never").verdict == "pass"
 
 
 @pytest.mark.parametrize(
@@ -184,15 +185,15 @@ def test_the_command_line_can_still_turn_a_security_rule_off(hostile: Path) -> N
         ("colour = true\n", "unknown setting(s) colour"),
     ],
 )
-def test_a_bad_settings_file_exits_2_with_one_line(run: Path, text: str, says: str) -> None:
-    settings(run, text)
-    result = cli("gate", str(run))
+def test_a_bad_settings_file_exits_2_with_one_line(settings_copy: Path, text: str, says: str) -> None:
+    settings(settings_copy, text)
+    result = cli("gate", str(settings_copy))
     assert result.exit_code == 2 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0] and "Traceback" not in lines[0]
-    assert cli("gate", str(run), "--no-config").exit_code == 0
+    assert cli("gate", str(settings_copy), "--no-config").exit_code == 0
     with pytest.raises(GateInputError, match=r"\.ckptdoctor\.toml"):
-        gate(run)
+        gate(settings_copy)
 
 
 @pytest.mark.parametrize(
@@ -204,16 +205,16 @@ def test_a_bad_settings_file_exits_2_with_one_line(run: Path, text: str, says: s
         (["--ignore", "bogus"], "--ignore BOGUS"),
     ],
 )
-def test_selecting_what_the_gate_cannot_run_exits_2(run: Path, args: list[str], says: str) -> None:
-    result = cli("gate", str(run), *args)
+def test_selecting_what_the_gate_cannot_run_exits_2(settings_copy: Path, args: list[str], says: str) -> None:
+    result = cli("gate", str(settings_copy), *args)
     assert result.exit_code == 2 and says in result.stderr
     codes = args[1:]
     with pytest.raises(GateInputError, match=re.escape(says)):
-        gate(run, select=codes) if args[0] == "--select" else gate(run, ignore=codes)
+        gate(settings_copy, select=codes) if args[0] == "--select" else gate(settings_copy, ignore=codes)
 
 
-def test_a_deep_prefix_that_also_names_scan_rules_is_allowed(run: Path) -> None:
-    assert cli("gate", str(run), "--select", "CKD2").exit_code == 0  # CKD201-208 run; CKD209 needs --deep
+def test_a_deep_prefix_that_also_names_scan_rules_is_allowed(settings_copy: Path) -> None:
+    assert cli("gate", str(settings_copy), "--select", "CKD2").exit_code == 0  # CKD201-208 run; CKD209 needs --deep
 
 
 def test_no_checkpoint_finding_follows_the_settings_file(tmp_path: Path) -> None:

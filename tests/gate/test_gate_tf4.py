@@ -4,7 +4,7 @@ transformers 4.57 differs from 5.x where the gate mirrors it (src/transformers/t
 ``_load_from_checkpoint`` reads ``model.safetensors`` only when the resuming ``save_safetensors`` is True (else
 ``pytorch_model.bin``, FileNotFoundError when there is none), ``train()`` resumes at the checkpoint's
 ``train_batch_size`` whatever the planned batch size, and ``get_scheduler`` passes ``inverse_sqrt`` no kwargs. The
-real resumes run in the 4.x interpreter named by ``CKPTDOCTOR_TF4_PYTHON`` (tests/tf4_trainer.py, as a subprocess:
+real resumes run in the 4.x interpreter named by ``CKPTDOCTOR_TF4_PYTHON`` (tests/gate/tf4_trainer.py, as a subprocess:
 this interpreter holds transformers 5.x); the gate runs here, told the version with ``transformers_version``.
 Which version the gate follows by default (planned, installed, the checkpoint's) is tested without it.
 """
@@ -26,35 +26,36 @@ from click.testing import CliRunner
 from ckptdoctor.cli import main
 from ckptdoctor.resume_gate import GateResult, gate
 from ckptdoctor.resume_gate import resolve as resolve_module
+from tests.helpers.paths import REPO
 
 TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")
 SCRIPT = Path(__file__).with_name("tf4_trainer.py")
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 ALL = 1000  # lr_steps: predict every step, so the whole sequence is compared
 # The reason says how to run them (README, "Set up"): the README's test command alone skips them.
 SKIP_REASON = ("CKPTDOCTOR_TF4_PYTHON is not set: no transformers 4.57 interpreter to resume with. Run them with "
-               "`.ci/tf4-layer && CKPTDOCTOR_TF4_PYTHON=$PWD/.ci-tf4-python python -m pytest tests/test_gate_tf4.py` "
-               "(.ci/run does)")
+               "`.ci/tf4-layer && CKPTDOCTOR_TF4_PYTHON=$PWD/.ci-tf4-python python -m pytest "
+               "tests/gate/test_gate_tf4.py` (.ci/run does)")
 needs_tf4 = pytest.mark.skipif(not TF4_PYTHON, reason=SKIP_REASON)
 
 
 def test_the_readme_says_how_to_run_them_beside_its_test_command() -> None:
     """Issue 26: the README's test command skipped these in silence; only .ci/run knew how to build the layer."""
-    repo = SCRIPT.parent.parent
+    repo = REPO
     ci = (repo / ".ci" / "run").read_text()
     setup = (repo / "README.md").read_text().split("## Set up", 1)[1].split("\n## ", 1)[0]
     after = setup.split(ci.strip().splitlines()[-1], 1)[1]  # what follows the test command
     recipe = ".ci/tf4-layer && CKPTDOCTOR_TF4_PYTHON=$PWD/.ci-tf4-python python -m pytest"
-    assert "tests/test_gate_tf4.py" in after and recipe in after
+    assert "tests/gate/test_gate_tf4.py" in after and recipe in after
     assert recipe in SKIP_REASON
     assert '.ci/tf4-layer "$PWD/.ci-venv/bin/python"' in ci and os.access(repo / ".ci" / "tf4-layer", os.X_OK)
 
 
 def tf4(jobs: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
-    """Run ``jobs`` in the transformers 4.x interpreter (tests/tf4_trainer.py) and return their results."""
+    """Run ``jobs`` in the transformers 4.x interpreter (tests/gate/tf4_trainer.py) and return their results."""
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     # check_resume imports ckptdoctor in that interpreter: this checkout's, first on its path
-    path = os.pathsep.join(p for p in (str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([TF4_PYTHON, str(SCRIPT), str(tmp / "jobs.json"), str(tmp / "results.json")],
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,6 +1,6 @@
 """The resume hazards users report most, each reproduced with the real Trainer and resumed in a fresh process.
 
-Every run is written by tests/hazard_trainer.py in one subprocess and resumed by it in another (a resume in the
+Every run is written by tests/gate/hazard_trainer.py in one subprocess and resumed by it in another (a resume in the
 process that trained would share its in-memory model and hide what the files alone give). Each test shows the
 damage the hazard does, that ckptdoctor names it, and that the same run without the hazard raises nothing.
 """
@@ -27,7 +27,7 @@ SCRIPT = Path(__file__).with_name("hazard_trainer.py")
 def trainer(
     jobs: list[dict[str, Any]], tmp: Path, python: str = sys.executable, env: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Run ``jobs`` in a fresh ``python`` process (tests/hazard_trainer.py) and return their results."""
+    """Run ``jobs`` in a fresh ``python`` process (tests/gate/hazard_trainer.py) and return their results."""
     tmp.mkdir(parents=True, exist_ok=True)
     jobs_file, results_file = tmp / "jobs.json", tmp / "results.json"
     jobs_file.write_text(json.dumps(jobs))

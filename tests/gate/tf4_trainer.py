@@ -1,7 +1,7 @@
 """Train or resume a tiny real Trainer of another transformers version, for tests that compare the gate with it.
 
-Run as a script by the interpreter of that version (``CKPTDOCTOR_TF4_PYTHON``; tests/test_gate_tf4.py), never
-imported by the suite: ``python tests/tf4_trainer.py JOBS.json RESULTS.json``
+Run as a script by the interpreter of that version (``CKPTDOCTOR_TF4_PYTHON``; tests/gate/test_gate_tf4.py), never
+imported by the suite: ``python tests/gate/tf4_trainer.py JOBS.json RESULTS.json``
 reads a list of jobs and writes the list of their results to RESULTS.json. A job is ``{"out": output_dir, "args":
 {TrainingArguments overrides}, "lora": bool, "resume": null | true | "checkpoint path"}``; its result says what
 ``train()`` did: the checkpoint ``_load_from_checkpoint`` was given, the global_step at ``on_train_begin``, the LR

@@ -2,7 +2,7 @@
 
 ``pip install -e .`` writes the script next to the interpreter (``Path(sys.executable).parent / "ckptdoctor"``);
 with this checkout first on ``PYTHONPATH`` it imports this checkout. Where the script is absent (the package not
-installed) the tests fall back to ``python -m ckptdoctor``, and ``tests/test_console_script.py`` fails in CI
+installed) the tests fall back to ``python -m ckptdoctor``, and ``tests/cli/test_console_script.py`` fails in CI
 (``.ci/run``'s ``.ci-venv``), where the README's command installs it.
 """
 
@@ -14,7 +14,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import REPO
+
 SCRIPT = Path(sys.executable).parent / "ckptdoctor"
 IN_CI = ".ci-venv" in Path(sys.prefix).parts  # .ci/run's fresh venv, where `pip install -e .` made the script
 # Seconds after which a test gives up on a command or a scan: a hang guard, never a timing (only what never ends

@@ -13,6 +13,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ckptdoctor.findings import Finding
+
+torch = pytest.importorskip("torch")
+
 
 def _reducer(func: Any, args: tuple[Any, ...]) -> Any:
     class Evil:
@@ -656,4 +662,11 @@ def missed(findings: Any, placed: dict[str, Payload]) -> list[tuple[str, list[st
         hits = [f for f in findings if f.path == path]
         if not any(f.rule == "CKD601" and f.severity.name == "ERROR" and p.expect in f.message for f in hits):
             out.append((p.name, [f"{f.rule}: {f.message}" for f in hits]))
+    return out
+
+
+def _by_path(findings: tuple[Finding, ...]) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {}
+    for f in findings:
+        out.setdefault(f.path, []).append(f)
     return out

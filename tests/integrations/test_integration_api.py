@@ -21,13 +21,13 @@ from transformers import TrainingArguments  # noqa: E402
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume, gate_callback  # noqa: E402
 from ckptdoctor.resume_gate import GateInputError, gate, plan_from_training_args  # noqa: E402
-from tests.test_gate_transformers import ALL, Observed, assert_predicted, copy_run, make_trainer, train  # noqa: E402
+from tests.helpers.gate_runs import ALL, Observed, assert_predicted, copy_run, make_trainer, train  # noqa: E402
 
 SECURITY_NOTE = "may not turn off or lower security rules"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def api_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """2 epochs x 4 steps, linear decay from 1e-3, checkpoints at steps 2, 4, 6, 8."""
     out = tmp_path_factory.mktemp("api") / "out"
     train(out)
@@ -39,9 +39,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def test_a_relative_checkpoint_is_taken_from_the_working_directory(
-    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = copy_run(run, tmp_path)
+    out = copy_run(api_run, tmp_path)
     monkeypatch.chdir(tmp_path)  # outside output_dir: "checkpoint-6" is not there for train()
     trainer = make_trainer(out, Observed(), num_train_epochs=3)
     with pytest.raises(ResumeGateError) as info:
@@ -62,9 +62,9 @@ def test_a_relative_checkpoint_is_taken_from_the_working_directory(
     assert_predicted(pred, seen)
 
 
-def test_the_cli_still_finds_a_checkpoint_inside_run_dir(run: Path, tmp_path: Path,
+def test_the_cli_still_finds_a_checkpoint_inside_run_dir(api_run: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    out = copy_run(run, tmp_path)
+    out = copy_run(api_run, tmp_path)
     monkeypatch.chdir(tmp_path)
     assert gate(out, checkpoint="checkpoint-6", num_train_epochs=3).start_step == 6  # the CLI's convenience
     missing = gate(out, checkpoint="checkpoint-6", checkpoint_in_run=False, num_train_epochs=3)
@@ -84,9 +84,9 @@ def test_the_callback_lets_a_fresh_run_train(tmp_path: Path) -> None:
     assert callback.result is None and len(seen.lrs) == 2
 
 
-def test_a_damaged_checkpoint_raises_in_train_before_the_callback(run: Path, tmp_path: Path) -> None:
+def test_a_damaged_checkpoint_raises_in_train_before_the_callback(api_run: Path, tmp_path: Path) -> None:
     """transformers loads the weights before on_train_begin: the callback never sees them; check_resume does."""
-    out = copy_run(run, tmp_path)
+    out = copy_run(api_run, tmp_path)
     weights = out / "checkpoint-8" / "model.safetensors"
     with open(weights, "r+b") as fh:
         fh.truncate(weights.stat().st_size // 2)
@@ -104,8 +104,8 @@ def test_a_damaged_checkpoint_raises_in_train_before_the_callback(run: Path, tmp
 # Warnings of a passing gate are logged
 
 
-def test_warnings_of_a_passing_gate_are_logged(run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    out = copy_run(run, tmp_path)
+def test_warnings_of_a_passing_gate_are_logged(api_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    out = copy_run(api_run, tmp_path)
     with caplog.at_level(logging.WARNING, logger="ckptdoctor"):
         result = check_resume(make_trainer(out, Observed(), num_train_epochs=3), resume_from_checkpoint=True)
     assert result.verdict == "pass"
@@ -142,33 +142,33 @@ def test_warnings_of_a_passing_gate_are_logged(run: Path, tmp_path: Path, caplog
     ],
 )
 def test_planned_training_args_of_the_wrong_type_are_usage_errors(
-    run: Path, tmp_path: Path, args: dict[str, object], key: str
+    api_run: Path, tmp_path: Path, args: dict[str, object], key: str
 ) -> None:
     with pytest.raises(GateInputError, match=f"training_args {key} must be"):
-        gate(run, training_args=args)
+        gate(api_run, training_args=args)
     if not any(isinstance(v, float) for v in args.values()):  # the checkpoint's own non-finite ones stay: CKD413
         assert plan_from_training_args(args).get(key) is None  # lenient: as the checkpoint's own are read
     path = tmp_path / "ta.json"
     path.write_text(json.dumps(args))  # NaN and Infinity too: json.load reads them
-    result = CliRunner().invoke(main, ["gate", str(run), "--training-args", str(path)])
+    result = CliRunner().invoke(main, ["gate", str(api_run), "--training-args", str(path)])
     assert result.exit_code == 2, result.output
     assert f"--training-args {path}: training_args {key} must be" in result.stderr
 
 
-def test_valid_planned_training_args_still_plan(run: Path, tmp_path: Path) -> None:
+def test_valid_planned_training_args_still_plan(api_run: Path, tmp_path: Path) -> None:
     args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=3, learning_rate=1e-3, report_to=[],
                              per_device_train_batch_size=4)  # the run's: a new one would change the epoch
     path = tmp_path / "ta.json"
     path.write_text(args.to_json_string())
-    result = CliRunner().invoke(main, ["gate", str(run), "--training-args", str(path), "--format", "json"])
+    result = CliRunner().invoke(main, ["gate", str(api_run), "--training-args", str(path), "--format", "json"])
     doc = json.loads(result.stdout)
     assert doc["max_steps"] == 12 and doc["resolved"]["sources"]["num_train_epochs"] == "planned"
     nulls = {"num_train_epochs": 3, "max_steps": None, "lr_scheduler_kwargs": ""}  # null or empty: not planned
-    assert gate(run, training_args=nulls).max_steps == 12
+    assert gate(api_run, training_args=nulls).max_steps == 12
 
 
-def test_the_checkpoints_own_training_args_of_the_wrong_type_are_skipped(run: Path, tmp_path: Path) -> None:
-    out = copy_run(run, tmp_path)
+def test_the_checkpoints_own_training_args_of_the_wrong_type_are_skipped(api_run: Path, tmp_path: Path) -> None:
+    out = copy_run(api_run, tmp_path)
     args = torch.load(out / "checkpoint-8" / "training_args.bin", weights_only=False)
     args.num_train_epochs = "three"  # whatever a pickle holds: not the user's plan, so not a usage error
     torch.save(args, out / "checkpoint-8" / "training_args.bin")
@@ -181,9 +181,9 @@ def test_the_checkpoints_own_training_args_of_the_wrong_type_are_skipped(run: Pa
 
 
 def test_the_python_api_warns_where_the_cli_prints_its_note(
-    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    api_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = copy_run(run, tmp_path)
+    out = copy_run(api_run, tmp_path)
     (out / ".ckptdoctor.toml").write_text('ignore = ["CKD6"]\n')
     with pytest.warns(UserWarning, match=SECURITY_NOTE) as caught:
         gate(out, num_train_epochs=3)

@@ -19,8 +19,9 @@ import pytest
 from bench import peer_corpus
 from ckptdoctor.findings import Finding
 from ckptdoctor.scanner import scan
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SECURITY_RULES = ("CKD601", "CKD603", "CKD605")
 
 # slug -> "<class>: needs <what>", for the classes the readers and the policy do not catch yet.
@@ -35,7 +36,7 @@ def _case(s: peer_corpus.Sample) -> object:
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Finding]]:
+def peer_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Finding]]:
     """slug -> the findings on that sample's file, from one scan of the whole corpus."""
     folder = tmp_path_factory.mktemp("peers")
     canary = folder / "canary"
@@ -54,8 +55,8 @@ def test_corpus_covers_every_peer_and_names_are_unique() -> None:
 
 
 @pytest.mark.parametrize("slug", [_case(s) for s in SAMPLES])
-def test_peer_sample_is_a_security_error(slug: str, verdicts: dict[str, list[Finding]]) -> None:
-    found = verdicts[slug]
+def test_peer_sample_is_a_security_error(slug: str, peer_verdicts: dict[str, list[Finding]]) -> None:
+    found = peer_verdicts[slug]
     errors = [f for f in found if f.rule in SECURITY_RULES and f.severity.value == "error"]
     assert errors, f"{slug}: no security error; got {[(f.rule, f.message) for f in found]}"
 

@@ -25,11 +25,12 @@ from ckptdoctor.model import GlobalRef, PickleFacts
 from ckptdoctor.pickle_verdict import policy as pickle_policy
 from ckptdoctor.pickle_verdict.policy import is_allowed, is_dangerous
 from ckptdoctor.readers import read_file
+from tests.helpers.paths import REPO, TESTS
 
 torch = pytest.importorskip("torch")
 
 PINNED = Path(pickle_policy.__file__).with_name("allowlist.json")
-STACKS = Path(__file__).parent / "data" / "stacks"
+STACKS = TESTS / "data" / "stacks"
 LAYERS = Path(os.environ.get("CKPTDOCTOR_STACKS", "/work/stacks"))  # where bench/make_allowlist.py finds the matrix
 TRANSFORMERS_4 = ("4.40.2", "4.44.2", "4.46.3", "4.49.0", "4.51.3", "4.55.4")
 PEFT_VARIANTS = ("lora", "dora", "ia3", "modules_to_save", "prompt_tuning")
@@ -201,7 +202,7 @@ def test_a_live_layer_of_the_matrix_writes_clean_files(tmp_path: Path, layer: st
     where = LAYERS / layer
     if not where.is_dir():
         pytest.skip(f"{where} is not installed (bench/make_allowlist.py documents the layer)")
-    writer = Path(__file__).parents[1] / "bench" / "stack_writer.py"
+    writer = REPO / "bench" / "stack_writer.py"
     env = {**os.environ, "PYTHONPATH": str(where)}
     proc = subprocess.run([sys.executable, str(writer), str(tmp_path), family], capture_output=True, text=True,
                           env=env, timeout=600)  # fmt: skip

@@ -13,7 +13,6 @@ import enum
 import importlib
 import inspect
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,13 @@ from ckptdoctor.pickle_verdict.judge import judge
 from ckptdoctor.pickle_verdict.policy import CALLED_ENUMS, REBUILD_HOOKS, REVIEWED_CALLS, is_dangerous
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.scanner import scan
-from tests import payloads
-from tests.builders import make_checkpoint
+from tests.helpers import payloads
+from tests.helpers.builders import make_checkpoint
+from tests.helpers.paths import REPO
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 _LOAD = r"""
 import io, json, sys, time
@@ -43,12 +43,7 @@ time.sleep(0.5)  # a started process creates its canary on its own time
 """
 
 
-@pytest.fixture(autouse=True)
-def _fresh_policy_caches() -> Iterator[None]:
-    """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    pickle_policy.clear_caches()
-    yield
-    pickle_policy.clear_caches()
+pytestmark = pytest.mark.usefixtures("fresh_policy_caches")  # tests/pickle_verdict/conftest.py
 
 
 def test_every_class_call_payload_is_live(tmp_path: Path) -> None:

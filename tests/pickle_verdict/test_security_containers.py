@@ -15,7 +15,7 @@ import pytest
 from ckptdoctor.model import FileKind, NumpyFacts
 from ckptdoctor.readers import read_file
 from ckptdoctor.scanner import scan
-from tests import payloads
+from tests.helpers import payloads
 
 pytest.importorskip("torch")
 np = pytest.importorskip("numpy")

@@ -16,12 +16,13 @@ import pytest
 from ckptdoctor.pickle_verdict.judge import judge
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.scanner import scan
-from tests.builders import make_checkpoint
-from tests.payloads import _g, _p2, _s, _torch_zip
+from tests.helpers.builders import make_checkpoint
+from tests.helpers.paths import TESTS
+from tests.helpers.payloads import _g, _p2, _s, _torch_zip
 
 torch = pytest.importorskip("torch")
 
-STACKS = Path(__file__).parent / "data" / "stacks"
+STACKS = TESTS / "data" / "stacks"
 JOBLIB_LAYER = Path("/work/stacks/joblib")  # pip install --no-deps --target /work/stacks/joblib joblib==1.6.0
 LIGHTNING_PYTHON = Path("/work/stacks/lightning/bin/python")  # a venv: torch==2.13.0, then lightning==2.6.6
 
@@ -92,7 +93,7 @@ def test_a_payload_in_a_torchscript_archive_is_still_flagged(tmp_path: Path) -> 
 
 # joblib -----------------------------------------------------------------------------------------------------------
 
-_JOBLIB = Path(__file__).parent / "data" / "joblib" / "joblib-1.6.0-arrays.joblib"  # joblib.dump by 1.6.0
+_JOBLIB = TESTS / "data" / "joblib" / "joblib-1.6.0-arrays.joblib"  # joblib.dump by 1.6.0
 # of {"w": f32[3,4], "b": i64[3], "step": 4}
 
 

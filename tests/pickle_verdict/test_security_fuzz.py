@@ -28,7 +28,7 @@ from ckptdoctor.readers.rawpickle import read_raw_pickle
 from ckptdoctor.readers.safetensors import read_safetensors
 from ckptdoctor.readers.sniff import sniff
 from ckptdoctor.readers.torchzip import read_archive, read_torch
-from tests import payloads
+from tests.helpers import payloads
 
 torch = pytest.importorskip("torch")
 

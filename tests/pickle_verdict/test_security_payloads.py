@@ -13,7 +13,9 @@ import pytest
 
 from ckptdoctor.findings import Finding
 from ckptdoctor.scanner import scan
-from tests import payloads
+from tests.helpers import payloads
+from tests.helpers.paths import REPO
+from tests.helpers.payloads import _by_path
 
 torch = pytest.importorskip("torch")
 
@@ -108,13 +110,6 @@ def _write_tree(root: Path, canary: Path) -> dict[str, payloads.Payload]:
     return placed
 
 
-def _by_path(findings: tuple[Finding, ...]) -> dict[str, list[Finding]]:
-    out: dict[str, list[Finding]] = {}
-    for f in findings:
-        out.setdefault(f.path, []).append(f)
-    return out
-
-
 def test_every_payload_is_flagged_and_never_run(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     placed = _write_tree(tmp_path / "root", canary)
@@ -167,5 +162,5 @@ def test_real_trainer_checkpoint_raises_no_ckd6xx(tmp_path: Path) -> None:
 
 
 def test_fixtures_raise_no_ckd6xx() -> None:
-    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    fixtures = REPO / "fixtures"
     assert _ckd6(scan(str(fixtures)).findings) == []

@@ -18,7 +18,6 @@ import io
 import json
 import pickle
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,10 +37,11 @@ from ckptdoctor.pickle_verdict.policy import Standing, standing
 from ckptdoctor.readers.pickle_walk import walk_pickle
 from ckptdoctor.rules import Selection, run_rules
 from ckptdoctor.scanner import scan_tree
+from tests.helpers.paths import TESTS
 
 torch = pytest.importorskip("torch")
 
-STACKS = Path(__file__).parent / "data" / "stacks"
+STACKS = TESTS / "data" / "stacks"
 SECURITY = ("CKD601", "CKD602", "CKD603", "CKD605")
 
 
@@ -50,12 +50,7 @@ def _security(root: Path, **kw: object) -> list[str]:
     return [f"{f.rule} {f.path}: {f.message}" for f in report.findings if f.rule in SECURITY]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_policy_caches() -> Iterator[None]:
-    """Source facts are cached per process; tests that add or remove packages start and end clean."""
-    pickle_policy.clear_caches()
-    yield
-    pickle_policy.clear_caches()
+pytestmark = pytest.mark.usefixtures("fresh_policy_caches")  # tests/pickle_verdict/conftest.py
 
 
 def test_real_trl_and_deepspeed_training_args_are_clean() -> None:

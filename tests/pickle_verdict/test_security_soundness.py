@@ -22,20 +22,22 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.paths import REPO
+
 pytest.importorskip("torch")
 
 from bench.audit_globals import STDLIB_C_MODULES, enumerate_globals
 from bench.audit_loader import LoaderServer
 from bench.audit_soundness import CONTAINERS, Pool, ScanCrash, Tally, fresh_verdicts, pack, run_case, static_clean
 
-CORPUS = Path(__file__).resolve().parents[1] / "bench" / "soundness_corpus"
+CORPUS = REPO / "bench" / "soundness_corpus"
 # The victim's modules for the suite: a Trainer has transformers, peft and accelerate loaded too, but importing them
 # costs the suite seconds of CPU; a global of theirs then counts as a new import here, as any other would.
 PRELOAD = ("numpy", "torch", "torch.distributed.checkpoint")
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LoaderServer]:
+def loader_server() -> Iterator[LoaderServer]:
     with LoaderServer(PRELOAD) as srv:
         yield srv
 
@@ -47,7 +49,7 @@ def _write(folder: Path, files: dict[str, bytes]) -> None:
 
 
 def test_the_hook_fires_on_a_live_payload_in_every_container_and_is_silent_on_clean_files(
-    server: LoaderServer, tmp_path: Path
+    loader_server: LoaderServer, tmp_path: Path
 ) -> None:
     clean = pickle.dumps({"lr": [1e-3, 2], "name": "adamw", "betas": (0.9, 0.999), "raw": b"\0"}, protocol=4)
     live = b"\x80\x02cposix\nsystem\nX\x04\x00\x00\x00true\x85R."
@@ -55,7 +57,7 @@ def test_the_hook_fires_on_a_live_payload_in_every_container_and_is_silent_on_cl
         for label, data in (("clean", clean), ("live", live)):
             files, target, loader = pack(data, container)
             _write(tmp_path / container / label, files)
-            answer = server.load(str(tmp_path / container / label / target), loader)
+            answer = loader_server.load(str(tmp_path / container / label / target), loader)
             events = [e["event"] for e in answer["events"]]
             assert events == ([] if label == "clean" else ["os.system"]), (container, label, answer)
         assert not static_clean(tmp_path / container / "live")[0], container  # and the scan flags it
@@ -67,14 +69,14 @@ def test_the_hook_fires_on_a_live_payload_in_every_container_and_is_silent_on_cl
 SLICE_SEED, SLICE_CASES, SLICE_FILES = 0, 24, 80
 
 
-def test_a_fixed_seed_slice_has_no_counterexample(server: LoaderServer, tmp_path: Path) -> None:
+def test_a_fixed_seed_slice_has_no_counterexample(loader_server: LoaderServer, tmp_path: Path) -> None:
     candidates = enumerate_globals(max_files=SLICE_FILES, c_modules=STDLIB_C_MODULES)
     pool = Pool(candidates, random.Random(SLICE_SEED), prescreen=40)
     tally = Tally()
     found = []
     for i in range(SLICE_CASES):
         try:
-            rec = run_case(pool, server, SLICE_SEED, i, tmp_path, tally, None, 1)
+            rec = run_case(pool, loader_server, SLICE_SEED, i, tmp_path, tally, None, 1)
         except ScanCrash as e:  # pragma: no cover - reported as a family of its own by run_case
             pytest.fail(f"case {i}: {e}")
         if rec is not None:
@@ -97,7 +99,7 @@ def _corpus() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def replayed_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every corpus case judged by this checkout in one fresh process, as the command line meets it."""
     cases = [p.values[0] for p in _corpus()]
     work = tmp_path_factory.mktemp("replay")
@@ -108,11 +110,11 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
 
 
 @pytest.mark.parametrize("case", _corpus())
-def test_a_counterexample_of_the_long_run_is_flagged(case: Path, verdicts: dict[str, dict[str, Any]]) -> None:
+def test_a_counterexample_of_the_long_run_is_flagged(case: Path, replayed_verdicts: dict[str, dict[str, Any]]) -> None:
     """Each saved case raised its audit events when the long run loaded it (``case.json``): sound only if the scan
     now flags it (a CKD6xx error). A scan that raises is no verdict at all. ``python bench/audit_soundness.py
     --replay bench/soundness_corpus`` loads each again too."""
-    v = verdicts[case.name]
+    v = replayed_verdicts[case.name]
     assert "crash" not in v, v["crash"]
     assert not v["clean"], v["findings"]
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ckptdoctor.render.report import render_json, render_text
 from ckptdoctor.render.sarif import render_github, render_sarif
 from ckptdoctor.scanner import scan
-from tests.test_adversarial import copy_fixture
+from tests.helpers.cli import copy_fixture
 
 FIELDS = ("global_step", "max_steps", "num_train_epochs", "epoch", "train_batch_size", "save_steps", "logging_steps",
           "best_model_checkpoint", "best_metric", "best_global_step")

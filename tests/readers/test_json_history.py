@@ -19,7 +19,7 @@ import ckptdoctor.readers.jsonfiles as jsonfiles
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import JsonFacts, ProblemKind, ReadOutcome
 from ckptdoctor.readers.jsonfiles import read_json
-from tests.test_reader_cost import _JSON_VALUES, assert_same_json_outcome
+from tests.helpers.json_values import _JSON_VALUES, assert_same_json_outcome
 
 
 @pytest.fixture(autouse=True)

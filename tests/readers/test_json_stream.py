@@ -17,8 +17,8 @@ from ckptdoctor.model import HISTORY_KEYS, JsonFacts
 from ckptdoctor.readers import jsonfiles
 from ckptdoctor.readers.jsonfiles import read_json
 from ckptdoctor.scanner import scan
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 REAL = REPO / "fixtures" / "lr-finished" / "checkpoint-8" / "trainer_state.json"  # written as the Trainer does
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ckptdoctor.model import DcpMetadataFacts, ProblemKind
 from ckptdoctor.readers.dcp import read_dcp_metadata
-from tests import payloads
+from tests.helpers import payloads
 
 torch = pytest.importorskip("torch")
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef, Opaque, ProblemKind
 from ckptdoctor.readers.pickle_walk import CYCLE, iter_values, walk_pickle
-from tests import payloads
+from tests.helpers import payloads
 
 PLAIN = {
     "ints": [0, 1, -1, 255, 256, 65535, 65536, -(2**31), 2**31, 2**100, -(2**70)],

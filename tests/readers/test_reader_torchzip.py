@@ -19,7 +19,7 @@ from ckptdoctor.limits import Limits
 from ckptdoctor.model import GlobalRef, Opaque, ProblemKind, ReadOutcome, TensorRef, TorchFacts
 from ckptdoctor.readers.rawpickle import read_raw_pickle
 from ckptdoctor.readers.torchzip import STORAGE_DTYPES, read_torch
-from tests import payloads
+from tests.helpers import payloads
 
 torch = pytest.importorskip("torch")
 

@@ -1,6 +1,6 @@
 """The `.h5` dataset check through h5py (the ``h5`` extra), on the real Keras / TFTrainer samples in tests/data/tf
 and damaged copies of them. Skipped when h5py is not installed; without it the superblock check alone runs
-(tests/test_readers_mindspore_tf.py)."""
+(tests/readers/test_readers_mindspore_tf.py)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from ckptdoctor.cli import main
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import Hdf5Dataset, Hdf5Facts, ProblemKind, ReadOutcome
 from ckptdoctor.readers.hdf5 import read_hdf5
+from tests.helpers.paths import REPO, TESTS
 
 h5py = pytest.importorskip("h5py", reason="h5py is not installed (pip install 'ckptdoctor[h5]')")
 
-TF = Path(__file__).resolve().parent / "data" / "tf"
+TF = TESTS / "data" / "tf"
 TF_MODEL = TF / "tf-trainer" / "tf_model.h5"  # transformers' TFTrainer-era save (Keras 3, model_weights/...)
 KERAS = TF / "keras-weights" / "model.weights.h5"  # Keras 3 `save_weights` (layers/<name>/vars/<i>)
 
@@ -133,7 +134,7 @@ def test_h5py_only_for_h5_files() -> None:
         "except SystemExit: pass\n"
         "assert 'h5py' not in sys.modules and 'numpy' not in sys.modules, 'imported'\n"
     )
-    other = Path(__file__).resolve().parent.parent / "fixtures" / "stub-shadow"
+    other = REPO / "fixtures" / "stub-shadow"
     run = subprocess.run([sys.executable, "-c", code, str(other)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
 

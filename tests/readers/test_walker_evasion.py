@@ -19,7 +19,7 @@ import pytest
 from ckptdoctor.model import FileKind
 from ckptdoctor.readers.sniff import HEAD_BYTES, sniff
 from ckptdoctor.scanner import scan
-from tests.test_security_payloads import _by_path
+from tests.helpers.payloads import _by_path
 
 torch = pytest.importorskip("torch")
 

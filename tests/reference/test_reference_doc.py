@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.console import HANG_GUARD, environ
-from tests.test_docs import _normalize
+from tests.helpers.console import HANG_GUARD, environ
+from tests.helpers.docs import _normalize
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "docs" / "reference.md"]
 PROGRAMS = {"python": [sys.executable], "ckptdoctor": [sys.executable, "-m", "ckptdoctor"]}
 

@@ -10,9 +10,10 @@ import pytest
 
 from ckptdoctor.reference.__main__ import main
 from ckptdoctor.reference.scenarios import SCENARIOS, build
-from tests.reference_helpers import build_scenario
+from tests.helpers.paths import REPO
+from tests.helpers.reference import build_scenario
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 DISTRIBUTED = {"fsdp", "fsdp-missing-rank"}  # two processes each: checked once, in the slow test below
 FULL = {"config.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "scheduler.pt", "trainer_state.json",
         "training_args.bin"}

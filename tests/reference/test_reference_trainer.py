@@ -18,7 +18,7 @@ from ckptdoctor.reference.train import (
     get_last_checkpoint,
     train,
 )
-from tests.reference_helpers import TOL, max_difference, uninterrupted_losses
+from tests.helpers.reference import TOL, max_difference, uninterrupted_losses
 
 VARIANTS = {
     "full-safetensors": {},
@@ -214,7 +214,7 @@ def test_unknown_settings_are_rejected() -> None:
 def test_resuming_a_finished_run_mid_epoch_trains_one_step_at_lr_zero_like_the_trainer(tmp_path: Path) -> None:
     """transformers checks `should_training_stop` only after a step: a checkpoint at max_steps in the middle of an
     epoch resumes into one more step (at the LR 0 stored in optimizer.pt). ckptdoctor's gate predicts the same and is
-    checked against the real Trainer in tests/test_gate_transformers.py."""
+    checked against the real Trainer in tests/gate/test_gate_transformers.py."""
     cfg = config(tmp_path, max_steps=6, save_steps=3, num_samples=16)  # 4 steps per epoch: step 6 is mid-epoch 2
     train(cfg)
     resumed = train(cfg, resume_from_checkpoint=True)

@@ -13,9 +13,9 @@ from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.render import sarif
 from ckptdoctor.resume_gate import gate
 from ckptdoctor.scanner import scan
-from tests.builders import make_run
+from tests.helpers.builders import make_run
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 # The definitions of the OASIS SARIF 2.1.0 schema a ckptdoctor log uses (see its "$comment")
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-2.1.0-subset.json").read_text(encoding="utf-8"))
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -27,7 +27,7 @@ from ckptdoctor.discover import discover  # noqa: E402
 from ckptdoctor.integrations.transformers import ResumeGateError, check_resume  # noqa: E402
 from ckptdoctor.resume_gate import gate  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
-from tests.test_rules_transformers import Tokens, llama  # noqa: E402
+from tests.helpers.trainer_runs import Tokens, llama  # noqa: E402
 
 STEPS = 4
 TARGETS = ["q_proj", "v_proj"]
@@ -74,18 +74,18 @@ def trainer(out: Path, model: Any, callbacks: list[Any] | None = None) -> Any:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def lora_saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
     top = tmp_path_factory.mktemp("restore")
     trainer(top / "out", lora_model(0), [SaveVariants()]).train()
     return top
 
 
-def planted(built: Path, tmp_path: Path, variant: str) -> Path:
+def planted(lora_saves: Path, tmp_path: Path, variant: str) -> Path:
     """A copy of the run whose `checkpoint-2` also holds ``variant``'s full-weights file."""
     out = tmp_path / "out"
-    shutil.copytree(built / "out", out)
+    shutil.copytree(lora_saves / "out", out)
     name, _ = VARIANTS[variant]
-    shutil.copy(built / "variants" / variant / "checkpoint-2" / name, out / "checkpoint-2" / name)
+    shutil.copy(lora_saves / "variants" / variant / "checkpoint-2" / name, out / "checkpoint-2" / name)
     return out
 
 
@@ -114,8 +114,8 @@ def ckd201(out: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_ckptdoctor_counts_what_the_real_resume_restores(built: Path, tmp_path: Path, variant: str) -> None:
-    out = planted(built, tmp_path, variant)
+def test_ckptdoctor_counts_what_the_real_resume_restores(lora_saves: Path, tmp_path: Path, variant: str) -> None:
+    out = planted(lora_saves, tmp_path, variant)
     name, expected = VARIANTS[variant]
     snap = Snapshot()
     tr = trainer(out, lora_model(1), [snap])
@@ -138,9 +138,9 @@ def test_ckptdoctor_counts_what_the_real_resume_restores(built: Path, tmp_path: 
 
 
 @pytest.mark.slow
-def test_the_gate_fails_on_a_base_model_save(built: Path, tmp_path: Path) -> None:
+def test_the_gate_fails_on_a_base_model_save(lora_saves: Path, tmp_path: Path) -> None:
     """`gate` of the run: `weights: full`, and CKD201 says what the load restores."""
-    out = planted(built, tmp_path, "base-save-pretrained")
+    out = planted(lora_saves, tmp_path, "base-save-pretrained")
     result = gate(out, checkpoint="checkpoint-2")
     assert result.verdict == "fail" and result.weights_branch == "full"
     assert result.to_json()["resolved"]["adapter_tensors_restored"] == {"restored": 0, "total": ADAPTER_TENSORS}
@@ -175,11 +175,11 @@ def test_adapter_keys_map_to_the_parameters_peft_loads_them_into(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_the_fix_lets_the_real_resume_restore_the_adapter(built: Path, tmp_path: Path) -> None:
+def test_the_fix_lets_the_real_resume_restore_the_adapter(lora_saves: Path, tmp_path: Path) -> None:
     """CKD201's quarantine of a base model's `model.safetensors`: the next real resume loads the adapter, all of it."""
     from ckptdoctor.api import fix
 
-    out = planted(built, tmp_path, "base-save-pretrained")
+    out = planted(lora_saves, tmp_path, "base-save-pretrained")
     result = fix(out, select=["CKD201"], force=True)  # force: a copy made a moment ago looks like a run being written
     assert result.exit_code() == 0 and not (out / "checkpoint-2" / "model.safetensors").exists()
     assert ckd201(out) == []

@@ -10,16 +10,15 @@ from __future__ import annotations
 import inspect
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
 import ckptdoctor
 from ckptdoctor.findings import Severity
 from ckptdoctor.rules import Hit, all_rules, declared, get_rule, rule, rules_markdown
-from tests import console
+from tests.helpers import console
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 REAL = [REPO / "fixtures", *sorted((REPO / "tests" / "data").iterdir())]
 
 

@@ -17,9 +17,10 @@ from click.testing import CliRunner
 
 from ckptdoctor.cli import main
 from ckptdoctor.readers.protowire import varint
-from tests.test_readers_mindspore_tf import ms_value, ms_values
+from tests.helpers.mindspore import ms_value, ms_values
+from tests.helpers.paths import TESTS
 
-SAMPLE = Path(__file__).parent / "data" / "mindnlp"
+SAMPLE = TESTS / "data" / "mindnlp"
 CK = "checkpoint-6"
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import ckptdoctor
 from ckptdoctor.rules import _REGISTRY, Hit, all_rules, get_rule
+from tests.helpers.paths import REPO
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 
 
 def _broken(_: Any) -> Iterator[Hit]:

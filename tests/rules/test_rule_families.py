@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ckptdoctor.findings import Applicability
 from ckptdoctor.rules import RULE_MODULES, all_rules
+from tests.helpers.paths import REPO
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "ckptdoctor" / "rules"
+RULES_DIR = REPO / "ckptdoctor" / "rules"
 # The module of each code family, by the code's first digit (CKD0xx and CKD1xx are both discovery).
 FAMILIES = {
     "0": "ckptdoctor.rules.discovery",

@@ -31,9 +31,10 @@ from ckptdoctor.reference.scenarios import SCENARIOS, base_config, build
 from ckptdoctor.reference.train import train
 from ckptdoctor.rules import all_rules
 from ckptdoctor.scanner import scan
-from tests import payloads
+from tests.helpers import payloads
+from tests.helpers.paths import REPO, TESTS
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 CK8 = "checkpoint-8"
 
 Copy = Callable[[str], Path]  # a fresh copy of a named run, to change one thing in
@@ -79,7 +80,7 @@ CHECKED_IN = {"fsdp"}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """The pristine run ``name``, built on first use and shared by the module's tests (never modified)."""
     root = tmp_path_factory.mktemp("runs")
     cache: dict[str, Path] = {}
@@ -101,12 +102,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
 
 @pytest.fixture
-def copy(runs: Callable[[str], Path], tmp_path: Path) -> Copy:
+def run_copy(pristine: Callable[[str], Path], tmp_path: Path) -> Copy:
     """A private copy of a run for one test to change."""
 
     def make(name: str) -> Path:
         dst = tmp_path / name
-        shutil.copytree(runs(name), dst, symlinks=True)
+        shutil.copytree(pristine(name), dst, symlinks=True)
         return dst
 
     return make
@@ -189,12 +190,12 @@ class WarmupCallback:
 
 
 def clean(name: str) -> Callable[[Copy], Path]:
-    return lambda copy: copy(name)
+    return lambda run_copy: run_copy(name)
 
 
 def unlinked(name: str, *rels: str) -> Callable[[Copy], Path]:
-    def make(copy: Copy) -> Path:
-        root = copy(name)
+    def make(run_copy: Copy) -> Path:
+        root = run_copy(name)
         for rel in rels:
             (root / rel).unlink()
         return root
@@ -202,31 +203,31 @@ def unlinked(name: str, *rels: str) -> Callable[[Copy], Path]:
     return make
 
 
-def link_loop(copy: Copy) -> Path:
-    root = copy("clean-full")
+def link_loop(run_copy: Copy) -> Path:
+    root = run_copy("clean-full")
     os.symlink("b.json", root / CK8 / "a.json")
     os.symlink("a.json", root / CK8 / "b.json")
     return root
 
 
-def bad_name(copy: Copy) -> Path:
+def bad_name(run_copy: Copy) -> Path:
     """A file copied from a latin-1 file system: its name is not valid UTF-8."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     (Path(os.fsdecode(os.fsencode(root / CK8) + b"/notes-\xe9t\xe9.txt"))).write_text("lr sweep")
     return root
 
 
-def link_inside(copy: Copy) -> Path:
+def link_inside(run_copy: Copy) -> Path:
     """Deduplicated by hand: checkpoint-8's config.json links to checkpoint-4's (inside the root)."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     (root / CK8 / "config.json").unlink()
     os.symlink("../checkpoint-4/config.json", root / CK8 / "config.json")
     return root
 
 
-def _moved_out_and_linked(copy: Copy, name: str) -> Path:
+def _moved_out_and_linked(run_copy: Copy, name: str) -> Path:
     """checkpoint-8's ``name`` moved to shared storage and linked back: the link leaves the scan root."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     outside = root.parent / "shared" / name
     outside.parent.mkdir()
     shutil.move(root / CK8 / name, outside)
@@ -234,40 +235,40 @@ def _moved_out_and_linked(copy: Copy, name: str) -> Path:
     return root
 
 
-def link_outside(copy: Copy) -> Path:
+def link_outside(run_copy: Copy) -> Path:
     """The weights moved to shared storage and linked back."""
-    return _moved_out_and_linked(copy, "model.safetensors")
+    return _moved_out_and_linked(run_copy, "model.safetensors")
 
 
-def trainer_state_linked_out(copy: Copy) -> Path:
+def trainer_state_linked_out(run_copy: Copy) -> Path:
     """trainer_state.json kept on shared storage and linked back: a resume follows the link, nothing is torn."""
-    return _moved_out_and_linked(copy, "trainer_state.json")
+    return _moved_out_and_linked(run_copy, "trainer_state.json")
 
 
-def stale_removed(copy: Copy) -> Path:
+def stale_removed(run_copy: Copy) -> Path:
     """stale-higher after the first run's leftover checkpoint-12 was quarantined."""
-    root = copy("stale-higher")
+    root = run_copy("stale-higher")
     shutil.rmtree(root / "checkpoint-12")
     return root
 
 
-def no_state_in_older(copy: Copy) -> Path:
-    root = copy("clean-full")
+def no_state_in_older(run_copy: Copy) -> Path:
+    root = run_copy("clean-full")
     (root / "checkpoint-4" / "trainer_state.json").unlink()
     return root
 
 
-def temp_left(copy: Copy) -> Path:
+def temp_left(run_copy: Copy) -> Path:
     """A transformers 4.36-4.38 staging folder: the crash came after the weights of step 12 were written."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     (root / "tmp-checkpoint-12").mkdir()
     shutil.copy(root / CK8 / "model.safetensors", root / "tmp-checkpoint-12")
     return root
 
 
-def logs_only(copy: Copy) -> Path:
+def logs_only(run_copy: Copy) -> Path:
     """An output_dir whose checkpoints are gone (rotated, moved, never saved): only TensorBoard-style logs remain."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     for ck in root.glob("checkpoint-*"):
         shutil.rmtree(ck)
     (root / "runs").mkdir()
@@ -275,44 +276,44 @@ def logs_only(copy: Copy) -> Path:
     return root
 
 
-def backup_copy(copy: Copy) -> Path:
+def backup_copy(run_copy: Copy) -> Path:
     """A hand-made backup `checkpoint-8.bak`: invisible to resume, not a staging folder."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     shutil.copytree(root / CK8, root / "checkpoint-8.bak")
     return root
 
 
-def renamed(copy: Copy) -> Path:
-    root = copy("clean-full")
+def renamed(run_copy: Copy) -> Path:
+    root = run_copy("clean-full")
     os.rename(root / CK8, root / "checkpoint-10")
     return root
 
 
-def best_elsewhere(copy: Copy) -> Path:
+def best_elsewhere(run_copy: Copy) -> Path:
     """A run copied from another machine: best_model_checkpoint keeps that machine's absolute path."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint="/home/alice/runs/x/checkpoint-4",
               best_metric=3.1)
     return root
 
 
-def best_deleted(copy: Copy) -> Path:
+def best_deleted(run_copy: Copy) -> Path:
     """The best checkpoint was deleted to save space."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint=str(root / "checkpoint-6"), best_metric=3.1)
     return root
 
 
-def best_here(copy: Copy) -> Path:
+def best_here(run_copy: Copy) -> Path:
     """What the Trainer writes for an absolute output_dir: os.path.join(output_dir, 'checkpoint-4')."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     edit_json(root / CK8 / "trainer_state.json", best_model_checkpoint=str(root / "checkpoint-4"), best_metric=3.1)
     return root
 
 
 def truncated(name: str, rel: str, keep: int) -> Callable[[Copy], Path]:
-    def make(copy: Copy) -> Path:
-        root = copy(name)
+    def make(run_copy: Copy) -> Path:
+        root = run_copy(name)
         cut(root / rel, keep)
         return root
 
@@ -322,17 +323,17 @@ def truncated(name: str, rel: str, keep: int) -> Callable[[Copy], Path]:
 def stray_bin(source: str) -> Callable[[Copy], Path]:
     """A `pytorch_model.bin` from another run copied next to checkpoint-8's `model.safetensors`."""
 
-    def make(copy: Copy) -> Path:
-        root = copy("clean-full")
-        shutil.copy(copy(source) / CK8 / "pytorch_model.bin", root / CK8)
+    def make(run_copy: Copy) -> Path:
+        root = run_copy("clean-full")
+        shutil.copy(run_copy(source) / CK8 / "pytorch_model.bin", root / CK8)
         return root
 
     return make
 
 
 def json_edit(name: str, rel: str, **changes: Any) -> Callable[[Copy], Path]:
-    def make(copy: Copy) -> Path:
-        root = copy(name)
+    def make(run_copy: Copy) -> Path:
+        root = run_copy(name)
         edit_json(root / rel, **changes)
         return root
 
@@ -340,33 +341,33 @@ def json_edit(name: str, rel: str, **changes: Any) -> Callable[[Copy], Path]:
 
 
 def emptied(name: str, rel: str) -> Callable[[Copy], Path]:
-    def make(copy: Copy) -> Path:
-        root = copy(name)
+    def make(run_copy: Copy) -> Path:
+        root = run_copy(name)
         zero3_empty(root / rel)
         return root
 
     return make
 
 
-def r4_over_r2(copy: Copy) -> Path:
+def r4_over_r2(run_copy: Copy) -> Path:
     """An r=4 adapter copied over checkpoint-8's r=2 adapter; optimizer.pt is still the r=2 run's."""
-    root, r4 = copy("clean-lora"), copy("lora-r4")
+    root, r4 = run_copy("clean-lora"), run_copy("lora-r4")
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.copy(r4 / CK8 / name, root / CK8 / name)
     return root
 
 
-def sharded_with_lora_optimizer(copy: Copy) -> Path:
+def sharded_with_lora_optimizer(run_copy: Copy) -> Path:
     """A sharded full checkpoint whose optimizer.pt is a LoRA run's (4 adapter matrices)."""
-    root, lora = copy("sharded"), copy("clean-lora")
+    root, lora = run_copy("sharded"), run_copy("clean-lora")
     shutil.copy(lora / CK8 / "optimizer.pt", root / CK8 / "optimizer.pt")
     return root
 
 
 def deepspeed(tags: tuple[int, ...] = (8,), ranks: tuple[int, ...] = (0, 1), drop: str | None = None
               ) -> Callable[[Copy], Path]:
-    def make(copy: Copy) -> Path:
-        root = copy("clean-full")
+    def make(run_copy: Copy) -> Path:
+        root = run_copy("clean-full")
         deepspeed_layout(root / CK8, tags, ranks)
         if drop:
             shutil.rmtree(root / CK8 / drop)  # a cleanup script kept the older tag only
@@ -375,20 +376,20 @@ def deepspeed(tags: tuple[int, ...] = (8,), ranks: tuple[int, ...] = (0, 1), dro
     return make
 
 
-def malicious_args(copy: Copy) -> Path:
+def malicious_args(run_copy: Copy) -> Path:
     """training_args.bin replaced by a torch.save'd object whose unpickling runs a shell command."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     canary = root.parent / "canary"
     torch.save(payloads._reducer(os.system, (f"touch {canary}",)), root / CK8 / "training_args.bin")
     return root
 
 
-def smuggled_pickle(copy: Copy) -> Path:
+def smuggled_pickle(run_copy: Copy) -> Path:
     """A second `data.pkl` appended to a real optimizer.pt: zip readers disagree on which one is loaded."""
     import warnings
     import zipfile
 
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     path = root / CK8 / "optimizer.pt"
     with warnings.catch_warnings(), zipfile.ZipFile(path, "a") as z:
         warnings.simplefilter("ignore")  # "Duplicate name": exactly the trick
@@ -396,34 +397,34 @@ def smuggled_pickle(copy: Copy) -> Path:
     return root
 
 
-def callback_state(copy: Copy) -> Path:
-    root = copy("clean-full")
+def callback_state(run_copy: Copy) -> Path:
+    root = run_copy("clean-full")
     torch.save({"callback": WarmupCallback, "step": 8}, root / CK8 / "callback_state.pt")
     return root
 
 
-def installed_class_state(copy: Copy) -> Path:
+def installed_class_state(run_copy: Copy) -> Path:
     """A state file naming (never calling) a class of an installed package outside the known ones."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     torch.save({"parser": argparse.ArgumentParser, "step": 8}, root / CK8 / "callback_state.pt")
     return root
 
 
-def cut_rng_pickle(copy: Copy) -> Path:
+def cut_rng_pickle(run_copy: Copy) -> Path:
     """rng_state.pth whose data.pkl lost its last 30 bytes inside an intact zip."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     rewrite_member(root / CK8 / "rng_state.pth", "data.pkl", lambda data: data[:-30])
     return root
 
 
-SAMPLES = Path(__file__).parent / "data"  # real MindNLP and TensorFlow/Keras output (tests/test_frameworks.py)
+SAMPLES = TESTS / "data"  # real MindNLP and TensorFlow/Keras output (tests/stacks/test_frameworks.py)
 
 
 def sample(rel: str, change: Callable[[Path], None] = lambda root: None) -> Callable[[Copy], Path]:
     """A writable copy of the real sample ``tests/data/<rel>``, changed by ``change``."""
 
-    def make(copy: Copy) -> Path:
-        root = copy("clean-full").parent / "sample"
+    def make(run_copy: Copy) -> Path:
+        root = run_copy("clean-full").parent / "sample"
         shutil.copytree(SAMPLES / rel, root)
         for p in root.rglob("*"):
             p.chmod(0o644 if p.is_file() else 0o755)
@@ -452,10 +453,10 @@ def lm_save(untie_config: bool) -> Callable[[Copy], Path]:
     """A tiny tied Llama saved by transformers' own save_pretrained; ``untie_config`` sets its config's
     ``tie_word_embeddings`` to False first (the weights stay tied in memory, so the head is not written)."""
 
-    def make(copy: Copy) -> Path:
+    def make(run_copy: Copy) -> Path:
         import transformers
 
-        root = copy("clean-full").parent / "lm"
+        root = run_copy("clean-full").parent / "lm"
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
             vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -490,9 +491,9 @@ class Silent:
 WARN, ERR, INFO = Severity.WARNING, Severity.ERROR, Severity.INFO
 LORA_Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 
-def foreign_checkpoint(copy: Copy) -> Path:
+def foreign_checkpoint(run_copy: Copy) -> Path:
     """A run whose only `checkpoint-N` a custom loop wrote: weights and its own pickled state, no Trainer file."""
-    root = copy("clean-full")
+    root = run_copy("clean-full")
     weights = (root / CK8 / "model.safetensors").read_bytes()
     for ck in root.glob("checkpoint-*"):
         shutil.rmtree(ck)
@@ -604,7 +605,7 @@ FIRES: tuple[Fires, ...] = (
 )
 
 SILENT: tuple[Silent, ...] = (
-    Silent("CKD108", "clean-full", lambda copy: copy("clean-full")),
+    Silent("CKD108", "clean-full", lambda run_copy: run_copy("clean-full")),
     Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD215", "mindnlp", sample("mindnlp")),
@@ -670,8 +671,8 @@ def describe(fs: list[Finding]) -> str:
 
 
 @pytest.mark.parametrize("case", FIRES, ids=lambda c: f"{c.code}-{c.case}")
-def test_rule_fires(case: Fires, copy: Copy) -> None:
-    found = findings(case.make(copy))
+def test_rule_fires(case: Fires, run_copy: Copy) -> None:
+    found = findings(case.make(run_copy))
     hits = [f for f in found if f.rule == case.code and f.path == case.path]
     assert len(hits) == 1, describe(found)
     hit = hits[0]
@@ -681,8 +682,8 @@ def test_rule_fires(case: Fires, copy: Copy) -> None:
 
 
 @pytest.mark.parametrize("case", SILENT, ids=lambda c: f"{c.code}-{c.case}")
-def test_rule_stays_silent(case: Silent, copy: Copy) -> None:
-    found = findings(case.make(copy))
+def test_rule_stays_silent(case: Silent, run_copy: Copy) -> None:
+    found = findings(case.make(run_copy))
     assert not [f for f in found if f.rule == case.code], describe(found)
 
 
@@ -691,22 +692,22 @@ HEALTHY = ("clean-full", "clean-bin", "clean-lora", "lora-second-adapter", "shar
 
 
 @pytest.mark.parametrize("name", HEALTHY)
-def test_healthy_runs_have_no_findings_but_the_finished_schedule(name: str, runs: Callable[[str], Path]) -> None:
-    found = findings(runs(name))
+def test_healthy_runs_have_no_findings_but_the_finished_schedule(name: str, pristine: Callable[[str], Path]) -> None:
+    found = findings(pristine(name))
     # A resumed run ran to its end: its last checkpoint legitimately ends the schedule (CKD401 is information).
     allowed = {("CKD401", "checkpoint-12")} if name.endswith("-resumed") else set()
     assert not [f for f in found if (f.rule, f.path) not in allowed], describe(found)
 
 
-def test_the_malicious_pickle_is_reported_without_running(copy: Copy) -> None:
-    root = malicious_args(copy)
+def test_the_malicious_pickle_is_reported_without_running(run_copy: Copy) -> None:
+    root = malicious_args(run_copy)
     assert [f.rule for f in findings(root) if f.path.endswith("training_args.bin")] == ["CKD601"]
     assert not (root.parent / "canary").exists()
 
 
-def test_deepspeed_layout_is_scanned_as_deepspeed(copy: Copy) -> None:
+def test_deepspeed_layout_is_scanned_as_deepspeed(run_copy: Copy) -> None:
     """The DeepSpeed builder's files are read as real torch archives with DeepSpeed's world size."""
-    root = deepspeed()(copy)
+    root = deepspeed()(run_copy)
     assert findings(root) == []
     tree = scan(str(root)).trees[0]
     ck = next(c for c in tree.runs[0].checkpoints if c.path == CK8)
@@ -717,7 +718,7 @@ def test_deepspeed_layout_is_scanned_as_deepspeed(copy: Copy) -> None:
 def test_a_deepspeed_tag_of_any_name_is_a_tag(tmp_path: Path) -> None:
     """accelerate's `save_state` with DeepSpeed writes tag `pytorch_model` (real files): its folder is the tag `latest`
     names, so CKD503 stays silent; with that folder gone, `latest` dangles and CKD503 fires."""
-    real = Path(__file__).parent / "data" / "stacks" / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
+    real = TESTS / "data" / "stacks" / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
     root = tmp_path / "run"
     shutil.copytree(real, root)
     assert (root / "latest").read_text().strip() == "pytorch_model"

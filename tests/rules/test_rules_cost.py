@@ -6,7 +6,7 @@ real torch archives), runs of real torch/safetensors checkpoints mixed the way s
 care about, and the hostile pickle corpus. tests/data/rules_cost_golden.json was written by the rules as they were
 before (as of commit e36c44e; the `weights_forms` scenario was added later and recorded by running this
 file against that commit's rule files). Regenerate it only for an intended behaviour change:
-``CKPTDOCTOR_WRITE_GOLDEN=1 python -m pytest tests/test_rules_cost.py``.
+``CKPTDOCTOR_WRITE_GOLDEN=1 python -m pytest tests/rules/test_rules_cost.py``.
 
 The property tests below check the cheaper walks against the ones they replaced (kept here as references).
 """
@@ -49,11 +49,12 @@ from ckptdoctor.pickle_verdict import judge as pickle_analysis
 from ckptdoctor.readers.pickle_walk import iter_values
 from ckptdoctor.rules import discovery
 from ckptdoctor.scanner import scan
-from tests import builders, payloads
+from tests.helpers import builders, payloads
+from tests.helpers.paths import REPO
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 GOLDEN = ROOT / "tests" / "data" / "rules_cost_golden.json"
 T0 = 1_700_000_000.0  # pinned file times: messages print them, and CKD101 compares them
 CANARY = Path("/nonexistent/ckptdoctor-canary")  # payload bytes hold this path; nothing ever creates it

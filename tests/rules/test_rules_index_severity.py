@@ -23,7 +23,7 @@ from transformers.trainer_utils import load_sharded_checkpoint
 from ckptdoctor import fixer as fixmod
 from ckptdoctor.findings import Finding, OpKind, Severity
 from ckptdoctor.scanner import scan
-from tests.builders import trainer_state
+from tests.helpers.builders import trainer_state
 
 INDEX = "model.safetensors.index.json"
 CONFIG = LlamaConfig(

@@ -25,11 +25,11 @@ from ckptdoctor.model import ProblemKind
 from ckptdoctor.readers.jsonfiles import read_json
 from ckptdoctor.rules.discovery import versus
 from ckptdoctor.scanner import scan
-from tests.reference_helpers import TOL, max_difference
-from tests.test_e2e_resume import ckptdoctor_fix, found, tree_digest
+from tests.helpers.e2e import ckptdoctor_fix, found, tree_digest
+from tests.helpers.reference import TOL, max_difference
 
 transformers = pytest.importorskip("transformers")
-from tests.test_rules_transformers import describe, llama, train  # noqa: E402
+from tests.helpers.trainer_runs import describe, llama, train  # noqa: E402
 
 STEPS = 6  # checkpoints 2, 4 and 6
 LAST = f"checkpoint-{STEPS}"
@@ -37,14 +37,14 @@ STATE = "trainer_state.json"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def uncut(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One uninterrupted Trainer run; tests damage copies of it."""
     return train(tmp_path_factory.mktemp("torn") / "run", llama(), max_steps=STEPS)
 
 
-def damaged(run: Path, dest: Path, checkpoint: str, edit: Callable[[bytes], bytes]) -> Path:
+def damaged(uncut: Path, dest: Path, checkpoint: str, edit: Callable[[bytes], bytes]) -> Path:
     """A copy of ``run`` (file times kept) whose ``checkpoint``'s trainer_state.json is replaced by ``edit(bytes)``."""
-    shutil.copytree(run, dest)
+    shutil.copytree(uncut, dest)
     state = dest / checkpoint / STATE
     state.write_bytes(edit(state.read_bytes()))
     return dest
@@ -68,8 +68,8 @@ def losses(state_file: Path) -> dict[int, float]:
 # Cut short: CKD102 (error when resume picks it, warning otherwise), next to CKD402
 
 
-def test_a_cut_trainer_state_in_the_picked_checkpoint_is_an_interrupted_save(run: Path, tmp_path: Path) -> None:
-    out = damaged(run, tmp_path / "cut", LAST, half)
+def test_a_cut_trainer_state_in_the_picked_checkpoint_is_an_interrupted_save(uncut: Path, tmp_path: Path) -> None:
+    out = damaged(uncut, tmp_path / "cut", LAST, half)
     found = list(scan(str(out)).findings)
     hits = [f for f in found if f.rule == "CKD102"]
     assert [(f.path, f.severity) for f in hits] == [(LAST, Severity.ERROR)], describe(found)
@@ -82,25 +82,25 @@ def test_a_cut_trainer_state_in_the_picked_checkpoint_is_an_interrupted_save(run
     assert [f.path for f in found if f.rule == "CKD402"] == [f"{LAST}/{STATE}"]
 
 
-def test_a_cut_trainer_state_in_an_earlier_checkpoint_is_a_warning(run: Path, tmp_path: Path) -> None:
-    out = damaged(run, tmp_path / "cut-earlier", "checkpoint-4", half)
+def test_a_cut_trainer_state_in_an_earlier_checkpoint_is_a_warning(uncut: Path, tmp_path: Path) -> None:
+    out = damaged(uncut, tmp_path / "cut-earlier", "checkpoint-4", half)
     hits = findings(out, "CKD102")
     assert [(f.path, f.severity) for f in hits] == [("checkpoint-4", Severity.WARNING)]
     assert not hits[0].message.startswith("resume_from_checkpoint=True picks")
     assert hits[0].fix is not None and hits[0].fix.applicability == Applicability.SAFE
 
 
-def test_a_zero_byte_trainer_state_is_an_interrupted_save(run: Path, tmp_path: Path) -> None:
-    out = damaged(run, tmp_path / "zero", LAST, lambda _: b"")
+def test_a_zero_byte_trainer_state_is_an_interrupted_save(uncut: Path, tmp_path: Path) -> None:
+    out = damaged(uncut, tmp_path / "zero", LAST, lambda _: b"")
     hits = findings(out, "CKD102")
     assert [(f.path, f.severity) for f in hits] == [(LAST, Severity.ERROR)]
     assert "`trainer_state.json` is empty (0 bytes)" in hits[0].message
 
 
-def test_every_prefix_of_a_real_trainer_state_that_fails_to_parse_reads_as_cut_short(run: Path) -> None:
+def test_every_prefix_of_a_real_trainer_state_that_fails_to_parse_reads_as_cut_short(uncut: Path) -> None:
     """Cut at each byte: inside strings, numbers, keys, after commas and brackets. The only prefix that parses is
     the one missing just the final newline (and a resume reads it fine)."""
-    data = (run / LAST / STATE).read_bytes()
+    data = (uncut / LAST / STATE).read_bytes()
     assert data.count(b"\n") > 20 and data.isascii()
     parsed = []
     for n in range(1, len(data)):
@@ -124,9 +124,9 @@ def test_every_prefix_of_a_real_trainer_state_that_fails_to_parse_reads_as_cut_s
     ],
 )
 def test_a_complete_but_wrong_trainer_state_is_ckd402_only(
-    run: Path, tmp_path: Path, name: str, edit: Callable[[bytes], bytes]
+    uncut: Path, tmp_path: Path, name: str, edit: Callable[[bytes], bytes]
 ) -> None:
-    out = damaged(run, tmp_path / "wrong", LAST, edit)
+    out = damaged(uncut, tmp_path / "wrong", LAST, edit)
     found = list(scan(str(out)).findings)
     assert [f.path for f in found if f.rule == "CKD402"] == [f"{LAST}/{STATE}"], describe(found)
     assert not [f for f in found if f.rule == "CKD102"], describe(found)
@@ -144,9 +144,9 @@ class StepsTrained(transformers.TrainerCallback):  # type: ignore[misc]
 
 @pytest.mark.slow
 def test_fix_makes_the_resume_continue_from_the_previous_checkpoint_with_the_uninterrupted_losses(
-    run: Path, tmp_path: Path
+    uncut: Path, tmp_path: Path
 ) -> None:
-    out = damaged(run, tmp_path / "killed", LAST, half)
+    out = damaged(uncut, tmp_path / "killed", LAST, half)
     # The real resume picks the cut file and crashes loading it.
     crash = tmp_path / "crash"
     shutil.copytree(out, crash)
@@ -164,7 +164,7 @@ def test_fix_makes_the_resume_continue_from_the_previous_checkpoint_with_the_uni
     train(cured, llama(), max_steps=STEPS, resume_from_checkpoint=True, callbacks=[probe])
     assert probe.steps == [5, 6]  # resumed from checkpoint-4
     resumed = {step: loss for step, loss in losses(cured / LAST / STATE).items() if step in probe.steps}
-    assert max_difference(losses(run / LAST / STATE), resumed) <= TOL
+    assert max_difference(losses(uncut / LAST / STATE), resumed) <= TOL
     undo(str(out))  # and `ckptdoctor undo` puts the folder back byte for byte
     assert tree_digest(out) == before
 
@@ -196,10 +196,10 @@ def test_compared_numbers_share_one_format(a: float, b: float, text: str) -> Non
     assert versus(a, b) == text
 
 
-def test_a_stale_checkpoint_message_shows_seconds_and_the_gap_and_a_singular_title(run: Path, tmp_path: Path) -> None:
+def test_a_stale_checkpoint_message_shows_seconds_and_the_gap_and_a_singular_title(uncut: Path, tmp_path: Path) -> None:
     """Run 1 (6 steps) left checkpoint-6; run 2 (4 steps, another LR, same folder) overwrote checkpoint-2/4."""
     out = tmp_path / "stale"
-    shutil.copytree(run, out)
+    shutil.copytree(uncut, out)
     for p in [out / LAST, *(out / LAST).rglob("*")]:  # hours older, as a real first run would be
         st = p.stat()
         os.utime(p, (st.st_atime - 3 * 3600, st.st_mtime - 3 * 3600))

@@ -18,39 +18,14 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.trainer_runs import STEPS, VOCAB, describe, llama, llama_config, train
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from ckptdoctor.findings import Finding, Severity  # noqa: E402
+from ckptdoctor.findings import Severity  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
-
-VOCAB = 64
-STEPS = 4  # saves at 2 and 4: the last checkpoint ends the linear schedule (LR 0)
-
-
-class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
-    """Random token sequences; labels are the inputs (the model shifts them)."""
-
-    def __init__(self, n: int = 16, seq: int = 8, seed: int = 0) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, VOCAB, (n, seq), generator=gen)
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def llama_config() -> Any:
-    return transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
-
-
-def llama() -> Any:
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(llama_config())
 
 
 def gpt2() -> Any:
@@ -82,22 +57,6 @@ def sharded_llama() -> Any:
     return ShardedLlama(llama_config())
 
 
-def train(out: Path, model: Any, callbacks: list[Any] | None = None, **overrides: Any) -> Path:
-    """Run the real Trainer for ``STEPS`` steps, saving every 2, on CPU with nothing reported anywhere."""
-    kwargs: dict[str, Any] = {
-        "output_dir": str(out), "max_steps": STEPS, "save_steps": 2, "logging_steps": 1,
-        "per_device_train_batch_size": 4, "learning_rate": 1e-3, "use_cpu": True, "report_to": "none",
-        "disable_tqdm": True, "seed": 0,
-    }
-    resume = overrides.pop("resume_from_checkpoint", None)
-    kwargs.update(overrides)
-    eval_set = Tokens(8, seed=1) if kwargs.get("eval_strategy") not in (None, "no") else None
-    trainer = transformers.Trainer(model=model, args=transformers.TrainingArguments(**kwargs),
-                                   train_dataset=Tokens(), eval_dataset=eval_set, callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=resume)
-    return out
-
-
 def _full(out: Path) -> Path:
     return train(out, gpt2(), warmup_steps=1, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
                  metric_for_best_model="loss")
@@ -115,7 +74,7 @@ RUNS: dict[str, Callable[[Path], Path]] = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Each Trainer run once per module, built on first use."""
     root = tmp_path_factory.mktemp("trainer")
     cache: dict[str, Path] = {}
@@ -128,17 +87,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return get
 
 
-def describe(fs: list[Finding]) -> str:
-    return "\n".join(f"{f.rule} {f.severity.value} {f.path}: {f.message}" for f in fs) or "(no findings)"
-
-
 def files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_trainer_checkpoints_have_no_false_positives(name: str, runs: Callable[[str], Path]) -> None:
-    out = runs(name)
+def test_trainer_checkpoints_have_no_false_positives(name: str, trained: Callable[[str], Path]) -> None:
+    out = trained(name)
     found = list(scan(str(out)).findings)
     bad = [f for f in found if f.severity != Severity.INFO or f.rule.startswith("CKD6")]
     assert not bad, describe(found)
@@ -146,24 +101,26 @@ def test_trainer_checkpoints_have_no_false_positives(name: str, runs: Callable[[
     assert [(f.rule, f.path) for f in found] == [("CKD401", f"checkpoint-{STEPS}")], describe(found)
 
 
-def test_the_runs_hold_what_they_claim(runs: Callable[[str], Path]) -> None:
+def test_the_runs_hold_what_they_claim(trained: Callable[[str], Path]) -> None:
     """Guard the premise: each run wrote the layout its name promises."""
-    full = files(runs("full") / "checkpoint-2")
+    full = files(trained("full") / "checkpoint-2")
     assert {"model.safetensors", "optimizer.pt", "rng_state.pth", "scheduler.pt", "training_args.bin"} <= full
-    state = json.loads((runs("full") / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((trained("full") / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["best_model_checkpoint"] is not None
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= files(runs("lora") / "checkpoint-2")
-    assert {"aux/adapter_model.safetensors", "aux/adapter_config.json"} <= files(runs("multi-adapter") / "checkpoint-2")
-    sharded = files(runs("sharded") / "checkpoint-2")
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= files(trained("lora") / "checkpoint-2")
+    aux = {"aux/adapter_model.safetensors", "aux/adapter_config.json"}
+    assert aux <= files(trained("multi-adapter") / "checkpoint-2")
+    sharded = files(trained("sharded") / "checkpoint-2")
     assert "model.safetensors.index.json" in sharded and "model.safetensors" not in sharded
     assert len([n for n in sharded if n.startswith("model-0")]) >= 3
-    history = json.loads((runs("cosine-restarts") / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
+    state_file = trained("cosine-restarts") / "checkpoint-4" / "trainer_state.json"
+    history = json.loads(state_file.read_text())["log_history"]
     lrs = [e["learning_rate"] for e in history if "learning_rate" in e]
     steps = list(itertools.pairwise(lrs))
     assert any(b > a for a, b in steps) and any(b < a for a, b in steps), lrs
 
 
-def test_copied_to_another_machine_the_run_stays_clean(runs: Callable[[str], Path], tmp_path: Path) -> None:
+def test_copied_to_another_machine_the_run_stays_clean(trained: Callable[[str], Path], tmp_path: Path) -> None:
     """A relative output_dir (what most scripts use) and a later copy: best_model_checkpoint is relative."""
     cwd = os.getcwd()
     os.chdir(tmp_path)

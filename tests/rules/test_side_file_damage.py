@@ -22,28 +22,28 @@ from ckptdoctor.fixer import undo
 from ckptdoctor.resume_gate import gate
 
 transformers = pytest.importorskip("transformers")
-from tests.test_e2e_resume import tree_digest  # noqa: E402
-from tests.test_gate_transformers import ALL, assert_predicted, copy_run, train  # noqa: E402
+from tests.helpers.e2e import tree_digest  # noqa: E402
+from tests.helpers.gate_runs import ALL, assert_predicted, copy_run, train  # noqa: E402
 
 LAST = "checkpoint-8"
 SIDE = f"{LAST}/ema_backup.safetensors"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def side_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("side") / "out"
     train(out)
     return out
 
 
-def with_side_file(run: Path, tmp_path: Path, name: str = SIDE, data: bytes = b"x") -> Path:
-    out = copy_run(run, tmp_path)
+def with_side_file(side_run: Path, tmp_path: Path, name: str = SIDE, data: bytes = b"x") -> Path:
+    out = copy_run(side_run, tmp_path)
     (out / name).write_bytes(data)
     return out
 
 
-def test_a_cut_side_file_is_the_files_warning_not_an_interrupted_save(run: Path, tmp_path: Path) -> None:
-    out = with_side_file(run, tmp_path)
+def test_a_cut_side_file_is_the_files_warning_not_an_interrupted_save(side_run: Path, tmp_path: Path) -> None:
+    out = with_side_file(side_run, tmp_path)
     report = api.scan(str(out))
     got = {(f.rule, f.path, f.severity) for f in report.findings if f.rule in ("CKD102", "CKD202")}
     assert got == {("CKD202", SIDE, Severity.WARNING)}
@@ -52,17 +52,17 @@ def test_a_cut_side_file_is_the_files_warning_not_an_interrupted_save(run: Path,
     assert report.exit_code() == 0
 
 
-def test_the_gate_passes_and_predicts_the_picked_checkpoint(run: Path, tmp_path: Path) -> None:
-    out = with_side_file(run, tmp_path)
+def test_the_gate_passes_and_predicts_the_picked_checkpoint(side_run: Path, tmp_path: Path) -> None:
+    out = with_side_file(side_run, tmp_path)
     result = CliRunner().invoke(main, ["gate", str(out), "--max-steps", "12", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert '"checkpoint": "' + str(out / LAST) in result.output.replace("\\\\", "/")
 
 
 def test_fix_quarantines_the_side_file_alone_and_the_real_resume_loads_the_checkpoint(
-    run: Path, tmp_path: Path
+    side_run: Path, tmp_path: Path
 ) -> None:
-    out = with_side_file(run, tmp_path)
+    out = with_side_file(side_run, tmp_path)
     dry = CliRunner().invoke(main, ["fix", str(out), "--dry-run", "--force"])
     assert f"would move `{SIDE}`" in dry.output, dry.output
     assert f"would move `{LAST}/`" not in dry.output
@@ -83,16 +83,16 @@ def test_fix_quarantines_the_side_file_alone_and_the_real_resume_loads_the_check
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth"])
-def test_a_cut_file_the_resume_opens_still_condemns_the_checkpoint(run: Path, tmp_path: Path, name: str) -> None:
-    out = copy_run(run, tmp_path)
+def test_a_cut_file_the_resume_opens_still_condemns_the_checkpoint(side_run: Path, tmp_path: Path, name: str) -> None:
+    out = copy_run(side_run, tmp_path)
     target = out / LAST / name
     target.write_bytes(target.read_bytes()[:100])
     codes = {(f.rule, f.severity) for f in api.scan(str(out)).findings if f.path == LAST}
     assert ("CKD102", Severity.ERROR) in codes
 
 
-def test_a_cut_training_args_is_a_warning_the_resume_never_reads_it(run: Path, tmp_path: Path) -> None:
-    out = copy_run(run, tmp_path)
+def test_a_cut_training_args_is_a_warning_the_resume_never_reads_it(side_run: Path, tmp_path: Path) -> None:
+    out = copy_run(side_run, tmp_path)
     target = out / LAST / "training_args.bin"
     target.write_bytes(target.read_bytes()[:100])
     found = {(f.rule, f.severity) for f in api.scan(str(out)).findings if f.rule in ("CKD102", "CKD203")}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import ckptdoctor
-from tests import console
-from tests.test_fix import age
+from tests.helpers import console
+from tests.helpers.fixing import age
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EVIL = b"cos\nsystem\n(S'true'\ntR."  # a pickle that calls os.system when loaded: CKD601 [error]
 
 
@@ -85,7 +85,7 @@ def test_the_user_configuration_applies_only_when_no_project_file_is_found(repo:
 
 
 @pytest.fixture
-def hostile(repo: Path) -> Path:
+def evil_repo(repo: Path) -> Path:
     (repo / "runs" / "b" / "checkpoint-12" / "evil.pkl").write_bytes(EVIL)
     return repo
 
@@ -94,37 +94,37 @@ HIDE = 'ignore = ["CKD6", "CKD101", "CKD401"]\nfail-on = "never"\n[severity]\nCK
 
 
 @pytest.mark.parametrize("where", ["runs/b/.ckptdoctor.toml", "runs/b/checkpoint-12/.ckptdoctor.toml"])
-def test_a_file_at_or_below_the_root_cannot_lower_security(hostile: Path, where: str) -> None:
-    (hostile / where).write_text(HIDE)
-    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs"))
+def test_a_file_at_or_below_the_root_cannot_lower_security(evil_repo: Path, where: str) -> None:
+    (evil_repo / where).write_text(HIDE)
+    code, doc, err = cli("scan", "--format", "json", str(evil_repo / "runs"))
     assert isinstance(doc, dict)
     security = [(f["rule"], f["severity"]) for f in doc["findings"] if f["rule"].startswith("CKD6")]
     assert security == [("CKD601", "error")]
     assert code == 1 and "may not turn off or lower security rules" in err
 
 
-def test_a_file_above_the_root_cannot_lower_security_either(hostile: Path) -> None:
+def test_a_file_above_the_root_cannot_lower_security_either(evil_repo: Path) -> None:
     """Above the root is not the same as the user's: `scan download/checkpoint-12` puts the downloaded run's own
     file above the root. Only the command line and the user configuration may turn a security rule off."""
-    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
-    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs" / "b" / "checkpoint-12"))
+    (evil_repo / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    code, doc, err = cli("scan", "--format", "json", str(evil_repo / "runs" / "b" / "checkpoint-12"))
     assert isinstance(doc, dict)
     assert [f["rule"] for f in doc["findings"]] == ["CKD601"] and code == 1
     assert "may not turn off or lower security rules" in err
 
 
-def test_the_user_configuration_may_turn_a_security_rule_off(hostile: Path, tmp_path: Path) -> None:
+def test_the_user_configuration_may_turn_a_security_rule_off(evil_repo: Path, tmp_path: Path) -> None:
     user = tmp_path / "user.toml"
     user.write_text(HIDE)
-    code, doc, err = cli("scan", "--format", "json", str(hostile / "runs" / "b"), user=user)
+    code, doc, err = cli("scan", "--format", "json", str(evil_repo / "runs" / "b"), user=user)
     assert isinstance(doc, dict)
     assert (code, doc["findings"], err) == (0, [], "")
 
 
-def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile: Path) -> None:
-    (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nselect = ["CKD1"]\nfail-on = "warning"\n')
-    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
-    runs = hostile / "runs"
+def test_show_settings_says_which_file_applies_where_and_checks_nothing(evil_repo: Path) -> None:
+    (evil_repo / "pyproject.toml").write_text('[tool.ckptdoctor]\nselect = ["CKD1"]\nfail-on = "warning"\n')
+    (evil_repo / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    runs = evil_repo / "runs"
     quarantined = runs / ".ckptdoctor" / "quarantine" / "t1" / "old-run"  # the fixer's folder: skipped, as a scan does
     quarantined.mkdir(parents=True)
     (quarantined / ".ckptdoctor.toml").write_text('ignore = ["CKD1"]\n')
@@ -132,7 +132,7 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
     assert code == 0 and "Found" not in str(text)
     assert str(text).splitlines() == [
         f"{runs}",
-        f"  file: {hostile}/pyproject.toml [tool.ckptdoctor]",
+        f"  file: {evil_repo}/pyproject.toml [tool.ckptdoctor]",
         "  select: CKD1",
         "  ignore: none",
         "  severity: the catalog defaults",
@@ -153,7 +153,7 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
     assert isinstance(doc, dict) and code == 0 and doc["schema"] == "ckptdoctor.settings/1"
     scopes = doc["roots"][0]["scopes"]
     assert [(s["folder"], s["file"], s["fail_on"], s["fail_on_from"]) for s in scopes] == [
-        (str(runs), f"{hostile}/pyproject.toml", "info", "--fail-on"),
+        (str(runs), f"{evil_repo}/pyproject.toml", "info", "--fail-on"),
         (f"{runs}/b", f"{runs}/b/.ckptdoctor.toml", "info", "--fail-on"),
     ]
     for command in (["gate"], ["fix", "--dry-run"]):
@@ -162,8 +162,8 @@ def test_show_settings_says_which_file_applies_where_and_checks_nothing(hostile:
         assert [s["file"] for s in doc["roots"][0]["scopes"]] == [f"{runs}/b/.ckptdoctor.toml"]
 
 
-def test_show_settings_writes_where_every_output_goes(hostile: Path, tmp_path: Path) -> None:
-    runs = hostile / "runs"
+def test_show_settings_writes_where_every_output_goes(evil_repo: Path, tmp_path: Path) -> None:
+    runs = evil_repo / "runs"
     _, shown, _ = cli("scan", "--show-settings", str(runs))
     for command in (["scan"], ["fix", "--dry-run"], ["gate"]):
         out = tmp_path / "settings.txt"
@@ -207,10 +207,10 @@ def test_what_a_fix_leaves_in_a_run_is_judged_under_that_runs_file(repo: Path) -
     assert cli("fix", "--dry-run", "--fail-on", "error", str(runs))[0] == 1
 
 
-def test_the_python_api_resolves_settings_as_the_command_line(hostile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (hostile / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
-    (hostile / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
-    runs = hostile / "runs"
+def test_the_python_api_resolves_settings_as_the_command_line(evil_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (evil_repo / "pyproject.toml").write_text('[tool.ckptdoctor]\nignore = ["CKD101"]\n')
+    (evil_repo / "runs" / "b" / ".ckptdoctor.toml").write_text(HIDE)
+    runs = evil_repo / "runs"
     code, doc, _ = cli("scan", "--format", "json", str(runs))
     assert isinstance(doc, dict)
     monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers.paths import REPO
+
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
@@ -35,9 +37,9 @@ from ckptdoctor.fixer import FixRefused, fix
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import is_remote
 from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
-from tests.builders import comparable_report, trainer_state
+from tests.helpers.builders import comparable_report, trainer_state
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 BUCKET = "ckpts"
 
 
@@ -56,7 +58,7 @@ class _RequestLog(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, _RequestLog]]:
+def s3_server() -> Iterator[tuple[str, _RequestLog]]:
     """A moto S3 server on 127.0.0.1 (free port), with dummy credentials and fsspec pointed at it."""
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
@@ -104,7 +106,7 @@ def _upload(local: Path, key: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fixtures_url(server: tuple[str, _RequestLog], tmp_path_factory: pytest.TempPathFactory) -> str:
+def fixtures_url(s3_server: tuple[str, _RequestLog], tmp_path_factory: pytest.TempPathFactory) -> str:
     return _upload(FIXTURES, "fixtures")
 
 
@@ -122,9 +124,9 @@ def test_remote_scan_matches_local(fixtures_url: str, name: str) -> None:
     assert remote.files == local.files > 0
 
 
-def test_remote_scan_of_every_fixture_at_once(server: tuple[str, _RequestLog], fixtures_url: str) -> None:
+def test_remote_scan_of_every_fixture_at_once(s3_server: tuple[str, _RequestLog], fixtures_url: str) -> None:
     """Runs below the root, DCP folders (their `.distcp` items read in the second pass), loose files."""
-    log = server[1]
+    log = s3_server[1]
     before = len(log.lines)
     remote = scan(fixtures_url, jobs=2)
     requests = log.lines[before:]
@@ -151,7 +153,7 @@ def test_single_object_root(fixtures_url: str) -> None:
     assert (rf.path, rf.size, rf.kind, rf.content, rf.problems) == (lf.path, lf.size, lf.kind, lf.content, lf.problems)
 
 
-def test_prefixes_are_folders_for_the_resume_pick(server: tuple[str, _RequestLog], tmp_path: Path) -> None:
+def test_prefixes_are_folders_for_the_resume_pick(s3_server: tuple[str, _RequestLog], tmp_path: Path) -> None:
     """get_last_checkpoint lists folders: an empty `checkpoint-12/` marker and a prefix holding only a stray file
     both count, as the folders they stand for would on a mounted bucket."""
     run = tmp_path / "run"
@@ -215,14 +217,14 @@ def _count_fetches(monkeypatch: pytest.MonkeyPatch, level: int) -> dict[str, lis
 
 
 def test_remote_scan_reads_headers_only(
-    server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = tmp_path / "run"
     headers = _big_sharded(run / "checkpoint-4")
     url = _upload(run, "big")
     sizes = {p.name: p.stat().st_size for p in (run / "checkpoint-4").iterdir()}
     fetched = _count_fetches(monkeypatch, 1)
-    log = server[1]
+    log = s3_server[1]
     before = len(log.lines)
     report = scan(url, jobs=4)
     requests = log.lines[before:]
@@ -252,7 +254,7 @@ def test_remote_scan_reads_headers_only(
 
 
 def test_remote_torch_zip_costs_requests_independent_of_its_tensors(
-    server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An optimizer.pt's tensor records are never fetched, not even their local headers (a request each): a state
     of 600 tensors costs the end, the directory and the records a loader parses, like a state of 150."""
@@ -359,13 +361,13 @@ def test_remote_errors_are_values(fixtures_url: str, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.slow
 def test_gate_of_an_s3_run_matches_the_local_gate_and_the_resume(
-    server: tuple[str, _RequestLog], tmp_path: Path
+    s3_server: tuple[str, _RequestLog], tmp_path: Path
 ) -> None:
     """`ckptdoctor gate` of a run in object storage predicts what it predicts locally, which is what the real
     Trainer's resume does."""
     pytest.importorskip("transformers")
     from ckptdoctor.resume_gate import gate
-    from tests.test_gate_transformers import ALL, assert_predicted, train
+    from tests.helpers.gate_runs import ALL, assert_predicted, train
 
     out = tmp_path / "out"
     train(out)

@@ -1,7 +1,7 @@
 """Remote roots at ``gs://``: gcsfs against a real GCS JSON-API server (gcp-storage-emulator) on loopback.
 
-tests/test_remote.py proves the remote path against S3 in depth (request and byte counts); this module proves the
-same code is backend-neutral: a second fsspec backend, reached only through its URL scheme, gives the same report
+tests/sources/test_remote.py proves the remote path against S3 in depth (request and byte counts); this module proves
+the same code is backend-neutral: a second fsspec backend, reached only through its URL scheme, gives the same report
 as the local tree, reading headers only.
 """
 
@@ -11,10 +11,11 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.paths import REPO
 
 pytest.importorskip("gcp_storage_emulator")
 # gcsfs >= 2026.x first asks the storage-control gRPC API for the bucket's layout, which the emulator does not
@@ -26,9 +27,9 @@ import fsspec  # noqa: E402  (only once the skips and the setting above have run
 from gcp_storage_emulator.server import create_server  # noqa: E402
 
 from ckptdoctor.scanner import scan  # noqa: E402
-from tests.builders import comparable_report  # noqa: E402
+from tests.helpers.builders import comparable_report  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 BUCKET = "ckpts"
 # Findings that compare file times: an object's time is when it was uploaded, not when the trainer wrote it.
 _TIME_FIXTURES = {"stale-higher"}

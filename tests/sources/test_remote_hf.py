@@ -14,11 +14,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
+
+from tests.helpers.paths import REPO
 
 pytest.importorskip("fsspec")
 hf_fs = pytest.importorskip("huggingface_hub.hf_file_system")
@@ -29,9 +30,9 @@ from huggingface_hub import constants  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
-from tests.builders import comparable_report  # noqa: E402
+from tests.helpers.builders import comparable_report  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = REPO / "fixtures"
 REPO = "ckpt/run"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 LFS_OVER = 64 * 1024  # files above this are "LFS": `resolve` redirects them to a storage URL, as the Hub does

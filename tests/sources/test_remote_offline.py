@@ -124,7 +124,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def stub() -> Iterator[Callable[[int, float], int]]:
+def stubs() -> Iterator[Callable[[int, float], int]]:
     """Start stub servers on loopback: ``stub(status, delay)`` gives the port of one."""
     servers: list[ThreadingHTTPServer] = []
 
@@ -171,7 +171,7 @@ def _hf(monkeypatch: pytest.MonkeyPatch, port: int) -> str:
     from huggingface_hub import constants
 
     endpoint = f"http://127.0.0.1:{port}"
-    # HF_ENDPOINT is read once, at import: set what it sets (see tests/test_remote_hf.py).
+    # HF_ENDPOINT is read once, at import: set what it sets (see tests/sources/test_remote_hf.py).
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -258,11 +258,11 @@ def test_hf_connect_timeout_is_huggingface_hubs(black_hole: int, monkeypatch: py
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_access_denied_is_one_line(backend: str, stub: Callable[[int, float], int],
+def test_access_denied_is_one_line(backend: str, stubs: Callable[[int, float], int],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A 403 is reported as such: not as "no such object" (hf:// answered that before) and on one line (gcsfs put
     the server's message on a second)."""
-    url = BACKENDS[backend](monkeypatch, stub(403, 0.0))
+    url = BACKENDS[backend](monkeypatch, stubs(403, 0.0))
     result, attempts = _scan(url)
     line = _one_error_line(result, url)
     assert "no such object" not in line
@@ -270,11 +270,11 @@ def test_access_denied_is_one_line(backend: str, stub: Callable[[int, float], in
     assert 1 <= len(attempts) <= CONNECT_ATTEMPTS, attempts  # an answer is not retried as a lost connection
 
 
-def test_a_slow_server_still_answers(stub: Callable[[int, float], int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_server_still_answers(stubs: Callable[[int, float], int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Only connecting is bounded: a server that connects at once and answers after more than the connect timeout
     is waited for (here its answer is "no such bucket"). S3 only: gs:// adds a probe that just connects, and gcsfs's
     gRPC bucket-layout lookup would wait 60 s on a stub that speaks HTTP/1 alone."""
-    url = _s3(monkeypatch, stub(404, 0.4))
+    url = _s3(monkeypatch, stubs(404, 0.4))
     monkeypatch.setenv("CKPTDOCTOR_CONNECT_TIMEOUT", "0.1")
     result, _ = _scan(url)
     assert _one_error_line(result, url) == f"Error: {url}: no such object or prefix"

@@ -1,6 +1,6 @@
 """Real PyTorch Lightning 2.6 runs for the tests, run in the Lightning interpreter (``CKPTDOCTOR_LIGHTNING_PYTHON``).
 
-``python tests/lightning_run.py JOBS.json RESULTS.json``: each job trains a tiny LightningModule on CPU into its
+``python tests/stacks/lightning_run.py JOBS.json RESULTS.json``: each job trains a tiny LightningModule on CPU into its
 ``root`` (``ModelCheckpoint(save_last=True)``, one epoch of 2 steps), optionally with an ``argparse.Namespace``
 among the module's init arguments that ``save_hyperparameters()`` records, then resumes for a second epoch with
 ``Trainer.fit(ckpt_path="last")`` as a user would, and records whether that resume raised (with what) or which

@@ -15,8 +15,9 @@ from ckptdoctor.cli import main
 from ckptdoctor.discover import discover
 from ckptdoctor.model import Framework
 from ckptdoctor.resume_gate import gate
+from tests.helpers.paths import TESTS
 
-DATA = Path(__file__).parent / "data"
+DATA = TESTS / "data"
 MINDNLP = DATA / "mindnlp"  # checkpoint-6 of a save_safetensors=False run (mindspore_model.ckpt)
 MINDNLP_RUN = DATA / "mindnlp-run"  # checkpoint-2 of a save_safetensors=True run
 TF = DATA / "tf"  # tf-trainer: TFTrainer's checkpoint/ folder + tf_model.h5; keras-weights: save_weights

@@ -3,7 +3,7 @@ and a clean Lightning run raises no alarm.
 
 Lightning 2.6 resumes with ``torch.load(weights_only=None)``, so torch's default ``weights_only=True``, which refuses
 an ``argparse.Namespace`` that ``save_hyperparameters()`` stored in ``hyper_parameters``. The real runs and resumes
-happen in the Lightning interpreter named by ``CKPTDOCTOR_LIGHTNING_PYTHON`` (tests/lightning_run.py, as a
+happen in the Lightning interpreter named by ``CKPTDOCTOR_LIGHTNING_PYTHON`` (tests/stacks/lightning_run.py, as a
 subprocess: the main interpreter never imports Lightning; .ci/run builds a ``pip install --target`` layer and sets
 it). The files under tests/data/lightning-2.6.6 were written by the same script (``namespace`` and ``plain``
 jobs, roots ``/tmp/lightning-2.6.6/<job>``) and prove the rule without Lightning installed.
@@ -21,12 +21,13 @@ import pytest
 
 from ckptdoctor.findings import Finding
 from ckptdoctor.scanner import scan
+from tests.helpers.paths import TESTS
 
 LIGHTNING_PYTHON = os.environ.get("CKPTDOCTOR_LIGHTNING_PYTHON", "")
 SCRIPT = Path(__file__).with_name("lightning_run.py")
 # Not under tests/data/stacks: the security tests hold every file there free of CKD6xx findings, and whether the
 # `Namespace` in `namespace/` may be unpickled is the security family's question, not this one's.
-DATA = Path(__file__).parent / "data" / "lightning-2.6.6"
+DATA = TESTS / "data" / "lightning-2.6.6"
 needs_lightning = pytest.mark.skipif(
     not LIGHTNING_PYTHON, reason="CKPTDOCTOR_LIGHTNING_PYTHON is not set: no Lightning 2.6 interpreter to train and "
     "resume with (.ci/run builds one and sets it)")
@@ -38,7 +39,7 @@ def _findings(root: Path) -> list[Finding]:
 
 
 def _lightning(jobs: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
-    """Run ``jobs`` in the Lightning interpreter (tests/lightning_run.py) and return their results."""
+    """Run ``jobs`` in the Lightning interpreter (tests/stacks/lightning_run.py) and return their results."""
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run([LIGHTNING_PYTHON, str(SCRIPT), str(tmp / "jobs.json"), str(tmp / "results.json")],
                           capture_output=True, text=True, timeout=900)

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.paths import TESTS
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -29,7 +31,7 @@ from ckptdoctor.findings import Finding, Severity  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
 
 VOCAB = 64
-DATA = Path(__file__).parent / "data" / "stacks"
+DATA = TESTS / "data" / "stacks"
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 
 
