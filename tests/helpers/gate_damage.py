@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-from tests.helpers.gate_runs import Tokens
 
 transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+from tests.helpers.gate_runs import Tokens  # noqa: E402
 
 
 def tiny_model() -> GPT2LMHeadModel:

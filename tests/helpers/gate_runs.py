@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-
-from ckptdoctor.resume_gate import GateResult
 
 transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
+from ckptdoctor.resume_gate import GateResult  # noqa: E402
 
 ALL = 1000  # lr_steps: predict every step, so the whole sequence is compared
 
