@@ -38,8 +38,8 @@ SECURITY_ERRORS = ("CKD601", "CKD603", "CKD605")
 
 def build_payloads(folder: Path, canary: Path) -> dict[str, str]:
     """Write every payload under ``folder``; returns relative path -> technique."""
-    from tests import payloads
-    from tests.test_security_payloads import _extra_torch_payloads, _slug
+    from tests.helpers import payloads
+    from tests.pickle_verdict.test_security_payloads import _extra_torch_payloads, _slug
 
     out = {}
     for p in payloads.corpus(canary) + _extra_torch_payloads(canary):
@@ -55,7 +55,7 @@ def build_payloads(folder: Path, canary: Path) -> dict[str, str]:
 def build_clean(folder: Path, deepspeed: bool) -> dict[str, str]:
     """Fixtures plus freshly written real files; returns relative path -> description (pickle-bearing files only)."""
     from bench import make_allowlist
-    from tests import payloads
+    from tests.helpers import payloads
 
     shutil.copytree(ROOT / "fixtures", folder / "fixtures")
     fresh = folder / "fresh" / "checkpoint-2"

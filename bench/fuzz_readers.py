@@ -5,7 +5,7 @@ Usage (the numbers in bench/SECURITY.md come from this command)::
     python bench/fuzz_readers.py --inputs 1000000 --workers 2 --time-limit 2.0 --rss-mb 1024 --seed 1
 
 Seeds are real files written by torch, safetensors, transformers and torch.distributed.checkpoint into a temporary
-folder, plus the hostile pickles of tests/payloads.py. Each input is a seed mutated by byte flips, truncation,
+folder, plus the hostile pickles of tests/helpers/payloads.py. Each input is a seed mutated by byte flips, truncation,
 insertion, duplication of a slice, splicing two seeds, or length-field smashing. Each worker enforces an address
 space cap (RLIMIT_AS) and a per-input wall-clock bound (SIGALRM); a reader that raises, overruns the bound or dies
 is recorded with the input that did it (written to --crash-dir).
@@ -84,7 +84,7 @@ def make_seeds(folder: Path) -> dict[str, bytes]:
     import torch
     from safetensors.torch import save_file
 
-    from tests import payloads
+    from tests.helpers import payloads
 
     payloads.save_model_state(folder / "model.bin")
     payloads.save_model_state(folder / "legacy.bin", legacy=True)

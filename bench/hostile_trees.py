@@ -1,5 +1,5 @@
-"""Time the hostile trees whose cost tests/test_hostile_trees.py bounds by work (bytes read, files opened), never
-by the clock. Run by hand, never in CI:
+"""Time the hostile trees whose cost tests/discovery/test_hostile_trees.py bounds by work (bytes read, files opened),
+never by the clock. Run by hand, never in CI:
 
     python bench/hostile_trees.py [--checkout PATH] [--repeat N]
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckptdoctor.model import PickleFacts  # noqa: E402
 from ckptdoctor.readers import read_file  # noqa: E402
-from tests.te_recipe import LOAD_TE_RECIPE  # noqa: E402
+from tests.helpers.te_recipe import LOAD_TE_RECIPE  # noqa: E402
 
 OUT = ROOT / "ckptdoctor" / "pickle_verdict" / "allowlist.json"
 
@@ -380,7 +380,7 @@ def write_torch_files(folder: Path) -> None:
 
 def write_dcp(folder: Path) -> None:
     """A real torch.distributed.checkpoint save (model and optimizer state)."""
-    from tests import payloads
+    from tests.helpers import payloads
 
     payloads.save_dcp(folder / "dcp")
 

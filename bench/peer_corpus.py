@@ -47,7 +47,7 @@ class Sample:
     filename: str  # file name to write the sample under (its suffix matters to some scanners)
     data: bytes
     loader: str = "pickle"
-    canary: bool = True  # loading it creates the canary file (proved by tests/test_peer_corpus.py)
+    canary: bool = True  # loading it creates the canary file (proved by tests/pickle_verdict/test_peer_corpus.py)
 
     @property
     def slug(self) -> str:

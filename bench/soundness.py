@@ -1,4 +1,5 @@
-"""The soundness property of tests/test_security_policy.py, run far longer, in containers too, and against clean files.
+"""The soundness property of tests/pickle_verdict/test_security_policy.py, run far longer, in containers too, and
+against clean files.
 
     python bench/soundness.py --minutes 8 --seed 1
 
@@ -43,7 +44,7 @@ from bench.peer_corpus import _tar, _torch_zip, _zip  # noqa: E402
 from ckptdoctor.model import FileFacts, FileKind, ProblemKind  # noqa: E402
 from ckptdoctor.pickle_verdict.judge import file_pickle, judge  # noqa: E402
 from ckptdoctor.readers import read_open_file  # noqa: E402
-from tests.test_security_policy import ITEM, _stream, unallowed_seen  # noqa: E402
+from tests.pickle_verdict.test_security_policy import ITEM, _stream, unallowed_seen  # noqa: E402
 
 CONTAINERS = ("raw", "torch-zip", "zip-record", "tar", "tar.gz", "gz", "legacy")
 _FINDING_KINDS = (ProblemKind.MALFORMED_PICKLE, ProblemKind.SUSPICIOUS_ARCHIVE)
@@ -112,7 +113,7 @@ def payload_run(examples: int, run_seed: int, tally: _Tally) -> None:
         if verdict is None:
             return
         if verdict == "nothing":
-            from tests.test_security_policy import _Recorder
+            from tests.pickle_verdict.test_security_policy import _Recorder
 
             rec = _Recorder(data)
             with contextlib.suppress(Exception):  # what it saw before a refusal still counts

@@ -27,8 +27,8 @@ __all__ = ["Finding", "GateResult", "Report", "Selection", "Severity", "__versio
 _LAZY = {
     "scan": "ckptdoctor.api",
     "fix": "ckptdoctor.api",
-    "gate": "ckptdoctor.resume.api",
-    "GateResult": "ckptdoctor.resume.api",
+    "gate": "ckptdoctor.resume_gate.api",
+    "GateResult": "ckptdoctor.resume_gate.api",
     "undo": "ckptdoctor.fixer.transaction",
     "Finding": "ckptdoctor.findings",
     "Severity": "ckptdoctor.findings",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ckptdoctor.api import fix, scan
     from ckptdoctor.findings import Finding, Severity
     from ckptdoctor.fixer.transaction import undo
-    from ckptdoctor.resume.api import GateResult, gate
+    from ckptdoctor.resume_gate.api import GateResult, gate
     from ckptdoctor.rules import Selection
     from ckptdoctor.scanner import Report
 

@@ -105,7 +105,8 @@ def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T |
     return view
 
 
-def _json(f: FileFacts | None) -> Any:
+def json_value(f: FileFacts | None) -> Any:
+    """The parsed value of a JSON file's facts, or None when ``f`` is missing or not JSON."""
     if f is not None and isinstance(f.content, JsonFacts):
         return f.content.value
     return None
@@ -134,7 +135,8 @@ def _num(v: Any) -> float | None:
 number = _num  # the same conversion for rules that compare values read from files
 
 
-def _int(v: Any) -> int | None:
+def integer(v: Any) -> int | None:
+    """``v`` when it is a JSON integer (not a bool), else None."""
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return v
@@ -168,7 +170,7 @@ class TrainerStateView:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
         out: list[tuple[int, float]] = []
         for entry in self.log_history:
-            step, lr = _int(entry.get("step")), _num(entry.get("learning_rate"))
+            step, lr = integer(entry.get("step")), _num(entry.get("learning_rate"))
             if step is not None and lr is not None:
                 out.append((step, lr))
         return out
@@ -181,7 +183,7 @@ def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
 
 @per_file
 def _trainer_state(f: FileFacts) -> TrainerStateView | None:
-    value = _json(f)
+    value = json_value(f)
     if not isinstance(value, dict):
         return None
     hist = value.get("log_history")
@@ -191,16 +193,16 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
         history = tuple(hist) if set(map(type, hist)) <= {dict} else tuple(e for e in hist if isinstance(e, dict))
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
-        global_step=_int(value.get("global_step")),
-        max_steps=_int(value.get("max_steps")),
+        global_step=integer(value.get("global_step")),
+        max_steps=integer(value.get("max_steps")),
         num_train_epochs=_num(value.get("num_train_epochs")),
         epoch=_num(value.get("epoch")),
         log_history=history,
         best_model_checkpoint=best if isinstance(best, str) else None,
         best_metric=_num(value.get("best_metric")),
-        train_batch_size=_int(value.get("train_batch_size")),
-        save_steps=_int(value.get("save_steps")),
-        logging_steps=_int(value.get("logging_steps")),
+        train_batch_size=integer(value.get("train_batch_size")),
+        save_steps=integer(value.get("save_steps")),
+        logging_steps=integer(value.get("logging_steps")),
         raw=value,
         by_step=_MergedSteps(history),
         complete=not (isinstance(f.content, JsonFacts) and f.content.partial),
@@ -308,10 +310,10 @@ def _scheduler_state(f: FileFacts) -> SchedulerView | None:
     if d is None:
         return None
     return SchedulerView(
-        last_epoch=_int(d.get("last_epoch")),
+        last_epoch=integer(d.get("last_epoch")),
         base_lrs=_floats(d.get("base_lrs")),
         last_lr=_floats(d.get("_last_lr")),
-        step_count=_int(d.get("_step_count")),
+        step_count=integer(d.get("_step_count")),
     )
 
 
@@ -442,11 +444,12 @@ def training_args(ck: Checkpoint) -> dict[str, Any] | None:
 
     Enum members (``SchedulerType('linear')``, ``IntervalStrategy('steps')``) are given as their plain values.
     """
-    return _training_args(ck.file(TRAINING_ARGS))
+    return training_args_value(ck.file(TRAINING_ARGS))
 
 
 @per_file
-def _training_args(f: FileFacts) -> dict[str, Any] | None:
+def training_args_value(f: FileFacts) -> dict[str, Any] | None:
+    """The string-keyed fields of a ``training_args.bin``'s pickled state, or None when it has none."""
     d = _state_dict(_torch_value(f))
     if d is None:
         return None
@@ -748,7 +751,7 @@ def _restore_of(ck: Checkpoint, prefer_safe: bool) -> AdapterRestore | None:
         saved = tensors_of(f)
         if not saved:
             continue
-        cfg = _json(ck.file(folder + ADAPTER_CONFIG))
+        cfg = json_value(ck.file(folder + ADAPTER_CONFIG))
         cfg = cfg if isinstance(cfg, dict) else {}
         prefix = _peft_prefix(cfg.get("peft_type"))
         prefixes.add(prefix)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "ckptdoctor"
@@ -38,8 +39,14 @@ SEAM = PKG / "fixer" / "calls.py"
 SEAM_MODULE = "ckptdoctor.fixer.calls"
 
 
+@functools.cache
+def parsed() -> dict[Path, ast.Module]:
+    """Every module of the package, parsed once for all the tests of this file."""
+    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+
+
 def scan_path_modules() -> list[Path]:
-    return sorted(p for p in PKG.rglob("*.py") if "reference" not in p.relative_to(PKG).parts)
+    return [p for p in parsed() if "reference" not in p.relative_to(PKG).parts]
 
 
 def _dotted(node: ast.AST) -> tuple[str, str] | None:
@@ -51,7 +58,7 @@ def _dotted(node: ast.AST) -> tuple[str, str] | None:
 def test_no_loader_eval_or_exec_in_the_package() -> None:
     bad = []
     for path in scan_path_modules():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed()[path]
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 d = _dotted(node.func)
@@ -71,7 +78,7 @@ def test_no_loader_eval_or_exec_in_the_package() -> None:
 def test_scan_path_has_no_top_level_heavy_imports() -> None:
     bad = []
     for path in scan_path_modules():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed()[path]
         for node in tree.body:  # module level only: lazy imports inside --deep functions are allowed
             names = []
             if isinstance(node, ast.Import):
@@ -84,22 +91,23 @@ def test_scan_path_has_no_top_level_heavy_imports() -> None:
     assert not bad, bad
 
 
-def _seam_names() -> set[str]:
+@functools.cache
+def _seam_names() -> frozenset[str]:
     """Every name the write seam defines at module level (functions, classes, `CALLS`, constants)."""
     names: set[str] = set()
-    for node in ast.parse(SEAM.read_text(), str(SEAM)).body:
+    for node in parsed()[SEAM].body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for tgt in targets for n in ast.walk(tgt) if isinstance(n, ast.Name)}
-    return names
+    return frozenset(names)
 
 
 def writes(path: Path) -> list[str]:
     """The places in ``path`` that write: write calls on os/shutil/paths, and uses of the fixer's write seam."""
     where = path.relative_to(PKG)
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed()[path]
     seam_names = _seam_names()
     seam_aliases: set[str] = set()  # local names of the seam module itself, and of what was imported from it
     for node in ast.walk(tree):
@@ -155,7 +163,7 @@ def test_the_writer_exemption_names_exactly_the_modules_that_write() -> None:
 def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
     bad = []
     for path in scan_path_modules():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed()[path]
         for node in ast.walk(tree):
             mods = []
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -185,12 +193,12 @@ LAYERS: list[set[str]] = [
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
     # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it
     {"ckptdoctor.pickle_verdict"},
-    {"ckptdoctor.rules", "ckptdoctor.resume.rules", "ckptdoctor.resume.plan",
-     "ckptdoctor.resume.args_file", "ckptdoctor.resume.resolve", "ckptdoctor.resume.predict",
-     "ckptdoctor.resume.torchtitan",
-     "ckptdoctor.resume.accelerate_rules"},
+    {"ckptdoctor.rules", "ckptdoctor.resume_gate.rules", "ckptdoctor.resume_gate.plan",
+     "ckptdoctor.resume_gate.args_file", "ckptdoctor.resume_gate.resolve", "ckptdoctor.resume_gate.predict",
+     "ckptdoctor.resume_gate.torchtitan",
+     "ckptdoctor.resume_gate.accelerate_rules"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
-    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume", "ckptdoctor.fixer"},
+    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume_gate", "ckptdoctor.fixer"},
     # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name
     {"ckptdoctor.api", "ckptdoctor"},
     {"ckptdoctor.render"},
@@ -214,10 +222,15 @@ def _module_name(path: Path) -> str:
 def import_graph() -> dict[str, set[str]]:
     """Each module of the package (the reference trainer aside) -> the package modules it imports, at any depth of
     the code (an import inside a function runs too), except under ``if TYPE_CHECKING:`` (never runs)."""
+    return {name: set(targets) for name, targets in _import_graph().items()}  # a copy: callers may extend it
+
+
+@functools.cache
+def _import_graph() -> dict[str, frozenset[str]]:
     paths = {_module_name(p): p for p in scan_path_modules()}
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for name, path in paths.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed()[path]
         typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                        and "TYPE_CHECKING" in ast.unparse(node.test) for m in node.body for n in ast.walk(m)}
         base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
@@ -234,7 +247,7 @@ def import_graph() -> dict[str, set[str]]:
                 # `from ckptdoctor.fixer import calls` imports the submodule; `from ckptdoctor import __version__`
                 # the package
                 found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in paths else module for a in node.names}
-        graph[name] = {m for m in found if m in paths and m != name}
+        graph[name] = frozenset(m for m in found if m in paths and m != name)
     return graph
 
 

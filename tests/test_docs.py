@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import pickle
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 import pytest
 
 from ckptdoctor.cli import main
-from tests.console import HANG_GUARD, environ
+from tests.helpers.console import HANG_GUARD, environ
+from tests.helpers.docs import _age, _normalize
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -37,27 +36,6 @@ def _sessions() -> list[tuple[str, str, str]]:
             if first.startswith("$ ckptdoctor "):
                 out.append((doc.name, first[2:], rest))
     return out
-
-
-def _normalize(text: str) -> str:
-    # what differs between two runs of the same command: how long a scan took, and the transformers installed
-    # beside ckptdoctor (whose resume path the gate follows)
-    text = re.sub(r"(  transformers +)\S+ \(installed\)", r"\1X (installed)", text)
-    return re.sub(r"\(\d+\.\d+ s\)", "(N s)", text).rstrip("\n")
-
-
-def _age(root: Path, seconds: float = 3600.0) -> None:
-    """Move every time under ``root`` back by ``seconds`` when it is recent, keeping the gaps between them.
-
-    A fresh clone stamps the shipped fixtures with the clone's time, and `fix` refuses a run written in the last
-    60 seconds: the examples show finished runs, as they are on a user's disk.
-    """
-    paths = [root, *root.rglob("*")]
-    if max(p.lstat().st_mtime for p in paths) < time.time() - 120:
-        return
-    for p in paths:
-        st = p.lstat()
-        os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds), follow_symlinks=False)
 
 
 def test_docs_show_sessions() -> None:

@@ -53,7 +53,7 @@ def run() -> None:
         main(prog_name="ckptdoctor")
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code
-        if not options._fast_exit or not isinstance(code, int):
+        if not options.fast_exit or not isinstance(code, int):
             raise
         atexit._run_exitfuncs()  # what Python runs at exit (logging, coverage.py ...), without the teardown
         for stream in (sys.stdout, sys.stderr):

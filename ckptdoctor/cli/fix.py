@@ -10,8 +10,8 @@ import click
 
 from ckptdoctor.cli.options import (
     ScanRoot,
-    _note_security,
     allow_empty_option,
+    note_security,
     output_options,
     request_options,
     rule_options,
@@ -131,7 +131,7 @@ def fix_command(
     emit(text, output_file, silent)
     # As `scan` and `gate`: a settings file's fail-on = "never" came with the checkpoint and cannot wave through a
     # security error that remains (or, in a dry run, would remain); the note goes to stderr.
-    sys.exit(result.exit_status(on_security_kept=_note_security))
+    sys.exit(result.exit_status(on_security_kept=note_security))
 
 
 @click.command("undo", epilog=_EPILOG_UNDO, short_help="Restore a fix transaction byte for byte.")

@@ -13,11 +13,11 @@ from ckptdoctor import schedules
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
-    _note_kept,
-    _note_security,
-    _read_only_done,
     allow_empty_option,
+    note_kept,
+    note_security,
     output_options,
+    read_only_done,
     rule_options,
     show_settings_option,
     text_width,
@@ -25,9 +25,9 @@ from ckptdoctor.cli.options import (
 from ckptdoctor.cli.output import emit, print_settings
 from ckptdoctor.model import FileFacts
 from ckptdoctor.render.gate import gate_json, render_text, summary
-from ckptdoctor.resume.api import gate_options, run_gate
-from ckptdoctor.resume.args_file import read_training_args
-from ckptdoctor.resume.plan import (
+from ckptdoctor.resume_gate.api import gate_options, run_gate
+from ckptdoctor.resume_gate.args_file import read_training_args
+from ckptdoctor.resume_gate.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     GateInputError,
@@ -204,7 +204,7 @@ def gate_command(
     try:
         options = gate_options(
             select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
-            allow_empty=allow_empty, on_kept=_note_kept,
+            allow_empty=allow_empty, on_kept=note_kept,
         )
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
@@ -231,10 +231,10 @@ def gate_command(
             raise UsageProblem(f"--training-args {training_args_file}: {message}") from None
     remote = is_remote(run_dir)
     if remote:  # click checked a local RUN_DIR; a URL's prefix is listed once, as `scan` lists its roots
-        from ckptdoctor.cli.scan import _check_remote_roots
+        from ckptdoctor.cli.scan import check_remote_roots
         from ckptdoctor.roots import Roots
 
-        _check_remote_roots(Roots.of(run_dir), deep=False)
+        check_remote_roots(Roots.of(run_dir), deep=False)
     if checkpoint is not None and not remote and not is_remote(checkpoint) and not (
         os.path.isdir(checkpoint) or os.path.isdir(os.path.join(run_dir, checkpoint))
     ):
@@ -275,6 +275,6 @@ def gate_command(
         text = render_text(result, width=text_width(output_file, sys.stdout), quiet=quiet)
     emit(text, output_file, silent)
     # scan's exit code and its note on stderr when a settings file's fail-on = "never" meets a security error
-    code = result.exit_status(on_security_kept=_note_security)
-    _read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
+    code = result.exit_status(on_security_kept=note_security)
+    read_only_done()  # the gate wrote nothing: the process may end without tearing the scan down
     sys.exit(code)

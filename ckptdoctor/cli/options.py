@@ -48,7 +48,7 @@ class ScanRoot(click.Path):
         return super().convert(value, param, ctx)
 
 
-def _note_kept(source: str, codes: Sequence[str]) -> None:
+def note_kept(source: str, codes: Sequence[str]) -> None:
     """The command line's note on stderr for security rules a settings file may not turn off."""
     from ckptdoctor.settings.selection import kept_message
 
@@ -70,11 +70,12 @@ def request_options(
 
     return Options.build(
         select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
-        allow_empty=allow_empty, on_kept=_note_kept,
+        allow_empty=allow_empty, on_kept=note_kept,
     )
 
 
-def _note_security() -> None:
+def note_security() -> None:
+    """Tell the user on stderr that a security error still fails under ``--fail-on never``."""
     from ckptdoctor.settings.exit import SECURITY_NEVER_NOTE
 
     click.echo(SECURITY_NEVER_NOTE, err=True)
@@ -82,12 +83,13 @@ def _note_security() -> None:
 
 # Set by a command that wrote nothing, once its output is out: ``cli.run`` may then end the process without
 # tearing down the interpreter (see ``cli.run``).
-_fast_exit = False
+fast_exit = False
 
 
-def _read_only_done() -> None:
-    global _fast_exit
-    _fast_exit = True
+def read_only_done() -> None:
+    """Mark that this command wrote nothing, so the process may end without tearing down."""
+    global fast_exit
+    fast_exit = True
 
 
 def text_or_json(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -183,7 +185,7 @@ def rule_options(
 
     return apply
 
-def _use_color(stream: Any) -> bool:
+def use_color(stream: Any) -> bool:
     """Colour only on a terminal that can show it: not with NO_COLOR set (no-color.org), nor with TERM=dumb."""
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False

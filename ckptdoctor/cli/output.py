@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import click
 
-from ckptdoctor.cli.options import UsageProblem, _read_only_done
+from ckptdoctor.cli.options import UsageProblem, read_only_done
 
 if TYPE_CHECKING:
     from ckptdoctor.settings.selection import Options
@@ -86,5 +86,5 @@ def print_settings(
         raise UsageProblem(str(exc)) from None
     fail_on = options.fail_on
     emit(settings_json(found, fail_on) if fmt == "json" else render_settings_text(found, fail_on), output_file, silent)
-    _read_only_done()
+    read_only_done()
     sys.exit(0)

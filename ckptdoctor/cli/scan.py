@@ -14,15 +14,15 @@ import click
 from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
-    _note_security,
-    _read_only_done,
-    _use_color,
     allow_empty_option,
+    note_security,
     output_options,
+    read_only_done,
     request_options,
     rule_options,
     show_settings_option,
     text_width,
+    use_color,
 )
 from ckptdoctor.cli.output import Lines, emit, print_settings
 from ckptdoctor.version import __version__
@@ -160,10 +160,10 @@ def scan(
     options = request_options(select, ignore, fail_on, no_config, allow_global, allow_empty)
     if show_settings:
         print_settings(roots.paths, "json" if fmt == "jsonl" else fmt, options, output_file=output_file, silent=silent)
-    _check_remote_roots(roots, deep)
+    check_remote_roots(roots, deep)
     roots = _check_special_roots(roots)
     width = text_width(output_file, sys.stdout)
-    color = output_file is None and _use_color(sys.stdout)
+    color = output_file is None and use_color(sys.stdout)
     # What the report keeps of each run as the scan goes (its table, or its JSON entry): the facts are released.
     kept = "none" if statistics else "text" if fmt == "text" and not quiet else fmt
     pieces = RunPieces(kept, color=color, width=width)
@@ -214,9 +214,9 @@ def scan(
 
 def _exit(report: Report, checksums: str | None) -> NoReturn:
     """Exit with the report's code, under its exit policy."""
-    code = report.exit_status(on_security_kept=_note_security)
+    code = report.exit_status(on_security_kept=note_security)
     if checksums != "write":
-        _read_only_done()
+        read_only_done()
     sys.exit(code)
 
 
@@ -311,7 +311,7 @@ def _write_manifests(trees: Sequence[Tree]) -> None:
             click.echo(f"not in the manifest (could not be read whole, see CKD213): {shown}", err=True)
 
 
-def _check_remote_roots(roots: Roots, deep: bool) -> None:
+def check_remote_roots(roots: Roots, deep: bool) -> None:
     """Stand in for click's existence check on URL roots (one listing request each): exit 2 with the reason."""
     for p in roots:
         if not roots.url(p):

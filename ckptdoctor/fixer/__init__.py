@@ -48,7 +48,7 @@ The modules, each with one job, importing only those above them:
 
 from __future__ import annotations
 
-from ckptdoctor.fixer.calls import WriteCalls, _exchange
+from ckptdoctor.fixer.calls import WriteCalls, rename_exchange
 from ckptdoctor.fixer.crash import CRASH_AFTER_OP_ENV, CRASH_ENV, crash_points
 from ckptdoctor.fixer.digests import Digest, digest
 from ckptdoctor.fixer.errors import ConcurrentChange, FixRefused
@@ -79,7 +79,6 @@ __all__ = [
     "RootPlan",
     "Skipped",
     "WriteCalls",
-    "_exchange",
     "apply_plan",
     "check_path",
     "complete_interrupted",
@@ -91,6 +90,7 @@ __all__ = [
     "plan_root",
     "preflight",
     "quarantine_path",
+    "rename_exchange",
     "undo",
     "write_manifest",
 ]

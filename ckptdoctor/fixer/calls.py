@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptdoctor.fixer.errors import FixRefused
-from ckptdoctor.fixer.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
+from ckptdoctor.fixer.paths import CHUNK, CLOEXEC, NOFOLLOW
 
 
 def _link(src: str, dst: str) -> None:
@@ -28,7 +28,7 @@ def _utime(path: str, times_ns: tuple[int, int]) -> None:
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 # errnos meaning "no atomic exchange here" (a kernel before 3.15, a filesystem without it): fall back to replacing.
-_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
 def _load_renameat2() -> Any:
@@ -47,11 +47,11 @@ def _load_renameat2() -> Any:
 _RENAMEAT2 = _load_renameat2()
 
 
-def _exchange(a: str, b: str) -> None:
+def rename_exchange(a: str, b: str) -> None:
     """Swap the names ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``): both must exist.
 
     Raises ``OSError(ENOSYS)`` where the call does not exist and whatever the kernel returns otherwise (``EINVAL``
-    from a filesystem that cannot exchange); the caller falls back to ``os.replace`` for ``_NO_EXCHANGE``.
+    from a filesystem that cannot exchange); the caller falls back to ``os.replace`` for ``NO_EXCHANGE``.
     """
     if _RENAMEAT2 is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available", a, None, b)
@@ -79,7 +79,7 @@ class WriteCalls:
     unlink: Callable[[str], None] = os.unlink
     rmdir: Callable[[str], None] = os.rmdir
     utime: Callable[[str, tuple[int, int]], None] = _utime
-    exchange: Callable[[str, str], None] = _exchange
+    exchange: Callable[[str, str], None] = rename_exchange
 
     NAMES = (
         "open", "write", "fsync", "fchmod", "replace", "rename", "link", "mkdir", "unlink", "rmdir", "utime", "exchange"
@@ -89,45 +89,47 @@ class WriteCalls:
 CALLS = WriteCalls()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` in chunks, through the injectable calls."""
     view = memoryview(data)
     while view:
-        n = CALLS.write(fd, bytes(view[:_CHUNK]))
+        n = CALLS.write(fd, bytes(view[:CHUNK]))
         view = view[n:]
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+def fsync_dir(path: str) -> None:
+    """fsync the folder ``path``, so a rename or a new name in it is durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | CLOEXEC)
     try:
         CALLS.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` through a fsynced temp file and ``os.replace``; the folder is fsynced too."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = CALLS.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    fd = CALLS.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             CALLS.fsync(fd)
         finally:
             os.close(fd)
         CALLS.replace(tmp, path)
     except OSError:
-        _quietly(CALLS.unlink, tmp)
+        quietly(CALLS.unlink, tmp)
         raise
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
-def _quietly(fn: Callable[[str], None], path: str) -> None:
+def quietly(fn: Callable[[str], None], path: str) -> None:
     """Best-effort cleanup of the fixer's own temp files and empty folders."""
     with contextlib.suppress(OSError):
         fn(path)
 
 
-def _ensure_dir(abs_root: str, rel: str) -> None:
+def ensure_dir(abs_root: str, rel: str) -> None:
     """Create ``rel`` (and its parents) below the root; an existing link or file in the way is a refusal."""
     cur = abs_root
     for part in rel.split("/"):

@@ -26,7 +26,7 @@ def crash_points(kinds: Sequence[OpKind]) -> list[str]:
     return points
 
 
-def _crash_point(name: str) -> None:
+def crash_point(name: str) -> None:
     """Test hook: die here, as a SIGKILL would, when the environment names this point."""
     if os.environ.get(CRASH_ENV) == name or (
         name.startswith("op:") and name.count(":") == 1 and os.environ.get(CRASH_AFTER_OP_ENV) == name[3:]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ckptdoctor.fixer.paths import _CHUNK, _CLOEXEC, _NOFOLLOW
+from ckptdoctor.fixer.paths import CHUNK, CLOEXEC, NOFOLLOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +40,9 @@ class Digest:
 def _hash_file(path: str) -> tuple[int, str]:
     h = hashlib.sha256()
     size = 0
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC)
     try:
-        while chunk := os.read(fd, _CHUNK):
+        while chunk := os.read(fd, CHUNK):
             h.update(chunk)
             size += len(chunk)
     finally:
@@ -125,11 +125,12 @@ def _subtree_ends(rels: list[str]) -> list[int]:
     return ends
 
 
-def _sha(data: bytes) -> str:
+def sha256_of(data: bytes) -> str:
+    """The hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _holds(path: str, d: Digest | None) -> bool:
+def still_holds(path: str, d: Digest | None) -> bool:
     """``path`` exists and holds exactly ``d`` (a path removed meanwhile holds nothing)."""
     try:
         return digest(path).same(d)
@@ -137,7 +138,8 @@ def _holds(path: str, d: Digest | None) -> bool:
         return False
 
 
-def _same_inode(a: str, b: str) -> bool:
+def same_inode(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are one file (False when either is gone)."""
     try:
         return os.path.samestat(os.lstat(a), os.lstat(b))
     except OSError:

@@ -14,5 +14,6 @@ class ConcurrentChange(FixRefused):
     """Another process wrote a path while the fixer was changing it; the fixer left that process's bytes alone."""
 
 
-def _changed_msg(rel: str) -> str:
+def changed_msg(rel: str) -> str:
+    """The message for a path another process wrote during the fix."""
     return f"`{rel}` was written by another process during the fix; it is left as that process wrote it"

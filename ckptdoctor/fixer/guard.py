@@ -11,9 +11,9 @@ import time
 
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import calls
-from ckptdoctor.fixer.calls import _ensure_dir, _quietly, _write_all
+from ckptdoctor.fixer.calls import ensure_dir, quietly, write_all
 from ckptdoctor.fixer.errors import FixRefused
-from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _abs, _own, _parent, _under
+from ckptdoctor.fixer.paths import CLOEXEC, NOFOLLOW, OWN_DIR, abs_path, is_under, own_path, parent_rel
 from ckptdoctor.fixer.plan import RootPlan
 
 BUSY_SECONDS = 60.0  # a checkpoint touched more recently than this may still be being written
@@ -30,26 +30,26 @@ class RootLock:
 
     def __init__(self, abs_root: str) -> None:
         self.abs_root = abs_root
-        self.path = _own(abs_root, "lock")
+        self.path = own_path(abs_root, "lock")
         self.held = False
         self.created: tuple[int, int] | None = None  # the root's times, when this lock creates `.ckptdoctor/`
 
     def __enter__(self) -> RootLock:
         try:
-            if not os.path.lexists(_own(self.abs_root)):
+            if not os.path.lexists(own_path(self.abs_root)):
                 st = os.lstat(self.abs_root)
                 self.created = (st.st_atime_ns, st.st_mtime_ns)
-            _ensure_dir(self.abs_root, OWN_DIR)
+            ensure_dir(self.abs_root, OWN_DIR)
             for _ in range(3):
                 try:
-                    fd = calls.CALLS.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+                    fd = calls.CALLS.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o644)
                 except FileExistsError:
                     self._take_over_stale()
                     continue
                 self.held = True
                 _HELD.add(self.path)
                 try:
-                    _write_all(fd, f"{os.getpid()} {socket.gethostname()} {time.time():.0f}\n".encode())
+                    write_all(fd, f"{os.getpid()} {socket.gethostname()} {time.time():.0f}\n".encode())
                     calls.CALLS.fsync(fd)
                 finally:
                     os.close(fd)
@@ -66,11 +66,11 @@ class RootLock:
         if self.held:
             self.held = False
             _HELD.discard(self.path)
-            _quietly(calls.CALLS.unlink, self.path)
+            quietly(calls.CALLS.unlink, self.path)
         if self.created is not None:
             # A refusal leaves no trace: the folder goes when empty, and the root keeps its mtime either way.
-            _quietly(calls.CALLS.rmdir, _own(self.abs_root, "journal"))
-            _quietly(calls.CALLS.rmdir, _own(self.abs_root))
+            quietly(calls.CALLS.rmdir, own_path(self.abs_root, "journal"))
+            quietly(calls.CALLS.rmdir, own_path(self.abs_root))
             with contextlib.suppress(OSError):
                 calls.CALLS.utime(self.abs_root, self.created)
             self.created = None
@@ -79,7 +79,7 @@ class RootLock:
         """The lock's ``(pid, host)``; None when it cannot be read as one. Never through a link, never blocking on
         a FIFO: the lock file may come with a downloaded folder."""
         try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return None
@@ -116,9 +116,9 @@ class RootLock:
         if self._holder(aside) != holder:  # a live fixer replaced it meanwhile: give it back
             with contextlib.suppress(OSError):
                 calls.CALLS.link(aside, self.path)
-            _quietly(calls.CALLS.unlink, aside)
+            quietly(calls.CALLS.unlink, aside)
             raise FixRefused(f"another ckptdoctor took the lock on {self.abs_root}; try again")
-        _quietly(calls.CALLS.unlink, aside)
+        quietly(calls.CALLS.unlink, aside)
 
 
 def _alive(pid: int) -> bool:
@@ -133,7 +133,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _read_only(path: str) -> bool:
+def read_only_fd(path: str) -> bool:
     """True for a folder or file nobody may write: a read-only mount, no access, or no write bit at all (the
     last one matters when running as root, which the permission bits do not stop)."""
     try:
@@ -157,11 +157,11 @@ def preflight(plan: RootPlan, *, force: bool = False, now: float | None = None) 
             "would make `Accelerator.load_state()` raise IndexError; fix the project folder above it; nothing was "
             "changed"
         )
-    places = {"."} | {_parent(op.path) for op in plan.ops}
+    places = {"."} | {parent_rel(op.path) for op in plan.ops}
     places |= {op.path for op in plan.ops if op.is_dir or op.kind != OpKind.QUARANTINE}
-    if os.path.isdir(_own(root)):
+    if os.path.isdir(own_path(root)):
         places.add(OWN_DIR)
-    locked = sorted(p for p in places if _read_only(_abs(root, p) if p != "." else root))
+    locked = sorted(p for p in places if read_only_fd(abs_path(root, p) if p != "." else root))
     if locked:
         shown = ", ".join(f"`{p}`" for p in locked[:5])
         raise FixRefused(f"{plan.root} is read-only ({shown} cannot be written); nothing was changed")
@@ -170,11 +170,11 @@ def preflight(plan: RootPlan, *, force: bool = False, now: float | None = None) 
     now = time.time() if now is None else now
     fresh: list[str] = []
     for run in plan.tree.runs:
-        if not any(_under(op.path, run.path) or _under(run.path, op.path) for op in plan.ops):
+        if not any(is_under(op.path, run.path) or is_under(run.path, op.path) for op in plan.ops):
             continue
         for ck in run.checkpoints:
             try:
-                mtime = max(ck.mtime, os.lstat(_abs(root, ck.path) if ck.path != "." else root).st_mtime)
+                mtime = max(ck.mtime, os.lstat(abs_path(root, ck.path) if ck.path != "." else root).st_mtime)
             except OSError:
                 mtime = ck.mtime
             if now - mtime < BUSY_SECONDS:

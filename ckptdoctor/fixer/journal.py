@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptdoctor.findings import OpKind
-from ckptdoctor.fixer.calls import _atomic_write
-from ckptdoctor.fixer.digests import Digest, _sha
+from ckptdoctor.fixer.calls import atomic_write
+from ckptdoctor.fixer.digests import Digest, sha256_of
 from ckptdoctor.fixer.errors import FixRefused
-from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_DIR, _own, _parent, quarantine_path, rel_problem
+from ckptdoctor.fixer.paths import CLOEXEC, NOFOLLOW, OWN_DIR, own_path, parent_rel, quarantine_path, rel_problem
 
 JOURNAL_SCHEMA = "ckptdoctor.journal/1"
 # A journal holds the new text of its rewrites (each at most ``plan.REWRITE_MAX_BYTES``); a larger file is not one
@@ -85,7 +85,7 @@ class JournalOp:
 
     def temp(self, txid: str) -> str:
         """The rewrite's temp file, beside the target (same folder, so ``os.replace`` is atomic)."""
-        parent, name = _parent(self.path), self.path.rsplit("/", 1)[-1]
+        parent, name = parent_rel(self.path), self.path.rsplit("/", 1)[-1]
         tmp = f".{name}.ckptdoctor-{txid}.tmp"
         return tmp if parent == "." else f"{parent}/{tmp}"
 
@@ -129,7 +129,7 @@ class JournalOp:
             # A rewrite the fixer wrote records its text and the digest of exactly that text: without them it could
             # neither be applied nor undone.
             data = content.encode("utf-8") if content is not None else None  # lone surrogates: UnicodeEncodeError
-            written = None if data is None else ("file", len(data), _sha(data))
+            written = None if data is None else ("file", len(data), sha256_of(data))
             if after is None or (after.type, after.size, after.sha256) != written:
                 raise ValueError(f"rewrite operation {d.get('index')!r} does not record the text it writes")
         return JournalOp(
@@ -221,7 +221,7 @@ def load_journals(path: str) -> list[Journal]:
                 f"{os.path.join(root, rel)} is not a plain folder (ckptdoctor never goes through links); move it away "
                 "to continue"
             )
-    folder = _own(root, "journal")
+    folder = own_path(root, "journal")
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
     except OSError as e:
@@ -241,7 +241,7 @@ def load_journals(path: str) -> list[Journal]:
 
 def _read_journal(full: str) -> bytes:
     """A journal's bytes: a regular file (never a FIFO that would block, nor a link) of a sane size."""
-    fd = os.open(full, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    fd = os.open(full, os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -332,7 +332,7 @@ def _values_cost(data: bytes) -> int:
     return _CONTAINER_COST * containers + _VALUE_COST * values + _STRING_COST * data.count(b'"') // 2
 
 
-def _save(abs_root: str, j: Journal) -> None:
+def save_journal(abs_root: str, j: Journal) -> None:
     """Write the journal; its first write refuses (``FixRefused``, before any change) one that could not be read
     back: a fix must never leave a transaction that neither ``undo`` nor ``fix`` can load."""
     data = _encode(j)
@@ -342,7 +342,7 @@ def _save(abs_root: str, j: Journal) -> None:
         if why is not None:
             raise FixRefused(f"its journal would be one ckptdoctor refuses to read ({why}); fix fewer findings at a "
                              "time with `--select`")  # fmt: skip
-    _atomic_write(_own(abs_root, "journal", f"{j.txid}.json"), data)
+    atomic_write(own_path(abs_root, "journal", f"{j.txid}.json"), data)
 
 
 def _encode(j: Journal) -> bytes:
@@ -368,11 +368,12 @@ def _op_text(op: JournalOp, txid: str) -> str:
     return text
 
 
-def _save_quietly(abs_root: str, j: Journal) -> None:
+def save_quietly(abs_root: str, j: Journal) -> None:
     """Journal updates during a rollback after a fault: the state on disk is recognised from the hashes anyway."""
     with contextlib.suppress(OSError):
-        _save(abs_root, j)
+        save_journal(abs_root, j)
 
 
-def _new_txid() -> str:
+def new_txid() -> str:
+    """A new transaction id: the UTC time and a random suffix."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)

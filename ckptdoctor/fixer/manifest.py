@@ -7,10 +7,10 @@ import os
 import stat
 from typing import Any
 
-from ckptdoctor.fixer.calls import _atomic_write
+from ckptdoctor.fixer.calls import atomic_write
 from ckptdoctor.fixer.errors import FixRefused
-from ckptdoctor.fixer.guard import RootLock, _read_only
-from ckptdoctor.fixer.paths import OWN_DIR, _own
+from ckptdoctor.fixer.guard import RootLock, read_only_fd
+from ckptdoctor.fixer.paths import OWN_DIR, own_path
 
 MANIFEST_NAME = "manifest.json"
 
@@ -24,8 +24,8 @@ def manifest_refusal(root: str) -> str | None:
     if not os.path.isdir(root):
         return f"{root} is not a folder: a manifest is written at the root of a folder"
     abs_root = os.path.realpath(root)
-    own = _own(abs_root)
-    for rel, path in ((OWN_DIR, own), (f"{OWN_DIR}/{MANIFEST_NAME}", _own(abs_root, MANIFEST_NAME))):
+    own = own_path(abs_root)
+    for rel, path in ((OWN_DIR, own), (f"{OWN_DIR}/{MANIFEST_NAME}", own_path(abs_root, MANIFEST_NAME))):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -35,7 +35,7 @@ def manifest_refusal(root: str) -> str | None:
         if not (stat.S_ISDIR(st.st_mode) if path == own else stat.S_ISREG(st.st_mode)):  # lstat: a link is neither
             kind = "folder" if path == own else "file"
             return f"`{rel}` under {root} is not a plain {kind} (ckptdoctor never writes through links)"
-    if _read_only(own if os.path.isdir(own) else abs_root):
+    if read_only_fd(own if os.path.isdir(own) else abs_root):
         return f"{root} is read-only"
     return None
 
@@ -51,11 +51,11 @@ def write_manifest(root: str, manifest: dict[str, Any]) -> str:
     if why is not None:
         raise FixRefused(f"{why}; nothing was written")
     abs_root = os.path.realpath(root)
-    target = _own(abs_root, MANIFEST_NAME)
+    target = own_path(abs_root, MANIFEST_NAME)
     data = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
     with RootLock(abs_root):
         try:
-            _atomic_write(target, data)
+            atomic_write(target, data)
         except OSError as e:
             raise FixRefused(f"cannot write {target}: {e.strerror or e}; the previous manifest is unchanged") from None
     return target

@@ -10,10 +10,10 @@ OWN_DIR = ".ckptdoctor"  # discovery skips it; it never matches checkpoint-N, so
 # so that it keeps describing the files the fix moved or rewrote (``plan._manifest_op``).
 OWN_MANIFEST = f"{OWN_DIR}/manifest.json"
 
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def quarantine_path(txid: str, rel: str) -> str:
@@ -21,15 +21,18 @@ def quarantine_path(txid: str, rel: str) -> str:
     return f"{OWN_DIR}/quarantine/{txid}/{rel}"
 
 
-def _abs(root: str, rel: str) -> str:
+def abs_path(root: str, rel: str) -> str:
+    """The absolute path of the root-relative, ``/``-separated ``rel``."""
     return os.path.join(root, *rel.split("/"))
 
 
-def _parent(rel: str) -> str:
+def parent_rel(rel: str) -> str:
+    """The root-relative folder holding ``rel`` (``.`` for the root)."""
     return rel.rsplit("/", 1)[0] if "/" in rel else "."
 
 
-def _under(path: str, folder: str) -> bool:
+def is_under(path: str, folder: str) -> bool:
+    """Whether the root-relative ``path`` is ``folder`` or inside it (everything is under the root)."""
     return folder in ("", ".") or path == folder or path.startswith(folder + "/")
 
 
@@ -50,7 +53,7 @@ def link_on_the_way(abs_root: str, rel: str, *, last: bool = False, missing_ok: 
     """Why reaching ``rel`` below the root would go through a link or a non-folder, or None.
 
     Checks every folder on the way (and ``rel`` itself when ``last``). With ``missing_ok`` it stops at the first
-    one missing: whatever the fixer creates there it creates itself (``calls._ensure_dir`` refuses links).
+    one missing: whatever the fixer creates there it creates itself (``calls.ensure_dir`` refuses links).
     """
     parts = rel.split("/")
     cur = abs_root
@@ -85,7 +88,7 @@ def check_path(
     if why is not None:
         return None, why
     try:
-        st = os.lstat(_abs(abs_root, rel))
+        st = os.lstat(abs_path(abs_root, rel))
     except OSError as e:
         return None, f"`{rel}` cannot be used: {e.strerror or e}"
     if stat.S_ISLNK(st.st_mode) and not link_ok:
@@ -93,5 +96,6 @@ def check_path(
     return st, None
 
 
-def _own(abs_root: str, *parts: str) -> str:
+def own_path(abs_root: str, *parts: str) -> str:
+    """A path inside ckptdoctor's own folder at the root."""
     return os.path.join(abs_root, OWN_DIR, *parts)

@@ -12,8 +12,8 @@ from typing import Any
 
 from ckptdoctor.deep import manifest_from_document
 from ckptdoctor.findings import Applicability, Finding, OpKind, path_order
-from ckptdoctor.fixer.digests import _sha
-from ckptdoctor.fixer.paths import _CLOEXEC, _NOFOLLOW, OWN_MANIFEST, _abs, check_path, quarantine_path
+from ckptdoctor.fixer.digests import sha256_of
+from ckptdoctor.fixer.paths import CLOEXEC, NOFOLLOW, OWN_MANIFEST, abs_path, check_path, quarantine_path
 from ckptdoctor.model import Tree
 
 REWRITE_MAX_BYTES = 64 * 1024 * 1024  # rewrites are for JSON indexes, trainer states and `latest`, never weights
@@ -101,7 +101,7 @@ def _unified(path: str, old: str, new: str, limit: int = 80) -> str:
 
 def _read_small(abs_root: str, rel: str) -> bytes:
     """Up to ``REWRITE_MAX_BYTES + 1`` bytes of a file the fixer may rewrite, never through a final link."""
-    fd = os.open(_abs(abs_root, rel), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    fd = os.open(abs_path(abs_root, rel), os.O_RDONLY | NOFOLLOW | CLOEXEC)
     try:
         return os.read(fd, REWRITE_MAX_BYTES + 1)
     finally:
@@ -144,7 +144,7 @@ def _plan_op(abs_root: str, kind: OpKind, rel: str, content: str | None, rule: s
     if content == old:
         return f"`{rel}` already holds the planned text"
     change = _json_change(old, content) if kind == OpKind.REWRITE_JSON else f"`{old.strip()}` -> `{content.strip()}`"
-    return PlannedOp(kind, rel, (rule,), title, content, False, change, _unified(rel, old, content), _sha(raw))
+    return PlannedOp(kind, rel, (rule,), title, content, False, change, _unified(rel, old, content), sha256_of(raw))
 
 
 def plan_root(tree: Tree, findings: Sequence[Finding], *, unsafe: bool = False, root: str | None = None) -> RootPlan:
@@ -237,7 +237,7 @@ def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
             continue
         if path in rewritten:
             data = rewritten[path]
-            new = {**entry, "size": len(data), "sha256": _sha(data)}
+            new = {**entry, "size": len(data), "sha256": sha256_of(data)}
             updated += new != entry
             entry = new
         files.append(entry)
@@ -260,7 +260,7 @@ def _manifest_op(abs_root: str, ops: list[PlannedOp]) -> PlannedOp | None:
     old = raw.decode("utf-8")
     return PlannedOp(
         OpKind.REWRITE_JSON, OWN_MANIFEST, rules, title, content, False, change, _unified(OWN_MANIFEST, old, content),
-        _sha(raw),
+        sha256_of(raw),
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from ckptdoctor.findings import Finding, OpKind
 from ckptdoctor.fixer.errors import FixRefused
 from ckptdoctor.fixer.guard import preflight
 from ckptdoctor.fixer.journal import load_journals
-from ckptdoctor.fixer.paths import _under
+from ckptdoctor.fixer.paths import is_under
 from ckptdoctor.fixer.plan import RootPlan, plan_root
 from ckptdoctor.fixer.transaction import apply_plan, complete_interrupted
 from ckptdoctor.model import FolderRole, Tree
@@ -133,7 +133,7 @@ def predicted_remaining(plan: RootPlan, findings: Iterable[Finding]) -> list[Fin
     """
     fixed = {id(f) for f in plan.planned}
     moved = tuple(op.path for op in plan.ops if op.kind == OpKind.QUARANTINE)
-    return [f for f in findings if id(f) not in fixed and not any(_under(f.path, m) for m in moved)]
+    return [f for f in findings if id(f) not in fixed and not any(is_under(f.path, m) for m in moved)]
 
 
 def resume_points(plan: RootPlan, after: Tree | None) -> list[ResumePoint]:
@@ -150,13 +150,13 @@ def resume_points(plan: RootPlan, after: Tree | None) -> list[ResumePoint]:
             continue  # a checkpoint given by path: nothing picks it
         if after is not None:
             pick = later.get(run.path)
-        elif run.resume_pick is None or not any(_under(run.resume_pick, m) for m in moved):
+        elif run.resume_pick is None or not any(is_under(run.resume_pick, m) for m in moved):
             pick = run.resume_pick  # quarantines only take folders away: the pick moves only when it goes
         else:
             kept = [
                 c.path
                 for c in run.checkpoints
-                if c.role is FolderRole.CHECKPOINT and not any(_under(c.path, m) for m in moved)
+                if c.role is FolderRole.CHECKPOINT and not any(is_under(c.path, m) for m in moved)
             ]
             name = last_checkpoint(posixpath.basename(p) for p in kept)
             pick = None if name is None else name if run.path == "." else f"{run.path}/{name}"

@@ -7,22 +7,22 @@ import time
 
 from ckptdoctor.findings import OpKind
 from ckptdoctor.fixer import calls
-from ckptdoctor.fixer.apply import _apply_op
-from ckptdoctor.fixer.calls import _ensure_dir, _quietly
-from ckptdoctor.fixer.crash import _crash_point
-from ckptdoctor.fixer.digests import Digest, _sha, digest
+from ckptdoctor.fixer.apply import apply_op
+from ckptdoctor.fixer.calls import ensure_dir, quietly
+from ckptdoctor.fixer.crash import crash_point
+from ckptdoctor.fixer.digests import Digest, digest, sha256_of
 from ckptdoctor.fixer.errors import FixRefused
 from ckptdoctor.fixer.guard import RootLock, preflight
-from ckptdoctor.fixer.journal import Journal, JournalOp, _new_txid, _save, _save_quietly, load_journals
-from ckptdoctor.fixer.paths import OWN_DIR, OWN_MANIFEST, _abs, _own, _parent, check_path, link_on_the_way
+from ckptdoctor.fixer.journal import Journal, JournalOp, load_journals, new_txid, save_journal, save_quietly
+from ckptdoctor.fixer.paths import OWN_DIR, OWN_MANIFEST, abs_path, check_path, link_on_the_way, own_path, parent_rel
 from ckptdoctor.fixer.plan import RootPlan
-from ckptdoctor.fixer.recover import _check_redo, _check_undo, _settle_temp, _undo_op
+from ckptdoctor.fixer.recover import check_redo, check_undo, settle_temp, undo_op
 
 
 def _restore_times(abs_root: str, j: Journal) -> None:
     """Give the touched folders back their mtimes: the Trainer's rotation orders checkpoints by folder mtime."""
     for rel, times in sorted(j.dir_times.items(), key=lambda kv: -kv[0].count("/")):
-        path = _abs(abs_root, rel) if rel != "." else abs_root
+        path = abs_path(abs_root, rel) if rel != "." else abs_root
         if rel == "." or (link_on_the_way(abs_root, rel, last=True) is None and os.path.isdir(path)):
             calls.CALLS.utime(path, times)
 
@@ -36,7 +36,7 @@ def _restore_times(abs_root: str, j: Journal) -> None:
 # saved once every `_batch(n)` operations: at most `JOURNAL_SAVES` saves in between, whatever n, and a small
 # transaction (n <= JOURNAL_SAVES) still saves after each one. A kill between two saves leaves at most `_batch(n)`
 # done operations marked pending, each recognised as applied (or, undoing, as restored) from the disk. After:
-# 500 folders 0.42 s + 0.35 s, 2,000 folders 1.4 s + 1.2 s (tests/test_fix_scale.py counts the saves).
+# 500 folders 0.42 s + 0.35 s, 2,000 folders 1.4 s + 1.2 s (tests/fixer/test_fix_scale.py counts the saves).
 JOURNAL_SAVES = 16
 
 
@@ -52,40 +52,40 @@ def _forward(abs_root: str, j: Journal, states: list[str]) -> None:
         if op.status == "done":
             continue
         if state == "pending":
-            _apply_op(abs_root, j.txid, op, k)
+            apply_op(abs_root, j.txid, op, k)
         elif op.kind != OpKind.QUARANTINE:
-            _settle_temp(abs_root, j.txid, op)
-        _crash_point(f"op:{k}:moved")
+            settle_temp(abs_root, j.txid, op)
+        crash_point(f"op:{k}:moved")
         op.status = "done"
         unsaved += 1
         if unsaved == every:
-            _save(abs_root, j)
+            save_journal(abs_root, j)
             unsaved = 0
-        _crash_point(f"op:{k}")
+        crash_point(f"op:{k}")
     _restore_times(abs_root, j)
     j.state = "applied"
-    _save(abs_root, j)
+    save_journal(abs_root, j)
 
 
 def _backward(abs_root: str, j: Journal, *, final: str, strict: bool) -> int:
     """Roll every applied operation back, newest first. ``strict`` journal writes (undo) or best effort
     (rollback after a fault). Returns the number of operations restored."""
-    states = _check_undo(abs_root, j)
-    save = _save if strict else _save_quietly
+    states = check_undo(abs_root, j)
+    save = save_journal if strict else save_quietly
     j.state = "undoing"
     save(abs_root, j)
-    _crash_point("undo:journal")
+    crash_point("undo:journal")
     restored, every, unsaved = 0, _batch(len(j.ops)), 0
     for k in range(len(j.ops), 0, -1):
         op, state = j.ops[k - 1], states[k - 1]
-        _undo_op(abs_root, j.txid, op, state)
+        undo_op(abs_root, j.txid, op, state)
         restored += state == "applied"
         op.status = "undone"
         unsaved += 1
         if unsaved == every:  # in batches, as `_forward`: the state "undoing" is what a later run must see
             save(abs_root, j)
             unsaved = 0
-        _crash_point(f"undo:{k}")
+        crash_point(f"undo:{k}")
     _restore_times(abs_root, j)
     _prune_quarantine(abs_root, j.txid)
     j.state = final
@@ -95,11 +95,11 @@ def _backward(abs_root: str, j: Journal, *, final: str, strict: bool) -> int:
 
 def _prune_quarantine(abs_root: str, txid: str) -> None:
     """Remove the transaction's quarantine folders once empty (they held only what went back)."""
-    top = _own(abs_root, "quarantine", txid)
+    top = own_path(abs_root, "quarantine", txid)
     if link_on_the_way(abs_root, f"{OWN_DIR}/quarantine/{txid}", last=True) is not None or not os.path.isdir(top):
         return  # never walk (and prune) through a link: it would lead out of the root
     for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
-        _quietly(calls.CALLS.rmdir, dirpath)
+        quietly(calls.CALLS.rmdir, dirpath)
 
 
 def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
@@ -113,8 +113,8 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
     preflight(plan, force=force)
     root = plan.abs_root
     dir_times: dict[str, tuple[int, int]] = {}
-    for rel in {"."} | {_parent(op.path) for op in plan.ops}:
-        st = os.lstat(_abs(root, rel) if rel != "." else root)
+    for rel in {"."} | {parent_rel(op.path) for op in plan.ops}:
+        st = os.lstat(abs_path(root, rel) if rel != "." else root)
         dir_times[rel] = (st.st_atime_ns, st.st_mtime_ns)
     with RootLock(root):
         ops: list[JournalOp] = []
@@ -124,7 +124,7 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
             if now_st is None:
                 raise FixRefused(f"{why}; nothing was changed")
             try:
-                before = digest(_abs(root, p.path))
+                before = digest(abs_path(root, p.path))
             except OSError as e:
                 raise FixRefused(f"`{p.path}` cannot be read: {e.strerror or e}; nothing was changed") from None
             if p.before_sha256 is not None and before.sha256 != p.before_sha256:
@@ -132,19 +132,19 @@ def apply_plan(plan: RootPlan, *, force: bool = False) -> Journal | None:
             after = None
             if p.content is not None:
                 data = p.content.encode("utf-8")
-                after = Digest("file", len(data), _sha(data), before.mode)
+                after = Digest("file", len(data), sha256_of(data), before.mode)
             times = (now_st.st_atime_ns, now_st.st_mtime_ns) if p.is_dir else None
             ops.append(JournalOp(i + 1, p.kind, p.path, list(p.rules), p.title, before, after, p.content, times))
-        j = Journal(_new_txid(), root, time.time(), "applying", ops, dir_times)
+        j = Journal(new_txid(), root, time.time(), "applying", ops, dir_times)
         written = False
         try:
-            _ensure_dir(root, f"{OWN_DIR}/journal")
-            _save(root, j)
+            ensure_dir(root, f"{OWN_DIR}/journal")
+            save_journal(root, j)
             written = True
-            _crash_point("journal")
+            crash_point("journal")
             _forward(root, j, ["pending"] * len(ops))
         except (OSError, FixRefused) as e:
-            written = written or os.path.lexists(_own(root, "journal", f"{j.txid}.json"))  # saved, not yet synced
+            written = written or os.path.lexists(own_path(root, "journal", f"{j.txid}.json"))  # saved, not yet synced
             raise FixRefused(_after_fault(plan.root, root, j, e, written)) from None
     return j
 
@@ -179,7 +179,7 @@ def complete_interrupted(path: str) -> list[str]:
     with RootLock(root):
         for j in pending:
             try:
-                _forward(root, j, _check_redo(root, j))
+                _forward(root, j, check_redo(root, j))
             except OSError as e:
                 raise FixRefused(
                     f"cannot complete interrupted transaction {j.txid}: {e.strerror or e}; run `ckptdoctor fix "

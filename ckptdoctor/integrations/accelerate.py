@@ -23,10 +23,10 @@ from typing import Any
 from ckptdoctor.findings import Severity
 from ckptdoctor.integrations.transformers import ResumeGateError
 from ckptdoctor.render.gate import finding_line
-from ckptdoctor.resume import GateResult
-from ckptdoctor.resume.accelerate import judge
-from ckptdoctor.resume.api import gate_options, rule_selection
-from ckptdoctor.resume.plan import Plan
+from ckptdoctor.resume_gate import GateResult
+from ckptdoctor.resume_gate.accelerate import judge
+from ckptdoctor.resume_gate.api import gate_options, rule_selection
+from ckptdoctor.resume_gate.plan import Plan
 from ckptdoctor.stacks.accelerate import Registered
 
 logger = logging.getLogger("ckptdoctor")

@@ -27,7 +27,7 @@ from typing import Any
 from ckptdoctor.findings import Severity
 from ckptdoctor.integrations.transformers import ResumeGateError, logger
 from ckptdoctor.render.gate import finding_line
-from ckptdoctor.resume import GateResult, gate
+from ckptdoctor.resume_gate import GateResult, gate
 
 __all__ = ["ResumeGateError", "check_resume", "gate_callback", "planned_from_trainer"]
 

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from ckptdoctor.findings import Severity
 from ckptdoctor.render.gate import finding_line, render_text
-from ckptdoctor.resume import GateResult, gate
+from ckptdoctor.resume_gate import GateResult, gate
 
 logger = logging.getLogger("ckptdoctor")
 
@@ -150,7 +150,7 @@ def _resumed_dataloader(trainer: Any, resume_from_checkpoint: bool | str | os.Pa
     """The train dataloader the resume will iterate. transformers 4.x's ``train()`` first sets
     ``self._train_batch_size = state.train_batch_size`` from the checkpoint's ``trainer_state.json`` (5.x only
     with ``auto_find_batch_size``), so then it is built at that batch size, as ``train()`` will build it."""
-    from ckptdoctor.resume.plan import version_major
+    from ckptdoctor.resume_gate.plan import version_major
 
     batch = None
     major = version_major(getattr(sys.modules.get("transformers"), "__version__", None)) or 5

@@ -462,8 +462,8 @@ def is_dangerous(g: GlobalRef) -> bool:
 # (``torch.utils.benchmark.Timer`` writes files, some constructors ``exec`` an argument). Each entry is used so by a
 # real stack's files (bench/make_allowlist.py records them in ``allowlist.json`` ``called``) or by the standard
 # library's own writer for its values, and was reviewed harmless for any arguments the policy lets a stream build:
-# the review is docs/security.md ("Calls"), one line per entry there, and ``tests/test_security_calls.py`` checks
-# both lists agree.
+# the review is docs/security.md ("Calls"), one line per entry there, and
+# ``tests/pickle_verdict/test_security_calls.py`` checks both lists agree.
 REVIEWED_CALLS: dict[str, str] = {
     # the standard library's own pickling of its values (Lib/pickle.py ``save_set``/``save_bytes``/..., each type's
     # ``__reduce__``): each converts or copies its arguments, calling at most their own conversion methods
@@ -517,8 +517,8 @@ REVIEWED_CALLS: dict[str, str] = {
     "transformer_engine.common.recipe._FormatHelper": "a NamedTuple: stores its two fields",
 }
 # The Python-defined hooks a rebuild (NEWOBJ of no arguments, then BUILD) of an exact allowlist entry runs, each
-# reviewed (docs/security.md, "Calls"); ``tests/test_security_calls.py`` finds every such hook of every installed
-# entry here. Frozen dataclasses' generated ``__setattr__`` (it raises) is reviewed once for all.
+# reviewed (docs/security.md, "Calls"); ``tests/pickle_verdict/test_security_calls.py`` finds every such hook of
+# every installed entry here. Frozen dataclasses' generated ``__setattr__`` (it raises) is reviewed once for all.
 REBUILD_HOOKS: dict[str, str] = {
     "accelerate.state.PartialState.__getattr__": "raises AttributeError",
     "torch.distributed.checkpoint.metadata.TensorProperties.__setstate__": "unpacks five fields",
@@ -535,8 +535,8 @@ REBUILD_HOOKS: dict[str, str] = {
 }
 # Enum classes a real stack's files call for a value lookup (``Cls(value)``: ``Enum.__new__`` returns the member or
 # raises; a second argument tries the functional API, which refuses an enum that has members). Reviewed for any
-# argument by ``tests/test_security_calls.py``: ``Enum.__new__``, ``EnumType.__call__`` and an ``_missing_`` of
-# ``Enum`` or transformers' ``ExplicitEnum`` (it raises ``ValueError``).
+# argument by ``tests/pickle_verdict/test_security_calls.py``: ``Enum.__new__``, ``EnumType.__call__`` and an
+# ``_missing_`` of ``Enum`` or transformers' ``ExplicitEnum`` (it raises ``ValueError``).
 CALLED_ENUMS: frozenset[str] = frozenset(
     {
         "accelerate.utils.dataclasses.DistributedType",

@@ -32,9 +32,9 @@ from ckptdoctor.model import (
 )
 from ckptdoctor.readers.pickle_walk import merge_pickles
 from ckptdoctor.readers.sniff import (
-    _PICKLE_SUFFIXES,
     LEGACY_MAGIC,
     NPY_MAGIC,
+    PICKLE_SUFFIXES,
     TAR_BLOCK,
     pickled_head,
     shifted_head,
@@ -42,7 +42,7 @@ from ckptdoctor.readers.sniff import (
 )
 from ckptdoctor.readers.sniff import compression as _compression
 from ckptdoctor.readers.sniff import looks_like_tar as _looks_like_tar
-from ckptdoctor.readers.zipdir import _ZIP_LOCAL, _problem, _read_at
+from ckptdoctor.readers.zipdir import ZIP_LOCAL, read_at, read_problem
 
 __all__ = ["SHIFTED", "ArchiveScan", "FileReader", "Over", "TarMember", "TorchReader", "read_archive", "shifted_pickle"]
 
@@ -91,7 +91,7 @@ class FileReader:
 
     def read(self, n: int) -> bytes:
         n = max(0, min(n, self.length - self.pos))
-        data = _read_at(self.f, self.start + self.pos, n) if n else b""
+        data = read_at(self.f, self.start + self.pos, n) if n else b""
         self.pos += len(data)
         return data
 
@@ -284,7 +284,7 @@ class ArchiveScan:
             numbers = [tar_number(block[a:b]) for a, b in _NUMBER_FIELDS]
             if not _looks_like_tar(block) or None in numbers or (numbers[3] or 0) < 0:
                 if not first:  # tarfile stops without a word at an invalid header after the first
-                    self.problems.append(_problem(ProblemKind.MALFORMED, f"{where}invalid tar header: the rest is "
+                    self.problems.append(read_problem(ProblemKind.MALFORMED, f"{where}invalid tar header: the rest is "
                                                   "what no tar reader lists"))  # fmt: skip
                 return
             first = False
@@ -346,11 +346,12 @@ class ArchiveScan:
             except Exception as exc:  # a corrupt nested stream ends that member only: the archive around it goes on
                 if not _corrupt_stream(exc):
                     raise
-                self.problems.append(_problem(ProblemKind.MALFORMED, f"{where}compressed stream is unreadable: {exc}"))
+                why = f"{where}compressed stream is unreadable: {exc}"
+                self.problems.append(read_problem(ProblemKind.MALFORMED, why))
             return
         npy = head.startswith(NPY_MAGIC)
-        torch = head.startswith((_ZIP_LOCAL, LEGACY_MAGIC))
-        pickled = pickled_head(head, lower.endswith(_PICKLE_SUFFIXES))
+        torch = head.startswith((ZIP_LOCAL, LEGACY_MAGIC))
+        pickled = pickled_head(head, lower.endswith(PICKLE_SUFFIXES))
         shifted = not (npy or torch or pickled) and shifted_head(head)
         if not (npy or torch or pickled or shifted):
             return
@@ -360,13 +361,13 @@ class ArchiveScan:
         cap = self.limits.pickle_bytes
         data = head + r.read((cap + 1 if size < 0 else min(size, cap + 1)) - len(head))
         if len(data) > cap:
-            self.problems.append(_problem(ProblemKind.LIMIT, f"{where}more than {cap} bytes: not walked"))
+            self.problems.append(read_problem(ProblemKind.LIMIT, f"{where}more than {cap} bytes: not walked"))
             return
         if shifted:
             facts = shifted_pickle(data, self.limits)
             if facts is not None:
                 self.pickles.append(facts)
-                self.problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{where}{SHIFTED}"))
+                self.problems.append(read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"{where}{SHIFTED}"))
             return
         outcome = _read_member(io.BytesIO(data), len(data), self.limits, npy, self.read_torch if torch else None)
         c = outcome.content
@@ -444,17 +445,17 @@ def read_archive(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader
     (``readers.torchzip.read_archive`` is the reader the dispatch calls)."""
     scan = ArchiveScan(limits, read_torch, size)
     fmt = "archive"
-    head = _read_at(f, 0, TAR_BLOCK)
+    head = read_at(f, 0, TAR_BLOCK)
     try:
         rest = FileReader(f, 0, size)
         rest.skip(len(head))
         fmt = scan.archive(_Pushback(head, rest), "", 0)
     except Over as exc:
-        scan.problems.append(_problem(exc.kind, f"{exc}: the rest is not checked"))
+        scan.problems.append(read_problem(exc.kind, f"{exc}: the rest is not checked"))
     except Exception as exc:  # the rest of a corrupt compressed stream is what no loader reads either
         if not _corrupt_stream(exc):
             raise
-        scan.problems.append(_problem(ProblemKind.MALFORMED, f"compressed stream is unreadable: {exc}"))
+        scan.problems.append(read_problem(ProblemKind.MALFORMED, f"compressed stream is unreadable: {exc}"))
     merged = merge_pickles(None, scan.pickles)
     from ckptdoctor.readers.rawpickle import read_as_pickle
 

@@ -20,13 +20,13 @@ from ckptdoctor.model import NpyArray, NumpyFacts, PickleFacts, ProblemKind, Rea
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.sniff import NPY_MAGIC
 from ckptdoctor.readers.zipdir import (
-    _ZIP_EOCD,
-    _ZIP_LOCAL,
-    _directory,
-    _member_bytes,
-    _member_head,
-    _problem,
-    _read_at,
+    ZIP_EOCD,
+    ZIP_LOCAL,
+    member_bytes,
+    member_head,
+    read_at,
+    read_directory,
+    read_problem,
 )
 
 __all__ = ["read_npy_record", "read_numpy"]
@@ -38,16 +38,16 @@ _OBJECT = re.compile(r"^[|<>=]?O\d*$")  # the dtype string of Python objects ('|
 
 def read_numpy(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
     """Read a `.npy` file or a `.npz` archive (by content, as ``np.load`` decides) into ``NumpyFacts``."""
-    head = _read_at(f, 0, 4)
-    if head in (_ZIP_LOCAL, _ZIP_EOCD):
+    head = read_at(f, 0, 4)
+    if head in (ZIP_LOCAL, ZIP_EOCD):
         return _read_npz(f, size, limits)
     cap = min(size, limits.pickle_bytes)
     # Enough for the version and header length, then for the whole header (up to _MAX_HEADER, as _header allows).
-    first = _read_at(f, 0, min(size, 12))
+    first = read_at(f, 0, min(size, 12))
     if len(first) >= 10 and first[6:7] in (b"\x01", b"\x02", b"\x03"):
         wide = first[6] != 1
         n = struct.unpack_from("<I" if wide else "<H", first, 8)[0] if len(first) >= (12 if wide else 10) else 0
-        first = _read_at(f, 0, min(size, (12 if wide else 10) + min(n, _MAX_HEADER)))
+        first = read_at(f, 0, min(size, (12 if wide else 10) + min(n, _MAX_HEADER)))
     parsed = _header(first, size)
     if isinstance(parsed, ReadProblem):
         return ReadOutcome(None, (parsed,))
@@ -58,9 +58,9 @@ def read_numpy(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadO
     if size > cap:
         return ReadOutcome(
             NumpyFacts((array,), None),
-            (_problem(ProblemKind.LIMIT, f"object array is {size} bytes (limit {limits.pickle_bytes})"),),
+            (read_problem(ProblemKind.LIMIT, f"object array is {size} bytes (limit {limits.pickle_bytes})"),),
         )
-    data = _read_at(f, body, size - body)
+    data = read_at(f, body, size - body)
     facts, problems = _walk_body(data, "", limits)
     return ReadOutcome(NumpyFacts((array,), facts), problems)
 
@@ -82,15 +82,15 @@ def read_npy_record(
 
 
 def _read_npz(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
-    d, problems = _directory(f, size, limits)
+    d, problems = read_directory(f, size, limits)
     if d is None:
         return ReadOutcome(None, tuple(problems))
     arrays: list[NpyArray] = []
     pickles: list[PickleFacts] = []
     for m in d.members[:_MAX_RECORDS]:
-        if _member_head(f, m, len(NPY_MAGIC)) != NPY_MAGIC:
+        if member_head(f, m, len(NPY_MAGIC)) != NPY_MAGIC:
             continue  # NpzFile returns such a member's bytes as they are
-        data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+        data, p = member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
         if data is None:
             if p is not None:
                 problems.append(p)
@@ -102,7 +102,7 @@ def _read_npz(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
         if facts is not None:
             pickles.append(facts)
     if len(d.members) > _MAX_RECORDS:
-        problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_RECORDS} records; the rest were not read"))
+        problems.append(read_problem(ProblemKind.LIMIT, f"more than {_MAX_RECORDS} records; the rest were not read"))
     merged = merge_pickles(pickles[0], pickles[1:]) if pickles else None
     return ReadOutcome(NumpyFacts(tuple(arrays), merged), tuple(problems))
 
@@ -119,7 +119,7 @@ _Header = tuple[tuple[int, int], str, bool, tuple[int, ...], bool]
 def _header(data: bytes, size: int) -> tuple[_Header, int] | ReadProblem:
     """((version, descr, fortran_order, shape, pickled), where the body starts), or the problem numpy would raise."""
     if data[:6] != NPY_MAGIC or len(data) < 10:
-        return _problem(ProblemKind.MALFORMED, "not a .npy file: no \\x93NUMPY magic")
+        return read_problem(ProblemKind.MALFORMED, "not a .npy file: no \\x93NUMPY magic")
     major, minor = data[6], data[7]
     if major == 1:
         (n,) = struct.unpack_from("<H", data, 8)
@@ -128,22 +128,22 @@ def _header(data: bytes, size: int) -> tuple[_Header, int] | ReadProblem:
         (n,) = struct.unpack_from("<I", data, 8)
         start = 12
     else:
-        return _problem(ProblemKind.MALFORMED, f".npy format version {major}.{minor} is not one numpy reads")
+        return read_problem(ProblemKind.MALFORMED, f".npy format version {major}.{minor} is not one numpy reads")
     if n > _MAX_HEADER:
-        return _problem(ProblemKind.LIMIT, f".npy header is {n} bytes (limit {_MAX_HEADER})")
+        return read_problem(ProblemKind.LIMIT, f".npy header is {n} bytes (limit {_MAX_HEADER})")
     if start + n > min(len(data), size):
-        return _problem(ProblemKind.TRUNCATED, f".npy header of {n} bytes runs past the end of the data")
+        return read_problem(ProblemKind.TRUNCATED, f".npy header of {n} bytes runs past the end of the data")
     raw = data[start : start + n]
     try:
         text = raw.decode("utf-8" if major == 3 else "latin-1")
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError) as exc:
-        return _problem(ProblemKind.MALFORMED, f".npy header is not a Python literal: {type(exc).__name__}")
+        return read_problem(ProblemKind.MALFORMED, f".npy header is not a Python literal: {type(exc).__name__}")
     if type(value) is not dict or set(value) != {"descr", "fortran_order", "shape"}:
-        return _problem(ProblemKind.MALFORMED, ".npy header is not a dict of descr, fortran_order and shape")
+        return read_problem(ProblemKind.MALFORMED, ".npy header is not a dict of descr, fortran_order and shape")
     descr, fortran, shape = value["descr"], value["fortran_order"], value["shape"]
     if type(shape) is not tuple or not all(type(x) is int for x in shape) or type(fortran) is not bool:
-        return _problem(ProblemKind.MALFORMED, ".npy header has a malformed shape or fortran_order")
+        return read_problem(ProblemKind.MALFORMED, ".npy header has a malformed shape or fortran_order")
     return ((major, minor), _descr_text(descr), fortran, shape, _holds_objects(descr)), start + n
 
 

@@ -23,7 +23,7 @@ _unpack_u8 = struct.Struct("<Q").unpack_from
 #   <stride> [PUT] NEWFALSE|NEWTRUE <OrderedDict from the memo> EMPTY_TUPLE REDUCE [PUT] TUPLE [PUT] REDUCE [PUT]
 #
 # where a pid item is a memo read, a BINUNICODE or an int, each with an optional PUT, and a shape or stride is
-# EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE. ``_parse_run`` reads such a run without touching the
+# EMPTY_TUPLE, 1-3 ints and TUPLE1/2/3, or MARK ints TUPLE. ``parse_run`` reads such a run without touching the
 # walk's state and answers None on any deviation: the generic loop then walks the same bytes and reports whatever
 # it reports. On a match the loop applies the run's effects at once, as the generic loop would have.
 
@@ -106,7 +106,7 @@ def _store(data: bytes, p: int, puts: dict[int, Any], value: Any) -> int:
 # A parsed run, applied by ``_Walker._replay``: (end, opcodes, BINPERSID offset, opcodes through BINPERSID,
 # last opcode, its offset, memo stores known before persistent_load, pid, (offset, shape, stride, requires_grad,
 # hooks dict), the OrderedDict GlobalRef, memo index of the argument tuple, memo index of the tensor (-1: none)).
-_Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tuple[Any, ...], Any, int, int]
+Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tuple[Any, ...], Any, int, int]
 
 # Runs already parsed, by the offset they start at: (their bytes, the run, the memo reads it depends on, the memo
 # index of its hooks dict). Every checkpoint of one training run pickles its optimizer state with the same bytes at
@@ -114,14 +114,14 @@ _Run = tuple[int, int, int, int, int, int, dict[int, Any], tuple[Any, ...], tupl
 # (bytes compared, memo reads re-checked) instead of parsed. Shared by threads: dict get/set are atomic, and a lost
 # race only costs a parse. Bounded: cleared when full. The last cell holds (storage, rebuild global, tensor) of the
 # run's last replay: a storage that is the same object (torchzip interns them) rebuilds the same tensor.
-_RUN_CACHE: dict[int, tuple[bytes, _Run, tuple[tuple[int, Any], ...], int, list[Any]]] = {}
+_RUN_CACHE: dict[int, tuple[bytes, Run, tuple[tuple[int, Any], ...], int, list[Any]]] = {}
 _RUN_CACHE_ENTRIES = 50_000
 _CACHEABLE_READS = frozenset({str, GlobalRef})  # equal values of these types are interchangeable (not 1 and True)
 
 
-def _parse_run(
+def parse_run(
     data: bytes, p: int, memo: dict[int, Any], room_ops: int, room_memo: int
-) -> tuple[_Run, int, list[Any]] | None:
+) -> tuple[Run, int, list[Any]] | None:
     """The tensor run after a ``_rebuild_tensor_v2`` memo read ending at ``p``, the memo index of its hooks dict
     (-1: not stored) and its replay cell (see ``_RUN_CACHE``), or None unless it matches exactly.
 
@@ -130,7 +130,7 @@ def _parse_run(
     run up in ``_RUN_CACHE`` first and caches what it parses.
     """
     entry = _RUN_CACHE.get(p)
-    run: _Run | None = None
+    run: Run | None = None
     hooks_idx = -1
     cell: list[Any] = [None]
     if entry is not None and data.startswith(entry[0], p):
@@ -173,7 +173,7 @@ def _memo_read(
     return value, p
 
 
-def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any], reads: list[tuple[int, Any]]) -> _Run | None:
+def _parse_run_unchecked(data: bytes, p: int, memo: dict[int, Any], reads: list[tuple[int, Any]]) -> Run | None:
     n = len(data)
     if data[p] != 0x28 or data[p + 1] != 0x28:  # MARK MARK
         return None

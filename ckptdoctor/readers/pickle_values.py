@@ -13,7 +13,7 @@ from ckptdoctor.model import GlobalRef, Opaque, PickleValue, TensorRef
 __all__ = ["CYCLE", "OUT_OF_BAND", "TOO_DEEP", "iter_values"]
 
 # Values that are leaves of a rebuilt structure (hashable as they are).
-_SCALARS = frozenset({str, int, float, bool, bytes, type(None), complex, GlobalRef, TensorRef})
+SCALARS = frozenset({str, int, float, bool, bytes, type(None), complex, GlobalRef, TensorRef})
 
 # Placeholders the walk puts where a value would make the rebuilt structure cyclic or deeper than the limit.
 CYCLE = Opaque(None, ("<cycle>",))
@@ -21,7 +21,7 @@ TOO_DEEP = Opaque(None, ("<nesting limit>",))
 OUT_OF_BAND = Opaque(None, ("<out-of-band buffer>",))
 
 
-class _Obj:
+class Obj:
     """A mutable stand-in for an object the stream would create; frozen into ``Opaque`` at the end."""
 
     __slots__ = ("args", "func", "new", "state")
@@ -33,7 +33,7 @@ class _Obj:
         self.new = new  # made by NEWOBJ/NEWOBJ_EX (``Opaque.new``)
 
 
-class _SetNode:
+class SetNode:
     """A set or frozenset under construction; its items become hashable only when frozen."""
 
     __slots__ = ("frozen", "items")
@@ -43,7 +43,7 @@ class _SetNode:
         self.frozen = frozen
 
 
-class _Key:
+class Key:
     """An identity-hashed wrapper for a dict key that is not a plain scalar (hashing it could recurse or fail)."""
 
     __slots__ = ("obj",)
@@ -59,7 +59,7 @@ class _Key:
 def _hashable(v: Any, depth: int = 0) -> Any:
     """A hashable equivalent of a frozen value (lists -> tuples, dicts -> pairs), depth-bounded."""
     t = type(v)
-    if t in _SCALARS:
+    if t in SCALARS:
         return v
     if depth > 32:
         raise ValueError("too deep for a key")
@@ -93,18 +93,18 @@ def _build(node: Any, kids: list[Any]) -> Any:
         d: dict[Any, Any] = {}
         for i in range(0, len(kids), 2):
             k = kids[i]
-            if type(k) not in _SCALARS:
+            if type(k) not in SCALARS:
                 k = _as_key(k)
                 if k in d:
                     k = f"{k}#{i // 2}"  # keep colliding stand-in keys apart
             d[k] = kids[i + 1]
         return d
-    if t is _SetNode:
-        items = [x if type(x) in _SCALARS else _as_key(x) for x in kids]
+    if t is SetNode:
+        items = [x if type(x) in SCALARS else _as_key(x) for x in kids]
         return frozenset(items) if node.frozen else set(items)
-    if t is _Key:
+    if t is Key:
         return kids[0]
-    # _Obj
+    # Obj
     return Opaque(kids[0], kids[1], kids[2], node.new)
 
 
@@ -115,20 +115,20 @@ def _children(node: Any) -> list[Any]:
     if t is dict:
         out: list[Any] = []
         for k, v in node.items():
-            out.append(k.obj if type(k) is _Key else k)
+            out.append(k.obj if type(k) is Key else k)
             out.append(v)
         return out
-    if t is _SetNode:
+    if t is SetNode:
         return list(node.items)
-    if t is _Key:
+    if t is Key:
         return [node.obj]
     return [node.func, node.args, node.state]
 
 
-_NODES = frozenset({list, tuple, dict, _SetNode, _Key, _Obj})
+_NODES = frozenset({list, tuple, dict, SetNode, Key, Obj})
 
 
-def _freeze(root: Any, limit: int) -> tuple[Any, bool]:
+def freeze(root: Any, limit: int) -> tuple[Any, bool]:
     """Turn the walk's internal graph into model values; returns (value, whether nesting was cut).
 
     Every node ends up with a height <= ``limit`` (children that would exceed it become ``TOO_DEEP``), so no
@@ -137,7 +137,7 @@ def _freeze(root: Any, limit: int) -> tuple[Any, bool]:
     if type(root) not in _NODES:
         return root, False
     done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
-    scalar_types = _SCALARS.issuperset
+    scalar_types = SCALARS.issuperset
     active: set[int] = set()
     cut = False
     # Each frame: [node, children, next index, frozen kids, max child height]

@@ -16,16 +16,16 @@ from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, ProblemKind, ReadProblem, TensorRef
-from ckptdoctor.readers.pickle_runs import _parse_run, _Run
+from ckptdoctor.readers.pickle_runs import Run, parse_run
 from ckptdoctor.readers.pickle_values import (
-    _SCALARS,
     CYCLE,
     OUT_OF_BAND,
+    SCALARS,
     TOO_DEEP,
-    _freeze,
-    _Key,
-    _Obj,
-    _SetNode,
+    Key,
+    Obj,
+    SetNode,
+    freeze,
     iter_values,
 )
 
@@ -104,7 +104,7 @@ def _is_int_tuple(v: Any) -> bool:
 
 
 def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
-    """The value of a call to a known-harmless reconstructor, or an ``_Obj`` when we do not interpret it."""
+    """The value of a call to a known-harmless reconstructor, or an ``Obj`` when we do not interpret it."""
     mod, name = func.module, func.name
     n = len(args)
     if mod == "torch._utils":
@@ -115,7 +115,7 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
                 if name == "_rebuild_tensor_v3":
                     dt = args[6] if n >= 7 else None
                     if type(dt) is not GlobalRef or dt.module != "torch" or dt.name not in TORCH_DTYPES:
-                        return _Obj(func, args)
+                        return Obj(func, args)
                     dtype = TORCH_DTYPES[dt.name]
                 return TensorRef(
                     dtype, size, stride, offset, storage.storage_key, storage.storage_numel, storage.location,
@@ -129,7 +129,7 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
         if n == 1 and type(args[0]) is list and all(type(p) in (tuple, list) and len(p) == 2 for p in args[0]):
             d: dict[Any, Any] = {}
             for k, v in args[0]:
-                d[k if type(k) in _SCALARS else _Key(k)] = v
+                d[k if type(k) in SCALARS else Key(k)] = v
             return d
     elif mod in ("operator", "_operator") and name in ("add", "concat") and n == 2:
         # Names for STACK_GLOBAL can be glued together at load time ("po" + "six"); rebuild short strings so the
@@ -150,10 +150,10 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
             try:
                 return args[0].encode("latin1")
             except UnicodeEncodeError:
-                return _Obj(func, args)
+                return Obj(func, args)
     elif mod == "builtins":
         if name in ("set", "frozenset") and (n == 0 or (n == 1 and type(args[0]) in (list, tuple))):
-            return _SetNode(list(args[0]) if n else [], name == "frozenset")
+            return SetNode(list(args[0]) if n else [], name == "frozenset")
         if name == "bytes" and n == 0:  # protocol 0-2 write b"" this way
             return b""
         if name == "bytearray":
@@ -164,7 +164,7 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
                 return args[0]
         if name == "complex" and 1 <= n <= 2 and all(type(a) in (int, float) for a in args):
             return complex(*args)
-    return _Obj(func, args)
+    return Obj(func, args)
 
 
 # joblib's array wrapper (joblib/numpy_pickle.py): ``joblib.load`` reads an array's bytes after its BUILD.
@@ -182,7 +182,7 @@ def _np_dtype(v: Any) -> tuple[int, bool] | None:
     holds Python objects; None when the walk cannot tell as numpy would. numpy's ``arraydescr_setstate``
     (numpy/_core/src/multiarray/descriptor.c) takes a flexible type's size from the state's ``elsize`` and
     ``hasobject`` from the state's ``flags`` (``NPY_ITEM_HASOBJECT``, bit 0), whatever the type string says."""
-    if type(v) is not _Obj or v.func != _NP_DTYPE or type(v.args) is not tuple or not v.args:
+    if type(v) is not Obj or v.func != _NP_DTYPE or type(v.args) is not tuple or not v.args:
         return None
     name, st = v.args[0], v.state
     if type(name) is not str or type(st) is not tuple or len(st) < 8 or st[0] not in (3, 4):
@@ -415,7 +415,7 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
         problems.append(problem)
         value = None
     else:
-        value, too_deep = _freeze(value, limits.nesting_depth)
+        value, too_deep = freeze(value, limits.nesting_depth)
         if too_deep:
             problems.append(
                 ReadProblem(ProblemKind.LIMIT, f"value nests deeper than {limits.nesting_depth} levels; cut there")
@@ -479,7 +479,7 @@ class _Walker:
     def _call_target(self, target: Any) -> None:
         if type(target) is GlobalRef:
             self.calls[target] = None
-        elif type(target) is _Obj:
+        elif type(target) is Obj:
             if type(target.func) is GlobalRef:
                 # A method of an object the stream built (its append/__setitem__/__setstate__) would run.
                 self.calls[target.func] = None
@@ -528,12 +528,12 @@ class _Walker:
     def _persid(self, pid: Any) -> Any:
         self.persistent_ids += 1
         if self.persistent_load is None:
-            return _Obj(None, (pid,))
-        if not (type(pid) is tuple and _SCALARS.issuperset(map(type, pid))):
-            pid, _ = _freeze(pid, self.limits.nesting_depth)
+            return Obj(None, (pid,))
+        if not (type(pid) is tuple and SCALARS.issuperset(map(type, pid))):
+            pid, _ = freeze(pid, self.limits.nesting_depth)
         return self.persistent_load(pid)
 
-    def _replay(self, run: _Run, hooks_idx: int, cell: list[Any], func: GlobalRef, memo: dict[int, Any]) -> Any:
+    def _replay(self, run: Run, hooks_idx: int, cell: list[Any], func: GlobalRef, memo: dict[int, Any]) -> Any:
         """Apply a parsed tensor run's effects as the generic loop would; returns the tensor it pushes."""
         puts, pid, tail, od, args_idx, result_idx = run[6:]
         memo.update(puts)  # the memo is only read back by later opcodes: the order of stores is invisible
@@ -559,7 +559,7 @@ class _Walker:
             result = last[2]
         else:
             result = _interpret(func, args)
-            if type(result) is TensorRef:  # immutable, so it can be shared; an _Obj never is
+            if type(result) is TensorRef:  # immutable, so it can be shared; an Obj never is
                 cell[0] = (storage, func, result)
         if args_idx >= 0:
             memo[args_idx] = args
@@ -594,7 +594,7 @@ class _Walker:
                 if handlers[op](self):
                     if op == 0x2E:  # STOP
                         return self.stack[-1]
-                    found = _parse_run(data, self.pos, self.memo, max_ops - count, self.max_memo - len(self.memo))
+                    found = parse_run(data, self.pos, self.memo, max_ops - count, self.max_memo - len(self.memo))
                     if found is not None:
                         run = found[0]
                         stack = self.stack
@@ -862,15 +862,15 @@ class _Walker:
         d: dict[Any, Any] = {}
         for i in range(0, len(items), 2):
             k = items[i]
-            d[k if type(k) in _SCALARS else _Key(k)] = items[i + 1]
+            d[k if type(k) in SCALARS else Key(k)] = items[i + 1]
         self.stack.append(d)
 
     def _op_empty_set(self) -> None:
-        self.stack.append(_SetNode([], False))
+        self.stack.append(SetNode([], False))
 
     def _op_frozenset(self) -> None:
         items = self._pop_mark()
-        self.stack.append(_SetNode(items, True))
+        self.stack.append(SetNode(items, True))
 
     def _op_setitems(self) -> None:
         items = self._pop_mark()
@@ -878,10 +878,10 @@ class _Walker:
         if len(items) % 2:
             raise _Malformed("SETITEMS with an odd number of items")
         if type(target) is dict:
-            scalars = _SCALARS
+            scalars = SCALARS
             for i in range(0, len(items), 2):
                 k = items[i]
-                target[k if type(k) in scalars else _Key(k)] = items[i + 1]
+                target[k if type(k) in scalars else Key(k)] = items[i + 1]
         else:
             self._set_on_non_container(target, "SETITEMS")
 
@@ -891,7 +891,7 @@ class _Walker:
         k = stack.pop()
         target = stack[-1]
         if type(target) is dict:
-            target[k if type(k) in _SCALARS else _Key(k)] = v
+            target[k if type(k) in SCALARS else Key(k)] = v
         else:
             self._set_on_non_container(target, "SETITEM")
 
@@ -915,7 +915,7 @@ class _Walker:
     def _op_additems(self) -> None:
         items = self._pop_mark()
         target = self.stack[-1]
-        if type(target) is _SetNode and not target.frozen:
+        if type(target) is SetNode and not target.frozen:
             target.items.extend(items)
         else:
             self._set_on_non_container(target, "ADDITEMS")
@@ -975,16 +975,16 @@ class _Walker:
                 self.loads.append(args[0])  # ``_finish`` records the call
             else:
                 self.calls[func] = None
-            stack[-1] = _interpret(func, args) if type(args) is tuple else _Obj(func, args)
+            stack[-1] = _interpret(func, args) if type(args) is tuple else Obj(func, args)
         else:
             self._call_target(func)
-            stack[-1] = _Obj(None, (func, args))
+            stack[-1] = Obj(None, (func, args))
 
     def _op_build(self) -> None:
         stack = self.stack
         state = stack.pop()
         inst = stack[-1]
-        if type(inst) is _Obj:
+        if type(inst) is Obj:
             # A slot state (``(state, slotstate)``) is applied with ``setattr``: a property's setter runs, and
             # ``__class__`` swaps the object's type. Only a ``__dict__`` update (or ``__setstate__``, which the
             # policy proves absent) leaves a NEWOBJ() object plain data.
@@ -1011,7 +1011,7 @@ class _Walker:
         # BUILD on a dict (torch's ``_metadata`` on state dicts) sets attributes, not items: the value stays the
         # plain dict.
 
-    def _joblib_array(self, wrapper: _Obj) -> None:
+    def _joblib_array(self, wrapper: Obj) -> None:
         """Step over the array ``joblib.load`` reads right after a BUILD of its array wrapper, as its
         ``NumpyUnpickler.load_build`` and ``NumpyArrayWrapper.read_array`` read it (joblib/numpy_pickle.py): for an
         object dtype a nested pickle, loaded by a fresh unpickler (walked here as the pickle it is; what it imports
@@ -1047,7 +1047,7 @@ class _Walker:
             self.persistent_ids += facts.persistent_ids
             # the nested unpickler read its last frame whole, even past its STOP
             self.pos = max(end, nested.frame_end)
-            self.stack[-1] = _Obj(None, (wrapper, facts.value))  # the array: what it is built from, not a wrapper
+            self.stack[-1] = Obj(None, (wrapper, facts.value))  # the array: what it is built from, not a wrapper
             return
         if type(shape) not in (tuple, list) or not _INT_ONLY.issuperset(map(type, shape)) or min(shape, default=0) < 0:
             raise _Malformed("joblib array wrapper whose shape is not a tuple of counts")
@@ -1057,7 +1057,7 @@ class _Walker:
         if state.get("numpy_array_alignment_bytes") is not None:  # ``safe_get_numpy_array_alignment_bytes``
             self.pos += 1 + self._peek_byte()
         self._take(count * itemsize)  # raises past the end: joblib reads exactly these bytes
-        self.stack[-1] = _Obj(None, (wrapper, None))
+        self.stack[-1] = Obj(None, (wrapper, None))
 
     def _op_newobj(self) -> None:
         stack = self.stack
@@ -1068,7 +1068,7 @@ class _Walker:
         else:
             self._call_target(cls)
             self._passed(args)
-        stack.append(_Obj(cls, args, new=True) if type(cls) is GlobalRef else _Obj(None, (cls, args)))
+        stack.append(Obj(cls, args, new=True) if type(cls) is GlobalRef else Obj(None, (cls, args)))
 
     def _op_newobj_ex(self) -> None:
         stack = self.stack
@@ -1078,16 +1078,16 @@ class _Walker:
         self._call_target(cls)
         self._passed((args, kwargs))
         if type(cls) is GlobalRef:
-            stack.append(_Obj(cls, (args, kwargs), new=True))
+            stack.append(Obj(cls, (args, kwargs), new=True))
         else:
-            stack.append(_Obj(None, (cls, (args, kwargs))))
+            stack.append(Obj(None, (cls, (args, kwargs))))
 
     def _op_inst(self) -> None:
         ref = self._line_global()
         self.calls[ref] = None
         items = self._pop_mark()
         self._passed(items)
-        self.stack.append(_Obj(ref, tuple(items)))
+        self.stack.append(Obj(ref, tuple(items)))
 
     def _op_obj(self) -> None:
         items = self._pop_mark()
@@ -1097,9 +1097,9 @@ class _Walker:
         self._call_target(cls)
         self._passed(items[1:])
         if type(cls) is GlobalRef:
-            self.stack.append(_Obj(cls, tuple(items[1:])))
+            self.stack.append(Obj(cls, tuple(items[1:])))
         else:
-            self.stack.append(_Obj(None, (cls, tuple(items[1:]))))
+            self.stack.append(Obj(None, (cls, tuple(items[1:]))))
 
     # Persistent ids: references to data outside the stream (torch's storages).
 
@@ -1137,7 +1137,7 @@ class _Walker:
 
     def _set_on_non_container(self, target: Any, opname: str) -> None:
         """APPEND/SETITEM/ADDITEMS on something that is not the matching container."""
-        if type(target) in (_Obj, GlobalRef):
+        if type(target) in (Obj, GlobalRef):
             # The real unpickler would call the object's own append/extend/__setitem__/add.
             self._call_target(target)
             return

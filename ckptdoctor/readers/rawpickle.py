@@ -8,7 +8,7 @@ from typing import BinaryIO
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import PickleFacts, ProblemKind, ReadOutcome, ReadProblem
 from ckptdoctor.readers.pickle_walk import JOBLIB_WRAPPER, merge_pickles, walk_pickle
-from ckptdoctor.readers.zipdir import _problem, _read_at
+from ckptdoctor.readers.zipdir import read_at, read_problem
 
 __all__ = ["read_raw_pickle"]
 
@@ -23,15 +23,15 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS, job
     bytes stepped over), with what ``pickle.load`` imports and calls added. A reader that steers on the value of a
     file only ``pickle.load`` reads (DCP's ``.metadata``) passes False."""
     if size == 0:
-        return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.EMPTY, "file is empty"),))
     if size > limits.pickle_bytes:
         return ReadOutcome(
-            None, (_problem(ProblemKind.LIMIT, f"pickle is {size} bytes (limit {limits.pickle_bytes})"),)
+            None, (read_problem(ProblemKind.LIMIT, f"pickle is {size} bytes (limit {limits.pickle_bytes})"),)
         )
     try:
-        data = _read_at(f, 0, size)
+        data = read_at(f, 0, size)
     except OSError as exc:
-        return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
     facts, problems, end = walk_pickle(data, limits=limits, joblib=joblib)
     if joblib and facts is not None and JOBLIB_WRAPPER in facts.globals:
         facts, limited = _as_pickle_load_too(data, facts, limits)
@@ -54,7 +54,7 @@ def read_raw_pickle(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS, job
         end = new_end
     cut = len(extra) >= _MAX_EXTRA_PICKLES and end < size and not more
     more.append(
-        _problem(
+        read_problem(
             ProblemKind.SUSPICIOUS_ARCHIVE,
             f"{size - first_end} bytes after the pickle's STOP opcode"
             + (f", holding {len(extra)} more pickle stream(s)" if extra else "")
@@ -94,7 +94,7 @@ def read_as_pickle(f: BinaryIO, size: int, limits: Limits) -> tuple[PickleFacts 
     """
     n = min(size, limits.pickle_bytes, 1 << 16)
     while True:
-        data = _read_at(f, 0, n)
+        data = read_at(f, 0, n)
         _, _, end = walk_pickle(data, limits=limits)
         if end < len(data) or n >= min(size, limits.pickle_bytes):
             break

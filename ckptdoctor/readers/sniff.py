@@ -25,7 +25,7 @@ _JSON_WS = b" \t\r\n"
 NPY_MAGIC = b"\x93NUMPY"  # numpy/lib/format.py MAGIC_PREFIX
 
 # Names whose files are pickles when their content looks like a pickle at all (protocol 0/1 need this hint).
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck", ".joblib")
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".p", ".pck", ".joblib")
 # Names whose own readers keep them whatever archive their bytes look like: torch.load tries a tar itself (and the
 # torch reader judges every member of one), and a safetensors name that holds something else is CKD202's.
 _KEEP_NAMED = (".bin", ".pt", ".pth", ".ckpt", ".safetensors")
@@ -107,7 +107,7 @@ def sniff(
         return FileKind.SAFETENSORS
     if protocol_header(head):
         return FileKind.PICKLE
-    if looks_like_old_pickle(head, lower.endswith(_PICKLE_SUFFIXES), lower.endswith(_TEXT_NAMES)):
+    if looks_like_old_pickle(head, lower.endswith(PICKLE_SUFFIXES), lower.endswith(_TEXT_NAMES)):
         return FileKind.PICKLE
     if lower.endswith(_PICKLE_ONLY_SUFFIXES) and head[:1].decode("latin-1") in OPCODE_CODES:
         # pickle.load / joblib.load read whatever such a file holds from its first opcode on, however long that

@@ -11,19 +11,19 @@ from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, h
 from ckptdoctor.readers.lightning import lightning_facts
 from ckptdoctor.readers.pickle_walk import merge_pickles, ran_off_the_end, walk_pickle
 from ckptdoctor.readers.rawpickle import walk_problems_kept
-from ckptdoctor.readers.torchstore import _Storages, _tensors
-from ckptdoctor.readers.zipdir import _names, _problem, _read_at
+from ckptdoctor.readers.torchstore import Storages, storage_tensors
+from ckptdoctor.readers.zipdir import listed_names, read_at, read_problem
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C  # torch/serialization.py
 LEGACY_PROTOCOL_VERSION = 1001
 
 
-def _read_legacy(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
+def read_legacy(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
     """Magic number, protocol version, sys_info, the object, the storage keys, then the raw storages."""
     cap = min(size, limits.pickle_bytes)
     chunk = min(cap, 1 << 20)
     while True:
-        buf = _read_at(f, 0, chunk)
+        buf = read_at(f, 0, chunk)
         outcome = _walk_legacy(f, size, buf, limits)
         # The pickles come first and their total length is unknown: read more only when a walk ran off the end.
         if outcome is not None or chunk >= cap:
@@ -72,7 +72,7 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         # torch.load's first pickle.load reads past its first opcodes: whatever stopped the walk there is reported.
         own = probs if probs and walk_problems_kept(pos) else ()
         return failed(
-            (*own, _problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"))
+            (*own, read_problem(ProblemKind.MALFORMED, "not a torch file: no zip header and no legacy magic number"))
         )
     version, probs = step()
     if version is not None:
@@ -81,7 +81,7 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
         return None
     if probs or version is None or version.value != LEGACY_PROTOCOL_VERSION:
         got = version.value if version is not None else None
-        return failed((*probs, _problem(ProblemKind.MALFORMED, f"invalid legacy protocol version {got!r}")))
+        return failed((*probs, read_problem(ProblemKind.MALFORMED, f"invalid legacy protocol version {got!r}")))
     sys_info, probs = step()
     if sys_info is not None:
         streams.append(sys_info)
@@ -91,7 +91,7 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     byteorder = "little"
     if sys_info is not None and type(sys_info.value) is dict and sys_info.value.get("little_endian") is False:
         byteorder = "big"
-    storages = _Storages(None, legacy=True)
+    storages = Storages(None, legacy=True)
     obj, probs = step(storages)
     if ran_off(probs):
         return None
@@ -110,10 +110,10 @@ def _walk_legacy(f: BinaryIO, size: int, buf: bytes, limits: Limits, final: bool
     starts: dict[str, int] = {}  # storage key -> where its bytes start in the file
     if keys is not None and not probs:
         if type(keys.value) is not list or not all(type(k) is str for k in keys.value):
-            problems.append(_problem(ProblemKind.MALFORMED, "legacy storage key list is not a list of strings"))
+            problems.append(read_problem(ProblemKind.MALFORMED, "legacy storage key list is not a list of strings"))
         else:
             missing = _check_legacy_storages(f, size, pos, keys.value, storages, byteorder, problems, starts)
-    tensors, tensor_problems = _tensors(obj.value) if obj is not None else ((), [])
+    tensors, tensor_problems = storage_tensors(obj.value) if obj is not None else ((), [])
     problems.extend(tensor_problems)
     if missing:
         tensors = tuple((p, replace(t, storage_nbytes=None) if t.storage_key in missing else t) for p, t in tensors)
@@ -131,14 +131,14 @@ def _calling(streams: list[PickleFacts]) -> list[PickleFacts]:
     return [s for s in streams if s.globals or s.calls]
 
 
-def _legacy_reader(f: BinaryIO, starts: dict[str, int], storages: _Storages) -> StorageReader:
+def _legacy_reader(f: BinaryIO, starts: dict[str, int], storages: Storages) -> StorageReader:
     """Ranged reads of the raw storages of a legacy file (``starts``: where each storage's bytes begin)."""
 
     def read(key: str, start: int, n: int) -> bytes | None:
         at, declared = starts.get(key), storages.declared.get(key)
         if at is None or declared is None or start < 0 or start + n > declared[0] * declared[1]:
             return None
-        return _read_at(f, at + start, n)
+        return read_at(f, at + start, n)
 
     return read
 
@@ -148,7 +148,7 @@ def _check_legacy_storages(
     size: int,
     pos: int,
     keys: list[str],
-    storages: _Storages,
+    storages: Storages,
     byteorder: str,
     problems: list[ReadProblem],
     starts: dict[str, int],
@@ -159,35 +159,37 @@ def _check_legacy_storages(
     for key in keys:
         declared = storages.declared.get(key)
         if declared is None:
-            problems.append(_problem(ProblemKind.MALFORMED, f"storage `{key}` is listed but no tensor uses it"))
+            problems.append(read_problem(ProblemKind.MALFORMED, f"storage `{key}` is listed but no tensor uses it"))
             missing.update(k for k in keys if k not in storages.declared)
             return missing
         numel, itemsize = declared
-        head = _read_at(f, pos, 8)
+        head = read_at(f, pos, 8)
         if len(head) < 8:
             problems.append(
-                _problem(ProblemKind.TRUNCATED, f"storage `{key}` should start at byte {pos}; the file has {size}")
+                read_problem(ProblemKind.TRUNCATED, f"storage `{key}` should start at byte {pos}; the file has {size}")
             )
             missing.update(keys[keys.index(key) :])
             return missing
         count = int.from_bytes(head, "little" if byteorder == "little" else "big")
         if count != numel:
             problems.append(
-                _problem(ProblemKind.MALFORMED, f"storage `{key}` holds {count} elements, the pickle declares {numel}")
+                read_problem(
+                    ProblemKind.MALFORMED, f"storage `{key}` holds {count} elements, the pickle declares {numel}"
+                )
             )
         end = pos + 8 + numel * itemsize
         starts[key] = pos + 8
         if end > size:
             problems.append(
-                _problem(ProblemKind.TRUNCATED, f"storage `{key}` ends at byte {end}; the file has {size} bytes")
+                read_problem(ProblemKind.TRUNCATED, f"storage `{key}` ends at byte {end}; the file has {size} bytes")
             )
             missing.update(keys[keys.index(key) :])
             return missing
         pos = end
     unlisted = sorted(set(storages.declared) - set(keys))
     if unlisted:
-        problems.append(_problem(ProblemKind.MALFORMED, f"storages used but not stored: {_names(unlisted)}"))
+        problems.append(read_problem(ProblemKind.MALFORMED, f"storages used but not stored: {listed_names(unlisted)}"))
         missing.update(unlisted)
     if pos != size:
-        problems.append(_problem(ProblemKind.MALFORMED, f"{size - pos} bytes after the last storage"))
+        problems.append(read_problem(ProblemKind.MALFORMED, f"{size - pos} bytes after the last storage"))
     return missing

@@ -7,7 +7,7 @@ from typing import Any
 
 from ckptdoctor.model import GlobalRef, Opaque, ProblemKind, ReadProblem, TensorRef
 from ckptdoctor.readers.pickle_walk import iter_values
-from ckptdoctor.readers.zipdir import _problem
+from ckptdoctor.readers.zipdir import read_problem
 
 __all__ = ["STORAGE_DTYPES"]
 
@@ -45,7 +45,7 @@ _STORAGE_REFS: dict[tuple[str, int, str, str, int | None], TensorRef] = {}
 _STORAGE_REFS_ENTRIES = 100_000
 
 
-class _Storages:
+class Storages:
     """Turns torch's persistent ids into storage descriptors (1-D TensorRefs over the whole storage)."""
 
     def __init__(self, record_sizes: dict[str, int] | None, legacy: bool) -> None:
@@ -76,7 +76,7 @@ class _Storages:
             return pid[1]  # an nn.Module class saved with its source: only its name matters here
         self.bad_ids += 1
         if self.bad_ids == 1:
-            self.problems.append(_problem(ProblemKind.MALFORMED_PICKLE, f"unexpected persistent id {_short(pid)}"))
+            self.problems.append(read_problem(ProblemKind.MALFORMED_PICKLE, f"unexpected persistent id {_short(pid)}"))
         return Opaque(None, (pid,))
 
     def _storage(self, storage_class: str, key: str, location: str | bytes, numel: int) -> TensorRef:
@@ -87,10 +87,10 @@ class _Storages:
         if self.record_sizes is not None:
             nbytes = self.record_sizes.get(key)
             if nbytes is None:
-                self.problems.append(_problem(ProblemKind.MALFORMED, f"missing storage record `data/{key}`"))
+                self.problems.append(read_problem(ProblemKind.MALFORMED, f"missing storage record `data/{key}`"))
             elif nbytes != numel * itemsize:
                 self.problems.append(
-                    _problem(
+                    read_problem(
                         ProblemKind.MALFORMED,
                         f"record size {nbytes} of `data/{key}` does not match expected size {numel * itemsize} "
                         f"({numel} x {storage_class})",
@@ -134,14 +134,14 @@ def _reaches_past(t: TensorRef) -> bool:
     return last >= t.storage_numel or offset < 0
 
 
-def _tensors(value: Any) -> tuple[tuple[tuple[str, TensorRef], ...], list[ReadProblem]]:
+def storage_tensors(value: Any) -> tuple[tuple[tuple[str, TensorRef], ...], list[ReadProblem]]:
     """Every TensorRef under ``value`` with its dotted path, and problems for the ones past their storage."""
     out = [(path, v) for path, v in iter_values(value) if type(v) is TensorRef]
     problems: list[ReadProblem] = []
     for path, v in out:
         if _reaches_past(v):
             problems.append(
-                _problem(
+                read_problem(
                     ProblemKind.MALFORMED,
                     f"tensor `{path}` (shape {list(v.shape)}, stride {list(v.stride)}, offset "
                     f"{v.storage_offset}) reaches past its storage `{v.storage_key}` of {v.storage_numel} "

@@ -20,7 +20,7 @@ from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, ProblemKind, ReadOu
 from ckptdoctor.readers.archive import ArchiveScan, FileReader, Over, TorchReader
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
 from ckptdoctor.readers.torchstore import STORAGE_DTYPES
-from ckptdoctor.readers.zipdir import _problem
+from ckptdoctor.readers.zipdir import read_problem
 
 __all__ = ["read_tar"]
 
@@ -45,18 +45,18 @@ def read_tar(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) ->
                 scan.member(data, m.name, m.size, 1)
             elif m.size > limits.pickle_bytes:
                 data_of[m.name] = None
-                problems.append(_problem(ProblemKind.LIMIT, f"tar member `{m.name}` is {m.size} bytes"))
+                problems.append(read_problem(ProblemKind.LIMIT, f"tar member `{m.name}` is {m.size} bytes"))
             else:
                 data_of[m.name] = data.read(m.size)
     except Over as exc:
-        problems.append(_problem(exc.kind, f"{exc}: the rest is not checked"))
+        problems.append(read_problem(exc.kind, f"{exc}: the rest is not checked"))
     if not names:
-        return ReadOutcome(None, (_problem(ProblemKind.MALFORMED, "not a readable tar archive"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.MALFORMED, "not a readable tar archive"),))
     streams: list[PickleFacts] = []
     main: PickleFacts | None = None
     for name in _TORCH_MEMBERS:
         if name not in data_of:
-            problems.append(_problem(ProblemKind.MALFORMED, f"legacy tar has no `{name}` member"))
+            problems.append(read_problem(ProblemKind.MALFORMED, f"legacy tar has no `{name}` member"))
             continue
         raw = data_of[name]
         if raw is None:
@@ -68,7 +68,7 @@ def read_tar(f: BinaryIO, size: int, limits: Limits, read_torch: TorchReader) ->
     problems.extend(scan.problems)
     extra = sorted(set(names) - set(_TORCH_MEMBERS))
     if extra:
-        problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"legacy tar holds other members: {extra[:5]}"))
+        problems.append(read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"legacy tar holds other members: {extra[:5]}"))
     calling = [s for s in (*streams, *scan.pickles) if s is not main and (s.globals or s.calls)]
     return ReadOutcome(TorchFacts("tar", "", (), merge_pickles(main, calling), ()), tuple(problems))
 
@@ -107,7 +107,7 @@ def _walk_records(
         return
     n = count.value
     if type(n) is not int or not 0 <= n <= _MAX_ITEMS:
-        problems.append(_problem(ProblemKind.MALFORMED, f"tar member `{name}` declares {n!r} items"))
+        problems.append(read_problem(ProblemKind.MALFORMED, f"tar member `{name}` declares {n!r} items"))
         return
     for _ in range(n):
         args, pos = _walk(data, pos, limits, problems, name, streams)
@@ -116,11 +116,11 @@ def _walk_records(
         skip = _raw_size(data, pos, name, args.value)
         if skip is None:
             what = repr(args.value)[:100]
-            problems.append(_problem(ProblemKind.MALFORMED, f"tar member `{name}`: unexpected item {what}"))
+            problems.append(read_problem(ProblemKind.MALFORMED, f"tar member `{name}`: unexpected item {what}"))
             return
         pos += skip
         if pos > len(data):
-            problems.append(_problem(ProblemKind.TRUNCATED, f"tar member `{name}` ends inside an item"))
+            problems.append(read_problem(ProblemKind.TRUNCATED, f"tar member `{name}` ends inside an item"))
             return
     if name == "storages":
         _walk(data, pos, limits, problems, name, streams)  # the storage views

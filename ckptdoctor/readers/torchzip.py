@@ -28,24 +28,24 @@ from ckptdoctor.readers.sniff import (
     pickled_head,
     shifted_head,
 )
-from ckptdoctor.readers.torchlegacy import _read_legacy
-from ckptdoctor.readers.torchstore import STORAGE_DTYPES, _Storages, _tensors
+from ckptdoctor.readers.torchlegacy import read_legacy
+from ckptdoctor.readers.torchstore import STORAGE_DTYPES, Storages, storage_tensors
 from ckptdoctor.readers.zipdir import (
-    _ZIP_EOCD,
-    _ZIP_LOCAL,
+    ZIP_EOCD,
+    ZIP_LOCAL,
+    Directory,
     Window,
-    _data_start,
-    _Directory,
-    _directory,
-    _escapes,
-    _is_storage,
-    _local_mismatches,
-    _member_bytes,
-    _member_head,
-    _names,
-    _problem,
-    _read_at,
-    _relative,
+    data_start,
+    is_storage,
+    listed_names,
+    local_mismatches,
+    member_bytes,
+    member_head,
+    name_escapes,
+    read_at,
+    read_directory,
+    read_problem,
+    relative_name,
 )
 
 __all__ = ["STORAGE_DTYPES", "Window", "read_archive", "read_torch", "read_zip_at"]
@@ -62,21 +62,21 @@ def read_torch(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadO
     A tar is also read the other way (a plain ``pickle.load`` reads its first bytes as a pickle).
     """
     if size == 0:
-        return ReadOutcome(None, (_problem(ProblemKind.EMPTY, "file is empty"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.EMPTY, "file is empty"),))
     try:
-        head = _read_at(f, 0, TAR_BLOCK)
-        if head[:4] in (_ZIP_LOCAL, _ZIP_EOCD):
+        head = read_at(f, 0, TAR_BLOCK)
+        if head[:4] in (ZIP_LOCAL, ZIP_EOCD):
             return _read_zip(f, size, limits)
         if looks_like_tar(head):
             from ckptdoctor.readers.torchtar import read_tar
 
             outcome = read_tar(f, size, limits, read_torch)
-            other = _read_legacy(f, size, limits)
+            other = read_legacy(f, size, limits)
             alt = other.content.pickle if isinstance(other.content, TorchFacts) else other.alt_pickle
             return replace(outcome, alt_pickle=alt) if alt is not None and (alt.globals or alt.calls) else outcome
-        return _read_legacy(f, size, limits)
+        return read_legacy(f, size, limits)
     except OSError as exc:
-        return ReadOutcome(None, (_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
 
 
 def read_archive(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> ReadOutcome:
@@ -89,13 +89,13 @@ def read_archive(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Rea
 def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str = "") -> ReadOutcome:
     """``read_torch`` of a zip; ``root`` names the saved value where a caller knows it (a DCP item's fqn): the
     path its tensors have in the state dict a module loads (an `_extra_state` tensor saved alone)."""
-    d, problems = _directory(f, size, limits)
+    d, problems = read_directory(f, size, limits)
     if d is None:
         return ReadOutcome(None, tuple(problems))
     members, cd_offset = d.members, d.cd_offset
     if not members:
         return ReadOutcome(
-            TorchFacts("zip", "", (), None, ()), (_problem(ProblemKind.MALFORMED, "zip archive has no records"),)
+            TorchFacts("zip", "", (), None, ()), (read_problem(ProblemKind.MALFORMED, "zip archive has no records"),)
         )
     first = members[0].name
     prefix = first.split("/", 1)[0] if "/" in first else ""
@@ -124,13 +124,14 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
     problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed, limits.zip_data_local_headers))
     if inconsistent:
         problems.append(
-            _problem(
+            read_problem(
                 ProblemKind.MALFORMED,
-                f"stored record(s) whose size differs from their stored bytes: {_names(inconsistent)}",
+                f"stored record(s) whose size differs from their stored bytes: {listed_names(inconsistent)}",
             )
         )
     if beyond:
-        problems.append(_problem(ProblemKind.MALFORMED, f"record(s) overlap the central directory: {_names(beyond)}"))
+        overlap = f"record(s) overlap the central directory: {listed_names(beyond)}"
+        problems.append(read_problem(ProblemKind.MALFORMED, overlap))
     main = by_name.get(f"{prefix}/data.pkl") if prefix else None
     if main is None and prefix:
         # miniz (torch's zip reader) finds a record case-insensitively when no name matches exactly.
@@ -142,37 +143,37 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
     extra, extra_problems = _extra_pickles(f, d, main, prefix, limits, depth, torchscript)
     problems.extend(extra_problems)
     if not prefix:
-        problems.append(_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
+        problems.append(read_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
         merged = merge_pickles(None, extra)
         return ReadOutcome(TorchFacts("zip", "", tuple(members), merged, ()), tuple(problems))
     byteorder = "little"
     bo = by_name.get(f"{prefix}/byteorder")
     if bo is not None:
-        raw, p = _member_bytes(f, bo, cd_offset, 16)
+        raw, p = member_bytes(f, bo, cd_offset, 16)
         if p is not None:
             problems.append(p)
         elif raw in (b"little", b"big"):
             byteorder = raw.decode()
         else:
-            problems.append(_problem(ProblemKind.MALFORMED, f"`{prefix}/byteorder` holds {raw!r}"))
+            problems.append(read_problem(ProblemKind.MALFORMED, f"`{prefix}/byteorder` holds {raw!r}"))
     if main is None:
-        problems.append(_problem(ProblemKind.MALFORMED, f"missing record `{prefix}/data.pkl`"))
+        problems.append(read_problem(ProblemKind.MALFORMED, f"missing record `{prefix}/data.pkl`"))
         merged = merge_pickles(None, extra)
         facts_ = TorchFacts("zip", prefix, tuple(members), merged, (), byteorder, torchscript)
         return ReadOutcome(facts_, tuple(problems))
-    data, p = _member_bytes(f, main, cd_offset, limits.pickle_bytes)
+    data, p = member_bytes(f, main, cd_offset, limits.pickle_bytes)
     if data is None:
-        problems.append(p)  # type: ignore[arg-type]  # _member_bytes returns a problem whenever data is None
+        problems.append(p)  # type: ignore[arg-type]  # member_bytes returns a problem whenever data is None
         merged = merge_pickles(None, extra)
         facts_ = TorchFacts("zip", prefix, tuple(members), merged, (), byteorder, torchscript)
         return ReadOutcome(facts_, tuple(problems))
     data_prefix = f"{prefix}/data/"
     record_sizes = {name[len(data_prefix) :]: m.size for name, m in by_name.items() if name.startswith(data_prefix)}
-    storages = _Storages(record_sizes, legacy=False)
+    storages = Storages(record_sizes, legacy=False)
     facts, walk_problems, _ = walk_pickle(data, limits=limits, persistent_load=storages)
     problems.extend(walk_problems)
     problems.extend(storages.problems)
-    tensors, tensor_problems = _tensors(facts.value) if facts is not None else ((), [])
+    tensors, tensor_problems = storage_tensors(facts.value) if facts is not None else ((), [])
     problems.extend(tensor_problems)
     named = tuple((f"{root}.{p}" if p else root, t) for p, t in tensors) if root else tensors
     if has_extra_state(named):
@@ -187,7 +188,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
 
 
 def _storage_reader(
-    f: BinaryIO, by_name: dict[str, ZipMember], data_prefix: str, d: _Directory, limits: Limits
+    f: BinaryIO, by_name: dict[str, ZipMember], data_prefix: str, d: Directory, limits: Limits
 ) -> StorageReader:
     """Ranged reads of the storage records ``data/<key>`` of a torch zip (a stored record read in place)."""
 
@@ -196,9 +197,9 @@ def _storage_reader(
         if m is None or start < 0 or start + n > m.size:
             return None
         if m.method == 0:
-            at = _data_start(f, m)
-            return None if at is None else _read_at(f, at + start, n)
-        data, _ = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+            at = data_start(f, m)
+            return None if at is None else read_at(f, at + start, n)
+        data, _ = member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
         return None if data is None else data[start : start + n]
 
     return read
@@ -215,7 +216,7 @@ _HEAD = TAR_BLOCK  # bytes of a record read to tell a pickle (any protocol), a z
 def _layout_problems(
     f: BinaryIO,
     size: int,
-    d: _Directory,
+    d: Directory,
     prefix: str,
     dupes: list[str],
     compressed: list[str],
@@ -228,28 +229,28 @@ def _layout_problems(
     out: list[ReadProblem] = []
 
     def add(message: str) -> None:
-        out.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, message))
+        out.append(read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, message))
 
     if dupes:
-        add(f"duplicate zip records {_names(dupes)}: zip readers disagree on which copy they load")
+        add(f"duplicate zip records {listed_names(dupes)}: zip readers disagree on which copy they load")
     if prefix:
         folder = f"{prefix}/"
-        outside = [m.name for m in d.members if not m.name.startswith(folder) or _escapes(m.name)]
+        outside = [m.name for m in d.members if not m.name.startswith(folder) or name_escapes(m.name)]
         if outside:
-            add(f"record(s) outside the archive folder `{prefix}/`: {_names(outside)}")
+            add(f"record(s) outside the archive folder `{prefix}/`: {listed_names(outside)}")
     if compressed:
         add(
-            f"{len(compressed)} compressed record(s) ({_names(compressed)}): torch.save stores records "
+            f"{len(compressed)} compressed record(s) ({listed_names(compressed)}): torch.save stores records "
             "uncompressed, and torch.load(mmap=True) cannot read compressed ones"
         )
     if d.base > 0:
         add(f"{d.base} bytes before the zip archive: data hidden in front of it is read by other tools")
     if d.end < size:
         add(f"{size - d.end} bytes after the zip end record: data hidden behind the archive")
-    mismatched = _local_mismatches(f, d, None if check_storages else f"{prefix}/" if prefix else "")
+    mismatched = local_mismatches(f, d, None if check_storages else f"{prefix}/" if prefix else "")
     if mismatched:
         add(
-            f"local header(s) disagree with the central directory: {_names(mismatched)}: streaming readers and "
+            f"local header(s) disagree with the central directory: {listed_names(mismatched)}: streaming readers and "
             "torch.load would see different records"
         )
     return out
@@ -264,7 +265,7 @@ _TORCHSCRIPT_PICKLES = ("constants.pkl",)
 
 def _extra_pickles(
     f: BinaryIO,
-    d: _Directory,
+    d: Directory,
     main: ZipMember | None,
     prefix: str,
     limits: Limits,
@@ -285,8 +286,8 @@ def _extra_pickles(
     for i, m in enumerate(d.members):
         if i == main_at:
             continue
-        rel = _relative(m.name, folder)
-        if rel in _TORCH_RECORDS or _is_storage(rel, m.name):
+        rel = relative_name(m.name, folder)
+        if rel in _TORCH_RECORDS or is_storage(rel, m.name):
             continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
         own = torchscript and (rel in _TORCHSCRIPT_PICKLES or (rel.startswith("code/") and rel.endswith(".debug_pkl")))
         if torchscript and rel.startswith("code/") and rel.endswith(".py"):
@@ -294,11 +295,11 @@ def _extra_pickles(
         folded = m.name.lower()
         if folded == main_folded and main is not None and m.name != main.name:
             # torch finds records with miniz's case-insensitive lookup: either may be the data.pkl it loads.
-            problems.append(_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"record `{m.name}` differs from "
+            problems.append(read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, f"record `{m.name}` differs from "
                                      f"`{main.name}` only in case: torch may load either"))  # fmt: skip
         named = folded.endswith((".pkl", ".pickle"))
-        head = _member_head(f, m, _HEAD)
-        nested_zip = head[:4] == _ZIP_LOCAL
+        head = member_head(f, m, _HEAD)
+        nested_zip = head[:4] == ZIP_LOCAL
         if head[:6] == NPY_MAGIC:
             # np.load reads any zip as an .npz, and unpickles the body of an object array.
             facts = _npy_pickle(f, d, m, head, limits, problems)
@@ -312,17 +313,17 @@ def _extra_pickles(
         if not (pickled or nested_zip or archive or shifted):
             continue
         if len(names) + len(owned) >= _MAX_EXTRA_PICKLES:
-            problems.append(_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
+            problems.append(read_problem(ProblemKind.LIMIT, f"more than {_MAX_EXTRA_PICKLES} extra pickle records"))
             break
         (owned if own else names).append(m.name)
-        data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+        data, p = member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
         if data is None:
             if p is not None:
                 problems.append(p)
             continue
         if nested_zip:
             if depth >= _MAX_ZIP_DEPTH:
-                problems.append(_problem(ProblemKind.LIMIT, f"zip record `{m.name}` nests zips too deep"))
+                problems.append(read_problem(ProblemKind.LIMIT, f"zip record `{m.name}` nests zips too deep"))
                 continue
             inner = _read_zip(io.BytesIO(data), len(data), limits, depth + 1)
             if isinstance(inner.content, TorchFacts) and inner.content.pickle is not None:
@@ -341,9 +342,9 @@ def _extra_pickles(
         problems.extend(ReadProblem(q.kind, f"in record `{m.name}`: {q.message}") for q in walk_problems)
     if names:
         problems.append(
-            _problem(
+            read_problem(
                 ProblemKind.SUSPICIOUS_ARCHIVE,
-                f"pickle or zip record(s) besides the one data.pkl torch.load reads: {_names(names)}",
+                f"pickle or zip record(s) besides the one data.pkl torch.load reads: {listed_names(names)}",
             )
         )
     return found, problems
@@ -360,11 +361,11 @@ def _archive_or_shifted(data: bytes, archive: bool, limits: Limits) -> ReadOutco
     facts = shifted_pickle(data, limits)
     if facts is None:
         return ReadOutcome(None)
-    return ReadOutcome(ArchiveFacts("", 0, facts), (_problem(ProblemKind.SUSPICIOUS_ARCHIVE, SHIFTED),))
+    return ReadOutcome(ArchiveFacts("", 0, facts), (read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, SHIFTED),))
 
 
 def _npy_pickle(
-    f: BinaryIO, d: _Directory, m: ZipMember, head: bytes, limits: Limits, problems: list[ReadProblem]
+    f: BinaryIO, d: Directory, m: ZipMember, head: bytes, limits: Limits, problems: list[ReadProblem]
 ) -> PickleFacts | None:
     """The pickle of a `.npy` record holding an object array (None for any other array)."""
     from ckptdoctor.readers.npy import read_npy_record
@@ -377,7 +378,7 @@ def _npy_pickle(
         return None
     if not array.pickled:
         return None
-    data, p = _member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
+    data, p = member_bytes(f, m, d.cd_offset, limits.pickle_bytes)
     if data is None:
         if p is not None:
             problems.append(p)
@@ -393,6 +394,6 @@ def read_zip_at(
     """Read the torch zip blob occupying ``length`` bytes of ``f`` from ``start`` (a `.distcp` item; ``root``: its
     fqn, for an `_extra_state` tensor)."""
     if start < 0 or length <= 0:
-        return ReadOutcome(None, (_problem(ProblemKind.TRUNCATED, f"empty zip blob at byte {start}"),))
+        return ReadOutcome(None, (read_problem(ProblemKind.TRUNCATED, f"empty zip blob at byte {start}"),))
     view = io.BufferedReader(Window(f, start, length))
     return _read_zip(view, length, limits, root=root)

@@ -1,5 +1,12 @@
 """Zip archives read by hand: the central directory (sizes checked before anything is allocated), records' local headers
-and bytes, and a window onto a blob inside a larger file. Shared by the torch, numpy and DCP readers."""
+and bytes, and a window onto a blob inside a larger file.
+
+This is the interface the byte readers share (``__all__``; the rest is this module's own): ``read_at`` and
+``read_problem`` (archive, npy, rawpickle, torchlegacy, torchstore, torchtar, torchzip), the zip signatures
+``ZIP_LOCAL``/``ZIP_EOCD`` that sniffing readers test, ``read_directory`` -> ``Directory`` and the per-record
+``data_start``/``member_head``/``member_bytes``/``local_mismatches`` (torchzip, npy), the record-name tests
+``name_escapes``/``relative_name``/``is_storage`` (torchzip), ``listed_names`` for messages, and ``Window``.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +20,26 @@ from typing import Any, BinaryIO
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import ProblemKind, ReadProblem, ZipMember, frozen
 
-_ZIP_LOCAL = b"PK\x03\x04"
-_ZIP_EOCD = b"PK\x05\x06"
+__all__ = [
+    "ZIP_EOCD",
+    "ZIP_LOCAL",
+    "Directory",
+    "Window",
+    "data_start",
+    "is_storage",
+    "listed_names",
+    "local_mismatches",
+    "member_bytes",
+    "member_head",
+    "name_escapes",
+    "read_at",
+    "read_directory",
+    "read_problem",
+    "relative_name",
+]
+
+ZIP_LOCAL = b"PK\x03\x04"
+ZIP_EOCD = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
 _ZIP64_EOCD = b"PK\x06\x06"
 _ZIP_CENTRAL = b"PK\x01\x02"
@@ -32,11 +57,13 @@ _ZIP64_FIRST = struct.Struct("<2xHQ")  # an extra field that starts with the zip
 _U64 = struct.Struct("<Q")
 
 
-def _problem(kind: ProblemKind, message: str) -> ReadProblem:
+def read_problem(kind: ProblemKind, message: str) -> ReadProblem:
+    """A reader's problem of ``kind`` (the readers' one constructor for it)."""
     return ReadProblem(kind, message)
 
 
-def _read_at(f: BinaryIO, offset: int, n: int) -> bytes:
+def read_at(f: BinaryIO, offset: int, n: int) -> bytes:
+    """``n`` bytes of ``f`` from ``offset`` (fewer at the end of the file)."""
     f.seek(offset)
     return f.read(n)
 
@@ -47,7 +74,7 @@ def _positional_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
     if type(f) is io.FileIO and hasattr(os, "pread"):
         fd = f.fileno()
         return lambda offset, n: os.pread(fd, n, offset)
-    return lambda offset, n: _read_at(f, offset, n)
+    return lambda offset, n: read_at(f, offset, n)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,7 +82,7 @@ def _positional_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
 
 
 @frozen
-class _Directory:
+class Directory:
     """A parsed central directory. Offsets in ``members`` are already shifted by ``base``."""
 
     members: list[ZipMember]
@@ -67,12 +94,12 @@ class _Directory:
     raw_names: list[tuple[bytes, int]]
 
 
-def _directory(f: BinaryIO, size: int, limits: Limits) -> tuple[_Directory | None, list[ReadProblem]]:
+def read_directory(f: BinaryIO, size: int, limits: Limits) -> tuple[Directory | None, list[ReadProblem]]:
     """The archive's central directory, or None with the problem that stops us."""
     members, cd_offset, problems, base, end, raw_names = _central_directory(f, size, limits)
     if members is None:
         return None, problems
-    return _Directory(members, cd_offset, base, end, raw_names), problems
+    return Directory(members, cd_offset, base, end, raw_names), problems
 
 
 def _no_directory(problem: ReadProblem) -> tuple[None, int, list[ReadProblem], int, int, list[Any]]:
@@ -85,13 +112,13 @@ def _central_directory(
 ) -> tuple[list[ZipMember] | None, int, list[ReadProblem], int, int, list[tuple[bytes, int]]]:
     """The archive's members, the central directory's offset, problems, the archive's base and end, raw names."""
     tail_len = min(size, 22 + 65535)
-    tail = _read_at(f, size - tail_len, tail_len)
-    at = tail.rfind(_ZIP_EOCD)
+    tail = read_at(f, size - tail_len, tail_len)
+    at = tail.rfind(ZIP_EOCD)
     while at >= 0 and at + 22 > len(tail):
-        at = tail.rfind(_ZIP_EOCD, 0, at)
+        at = tail.rfind(ZIP_EOCD, 0, at)
     if at < 0:
         return _no_directory(
-            _problem(
+            read_problem(
                 ProblemKind.TRUNCATED,
                 "no zip end-of-central-directory record: the archive is truncated "
                 "(torch: `failed finding central directory`)",
@@ -101,34 +128,35 @@ def _central_directory(
     _, _disk, _cd_disk, _n_disk, count, cd_size, cd_offset, comment_len = _EOCD.unpack_from(tail, at)
     end = min(size, eocd_pos + 22 + comment_len)
     cd_end_limit = eocd_pos
-    loc = _read_at(f, eocd_pos - 20, 20) if eocd_pos >= 20 else b""
+    loc = read_at(f, eocd_pos - 20, 20) if eocd_pos >= 20 else b""
     # torch writes the zip64 records even for small archives; other writers only when a field overflows.
     if loc[:4] == _ZIP64_LOCATOR or count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         if len(loc) != 20 or loc[:4] != _ZIP64_LOCATOR:
-            return _no_directory(_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator"))
+            return _no_directory(read_problem(ProblemKind.MALFORMED, "zip64 sizes without a zip64 locator"))
         rec_pos = _ZIP64_LOC.unpack(loc)[2]
-        rec = _read_at(f, rec_pos, 56) if rec_pos + 56 <= eocd_pos - 20 else b""
+        rec = read_at(f, rec_pos, 56) if rec_pos + 56 <= eocd_pos - 20 else b""
         if rec[:4] != _ZIP64_EOCD and eocd_pos >= 76:
             # With data in front of the archive the locator's offset is relative: look where the record must be.
             rec_pos = eocd_pos - 76
-            rec = _read_at(f, rec_pos, 56)
+            rec = read_at(f, rec_pos, 56)
         if len(rec) != 56 or rec[:4] != _ZIP64_EOCD:
-            return _no_directory(_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}"))
+            return _no_directory(read_problem(ProblemKind.MALFORMED, f"zip64 end record missing at byte {rec_pos}"))
         fields = _ZIP64_REC.unpack(rec)
         count, cd_size, cd_offset = fields[7], fields[8], fields[9]
         cd_end_limit = rec_pos
     if count > limits.zip_entries:
-        return _no_directory(_problem(ProblemKind.LIMIT, f"zip declares {count} entries (limit {limits.zip_entries})"))
+        too_many = f"zip declares {count} entries (limit {limits.zip_entries})"
+        return _no_directory(read_problem(ProblemKind.LIMIT, too_many))
     # Data before the archive (a zip appended to something else, or a blob cut out of a .distcp) shifts every
     # offset; zipfile and miniz both find the directory from the end record, as we do, and shift by the gap.
     base = cd_end_limit - cd_size - cd_offset if cd_offset + cd_size < cd_end_limit else 0
-    if base > 0 and _read_at(f, cd_offset + base, 4) == _ZIP_CENTRAL and _read_at(f, cd_offset, 4) != _ZIP_CENTRAL:
+    if base > 0 and read_at(f, cd_offset + base, 4) == _ZIP_CENTRAL and read_at(f, cd_offset, 4) != _ZIP_CENTRAL:
         cd_offset += base
     else:
         base = 0
     if cd_offset + cd_size > cd_end_limit or count * 46 > cd_size:
         return _no_directory(
-            _problem(
+            read_problem(
                 ProblemKind.MALFORMED,
                 f"zip central directory ({count} entries, {cd_size} bytes at {cd_offset}) does not fit before "
                 f"its end record at byte {cd_end_limit}",
@@ -139,12 +167,12 @@ def _central_directory(
     if len(tail) == tail_len and tail_start <= cd_offset and cd_offset + cd_size <= size:
         cd = tail[cd_offset - tail_start : cd_offset - tail_start + cd_size]
     else:
-        cd = _read_at(f, cd_offset, cd_size)
+        cd = read_at(f, cd_offset, cd_size)
     if len(cd) != cd_size:
-        return _no_directory(_problem(ProblemKind.TRUNCATED, "zip central directory is cut short"))
+        return _no_directory(read_problem(ProblemKind.TRUNCATED, "zip central directory is cut short"))
     members, raw_names, bad = _entries(cd, count, base)
     if bad:
-        return _no_directory(_problem(ProblemKind.MALFORMED, bad))
+        return _no_directory(read_problem(ProblemKind.MALFORMED, bad))
     return members, cd_offset, [], base, end, raw_names
 
 
@@ -222,28 +250,28 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, local: int) -> tuple[int,
     return usize, csize, local
 
 
-def _data_start(f: BinaryIO, m: ZipMember) -> int | None:
+def data_start(f: BinaryIO, m: ZipMember) -> int | None:
     """Where a record's stored bytes start, as zip readers find them: after its local header's name and extra
     field (not the central directory's); None without a local header there."""
-    head = _read_at(f, m.offset, 30)
-    if len(head) != 30 or head[:4] != _ZIP_LOCAL:
+    head = read_at(f, m.offset, 30)
+    if len(head) != 30 or head[:4] != ZIP_LOCAL:
         return None
     fields = _LOCAL.unpack(head)
     return int(m.offset + 30 + fields[9] + fields[10])
 
 
-def _member_bytes(f: BinaryIO, m: ZipMember, data_end: int, cap: int) -> tuple[bytes | None, ReadProblem | None]:
+def member_bytes(f: BinaryIO, m: ZipMember, data_end: int, cap: int) -> tuple[bytes | None, ReadProblem | None]:
     """The (decompressed) content of a small member; ``cap`` bounds what we are willing to hold."""
     if m.size > cap:
-        return None, _problem(ProblemKind.LIMIT, f"record `{m.name}` is {m.size} bytes (limit {cap})")
-    start = _data_start(f, m)
+        return None, read_problem(ProblemKind.LIMIT, f"record `{m.name}` is {m.size} bytes (limit {cap})")
+    start = data_start(f, m)
     if start is None:
-        return None, _problem(ProblemKind.MALFORMED, f"record `{m.name}` has no local header at byte {m.offset}")
+        return None, read_problem(ProblemKind.MALFORMED, f"record `{m.name}` has no local header at byte {m.offset}")
     if start + m.compressed_size > data_end:
-        return None, _problem(
+        return None, read_problem(
             ProblemKind.TRUNCATED, f"record `{m.name}` ends at byte {start + m.compressed_size}, past {data_end}"
         )
-    raw = _read_at(f, start, m.compressed_size)
+    raw = read_at(f, start, m.compressed_size)
     if m.method == 0:
         return raw, None
     if m.method == 8:
@@ -251,22 +279,23 @@ def _member_bytes(f: BinaryIO, m: ZipMember, data_end: int, cap: int) -> tuple[b
             d = zlib.decompressobj(-15)
             out = d.decompress(raw, cap + 1)  # bounded: a zip bomb stops at the cap
         except zlib.error as exc:
-            return None, _problem(ProblemKind.MALFORMED, f"record `{m.name}` does not inflate: {exc}")
+            return None, read_problem(ProblemKind.MALFORMED, f"record `{m.name}` does not inflate: {exc}")
         if len(out) > cap:
-            return None, _problem(ProblemKind.LIMIT, f"record `{m.name}` inflates past {cap} bytes")
+            return None, read_problem(ProblemKind.LIMIT, f"record `{m.name}` inflates past {cap} bytes")
         return out, None
-    return None, _problem(ProblemKind.MALFORMED, f"record `{m.name}` uses zip compression method {m.method}")
+    return None, read_problem(ProblemKind.MALFORMED, f"record `{m.name}` uses zip compression method {m.method}")
 
 
 
-def _escapes(name: str) -> bool:
+def name_escapes(name: str) -> bool:
+    """Whether a record name leaves the archive: absolute, a drive letter, or a ``..`` part."""
     if ".." not in name and "\\" not in name and name[:1] != "/" and name[1:2] != ":":
         return False  # the common case, without splitting the name
     parts = name.replace("\\", "/").split("/")
     return name.startswith(("/", "\\")) or ".." in parts or (len(parts[0]) == 2 and parts[0][1] == ":")
 
 
-def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = None, cap: int = 10_000) -> list[str]:
+def local_mismatches(f: BinaryIO, d: Directory, skip_storage: str | None = None, cap: int = 10_000) -> list[str]:
     """Records whose local header names another file, another method or other sizes than the central entry.
 
     One read per record: the 30-byte header and the name the central directory expects, together; the name is
@@ -278,14 +307,14 @@ def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = Non
     unpack = _LOCAL_USED.unpack_from
     read = _positional_reader(f)
     for m, (raw, utf8) in zip(d.members[:cap], d.raw_names, strict=False):
-        if skip_storage is not None and _is_storage(_relative(m.name, skip_storage), m.name):
+        if skip_storage is not None and is_storage(relative_name(m.name, skip_storage), m.name):
             continue
         expected = len(raw)
         head = read(m.offset, 30 + expected)
         if len(head) < 30:
             continue  # reported as a missing local header when the record is read
         sig, flags, method, csize, usize, name_len = unpack(head)
-        if sig != _ZIP_LOCAL:
+        if sig != ZIP_LOCAL:
             continue
         sizes_ok = (
             flags & 0x08
@@ -299,7 +328,7 @@ def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = Non
         if name_len == expected and flags & 0x800 == utf8 and head[30:] == raw:
             continue  # the same bytes under the same encoding flag: the same name
         if name_len > expected and len(head) == 30 + expected:
-            name_raw = _read_at(f, m.offset + 30, name_len)
+            name_raw = read_at(f, m.offset + 30, name_len)
         else:
             name_raw = head[30 : 30 + name_len]
         if name_raw.decode("utf-8" if flags & 0x800 else "cp437", "replace") != m.name:
@@ -307,12 +336,12 @@ def _local_mismatches(f: BinaryIO, d: _Directory, skip_storage: str | None = Non
     return out
 
 
-def _relative(name: str, folder: str) -> str:
+def relative_name(name: str, folder: str) -> str:
     """``name`` inside the archive folder ``folder`` (which ends with "/"; "" when the archive has none)."""
     return name[len(folder) :] if folder and name.startswith(folder) else name
 
 
-def _is_storage(rel: str, name: str) -> bool:
+def is_storage(rel: str, name: str) -> bool:
     """Whether the record ``name`` (``rel`` inside the archive folder) holds raw tensor bytes torch never parses.
 
     ``data/<key>``; a `.pkl`/`.pickle` name there, in any case, is a pickle to walk, not a storage. The last
@@ -321,12 +350,12 @@ def _is_storage(rel: str, name: str) -> bool:
     return rel.startswith("data/") and (name[-1:] not in "lLeE" or not name.lower().endswith((".pkl", ".pickle")))
 
 
-def _member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
+def member_head(f: BinaryIO, m: ZipMember, n: int) -> bytes:
     """The first ``n`` bytes of a record's content (inflated when deflated); b"" when they cannot be had."""
-    start = _data_start(f, m)
+    start = data_start(f, m)
     if start is None:
         return b""
-    raw = _read_at(f, start, min(m.compressed_size, n if m.method == 0 else 1 << 16))
+    raw = read_at(f, start, min(m.compressed_size, n if m.method == 0 else 1 << 16))
     if m.method == 0:
         return raw
     try:
@@ -373,6 +402,7 @@ class Window(io.RawIOBase):
 
 
 
-def _names(names: list[str]) -> str:
+def listed_names(names: list[str]) -> str:
+    """Up to five names quoted for a message, then how many more."""
     shown = ", ".join(f"`{n}`" for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ckptdoctor.findings import Finding, Severity
-from ckptdoctor.resume.api import GateResult
-from ckptdoctor.resume.rules import CRASH_RULES, format_lrs
+from ckptdoctor.resume_gate.api import GateResult
+from ckptdoctor.resume_gate.rules import CRASH_RULES, format_lrs
 
 
 def render_text(result: GateResult, *, width: int | None = None, quiet: bool = False) -> str:

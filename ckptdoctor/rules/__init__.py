@@ -5,7 +5,7 @@ it needs ``--deep`` or a planned resume, its security severity) is given there a
 docstring is its user-facing document, with the sections What it does / Why is this bad? / Example / Fix safety /
 References. Each code family has its module: 0xx-1xx ``discovery``, 2xx ``weights``, 3xx ``adapters``, 4xx
 ``training``, 5xx ``distributed``, 6xx ``security``. The gate-only rules, whatever their family, live with the gate
-(``ckptdoctor.resume.rules``): each is a function of one planned resume, which only ``ckptdoctor gate`` runs.
+(``ckptdoctor.resume_gate.rules``): each is a function of one planned resume, which only ``ckptdoctor gate`` runs.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def file_paths(tree: Tree) -> frozenset[str]:
 
 
 RuleFunc = Callable[[Tree], Iterable[Hit]]
-# A gate rule's function takes the gate's context (``ckptdoctor.resume.rules.ResumeContext``: the checkpoint, the
+# A gate rule's function takes the gate's context (``ckptdoctor.resume_gate.rules.ResumeContext``: the checkpoint, the
 # plan, the prediction), a layer above this one, so typed here as Any. ``run_rules`` never calls one.
 GateRuleFunc = Callable[[Any], Iterable[Hit]]
 _F = TypeVar("_F", RuleFunc, GateRuleFunc)
@@ -115,9 +115,9 @@ RULE_MODULES = (
     "ckptdoctor.rules.training",
     "ckptdoctor.rules.distributed",
     "ckptdoctor.rules.security",
-    "ckptdoctor.resume.rules",
-    "ckptdoctor.resume.torchtitan",
-    "ckptdoctor.resume.accelerate_rules",
+    "ckptdoctor.resume_gate.rules",
+    "ckptdoctor.resume_gate.torchtitan",
+    "ckptdoctor.resume_gate.accelerate_rules",
 )
 
 

@@ -568,7 +568,7 @@ def _losses(ts: trainer_view.TrainerStateView) -> list[tuple[int, float]]:
     """``(step, loss)`` of the training logs in ``log_history``, in file order."""
     out: list[tuple[int, float]] = []
     for entry in ts.log_history:
-        step, loss = trainer_view._int(entry.get("step")), trainer_view._num(entry.get("loss"))
+        step, loss = trainer_view.integer(entry.get("step")), trainer_view._num(entry.get("loss"))
         if step is not None and loss is not None and math.isfinite(loss):
             out.append((step, loss))
     return out
@@ -586,7 +586,7 @@ def _layout(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
 
 def _source_named(ck: Checkpoint, run: Run, tree: Tree) -> str | None:
     """The checkpoint folder ``config.json``'s ``_name_or_path`` names, when it is not one of ``run``'s own."""
-    config = trainer_view._json(ck.file("config.json"))
+    config = trainer_view.json_value(ck.file("config.json"))
     name = config.get("_name_or_path") if isinstance(config, dict) else None
     if not isinstance(name, str) or not _CHECKPOINT_NAME.match(posixpath.basename(name.rstrip("/\\"))):
         return None

@@ -1,0 +1,772 @@
+"""The resume's prediction: what ``trainer.train(resume_from_checkpoint=...)`` will do, as plain arithmetic.
+
+The prediction follows transformers 5.x's resume path (``src/transformers/trainer.py``) step by step:
+``get_last_checkpoint``; the weights branch of ``_load_from_checkpoint``; ``TrainerState.load_from_json``;
+``set_initial_training_values`` and ``_init_training_state`` (max_steps, epochs already trained, batches skipped);
+``create_scheduler`` for the new max_steps, then ``_load_optimizer_and_scheduler`` (both or neither); then
+``_run_epoch``, whose first optimizer step uses the LR restored into the optimizer and whose later steps use
+``base_lr * lambda(last_epoch)``. Under transformers 4.x (``ResolvedArgs.transformers_version``) it follows 4.57's
+differences: the full-weights file ``save_safetensors`` picks, the checkpoint's batch size
+(``resolve``) and ``get_scheduler``'s kwargs (``schedules.build``).
+Nothing is loaded or executed: the checkpoint is read by the scanner, the schedules are ``ckptdoctor.schedules``.
+It makes no findings: the gate rules (``ckptdoctor.resume_gate.rules``) judge the frozen ``Prediction``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ckptdoctor import schedules, trainer_view
+from ckptdoctor.facts import plural
+from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen
+from ckptdoctor.resume_gate.plan import INT_LIMIT, GateInputError, Plan, int_text, version_tuple
+from ckptdoctor.resume_gate.resolve import ResolvedArgs, installed_version, resolve
+
+# ---------------------------------------------------------------------------------------------------------------
+# What torch.load(weights_only=True) refuses among the files the resume loads (issue 24, item 3): the resume raises
+# UnpicklingError on the first one; CKD418 names each. A loadability verdict, not a security one (CKD6xx judge that).
+
+# torch's weights-only unpickler (`torch/_weights_only_unpickler.py` `_get_allowed_globals`, torch 2.6-2.13): the
+# globals it admits with no `safe_globals` at all. Dtypes, legacy storage and tensor classes and quantization
+# schemes are admitted by name pattern below.
+_TORCH_ADMITS = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+    "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+    *(f"torch._utils._rebuild_{f}" for f in (
+        "parameter", "parameter_with_state", "qtensor", "tensor", "tensor_v2", "tensor_v3", "sparse_tensor",
+        "meta_tensor_no_storage", "nested_tensor", "wrapper_subclass", "device_tensor_from_numpy",
+        "device_tensor_from_cpu_tensor")),
+})
+_TORCH_ADMITS_RE = re.compile(
+    r"^torch\.(?:[A-Z]\w*Storage|(?:cuda\.)?[A-Z]\w*Tensor|per_(?:tensor|channel)_\w+|"
+    r"(?:u?int\d+|float\w*|bfloat16|complex\d+|c?float|c?double|c?half|half|short|long|int|bool|bits\w+|q\w+))$")
+# transformers' `safe_globals()` (`src/transformers/trainer_pt_utils.py`, 4.47 on), around the RNG load only: numpy's
+# array rebuild under the resuming numpy's own module name, `numpy.ndarray`, `numpy.dtype` and the uint32 dtype class.
+_NUMPY_CORE = {1: "numpy.core", 2: "numpy._core"}
+_RNG_SAFE = ("numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType")
+
+
+def weights_only_admits(name: str, rng_safe_globals: bool, numpy_major: int) -> bool:
+    """Whether ``torch.load(weights_only=True)`` admits the pickle global ``name`` (``module.qualname``): torch's
+    own allowlist, plus transformers' ``safe_globals()`` when the load runs inside it (the RNG state's)."""
+    if name in _TORCH_ADMITS or _TORCH_ADMITS_RE.match(name):
+        return True
+    if rng_safe_globals:
+        return name in _RNG_SAFE or name == f"{_NUMPY_CORE.get(numpy_major, 'numpy._core')}.multiarray._reconstruct"
+    return False
+
+
+
+
+@frozen
+class Refusal:
+    """A file the resume loads with ``weights_only=True`` that names a global the load refuses."""
+
+    file: FileFacts
+    name: str  # its name in the checkpoint folder
+    reader: str  # what loads it (``Trainer._load_rng_state`` inside ``safe_globals()``, ...)
+    refused: tuple[str, ...]  # the refused globals, in the order the pickle names them
+    rng: bool  # the load runs inside transformers' ``safe_globals()``
+    numpy_major: int  # the resuming numpy's major version
+
+    @property
+    def crash(self) -> str:
+        """What the resume raises on this file, for ``Prediction.crash``."""
+        return (f"`{self.name}` names `{self.refused[0]}`, which weights_only=True refuses: train() raises "
+                f"UnpicklingError in {self.reader}")
+
+
+def weights_only_loads(
+    ck: Checkpoint, version: tuple[int, int], weights_file: str | None, restores: bool, rng_ranks: int | None
+) -> list[tuple[FileFacts, str, bool]]:
+    """Each file the planned resume reads with ``torch.load(weights_only=True)``, in the order it reads them, what
+    reads it, and whether transformers' ``safe_globals()`` is around that load (transformers 5.x:
+    `Trainer._load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_scaler`, `_load_rng_state`; peft
+    `torch_load` for `adapter_model.bin`). ``rng_ranks``: the ranks whose RNG state is loaded (None: the resume
+    trains no step, and loads none)."""
+    out: list[tuple[FileFacts, str, bool]] = []
+    if trainer_view.is_mindnlp(ck):
+        return out  # MindNLP loads its state with MindSpore, not torch.load
+    rng_safe = version >= (4, 47)  # 4.36-4.46 load the RNG state with no safe_globals() around it
+
+    def add(name: str, reader: str, rng: bool = False) -> None:
+        f = ck.file(name)
+        if f is not None:
+            out.append((f, reader, rng))
+
+    wf = weights_file
+    if wf is not None and wf.endswith(".bin"):
+        add(wf, "peft `torch_load`" if wf == trainer_view.ADAPTER_BIN else "`Trainer._load_from_checkpoint`")
+    elif wf == trainer_view.BIN_INDEX:
+        for shard in sorted(set((trainer_view.weight_map(ck.file(wf)) or {}).values()) if ck.file(wf) else ()):
+            add(shard, "`load_sharded_checkpoint`")
+    if restores:
+        opt = trainer_view.optimizer_file(ck)
+        if opt is not None:
+            add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
+        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
+    add("scaler.pt", "`Trainer._load_scaler`")
+    if rng_ranks is not None:
+        names = ["rng_state.pth"] if rng_ranks <= 1 else [f"rng_state_{r}.pth" for r in range(rng_ranks)]
+        for name in names:
+            add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
+    return out
+
+
+def refusals(
+    ck: Checkpoint,
+    version: tuple[int, int],
+    torch_version: tuple[int, int] | None,
+    numpy_major: int,
+    weights_file: str | None,
+    restores: bool,
+    rng_ranks: int | None,
+) -> tuple[Refusal, ...]:
+    """The files of ``weights_only_loads`` whose pickle names a global the load refuses, in load order. Under
+    transformers 4.x with torch below 2.6 there are none (4.x passes no weights_only to most loads, and torch < 2.6
+    defaults it to False)."""
+    if version < (5, 0) and torch_version is not None and torch_version < (2, 6):
+        return ()
+    from ckptdoctor.pickle_verdict.judge import file_pickle
+
+    out: list[Refusal] = []
+    for f, reader, rng in weights_only_loads(ck, version, weights_file, restores, rng_ranks):
+        pf = file_pickle(f)
+        if pf is None:
+            continue
+        refused = tuple(g.dotted for g in pf.globals if not weights_only_admits(g.dotted, rng, numpy_major))
+        if refused:
+            out.append(Refusal(f, ck.relname(f), reader, refused, rng, numpy_major))
+    return tuple(out)
+
+
+@frozen
+class StepPlan:
+    """How far the resumed loop runs: ``Trainer.set_initial_training_values`` and ``_init_training_state``."""
+
+    max_steps: int
+    num_train_epochs: int  # the loop's epoch count
+    epochs_trained: int
+    steps_to_train: int
+
+
+def resume_steps(
+    global_step: int, steps_per_epoch: int, max_steps: int, num_train_epochs: float, ignore_data_skip: bool = False
+) -> StepPlan:
+    """The resumed loop's extent, exactly as transformers 5.x computes and runs it.
+
+    ``max_steps`` is the argument (``> 0`` wins over epochs). The loop runs epochs ``epochs_trained ..
+    num_train_epochs - 1``, skipping ``global_step % steps_per_epoch`` updates of the first, and stops after the
+    first step that reaches ``max_steps`` (so a checkpoint at or past the end still trains one step when the loop
+    has updates left, and none when it has not).
+    """
+    upe = steps_per_epoch
+    if max_steps > 0:
+        total = max_steps
+        loop_epochs = max_steps // upe + int(max_steps % upe > 0)
+    else:
+        total = math.ceil(num_train_epochs * upe)
+        loop_epochs = math.ceil(num_train_epochs)
+    epochs_trained = global_step // upe
+    skip = 0 if ignore_data_skip else global_step % upe
+    available = (loop_epochs - epochs_trained) * upe - skip if loop_epochs > epochs_trained else 0
+    steps = min(available, max(total - global_step, 1)) if available > 0 else 0
+    return StepPlan(total, loop_epochs, epochs_trained, steps)
+
+
+@frozen
+class Raised:
+    """An exception the resume would raise: its type's name and its message."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Raised:
+        """The name and message of ``exc``."""
+        return cls(type(exc).__name__, str(exc))
+
+
+@frozen
+class Prediction:
+    """What the resume of one checkpoint does under a plan, as far as it gets.
+
+    Fields past the point where the resume raises keep their defaults: ``crash`` (a file the resume loads before
+    its first step, said as what raises where) or ``step_error`` leave ``steps`` None; a schedule that cannot be
+    built (``schedule_rejected``: get_scheduler's own refusal; ``schedule_error``: another exception) leaves
+    ``lr0`` None; ``lrs`` are empty when no LR is predicted (``lr_unreadable``, ``lr_error`` or ``lr_count`` 0).
+    """
+
+    branch: str  # the weights branch of _load_from_checkpoint (trainer_view.weights_branch)
+    start: int | None  # global_step the resume starts at; None: trainer_state.json cannot be read
+    settings: ResolvedArgs
+    crash: str | None = None
+    step_error: Raised | None = None  # the max_steps / warm-up arithmetic raises
+    steps: StepPlan | None = None
+    warmup: int | None = None  # warm-up steps of the resumed schedule
+    restores: bool = False  # optimizer and scheduler state are restored from the checkpoint
+    base_lr: float | None = None  # the schedule's base LR: the checkpoint's when restored, else the planned one
+    schedule_rejected: str | None = None
+    schedule_error: Raised | None = None
+    lr0: float | None = None  # the resumed schedule's LR at its step 0
+    lr_count: int = 0  # how many resumed steps' LRs are predicted
+    lr_unreadable: bool = False  # restored, but the LR stored in optimizer.pt / scheduler.pt cannot be read
+    lr_error: Raised | None = None  # the schedule raises within the first lr_count steps
+    lrs: tuple[float, ...] = ()
+    # branch "full" beside an adapter: what load_state_dict(strict=False) of that file restores of the adapter
+    adapter: trainer_view.AdapterRestore | None = None
+    weights_file: str | None = None  # the file the weights load reads (weights_file), when one file says it
+    crash_rule: str | None = None  # the rule that names ``crash`` when it is not CKD413's (CKD418)
+    refused: tuple[Refusal, ...] = ()  # the files the resume loads that weights_only=True refuses, in load order
+    # the weights file's keys against the live model's layout under the resuming transformers (None: they agree)
+    layout: LayoutRestore | None = None
+
+
+def resume_checkpoint(tree: Tree) -> tuple[Checkpoint | None, str | None]:
+    """The checkpoint the resume of ``tree`` loads (``get_last_checkpoint``'s pick in the root run, or the
+    standalone checkpoint the root is), and the root run's pick, which the scan may not have read (a link out)."""
+    root_run = next((r for r in tree.runs if r.path in ("", ".")), None)
+    if root_run is None:
+        return None, None
+    ck: Checkpoint | None = None
+    if root_run.resume_pick is not None:
+        ck = next((c for c in root_run.checkpoints if c.path == root_run.resume_pick), None)
+    elif root_run.standalone and root_run.checkpoints:
+        ck = next((c for c in root_run.checkpoints if c.path in ("", ".")), root_run.checkpoints[0])
+    return ck, root_run.resume_pick
+
+
+def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
+    """Predict the resume from ``ck`` under ``plan``; ``label`` names the checkpoint in errors.
+
+    Raises ``GateInputError`` when steps per epoch can neither be read from the checkpoint nor were planned, or
+    when the checkpoint's global_step is beyond any float (other numbers past float range read as infinities,
+    ``trainer_view.number``).
+    """
+    ts = trainer_view.trainer_state(ck)
+    branch = trainer_view.weights_branch(ck)
+    # TrainerState.global_step defaults to 0; with no readable state the resume never gets a start step
+    start = (ts.global_step or 0) if ts is not None else None
+    settings = resolve(plan, ck, ts)
+    # transformers 4.x loads safetensors only when the resuming save_safetensors is True (5.x always prefers them)
+    prefer_safe = settings.save_safetensors or settings.major >= 5 or trainer_view.is_mindnlp(ck)
+    crash = settings.args_error or _crash(ck, ts, branch, prefer_safe)
+    if trainer_view.is_mindnlp(ck):
+        settings = _mindnlp_settings(settings, ts)
+    if start is not None and abs(start) >= INT_LIMIT:
+        raise GateInputError(f"`{label}`: global_step ({int_text(start)}) is beyond any float: nothing can be "
+                             "predicted from it")
+    found = Prediction(branch, start, settings, crash, adapter=trainer_view.adapter_restore(ck, prefer_safe),
+                       weights_file=weights_file(ck, branch, prefer_safe))
+    if crash is not None or start is None:
+        return found
+    if settings.steps_per_epoch is None:
+        if settings.steps_per_epoch_note is not None:  # a planned batch change it cannot size: CKD414 says so
+            return found
+        raise GateInputError(
+            f"cannot derive steps per epoch from `{label}`'s trainer_state.json; pass --steps-per-epoch"
+        )
+    try:
+        if abs(settings.max_steps) >= INT_LIMIT:
+            # What transformers' first float of it raises (the warm-up steps, or the schedule's lambda); checked here
+            # so that no prediction carries a step count too long to print or too costly to compute with.
+            raise OverflowError("int too large to convert to float")
+        steps = resume_steps(start, settings.steps_per_epoch, settings.max_steps, settings.num_train_epochs,
+                             settings.ignore_data_skip)
+        warmup = schedules.warmup_steps_for(settings.warmup_steps, steps.max_steps)
+    except (ArithmeticError, ValueError) as exc:
+        # transformers does the same arithmetic (math.ceil of epochs x steps, of max_steps x a warm-up ratio) and
+        # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
+        return replace(found, step_error=Raised.of(exc))
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler)
+    if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
+        return replace(found, crash=crash)
+    restores = trainer_view.is_deepspeed(ck) or (
+        trainer_view.has_optimizer_state(ck) and trainer_view.scheduler_file(ck) is not None
+    )
+    refused = _refused(ck, plan, settings, found.weights_file, restores, steps.steps_to_train)
+    if refused:  # torch.load(weights_only=True) raises on the first refused file: nothing is trained
+        return replace(found, crash=refused[0].crash, crash_rule="CKD418", refused=refused, restores=restores)
+    layout = key_layout(ck, settings.transformers_version, found.weights_file, restores)
+    found = replace(found, layout=layout)
+    if layout is not None and layout.optimizer_crash is not None:
+        return replace(found, crash=layout.optimizer_crash, crash_rule="CKD421", restores=restores)
+    base = _base_lr(ck) if restores else settings.learning_rate
+    found = replace(found, steps=steps, warmup=warmup, restores=restores, base_lr=base)
+    return _predict_lrs(found, ck, steps, warmup, plan.lr_steps)
+
+
+def numpy_major(plan: Plan) -> tuple[int, str]:
+    """The major version of the numpy the resume runs under, and whence: planned (``Plan.numpy_version``), else the
+    one installed beside ckptdoctor (its metadata), else 2."""
+    planned = version_tuple(plan.numpy_version)
+    if planned is not None:
+        return planned[0], "planned"
+    installed = version_tuple(installed_version("numpy"))
+    return (installed[0], "installed") if installed is not None else (2, "default")
+
+
+def _refused(
+    ck: Checkpoint, plan: Plan, s: ResolvedArgs, weights: str | None, restores: bool, steps_to_train: int
+) -> tuple[Refusal, ...]:
+    """The files this resume loads with ``weights_only=True`` that the load refuses (``weights_only.refusals``)."""
+    version = version_tuple(s.transformers_version) or (5, 0)
+    rng_ranks = (plan.world_size or 1) if steps_to_train > 0 else None
+    return refusals(ck, version, version_tuple(installed_version("torch")), numpy_major(plan)[0], weights, restores,
+                    rng_ranks)
+
+
+def _mindnlp_settings(s: ResolvedArgs, ts: trainer_view.TrainerStateView | None) -> ResolvedArgs:
+    """MindNLP writes no ``training_args.bin``: a warm-up nobody planned is read from the run's logged LRs (its
+    LambdaLR logs ``base_lr * step / warmup_steps`` during warm-up) instead of defaulting to 0."""
+    if s.sources.get("warmup_steps") != "default" or ts is None:
+        return s
+    warmup = trainer_view.logged_warmup_steps(ts, s.learning_rate)
+    if warmup is None:
+        return s
+    return replace(s, warmup_steps=float(warmup), sources={**s.sources, "warmup_steps": "trainer_state.json"})
+
+
+def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr_steps: int) -> Prediction:
+    """``p`` with the resumed schedule and the LRs of the first ``lr_steps`` resumed optimizer steps."""
+    s = p.settings
+    try:
+        sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
+                                lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs, major=s.major)
+        lr0 = sched.lr(s.learning_rate, 0)  # LambdaLR.__init__ evaluates the lambda at step 0: create_scheduler raises
+    except schedules.ScheduleError as exc:
+        p = replace(p, schedule_rejected=str(exc))
+        if s.lr_scheduler_type in schedules.METRIC_DRIVEN and min(lr_steps, steps.steps_to_train) > 0:
+            # ReduceLROnPlateau and GreedyLR change the LR only when stepped with an evaluation's metrics: the first
+            # resumed step runs at the LR restored into the optimizer (a fresh one: the planned learning_rate)
+            first = _first_lr(ck) if p.restores else s.learning_rate
+            return p if first is None else replace(p, lr_count=1, lrs=(first,))
+        return p
+    except (ArithmeticError, TypeError, ValueError) as exc:  # kwargs of the wrong type or size, as get_scheduler
+        return replace(p, schedule_error=Raised.of(exc))
+    n = max(0, min(lr_steps, steps.steps_to_train))
+    p = replace(p, lr0=lr0, lr_count=n)
+    if n == 0:
+        return p
+    first = _first_lr(ck) if p.restores else None
+    base = p.base_lr
+    if p.restores and (first is None or base is None):
+        return replace(p, lr_unreadable=True)
+    start = p.start or 0
+    last_epoch = start
+    sched_state = trainer_view.scheduler_state(ck)
+    if sched_state is not None and sched_state.last_epoch is not None:
+        last_epoch = sched_state.last_epoch
+    try:
+        if p.restores:
+            assert first is not None and base is not None
+            lrs = [first] + [sched.lr(base, last_epoch + i) for i in range(1, n)]
+        else:
+            lrs = [sched.lr(s.learning_rate, i) for i in range(n)]
+    except (ArithmeticError, TypeError, ValueError) as exc:  # e.g. num_cycles "x": LambdaLR's float() raises too
+        return replace(p, lr_error=Raised.of(exc))
+    return replace(p, lrs=tuple(lrs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What raises before the first step
+
+# What the real loaders raise on a file the scan could not read (transformers 5.23, torch 2.13, safetensors 0.8):
+# tests/gate/test_gate_damage.py resumes a real Trainer on each kind of damage. torch's zip reader (miniz) looks for the
+# end-of-central-directory record in the last 4 KiB and then reads backwards: a cut archive no longer than that
+# raises RuntimeError ("failed finding central directory"), a longer one OSError [Errno 22] (a seek before byte 0).
+_ZIP_TAIL_SCAN = 4096
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+_BROKEN = (ProblemKind.TRUNCATED, ProblemKind.MALFORMED, ProblemKind.INVALID_JSON, ProblemKind.UNREADABLE)
+
+
+def _load_error(f: FileFacts) -> tuple[str, str] | None:
+    """Why the loader of ``f`` raises and what it raises (``("is truncated", "OSError")``), or None when the scan
+    found nothing that stops it (damage the loader tolerates, such as a JSON key given twice, is not a crash)."""
+    name = f.name.lower()
+    if f.kind is FileKind.EMPTY:
+        if name.endswith(".json"):
+            return "is empty (0 bytes)", "json.JSONDecodeError"
+        if name.endswith(".safetensors"):
+            return "is empty (0 bytes)", "SafetensorError"
+        if name.endswith(_TORCH_SUFFIXES):
+            return "is empty (0 bytes)", "EOFError"
+        return None
+    problem = next((p for p in f.problems if p.kind in _BROKEN), None)
+    if problem is None:
+        return None
+    what = "is truncated" if problem.kind is ProblemKind.TRUNCATED else "is corrupt"
+    if problem.kind is ProblemKind.UNREADABLE:
+        return "cannot be read", "OSError"
+    # MindNLP's `scheduler.json` is a zip archive, read as one (the torch branch below)
+    if f.kind is FileKind.JSON or (name.endswith(".json") and not (
+            f.kind is FileKind.TORCH_ZIP and name == trainer_view.MS_SCHEDULER)):
+        # the scan also rejects a repeated key and bad UTF-8 (INVALID_JSON with another message): json.load does not
+        if problem.kind is ProblemKind.TRUNCATED or problem.message.startswith("invalid JSON at line"):
+            return what, "json.JSONDecodeError"
+        return None
+    if f.kind is FileKind.SAFETENSORS or name.endswith(".safetensors"):
+        return what, "SafetensorError"
+    if f.kind in (FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY) or name.endswith(_TORCH_SUFFIXES):
+        if f.kind is FileKind.TORCH_ZIP and f.content is None and problem.kind is ProblemKind.TRUNCATED:
+            return what, "RuntimeError" if f.size <= _ZIP_TAIL_SCAN else "OSError"
+        return what, "RuntimeError"
+    return None
+
+
+def _damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
+    """What raises when the file ``name`` that ``loader`` loads is unreadable (None when it loads)."""
+    f = ck.file(name)
+    bad = _load_error(f) if f is not None else None
+    if bad is None:
+        return None
+    return f"`{name}` {bad[0]}: train() raises {bad[1]} in {loader}"
+
+
+def _mindnlp_damaged(ck: Checkpoint, name: str, loader: str) -> str | None:
+    """``_damaged`` for a file MindNLP loads (its exception types are not modelled, only that it raises)."""
+    f = ck.file(name)
+    bad = _load_error(f) if f is not None else None
+    broken = next((p for p in f.problems if p.kind in _BROKEN), None) if f is not None else None
+    if bad is None and f is not None and f.kind is FileKind.MINDSPORE and broken is not None:
+        bad = ("is truncated" if broken.kind is ProblemKind.TRUNCATED else "is corrupt", "")
+    return None if bad is None else f"`{name}` {bad[0]}: train() raises in {loader}"
+
+
+def _shard_names(ck: Checkpoint) -> list[str] | None:
+    """The shards ``load_sharded_checkpoint`` opens (the safetensors index first), or None when its index is
+    unusable (its own crash). Names that are not plain paths inside the folder are left to the scan rules."""
+    wm = trainer_view.weight_map(ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX))
+    if wm is None:
+        return None
+    return sorted(n for n in set(wm.values()) if n and not n.startswith("/") and ".." not in n.split("/"))
+
+
+def _index(ck: Checkpoint, prefer_safe: bool) -> str:
+    """The index ``load_sharded_checkpoint(prefer_safe=...)`` reads: the safetensors one when it exists and is
+    preferred or alone (transformers 4.x passes ``prefer_safe=args.save_safetensors``; 5.x leaves it True)."""
+    safe = ck.file(trainer_view.SAFE_INDEX) is not None
+    return trainer_view.SAFE_INDEX if safe and (prefer_safe or ck.file(trainer_view.BIN_INDEX) is None) else (
+        trainer_view.BIN_INDEX)
+
+
+def weights_file(ck: Checkpoint, branch: str, prefer_safe: bool = True) -> str | None:
+    """The file the weights load reads: the full-weights file ``_load_from_checkpoint`` picks (transformers 4.x
+    reads ``model.safetensors`` only when ``save_safetensors`` is True: ``prefer_safe``), the sharded checkpoint's
+    index, or the adapter file peft's ``load_peft_weights`` picks (``adapter_model.safetensors`` first); None for
+    FSDP, DeepSpeed, adapter sub-folders and MindNLP."""
+    if trainer_view.is_mindnlp(ck):
+        return None
+    if branch == "full":
+        loaded = trainer_view.loaded_weight_file(ck, prefer_safe)
+        # none there: 4.x with save_safetensors=False still reads pytorch_model.bin, and raises (CKD413)
+        return trainer_view.BIN_WEIGHTS if loaded is None else ck.relname(loaded)
+    if branch == "sharded":
+        return _index(ck, prefer_safe)
+    if branch == "adapter" and not trainer_view.adapter_subdirs(ck):
+        if ck.file(trainer_view.ADAPTER_SAFE) is not None:
+            return trainer_view.ADAPTER_SAFE
+        return trainer_view.ADAPTER_BIN
+    return None
+
+
+def _weights_crash(ck: Checkpoint, branch: str, prefer_safe: bool = True) -> str | None:
+    """What ``_load_from_checkpoint`` raises on a damaged file it reads: config.json, then the weights branch's."""
+    if branch == "deepspeed":
+        return None  # deepspeed_load_checkpoint reads its own global_step*/ files (not modelled here)
+    crash = _damaged(ck, "config.json", "_load_from_checkpoint (PreTrainedConfig.from_json_file)")
+    if crash is not None or branch not in ("full", "sharded"):
+        return crash  # adapter and FSDP weights are read by peft and accelerate: not modelled here
+    if branch == "full":
+        if ck.file(trainer_view.SAFE_WEIGHTS) is not None and prefer_safe:
+            return _damaged(ck, trainer_view.SAFE_WEIGHTS, "_load_from_checkpoint (safetensors.torch.load_file)")
+        if trainer_view.is_mindnlp(ck):
+            return _mindnlp_damaged(ck, trainer_view.MS_WEIGHTS, "_load_from_checkpoint (mindspore.load_checkpoint)")
+        if ck.file(trainer_view.BIN_WEIGHTS) is None:
+            # transformers 4.x with save_safetensors=False: `torch.load(weights_file)` on a folder holding only
+            # model.safetensors
+            return ("save_safetensors=False: transformers 4.x's _load_from_checkpoint reads `pytorch_model.bin`, "
+                    "not `model.safetensors`, and there is none: train() raises FileNotFoundError in "
+                    "_load_from_checkpoint (torch.load)")
+        return _damaged(ck, trainer_view.BIN_WEIGHTS, "_load_from_checkpoint (torch.load)")
+    index = _index(ck, prefer_safe)
+    crash = _damaged(ck, index, "load_sharded_checkpoint (json.load)")
+    loader = "safetensors.torch.load_file" if index == trainer_view.SAFE_INDEX else "torch.load"
+    for shard in _shard_names(ck) or ():
+        if ck.file(shard) is None:
+            return (f"`{shard}` (listed in `{index}`) is missing: train() raises FileNotFoundError in "
+                    f"load_sharded_checkpoint ({loader})")
+        crash = crash or _damaged(ck, shard, f"load_sharded_checkpoint ({loader})")
+    return crash
+
+
+def _crash(
+    ck: Checkpoint, ts: trainer_view.TrainerStateView | None, branch: str, prefer_safe: bool = True
+) -> str | None:
+    """What makes ``train()`` raise before the first step, in the order it would happen (None: nothing): the
+    weights and ``trainer_state.json`` that ``train()`` loads first (``_state_crash`` has the rest)."""
+    if branch == "none":
+        return "no weights file to load: train() raises ValueError(\"Can't find a valid checkpoint at ...\")"
+    crash = _weights_crash(ck, branch, prefer_safe)
+    if crash is not None:
+        return crash
+    state = ck.file(trainer_view.TRAINER_STATE)
+    if state is None:
+        return "no `trainer_state.json`: train() raises FileNotFoundError in TrainerState.load_from_json"
+    if ts is None:
+        if state_not_read(ck) is not None:
+            return None  # nothing says json.load fails on it: CKD412 says the steps and LRs are not predicted
+        bad = _load_error(state)
+        if bad is not None:
+            return f"`trainer_state.json` {bad[0]}: train() raises {bad[1]} in TrainerState.load_from_json"
+        return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
+    if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
+        return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
+    if trainer_view.is_deepspeed(ck) and ck.file(trainer_view.SCHEDULER) is None:
+        return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
+    return None
+
+
+def state_not_read(ck: Checkpoint) -> str | None:
+    """Why ``trainer_state.json`` was not read, when a resource limit stopped the reader (a file over
+    ``Limits.json_bytes``), else None. ``json.load`` reads such a file: the resume is unpredicted, not failing."""
+    state = ck.file(trainer_view.TRAINER_STATE)
+    return next((p.message for p in state.problems if p.kind is ProblemKind.LIMIT), None) if state else None
+
+
+def _state_crash(
+    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None
+) -> str | None:
+    """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
+    ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``:
+    any one when the resume has no GradScaler, ``grad_scaler`` False; a damaged one otherwise), and the RNG file
+    ``_load_rng_state`` loads when the first epoch runs (each rank its ``rng_state_R.pth`` when more than one
+    process runs; a missing one only logs)."""
+    if trainer_view.is_mindnlp(ck):
+        # MindNLP loads both state files when both exist, and has no scaler or RNG file
+        if trainer_view.optimizer_file(ck) is None or trainer_view.scheduler_file(ck) is None:
+            return None
+        loader = "MindNLP's _load_optimizer_and_scheduler"
+        return (_mindnlp_damaged(ck, trainer_view.MS_OPTIMIZER, loader)
+                or _mindnlp_damaged(ck, trainer_view.MS_SCHEDULER, loader))
+    loader = "_load_optimizer_and_scheduler (torch.load)"
+    if branch == "deepspeed":
+        crash = _damaged(ck, trainer_view.SCHEDULER, loader)
+    elif trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None:
+        crash = None
+        if branch != "fsdp":  # FSDP reads its optimizer through accelerate; every other resume reads optimizer.pt
+            if ck.file("optimizer.pt") is None:
+                return ("optimizer state without `optimizer.pt` (`optimizer.bin` or an `optimizer*` folder is read "
+                        "only under FSDP): train() raises FileNotFoundError in " + loader)
+            crash = _damaged(ck, "optimizer.pt", loader)
+        crash = crash or _damaged(ck, trainer_view.SCHEDULER, loader)
+    else:
+        crash = None
+    scaler = ck.file("scaler.pt")
+    bad = _load_error(scaler) if scaler is not None else None
+    # `accelerator.scaler.load_state_dict(torch.load(...))` whenever the file exists: without a GradScaler (no fp16,
+    # or fp16 on CPU) the attribute lookup on None raises before torch.load runs, whatever the file holds
+    if crash is None and scaler is not None and grad_scaler is False:
+        state = f"`scaler.pt` {bad[0]}" if bad is not None else "`scaler.pt` (saved by an fp16 run) is there"
+        crash = (f"{state} and the resume has no GradScaler: train() raises AttributeError in _load_scaler "
+                 "('NoneType' object has no attribute 'load_state_dict')")
+    elif crash is None and bad is not None and grad_scaler:
+        crash = f"`scaler.pt` {bad[0]}: train() raises {bad[1]} in _load_scaler (torch.load)"
+    elif crash is None and bad is not None:
+        crash = (f"`scaler.pt` {bad[0]}: train() raises in _load_scaler: AttributeError when the resume runs "
+                 f"without a GradScaler (no fp16), else {bad[1]} from torch.load")
+    if crash is not None or steps_to_train <= 0:
+        return crash
+    ranks = world_size or 1
+    for f in ck.files:
+        m = trainer_view.RNG_RE.match(ck.relname(f))
+        rank = None if m is None else (-1 if m.group(1) is None else int(m.group(1)))
+        if rank is not None and (rank == -1 if ranks == 1 else 0 <= rank < ranks):
+            crash = crash or _damaged(ck, ck.relname(f), "_load_rng_state (torch.load)")
+    return crash
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The LRs the checkpoint holds
+
+
+def _first_lr(ck: Checkpoint) -> float | None:
+    """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
+    opt = trainer_view.optimizer_state(ck)
+    if opt is not None and opt.groups and opt.groups[0].lr is not None:
+        return opt.groups[0].lr
+    return trainer_view.checkpoint_lr(ck)
+
+
+def _base_lr(ck: Checkpoint) -> float | None:
+    """``base_lrs[0]`` that ``LambdaLR.load_state_dict`` restores, else the optimizer's ``initial_lr``."""
+    sched = trainer_view.scheduler_state(ck)
+    if sched is not None and sched.base_lrs:
+        return sched.base_lrs[0]
+    opt = trainer_view.optimizer_state(ck)
+    if opt is not None and opt.groups:
+        return opt.groups[0].initial_lr
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The saved key layout against the live model's (issue 24, item 5)
+
+
+@frozen
+class LayoutRestore:
+    """What ``load_state_dict(state_dict, strict=False)`` of the weights file restores when the resuming transformers
+    builds the model in another key layout than the one ``save_pretrained`` wrote (``ckptdoctor/key_layouts.json``)."""
+
+    file: str  # the weights file (or index) the resume loads
+    architecture: str  # config.json's class name (or model type) the table matched
+    release: str  # the transformers release of the table whose layout was used
+    restored: int  # live tensors whose name the file holds
+    total: int  # the live model's tensors, as the file's keys become under the release's conversion
+    missing: tuple[str, ...]  # live tensors left at their initial values (first ones, in name order)
+    saved_changed: int  # saved keys the conversion renames or merges
+    optimizer_crash: str | None  # the optimizer load's crash: the state holds another layout's parameter count
+
+
+@functools.cache
+def _key_layouts() -> dict[str, Any]:
+    """The generated table (bench/make_key_layouts.py), read on first use; empty when it is missing."""
+    from importlib import resources
+
+    try:
+        doc = json.loads(resources.files("ckptdoctor").joinpath("key_layouts.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    releases = doc.get("releases") if isinstance(doc, dict) else None
+    return releases if isinstance(releases, dict) else {}
+
+
+def _layout_release(version: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The table's entry for ``version``: the nearest release read at or below it, of the same major."""
+    want = version_tuple(version)
+    if want is None:
+        return None
+    best: tuple[tuple[int, int], str] | None = None
+    for release in _key_layouts():
+        v = version_tuple(release)
+        if v is not None and v[0] == want[0] and v <= want and (best is None or v > best[0]):
+            best = (v, release)
+    return None if best is None else (best[1], _key_layouts()[best[1]])
+
+
+def _converter(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Callable[[str], str]] | None:
+    """The key conversion ``entry`` applies to a model of class or type ``names`` (the first found), as a function
+    of a saved key; None when it has none, or one whose transforms are not modelled (counted as unknown)."""
+    if entry.get("kind") == "regex_sub":
+        for name in names:
+            pairs = entry.get("classes", {}).get(name)
+            if pairs:
+                compiled = [(re.compile(p), r) for p, r in pairs]
+
+                def sub(key: str, compiled: list[tuple[re.Pattern[str], str]] = compiled) -> str:
+                    for pattern, repl in compiled:  # from_pretrained's key_mapping: the first pattern that matches
+                        new, n = pattern.subn(repl, key)
+                        if n:
+                            return new
+                    return key
+
+                return name, sub
+        return None
+    if entry.get("kind") != "conversion":
+        return None
+    for name in names:
+        transforms = entry.get("types", {}).get(name)
+        if not transforms:
+            continue
+        if any(t.get("kind") not in ("WeightRenaming", "WeightConverter") for t in transforms):
+            return None
+        steps = [(re.compile(t["regex"]), str(t["targets"][0])) for t in transforms]
+
+        def convert(key: str, steps: list[tuple[re.Pattern[str], str]] = steps) -> str:
+            for pattern, target in steps:  # WeightTransform.rename_source_key, each transform in turn
+                m = pattern.search(key)
+                if m is None:
+                    continue
+                replacement = target
+                if "\\1" in target:
+                    group = next(g for g, v in m.groupdict().items() if v is not None)
+                    replacement = target.replace("\\1", m.group(pattern.groupindex[group] + 1) or "")
+                key = key.replace(m.group(0), replacement, 1)
+            return key
+
+        return name, convert
+    return None
+
+
+def _saved_keys(ck: Checkpoint, weights: str) -> list[str] | None:
+    """The tensor names of the weights file (or shard index) the resume loads."""
+    f = ck.file(weights)
+    if weights in (trainer_view.SAFE_INDEX, trainer_view.BIN_INDEX):
+        wm = trainer_view.weight_map(f) if f is not None else None
+        return sorted(wm) if wm is not None else None
+    tensors = trainer_view.tensors_of(f) if f is not None else None
+    return sorted(t.name for t in tensors) if tensors is not None else None
+
+
+def _convert_keys(version: str | None, names: tuple[str, ...], saved: list[str]) -> tuple[str, str, list[str],
+                                                                                         list[str]] | None:
+    """Under ``version``'s table: the name matched, the release read, the saved keys it converts and the live keys
+    they become (not among the unconverted ones); None when it converts none."""
+    found = _layout_release(version)
+    conv = _converter(found[1], names) if found is not None and names else None
+    if found is None or conv is None:
+        return None
+    live = {k: conv[1](k) for k in saved}
+    changed = [k for k in saved if live[k] != k]
+    if not changed:
+        return None
+    unchanged = set(saved) - set(changed)
+    return conv[0], found[0], changed, sorted({live[k] for k in changed} - unchanged)
+
+
+def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool) -> LayoutRestore | None:
+    """What the resume under transformers ``version`` restores of the model from ``weights`` when that release
+    builds the checkpoint's architecture (``config.json``) in another key layout than the saved one, and whether
+    the optimizer load then raises (the release that wrote the checkpoint trained another parameter count: its
+    ``transformers_version`` converts other keys, or none). None when nothing differs, or nothing says it does (no
+    table entry, an unmodelled conversion, unreadable keys)."""
+    config = trainer_view.json_value(ck.file("config.json"))
+    if not isinstance(config, dict) or weights is None:
+        return None
+    arch = config.get("architectures")
+    names = tuple(a for a in (arch if isinstance(arch, list) else []) if isinstance(a, str))[:1]
+    if isinstance(config.get("model_type"), str):
+        names += (config["model_type"],)
+    saved = _saved_keys(ck, weights)
+    if not names or not saved:
+        return None
+    resumed = _convert_keys(version, names, saved)
+    wrote = config.get("transformers_version")
+    written = _convert_keys(wrote, names, saved) if isinstance(wrote, str) else None
+    shown = names[0]
+    crash = None
+    opt = trainer_view.optimizer_state(ck) if restores else None
+    delta_r = 0 if resumed is None else len(resumed[3]) - len(resumed[2])
+    delta_w = 0 if written is None else len(written[3]) - len(written[2])
+    if opt is not None and isinstance(wrote, str) and version_tuple(wrote) is not None and delta_r != delta_w:
+        opt_name = ck.relname(trainer_view.optimizer_file(ck) or ck.files[0])
+        crash = (f"`{opt_name}` holds state for {plural(opt.param_count, 'parameter')} (as transformers {wrote} built "
+                 f"`{shown}`), and transformers {version} builds it with {opt.param_count + delta_r - delta_w:,}: "
+                 "train() raises ValueError (\"loaded state dict contains a parameter group that doesn't match the "
+                 "size of optimizer's group\") in _load_optimizer_and_scheduler")
+    if resumed is None and crash is None:
+        return None
+    if resumed is None:  # the resuming release loads the saved keys as they are: only the optimizer differs
+        return LayoutRestore(weights, shown, "", len(saved), len(saved), (), 0, crash)
+    _, release, changed, targets = resumed
+    restored = len(saved) - len(changed)
+    return LayoutRestore(weights, shown, release, restored, restored + len(targets), tuple(targets[:3]),
+                         len(changed), crash)

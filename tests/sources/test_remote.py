@@ -1,0 +1,385 @@
+"""Remote roots through fsspec, against a real S3-compatible server (moto's server mode) on loopback.
+
+The same trees are scanned locally and at ``s3://``: the reports must agree, and a scan must cost headers plus a
+little per file (counted at the fsspec file's ``_fetch_range`` and in the server's request log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.helpers.paths import REPO
+
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+
+import fsspec  # only once the skips above have passed (ruff: E402 is not selected)
+import s3fs
+import s3fs.core
+import torch
+from moto.server import ThreadedMotoServer
+from safetensors.torch import save_file
+
+from ckptdoctor.cli import main
+from ckptdoctor.fixer import FixRefused, fix
+from ckptdoctor.scanner import scan
+from ckptdoctor.sources import is_remote
+from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
+from tests.helpers.builders import comparable_report, trainer_state
+
+FIXTURES = REPO / "fixtures"
+BUCKET = "ckpts"
+
+
+class _RequestLog(logging.Handler):
+    """The HTTP requests moto's server logs (through werkzeug), as "METHOD /path?query"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage())  # werkzeug colours some lines
+        m = re.search(r"\b(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1", plain)
+        if m:
+            self.lines.append(f"{m.group(1)} {m.group(2)}")
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[tuple[str, _RequestLog]]:
+    """A moto S3 server on 127.0.0.1 (free port), with dummy credentials and fsspec pointed at it."""
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    url = f"http://{host}:{port}"
+    log = _RequestLog()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(log)
+    werkzeug.setLevel(logging.INFO)
+    werkzeug.propagate = False  # keep pytest's output free of one line per request
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": url}
+    old_env = {k: os.environ.get(k) for k in env}
+    old_conf = fsspec.config.conf.get("s3")
+    os.environ.update(env)
+    fsspec.config.conf["s3"] = {"client_kwargs": {"endpoint_url": url}}
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        fs = fsspec.filesystem("s3")
+        fs.mkdir(BUCKET)
+        yield url, log
+    finally:
+        werkzeug.removeHandler(log)
+        werkzeug.propagate = True
+        srv.stop()
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if old_conf is None:
+            fsspec.config.conf.pop("s3", None)
+        else:
+            fsspec.config.conf["s3"] = old_conf
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _upload(local: Path, key: str) -> str:
+    fs = fsspec.filesystem("s3")
+    fs.put(str(local) + "/", f"{BUCKET}/{key}/", recursive=True)
+    fs.invalidate_cache()
+    return f"s3://{BUCKET}/{key}/"
+
+
+
+
+@pytest.fixture(scope="module")
+def fixtures_url(s3_server: tuple[str, _RequestLog], tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _upload(FIXTURES, "fixtures")
+
+
+# Findings that compare file times: an object's time is when it was uploaded, not when the trainer wrote it.
+_TIME_FIXTURES = {"stale-higher"}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in _TIME_FIXTURES)
+)
+def test_remote_scan_matches_local(fixtures_url: str, name: str) -> None:
+    remote = scan(fixtures_url + name + "/", jobs=4)
+    local = scan(str(FIXTURES / name), jobs=4)
+    assert comparable_report(remote) == comparable_report(local)
+    assert remote.files == local.files > 0
+
+
+def test_remote_scan_of_every_fixture_at_once(s3_server: tuple[str, _RequestLog], fixtures_url: str) -> None:
+    """Runs below the root, DCP folders (their `.distcp` items read in the second pass), loose files."""
+    log = s3_server[1]
+    before = len(log.lines)
+    remote = scan(fixtures_url, jobs=2)
+    requests = log.lines[before:]
+    local = scan(str(FIXTURES), jobs=2)
+    a, b = comparable_report(remote), comparable_report(local)
+    assert [r["path"] for r in a["runs"]] == [r["path"] for r in b["runs"]]
+    assert [r["resume_pick"] for r in a["runs"]] == [r["resume_pick"] for r in b["runs"]]
+    time_paths = tuple(f"{n}/" for n in _TIME_FIXTURES)
+    keep = [f for f in a["findings"] if not f["path"].startswith(time_paths)]
+    assert keep == [f for f in b["findings"] if not f["path"].startswith(time_paths)]
+    assert {f["rule"] for f in keep} >= {"CKD201"}  # the broken fixtures are found remotely too
+    assert remote.files == local.files
+    # One ranged GET per object (small ones whole), plus the listing and the `.distcp` items (spans merged).
+    assert all(r.startswith("GET /") for r in requests)
+    assert len(requests) <= 1 + remote.files + 4  # the two fsdp optimizers' items: one merged span each
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    print(f"\nremote scan of fixtures/: {len(requests)} requests for {remote.files} files ({total} bytes)")
+
+
+def test_single_object_root(fixtures_url: str) -> None:
+    rel = "sharded/checkpoint-4/model-00001-of-00005.safetensors"
+    remote, local = scan(fixtures_url + rel), scan(str(FIXTURES / rel))
+    (rf,), (lf,) = remote.trees[0].loose_files, local.trees[0].loose_files
+    assert (rf.path, rf.size, rf.kind, rf.content, rf.problems) == (lf.path, lf.size, lf.kind, lf.content, lf.problems)
+
+
+def test_prefixes_are_folders_for_the_resume_pick(s3_server: tuple[str, _RequestLog], tmp_path: Path) -> None:
+    """get_last_checkpoint lists folders: an empty `checkpoint-12/` marker and a prefix holding only a stray file
+    both count, as the folders they stand for would on a mounted bucket."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "sharded", run)
+    url = _upload(run, "pick")
+    fs = fsspec.filesystem("s3")
+    fs.pipe(f"{BUCKET}/pick/checkpoint-10/notes.txt", b"hello")
+    fs.invalidate_cache()
+    assert scan(url).trees[0].runs[0].resume_pick == "checkpoint-10"
+    fs.touch(f"{BUCKET}/pick/checkpoint-12/")  # a folder marker object, as consoles create for "new folder"
+    fs.invalidate_cache()
+    tree = scan(url).trees[0]
+    assert tree.runs[0].resume_pick == "checkpoint-12"
+    (local_dir := run / "checkpoint-12").mkdir()
+    (run / "checkpoint-10").mkdir()
+    (run / "checkpoint-10" / "notes.txt").write_text("hello")
+    assert local_dir.is_dir()
+    assert scan(str(run)).trees[0].runs[0].resume_pick == "checkpoint-12"
+
+
+def _big_sharded(folder: Path) -> dict[str, int]:
+    """A real 4-shard checkpoint with 8 MB of weights and AdamW state (torch.save); returns each file's header size
+    (safetensors: 8 + JSON header)."""
+    folder.mkdir(parents=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(2048, 256), torch.nn.Linear(256, 2048), torch.nn.Linear(2048, 256))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 2048, (4,))).sum().backward()
+    opt.step()
+    state = model.state_dict()
+    names = list(state)
+    weight_map: dict[str, str] = {}
+    headers: dict[str, int] = {}
+    shards = [names[i::4] for i in range(4)]
+    for i, keys in enumerate(shards, 1):
+        fn = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: state[k].contiguous() for k in keys}, str(folder / fn), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, fn))
+        headers[fn] = 8 + int.from_bytes((folder / fn).read_bytes()[:8], "little")
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps(trainer_state(4, 8)))
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 256}))
+    return headers
+
+
+def _count_fetches(monkeypatch: pytest.MonkeyPatch, level: int) -> dict[str, list[int]]:
+    """The size of every ranged GET from now on, keyed by the object key's ``level``-th part from the end."""
+    fetched: dict[str, list[int]] = {}
+    orig = s3fs.core.S3File._fetch_range
+
+    def counting(self: Any, start: int, end: int) -> bytes:
+        data: bytes = orig(self, start, end)
+        fetched.setdefault(self.path.rsplit("/", level)[-level], []).append(len(data))
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    return fetched
+
+
+def test_remote_scan_reads_headers_only(
+    s3_server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    headers = _big_sharded(run / "checkpoint-4")
+    url = _upload(run, "big")
+    sizes = {p.name: p.stat().st_size for p in (run / "checkpoint-4").iterdir()}
+    fetched = _count_fetches(monkeypatch, 1)
+    log = s3_server[1]
+    before = len(log.lines)
+    report = scan(url, jobs=4)
+    requests = log.lines[before:]
+    local = scan(str(run), jobs=4)
+    assert comparable_report(report) == comparable_report(local)
+
+    total = sum(sizes.values())
+    got = sum(sum(v) for v in fetched.values())
+    assert total > 16_000_000
+    assert got < total / 100  # headers, not tensors
+    for name, header in headers.items():  # safetensors: the header plus at most a few KB, in at most 2 requests
+        small = sizes[name] <= WHOLE_FILE  # small objects are fetched whole, in one request
+        assert sum(fetched[name]) <= (sizes[name] if small else header + 256 + 2 * READAHEAD), (name, fetched[name])
+        assert len(fetched[name]) <= (1 if small else 2)
+    assert sum(sizes[n] > WHOLE_FILE for n in headers) >= 3
+    # optimizer.pt: the zip end (torchzip reads a 64 KB window for the end record), the local headers of the
+    # records a loader parses, and data.pkl; never a tensor, nor a tensor record's local header.
+    assert sum(fetched["optimizer.pt"]) <= 65_557 + 64 * 1024
+    # No HEAD per file (sizes come from the listing): one listing, and only ranged GETs afterwards.
+    assert [r for r in requests if not r.startswith("GET /")] == []
+    listings = [r for r in requests if "list-type=2" in r]
+    assert len(listings) == 1
+    assert len(requests) == sum(len(v) for v in fetched.values()) + len(listings)
+    print(f"\nremote scan: {len(requests)} requests, {got} bytes fetched of {total} ({len(sizes)} files)")
+    for name in sorted(sizes):
+        print(f"  {name}: {len(fetched.get(name, []))} requests, {sum(fetched.get(name, []))} of {sizes[name]} bytes")
+
+
+def test_remote_torch_zip_costs_requests_independent_of_its_tensors(
+    s3_server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer.pt's tensor records are never fetched, not even their local headers (a request each): a state
+    of 600 tensors costs the end, the directory and the records a loader parses, like a state of 150."""
+    fetched = _count_fetches(monkeypatch, 3)  # per run folder
+    for n_params in (50, 200):
+        run = tmp_path / f"tensors{n_params}"
+        (run / "checkpoint-4").mkdir(parents=True)
+        # 4 KB per tensor: each record's local header would be a request of its own (READAHEAD is 1 KB).
+        params = [torch.nn.Parameter(torch.zeros(16, 64)) for _ in range(n_params)]
+        opt = torch.optim.AdamW(params)
+        torch.stack([p.sum() for p in params]).sum().backward()
+        opt.step()
+        torch.save(opt.state_dict(), run / "checkpoint-4" / "optimizer.pt")
+        assert (run / "checkpoint-4" / "optimizer.pt").stat().st_size > WHOLE_FILE  # read in ranges, not whole
+        assert comparable_report(scan(_upload(run, run.name))) == comparable_report(scan(str(run)))
+    requests = {n: len(fetched[f"tensors{n}"]) for n in (50, 200)}
+    assert requests[50] == requests[200] <= 8, requests  # the sniff, the end, then a few headers and data.pkl
+    assert sum(fetched["tensors200"]) < 65_557 + 64 * 1024
+
+
+def test_cli_scan_of_a_remote_root(fixtures_url: str) -> None:
+    runner = CliRunner()
+    remote = runner.invoke(main, ["scan", "--format", "json", fixtures_url + "stub-shadow/"])
+    local = runner.invoke(main, ["scan", "--format", "json", str(FIXTURES / "stub-shadow")])
+    assert remote.exit_code == local.exit_code == 1, remote.output
+    a, b = json.loads(remote.output), json.loads(local.output)
+    assert a["roots"] == [fixtures_url + "stub-shadow/"]
+    assert [(f["rule"], f["path"], f["message"]) for f in a["findings"]] == [
+        (f["rule"], f["path"], f["message"]) for f in b["findings"]
+    ]
+    text = runner.invoke(main, ["scan", fixtures_url + "stub-shadow/"])
+    assert f"{fixtures_url}stub-shadow/checkpoint-8" in text.output
+
+
+def test_cli_missing_remote_root_is_a_usage_error(fixtures_url: str) -> None:
+    result = CliRunner().invoke(main, ["scan", f"s3://{BUCKET}/no-such-run/"])
+    assert result.exit_code == 2
+    assert "no such object or prefix" in result.output
+
+
+def test_cli_deep_refuses_remote_roots(fixtures_url: str) -> None:
+    result = CliRunner().invoke(main, ["scan", "--deep", fixtures_url + "sharded/"])
+    assert result.exit_code == 2
+    assert "local files only" in result.output
+
+
+def test_fix_refuses_remote_roots(fixtures_url: str) -> None:
+    fs = fsspec.filesystem("s3")
+    before = fs.find(f"{BUCKET}/fixtures/stub-shadow", detail=True)
+    result = CliRunner().invoke(main, ["fix", fixtures_url + "stub-shadow/"])
+    assert result.exit_code == 2
+    assert "refuses remote roots" in result.output and "Nothing was changed" in result.output
+    with pytest.raises(FixRefused, match="refuses remote roots"):
+        fix(fixtures_url + "stub-shadow/", dry_run=True)
+    fs.invalidate_cache()
+    assert fs.find(f"{BUCKET}/fixtures/stub-shadow", detail=True) == before
+
+
+def test_is_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert is_remote("s3://b/run") and is_remote("gs://b/x") and is_remote("hf://datasets/a/b")
+    assert is_remote("simplecache::s3://b/run")
+    assert not is_remote("runs/a") and not is_remote("/abs/s3:/x") and not is_remote("C:\\runs")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:").mkdir()
+    (tmp_path / "s3:" / "b").mkdir()
+    assert not is_remote("s3://b")  # an existing local folder of that name stays local
+
+
+def test_local_scans_never_import_fsspec() -> None:
+    code = (
+        "import sys; from ckptdoctor.scanner import scan; scan(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fsspec', 's3fs', 'botocore', 'aiobotocore')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "sharded")], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_api_deep_refuses_remote_roots(fixtures_url: str) -> None:
+    from ckptdoctor.deep import DeepUnavailable
+
+    with pytest.raises(DeepUnavailable, match="local files only"):
+        scan(fixtures_url + "sharded/", deep=True)
+
+
+def test_remote_errors_are_values(fixtures_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket that does not exist, or an object that fails mid-read, is a problem in the report, not a crash."""
+    (tree,) = scan("s3://no-such-bucket-ckd/run/").trees
+    assert [p.problem.kind.value for p in tree.path_problems] == ["unreadable"]
+    orig = s3fs.core.S3File._fetch_range
+
+    def failing(self: Any, start: int, end: int) -> bytes:
+        if self.path.endswith("trainer_state.json"):
+            raise PermissionError(13, "Access Denied")
+        data: bytes = orig(self, start, end)
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", failing)
+    report = scan(fixtures_url + "sharded/")
+    states = [f for r in report.trees[0].runs for c in r.checkpoints for f in c.files if f.name == "trainer_state.json"]
+    assert len(states) == 2
+    assert all(any("Access Denied" in p.message for p in f.problems) for f in states)
+
+
+@pytest.mark.slow
+def test_gate_of_an_s3_run_matches_the_local_gate_and_the_resume(
+    s3_server: tuple[str, _RequestLog], tmp_path: Path
+) -> None:
+    """`ckptdoctor gate` of a run in object storage predicts what it predicts locally, which is what the real
+    Trainer's resume does."""
+    pytest.importorskip("transformers")
+    from ckptdoctor.resume_gate import gate
+    from tests.helpers.gate_runs import ALL, assert_predicted, train
+
+    out = tmp_path / "out"
+    train(out)
+    url = _upload(out, "gate-run")
+    remote = gate(url, num_train_epochs=3, lr_steps=ALL)
+    local = gate(out, num_train_epochs=3, lr_steps=ALL)
+    assert remote.checkpoint is not None and remote.checkpoint.endswith("gate-run/checkpoint-8")
+    fields = ("weights_branch", "start_step", "max_steps", "steps_to_train", "lr", "verdict", "base_lr")
+    assert {k: getattr(remote, k) for k in fields} == {k: getattr(local, k) for k in fields}
+    assert [(f.rule, f.message) for f in remote.findings] == [(f.rule, f.message) for f in local.findings]
+    cli = CliRunner().invoke(main, ["gate", url, "--checkpoint", "checkpoint-4", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["start_step"] == 4
+    assert CliRunner().invoke(main, ["gate", url.rstrip("/") + "-nothing/"]).exit_code == 2
+    assert_predicted(local, train(out, resume=True, num_train_epochs=3))

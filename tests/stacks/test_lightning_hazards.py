@@ -1,0 +1,226 @@
+"""Proof: each PyTorch Lightning 2.6 resume hazard, built and resumed with the real Lightning, is reported at the file
+at fault (CKD440-444), and the clean runs built beside them raise no error or warning.
+
+The runs and resumes happen in the Lightning interpreter (``CKPTDOCTOR_LIGHTNING_PYTHON``;
+tests/stacks/lightning_hazards.py
+through tests/stacks/lightning_run.py, as a subprocess). Each scenario copies the run as training left it to
+``<root>.built`` before resuming; the scan judges that copy, the resume's outcome is what Lightning did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptdoctor.scanner import scan
+from tests.helpers.paths import TESTS
+from tests.stacks.test_stack_lightning import _lightning, needs_lightning
+
+SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
+             "loop_counters", "moved_paths", "callback", "planned")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Every scenario built and resumed once: name -> (the run as built, the resume's outcome)."""
+    tmp = tmp_path_factory.mktemp("lightning")
+    results = _lightning([{"scenario": s, "root": str(tmp / s)} for s in SCENARIOS], tmp)
+    return {s: (tmp / f"{s}.built", r) for s, r in zip(SCENARIOS, results, strict=True)}
+
+
+def _found(root: Path) -> list[tuple[str, str]]:
+    return [(f.rule, f.path) for f in scan(str(root)).findings]
+
+
+@needs_lightning
+def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["stale_last"]
+    assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.path) == ("CKD440", "checkpoints/last.ckpt")
+    assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
+
+
+@needs_lightning
+def test_dangling_last_trains_from_scratch(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["dangling_last"]
+    assert out["raised"] is None and out["loaded"] is None and out["start_step"] == 0
+    assert any("no last checkpoint available" in w for w in out["warnings"])
+    assert ("CKD441", "checkpoints/last.ckpt") in _found(root)
+
+
+@needs_lightning
+def test_weights_only_resume_raises_keyerror(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["weights_only"]
+    assert out["raised"] == "KeyError" and "contains only the model" in out["message"]
+    assert _found(root) == [("CKD443", "checkpoints/last.ckpt")]
+
+
+@needs_lightning
+def test_loop_counters_win_over_global_step(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["loop_counters"]
+    assert out["raised"] is None and out["start_step"] == 2  # global_step says 0
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.path) == ("CKD442", "checkpoints/last.ckpt")
+    assert "`global_step` is 0 but the fit loop counts 2 optimizer steps" in f.message
+
+
+@needs_lightning
+def test_callback_paths_outside_dirpath(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    root, out = runs["moved_paths"]
+    # the resumed run in b/ tracks a/'s file as its best: `ckpt_path="best"` would load another run's file
+    assert out["raised"] is None and "/moved_paths/a/" in out["best_after"]
+    assert _found(root) == [("CKD444", "b/checkpoints/epoch=0-step=2.ckpt")]
+
+
+@needs_lightning
+def test_clean_real_runs_raise_nothing(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A link `last.ckpt`, the default logger's layout and a finished OneCycleLR run are clean in a scan (the
+    version_N and OneCycleLR hazards depend on the planned resume: the gate's)."""
+    for name in ("link_clean", "default_logger", "onecycle"):
+        root, _ = runs[name]
+        assert scan(str(root)).findings == (), name
+    assert runs["link_clean"][1]["start_step"] == 4
+
+
+def test_rules_are_silent_on_committed_runs() -> None:
+    data = TESTS / "data" / "lightning-2.6.6"
+    assert scan(str(data / "plain")).findings == ()
+    assert [f.rule for f in scan(str(data / "namespace")).findings if f.rule.startswith("CKD43")] == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gate predicts the real resume: the file `fit(ckpt_path="last")` loaded, the steps it trained, what it raised
+
+
+def _gate(root: Path, **planned: Any) -> Any:
+    from ckptdoctor.resume_gate.api import gate
+
+    return gate(root, **planned)
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("link_clean", 3), ("loop_counters", 2)])
+def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                       max_epochs: int) -> None:
+    root, out = runs[name]
+    result = _gate(root, max_epochs=max_epochs)
+    assert Path(result.checkpoint).name == Path(out["loaded"]).name
+    assert (result.start_step, result.max_steps) == (out["start_step"], out["end_step"])
+    assert result.weights_branch == "lightning"
+    assert result.failed is (name == "stale_last")  # CKD440: the loaded file is older than the newest
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "code", "raised"), [
+    ("weights_only", "CKD445", "KeyError"), ("onecycle", "CKD445", "ValueError"),
+    ("dangling_last", "CKD446", None), ("default_logger", "CKD446", None)])
+def test_gate_fails_where_lightning_raises_or_starts_over(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                                          code: str, raised: str | None) -> None:
+    root, out = runs[name]
+    assert out["raised"] == raised
+    if raised is None:  # it warned and trained from scratch
+        assert out["loaded"] is None and out["start_step"] == 0
+    result = _gate(root, max_epochs=2 if name != "dangling_last" else 3)
+    assert result.failed and code in {f.rule for f in result.findings}
+    if raised is not None:
+        assert f"`{raised}`" in next(f.message for f in result.findings if f.rule == code)
+
+
+@needs_lightning
+def test_gate_logger_version_names_the_folder(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file."""
+    root, _ = runs["default_logger"]
+    result = _gate(root, max_epochs=2, logger_version=0)
+    assert not result.failed and result.checkpoint.endswith("version_0/checkpoints/last.ckpt")
+    assert (result.start_step, result.max_steps) == (2, 4)
+
+
+@needs_lightning
+def test_gate_cli_stack_option(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    from click.testing import CliRunner
+
+    from ckptdoctor.cli import main
+
+    root, _ = runs["onecycle"]
+    res = CliRunner().invoke(main, ["gate", str(root), "--stack", "lightning", "--max-epochs", "2"])
+    assert res.exit_code == 1 and "CKD445" in res.output and "OneCycleLR" in res.output
+
+
+@needs_lightning
+def test_gate_callback_in_a_real_fit(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The Lightning callback stops the fit that would train from scratch (the default logger's next version) in its
+    `setup`, and lets the resumable one run, predicting the steps it trains."""
+    _, out = runs["callback"]
+    assert out["logged"] == ["CKD446"]
+    fixed = out["fixed"]
+    assert not fixed["failed"] and (fixed["start"], fixed["end"]) == (fixed["real_start"], fixed["real_end"]) == (2, 4)
+
+
+@needs_lightning
+def test_dangling_last_fix_rescan_undo(runs: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
+    """CKD441's unsafe fix moves the dangling link itself into the quarantine (its target is never followed); the
+    rescan has no finding about it, and undo puts the same link back."""
+    import os
+    import shutil
+
+    import ckptdoctor
+
+    built, _ = runs["dangling_last"]
+    root = tmp_path / "run"
+    shutil.copytree(built, root, symlinks=True)
+    link = root / "checkpoints" / "last.ckpt"
+    target = os.readlink(link)
+    (f,) = [f for f in scan(str(root)).findings if f.rule == "CKD441"]
+    assert f.fix is not None and f.fix.applicability.value == "unsafe"
+    assert "the newest checkpoint there is `epoch=0-step=2.ckpt`" in f.message
+    assert ckptdoctor.fix(str(root), force=True).exit_code() != 0  # unsafe: not applied by default
+    assert os.path.islink(link)
+    ckptdoctor.fix(str(root), unsafe=True, force=True)
+    assert not os.path.lexists(link)
+    assert [x.rule for x in scan(str(root)).findings] == []
+    ckptdoctor.undo(str(root))
+    assert os.path.islink(link) and os.readlink(link) == target
+    assert ("CKD441", "checkpoints/last.ckpt") in _found(root)
+
+
+@needs_lightning
+def test_gate_follows_best_a_path_max_epochs_and_max_steps(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """`ckpt_path="best"` in a new Trainer raises `ValueError`; a checkpoint whose epoch is above `max_epochs` raises
+    `MisconfigurationException`; a path resumes mid-epoch at its loops' step and trains to `max_steps`."""
+    root, out = runs["planned"]
+    best = _gate(root, ckpt_path="best", max_epochs=4)
+    assert out["best"]["raised"] == "ValueError" and best.failed
+    assert [f.rule for f in best.findings] == ["CKD445"] and "`ValueError`" in best.findings[0].message
+    above = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=2-step=5.ckpt"), max_epochs=1)
+    assert out["epoch_above"]["raised"] == "MisconfigurationException" and above.failed
+    assert "`MisconfigurationException`" in next(f.message for f in above.findings if f.rule == "CKD445")
+    steps = _gate(root, ckpt_path=str(root / "checkpoints" / "epoch=1-step=3.ckpt"), max_steps=5)
+    real = out["path_steps"]
+    assert real["raised"] is None and not steps.failed
+    assert (steps.start_step, steps.max_steps, steps.steps_to_train) == (real["start_step"], real["end_step"], 2)
+
+
+DATA = TESTS / "data" / "lightning-2.6.6"
+
+
+def test_gate_on_the_committed_run_without_lightning(tmp_path: Path) -> None:
+    """Without the Lightning interpreter: the committed run is recognised and gated as `fit(ckpt_path=...)`; a path
+    outside RUN_DIR is judged where it is, a missing one is `FileNotFoundError`."""
+    import shutil
+
+    plain = DATA / "plain"
+    result = _gate(plain, max_epochs=3)
+    assert (result.weights_branch, Path(result.checkpoint).name, result.start_step, result.max_steps) == (
+        "lightning", "last.ckpt", 4, 6)
+    assert not result.failed
+    elsewhere = tmp_path / "x.ckpt"
+    shutil.copy(plain / "checkpoints" / "epoch=1-step=4.ckpt", elsewhere)
+    moved = _gate(plain, ckpt_path=str(elsewhere), max_epochs=3)
+    assert not moved.failed and moved.checkpoint.endswith("x.ckpt") and moved.start_step == 4
+    missing = _gate(plain, ckpt_path=str(tmp_path / "nope.ckpt"))
+    assert missing.failed and "`FileNotFoundError`" in missing.findings[0].message
+    trainer = _gate(plain, stack="trainer")  # --stack overrides: the Trainer finds no checkpoint-N here
+    assert trainer.weights_branch != "lightning" and "CKD413" in {f.rule for f in trainer.findings}
