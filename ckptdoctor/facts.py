@@ -8,10 +8,22 @@ checkpoint state at all, and the words findings share (``plural``).
 
 from __future__ import annotations
 
+import math
+import posixpath
 import re
 
 from ckptdoctor import trainer_view
-from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, TensorInfo, Tree
+from ckptdoctor.model import (
+    Checkpoint,
+    FileFacts,
+    FileKind,
+    FolderRole,
+    ProblemKind,
+    Run,
+    RunHistory,
+    TensorInfo,
+    Tree,
+)
 
 # The path problems CKD001 reports; the corrupt-file rules (CKD202, CKD203, CKD211) leave them to it.
 PATH_KINDS = (
@@ -122,3 +134,59 @@ def saved_world_size(ck: Checkpoint) -> int | None:
         if m:
             ranks.add(int(m.group(1)))
     return max(ranks) + 1 if ranks else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where a run started (CKD422): what its newest checkpoint shows, kept when a scan judging run by run releases it.
+
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
+
+
+def _losses(ts: trainer_view.TrainerStateView) -> list[tuple[int, float]]:
+    """``(step, loss)`` of the training logs in ``log_history``, in file order."""
+    out: list[tuple[int, float]] = []
+    for entry in ts.log_history:
+        step, loss = trainer_view.integer(entry.get("step")), trainer_view._num(entry.get("loss"))
+        if step is not None and loss is not None and math.isfinite(loss):
+            out.append((step, loss))
+    return out
+
+
+def _newest(run: Run) -> Checkpoint | None:
+    cks = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
+    return max(cks, key=lambda c: c.step or 0) if cks else None
+
+
+def _layout(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
+    tensors = trainer_view.tensors_of(trainer_view.loaded_weight_file(ck))
+    return None if not tensors else frozenset((t.name, tuple(t.shape)) for t in tensors)
+
+
+def _source_named(ck: Checkpoint, run: Run, root: str) -> str | None:
+    """The checkpoint folder ``config.json``'s ``_name_or_path`` names, when it is not one of ``run``'s own."""
+    config = trainer_view.json_value(ck.file("config.json"))
+    name = config.get("_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(name, str) or not _CHECKPOINT_NAME.match(posixpath.basename(name.rstrip("/\\"))):
+        return None
+    parent = posixpath.normpath(posixpath.dirname(name.rstrip("/\\").replace("\\", "/")))
+    own = posixpath.normpath(posixpath.join(root.replace("\\", "/"), run.path))
+    return None if parent in (own, posixpath.normpath(run.path)) else name
+
+
+def run_history(run: Run, root: str) -> RunHistory | None:
+    """``run``'s ``RunHistory`` (``root``: the tree's root as given), or None when it holds no numbered
+    checkpoint."""
+    ck = _newest(run)
+    if ck is None:
+        return None
+    ts = trainer_view.trainer_state(ck)
+    return RunHistory(
+        path=run.path,
+        where=ck.path + "/config.json" if ck.path not in ("", ".") else "config.json",
+        newest_mtime=ck.folder_mtime,
+        oldest_mtime=min((c.folder_mtime for c in run.checkpoints), default=0.0),
+        layout=_layout(ck),
+        has_config=ck.file("config.json") is not None,
+        named=_source_named(ck, run, root),
+        losses=tuple(_losses(ts)) if ts is not None else (),
+    )

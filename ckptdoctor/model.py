@@ -735,6 +735,24 @@ class ShardProblem:
 
 
 @frozen
+class RunHistory:
+    """What one run's newest checkpoint shows of where the run started, kept when the run itself is released: its
+    ``path`` in the root, the file a finding about it names (``where``), its newest checkpoint's folder time, the
+    oldest folder time of its checkpoints, the weights' layout ((name, shape) pairs; None when unread), whether the
+    newest checkpoint holds ``config.json``, the checkpoint its ``config.json``'s ``_name_or_path`` names when that is
+    another run's (``named``), and the ``(step, loss)`` training logs of its ``log_history``."""
+
+    path: str
+    where: str
+    newest_mtime: float
+    oldest_mtime: float
+    layout: frozenset[tuple[str, tuple[int, ...]]] | None
+    has_config: bool
+    named: str | None
+    losses: tuple[tuple[int, float], ...]
+
+
+@frozen
 class Tree:
     """Everything one scan root holds, as discovered and read."""
 
@@ -751,6 +769,9 @@ class Tree:
     # file path -> the pickle verdict of each file holding pickle streams, judged once per scan before the rules run
     # (``pickle_verdict.judge.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None
+    # what the rules that compare sibling runs need of the runs of the same root judged before this tree, when a
+    # scan judges a root run by run (``scanner.scan_root``): their ``RunHistory`` (no file facts kept)
+    siblings: tuple[RunHistory, ...] = field(default=(), compare=False)
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []

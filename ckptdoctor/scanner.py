@@ -14,7 +14,7 @@ from typing import TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Tree, frozen
+from ckptdoctor.model import RunHistory, Tree, frozen
 from ckptdoctor.roots import PathArg, Roots
 from ckptdoctor.rules import Selection, judged, run_rules
 from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
@@ -174,7 +174,7 @@ def scan_root(
     one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s."""
     from ckptdoctor import trainer_view
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
-    from ckptdoctor.facts import holds_checkpoint
+    from ckptdoctor.facts import holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
 
     if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
@@ -185,11 +185,18 @@ def scan_root(
     def placed(tree: Tree) -> Tree:
         return tree if tree.abs_root else dataclasses.replace(tree, abs_root=os.path.abspath(path))
 
+    histories: list[RunHistory] = []  # what sibling-run rules (CKD422) need of the runs judged and released
+
+    def with_siblings(tree: Tree) -> Tree:
+        out = dataclasses.replace(placed(tree), siblings=tuple(histories)) if histories else placed(tree)
+        histories.extend(h for run in tree.runs if (h := run_history(run, tree.root)) is not None)
+        return out
+
     def part(tree: Tree, above: tuple[str, ...]) -> None:
         nonlocal held, counted
         held = held or holds_checkpoint(tree)
         counted += tree.files_seen
-        on_part(Part(judged(placed(tree), selection), above))
+        on_part(Part(judged(with_siblings(tree), selection), above))
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
 
     split = split and not selection.deep
@@ -217,7 +224,7 @@ def scan_root(
             data = check_tree(tree, workers, progress, checksums=checksums is not None, values=compared)
             manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
             tree = dataclasses.replace(tree, data=data, manifest=manifest)
-        tree = judged(tree, selection)
+        tree = judged(with_siblings(tree), selection)
         whole = None if held else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
         on_part(Part(tree, (), True, whole))
 

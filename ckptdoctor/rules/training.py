@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import math
 import posixpath
-import re
 from collections import Counter
 from collections.abc import Iterator
 
 from ckptdoctor import trainer_view
-from ckptdoctor.facts import plural, saved_shard_tensors, saved_world_size
+from ckptdoctor.facts import plural, run_history, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
@@ -560,39 +558,7 @@ def accelerate_custom_checkpoints_mismatch(tree: Tree) -> Iterator[Hit]:
                                    f"{counts[ck.path]} objects are registered with `register_for_checkpointing`")
 
 
-_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 LEARNED = 0.02  # a run whose logged loss fell by less than this fraction gives no evidence of where another started
-
-
-def _losses(ts: trainer_view.TrainerStateView) -> list[tuple[int, float]]:
-    """``(step, loss)`` of the training logs in ``log_history``, in file order."""
-    out: list[tuple[int, float]] = []
-    for entry in ts.log_history:
-        step, loss = trainer_view.integer(entry.get("step")), trainer_view._num(entry.get("loss"))
-        if step is not None and loss is not None and math.isfinite(loss):
-            out.append((step, loss))
-    return out
-
-
-def _newest(run: Run) -> Checkpoint | None:
-    cks = [c for c in run.checkpoints if c.role == FolderRole.CHECKPOINT and c.step is not None]
-    return max(cks, key=lambda c: c.step or 0) if cks else None
-
-
-def _layout(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
-    tensors = trainer_view.tensors_of(trainer_view.loaded_weight_file(ck))
-    return None if not tensors else frozenset((t.name, tuple(t.shape)) for t in tensors)
-
-
-def _source_named(ck: Checkpoint, run: Run, tree: Tree) -> str | None:
-    """The checkpoint folder ``config.json``'s ``_name_or_path`` names, when it is not one of ``run``'s own."""
-    config = trainer_view.json_value(ck.file("config.json"))
-    name = config.get("_name_or_path") if isinstance(config, dict) else None
-    if not isinstance(name, str) or not _CHECKPOINT_NAME.match(posixpath.basename(name.rstrip("/\\"))):
-        return None
-    parent = posixpath.normpath(posixpath.dirname(name.rstrip("/\\").replace("\\", "/")))
-    own = posixpath.normpath(posixpath.join(tree.root.replace("\\", "/"), run.path))
-    return None if parent in (own, posixpath.normpath(run.path)) else name
 
 
 @rule("CKD422", "run-started-from-checkpoint", Severity.WARNING)
@@ -631,49 +597,38 @@ def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
     `PretrainedConfig.to_dict` (4.x writes `_name_or_path`), `src/transformers/trainer.py` `Trainer.train`
     (`resume_from_checkpoint`), `Trainer._load_optimizer_and_scheduler`.
     """
-    newest = {run.path: ck for run in tree.runs if (ck := _newest(run)) is not None}
-    layouts: dict[str, frozenset[tuple[str, tuple[int, ...]]] | None] = {}  # each run's, read once
-
-    def layout_of(path: str) -> frozenset[tuple[str, tuple[int, ...]]] | None:
-        if path not in layouts:
-            layouts[path] = _layout(newest[path])
-        return layouts[path]
-
-    for run in tree.runs:
-        ck = newest.get(run.path)
-        if ck is None:
+    current = [h for run in tree.runs if (h := run_history(run, tree.root)) is not None]
+    here = {h.path for h in current}
+    # the runs of the same root judged before this tree (a scan that judges run by run): each pair is judged once,
+    # when the later of the two is here; a finding may then name a run judged before
+    histories = [*current, *(h for h in tree.siblings if h.path not in here)]
+    for mine in histories:
+        if mine.named is not None:
+            if mine.path in here:
+                yield Hit(mine.where, f"`_name_or_path` names `{mine.named}`: this run was built from that "
+                                      "checkpoint's weights as a new run (global_step from 0, a fresh optimizer, the "
+                                      "LR schedule and its warm-up restarted), not resumed from it")
             continue
-        where = ck.path + "/config.json" if ck.path not in ("", ".") else "config.json"
-        source = _source_named(ck, run, tree)
-        if source is not None:
-            yield Hit(where, f"`_name_or_path` names `{source}`: this run was built from that checkpoint's weights "
-                             "as a new run (global_step from 0, a fresh optimizer, the LR schedule and its warm-up "
-                             "restarted), not resumed from it")
+        if not mine.losses or not mine.has_config or mine.layout is None:
             continue
-        ts = trainer_view.trainer_state(ck)
-        mine = _losses(ts) if ts is not None else []
-        if not mine or ck.file("config.json") is None:
-            continue
-        first_step, first = mine[0]
-        oldest = min((c.folder_mtime for c in run.checkpoints), default=0.0)
-        for other in tree.runs:
-            ock = newest.get(other.path)
-            if other is run or ock is None or ock.folder_mtime > oldest or layout_of(run.path) is None or (
-                    layout_of(other.path) != layout_of(run.path)):
+        first_step, first = mine.losses[0]
+        for other in histories:
+            if other is mine or (mine.path not in here and other.path not in here):
                 continue
-            ots = trainer_view.trainer_state(ock)
-            theirs = _losses(ots) if ots is not None else []
+            if other.newest_mtime > mine.oldest_mtime or other.layout != mine.layout:
+                continue
+            theirs = other.losses
             if len(theirs) < 2 or theirs[0][0] != first_step:
                 continue
             start, late = theirs[0][1], theirs[-1][1]
             if start - late < LEARNED * abs(start) or not first < start - (start - late) / 2:
                 continue
-            yield Hit(where, f"its first logged loss ({first:.4g} at step {first_step}) starts near where sibling "
-                             f"run `{other.path}` ended ({late:.4g} at step {theirs[-1][0]}, from {start:.4g} at step "
-                             f"{theirs[0][0]}), while its steps count from the start: it was likely started from "
-                             f"`{other.path}`'s weights as a new run (a fresh optimizer, the LR schedule and its "
-                             "warm-up restarted), not resumed. Inferred from the logged losses: transformers 4.57 and "
-                             "5.x record no source path")
+            yield Hit(mine.where, f"its first logged loss ({first:.4g} at step {first_step}) starts near where sibling "
+                                  f"run `{other.path}` ended ({late:.4g} at step {theirs[-1][0]}, from {start:.4g} at "
+                                  f"step {theirs[0][0]}), while its steps count from the start: it was likely started "
+                                  f"from `{other.path}`'s weights as a new run (a fresh optimizer, the LR schedule and "
+                                  "its warm-up restarted), not resumed. Inferred from the logged losses: transformers "
+                                  "4.57 and 5.x record no source path")
             break
 
 

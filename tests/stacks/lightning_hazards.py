@@ -19,8 +19,6 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning_run import _data
 
-from tests.helpers.paths import REPO
-
 
 class Module(L.LightningModule):
     """A linear model; ``onecycle``: a per-step OneCycleLR sized for the Trainer's planned steps."""
@@ -218,8 +216,9 @@ def callback(root: str) -> dict[str, Any]:
     Trainer (it would train from scratch: the callback stops it before anything loads), and a run with a fixed
     ``dirpath`` (it passes, and the fit resumes)."""
     import sys
+    from pathlib import Path
 
-    sys.path.insert(0, str(REPO))  # this checkout's ckptdoctor
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's ckptdoctor (run by path)
     from ckptdoctor.integrations.lightning import ResumeGateError, gate_callback
 
     out: dict[str, Any] = {}
