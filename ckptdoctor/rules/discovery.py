@@ -3,20 +3,22 @@ and whether it should."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from collections.abc import Iterator
 
 from ckptdoctor import trainer_view
-from ckptdoctor.facts import PATH_KINDS, holds_checkpoint
+from ckptdoctor.facts import (
+    PATH_KINDS,
+    common_steps,
+    history_divergence,
+    holds_checkpoint,
+    run_identity_difference,
+)
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
-    HISTORY_KEYS,
     Checkpoint,
     FileKind,
     FolderRole,
@@ -160,157 +162,11 @@ def _gap(seconds: float) -> str:
     return f"{int(seconds)} s"
 
 
-def versus(a: float, b: float) -> str:
-    """``a vs b`` in one format: both sides with the same significant digits, as many as the longer of their
-    6-digit forms needs (``4.16240 vs 4.15653``, ``0.02 vs 0.05``), more when 6 would print them equal. Integers
-    (not bools) print whole."""
-    if type(a) is int and type(b) is int:
-        return f"{a} vs {b}"
-    fa, fb = trainer_view.number(a), trainer_view.number(b)  # an integer past float range prints as an infinity
-    if fa is None or fb is None:
-        return f"{a!r} vs {b!r}"
-    a, b = fa, fb
-    short = f"{a:.6g}", f"{b:.6g}"
-    digits = max(map(_digits, short))
-    exponent = any("e" in t for t in short)  # then both sides, so 5e-05 and 1e-04 line up
-    while True:
-        left, right = _fixed_digits(a, digits, exponent), _fixed_digits(b, digits, exponent)
-        if left != right or digits >= 17:  # 17 significant digits tell any two distinct doubles apart
-            return f"{left} vs {right}"
-        digits += 1
-
-
-def _digits(text: str) -> int:
-    """Significant digits of a number as ``:g`` prints it (1 for zero, NaN or infinity)."""
-    mantissa = text.split("e")[0].replace("-", "").replace(".", "").lstrip("0")
-    return max(sum(c.isdigit() for c in mantissa), 1)
-
-
-def _fixed_digits(x: float, digits: int, exponent: bool) -> str:
-    """``x`` with exactly ``digits`` significant digits, trailing zeros kept (but no bare trailing point), in
-    exponent notation when ``exponent`` is set."""
-    text = f"{x:#.{digits - 1}e}" if exponent else f"{x:#.{digits}g}"
-    return text.replace(".e", "e").removesuffix(".")
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
-
-
-def history_divergence(older: trainer_view.TrainerStateView, newer: trainer_view.TrainerStateView) -> str | None:
-    """Where two trainer states stop telling the same story, or None when ``older``'s history is a prefix of
-    ``newer``'s (as for two checkpoints of one run). Compares loss and learning_rate at the steps both logged."""
-    by_step = newer.by_step
-    hist = older.log_history
-    if _starts(newer, hist):
-        # Entry for entry, ``older``'s log is the start of ``newer``'s (two checkpoints of one run, the usual case):
-        # an equal entry diverges only where ``newer``'s own entry at that position could.
-        for i in _suspects(newer):
-            if i >= len(hist):
-                break
-            why = _entry_divergence(hist[i], by_step)
-            if why is not None:
-                return why
-        return None
-    for e in hist:
-        why = _entry_divergence(e, by_step)
-        if why is not None:
-            return why
-    return None
-
-
-def _entry_divergence(e: dict[str, Any], by_step: Mapping[int, dict[str, Any]]) -> str | None:
-    """Where one log entry disagrees with the merged entry of its step, or None."""
-    step = e.get("step")
-    if not isinstance(step, int) or step not in by_step:
-        return None
-    other = by_step[step]
-    for key in ("loss", "learning_rate"):
-        a, b = e.get(key), other.get(key)
-        x, y = trainer_view.number(a), trainer_view.number(b)
-        if x is not None and y is not None and a != b and not _close(x, y):
-            return f"log_history diverges at step {step} ({key} {versus(cast(float, a), cast(float, b))})"
-    return None
-
-
-def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...]) -> bool:
-    """Whether ``ts``'s log_history starts with entries whose step, loss and learning_rate equal ``prefix``'s."""
-    n = len(prefix)
-    if n > len(ts.log_history):
-        return False
-    try:
-        if ts.log_history[:n] == prefix:  # whole entries equal: what the Trainer writes, a single C-speed pass
-            return True
-        ours, theirs = _columns(ts.log_history), _columns(prefix)
-        if ours is None or theirs is None:
-            return False
-        return all(a[:n] == b for a, b in zip(ours, theirs, strict=True))
-    except RecursionError:  # values nested deeper than the comparison may recurse: take the entry-by-entry path
-        return False
-
-
-_COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
-
-
-@trainer_view.per_object
-def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
-    """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
-    if not set(map(type, log)) <= {dict}:
-        return None
-    return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
-
-
-# Steps of these types give equal values the same treatment in ``_entry_divergence`` (an int step is compared,
-# a string or null one is not); a float step equal to an int one is not compared while the int one is.
-_PLAIN_STEPS = frozenset({int, bool, str, type(None)})
-
-
-@trainer_view.per_object
-def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
-    """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
-    ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
-    out: list[int] = []
-    by_step = ts.by_step
-    for i, e in enumerate(ts.log_history):
-        if type(e.get("step")) not in _PLAIN_STEPS:
-            out.append(i)
-            continue
-        try:
-            why = _entry_divergence(e, by_step)
-        except Exception:  # the other history's entry is then compared (and fails) as it always was
-            why = "error"
-        if why is not None:
-            out.append(i)
-    return tuple(out)
-
-
-def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:
-    """A difference in the run-level settings two checkpoints of one run share (max_steps, epochs, batch size)."""
-    for label, x, y in (
-        ("max_steps", a.max_steps, b.max_steps),
-        ("num_train_epochs", a.num_train_epochs, b.num_train_epochs),
-        ("train_batch_size", a.train_batch_size, b.train_batch_size),
-    ):
-        if x is not None and y is not None and x != y:
-            return f"{label} {versus(x, y)}"
-    return None
-
-
 def _picked(run: Run) -> Checkpoint | None:
     for ck in run.checkpoints:
         if ck.path == run.resume_pick:
             return ck
     return None
-
-
-def _common_steps(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> bool:
-    steps = {e.get("step") for e in a.log_history if "loss" in e or "learning_rate" in e}
-    return any(e.get("step") in steps for e in b.log_history if "loss" in e or "learning_rate" in e)
-
-
-def same_history(older: trainer_view.TrainerStateView, newer: trainer_view.TrainerStateView) -> bool:
-    """True when two trainer states logged steps in common and agree on them: two checkpoints of one run."""
-    return _common_steps(older, newer) and history_divergence(older, newer) is None
 
 
 @frozen
@@ -341,7 +197,7 @@ def stale_verdict(run: Run) -> StaleVerdict | None:
         if c is pick or ts is None or c.step is None or c.step >= pick.step:
             continue
         why = history_divergence(ts, ts_pick)
-        if why is None and c.mtime > pick.mtime + 1.0 and not _common_steps(ts, ts_pick):
+        if why is None and c.mtime > pick.mtime + 1.0 and not common_steps(ts, ts_pick):
             why = run_identity_difference(ts, ts_pick)
         if why is not None:
             extra = run_identity_difference(ts, ts_pick)

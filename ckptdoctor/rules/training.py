@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from ckptdoctor import trainer_view
-from ckptdoctor.facts import plural, run_history, saved_shard_tensors, saved_world_size
+from ckptdoctor.facts import plural, run_history, same_history, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
@@ -22,7 +22,6 @@ from ckptdoctor.model import (
     Tree,
 )
 from ckptdoctor.rules import Hit, rule
-from ckptdoctor.rules.discovery import same_history
 from ckptdoctor.stacks import accelerate, lightning
 
 # Fields transformers' TrainerState needs to resume (missing ones fall back to defaults that break the resume).

@@ -34,7 +34,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import ckptdoctor.readers as readers_package
-from ckptdoctor import trainer_view
+from ckptdoctor import facts, trainer_view
 from ckptdoctor.findings import Finding
 from ckptdoctor.model import (
     Checkpoint,
@@ -49,7 +49,6 @@ from ckptdoctor.model import (
 from ckptdoctor.pickle_verdict import judge as pickle_judge
 from ckptdoctor.readers import nested as pickle_analysis  # the nested-pickle search, found at read time
 from ckptdoctor.readers.pickle_walk import iter_values
-from ckptdoctor.rules import discovery
 from ckptdoctor.scanner import scan
 from tests.helpers import builders, payloads
 from tests.helpers.paths import REPO
@@ -455,9 +454,9 @@ def _old_history_divergence(older: Any, newer_log: tuple[dict[str, Any], ...]) -
             # numbers read through trainer_view.number, as the rule reads them since a3d1d75 (a JSON integer past
             # float range is an infinity)
             x, y = trainer_view.number(a), trainer_view.number(b)
-            if x is not None and y is not None and a != b and not discovery._close(x, y):
-                # the rule's message since dbabd70: one number format per comparison (discovery.versus)
-                return f"log_history diverges at step {step} ({key} {discovery.versus(a, b)})"
+            if x is not None and y is not None and a != b and not facts._close(x, y):
+                # the rule's message since dbabd70: one number format per comparison (facts.versus)
+                return f"log_history diverges at step {step} ({key} {facts.versus(a, b)})"
     return None
 
 
@@ -518,9 +517,9 @@ def test_history_divergence_is_unchanged(
     newer_log = [dict(e) for e in common] + newer_tail
     older, newer = _view(older_log), _view(newer_log)
     want = _outcome(lambda: _old_history_divergence(older, newer.log_history))
-    assert _outcome(lambda: discovery.history_divergence(older, newer)) == want
+    assert _outcome(lambda: facts.history_divergence(older, newer)) == want
     # and the other way round, with the newer view's caches already built
-    assert _outcome(lambda: discovery.history_divergence(newer, older)) == _outcome(
+    assert _outcome(lambda: facts.history_divergence(newer, older)) == _outcome(
         lambda: _old_history_divergence(newer, older.log_history)
     )
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from ckptdoctor.facts import versus
 from ckptdoctor.findings import Applicability, Finding, Severity
 from ckptdoctor.fixer import undo
 from ckptdoctor.model import ProblemKind
 from ckptdoctor.readers.jsonfiles import read_json
-from ckptdoctor.rules.discovery import versus
 from ckptdoctor.scanner import scan
 from tests.helpers.e2e import ckptdoctor_fix, found, tree_digest
 from tests.helpers.reference import TOL, max_difference
