@@ -19,13 +19,13 @@ from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.roots import PathArg, Roots
-from ckptdoctor.settings.exit import ExitPolicy
 from ckptdoctor.settings.selection import (
     Codes,
     KeptCallback,
     Options,
     RootSettings,
     check_runnable,
+    exit_policy,
     selection_groups,
     settings_used,
     warn_kept,
@@ -144,7 +144,7 @@ def scan_roots(
         tuple(trees),
         tuple(findings),
         sum(r.seconds for r in parts),
-        ExitPolicy.of_settings(options.fail_on, settings),
+        exit_policy(options.fail_on, settings),
         settings_used(zip(settings, folders, strict=True)),
     )
 
@@ -186,7 +186,7 @@ def _scan_parts(
         tuple(trees),
         tuple(findings),
         time.perf_counter() - start,
-        ExitPolicy.of_settings(options.fail_on, settings),
+        exit_policy(options.fail_on, settings),
         settings_used(zip(settings, folders, strict=True)),
     )
 
@@ -367,5 +367,5 @@ def fix_roots(
         for ps, selection, cfg_fail_on, _ in groups
     ]
     # Each remaining finding judged under its own folder's fail-on, as scan judges it.
-    policy = ExitPolicy.of_settings(options.fail_on, [nested.get(r, rs) for r, rs in own.items()])
+    policy = exit_policy(options.fail_on, [nested.get(r, rs) for r, rs in own.items()])
     return FixResult.merge(results, policy)

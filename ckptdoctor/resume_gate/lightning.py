@@ -2,15 +2,14 @@
 judge it with the Lightning gate rules (CKD445, CKD446) plus the scan's findings about the folder it reads.
 
 ``run_gate`` in ``resume_gate.api`` hands a run here when ``stack="lightning"`` is asked, or when none is asked and
-the run
-holds Lightning checkpoints (``handles``)."""
+the run holds Lightning checkpoints (``handles``)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ckptdoctor.findings import Finding, display_path
 from ckptdoctor.model import FileFacts, Stack, Tree
@@ -18,13 +17,10 @@ from ckptdoctor.resume_gate.plan import GateInputError
 from ckptdoctor.rules import Selection, all_rules, evaluate
 from ckptdoctor.stacks import lightning
 
-if TYPE_CHECKING:
-    from ckptdoctor.resume_gate.api import GateResult
-
 # The planned arguments a Lightning resume reads (`gate(..., ckpt_path=..., max_epochs=..., max_steps=...,
 # logger_version=..., steps_per_epoch=...)`, the CLI's `--ckpt-path`, `--max-epochs` ...)
 PLAN_FIELDS = frozenset({"ckpt_path", "max_epochs", "max_steps", "logger_version", "steps_per_epoch"})
-R = TypeVar("R", bound="GateResult")
+R = TypeVar("R")  # the gate's result (``resume_gate.api.GateResult``, handed in: that module imports this one)
 _SCAN_DEPTH = 4  # lightning_logs/version_N/checkpoints/x.ckpt under RUN_DIR
 
 
@@ -63,7 +59,7 @@ def handles(run_dir: str | os.PathLike[str], stack: str | None, planned: Mapping
 
 def run_gate(
     run_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str] | None, planned: Mapping[str, Any],
-    selected: tuple[Selection, str | None], fail_on: str | None, result: type[R],
+    selected: tuple[Selection, str | None], fail_on: str | None, result: Callable[..., R],
 ) -> R:
     """``gate`` of a Lightning run: ``planned`` holds ``PLAN_FIELDS`` (None: Lightning's default); ``checkpoint``, as
     ``--checkpoint``, is a ``ckpt_path`` path. ``selected`` is ``resume_gate.api.rule_selection``'s answer, ``fail_on``
@@ -90,15 +86,15 @@ def run_gate(
     found = evaluate(rules, p, tree, selection)
     kept = _kept(scanned, p)
     loaded = p.loaded
-    out = result(
+    return result(
         os.fspath(run_dir), None if loaded is None else display_path(tree.root, loaded.path), "lightning",
         p.start_step, None if p.steps_to_train is None or p.start_step is None else p.start_step + p.steps_to_train,
         p.steps_to_train, (), tuple(sorted([*kept, *found], key=Finding.sort_key)),
         restores_optimizer=loaded is not None and p.raises is None, epochs_trained=p.start_epoch,
         fail_on=fail_on or cfg_fail_on or "error",
         weights_file=None if loaded is None else loaded.name, stack="lightning",
+        fail_on_from_settings=fail_on is None and cfg_fail_on is not None,
     )
-    return replace(out, fail_on_from_settings=fail_on is None and cfg_fail_on is not None)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -5,15 +5,10 @@ pass a security error."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import frozen
-
-if TYPE_CHECKING:
-    from ckptdoctor.settings.selection import RootSettings
-
 
 FAIL_ON = ("error", "warning", "info", "never")
 
@@ -69,22 +64,15 @@ class ExitPolicy:
     """How the exit code of a scan (or of what a fix leaves) is decided, as the command line decides it.
 
     ``fail_on`` is the caller's (``--fail-on``; None: not given) and ``scopes`` each folder's settings, as
-    ``(root, folder, the settings file's fail-on, trusted)`` (``RootSettings``): a finding is judged under the
-    deepest scope holding its path. The default policy fails on errors, as a scan without settings does.
+    ``(root, folder, the settings file's fail-on, trusted)`` (``settings.selection.exit_policy`` builds them): a
+    finding is judged under the deepest scope holding its path. The default policy fails on errors, as a scan
+    without settings does.
     """
 
     fail_on: str | None = None
     scopes: tuple[tuple[str, str, str | None, bool], ...] = ()
     # The untrusted settings file's fail-on for a finding under no scope: the gate's, from RUN_DIR's closest file.
     settings_fail_on: str | None = None
-
-    @classmethod
-    def of_settings(cls, fail_on: str | None, settings: Sequence[RootSettings]) -> ExitPolicy:
-        """The policy of every scope of ``settings`` under the caller's ``fail_on``."""
-        return cls(
-            fail_on,
-            tuple((s.root, s.folder, s.fail_on, s.config.trusted) for rs in settings for s in rs.scopes),
-        )
 
     def _scope(self, f: Finding) -> tuple[str | None, bool]:
         best: tuple[str, str, str | None, bool] | None = None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ckptdoctor.errors import UsageError
 from ckptdoctor.model import frozen
 from ckptdoctor.settings.codes import check_codes, rule_codes, split_codes
-from ckptdoctor.settings.exit import check_fail_on
+from ckptdoctor.settings.exit import ExitPolicy, check_fail_on
 from ckptdoctor.settings.files import Config, find_config, nested_configs, user_table, walk_configs
 
 if TYPE_CHECKING:
@@ -325,3 +325,12 @@ def with_nested(settings: RootSettings, files: Iterable[str], options: Options) 
     resolver = _Resolver(options)
     scopes = [resolver.scope(settings.root, folder, cfg) for folder, cfg in found]
     return RootSettings(settings.root, (settings.scopes[0], *scopes))
+
+
+def exit_policy(fail_on: str | None, settings: Sequence[RootSettings]) -> ExitPolicy:
+    """The exit policy of every scope of ``settings`` (each root's settings files, with their trust) under the
+    caller's ``fail_on``."""
+    return ExitPolicy(
+        fail_on,
+        tuple((s.root, s.folder, s.fail_on, s.config.trusted) for rs in settings for s in rs.scopes),
+    )
