@@ -740,7 +740,7 @@ class RunHistory:
     ``path`` in the root, the file a finding about it names (``where``), its newest checkpoint's folder time, the
     oldest folder time of its checkpoints, the weights' layout ((name, shape) pairs; None when unread), whether the
     newest checkpoint holds ``config.json``, the checkpoint its ``config.json``'s ``_name_or_path`` names when that is
-    another run's (``named``), and the ``(step, loss)`` training logs of its ``log_history``."""
+    another run's (``named``), and the first and last ``(step, loss)`` training logs of its ``log_history``."""
 
     path: str
     where: str

@@ -1034,6 +1034,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
 # The output embedding a causal LM head ties to its input embedding (`_tied_weights_keys` of the *ForCausalLM,
 # *LMHeadModel and *ForConditionalGeneration classes: `lm_head.weight`; GPT-NeoX's `embed_out.weight`).
 _HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
+_HEAD_SUFFIXES = tuple("." + h for h in _HEAD_NAMES)
 _INPUT_EMBED_RE = re.compile(r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared)\.weight$")
 _LM_ARCH_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # Config classes whose `tie_word_embeddings` defaults to False (`src/transformers/models/<type>/configuration_*.py`);
@@ -1120,8 +1121,11 @@ def untied_head_not_saved(tree: Tree) -> Iterator[Hit]:
         if saved is None:
             continue
         source, names = saved
+        # the head first: a plain suffix test, and the common case (a saved head) ends the check
+        if any(n.endswith(_HEAD_SUFFIXES) or n in _HEAD_NAMES for n in names):
+            continue
         embeds = [n for n in names if _INPUT_EMBED_RE.search(n)]
-        if not embeds or any(n == h or n.endswith("." + h) for n in names for h in _HEAD_NAMES):
+        if not embeds:
             continue
         cfg_file = ck.file("config.json")
         assert cfg_file is not None
