@@ -15,21 +15,17 @@ not imported here: only the object passed in is read.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.findings import Severity
-from ckptdoctor.integrations.transformers import ResumeGateError
-from ckptdoctor.render.gate import finding_line
+from ckptdoctor.integrations.transformers import ResumeGateError, settled
 from ckptdoctor.resume_gate import GateResult
 from ckptdoctor.resume_gate.accelerate import judge
 from ckptdoctor.resume_gate.api import gate_options, rule_selection
 from ckptdoctor.resume_gate.plan import Plan
 from ckptdoctor.stacks.accelerate import Registered
 
-logger = logging.getLogger("ckptdoctor")
 
 __all__ = ["ResumeGateError", "check_load_state", "registered"]
 
@@ -88,10 +84,5 @@ def check_load_state(
     fields = judge(report.trees[0], plan, run=target, scanned=report.findings, selection=selection,
                    registered=registered(accelerator))
     result = GateResult(**fields, fail_on_from_settings=options.fail_on is None and cfg_fail_on is not None)
-    if result.failed:
-        raise ResumeGateError(result)
-    for f in result.findings:
-        if f.severity in (Severity.ERROR, Severity.WARNING):
-            logger.warning("%s", finding_line(f))
-    return result
+    return settled(result)
 

@@ -24,9 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckptdoctor.findings import Severity
-from ckptdoctor.integrations.transformers import ResumeGateError, logger
-from ckptdoctor.render.gate import finding_line
+from ckptdoctor.integrations.transformers import ResumeGateError, settled
 from ckptdoctor.resume_gate import GateResult, gate
 
 __all__ = ["ResumeGateError", "check_resume", "gate_callback", "planned_from_trainer"]
@@ -82,12 +80,7 @@ def check_resume(
         raise ValueError("ckpt_path=None does not resume; there is nothing to gate")
     result = gate(run_dir, stack="lightning", fail_on=fail_on, select=select, ignore=ignore, config=config,
                   **planned)
-    if result.failed:
-        raise ResumeGateError(result)
-    for f in result.findings:
-        if f.severity in (Severity.ERROR, Severity.WARNING):
-            logger.warning("%s", finding_line(f))
-    return result
+    return settled(result)
 
 
 def gate_callback(

@@ -113,9 +113,15 @@ def _run(
         **rules,
         **planned_from_args(args, dataloader, accelerator),
     )
+    return settled(result)
+
+
+def settled(result: GateResult) -> GateResult:
+    """``result`` when it passes, its errors and warnings logged (a pass can still carry warnings: CKD410 LR 0,
+    CKD411 a jump); raises ``ResumeGateError`` when it fails. Every integration ends its check here."""
     if result.failed:
         raise ResumeGateError(result)
-    for f in result.findings:  # a pass can still carry warnings (CKD410 LR 0, CKD411 a jump): say so in the log
+    for f in result.findings:
         if f.severity in (Severity.ERROR, Severity.WARNING):
             logger.warning("%s", finding_line(f))
     return result
