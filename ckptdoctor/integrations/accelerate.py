@@ -26,7 +26,6 @@ from ckptdoctor.resume_gate.api import gate_options, rule_selection
 from ckptdoctor.resume_gate.plan import Plan
 from ckptdoctor.stacks.accelerate import Registered
 
-
 __all__ = ["ResumeGateError", "check_load_state", "registered"]
 
 # `DistributedType` values whose `load_state` loads the model and optimizer through the engine (DeepSpeed,
