@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ckptdoctor.model import frozen
@@ -61,7 +61,7 @@ class FixPlan:
     ops: tuple[FixOp, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Finding:
     """One hazard at one path. ``path`` is relative to the root given by the user, with ``/`` separators."""
 

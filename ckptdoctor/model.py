@@ -11,7 +11,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if sys.version_info >= (3, 11):
@@ -68,12 +68,96 @@ def frozen_value(cls: type[_T]) -> type[_T]:
     return cls
 
 
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _frozen_getstate(self: Any) -> list[Any]:
+    return [getattr(self, f.name) for f in fields(self)]
+
+
+def _frozen_setstate(self: Any, state: list[Any]) -> None:
+    for f, value in zip(fields(self), state, strict=True):
+        object.__setattr__(self, f.name, value)  # bypasses the raising __setattr__, as the generated one does
+
+
+def _frozen_init(cls: type) -> Callable[..., None]:
+    """The ``__init__`` ``dataclass`` would generate for ``cls`` (a slotted dataclass), built from closures: each
+    field is set through its slot's descriptor, which the raising ``__setattr__`` does not see. All fields given
+    by position (how the hot constructors call) take one loop; anything else binds as Python binds arguments."""
+    every = fields(cls)
+    if any(f.kw_only for f in every):
+        raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")
+    given = tuple(f for f in every if f.init)
+    names = tuple(f.name for f in given)
+    known = frozenset(names)
+    count = len(names)
+    setters = tuple(getattr(cls, f.name).__set__ for f in given)
+    defaults = tuple(f.default for f in given)
+    factories = tuple(f.default_factory for f in given)
+    # fields left out of __init__ start at their default, as the generated __init__ sets them
+    fixed = tuple((getattr(cls, f.name).__set__, f.default, f.default_factory) for f in every
+                  if not f.init and (f.default is not MISSING or f.default_factory is not MISSING))  # fmt: skip
+    where = f"{cls.__qualname__}.__init__()"
+
+    def bind(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if len(args) > count:
+            raise TypeError(f"{where} takes {count + 1} positional arguments but {len(args) + 1} were given")
+        for i, name in enumerate(names):
+            if i < len(args):
+                if name in kwargs:
+                    raise TypeError(f"{where} got multiple values for argument {name!r}")
+                value = args[i]
+            elif name in kwargs:
+                value = kwargs[name]
+            elif defaults[i] is not MISSING:
+                value = defaults[i]
+            elif factories[i] is not MISSING:
+                value = factories[i]()  # type: ignore[operator]
+            else:
+                raise TypeError(f"{where} missing 1 required argument: {name!r}")
+            setters[i](self, value)
+        for name in kwargs:
+            if name not in known:
+                raise TypeError(f"{where} got an unexpected keyword argument {name!r}")
+        for setter, default, factory in fixed:
+            setter(self, factory() if default is MISSING else default)  # type: ignore[operator]
+
+    if fixed:
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            bind(self, args, kwargs)
+    else:
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if kwargs or len(args) != count:
+                bind(self, args, kwargs)
+            else:
+                for setter, value in zip(setters, args, strict=False):  # the same length: checked above
+                    setter(self, value)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[_T]) -> type[_T]:
-    """``cls`` as a value: ``dataclass(frozen=True, slots=True, eq=False, repr=False)`` given ``frozen_value``'s
-    equality, hash and repr (those ``dataclass(frozen=True)`` would generate, without its per-class ``exec``). The
-    one decorator of every frozen value in the package."""
-    return frozen_value(dataclass(frozen=True, slots=True, eq=False, repr=False)(cls))
+    """``cls`` as a value: a slotted dataclass that behaves as ``dataclass(frozen=True, slots=True)`` would make it
+    (the same ``__init__``, equality, hash and repr, ``FrozenInstanceError`` on assignment, pickling, ``replace``),
+    built without compiling anything. ``dataclass`` compiles each generated method with ``exec`` (three per frozen
+    class); for the 70-odd values a scan imports that was a third of the start-up. The one decorator of every
+    frozen value in the package."""
+    made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
+    made.__init__ = _frozen_init(made)
+    made.__setattr__ = _frozen_setattr
+    made.__delattr__ = _frozen_delattr
+    made.__getstate__ = _frozen_getstate
+    made.__setstate__ = _frozen_setstate
+    return frozen_value(made)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ckptdoctor.model import frozen
 
 # Names ``TrainingArguments.lr_scheduler_type`` accepts whose LR depends on the step alone.
 SUPPORTED = (
@@ -169,7 +171,7 @@ def _wsd(
     return min_lr_ratio
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Schedule:
     """One LR schedule as ``get_scheduler`` would build it: ``factor(step)`` is ``lr_lambda(step)``."""
 

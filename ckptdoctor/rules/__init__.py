@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
@@ -52,7 +52,7 @@ GateRuleFunc = Callable[[Any], Iterable[Hit]]
 _F = TypeVar("_F", RuleFunc, GateRuleFunc)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Rule:
     """One registered rule: stable code and name, default severity, its document and its check."""
 
