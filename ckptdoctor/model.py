@@ -85,60 +85,57 @@ def _frozen_setstate(self: Any, state: list[Any]) -> None:
         object.__setattr__(self, f.name, value)  # bypasses the raising __setattr__, as the generated one does
 
 
+_FACTORY: Any = object()  # the default of a field made by a factory: the compiled ``__init__`` calls it
+
+
+def _compile_init(cls: type) -> Callable[..., None]:
+    """The ``__init__`` ``dataclass(frozen=True)`` generates for ``cls``: the same parameters and defaults, each
+    field set with ``object.__setattr__`` (the class's own ``__setattr__`` raises). Its source is made from the
+    class's own field names only, never from data."""
+    scope: dict[str, Any] = {"__set": object.__setattr__, "__factory": _FACTORY}
+    params: list[str] = []
+    lines: list[str] = []
+    for i, f in enumerate(fields(cls)):
+        if f.default is not MISSING:
+            scope[f"__d{i}"] = f.default
+            value = f.name if f.init else f"__d{i}"
+            params += [f"{f.name}=__d{i}"] if f.init else []
+        elif f.default_factory is not MISSING:
+            scope[f"__f{i}"] = f.default_factory
+            value = f"__f{i}() if {f.name} is __factory else {f.name}" if f.init else f"__f{i}()"
+            params += [f"{f.name}=__factory"] if f.init else []
+        elif f.init:
+            value = f.name
+            params.append(f.name)
+        else:
+            continue  # no default and not given: left unset, as dataclass leaves it
+        lines.append(f"    __set(self, {f.name!r}, {value})")
+    source = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(lines) or "    pass") + "\n"
+    exec(source, scope)  # our own field names, as in the methods dataclass generates
+    made: Callable[..., None] = scope["__init__"]
+    made.__qualname__ = f"{cls.__qualname__}.__init__"
+    return made
+
+
 def _frozen_init(cls: type) -> Callable[..., None]:
-    """The ``__init__`` ``dataclass`` would generate for ``cls`` (a slotted dataclass), built from closures: each
-    field is set through its slot's descriptor, which the raising ``__setattr__`` does not see. All fields given
-    by position (how the hot constructors call) take one loop; anything else binds as Python binds arguments."""
+    """An ``__init__`` that compiles the real one the first time ``cls`` is built, puts it in its place and calls
+    it: a scan imports some 70 value classes and builds about half, and compiling ``dataclass``'s methods for all
+    of them at import (three ``exec`` each) was a third of the start-up; what is built a million times still runs
+    the generated code."""
     every = fields(cls)
     if any(f.kw_only for f in every):
         raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")
-    given = tuple(f for f in every if f.init)
-    names = tuple(f.name for f in given)
-    known = frozenset(names)
-    count = len(names)
-    setters = tuple(getattr(cls, f.name).__set__ for f in given)
-    defaults = tuple(f.default for f in given)
-    factories = tuple(f.default_factory for f in given)
-    # fields left out of __init__ start at their default, as the generated __init__ sets them
-    fixed = tuple((getattr(cls, f.name).__set__, f.default, f.default_factory) for f in every
-                  if not f.init and (f.default is not MISSING or f.default_factory is not MISSING))  # fmt: skip
-    where = f"{cls.__qualname__}.__init__()"
+    seen_default = False
+    for f in every:
+        if f.init and (f.default is not MISSING or f.default_factory is not MISSING):
+            seen_default = True
+        elif f.init and seen_default:
+            raise TypeError(f"{cls.__qualname__}: non-default argument {f.name!r} follows default argument")
 
-    def bind(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if len(args) > count:
-            raise TypeError(f"{where} takes {count + 1} positional arguments but {len(args) + 1} were given")
-        for i, name in enumerate(names):
-            if i < len(args):
-                if name in kwargs:
-                    raise TypeError(f"{where} got multiple values for argument {name!r}")
-                value = args[i]
-            elif name in kwargs:
-                value = kwargs[name]
-            elif defaults[i] is not MISSING:
-                value = defaults[i]
-            elif factories[i] is not MISSING:
-                value = factories[i]()  # type: ignore[operator]
-            else:
-                raise TypeError(f"{where} missing 1 required argument: {name!r}")
-            setters[i](self, value)
-        for name in kwargs:
-            if name not in known:
-                raise TypeError(f"{where} got an unexpected keyword argument {name!r}")
-        for setter, default, factory in fixed:
-            setter(self, factory() if default is MISSING else default)  # type: ignore[operator]
-
-    if fixed:
-
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            bind(self, args, kwargs)
-    else:
-
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            if kwargs or len(args) != count:
-                bind(self, args, kwargs)
-            else:
-                for setter, value in zip(setters, args, strict=False):  # the same length: checked above
-                    setter(self, value)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        compiled = _compile_init(cls)
+        type.__setattr__(cls, "__init__", compiled)
+        compiled(self, *args, **kwargs)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     return __init__
@@ -147,10 +144,11 @@ def _frozen_init(cls: type) -> Callable[..., None]:
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[_T]) -> type[_T]:
     """``cls`` as a value: a slotted dataclass that behaves as ``dataclass(frozen=True, slots=True)`` would make it
-    (the same ``__init__``, equality, hash and repr, ``FrozenInstanceError`` on assignment, pickling, ``replace``),
-    built without compiling anything. ``dataclass`` compiles each generated method with ``exec`` (three per frozen
-    class); for the 70-odd values a scan imports that was a third of the start-up. The one decorator of every
-    frozen value in the package."""
+    (the same ``__init__``, equality, hash and repr, ``FrozenInstanceError`` on assignment, pickling, ``replace``).
+    ``dataclass`` compiles three methods per frozen class with ``exec`` when the class is made; for the 70-odd
+    values a scan imports that was a third of the start-up. Here only ``__init__`` is compiled, when the class is
+    first built (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen
+    value in the package."""
     made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
     made.__init__ = _frozen_init(made)
     made.__setattr__ = _frozen_setattr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -77,3 +77,36 @@ def test_still_a_frozen_slotted_dataclass() -> None:
     assert repr(ReadProblem(ProblemKind.EMPTY, "m")) == "ReadProblem(kind=<ProblemKind.EMPTY: 'empty'>, message='m')"
     t = TensorRef("F32", (2,), (1,), 0, "0", 2, "cpu")
     assert t == dataclasses.replace(t) and dataclasses.astuple(t)[0] == "F32"
+
+
+@frozen
+class _Defaults:
+    a: int
+    b: list[int] = field(default_factory=list)
+    c: str = "c"
+    d: int | None = field(default=None, init=False, compare=False)
+
+
+def test_init_binds_as_the_generated_one() -> None:
+    made = _Defaults(1)
+    assert (made.a, made.b, made.c, made.d) == (1, [], "c", None)
+    assert _Defaults(1).b is not made.b  # a fresh list per value, as default_factory makes
+    assert _Defaults(2, [3], c="x") == _Defaults(a=2, b=[3], c="x")
+    with pytest.raises(TypeError):
+        _Defaults()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Defaults(1, a=2)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        _Defaults(1, d=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Defaults(1, [], "c", 4)  # type: ignore[call-arg]
+    assert pickle.loads(pickle.dumps(made)) == made and dataclasses.replace(made, c="y").c == "y"
+
+
+def test_a_field_without_default_after_one_with_is_refused() -> None:
+    class Bad:
+        a: int = 1
+        b: int
+
+    with pytest.raises(TypeError, match="follows default"):
+        frozen(Bad)
