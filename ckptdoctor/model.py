@@ -149,6 +149,8 @@ def frozen(cls: type[_T]) -> type[_T]:
     values a scan imports that was a third of the start-up. Here only ``__init__`` is compiled, when the class is
     first built (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen
     value in the package."""
+    if not cls.__doc__:  # dataclass would make one from inspect.signature: of object's text, through tokenize
+        cls.__doc__ = cls.__qualname__
     made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
     made.__init__ = _frozen_init(made)
     made.__setattr__ = _frozen_setattr

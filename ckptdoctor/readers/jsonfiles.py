@@ -126,6 +126,8 @@ _HISTORY_BYTES = 64 * 1024 * 1024  # and at most this much body text, so a long-
 
 @frozen
 class _History:
+    """The ``log_history`` array of a large ``trainer_state.json``, read without the rest of the document."""
+
     body: bytes  # from after the ``[`` up to the last element's closing brace
     elements: tuple[Any, ...]
     limit: int  # the nesting limit the elements were checked against
