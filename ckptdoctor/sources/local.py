@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import os
@@ -98,6 +99,13 @@ class LocalSource:
     def shown_target(self, path: str) -> str:
         """The real path of ``path``, printable."""
         return display(os.path.realpath(path))
+
+    def part(self, path: str) -> LocalSource:
+        """This source with its own count of entries listed (links are still judged against the whole root)."""
+        out = copy.copy(self)
+        out.entries = 0
+        out.stopped = False
+        return out
 
     def _inside(self, real: str) -> bool:
         root = self.real_root
