@@ -125,7 +125,8 @@ class _Task:
 class DaskFanOut:
     """Runs the tasks of a scan on a Dask ``distributed.Client`` (``client``), in order, at most ``window`` at a time
     (default: four per worker thread, at least 8). ``root_task`` and ``folder_task`` are the functions the workers
-    run (``walk_root``, ``walk_one_folder``)."""
+    run (``walk_root``, ``walk_one_folder``). ``taken`` counts the tasks whose results the scan took, ``lost`` those
+    it reported as not checked."""
 
     root_task: Callable[..., Done] = staticmethod(walk_root)
     folder_task: Callable[..., Done] = staticmethod(walk_one_folder)
@@ -140,6 +141,8 @@ class DaskFanOut:
         self._plans: deque[_Plan] = deque()  # planned, not taken yet
         self._tasks: deque[_Task] = deque()  # planned, in the order they are taken
         self._flying = 0  # the first tasks of ``_tasks``, submitted
+        self.taken = 0
+        self.lost = 0
 
     def expect(self, path: str, selection: Selection, limits: Limits, jobs: int) -> None:
         """Announce a root the scan will ask for (``discover``), in order: its tasks may start before it is asked."""
@@ -164,6 +167,7 @@ class DaskFanOut:
         plan = self._plans.popleft()
         if plan.path != path:
             raise ValueError(f"fan-out: asked for {path!r}, the next root announced is {plan.path!r}")
+        self._fill()  # the workers start on its runs while the walk here lists the folders above them
         if plan.whole:
             done = self._take(self._tasks.popleft())
             if isinstance(done, str):
@@ -229,16 +233,19 @@ class DaskFanOut:
             self._flying -= 1
         self._fill()  # keep the cluster busy while this result is waited for and judged
         where = "the root" if task.rel == "." else "this folder"
+        self.taken += 1
         try:
             done = task.future.result()
         except BaseException as exc:  # asyncio's CancelledError (a cancelled future) is a BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            self.lost += 1
             why = " ".join(f"{type(exc).__name__}: {exc}".split())
             return f"not checked: the Dask task that reads {where} failed ({self.retries} retries): {why}"
         finally:
             task.future.release()
         if not isinstance(done, Done) or done.version != __version__:
+            self.lost += 1
             theirs = done.version if isinstance(done, Done) else "an unknown version"
             return (
                 f"not checked: a Dask worker runs ckptdoctor {theirs} and this scan {__version__}; "
