@@ -565,10 +565,11 @@ _TASK_SUFFIXES = (".index", ".h5", ".hdf5")
 
 def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
     """The folders of ``opened``'s root a fan-out walks as tasks of their own, in walk order, found by listing alone
-    (nothing is read): each folder the walk reaches outside any folder its run may take whole as a checkpoint
-    (``_absorbable``) whose listing shows a run (``_is_run``: `checkpoint-N` folders, accelerate's automatic
-    naming) or checkpoint files; the folders above them are listed further. None when the root is one task: a
-    file, a run or a checkpoint folder itself, a root that cannot be opened, or one with no such folder in it.
+    (nothing is read): each folder below the root that the walk reaches outside any folder its run may take whole
+    as a checkpoint (``_absorbable``) and whose listing shows a run (``_is_run``: `checkpoint-N` folders,
+    accelerate's automatic naming), a torchtitan `step-N` folder or checkpoint files; the folders above them are
+    listed further. None when the root is one task: a file, a run itself, a root that cannot be opened, or one with
+    no such folder in it (a checkpoint folder).
 
     Which folders are handed on decides how the work is split, never what is found: a folder handed on that is no
     part of its own (nothing in it is a run) comes back whole, and the walk of the root groups it as it would have.
@@ -593,11 +594,13 @@ def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
         if listing is None:
             return False
         files, subdirs = listing
-        if _is_run(node) or any(_worth_a_task(n) for n in node.file_names) or any(
+        if rel == ".":  # a root that is a run is one task; one with checkpoint files beside its runs is split
+            if _is_run(node):
+                return True
+        elif _is_run(node) or any(_worth_a_task(n) for n in node.file_names) or any(
             titan_stack.step_of(n) is not None for n in node.dir_names
         ):
-            if rel != ".":
-                tasks.append(FolderTask(rel, folder, depth, ancestors, above, own))
+            tasks.append(FolderTask(rel, folder, depth, ancestors, above, own))
             return True
         inside = ancestors | {folder.key}
         listed = above + tuple(crel for _, crel in files)

@@ -28,9 +28,10 @@ from ckptdoctor.scanner import Report
 from ckptdoctor.settings.selection import Options
 from tests.helpers.builders import make_run
 from tests.helpers.fanout import fails_at, killed_once, other_version
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REPO, TESTS
 
 FIXTURES = REPO / "fixtures"
+DATA = TESTS / "data"  # real samples of the other stacks
 
 
 def _fleet(root: Path) -> Path:
@@ -99,8 +100,11 @@ def test_each_run_is_a_task_of_its_own(dask_client: Any, fleet: Path) -> None:
 
 
 def test_scan_many_returns_the_serial_report(dask_client: Any, fleet: Path) -> None:
-    serial = ckptdoctor.scan([FIXTURES, fleet])
-    fanned = ckptdoctor.scan_many([FIXTURES, fleet], client=dask_client)
+    """The shipped fixtures, the fleet, and the real samples of every stack (Lightning, TensorFlow and Keras,
+    torchtitan, MindNLP, accelerate: runs known by their files' content as well as by their folders' names)."""
+    roots = [FIXTURES, DATA, fleet]
+    serial = ckptdoctor.scan(roots)
+    fanned = ckptdoctor.scan_many(roots, client=dask_client)
     assert fanned.findings == serial.findings
     assert fanned.trees == serial.trees
     assert fanned.settings == serial.settings
