@@ -16,7 +16,7 @@ def dask_client() -> Iterator[Any]:
     are other processes (each result crosses a pickle)."""
     with (
         distributed.LocalCluster(
-            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=40
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0", silence_logs=40
         ) as cluster,
         distributed.Client(cluster, set_as_default=False) as client,
     ):

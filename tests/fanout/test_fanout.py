@@ -117,6 +117,30 @@ def test_a_root_that_is_one_run_is_one_task(dask_client: Any, fleet: Path) -> No
         assert ckptdoctor.scan_many([root], client=dask_client).findings == ckptdoctor.scan(root).findings
 
 
+def test_hostile_trees_give_the_serial_report(dask_client: Any, tmp_path: Path) -> None:
+    """What a worker's walk meets is reported as the walk here reports it: a run folder whose name is not UTF-8 (its
+    parent's listing finds that), links that loop back above the run or lead out of the root, a FIFO."""
+    root = tmp_path / "hostile"
+    make_run(root / "run-1", (2,))
+    bad = os.path.join(os.fsencode(root), b"run-\xff")
+    os.makedirs(os.path.join(bad, b"checkpoint-2"))
+    for name in os.listdir(root / "run-1" / "checkpoint-2"):
+        with open(root / "run-1" / "checkpoint-2" / name, "rb") as src, open(
+            os.path.join(bad, b"checkpoint-2", os.fsencode(name)), "wb"
+        ) as dst:
+            dst.write(src.read())
+    (root / "run-1" / "checkpoint-2" / "up").symlink_to(root, target_is_directory=True)  # a loop above the run
+    (root / "run-1" / "out").symlink_to(tmp_path, target_is_directory=True)  # out of the root
+    os.mkfifo(root / "run-1" / "checkpoint-2" / "pipe")
+    fanout = DaskFanOut(dask_client)
+    fanned = _report(fanout, root)
+    serial = ckptdoctor.scan(root)
+    assert fanout.taken == 2 and fanout.lost == 0
+    assert fanned.findings == serial.findings
+    assert {"CKD001", "CKD604"} <= {f.rule for f in serial.findings}
+    assert any("\\xff" in f.path for f in serial.findings)
+
+
 def _report(fanout: DaskFanOut, *roots: Path | str) -> Report:
     return scan_roots(Roots.of(list(roots)), Options.build(), fanout=fanout)
 
@@ -237,9 +261,10 @@ def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_f
     serial = _cli("--format", "json", s3_fleet)
     fanned = _cli("--format", "json", "--dask", dask_client.scheduler.address, s3_fleet)
     assert fanned == serial
-    fanout = DaskFanOut(dask_client)
-    assert _report(fanout, s3_fleet).findings == ckptdoctor.scan(s3_fleet).findings
-    assert (fanout.taken, fanout.lost) == (FLEET_TASKS, 0)
     doc = json.loads(serial[1])
     assert {r["path"] for r in doc["runs"]} >= {"team-a/run-1", "run-b", "sib/run-a", "sib/run-b"}
     assert "CKD001" not in {f["rule"] for f in doc["findings"]}
+    fanout = DaskFanOut(dask_client)  # and the runs were read on the workers, one task each
+    report = _report(fanout, s3_fleet)
+    assert (fanout.taken, fanout.lost) == (FLEET_TASKS, 0)
+    assert [f.rule for f in report.findings] == [f["rule"] for f in doc["findings"]]
