@@ -29,6 +29,7 @@ from ckptdoctor.settings.selection import Options
 from tests.helpers.builders import make_run
 from tests.helpers.fanout import fails_at, killed_once, other_version
 from tests.helpers.paths import REPO, TESTS
+from tests.helpers.remote import fsspec_setting
 
 FIXTURES = REPO / "fixtures"
 DATA = TESTS / "data"  # real samples of the other stacks
@@ -235,26 +236,16 @@ def s3_fleet(fleet: Path) -> Iterator[str]:
     srv = server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()
-    old = fsspec.config.conf.get("s3")
-    fsspec.config.conf["s3"] = {
-        "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-        "key": "testing",
-        "secret": "testing",
-    }
-    s3fs.S3FileSystem.clear_instance_cache()
+    settings = {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"}, "key": "testing", "secret": "testing"}
     try:
-        fs = fsspec.filesystem("s3")
-        fs.mkdir("ckpts")
-        fs.put(str(fleet) + "/", "ckpts/fleet/", recursive=True)
-        fs.invalidate_cache()
-        yield "s3://ckpts/fleet/"
+        with fsspec_setting("s3", settings, s3fs.S3FileSystem):
+            fs = fsspec.filesystem("s3")
+            fs.mkdir("ckpts")
+            fs.put(str(fleet) + "/", "ckpts/fleet/", recursive=True)
+            fs.invalidate_cache()
+            yield "s3://ckpts/fleet/"
     finally:
         srv.stop()
-        if old is None:
-            fsspec.config.conf.pop("s3", None)
-        else:
-            fsspec.config.conf["s3"] = old
-        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_fleet: str) -> None:
