@@ -538,7 +538,7 @@ class FolderTask:
     rel: str  # its path relative to the root
     entry: Entry[Any]  # as its parent's listing stat'ed it
     depth: int
-    ancestors: frozenset[Hashable]  # the keys of the folders above it (a link back to one of them is a loop)
+    ancestors: tuple[str, ...]  # where the folders above it are (``Entry.path``): a link back to one is a loop
     above: tuple[str, ...]  # the files listed in the folders above it (``PartCallback``'s second value)
     problems: tuple[PathProblem, ...]  # its own entry's (a bad name), met listing its parent
 
@@ -581,7 +581,7 @@ def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
     tasks: list[FolderTask] = []
 
     def visit(
-        folder: Entry[M], rel: str, depth: int, ancestors: frozenset[Hashable], above: tuple[str, ...],
+        folder: Entry[M], rel: str, depth: int, ancestors: tuple[Entry[M], ...], above: tuple[str, ...],
         own: tuple[PathProblem, ...],
     ) -> bool:
         """List ``folder``: True when it is worth a task of its own (appended, unless it is the root), else its
@@ -600,16 +600,17 @@ def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
         elif _is_run(node) or any(_worth_a_task(n) for n in node.file_names) or any(
             titan_stack.step_of(n) is not None for n in node.dir_names
         ):
-            tasks.append(FolderTask(rel, folder, depth, ancestors, above, own))
+            tasks.append(FolderTask(rel, folder, depth, tuple(a.path for a in ancestors), above, own))
             return True
-        inside = ancestors | {folder.key}
+        inside = (*ancestors, folder)
+        keys = {a.key for a in inside}
         listed = above + tuple(crel for _, crel in files)
         for sub, crel in subdirs:
-            if sub.key not in inside and not _absorbable(sub.name):
+            if sub.key not in keys and not _absorbable(sub.name):
                 visit(sub, crel, depth + 1, inside, listed, tuple(p for p in problems if p.path == crel))
         return False
 
-    if visit(found, ".", 0, frozenset(), (), ()):
+    if visit(found, ".", 0, (), (), ()):
         return None
     return tasks or None
 
@@ -627,10 +628,14 @@ def walk_folder(root: str, source: Source[L, M], task: FolderTask, jobs: int = 1
     problems = list(task.problems)
     emit = _Emitter(root, source, problems, lambda tree, above: parts.append((tree, above)))
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") if jobs > 1 else None
+    # Folders are keyed as this process sees them (another machine numbers a shared file system's devices its own
+    # way), so a link back above the folder is the loop here that it is in the walk of the root.
+    entry = dataclasses.replace(task.entry, key=source.key(task.entry.path))
+    ancestors = frozenset(source.key(path) for path in task.ancestors)
     try:
         walker = _Walker(source, problems, pool, None, emit)
         walker.above.append(_Dir(rel="", name="", mtime=0.0, listed=list(task.above)))
-        node = walker.walk(task.entry, task.rel, task.depth, task.ancestors)
+        node = walker.walk(entry, task.rel, task.depth, ancestors)
     finally:
         if pool is not None:
             pool.shutdown()

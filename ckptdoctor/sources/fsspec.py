@@ -154,6 +154,10 @@ class FsspecSource:
         """``path``: object storage has no links, so no loops either."""
         return path
 
+    def key(self, path: str) -> str:
+        """``path``: an object's key is its name everywhere."""
+        return path
+
     def part(self, path: str) -> FsspecSource:
         """This source with the listing of the folder at ``path`` and below only (what a task walking it needs)."""
         out = copy.copy(self)

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import stat
+from collections.abc import Hashable
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import DcpItem, FileFacts, PathProblem, ProblemKind, ReadProblem
@@ -99,6 +100,14 @@ class LocalSource:
     def shown_target(self, path: str) -> str:
         """The real path of ``path``, printable."""
         return display(os.path.realpath(path))
+
+    def key(self, path: str) -> Hashable:
+        """The device and inode of the folder at ``path`` (a folder gone since: a key no other folder has)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return ("gone", path)
+        return (st.st_dev, st.st_ino)
 
     def part(self, path: str) -> LocalSource:
         """This source with its own count of entries listed (links are still judged against the whole root)."""
