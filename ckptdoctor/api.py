@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ckptdoctor.errors import UsageError
 from ckptdoctor.findings import Finding
@@ -33,6 +33,7 @@ from ckptdoctor.settings.selection import (
 )
 
 if TYPE_CHECKING:
+    from ckptdoctor.fanout import DaskFanOut
     from ckptdoctor.fixer.run import FixResult
     from ckptdoctor.model import Tree
     from ckptdoctor.rules import Selection
@@ -90,6 +91,51 @@ def scan(
     )
 
 
+def scan_many(
+    roots: Sequence[PathArg] | PathArg,
+    *,
+    client: Any = None,
+    select: Codes = (),
+    ignore: Codes = (),
+    fail_on: str | None = None,
+    no_config: bool = False,
+    jobs: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    progress: TextIO | None = None,
+    on_kept: KeptCallback | None = None,
+    allow_global: Codes = (),
+    allow_empty: bool = False,
+    retries: int = 2,
+) -> Report:
+    """Scan many roots as ``scan`` does, each run read on a Dask cluster: ``client`` is a ``distributed.Client``
+    (``Client("tcp://scheduler:8786")``, or a ``LocalCluster``'s), as ``ckptdoctor scan --dask ADDRESS`` does.
+
+    One task per run: each root is listed here (nothing read), each folder holding a run (or a root that is one
+    run) is read and its pickles judged on a worker, and the rules, the settings files and everything that compares
+    runs run here, in the order of a serial scan: the ``Report`` is the one ``scan`` returns, byte for byte in
+    every output. A task that raises is run again up to ``retries`` times, and a task whose worker is lost is
+    rescheduled by Dask (``distributed.scheduler.allowed-failures``); a folder or root whose task still fails is
+    reported as not checked (CKD001, an error, with the reason), never left out, so ``report.exit_code()`` is 1.
+    ``client=None`` scans here, serially: ``scan`` without ``deep``.
+
+    Workers must run the same ckptdoctor (a result from another version is not taken: CKD001) and reach the roots
+    at the same paths: a local root on a file system every worker mounts there, a URL root with credentials of
+    their own (the client sends its fsspec options, not its environment). A worker sees the checkpoints' bytes
+    only; it runs nothing they hold, but the cluster runs what its clients submit: use one you trust.
+    Raises what ``scan`` raises.
+    """
+    options = Options.build(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=on_kept or warn_kept,
+    )
+    fanout = None
+    if client is not None:
+        from ckptdoctor.fanout import DaskFanOut
+
+        fanout = DaskFanOut(client, retries=retries)
+    return scan_roots(Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=fanout)
+
+
 def scan_roots(
     roots: Roots,
     options: Options,
@@ -100,6 +146,7 @@ def scan_roots(
     limits: Limits = DEFAULT_LIMITS,
     progress: TextIO | None = None,
     on_part: PartSink | None = None,
+    fanout: DaskFanOut | None = None,
 ) -> Report:
     """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``.
 
@@ -108,6 +155,8 @@ def scan_roots(
     handed to ``on_part(index, tree, findings)`` (``index``: the root's place in the report), then released. The
     Report then holds each root's findings, settings and file count, and a tree of no runs (``--deep`` still hands
     each root whole). The findings are those of the scan without ``on_part``, in the same order.
+
+    ``fanout`` (``scan_many``'s ``client``) reads each run on a Dask worker; not with ``deep``.
     """
     from ckptdoctor.scanner import Report, check_roots
     from ckptdoctor.scanner import scan as scan_trees
@@ -119,11 +168,16 @@ def scan_roots(
     if checksums is not None:
         _check_checksums(roots.paths, checksums, deep)
     roots = check_roots(roots)
+    if fanout is not None:
+        if deep:
+            raise UsageError("--dask reads headers on the workers; --deep reads every byte here: drop one of them")
+        _announce(fanout, groups, limits, jobs)
     if on_part is not None:
-        return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress)
+        return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress, fanout)
     parts = [
         scan_trees(
-            roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress, checksums=checksums
+            roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress,
+            checksums=checksums, fanout=fanout,
         )
         for ps, sel, _, _ in groups
     ]
@@ -149,6 +203,23 @@ def scan_roots(
     )
 
 
+def _announce(
+    fanout: DaskFanOut,
+    groups: Sequence[tuple[list[str], Selection, str | None, list[RootSettings]]],
+    limits: Limits,
+    jobs: int | None,
+) -> None:
+    """Tell ``fanout`` every root in the order the scan asks for them, so the runs of the next roots are read
+    while this one is judged."""
+    from ckptdoctor.discover import default_jobs
+    from ckptdoctor.scanner import checked_selection
+
+    for ps, selection, _, _ in groups:
+        sel = checked_selection(selection)
+        for p in ps:
+            fanout.expect(p, sel, limits, jobs if jobs is not None else default_jobs(p))
+
+
 def _scan_parts(
     roots: Roots,
     options: Options,
@@ -159,6 +230,7 @@ def _scan_parts(
     checksums: str | None,
     limits: Limits,
     progress: TextIO | None,
+    fanout: DaskFanOut | None = None,
 ) -> Report:
     """``scan_roots`` with ``on_part``: each root scanned part by part (``scanner.scan_root``)."""
     import time
@@ -177,7 +249,10 @@ def _scan_parts(
             sel = dataclasses.replace(sel, deep=True)
         for p, rs in zip(ps, group_settings, strict=True):
             judge = _PartJudge(len(trees), rs, sel, options, deep, on_part)
-            scan_root(p, roots.url(p), sel, judge, limits=limits, jobs=jobs, progress=progress, checksums=checksums)
+            scan_root(
+                p, roots.url(p), sel, judge, limits=limits, jobs=jobs, progress=progress, checksums=checksums,
+                fanout=fanout,
+            )
             trees.append(Tree(root=p, runs=(), files_seen=judge.files, abs_root=judge.abs_root))
             findings.extend(sorted(judge.findings, key=Finding.sort_key))
             settings.append(judge.settings())

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic
+from typing import Any, Generic
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -155,14 +155,41 @@ def discover(
     then released and the returned Tree holds the rest. The parts and the rest hold exactly what the Tree without
     ``on_part`` holds.
     """
-    return _discover(root, source_for(root, limits), jobs, progress, on_part)
+    return discover_opened(open_root(root, limits), jobs, progress, on_part)
 
 
-def _discover(
-    root: str, source: Source[L, M], jobs: int, progress: Callable[[], None] | None, on_part: PartCallback | None
-) -> Tree:
+@dataclass(slots=True)
+class Opened(Generic[L, M]):
+    """A root as its storage first answered (``open_root``): the source that reads it, the root itself (or why it
+    cannot be scanned) and the problems met so far. A fan-out (``ckptdoctor.fanout``) plans from it
+    (``plan_folders``) and walks it (``discover_opened``) without asking the storage twice."""
+
+    root: str  # the root as the user gave it (``Tree.root``)
+    source: Source[L, M]
+    found: Entry[M] | PathProblem
+    problems: list[PathProblem]
+
+
+def open_root(root: str, limits: Limits = DEFAULT_LIMITS, where: str | None = None) -> Opened[Any, Any]:
+    """``root`` opened through its source (``sources.source_for``): a local root stat'ed, a URL root listed (one
+    request). ``where``: the path to open when it differs from the name the report gives (an absolute path, for a
+    process whose working directory is not the caller's)."""
     problems: list[PathProblem] = []
-    found = source.root(problems)
+    source = source_for(where or root, limits)
+    return Opened(root, source, source.root(problems), problems)
+
+
+def discover_opened(
+    opened: Opened[L, M],
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+    on_part: PartCallback | None = None,
+    handed: Handed | None = None,
+) -> Tree:
+    """``discover`` of a root already opened (``open_root``). ``handed`` (with ``on_part``: a fan-out) is asked
+    about each folder the walk reaches that could be handed on as a part of its own: what walking it elsewhere gave
+    (``walk_folder``), put in place of walking it here, or None to walk it here."""
+    root, source, found, problems = opened.root, opened.source, opened.found, opened.problems
     if isinstance(found, PathProblem):
         return Tree(root=root, runs=(), path_problems=(found,))
     if not found.is_dir:
@@ -176,11 +203,11 @@ def _discover(
 
     emit = None if on_part is None else _Emitter(root, source, problems, on_part)
     if jobs <= 1:
-        walker = _Walker(source, problems, None, progress, emit)
+        walker = _Walker(source, problems, None, progress, emit, handed)
         top = walker.walk(found, ".", 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(source, problems, pool, progress, emit)
+            walker = _Walker(source, problems, pool, progress, emit, handed)
             top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
     _drop_vanished(top, problems)
@@ -250,8 +277,10 @@ class _Walker(Generic[L, M]):
         pool: ThreadPoolExecutor | None,
         progress: Callable[[], None] | None = None,
         emit: _Emitter | None = None,
+        handed: Handed | None = None,
     ) -> None:
         self.source = source
+        self.handed = handed
         self.limits = source.limits
         self.pool = pool
         self.progress = progress
@@ -274,34 +303,12 @@ class _Walker(Generic[L, M]):
             self.problems.append(PathProblem(rel, ReadProblem(ProblemKind.LIMIT, msg)))
             return node
         ancestors = ancestors | {folder.key}
-        listed = source.listdir(folder, rel, self.problems)
-        if listed is None:
+        listing = _listing(source, folder, node, self.problems)
+        if listing is None:
             return node
-        listed.sort(key=lambda e: e.name)
-
-        files: list[tuple[Entry[M], str]] = []  # (file, rel)
-        subdirs: list[tuple[Entry[M], str]] = []  # (folder, rel)
-        for item in listed:
-            raw = item.name
-            node.names.append(raw)
-            if raw == OWN_DIR:
-                continue
-            shown = display(raw)
-            crel = shown if rel == "." else f"{rel}/{shown}"
-            if shown != raw:
-                self.problems.append(_bad_name(crel, raw))
-            entry = source.entry(item, crel, self.problems)
-            if entry is None:
-                continue
-            if entry.is_dir:
-                node.dir_names.append(raw)
-                if entry.followed:
-                    subdirs.append((entry, crel))
-            elif entry.followed:
-                files.append((entry, crel))
+        files, subdirs = listing
 
         in_dcp = in_dcp_folder(crel for _, crel in files)
-        node.file_names = [entry.name for entry, _ in files]
         if self.emit is not None:
             node.listed = [crel for _, crel in files]
         for entry, crel in files:
@@ -328,6 +335,10 @@ class _Walker(Generic[L, M]):
                 node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
                 continue
             inner = absorbed or _absorbable(entry.name)
+            done = None if inner or self.handed is None else self.handed(crel)
+            if done is not None:
+                node.dirs.append(self._take(done, crel))
+                continue
             before = self.files_seen
             self.above.append(node)
             try:
@@ -351,6 +362,57 @@ class _Walker(Generic[L, M]):
             or any(d.has_run for d in node.dirs)
         )
         return node
+
+    def _take(self, done: FolderWalk, rel: str) -> _Dir:
+        """The folder at ``rel``, walked elsewhere (``walk_folder``), put where walking it here would put it: its own
+        entry's problems (met listing its parent) went with its task, its parts are handed on in walk order, and
+        what it did not hand on joins this walk."""
+        prefix = rel + "/"
+        self.problems[:] = [p for p in self.problems if p.path != rel and not p.path.startswith(prefix)]
+        self.problems.extend(done.problems)
+        self.files_seen += done.files_seen
+        if self.progress is not None:
+            for _ in range(done.files_seen + sum(tree.files_seen for tree, _ in done.parts)):
+                self.progress()
+        assert self.emit is not None  # folders are handed on only by a walk that hands parts on
+        for tree, above in done.parts:
+            self.emit.on_part(tree, above)
+        return done.node
+
+
+def _listing(
+    source: Source[L, M], folder: Entry[M], node: _Dir, problems: list[PathProblem]
+) -> tuple[list[tuple[Entry[M], str]], list[tuple[Entry[M], str]]] | None:
+    """``folder``'s entries stat'ed, in name order: its files and the folders to walk, each with its path relative
+    to the root (None when it cannot be listed). Fills ``node``'s names as listed; what could not be taken is in
+    ``problems``. The walk and the fan-out's plan (``plan_folders``) list through it alike."""
+    rel = node.rel
+    listed = source.listdir(folder, rel, problems)
+    if listed is None:
+        return None
+    listed.sort(key=lambda e: e.name)
+    files: list[tuple[Entry[M], str]] = []  # (file, rel)
+    subdirs: list[tuple[Entry[M], str]] = []  # (folder, rel)
+    for item in listed:
+        raw = item.name
+        node.names.append(raw)
+        if raw == OWN_DIR:
+            continue
+        shown = display(raw)
+        crel = shown if rel == "." else f"{rel}/{shown}"
+        if shown != raw:
+            problems.append(_bad_name(crel, raw))
+        entry = source.entry(item, crel, problems)
+        if entry is None:
+            continue
+        if entry.is_dir:
+            node.dir_names.append(raw)
+            if entry.followed:
+                subdirs.append((entry, crel))
+        elif entry.followed:
+            files.append((entry, crel))
+    node.file_names = [entry.name for entry, _ in files]
+    return files, subdirs
 
 
 def _absorbable(name: str) -> bool:
@@ -462,6 +524,136 @@ def _collect(node: _Dir) -> None:
 
 def _bad_name(rel: str, raw: str) -> PathProblem:
     return PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, f"name is not valid UTF-8: {os.fsencode(raw)!r}"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Folders walked elsewhere (a fan-out: ``ckptdoctor.fanout``)
+
+
+@dataclass(slots=True)
+class FolderTask:
+    """A folder of a root that a fan-out walks on its own (``walk_folder``): what the walk of its root knows of it
+    when it reaches it."""
+
+    rel: str  # its path relative to the root
+    entry: Entry[Any]  # as its parent's listing stat'ed it
+    depth: int
+    ancestors: tuple[str, ...]  # where the folders above it are (``Entry.path``): a link back to one is a loop
+    above: tuple[str, ...]  # the files listed in the folders above it (``PartCallback``'s second value)
+    problems: tuple[PathProblem, ...]  # its own entry's (a bad name), met listing its parent
+
+
+@dataclass(slots=True)
+class FolderWalk:
+    """What walking one folder gave (``walk_folder``), put in its place by the walk of its root (``Handed``)."""
+
+    node: _Dir  # its stub when it was handed on as a part of its own, else the folder as walked
+    parts: list[tuple[Tree, tuple[str, ...]]]  # the parts handed on, in walk order (``PartCallback``'s values)
+    problems: list[PathProblem]  # those no part took
+    files_seen: int  # the files read that no part took (they join the rest of the root)
+
+
+# What a walk that hands parts on asks at each folder it could hand on (its path): the folder as walked elsewhere
+# (``walk_folder``), or None to walk it here.
+Handed = Callable[[str], "FolderWalk | None"]
+
+# Names that make a folder worth a task of its own even when its listing shows no run: checkpoint files, and the
+# TensorFlow and Keras files (known by content, so by their usual names here).
+_TASK_NAMES = frozenset({"checkpoint"})
+_TASK_SUFFIXES = (".index", ".h5", ".hdf5")
+
+
+def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
+    """The folders of ``opened``'s root a fan-out walks as tasks of their own, in walk order, found by listing alone
+    (nothing is read): each folder below the root that the walk reaches outside any folder its run may take whole
+    as a checkpoint (``_absorbable``) and whose listing shows a run (``_is_run``: `checkpoint-N` folders,
+    accelerate's automatic naming), a torchtitan `step-N` folder or checkpoint files; the folders above them are
+    listed further. None when the root is one task: a file, a run itself, a root that cannot be opened, or one with
+    no such folder in it (a checkpoint folder).
+
+    Which folders are handed on decides how the work is split, never what is found: a folder handed on that is no
+    part of its own (nothing in it is a run) comes back whole, and the walk of the root groups it as it would have.
+    """
+    found = opened.found
+    if isinstance(found, PathProblem) or not found.is_dir:
+        return None
+    source = opened.source.part(found.path)  # a listing of its own: the walk's entry count starts afresh
+    tasks: list[FolderTask] = []
+
+    def visit(
+        folder: Entry[M], rel: str, depth: int, ancestors: tuple[Entry[M], ...], above: tuple[str, ...],
+        own: tuple[PathProblem, ...],
+    ) -> bool:
+        """List ``folder``: True when it is worth a task of its own (appended, unless it is the root), else its
+        folders are visited in turn."""
+        if source.stopped or depth > source.limits.dir_depth:
+            return False  # the walk stops there and says so
+        node = _Dir(rel=rel, name=folder.name, mtime=folder.mtime)
+        problems: list[PathProblem] = []
+        listing = _listing(source, folder, node, problems)
+        if listing is None:
+            return False
+        files, subdirs = listing
+        if rel == ".":  # a root that is a run is one task; one with checkpoint files beside its runs is split
+            if _is_run(node):
+                return True
+        elif _is_run(node) or any(_worth_a_task(n) for n in node.file_names) or any(
+            titan_stack.step_of(n) is not None for n in node.dir_names
+        ):
+            tasks.append(FolderTask(rel, folder, depth, tuple(a.path for a in ancestors), above, own))
+            return True
+        inside = (*ancestors, folder)
+        keys = {a.key for a in inside}
+        listed = above + tuple(crel for _, crel in files)
+        for sub, crel in subdirs:
+            if sub.key not in keys and not _absorbable(sub.name):
+                visit(sub, crel, depth + 1, inside, listed, tuple(p for p in problems if p.path == crel))
+        return False
+
+    if visit(found, ".", 0, (), (), ()):
+        return None
+    return tasks or None
+
+
+def _worth_a_task(name: str) -> bool:
+    lower = name.lower()
+    return _is_ckpt_file(lower) or lower in _TASK_NAMES or lower.endswith(_TASK_SUFFIXES)
+
+
+def walk_folder(root: str, source: Source[L, M], task: FolderTask, jobs: int = 1) -> FolderWalk:
+    """Walk the folder of ``task`` (in any process: ``source`` is the root's source for it, ``Source.part``) as the
+    walk of ``root`` would reach it: the parts below it, and the folder itself when a run is in it, are handed on
+    (``discover``'s ``on_part``) and returned in walk order with what is left. ``jobs`` as ``discover``'s."""
+    parts: list[tuple[Tree, tuple[str, ...]]] = []
+    problems = list(task.problems)
+    emit = _Emitter(root, source, problems, lambda tree, above: parts.append((tree, above)))
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") if jobs > 1 else None
+    # Folders are keyed as this process sees them (another machine numbers a shared file system's devices its own
+    # way), so a link back above the folder is the loop here that it is in the walk of the root.
+    entry = dataclasses.replace(task.entry, key=source.key(task.entry.path))
+    ancestors = frozenset(source.key(path) for path in task.ancestors)
+    try:
+        walker = _Walker(source, problems, pool, None, emit)
+        walker.above.append(_Dir(rel="", name="", mtime=0.0, listed=list(task.above)))
+        node = walker.walk(entry, task.rel, task.depth, ancestors)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    seen = walker.files_seen
+    if node.has_run:  # as the walk of the root hands on a folder with a run in it
+        node = emit(node, seen, walker.above)
+        seen = 0
+    return FolderWalk(node, parts, problems, seen)
+
+
+def lost_folder(root: str, task: FolderTask, why: str) -> FolderWalk:
+    """``task``'s folder when walking it failed for good (its worker lost, again and again): one part that says it
+    was not checked (``ProblemKind.NOT_CHECKED``, with ``why``), never a folder silently missing."""
+    problem = PathProblem(task.rel, ReadProblem(ProblemKind.NOT_CHECKED, why))
+    problems = sorted([*task.problems, problem], key=lambda p: (p.path, p.problem.kind.value))
+    tree = Tree(root=root, runs=(), path_problems=tuple(problems))
+    stub = _Dir(rel=task.rel, name=task.entry.name, mtime=task.entry.mtime, has_run=True, emitted=True)
+    return FolderWalk(stub, [(tree, task.above)], [], 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

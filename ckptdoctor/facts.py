@@ -37,6 +37,7 @@ PATH_KINDS = (
     ProblemKind.BAD_NAME,
     ProblemKind.SPECIAL_FILE,
     ProblemKind.LIMIT,
+    ProblemKind.NOT_CHECKED,
 )
 
 

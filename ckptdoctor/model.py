@@ -179,6 +179,7 @@ class ProblemKind(str, enum.Enum):
     BAD_NAME = "bad-name"  # a name that is not valid UTF-8
     SPECIAL_FILE = "special-file"  # FIFO, socket or device: never opened
     SUSPICIOUS_ARCHIVE = "suspicious-archive"  # zip layout no honest writer produces (duplicates, hidden streams)
+    NOT_CHECKED = "not-checked"  # a folder handed to another process that never came back (``scan --dask``)
 
 
 @frozen

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -19,6 +19,9 @@ from ckptdoctor.roots import PathArg, Roots
 from ckptdoctor.rules import Selection, judged, run_rules
 from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
 from ckptdoctor.settings.selection import SettingsUse
+
+if TYPE_CHECKING:
+    from ckptdoctor.fanout import DaskFanOut
 
 CHECKSUMS = ("write", "verify")
 NO_CHECKPOINT = "CKD002"  # a root holding no checkpoint: judged on what the whole root held, on its last part
@@ -113,6 +116,7 @@ def scan(
     deep: bool = False,
     progress: TextIO | None = None,
     checksums: str | None = None,
+    fanout: DaskFanOut | None = None,
 ) -> Report:
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
@@ -137,6 +141,8 @@ def scan(
     never read), ``ValueError`` naming a selection code, prefix or name
     that matches no rule (it would silently select nothing) or for an empty ``paths``, ``TypeError`` for a path that
     is not one.
+
+    ``fanout`` (``ckptdoctor.fanout.DaskFanOut``) reads each run on a Dask worker; the report is the same.
     """
     roots = check_roots(paths)  # a Roots checked at the door (api.scan, fixer.fix) is not checked again
     if checksums is not None and (checksums not in CHECKSUMS or not deep):
@@ -149,7 +155,9 @@ def scan(
     findings: list[Finding] = []
     for p in roots:
         kept = _Kept(sel)
-        scan_root(p, roots.url(p), sel, kept, limits=limits, jobs=jobs, progress=progress, checksums=checksums)
+        scan_root(
+            p, roots.url(p), sel, kept, limits=limits, jobs=jobs, progress=progress, checksums=checksums, fanout=fanout
+        )
         trees.append(merged(kept.trees))
         findings.extend(sorted(kept.findings, key=Finding.sort_key))
     return Report(tuple(trees), tuple(findings), time.perf_counter() - start)
@@ -166,12 +174,17 @@ def scan_root(
     progress: TextIO | None = None,
     checksums: str | None = None,
     split: bool = True,
+    fanout: DaskFanOut | None = None,
 ) -> None:
     """Discover one root (``url``: a URL, read through fsspec) and hand its parts to ``on_part`` as discovery
     finishes them, each with its pickle verdicts (under ``selection``'s allowances), the rest of the root last
     (``Part.last``): a run is read, handed on and released before the next is read, so memory holds one run at a
     time. ``split`` False (and ``--deep``, whose data and checksums are the whole root's) hands the root whole, in
-    one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s."""
+    one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s.
+
+    ``fanout`` walks each run's folder on a Dask worker (``fanout.DaskFanOut``, not with ``--deep``): the parts
+    come back in the same order with the same facts; a folder it could not have checked is one part that says so
+    (CKD001), and counts as holding a checkpoint (CKD002 does not claim the root is empty)."""
     from ckptdoctor import trainer_view
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import holds_checkpoint, run_history
@@ -194,22 +207,22 @@ def scan_root(
 
     def part(tree: Tree, above: tuple[str, ...]) -> None:
         nonlocal held, counted
-        held = held or holds_checkpoint(tree)
+        held = held or holds_checkpoint(tree) or _unchecked(tree)
         counted += tree.files_seen
         on_part(Part(judged(with_siblings(tree), selection), above))
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
 
     split = split and not selection.deep
+    if fanout is not None and (selection.deep or not split):
+        raise ValueError("a scan fanned out over Dask hands runs on as parts: not with deep (or split=False)")
     with _gc_paused():
         counter = Counter(progress) if progress is not None else None
+        at_once = jobs if jobs is not None else default_jobs(path)
         try:
-            tree = discover(
-                path,
-                limits,
-                jobs if jobs is not None else default_jobs(path),
-                counter.tick if counter else None,
-                part if split else None,
-            )
+            if fanout is not None:
+                tree = fanout.discover(path, selection, limits, at_once, part, counter.tick if counter else None)
+            else:
+                tree = discover(path, limits, at_once, counter.tick if counter else None, part if split else None)
         finally:
             if counter is not None:
                 counter.close()
@@ -225,8 +238,15 @@ def scan_root(
             manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
             tree = dataclasses.replace(tree, data=data, manifest=manifest)
         tree = judged(with_siblings(tree), selection)
-        whole = None if held else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
+        whole = None if held or _unchecked(tree) else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
         on_part(Part(tree, (), True, whole))
+
+
+def _unchecked(tree: Tree) -> bool:
+    """Whether a folder of ``tree`` was never checked (a fan-out's task failed): it may hold checkpoints."""
+    from ckptdoctor.model import ProblemKind
+
+    return any(pp.problem.kind is ProblemKind.NOT_CHECKED for pp in tree.path_problems)
 
 
 class _Kept:

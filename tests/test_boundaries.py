@@ -198,7 +198,7 @@ LAYERS: list[set[str]] = [
      "ckptdoctor.resume_gate.torchtitan",
      "ckptdoctor.resume_gate.accelerate_rules"},
     {"ckptdoctor.settings"},  # settings files, rule selection, exit policy
-    {"ckptdoctor.scanner", "ckptdoctor.inspection", "ckptdoctor.resume_gate", "ckptdoctor.fixer"},
+    {"ckptdoctor.scanner", "ckptdoctor.fanout", "ckptdoctor.inspection", "ckptdoctor.resume_gate", "ckptdoctor.fixer"},
     # ckptdoctor.scan / ckptdoctor.fix; the package face, whose API names are imported lazily, by name
     {"ckptdoctor.api", "ckptdoctor"},
     {"ckptdoctor.render"},

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -29,6 +29,7 @@ from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
     from ckptdoctor.api import PartSink
+    from ckptdoctor.fanout import DaskFanOut
     from ckptdoctor.findings import Finding
     from ckptdoctor.model import Tree
     from ckptdoctor.render.report import RunPieces
@@ -50,6 +51,7 @@ Examples:
   ckptdoctor scan --deep --checksums verify /mnt/copy/checkpoint-800
   ckptdoctor scan --statistics runs/           # how many findings of each rule
   ckptdoctor scan -q -o report.txt runs/       # the findings only, to a file
+  ckptdoctor scan --dask tcp://scheduler:8786 s3://bucket/fleet/   # one Dask task per run (ckptdoctor[dask])
 
 Exit codes: 0 nothing at or above --fail-on, 1 findings at or above it, 2 usage error, bad settings file, or a
 root that is missing, unreadable or not a folder or regular file (a FIFO, socket, device or symbolic link loop).
@@ -120,6 +122,17 @@ configuration, can.
     "<root>/.ckptdoctor/manifest.json (the only thing scan writes); verify: compare with that manifest (CKD214). "
     "Roots must be folders.  [default: no checksums, even when a manifest exists]",
 )
+@click.option(
+    "--dask",
+    "dask_address",
+    metavar="SCHEDULER_ADDRESS",
+    default=None,
+    help="Read the runs on a Dask cluster, one task per run, through the scheduler at SCHEDULER_ADDRESS "
+    "(tcp://host:8786). Each root is listed here, each run read on a worker; the rules, settings files and report "
+    "stay here, the same byte for byte as without --dask. A run whose task still fails after Dask's retries is "
+    "CKD001 (an error: exit 1), never left out. Workers need this ckptdoctor version and the roots at the same "
+    'paths (a URL root: credentials of their own). Not with --deep. Needs pip install "ckptdoctor[dask]".',
+)
 @show_settings_option
 @allow_empty_option("CKD002 is not reported (as with --ignore CKD002)")
 def scan(
@@ -139,6 +152,7 @@ def scan(
     allow_global: tuple[str, ...],
     show_settings: bool,
     allow_empty: bool,
+    dask_address: str | None,
 ) -> None:
     """Check checkpoint folders or files and report hazards for a resume.
 
@@ -160,6 +174,8 @@ def scan(
     options = request_options(select, ignore, fail_on, no_config, allow_global, allow_empty)
     if show_settings:
         print_settings(roots.paths, "json" if fmt == "jsonl" else fmt, options, output_file=output_file, silent=silent)
+    if dask_address is not None and deep:
+        raise UsageProblem("--dask reads each run's headers on the workers, --deep every byte here: drop one of them")
     check_remote_roots(roots, deep)
     roots = _check_special_roots(roots)
     width = text_width(output_file, sys.stdout)
@@ -170,7 +186,7 @@ def scan(
     if fmt == "jsonl":
         with Lines(output_file, silent) as lines:
             sink = _sink(lines, pieces)
-            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink)
+            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink, dask_address)
             if deep:  # --deep judges each root whole (and --checksums write needs it): its lines come after
                 for i, tree in enumerate(report.trees):
                     sink(i, tree, [f for f in report.findings if f.root == tree.root])
@@ -179,7 +195,7 @@ def scan(
         if checksums == "write":
             _write_manifests(report.trees)
         _exit(report, checksums)
-    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add)
+    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add, dask_address)
     if deep:  # the trees were kept whole (--deep hands each root whole; --checksums write needs them)
         pieces = RunPieces.of(report, kept, color=color, width=width)
     if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
@@ -262,17 +278,28 @@ def _scan(
     deep: bool,
     checksums: str | None,
     on_part: PartSink | None = None,
+    dask_address: str | None = None,
 ) -> Report:
     """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error.
-    ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``)."""
+    ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``); ``dask_address``
+    reads the runs on that Dask scheduler's workers (``fanout.DaskFanOut``)."""
     from ckptdoctor.api import scan_roots
     from ckptdoctor.progress import progress_stream
 
-    def run() -> Report:
+    def run(fanout: DaskFanOut | None = None) -> Report:
         return scan_roots(
-            roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream(), on_part=on_part
+            roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream(), on_part=on_part,
+            fanout=fanout,
         )
 
+    if dask_address is not None:
+        from ckptdoctor.fanout import DaskFanOut
+
+        client = _dask_client(dask_address)
+        try:
+            return run(DaskFanOut(client))
+        finally:
+            client.close()
     if not deep:
         return run()
     from ckptdoctor.deep import DeepUnavailable  # only --deep pays for this import
@@ -281,6 +308,19 @@ def _scan(
         return run()
     except DeepUnavailable as exc:
         raise UsageProblem(str(exc)) from None
+
+
+def _dask_client(address: str) -> Any:
+    """A ``distributed.Client`` of the scheduler at ``address``; exit 2 when Dask is missing or the scheduler cannot
+    be reached (within ``distributed.comm.timeouts.connect``, 30 s unless Dask's configuration says otherwise)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageProblem('--dask needs Dask\'s distributed: pip install "ckptdoctor[dask]"') from None
+    try:
+        return Client(address, set_as_default=False)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError, ValueError) as exc:  # refused, unknown host, timed out, not an address
+        raise UsageProblem(f"--dask {address}: cannot reach the Dask scheduler: {exc}") from None
 
 
 def _check_special_roots(roots: Roots) -> Roots:

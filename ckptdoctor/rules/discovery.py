@@ -50,6 +50,8 @@ def _resume_picks(tree: Tree) -> list[Checkpoint]:
 def _severity(path: str, kind: ProblemKind, picked: list[Checkpoint]) -> Severity:
     """Error when the resume would open ``path``: the folder it picks, or a file there a loader opens
     (``trainer_view.resume_reads``; an entry without a suffix may be a subfolder, which a loader reads whole)."""
+    if kind is ProblemKind.NOT_CHECKED:  # nothing in it was checked: a gate must not pass it
+        return Severity.ERROR
     if kind not in _BLOCKING_KINDS:
         return Severity.WARNING
     for ck in picked:
@@ -112,17 +114,25 @@ def no_checkpoint_found(tree: Tree) -> Iterator[Hit]:
     "CKD001",
     "unreadable-path",
     Severity.WARNING,
-    severity_when=((Severity.ERROR, "the resume would open it: in the checkpoint it picks, a file a loader reads"),),
+    severity_when=(
+        (
+            Severity.ERROR,
+            "the resume would open it: in the checkpoint it picks, a file a loader reads; or nothing in it was "
+            "checked (a `scan --dask` task that failed)",
+        ),
+    ),
 )
 def unreadable_path(tree: Tree) -> Iterator[Hit]:
     """A file or folder the scan could not read: permission denied, symlink loop, undecodable name, device file,
-    or a resource limit reached.
+    a resource limit reached, or a run a `--dask` worker never checked.
 
     ## What it does
     Reports every path discovery or a reader could not open or fully analyse. The scan goes on with the rest.
     It is an error when the path is in the checkpoint `resume_from_checkpoint=True` picks (the folder itself, or a
     file there a loader opens: weights, optimizer, scheduler and RNG states, `trainer_state.json`, `config.json`,
-    anything in its subfolders), a warning otherwise.
+    anything in its subfolders), a warning otherwise. A folder (or a whole root) whose task failed on a Dask
+    cluster after Dask's retries (`scan --dask`, `ckptdoctor.scan_many(client=...)`: a worker lost again and again,
+    an error in the task) is an error too: nothing in it was checked. The message says why.
 
     ## Why is this bad?
     What ckptdoctor could not read, it could not check: a hazard may hide there. A resume that needs the file will

@@ -16,6 +16,7 @@ backend's read timeouts. Per backend:
 
 from __future__ import annotations
 
+import copy
 import datetime
 import importlib
 import os
@@ -152,6 +153,17 @@ class FsspecSource:
     def shown_target(self, path: str) -> str:
         """``path``: object storage has no links, so no loops either."""
         return path
+
+    def key(self, path: str) -> str:
+        """``path``: an object's key is its name everywhere."""
+        return path
+
+    def part(self, path: str) -> FsspecSource:
+        """This source with the listing of the folder at ``path`` and below only (what a task walking it needs)."""
+        out = copy.copy(self)
+        prefix = path + "/"
+        out._folders = {k: v for k, v in self._folders.items() if k == path or k.startswith(prefix)}
+        return out
 
     def _index(self, path: str, listing: dict[str, dict[str, Any]], problems: list[PathProblem]) -> None:
         """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""

@@ -89,3 +89,14 @@ class Source(Protocol[L, M]):
     def shown_target(self, path: str) -> str:
         """Where the folder at ``path`` really is, printable (the target of a link loop)."""
         ...
+
+    def key(self, path: str) -> Hashable:
+        """The ``Entry.key`` of the folder at ``path`` as this process sees it: a process on another machine (a
+        fan-out's worker) keys a shared file system's folders by device numbers of its own."""
+        ...
+
+    def part(self, path: str) -> Source[L, M]:
+        """A copy of this source that walks the folder at ``path`` (an entry's ``path``) and below only, in this
+        process or another (a fan-out pickles it): its own count of entries listed, and no more of the root's
+        listing than that folder's."""
+        ...

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import os
 import stat
+from collections.abc import Hashable
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import DcpItem, FileFacts, PathProblem, ProblemKind, ReadProblem
@@ -98,6 +100,21 @@ class LocalSource:
     def shown_target(self, path: str) -> str:
         """The real path of ``path``, printable."""
         return display(os.path.realpath(path))
+
+    def key(self, path: str) -> Hashable:
+        """The device and inode of the folder at ``path`` (a folder gone since: a key no other folder has)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return ("gone", path)
+        return (st.st_dev, st.st_ino)
+
+    def part(self, path: str) -> LocalSource:
+        """This source with its own count of entries listed (links are still judged against the whole root)."""
+        out = copy.copy(self)
+        out.entries = 0
+        out.stopped = False
+        return out
 
     def _inside(self, real: str) -> bool:
         root = self.real_root

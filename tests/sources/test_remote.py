@@ -38,6 +38,7 @@ from ckptdoctor.scanner import scan
 from ckptdoctor.sources import is_remote
 from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
 from tests.helpers.builders import comparable_report, trainer_state
+from tests.helpers.remote import fsspec_setting
 
 FIXTURES = REPO / "fixtures"
 BUCKET = "ckpts"
@@ -72,14 +73,12 @@ def s3_server() -> Iterator[tuple[str, _RequestLog]]:
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": url}
     old_env = {k: os.environ.get(k) for k in env}
-    old_conf = fsspec.config.conf.get("s3")
     os.environ.update(env)
-    fsspec.config.conf["s3"] = {"client_kwargs": {"endpoint_url": url}}
-    s3fs.S3FileSystem.clear_instance_cache()
     try:
-        fs = fsspec.filesystem("s3")
-        fs.mkdir(BUCKET)
-        yield url, log
+        with fsspec_setting("s3", {"client_kwargs": {"endpoint_url": url}}, s3fs.S3FileSystem):
+            fs = fsspec.filesystem("s3")
+            fs.mkdir(BUCKET)
+            yield url, log
     finally:
         werkzeug.removeHandler(log)
         werkzeug.propagate = True
@@ -89,11 +88,6 @@ def s3_server() -> Iterator[tuple[str, _RequestLog]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if old_conf is None:
-            fsspec.config.conf.pop("s3", None)
-        else:
-            fsspec.config.conf["s3"] = old_conf
-        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _upload(local: Path, key: str) -> str:

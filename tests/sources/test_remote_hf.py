@@ -24,13 +24,13 @@ from tests.helpers.paths import REPO
 pytest.importorskip("fsspec")
 hf_fs = pytest.importorskip("huggingface_hub.hf_file_system")
 
-import fsspec  # noqa: E402  (only once the skips above have run)
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner  # noqa: E402  (only once the skips above have run)
 from huggingface_hub import constants  # noqa: E402
 
 from ckptdoctor.cli import main  # noqa: E402
 from ckptdoctor.scanner import scan  # noqa: E402
 from tests.helpers.builders import comparable_report  # noqa: E402
+from tests.helpers.remote import fsspec_setting  # noqa: E402
 
 FIXTURES = REPO / "fixtures"
 REPO = "ckpt/run"
@@ -198,7 +198,6 @@ def hub() -> Iterator[_Hub]:
     thread = threading.Thread(target=server.serve_forever, name="fake-hub", daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    old_conf = fsspec.config.conf.get("hf")
     with pytest.MonkeyPatch.context() as mp:
         # HF_ENDPOINT is read once, at import, into these two: set them as it would have (hf_hub_url swaps the
         # `endpoint` it is given in only when the template starts with ENDPOINT, so they must move together).
@@ -208,18 +207,12 @@ def hub() -> Iterator[_Hub]:
         mp.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         mp.setattr(socket, "getaddrinfo", _loopback_only(socket.getaddrinfo))
         # How a user points `hf://` elsewhere; token=False: no stored token is ever sent, even to loopback.
-        fsspec.config.conf["hf"] = {"endpoint": endpoint, "token": False}
-        hf_fs.HfFileSystem.clear_instance_cache()
         try:
-            yield state
+            with fsspec_setting("hf", {"endpoint": endpoint, "token": False}, hf_fs.HfFileSystem):
+                yield state
         finally:
             server.shutdown()
             server.server_close()
-            if old_conf is None:
-                fsspec.config.conf.pop("hf", None)
-            else:
-                fsspec.config.conf["hf"] = old_conf
-            hf_fs.HfFileSystem.clear_instance_cache()
 
 
 @pytest.mark.parametrize("name", SERVED)
