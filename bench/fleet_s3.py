@@ -215,6 +215,7 @@ def moto_server() -> Iterator[Server]:
     werkzeug.setLevel(logging.WARNING)  # no log line per request (the counter counts them)
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
     try:
         # ThreadedMotoServer builds its app inside its thread; the werkzeug server calls `server.app` per request.
         wsgi = srv._server
@@ -222,13 +223,16 @@ def moto_server() -> Iterator[Server]:
         counter = _Counter(wsgi.app)
         wsgi.app = counter
         host, port = srv.get_host_and_port()
-        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
         if BUCKET not in backend.buckets:
             backend.create_bucket(BUCKET, "us-east-1")
         yield Server(f"http://{host}:{port}", counter, backend)
     finally:
         srv.stop()
         werkzeug.setLevel(level)
+        # moto's store is per process: leave no bucket behind for another server in it (the test suite's).
+        if BUCKET in backend.buckets:
+            backend.buckets[BUCKET].keys.clear()
+            backend.delete_bucket(BUCKET)
 
 
 def fill(server: Server, runs: int, files: dict[str, bytes]) -> int:
