@@ -374,12 +374,13 @@ def _dask_child(out: str, root: str) -> None:
     # A LocalCluster's scheduler runs in this process: one peak covers the client and the scheduler.
     peaks = {"client+scheduler": vmhwm_mb()}
     peaks.update({f"worker-{i}": mb for i, (_, mb) in enumerate(sorted(workers.items()))})
-    findings = getattr(report, "findings", None)
-    summary: dict[str, Any] = {"files": getattr(report, "files", None), "scan_many_seconds": round(seconds, 2)}
-    if findings is not None:
-        for f in findings:
-            sev = getattr(getattr(f, "severity", None), "value", "?")
-            summary[sev] = summary.get(sev, 0) + 1
+    # The serial rows' summary fields: files and findings by severity (a Report, or one per root).
+    reports = report if isinstance(report, (list, tuple)) else [report]
+    summary: dict[str, Any] = {"error": 0, "warning": 0, "info": 0, "scan_many_seconds": round(seconds, 2)}
+    summary["files"] = sum(getattr(r, "files", 0) for r in reports)
+    for f in (f for r in reports for f in getattr(r, "findings", ())):
+        sev = str(getattr(f.severity, "value", f.severity))
+        summary[sev] = summary.get(sev, 0) + 1
     Path(out).write_text(json.dumps({"peak_rss_mb": peaks, "summary": summary}))
 
 
