@@ -11,7 +11,7 @@ What it measures, for each mode the checkout offers (a mode it lacks is skipped,
   checkout has a verdict cache, so this is the cold scan);
 * ``cache``: the same command twice with the cache on and an empty ``$XDG_CACHE_HOME``: the first scan fills the
   cache (``cache-fill``), the second is the nightly rescan of an unchanged bucket (``cache-warm``);
-* ``dask``: ``ckptdoctor.scan_many([root], client=...)`` on a ``LocalCluster`` of 2 worker processes (1 thread
+* ``dask``: ``ckptdoctor.scan_many([root], client=...)`` (one task per run of the root) on a ``LocalCluster`` of 2 worker processes (1 thread
   each), started by a fresh interpreter that is the client (and, in a LocalCluster, the scheduler).
 
 For each: wall time; requests as the server saw them (LIST, GET, HEAD, other) and the bytes of their response
@@ -26,10 +26,10 @@ bench/synth.py's builders (real safetensors headers, a torch.save-layout AdamW `
 state tensor, ``torch.save``'d scheduler / RNG / training arguments, the Trainer's ``trainer_state.json``), for a
 model with Llama-2-7B's 32 layers and tensor names but tiny dimensions (a 7B's bytes cannot live in moto, which
 keeps every object in memory and copies it on each read): the shard headers, the shard index, the optimizer's
-pickle and zip directory are a 7B's in count and close in size; every object a 7B checkpoint fetches piecemeal
-(shards, optimizer, trainer_state.json) is over the 64 KB under which ckptdoctor fetches an object whole, so the
-requests per object are a 7B's. That run's objects are then put under each of the ``--runs`` run prefixes, straight
-into moto's in-process store (no upload: 110,000 PUTs through moto's HTTP layer take longer than the scan), sharing
+pickle and zip directory are a 7B's in count and close in size; the shards (80 KB) and ``optimizer.pt`` (1 MB)
+are over the 64 KB under which ckptdoctor fetches an object whole, so they cost a 7B's requests
+(``trainer_state.json`` passes 64 KB only late in these 5,000-step runs; a long run's is larger). That run's objects are then put under each of the ``--runs`` run prefixes, straight
+into moto's in-process store (no upload: s3fs would take about an hour for 1,000 runs here, bench/RESULTS.md), sharing
 one copy of each object's bytes; every object is still listed, fetched and parsed on its own, as the hard-linked
 runs of bench/fleet_memory.py are. Objects repeat across runs, so their ETags do too (real S3 gives equal bytes the
 same ETag): the cold rows therefore run without a cache.
