@@ -11,8 +11,9 @@ What it measures, for each mode the checkout offers (a mode it lacks is skipped,
   checkout has a verdict cache, so this is the cold scan);
 * ``cache``: the same command twice with the cache on and an empty ``$XDG_CACHE_HOME``: the first scan fills the
   cache (``cache-fill``), the second is the nightly rescan of an unchanged bucket (``cache-warm``);
-* ``dask``: ``ckptdoctor.scan_many([root], client=...)`` (one task per run of the root) on a ``LocalCluster`` of 2 worker processes (1 thread
-  each), started by a fresh interpreter that is the client (and, in a LocalCluster, the scheduler).
+* ``dask``: ``ckptdoctor.scan_many([root], client=...)`` (one task per run of the root) on a ``LocalCluster`` of
+  2 worker processes (1 thread each), started by a fresh interpreter that is the client (and, in a LocalCluster,
+  the scheduler).
 
 For each: wall time; requests as the server saw them (LIST, GET, HEAD, other) and the bytes of their response
 bodies; peak resident memory of each process (``VmHWM``, read at exit by bench/probe.py in the scan process, in
@@ -20,19 +21,19 @@ each Dask worker through ``client.run``, and in the client, which in a LocalClus
 ``getrusage``, which for a process this one starts counts this one's size too); CPU time of the scan or client
 process, from ``os.wait4`` (comparable on a loaded machine, where wall time is not).
 
-The bucket: the server is moto's ``ThreadedMotoServer`` on 127.0.0.1, in this process, with a WSGI layer that
-counts every request and response byte. One run of ``--checkpoints`` Trainer checkpoints is written on disk by
+The bucket: the server is moto's ``ThreadedMotoServer`` on 127.0.0.1, in this process, with a WSGI layer that counts
+every request and response byte. One run of ``--checkpoints`` Trainer checkpoints is written on disk by
 bench/synth.py's builders (real safetensors headers, a torch.save-layout AdamW ``optimizer.pt`` with one record per
 state tensor, ``torch.save``'d scheduler / RNG / training arguments, the Trainer's ``trainer_state.json``), for a
 model with Llama-2-7B's 32 layers and tensor names but tiny dimensions (a 7B's bytes cannot live in moto, which
-keeps every object in memory and copies it on each read): the shard headers, the shard index, the optimizer's
-pickle and zip directory are a 7B's in count and close in size; the shards (80 KB) and ``optimizer.pt`` (1 MB)
-are over the 64 KB under which ckptdoctor fetches an object whole, so they cost a 7B's requests
-(``trainer_state.json`` passes 64 KB only late in these 5,000-step runs; a long run's is larger). That run's objects are then put under each of the ``--runs`` run prefixes, straight
-into moto's in-process store (no upload: s3fs would take about an hour for 1,000 runs here, bench/RESULTS.md), sharing
-one copy of each object's bytes; every object is still listed, fetched and parsed on its own, as the hard-linked
-runs of bench/fleet_memory.py are. Objects repeat across runs, so their ETags do too (real S3 gives equal bytes the
-same ETag): the cold rows therefore run without a cache.
+keeps every object in memory and copies it on each read): the shard headers, the shard index, the optimizer's pickle
+and zip directory are a 7B's in count and close in size; the shards (80 KB) and ``optimizer.pt`` (1 MB) are over the
+64 KB under which ckptdoctor fetches an object whole, so they cost a 7B's requests (``trainer_state.json`` passes 64
+KB only late in these 5,000-step runs; a long run's is larger). That run's objects are then put under each of the
+``--runs`` run prefixes, straight into moto's in-process store (no upload: s3fs would take about an hour for 1,000
+runs here, bench/RESULTS.md), sharing one copy of each object's bytes; every object is still listed, fetched and
+parsed on its own, as the hard-linked runs of bench/fleet_memory.py are. Objects repeat across runs, so their ETags
+do too (real S3 gives equal bytes the same ETag): the cold rows therefore run without a cache.
 """
 
 from __future__ import annotations
