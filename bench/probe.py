@@ -27,6 +27,20 @@ def proc_io() -> dict[str, int]:
     return out
 
 
+def vmhwm_mb() -> float:
+    """This program's peak resident memory (MB): ``VmHWM`` of /proc/self/status, kept per address space.
+
+    ``getrusage``'s ``ru_maxrss`` is kept per process across ``exec``: a process started by a large one (a benchmark
+    that has imported torch and runs a server) reports at least its parent's size at the fork. Where that matters
+    (bench/fleet_s3.py), read this instead.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     kind, target, *args = sys.argv[1:]
     start_io, start = proc_io(), time.perf_counter()
@@ -47,6 +61,7 @@ def main() -> None:
             "read_bytes": end_io["read_bytes"],  # bytes fetched from the block device (page-cache misses)
             "syscr": end_io["syscr"],
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "vmhwm_mb": vmhwm_mb(),
             "exit": code,
         }
         with open(os.environ["PROBE_OUT"], "w") as f:

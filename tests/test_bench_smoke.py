@@ -1,5 +1,6 @@
 """The benchmark generator (bench/synth.py) on a tiny model: its files are real enough for the real libraries and
-for ckptdoctor, which finds the run healthy. No timings are asserted here: bench/RESULTS.md holds those."""
+for ckptdoctor, which finds the run healthy; the S3 fleet bench (bench/fleet_s3.py) at 2 runs of 2 checkpoints. No
+timings are asserted here: bench/RESULTS.md holds those."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -67,3 +69,30 @@ def test_probe_measures_a_workload(tmp_path: Path) -> None:
     )
     r = json.loads(out.read_text())
     assert r["exit"] == 0 and r["rchar_workload"] > 0 and r["maxrss_mb"] > 0
+
+
+def test_fleet_s3_bench_builds_counts_and_scans(tmp_path: Path) -> None:
+    """bench/fleet_s3.py at 2 x 2: the bucket builder, the server-side request counter and the serial mode."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from ckptdoctor.sources.fsspec import WHOLE_FILE
+
+    fleet = _load("fleet_s3")
+    torch.save({"output_dir": "out"}, tmp_path / "training_args.bin")  # a TrainingArguments would import transformers
+    with fleet.moto_server() as server:
+        files = fleet.build_run(tmp_path / "run", 2, training_args=(tmp_path / "training_args.bin").read_bytes())
+        assert fleet.fill(server, 2, files) == 2 * len(files) == 2 * 2 * 11
+        results = list(fleet.measure(server, ROOT, ["serial"], tmp_path))
+    (serial,) = results
+    assert serial.exit_code == 0, serial
+    assert serial.summary["files"] == 2 * len(files) and serial.summary["error"] == serial.summary["warning"] == 0
+    # A 7B checkpoint's shards and optimizer are fetched piecemeal, not whole: so are the bench's.
+    sizes = {name.rsplit("/", 1)[-1]: len(data) for name, data in files.items()}
+    piecemeal = [n for n in sizes if n.endswith(".safetensors") or n == "optimizer.pt"]
+    assert len(piecemeal) == 4 and all(sizes[n] > WHOLE_FILE for n in piecemeal)
+    assert all(serial.counts.by_name[n] > 4 for n in piecemeal)  # more than one request per object (4 of each)
+    # Every object was fetched; the counts add up.
+    assert set(serial.counts.by_name) == set(sizes)
+    assert serial.counts.requests["list"] >= 1 and serial.counts.requests["other"] == 0
+    assert serial.counts.total() == sum(serial.counts.requests.values()) >= 1 + 2 * len(files)
+    assert serial.peak_rss_mb["scan"] > 0 and serial.row(2, 2)["requests_per_checkpoint"] > 11
