@@ -293,7 +293,7 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
         # transformers does the same arithmetic (math.ceil of epochs x steps, of max_steps x a warm-up ratio) and
         # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
         return replace(found, step_error=Raised.of(exc))
-    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler)
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler, plan.zero_stage)
     if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
         return replace(found, crash=crash)
     restores = trainer_view.is_deepspeed(ck) or (
@@ -568,13 +568,21 @@ def loads_scheduler_pt(ck: Checkpoint) -> bool:
     return ds is None or ds.engine_scheduler is not True
 
 
-def deepspeed_load_crash(ck: Checkpoint) -> str | None:
+def deepspeed_load_crash(ck: Checkpoint, zero_stage: int | None = None) -> str | None:
     """What ``engine.load_checkpoint`` raises on ``ck`` before any step (DeepSpeed 0.19.8), None when nothing
-    says it does: an elastic ZeRO 1/2 partition without ``base_optimizer_state_step``. DeepSpeed saves that step only
-    when the optimizer keeps ``step`` in its param groups (its own Adam does, torch's optimizers keep it per
-    parameter), and `_restore_step_from_elastic_checkpoint` asserts it is there."""
+    says it does. A resume planned under ZeRO-3 (``zero_stage``) of a stage 0-2 save: stage 3 reads each rank's
+    ``zero_pp_rank_R_mp_rank_00_model_states.pt``, which those stages do not write, and the state-dict loader
+    asserts its file list is not empty. An elastic ZeRO 1/2 partition without ``base_optimizer_state_step``:
+    DeepSpeed saves that step only when the optimizer keeps ``step`` in its param groups (its own Adam does, torch's
+    optimizers keep it per parameter), and `_restore_step_from_elastic_checkpoint` asserts it is there."""
     ds = trainer_view.deepspeed_view(ck)
-    if ds is None or ds.rigid is not False or ds.elastic_step is not False:
+    if ds is None:
+        return None
+    if zero_stage == 3 and ds.zero_stage is not None and ds.zero_stage < 3 and ds.tag is not None:
+        return (f"`{ds.tag}/` was saved under ZeRO stage {ds.zero_stage}, and the resume runs ZeRO-3, which reads "
+                "`zero_pp_rank_R_mp_rank_00_model_states.pt` files that stage does not write: train() raises "
+                "AssertionError in DeepSpeed's state-dict loader (`check_ckpt_list`, deepspeed_load_checkpoint)")
+    if ds.rigid is not False or ds.elastic_step is not False:
         return None
     return (f"`{ds.tag}/` holds an elastic ZeRO optimizer state (`elastic_checkpoint: true`) without "
             "`base_optimizer_state_step` (its optimizer keeps `step` per parameter, as torch's do): train() raises "
@@ -589,7 +597,8 @@ def state_not_read(ck: Checkpoint) -> str | None:
 
 
 def _state_crash(
-    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None
+    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None,
+    zero_stage: int | None = None,
 ) -> str | None:
     """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
     ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``:
@@ -605,7 +614,7 @@ def _state_crash(
                 or _mindnlp_damaged(ck, trainer_view.MS_SCHEDULER, loader))
     loader = "_load_optimizer_and_scheduler (torch.load)"
     if branch == "deepspeed":
-        crash = deepspeed_load_crash(ck)
+        crash = deepspeed_load_crash(ck, zero_stage)
         if crash is None and loads_scheduler_pt(ck):
             crash = _damaged(ck, trainer_view.SCHEDULER, loader)
     elif trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None:

@@ -420,8 +420,9 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     5.23); a DeepSpeed checkpoint has no `scheduler.pt` while its DeepSpeed config names neither an optimizer nor a
     scheduler (the Trainer then holds the schedule and loads that file; otherwise the engine restores its own), or
     holds an elastic ZeRO state without `base_optimizer_state_step` (DeepSpeed 0.19.8 asserts it: it is saved only
-    for optimizers that keep `step` in their param groups, not torch's); `get_scheduler` rejects the planned
-    schedule.
+    for optimizers that keep `step` in their param groups, not torch's), or a ZeRO stage 0-2 save is resumed under
+    a planned ZeRO-3 config (`deepspeed` in `--training-args`: stage 3 reads per-rank model-states files those
+    stages do not write, and DeepSpeed asserts); `get_scheduler` rejects the planned schedule.
 
     ## Why is this bad?
     The job fails after it got its allocation, often on every rank, with an error that rarely says what to do.
@@ -436,7 +437,7 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     `src/transformers/trainer.py` `train`, `_load_from_checkpoint`, `_load_optimizer_and_scheduler` (under
     DeepSpeed it loads `scheduler.pt` unless the scheduler is a `DeepSpeedSchedulerWrapper`);
     `trainer_utils.get_last_checkpoint`; `optimization.get_scheduler`; `deepspeed/runtime/zero/stage_1_and_2.py`
-    `_restore_step_from_elastic_checkpoint`.
+    `_restore_step_from_elastic_checkpoint`; `deepspeed/runtime/state_dict_factory.py` `SDLoaderBase.check_ckpt_list`.
     """
     ck, p = ctx.checkpoint, ctx.prediction
     if ck is None or p is None:

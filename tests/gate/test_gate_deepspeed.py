@@ -106,6 +106,7 @@ def _build(base: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     for name, seen in zip(RUNS, _train(jobs, base / "train"), strict=True):
         assert "error" not in seen, (name, seen)
         results[name] = seen
+    resumes["to-zero3"] = (base / "trainer", {"zero_optimization": {"stage": 3}})  # the ZeRO-2 save under ZeRO-3
     for run, case, name in prepare:
         shutil.copytree(base / run, base / case)
         (base / case / "checkpoint-2" / name).unlink()
@@ -198,3 +199,17 @@ def test_no_clean_deepspeed_checkpoint_raises_ckd403(runs: dict[str, tuple[Path,
     """Every checkpoint the runs saved, with or without scheduler.pt as its config decides."""
     for case in RUNS:
         assert [f for f in scan(runs[case][0]).findings if f.rule == "CKD403"] == [], case
+
+
+def test_a_zero2_save_resumed_under_zero3_crashes_and_the_planned_config_says_so(
+    runs: dict[str, tuple[Path, dict[str, Any]]]
+) -> None:
+    """ZeRO-3 reads per-rank model states (`zero_pp_rank_0_mp_rank_00_model_states.pt`) a stage 2 save lacks. The
+    gate knows the resuming stage from a planned `deepspeed` config (`--training-args`); the run's own is stage 2."""
+    folder, seen = runs["to-zero3"]
+    assert seen["lrs"] == [] and seen["error"][0] == "AssertionError"
+    planned = {"max_steps": RESUME_STEPS, "deepspeed": {"zero_optimization": {"stage": 3}}}
+    pred = gate(folder, checkpoint="checkpoint-2", training_args=planned)
+    found = [f for f in pred.findings if f.rule == "CKD413"]
+    assert len(found) == 1 and "saved under ZeRO stage 2, and the resume runs ZeRO-3" in found[0].message
+    assert "CKD413" not in rules(predicted(folder))  # as the run was: stage 2
