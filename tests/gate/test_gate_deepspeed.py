@@ -213,3 +213,4 @@ def test_a_zero2_save_resumed_under_zero3_crashes_and_the_planned_config_says_so
     found = [f for f in pred.findings if f.rule == "CKD413"]
     assert len(found) == 1 and "saved under ZeRO stage 2, and the resume runs ZeRO-3" in found[0].message
     assert "CKD413" not in rules(predicted(folder))  # as the run was: stage 2
+
