@@ -24,6 +24,7 @@ from ckptdoctor.model import (
     Opaque,
     SafetensorsFacts,
     TensorInfo,
+    TextFacts,
     TorchFacts,
     frozen,
 )
@@ -793,3 +794,89 @@ def model_key(saved: str, adapter: str, prefix: str, modules_to_save: tuple[str,
     if module and any(module.endswith(m) for m in modules_to_save):
         return f"{module}.modules_to_save.{adapter}.{param}"
     return saved
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSpeed's own state: what `engine.load_checkpoint` restores of the LR schedule (deepspeed/runtime/engine.py)
+
+LATEST = "latest"
+_DS_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+_DS_OPTIM_STATES = ("zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+
+
+@frozen
+class DeepSpeedView:
+    """What a DeepSpeed checkpoint's own files say about the schedule its resume restores.
+
+    Read from the tag folder ``latest`` names (the one ``engine.load_checkpoint(dir)`` loads): the model states of
+    data-parallel rank 0 (``lr_scheduler``, ``ds_config``) and its ZeRO optimizer partition
+    (``optimizer_state_dict``). None in a field: not said by the files (absent, unreadable, another layout).
+    """
+
+    tag: str | None  # the tag folder `latest` names
+    config: dict[str, Any] | None  # the engine's config as it ran (the model states' `ds_config`, "auto" resolved)
+    # the config names an "optimizer" or a "scheduler": the Trainer's scheduler is then accelerate's
+    # DeepSpeedSchedulerWrapper, stepped and saved by the engine (no scheduler.pt); else the Trainer's own LambdaLR
+    engine_scheduler: bool | None
+    ds_scheduler: str | None  # the type of DeepSpeed's own scheduler ("WarmupDecayLR"), when the config has one
+    scheduler: SchedulerView | None  # the engine's saved `lr_scheduler` when it is a LambdaLR's state
+    scheduler_saved: bool | None  # the model states hold an `lr_scheduler` state (not None)
+    # the partition holds the base optimizer's whole state_dict (param groups with their LR): a rigid ZeRO checkpoint.
+    # False: an elastic one (ZeRO 1/2 `elastic_checkpoint`), per-group tensors only, whose param groups (LR) are
+    # never restored
+    rigid: bool | None
+    elastic_step: bool | None  # an elastic partition holds `base_optimizer_state_step`, which its load asserts
+    lr: float | None  # param group 0's `lr` in a rigid partition: the LR the first resumed step uses
+    zero_stage: int | None
+
+
+def deepspeed_view(ck: Checkpoint) -> DeepSpeedView | None:
+    """What ``ck``'s DeepSpeed files say (``DeepSpeedView``); None for a checkpoint that is not DeepSpeed's."""
+    return _deepspeed_view(ck) if is_deepspeed(ck) else None
+
+
+@per_object
+def _deepspeed_view(ck: Checkpoint) -> DeepSpeedView:
+    latest = ck.file(LATEST)
+    tag = latest.content.text if latest is not None and isinstance(latest.content, TextFacts) else None
+    model = optim = None
+    if tag:
+        model = next((_state_dict(_torch_value(ck.file(f"{tag}/{n}"))) for n in _DS_MODEL_STATES
+                      if ck.file(f"{tag}/{n}") is not None), None)
+        optim = next((_state_dict(_torch_value(ck.file(f"{tag}/{n}"))) for n in _DS_OPTIM_STATES
+                      if ck.file(f"{tag}/{n}") is not None), None)
+    config = model.get("ds_config") if model is not None else None
+    if not isinstance(config, dict):
+        config = None
+    sched = config.get("scheduler") if config is not None else None
+    has_sched = model is not None and "lr_scheduler" in model
+    lr_sched = _state_dict(model.get("lr_scheduler")) if model is not None else None
+    osd = optim.get("optimizer_state_dict") if optim is not None else None
+    osd = osd if isinstance(osd, dict) else None
+    base = osd.get("base_optimizer_state") if osd is not None else None
+    rigid = True if isinstance(base, dict) else False if isinstance(base, list) else None
+    lr = None
+    if isinstance(base, dict) and isinstance(base.get("param_groups"), list) and base["param_groups"]:
+        group = base["param_groups"][0]
+        lr = _num(group.get("lr")) if isinstance(group, dict) else None
+    stage = osd.get("zero_stage") if osd is not None else None
+    if isinstance(stage, Opaque):  # ZeroStageEnum(2): an enum rebuilt by value
+        stage = stage.args[0] if len(stage.args) == 1 else None
+    zero = config.get("zero_optimization") if config is not None else None
+    if stage is None and isinstance(zero, dict):
+        stage = zero.get("stage")
+    return DeepSpeedView(
+        tag=tag or None,
+        config=config,
+        engine_scheduler=None if config is None else ("optimizer" in config or "scheduler" in config),
+        ds_scheduler=str(sched.get("type")) if isinstance(sched, dict) and sched.get("type") is not None else None,
+        scheduler=SchedulerView(
+            last_epoch=integer(lr_sched.get("last_epoch")), base_lrs=_floats(lr_sched.get("base_lrs")),
+            last_lr=_floats(lr_sched.get("_last_lr")), step_count=integer(lr_sched.get("_step_count")),
+        ) if lr_sched is not None and "base_lrs" in lr_sched else None,
+        scheduler_saved=(model.get("lr_scheduler") is not None) if model is not None and has_sched else None,
+        rigid=rigid,
+        elastic_step=None if rigid is not False or osd is None else "base_optimizer_state_step" in osd,
+        lr=lr,
+        zero_stage=integer(stage),
+    )

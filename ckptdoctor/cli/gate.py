@@ -192,9 +192,9 @@ def gate_command(
 
     It names the checkpoint the resume loads and through which loader, how many steps it trains and at which
     learning rates, following the resume path of the transformers version it will run under (5.x or 4.x), then
-    judges the plan: the gate rules (CKD407-421, CKD504) plus every scan finding about that checkpoint, under the
-    closest settings file from RUN_DIR upward, as `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or a
-    checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
+    judges the plan: the gate rules (CKD407-421, CKD423, CKD504) plus every scan finding about that checkpoint,
+    under the closest settings file from RUN_DIR upward, as `ckptdoctor scan` reads it. RUN_DIR is the output_dir, or
+    a checkpoint folder. Arguments you do not plan are the run's own (read from the checkpoint's training_args.bin
     and trainer_state.json). Nothing is loaded or executed.
 
     A PyTorch Lightning run (recognised from its .ckpt files, or --stack lightning) is gated as

@@ -69,7 +69,11 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
             base = "?" if result.base_lr is None else f"{result.base_lr:.4g}"
             lines.append(f"  optimizer        {state}")
             sched = printable(s.lr_scheduler_type)
-            lines.append(f"  schedule         {sched}, {result.warmup_steps} warm-up steps, base LR {base}")
+            if result.ds_scheduler is not None:
+                lines.append(f"  schedule         DeepSpeed's {printable(result.ds_scheduler)} (its config's "
+                             "\"scheduler\"): LRs after the first not predicted")
+            else:
+                lines.append(f"  schedule         {sched}, {result.warmup_steps} warm-up steps, base LR {base}")
         if result.lr:
             lines.append(f"  first {len(result.lr)} LRs      " + format_lrs(result.lr))
     if result.findings:

@@ -63,6 +63,7 @@ class GateResult(Outcome):
     starts_afresh: bool = False  # allow_empty and nothing saved: the launcher starts afresh, so no checkpoint passes
     stack: str = "trainer"  # whose resume was predicted (`--stack`, else the scanned run's: ckptdoctor.stacks)
     restores: tuple[str, ...] = ()  # another stack's resume: the files it loads, in order (the Trainer's: empty)
+    ds_scheduler: str | None = None  # DeepSpeed's own scheduler drives the LRs (its config's "scheduler" type)
 
     def exit_policy(self) -> ExitPolicy:
         """``fail_on``, the caller's, or RUN_DIR's settings file's (``fail_on_from_settings``): as ``ckptdoctor
@@ -108,6 +109,7 @@ class GateResult(Outcome):
                 "adapter_tensors_restored": None if self.adapter_tensors is None else {
                     "restored": self.adapter_tensors[0], "total": self.adapter_tensors[1]},
                 "base_lr": self.base_lr,
+                "deepspeed_scheduler": self.ds_scheduler,
                 "transformers_version": s.transformers_version,
                 "save_safetensors": s.save_safetensors,
                 "ignored_per_device_train_batch_size": s.ignored_batch_size,
@@ -206,7 +208,7 @@ def judge(
     return GateResult(
         run_label, label, p.branch, p.start, steps.max_steps, steps.steps_to_train, p.lrs, findings, p.settings,
         p.restores, steps.epochs_trained, steps.num_train_epochs, p.warmup, p.base_lr, plan.fail_on,
-        adapter_tensors=adapter, weights_file=p.weights_file,
+        adapter_tensors=adapter, weights_file=p.weights_file, ds_scheduler=p.ds_scheduler,
     )
 
 

@@ -89,6 +89,8 @@ class Plan:
     load_step: int | None = None
     save_total_limit: int | None = None
     numpy_version: str | None = None
+    # the ZeRO stage of the resuming DeepSpeed config (a planned `deepspeed` dict's `zero_optimization.stage`)
+    zero_stage: int | None = None
     lr_steps: int = DEFAULT_LR_STEPS
     fail_on: str = "error"
 
@@ -130,7 +132,8 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
     ``warmup_steps``, when ``warmup_steps`` is 0 (``get_warmup_steps`` uses it only then). ``fp16`` false with
     ``bf16`` true is ``grad_scaler=False``:
     transformers then asks accelerate for bf16, which makes no GradScaler on any device (with both false the
-    mixed precision is the launcher's ``ACCELERATE_MIXED_PRECISION``, possibly fp16: unknown). A value of the
+    mixed precision is the launcher's ``ACCELERATE_MIXED_PRECISION``, possibly fp16: unknown). A ``deepspeed``
+    config dict gives its ZeRO stage (``zero_stage``; a path to a config file is not read). A value of the
     wrong type is skipped, as for the checkpoint's own ``training_args.bin``; with ``strict`` (values the user
     planned) it, or a number that is not finite, raises ``GateInputError`` naming the key. A missing or null key is
     never an error.
@@ -165,6 +168,11 @@ def plan_from_training_args(args: Mapping[str, Any], *, strict: bool = False) ->
         out["warmup_ratio"] = ratio
     if args.get("fp16") is False and args.get("bf16") is True:
         out["grad_scaler"] = False
+    ds = args.get("deepspeed")  # a config dict (a path to a JSON file is not read)
+    zero = ds.get("zero_optimization") if isinstance(ds, Mapping) else None
+    stage = trainer_view.integer(zero.get("stage")) if isinstance(zero, Mapping) else None
+    if stage is not None and 0 <= stage <= 3:
+        out["zero_stage"] = stage
     return out
 
 

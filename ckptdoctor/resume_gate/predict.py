@@ -112,7 +112,8 @@ def weights_only_loads(
         opt = trainer_view.optimizer_file(ck)
         if opt is not None:
             add(ck.relname(opt), "`Trainer._load_optimizer_and_scheduler`")
-        add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
+        if loads_scheduler_pt(ck):
+            add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
     add("scaler.pt", "`Trainer._load_scaler`")
     if rng_ranks is not None:
         names = ["rng_state.pth"] if rng_ranks <= 1 else [f"rng_state_{r}.pth" for r in range(rng_ranks)]
@@ -228,6 +229,12 @@ class Prediction:
     refused: tuple[Refusal, ...] = ()  # the files the resume loads that weights_only=True refuses, in load order
     # the weights file's keys against the live model's layout under the resuming transformers (None: they agree)
     layout: LayoutRestore | None = None
+    # DeepSpeed: why the first resumed step does not run at the LR the checkpoint was saved with (an elastic ZeRO
+    # checkpoint restores no param groups), and that saved LR; the DeepSpeed scheduler that drives every later LR
+    # (the config's own "scheduler": ``lrs`` then holds the first step's LR only)
+    lr_not_restored: str | None = None
+    saved_lr: float | None = None
+    ds_scheduler: str | None = None
 
 
 def resume_checkpoint(tree: Tree) -> tuple[Checkpoint | None, str | None]:
@@ -286,7 +293,7 @@ def predict(ck: Checkpoint, plan: Plan, label: str) -> Prediction:
         # transformers does the same arithmetic (math.ceil of epochs x steps, of max_steps x a warm-up ratio) and
         # raises the same error on an infinite, NaN or float-overflowing value read from the checkpoint.
         return replace(found, step_error=Raised.of(exc))
-    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler)
+    crash = _state_crash(ck, branch, steps.steps_to_train, plan.world_size, plan.grad_scaler, plan.zero_stage)
     if crash is not None:  # a file the resume loads before its first step cannot be loaded: nothing is restored
         return replace(found, crash=crash)
     restores = trainer_view.is_deepspeed(ck) or (
@@ -338,6 +345,13 @@ def _mindnlp_settings(s: ResolvedArgs, ts: trainer_view.TrainerStateView | None)
 def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr_steps: int) -> Prediction:
     """``p`` with the resumed schedule and the LRs of the first ``lr_steps`` resumed optimizer steps."""
     s = p.settings
+    ds = trainer_view.deepspeed_view(ck) if p.restores else None
+    if ds is not None and ds.ds_scheduler is not None:
+        # DeepSpeed's own scheduler (the config's "scheduler") replaces the Trainer's: the engine restores its
+        # state and steps it; the first step runs at the LR the optimizer state restores
+        first = _first_lr(ck) if ds.rigid else None
+        n = 1 if first is not None and min(lr_steps, steps.steps_to_train) > 0 else 0
+        return replace(p, ds_scheduler=ds.ds_scheduler, lr_count=n, lrs=(first,) if n and first is not None else ())
     try:
         sched = schedules.build(s.lr_scheduler_type, num_warmup_steps=warmup, num_training_steps=steps.max_steps,
                                 lr_init=s.learning_rate, kwargs=s.lr_scheduler_kwargs, major=s.major)
@@ -357,12 +371,19 @@ def _predict_lrs(p: Prediction, ck: Checkpoint, steps: StepPlan, warmup: int, lr
     if n == 0:
         return p
     first = _first_lr(ck) if p.restores else None
+    if ds is not None and ds.rigid is False:
+        # an elastic ZeRO 1/2 state restores per-parameter tensors only: the param groups keep the LR the fresh
+        # schedule set at its step 0, and the scheduler's restored state applies from the second step on
+        first = lr0
+        p = replace(p, saved_lr=trainer_view.checkpoint_lr(ck) if ds.engine_scheduler is False else _ds_last_lr(ds),
+                    lr_not_restored=f"`{ds.tag}/` holds an elastic ZeRO optimizer state (`elastic_checkpoint: "
+                    "true`), whose param groups DeepSpeed does not restore")
     base = p.base_lr
     if p.restores and (first is None or base is None):
         return replace(p, lr_unreadable=True)
     start = p.start or 0
     last_epoch = start
-    sched_state = trainer_view.scheduler_state(ck)
+    sched_state = _scheduler_state(ck)
     if sched_state is not None and sched_state.last_epoch is not None:
         last_epoch = sched_state.last_epoch
     try:
@@ -530,9 +551,42 @@ def _crash(
         return "`trainer_state.json` is not a valid JSON object: train() raises in TrainerState.load_from_json"
     if "train_batch_size" in ts.raw and ts.raw["train_batch_size"] is None:
         return "`train_batch_size` is null: train() raises TypeError in compare_trainer_and_checkpoint_args"
-    if trainer_view.is_deepspeed(ck) and ck.file(trainer_view.SCHEDULER) is None:
-        return "DeepSpeed checkpoint without `scheduler.pt`: _load_optimizer_and_scheduler raises FileNotFoundError"
+    if trainer_view.is_deepspeed(ck) and loads_scheduler_pt(ck) and ck.file(trainer_view.SCHEDULER) is None:
+        return ("DeepSpeed checkpoint without `scheduler.pt`, and its DeepSpeed config names no optimizer or scheduler "
+                "(the Trainer holds the schedule and loads that file): _load_optimizer_and_scheduler raises "
+                "FileNotFoundError")
     return None
+
+
+def loads_scheduler_pt(ck: Checkpoint) -> bool:
+    """Whether the resume of ``ck`` loads ``scheduler.pt``: always outside DeepSpeed; under DeepSpeed only when the
+    Trainer holds the schedule, that is when the DeepSpeed config names neither an "optimizer" nor a "scheduler"
+    (else the Trainer's scheduler is accelerate's ``DeepSpeedSchedulerWrapper``, which the engine saves and
+    restores itself, and ``_load_optimizer_and_scheduler`` skips it). A config that cannot be read counts as the
+    Trainer's, the default of a Trainer run."""
+    ds = trainer_view.deepspeed_view(ck)
+    return ds is None or ds.engine_scheduler is not True
+
+
+def deepspeed_load_crash(ck: Checkpoint, zero_stage: int | None = None) -> str | None:
+    """What ``engine.load_checkpoint`` raises on ``ck`` before any step (DeepSpeed 0.19.8), None when nothing
+    says it does. A resume planned under ZeRO-3 (``zero_stage``) of a stage 0-2 save: stage 3 reads each rank's
+    ``zero_pp_rank_R_mp_rank_00_model_states.pt``, which those stages do not write, and the state-dict loader
+    asserts its file list is not empty. An elastic ZeRO 1/2 partition without ``base_optimizer_state_step``:
+    DeepSpeed saves that step only when the optimizer keeps ``step`` in its param groups (its own Adam does, torch's
+    optimizers keep it per parameter), and `_restore_step_from_elastic_checkpoint` asserts it is there."""
+    ds = trainer_view.deepspeed_view(ck)
+    if ds is None:
+        return None
+    if zero_stage == 3 and ds.zero_stage is not None and ds.zero_stage < 3 and ds.tag is not None:
+        return (f"`{ds.tag}/` was saved under ZeRO stage {ds.zero_stage}, and the resume runs ZeRO-3, which reads "
+                "`zero_pp_rank_R_mp_rank_00_model_states.pt` files that stage does not write: train() raises "
+                "AssertionError in DeepSpeed's state-dict loader (`check_ckpt_list`, deepspeed_load_checkpoint)")
+    if ds.rigid is not False or ds.elastic_step is not False:
+        return None
+    return (f"`{ds.tag}/` holds an elastic ZeRO optimizer state (`elastic_checkpoint: true`) without "
+            "`base_optimizer_state_step` (its optimizer keeps `step` per parameter, as torch's do): train() raises "
+            "AssertionError in DeepSpeed's `_restore_step_from_elastic_checkpoint` (deepspeed_load_checkpoint)")
 
 
 def state_not_read(ck: Checkpoint) -> str | None:
@@ -543,7 +597,8 @@ def state_not_read(ck: Checkpoint) -> str | None:
 
 
 def _state_crash(
-    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None
+    ck: Checkpoint, branch: str, steps_to_train: int, world_size: int | None, grad_scaler: bool | None = None,
+    zero_stage: int | None = None,
 ) -> str | None:
     """What raises after the step arithmetic and before the first optimizer step: a damaged ``optimizer.pt`` or
     ``scheduler.pt`` that ``_load_optimizer_and_scheduler`` loads (both exist), ``scaler.pt`` (``_load_scaler``:
@@ -559,7 +614,9 @@ def _state_crash(
                 or _mindnlp_damaged(ck, trainer_view.MS_SCHEDULER, loader))
     loader = "_load_optimizer_and_scheduler (torch.load)"
     if branch == "deepspeed":
-        crash = _damaged(ck, trainer_view.SCHEDULER, loader)
+        crash = deepspeed_load_crash(ck, zero_stage)
+        if crash is None and loads_scheduler_pt(ck):
+            crash = _damaged(ck, trainer_view.SCHEDULER, loader)
     elif trainer_view.has_optimizer_state(ck) and ck.file(trainer_view.SCHEDULER) is not None:
         crash = None
         if branch != "fsdp":  # FSDP reads its optimizer through accelerate; every other resume reads optimizer.pt
@@ -598,8 +655,29 @@ def _state_crash(
 # The LRs the checkpoint holds
 
 
+def _scheduler_state(ck: Checkpoint) -> trainer_view.SchedulerView | None:
+    """The LambdaLR state the resume restores: ``scheduler.pt``, or under DeepSpeed with the schedule in the engine
+    (``loads_scheduler_pt`` False) the engine's saved ``lr_scheduler``."""
+    ds = trainer_view.deepspeed_view(ck)
+    if ds is not None and not loads_scheduler_pt(ck):
+        return ds.scheduler
+    return trainer_view.scheduler_state(ck)
+
+
+def _ds_last_lr(ds: trainer_view.DeepSpeedView) -> float | None:
+    """The LR the engine's saved LambdaLR last set (``_last_lr[0]``)."""
+    return ds.scheduler.last_lr[0] if ds.scheduler is not None and ds.scheduler.last_lr else None
+
+
 def _first_lr(ck: Checkpoint) -> float | None:
-    """The LR the first resumed step uses: ``optimizer.pt``'s group 0, else what the checkpoint otherwise holds."""
+    """The LR the first resumed step uses: ``optimizer.pt``'s group 0 (under DeepSpeed, the ZeRO partition's param
+    group 0), else what the checkpoint otherwise holds."""
+    ds = trainer_view.deepspeed_view(ck)
+    if ds is not None:
+        if ds.lr is not None:
+            return ds.lr
+        if not loads_scheduler_pt(ck):
+            return _ds_last_lr(ds)
     opt = trainer_view.optimizer_state(ck)
     if opt is not None and opt.groups and opt.groups[0].lr is not None:
         return opt.groups[0].lr
@@ -608,7 +686,7 @@ def _first_lr(ck: Checkpoint) -> float | None:
 
 def _base_lr(ck: Checkpoint) -> float | None:
     """``base_lrs[0]`` that ``LambdaLR.load_state_dict`` restores, else the optimizer's ``initial_lr``."""
-    sched = trainer_view.scheduler_state(ck)
+    sched = _scheduler_state(ck)
     if sched is not None and sched.base_lrs:
         return sched.base_lrs[0]
     opt = trainer_view.optimizer_state(ck)

@@ -98,6 +98,9 @@ def _resumed(ctx: ResumeContext) -> tuple[Checkpoint, Prediction, StepPlan] | No
 def _optimizer_name(ck: Checkpoint) -> str:
     """The optimizer file the resume restores the LR from (``optimizer.pt``, ``.bin``, MindNLP's ``optimizer.ckpt``)."""
     f = trainer_view.optimizer_file(ck)
+    ds = trainer_view.deepspeed_view(ck) if f is None else None
+    if ds is not None and ds.tag is not None:
+        return f"{ds.tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt"  # DeepSpeed's ZeRO partition of rank 0
     return ck.relname(f) if f is not None else "optimizer.pt"
 
 
@@ -247,7 +250,8 @@ def resume_first_step_lr_zero(ctx: ResumeContext) -> Iterator[Hit]:
     if resumed is None or not resumed[1].lrs or resumed[1].lrs[0] != 0.0:
         return
     ck, p, _ = resumed
-    why = f"the LR stored in `{_optimizer_name(ck)}`" if p.restores else "the restarted schedule's warm-up"
+    why = (f"the LR stored in `{_optimizer_name(ck)}`" if p.restores and p.lr_not_restored is None
+           else "the restarted schedule's warm-up")
     yield Hit(ck.path, f"the first resumed optimizer step (step {(p.start or 0) + 1}) runs at LR 0 ({why})")
 
 
@@ -349,8 +353,10 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
 
     ## What it does
     Reports why the LR sequence is missing: a metric-driven schedule (`reduce_lr_on_plateau`, `greedy`), an
-    optimizer / scheduler state whose LRs could not be read, or a `trainer_state.json` too large to read (over the
-    256 MB limit: the resume loads it, but neither its steps nor its LRs are predicted).
+    optimizer / scheduler state whose LRs could not be read, a DeepSpeed config with its own `"scheduler"`
+    (`WarmupLR`, `WarmupDecayLR`, ...: the engine restores and steps it in place of the Trainer's schedule; the
+    first resumed LR, restored from the ZeRO optimizer state, is predicted), or a `trainer_state.json` too large to
+    read (over the 256 MB limit: the resume loads it, but neither its steps nor its LRs are predicted).
 
     ## Why is this bad?
     The rest of the prediction stands, but nothing checked the LRs the resume will use.
@@ -366,7 +372,8 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
 
     ## References
     `src/transformers/optimization.py` `get_scheduler`, `GreedyLR`; `Trainer._evaluate` (steps the scheduler with
-    the metrics); `torch/optim/lr_scheduler.py` `ReduceLROnPlateau.step`.
+    the metrics); `torch/optim/lr_scheduler.py` `ReduceLROnPlateau.step`; `deepspeed/runtime/lr_schedules.py`,
+    `src/transformers/integrations/deepspeed.py` `deepspeed_optim_sched` (a config "scheduler" is DeepSpeed's).
     """
     from ckptdoctor.resume_gate.predict import state_not_read
 
@@ -391,6 +398,10 @@ def lr_schedule_unpredictable(ctx: ResumeContext) -> Iterator[Hit]:
         yield Hit(ck.path, f"`{stype}`: {first}later steps keep it until an evaluation steps the scheduler with its "
                   "metrics, which lower (or, for greedy, raise) it: those LRs depend on evaluation results and "
                   "cannot be predicted")
+    if p.ds_scheduler is not None:
+        first = f"the first resumed step runs at {p.lrs[0]:.4g} (restored by DeepSpeed); " if p.lrs else ""
+        yield Hit(ck.path, f"the DeepSpeed config names its own scheduler, `{p.ds_scheduler}`, which the engine "
+                  f"restores and steps in place of `{stype}`: {first}the later LRs follow it and are not predicted")
     if p.lr_unreadable:
         yield Hit(ck.path, "cannot read the LR stored in `optimizer.pt` / `scheduler.pt`; LRs not predicted")
 
@@ -406,7 +417,12 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     `_load_from_checkpoint` finds no weights; a file the resume loads is cut short or broken (`config.json`, the
     weights or a shard, `optimizer.pt` and `scheduler.pt` when both are restored, `scaler.pt`, each rank's
     `rng_state`: `OSError`, `RuntimeError`, `SafetensorError`, `JSONDecodeError`, as measured with transformers
-    5.23); DeepSpeed finds no `scheduler.pt`; `get_scheduler` rejects the planned schedule.
+    5.23); a DeepSpeed checkpoint has no `scheduler.pt` while its DeepSpeed config names neither an optimizer nor a
+    scheduler (the Trainer then holds the schedule and loads that file; otherwise the engine restores its own), or
+    holds an elastic ZeRO state without `base_optimizer_state_step` (DeepSpeed 0.19.8 asserts it: it is saved only
+    for optimizers that keep `step` in their param groups, not torch's), or a ZeRO stage 0-2 save is resumed under
+    a planned ZeRO-3 config (`deepspeed` in `--training-args`: stage 3 reads per-rank model-states files those
+    stages do not write, and DeepSpeed asserts); `get_scheduler` rejects the planned schedule.
 
     ## Why is this bad?
     The job fails after it got its allocation, often on every rank, with an error that rarely says what to do.
@@ -418,8 +434,10 @@ def resume_will_fail(ctx: ResumeContext) -> Iterator[Hit]:
     No fix here; `ckptdoctor scan` and `ckptdoctor fix` handle most causes (quarantining a torn checkpoint).
 
     ## References
-    `src/transformers/trainer.py` `train`, `_load_from_checkpoint`, `_load_optimizer_and_scheduler`;
-    `trainer_utils.get_last_checkpoint`; `optimization.get_scheduler`.
+    `src/transformers/trainer.py` `train`, `_load_from_checkpoint`, `_load_optimizer_and_scheduler` (under
+    DeepSpeed it loads `scheduler.pt` unless the scheduler is a `DeepSpeedSchedulerWrapper`);
+    `trainer_utils.get_last_checkpoint`; `optimization.get_scheduler`; `deepspeed/runtime/zero/stage_1_and_2.py`
+    `_restore_step_from_elastic_checkpoint`; `deepspeed/runtime/state_dict_factory.py` `SDLoaderBase.check_ckpt_list`.
     """
     ck, p = ctx.checkpoint, ctx.prediction
     if ck is None or p is None:
@@ -976,6 +994,51 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
               f"transformers {tv} builds `{layout.architecture}` in another key layout than the one saved (table of "
               f"transformers {layout.release}): the resume's load_state_dict(strict=False) restores "
               f"{layout.restored:,} of {plural(layout.total, 'tensor')}, not {missing}{tail}")
+
+
+@rule("CKD423", "deepspeed-lr-not-restored", Severity.WARNING, gate_only=True)
+def deepspeed_lr_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
+    """A DeepSpeed resume does not restore the optimizer's learning rate: its first step runs at the restarted
+    schedule's step-0 LR instead of the LR the run had reached.
+
+    ## What it does
+    Reads the ZeRO optimizer partition of the tag folder `latest` names (`zero_pp_rank_0_mp_rank_00_optim_states.pt`)
+    and predicts the LR the first resumed step uses. A rigid state (DeepSpeed's default) holds the base optimizer's
+    whole `state_dict`, param groups included, and `engine.load_checkpoint` restores its LR. An elastic one (ZeRO
+    stage 1 or 2 with `"elastic_checkpoint": true`) holds per-parameter tensors only: DeepSpeed restores those and
+    the step, never the param groups, so the LR stays where the freshly built schedule put it at its step 0 (0 with a
+    warm-up, the full base LR without one). The schedule's own state (`scheduler.pt`, or the engine's
+    `lr_scheduler` when the DeepSpeed config names an optimizer) is restored, and takes over from the second step.
+
+    ## Why is this bad?
+    The first resumed step runs at another LR than the uninterrupted run: the full base LR after a decay is a jump
+    that can spike the loss; LR 0 is a lost step. Nothing is logged.
+
+    ## Example
+    ZeRO-2 with `"elastic_checkpoint": true` and DeepSpeed's Adam, a linear schedule without warm-up at LR 5e-4 at
+    step 500 of 1000: the first resumed step runs at 1e-3.
+
+    ## Fix safety
+    No fix. Save rigid checkpoints (the default) when the run may resume on the same number of ranks.
+
+    ## References
+    `deepspeed/runtime/zero/stage_1_and_2.py` `DeepSpeedZeroOptimizer.state_dict` (elastic: `_get_base_optimizer_state`,
+    no param groups) and `_load_legacy_checkpoint` / `_restore_base_optimizer_state` (restores `state` and `step`
+    only); `deepspeed/runtime/engine.py` `DeepSpeedEngine.load_checkpoint`; `src/transformers/integrations/deepspeed.py`
+    `deepspeed_load_checkpoint`; huggingface/transformers#27710 ("Resume training with deepspeed resets learning
+    rate").
+    """
+    resumed = _resumed(ctx)
+    if resumed is None:
+        return
+    ck, p, _ = resumed
+    if p.lr_not_restored is None or not p.lrs:
+        return
+    saved = "" if p.saved_lr is None else f", not at {p.saved_lr:.4g} (the LR the run had reached)"
+    if p.saved_lr is not None and math.isclose(p.lrs[0], p.saved_lr, rel_tol=LR_RTOL, abs_tol=0.0):
+        return  # the fresh schedule happens to start where the run was (a constant schedule)
+    yield Hit(ck.path, f"{p.lr_not_restored}: the first resumed optimizer step (step {(p.start or 0) + 1}) runs at "
+              f"{p.lrs[0]:.4g}, the restarted schedule's step-0 LR{saved}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

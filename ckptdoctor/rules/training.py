@@ -135,6 +135,11 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
     Checks that optimizer state (`optimizer.pt`, `optimizer.bin` or an `optimizer*` folder) and `scheduler.pt` are
     both present or both absent; in a MindNLP checkpoint, `optimizer.ckpt` and `scheduler.json`.
 
+    In a DeepSpeed checkpoint the engine saves the optimizer state (`global_stepN/`), and `scheduler.pt` is the
+    Trainer's when the run's DeepSpeed config names neither an `"optimizer"` nor a `"scheduler"`: without it there
+    the resume does not skip but raises `FileNotFoundError`. With either in the config, the engine saves and
+    restores the schedule itself and no `scheduler.pt` is written.
+
     ## Why is this bad?
     `Trainer._load_optimizer_and_scheduler` restores them only when both exist, and otherwise skips both without a
     log line: fresh Adam moments and a schedule restarted at step 0 (warm-up again) while `global_step` continues.
@@ -147,11 +152,20 @@ def optimizer_state_incomplete(tree: Tree) -> Iterator[Hit]:
 
     ## References
     `src/transformers/trainer.py` `Trainer._load_optimizer_and_scheduler` (loads both only when the optimizer
-    state and `scheduler.pt` both exist, else skips both without a log line). MindNLP 0.4:
+    state and `scheduler.pt` both exist, else skips both without a log line; under DeepSpeed it loads
+    `scheduler.pt` unless the scheduler is accelerate's `DeepSpeedSchedulerWrapper`), `_save_optimizer_and_scheduler`;
+    `src/transformers/integrations/deepspeed.py` `deepspeed_optim_sched`. MindNLP 0.4:
     `mindnlp/engine/trainer/base.py` `Trainer._load_optimizer_and_scheduler` (the same both-or-neither test).
     """
     for ck, _ in _checkpoints(tree):
-        if trainer_view.is_deepspeed(ck) or ck.file(trainer_view.TRAINER_STATE) is None:
+        if ck.file(trainer_view.TRAINER_STATE) is None:
+            continue
+        if trainer_view.is_deepspeed(ck):
+            ds = trainer_view.deepspeed_view(ck)
+            if ds is not None and ds.engine_scheduler is False and ck.file(trainer_view.SCHEDULER) is None:
+                yield Hit(ck.path, f"DeepSpeed state in `{ds.tag}/` but no `scheduler.pt`, which its DeepSpeed "
+                          "config leaves to the Trainer (no \"optimizer\" or \"scheduler\" in it): a resume raises "
+                          "FileNotFoundError in _load_optimizer_and_scheduler")
             continue
         opt, sched = trainer_view.has_optimizer_state(ck), trainer_view.scheduler_file(ck) is not None
         if opt != sched:

@@ -172,7 +172,7 @@ def test_unknown_steps_per_epoch_is_a_usage_error(tmp_path: Path) -> None:
 def test_gate_rules_are_documented_and_never_run_by_scan(midway: Path) -> None:
     gate_rules = {r.code for r in all_rules() if r.gate_only}
     assert gate_rules == {"CKD407", "CKD408", "CKD409", "CKD410", "CKD411", "CKD412", "CKD413", "CKD414", "CKD415",
-                          "CKD417", "CKD418", "CKD419", "CKD420", "CKD421",
+                          "CKD417", "CKD418", "CKD419", "CKD420", "CKD421", "CKD423",
                           "CKD432",  # accelerate's load_state() (ckptdoctor.resume_gate.accelerate)
                           "CKD445", "CKD446",  # Lightning's fit(ckpt_path=...) (ckptdoctor.resume_gate.lightning)
                           "CKD504", "CKD514"}
