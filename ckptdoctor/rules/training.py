@@ -7,7 +7,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator
 
-from ckptdoctor import trainer_view
+from ckptdoctor import key_layouts, trainer_view
 from ckptdoctor.facts import plural, run_history, same_history, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
@@ -19,6 +19,7 @@ from ckptdoctor.model import (
     ProblemKind,
     Run,
     Stack,
+    TensorInfo,
     Tree,
 )
 from ckptdoctor.rules import Hit, rule
@@ -200,9 +201,9 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
                 yield Hit(ck.path, f"saved by {world} ranks but {names} {'is' if len(missing) == 1 else 'are'} missing")
 
 
-def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
-    """The shapes of the tensors a resume would train: the root adapter's, else the full weights' (one file, or what
-    the shards hold by their own headers).
+def _trainable_tensors(ck: Checkpoint) -> tuple[str, tuple[TensorInfo, ...]] | None:
+    """The tensors a resume would train: the root adapter's, else the full weights' (one file, or what the shards
+    hold by their own headers).
 
     With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
     the stub), so the adapter is what the optimizer is compared with.
@@ -212,7 +213,7 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
         # The shards' headers, not the index: an index that drops a shard makes the resume keep those tensors
         # fresh (CKD205), while the optimizer still matches the model the shards were saved from.
         sharded = saved_shard_tensors(ck)
-        return None if sharded is None else ("full", [t.shape for t in sharded])
+        return None if sharded is None else ("full", sharded)
     if branch == "adapter":
         f = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
     elif branch == "full":
@@ -222,7 +223,7 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
     ts = trainer_view.tensors_of(f)
     if f is None or ts is None:
         return None
-    return branch, [t.shape for t in ts]
+    return branch, ts
 
 
 def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
@@ -230,36 +231,51 @@ def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
 
 
 def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
-    """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint."""
-    trainable = _trainable_shapes(ck)
+    """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint.
+
+    The optimizer was built on the live model of the transformers that wrote the checkpoint; where that release
+    saves another key layout than it trains (5.x mixture-of-experts: per-expert tensors saved, fused ones live), the
+    weights are compared in the live layout: its tensor count, and the shapes of the tensors it only renames or
+    leaves alone; the fused ones count as any shape (the table does not say how a merge reshapes).
+    """
+    trainable = _trainable_tensors(ck)
     if trainable is None:
         return None  # nothing to compare with: the optimizer state (costly to build) is not needed
     opt = trainer_view.optimizer_state(ck)
     if opt is None or not opt.groups:
         return None
-    branch, shapes = trainable
-    if all(0 in s for s in shapes):
+    branch, tensors = trainable
+    if all(0 in t.shape for t in tensors):
         return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
+    layout = key_layouts.written_layout(ck, [t.name for t in tensors]) if branch == "full" else None
+    fused = frozenset(layout.fused) if layout is not None else frozenset()
+    live_count = layout.live_count if layout is not None else len(tensors)
     problems: list[str] = []
     count = opt.param_count
-    if branch == "adapter" and count != len(shapes):
+    if branch == "adapter" and count != len(tensors):
         problems.append(
-            f"the optimizer holds {plural(count, 'parameter')} but the adapter {plural(len(shapes), 'tensor')}"
+            f"the optimizer holds {plural(count, 'parameter')} but the adapter {plural(len(tensors), 'tensor')}"
         )
-    elif branch == "full" and count > len(shapes):
+    elif branch == "full" and count > live_count:
         problems.append(
-            f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(len(shapes), 'tensor')}"
+            f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(live_count, 'tensor')}"
+            + (f" (in the layout transformers {layout.release} trains `{layout.name}` in)" if layout else "")
         )
     state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
-    available = Counter(shapes)
+    available = Counter(t.shape for t in tensors if t.name not in fused)
     extra = state_shapes - available
-    if extra:
+    n_extra = sum(extra.values())
+    unshaped = layout.fused_live if layout is not None else 0
+    if n_extra > unshaped:
         unmatched = available - state_shapes
-        n_extra = sum(extra.values())
         where = "the adapter has" if branch == "adapter" else "the weights have"
+        fused_note = "" if layout is None else (
+            f", more than the {plural(unshaped, 'tensor')} transformers {layout.release} fuses from "
+            f"{plural(len(fused), 'saved one')} for `{layout.name}` (their live shapes are not compared)")
         problems.append(
             f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
-            f"tensor has ({_shape_list(extra)})" + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
+            f"tensor has ({_shape_list(extra)}){fused_note}"
+            + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
         )
     return "; ".join(problems) or None
 

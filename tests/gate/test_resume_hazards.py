@@ -289,7 +289,8 @@ def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so
 
 
 def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
-    from ckptdoctor.resume_gate.plan import version_major, version_tuple
+    from ckptdoctor.facts import version_tuple
+    from ckptdoctor.resume_gate.plan import version_major
 
     assert version_tuple("4.57.6") == (4, 57) and version_tuple("5.23.0.dev0") == (5, 23)
     assert version_tuple(" 2") == (2, 0) and version_tuple("1.26.4") == (1, 26)
@@ -329,9 +330,9 @@ def test_a_5x_mixtral_resume_leaves_router_and_experts_at_init_and_the_gate_coun
 
 
 def test_the_key_layout_table_is_generated_from_the_releases() -> None:
-    from ckptdoctor.resume_gate.predict import _key_layouts
+    from ckptdoctor.key_layouts import releases as table
 
-    releases = _key_layouts()
+    releases = table()
     assert releases["4.51.3"] == {"kind": "none"}  # the vision-language renames came with 4.52
     assert releases["4.52.1"]["classes"]["LlavaForConditionalGeneration"][0] == ["^language_model.model",
                                                                                 "model.language_model"]
