@@ -30,7 +30,8 @@ Converted = tuple[str, int]
 class Conversion:
     """What a release's conversion does to one checkpoint's saved keys."""
 
-    name: str  # the class or model type the table matched (config.json's ``architectures[0]``, else ``model_type``)
+    model: str  # how the checkpoint names its model: config.json's ``architectures[0]``, else its ``model_type``
+    name: str  # the class or model type the table matched
     release: str  # the table's release whose conversion was applied
     changed: tuple[str, ...]  # saved keys the conversion renames or merges, in name order
     targets: tuple[str, ...]  # the live keys they become that no unchanged saved key already is, in name order
@@ -147,7 +148,7 @@ def convert(version: str | None, names: tuple[str, ...], saved: list[str]) -> Co
     targets = {live[k][0] for k in changed} - unchanged
     groups = {live[k][0]: live[k][1] for k in changed if live[k][1]}  # a fused group's live name: tensors it makes
     fused_live = sum(n for key, n in groups.items() if key in targets)
-    return Conversion(conv[0], found[0], tuple(changed), tuple(sorted(targets)),
+    return Conversion(names[0], conv[0], found[0], tuple(changed), tuple(sorted(targets)),
                       tuple(k for k in changed if live[k][1]), fused_live,
                       len(unchanged) + len(targets - groups.keys()) + fused_live)
 

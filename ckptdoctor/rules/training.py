@@ -259,7 +259,7 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     elif branch == "full" and count > live_count:
         problems.append(
             f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(live_count, 'tensor')}"
-            + (f" (in the layout transformers {layout.release} trains `{layout.name}` in)" if layout else "")
+            + (f" (in the layout transformers {layout.release} trains `{layout.model}` in)" if layout else "")
         )
     state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
     available = Counter(t.shape for t in tensors if t.name not in fused)
@@ -271,7 +271,7 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
         where = "the adapter has" if branch == "adapter" else "the weights have"
         fused_note = "" if layout is None else (
             f", more than the {plural(unshaped, 'tensor')} transformers {layout.release} fuses from "
-            f"{plural(len(fused), 'saved one')} for `{layout.name}` (their live shapes are not compared)")
+            f"{plural(len(fused), 'saved one')} for `{layout.model}` (their live shapes are not compared)")
         problems.append(
             f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
             f"tensor has ({_shape_list(extra)}){fused_note}"
