@@ -339,6 +339,16 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     checkpoint's while their `log_history` tells one story: the run was resumed with another adapter, from
     optimizer state built for the old one.
 
+    The optimizer was built on the live model of the transformers that wrote the checkpoint (`config.json`
+    `transformers_version`), which is not always the layout the weights were saved in: transformers 5 trains a
+    mixture-of-experts model such as Mixtral with fused experts (`mlp.experts.gate_up_proj`, one tensor per layer)
+    but saves them per expert (`block_sparse_moe.experts.0.w1.weight`, ...). For such a model the weights are
+    compared in the writer's live layout, from the same table CKD421 uses (`ckptdoctor/key_layouts.json`): the
+    parameter count against the live model's tensor count, and the state shapes against the tensors the conversion
+    leaves alone or only renames. The fused tensors' live shapes are not compared (the table names the tensors a
+    merge makes, not how it reshapes them): states up to their number may have any shape. A clean checkpoint of
+    such a model is therefore silent here; whether a resume restores it is CKD421's question (`ckptdoctor gate`).
+
     ## Why is this bad?
     `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,
     the overlapping tensors load and the old Adam moments are applied to other parameters; fused AdamW does not
@@ -347,7 +357,8 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     ## Example
     Resuming a run after replacing `q_proj` with `k_proj` in `target_modules`: the shapes agree, so `k_proj`
     silently gets `q_proj`'s Adam moments; or an `r=4` adapter copied over an `r=2` one next to the `r=2` run's
-    `optimizer.pt`.
+    `optimizer.pt`; or a Mixtral checkpoint holding the `optimizer.pt` of a run with another hidden size or number
+    of experts (the attention or router shapes differ, whatever the fused experts hold).
 
     ## Fix safety
     No automatic fix: resume without optimizer state knowingly, or restore the original adapter config.
@@ -355,7 +366,10 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     ## References
     `torch/optim/optimizer.py` `Optimizer.load_state_dict` (checks group count and sizes only);
     `torch/optim/adam.py` `_fused_adam` (no shape check); `src/transformers/trainer.py`
-    `Trainer.get_decay_parameter_names` (how the Trainer groups parameters).
+    `Trainer.get_decay_parameter_names` (how the Trainer groups parameters); transformers 5:
+    `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping` (which models are saved in
+    another layout), `src/transformers/core_model_loading.py` `revert_weight_conversion` (called by
+    `PreTrainedModel.save_pretrained` in `src/transformers/modeling_utils.py`: the per-expert keys saved).
     """
     for ck, _ in _checkpoints(tree):
         problem = _in_checkpoint_mismatch(ck)
