@@ -66,9 +66,19 @@ def release_for(version: str | None) -> tuple[str, dict[str, Any]] | None:
     return None if best is None else (best[1], releases()[best[1]])
 
 
-def _converter(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Callable[[str], Converted]] | None:
+# The transforms the table records by name only: in transformers 5 each is a WeightRenaming subclass (a prefix added
+# or removed, a group of renames, an index offset, layer pairs collapsed): one saved tensor to one live tensor of the
+# same shape, under a name the table cannot say.
+_RENAMES_BY_NAME = frozenset({"PrefixChange", "GroupWeightRename", "Inkling2IndexOffsetWeightRename",
+                              "LayerPairCollapse"})
+
+
+def _converter(entry: dict[str, Any], names: tuple[str, ...],
+               shapes_only: bool = False) -> tuple[str, Callable[[str], Converted]] | None:
     """The key conversion ``entry`` applies to a model of class or type ``names`` (the first found), as a function
-    of a saved key; None when it has none, or one whose transforms are not modelled (counted as unknown)."""
+    of a saved key; None when it has none, or one whose transforms are not modelled (counted as unknown).
+    ``shapes_only``: the renamings recorded by name only are passed over (the live names may then be wrong, but
+    which keys a WeightConverter takes, and how many live tensors there are, is right)."""
     if entry.get("kind") == "regex_sub":
         for name in names:
             pairs = entry.get("classes", {}).get(name)
@@ -90,11 +100,13 @@ def _converter(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Call
         transforms = entry.get("types", {}).get(name)
         if not transforms:
             continue
-        if any(t.get("kind") not in ("WeightRenaming", "WeightConverter") for t in transforms):
+        modelled = [t for t in transforms if t.get("kind") in ("WeightRenaming", "WeightConverter")]
+        unknown = {str(t.get("kind")) for t in transforms} - {"WeightRenaming", "WeightConverter"}
+        if unknown and not (shapes_only and unknown <= _RENAMES_BY_NAME):
             return None
         # a converter's group is named by its first target; it makes len(targets) live tensors (a Chunk splits one)
         steps = [(re.compile(t["regex"]), str(t["targets"][0]),
-                  len(t["targets"]) if t["kind"] == "WeightConverter" else 0) for t in transforms]
+                  len(t["targets"]) if t["kind"] == "WeightConverter" else 0) for t in modelled]
 
         def convert(key: str, steps: list[tuple[re.Pattern[str], str, int]] = steps) -> Converted:
             made = 0
@@ -133,11 +145,13 @@ def saved_keys(ck: Checkpoint, weights: str) -> list[str] | None:
     return sorted(t.name for t in tensors) if tensors is not None else None
 
 
-def convert(version: str | None, names: tuple[str, ...], saved: list[str]) -> Conversion | None:
+def convert(version: str | None, names: tuple[str, ...], saved: list[str],
+            shapes_only: bool = False) -> Conversion | None:
     """What transformers ``version``'s live model makes of the ``saved`` keys of a model named ``names``; None when
-    its conversion changes none of them (or the table has no entry, or one not modelled)."""
+    its conversion changes none of them (or the table has no entry, or one not modelled). ``shapes_only``: see
+    ``_converter`` (the live names may be wrong, the count and which tensors are fused are right)."""
     found = release_for(version)
-    conv = _converter(found[1], names) if found is not None and names else None
+    conv = _converter(found[1], names, shapes_only) if found is not None and names else None
     if found is None or conv is None:
         return None
     live = {k: conv[1](k) for k in saved}
@@ -154,9 +168,9 @@ def convert(version: str | None, names: tuple[str, ...], saved: list[str]) -> Co
 
 
 def written_layout(ck: Checkpoint, saved: list[str]) -> Conversion | None:
-    """How the live model of the release that wrote ``ck`` (``config.json`` ``transformers_version``) named and
-    shaped the ``saved`` tensors: what its optimizer state was built on. None when it saved the live layout, or
-    nothing says which release wrote it."""
+    """How many tensors the live model of the release that wrote ``ck`` (``config.json`` ``transformers_version``)
+    made of the ``saved`` ones, and which of them it fused: what its optimizer state was built on (``shapes_only``:
+    the live names are not needed). None when it saved the live layout, or nothing says which release wrote it."""
     config = trainer_view.json_value(ck.file("config.json"))
     wrote = config.get("transformers_version") if isinstance(config, dict) else None
-    return convert(wrote, model_names(config), saved) if isinstance(wrote, str) else None
+    return convert(wrote, model_names(config), saved, shapes_only=True) if isinstance(wrote, str) else None
