@@ -236,7 +236,8 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     The optimizer was built on the live model of the transformers that wrote the checkpoint; where that release
     saves another key layout than it trains (5.x mixture-of-experts: per-expert tensors saved, fused ones live), the
     weights are compared in the live layout: its tensor count, and the shapes of the tensors it only renames or
-    leaves alone; the fused ones count as any shape (the table does not say how a merge reshapes).
+    leaves alone; the fused ones count as any shape (the table does not say how a merge reshapes). The layout is
+    looked up only when the saved tensors disagree: a clean checkpoint of any other model never loads the table.
     """
     trainable = _trainable_tensors(ck)
     if trainable is None:
@@ -247,7 +248,14 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     branch, tensors = trainable
     if all(0 in t.shape for t in tensors):
         return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
-    layout = key_layouts.written_layout(ck, [t.name for t in tensors]) if branch == "full" else None
+    problem = _optimizer_against(opt, branch, tensors, None)
+    layout = key_layouts.written_layout(ck, [t.name for t in tensors]) if problem and branch == "full" else None
+    return problem if layout is None else _optimizer_against(opt, branch, tensors, layout)
+
+
+def _optimizer_against(opt: trainer_view.OptimizerView, branch: str, tensors: tuple[TensorInfo, ...],
+                       layout: key_layouts.Conversion | None) -> str | None:
+    """What disagrees between the optimizer state and ``tensors`` (seen in the writer's live ``layout``, if any)."""
     fused = frozenset(layout.fused) if layout is not None else frozenset()
     live_count = layout.live_count if layout is not None else len(tensors)
     problems: list[str] = []
