@@ -4,7 +4,8 @@ I/O), so no rule family borrows another's helpers.
 What the Trainer picks and loads is ``trainer_view``'s; here is what the files say about how the checkpoint was
 saved (how many ranks wrote it, what its shards hold, which tensors are LoRA B matrices), whether a tree holds
 checkpoint state at all, whether two trainer states tell one run's story (``same_history``,
-``history_divergence``), and the words findings share (``plural``, ``versus``).
+``history_divergence``), the words findings share (``plural``, ``versus``) and the one parser of the versions they
+compare (``version_tuple``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,16 @@ def holds_checkpoint(tree: Tree) -> bool:
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 tensor``, ``2 tensors``, ``1,297 bytes`` (``many`` for irregular plurals). Shared by the findings' words."""
     return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
+_VERSION_RE = re.compile(r"\s*(\d{1,4})(?:\.(\d{1,4}))?(?![\d])")
+
+
+def version_tuple(version: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string ("4.57.6" -> (4, 57), "5.23.0.dev0", "4.57", "2" -> (2, 0)): the one
+    parser of the versions the rules and the gate compare (transformers, torch, numpy); None when it is not one."""
+    m = _VERSION_RE.match(version) if isinstance(version, str) else None
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 
 # A shard of a sharded transformers checkpoint, as `save_pretrained` names it (one pattern, the Trainer view's).

@@ -188,7 +188,8 @@ LAYERS: list[set[str]] = [
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
     # resumes its runs
     {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep", "ckptdoctor.stacks"},
-    {"ckptdoctor.trainer_view", "ckptdoctor.facts"},  # what the Trainer picks and loads; facts rules share
+    # what the Trainer picks and loads; facts rules share; the key layout each transformers saves against its live one
+    {"ckptdoctor.trainer_view", "ckptdoctor.facts", "ckptdoctor.key_layouts"},
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they
     # import nothing above this row, so the registry (``rules.RULE_MODULES``) loads them in the flow's direction
     # judging pickles: the policy and the verdict, between the walk (readers) and the rules that report it

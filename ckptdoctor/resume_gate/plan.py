@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.errors import UsageError
+from ckptdoctor.facts import version_tuple as version_tuple  # re-exported: the gate has always named it here
 from ckptdoctor.model import frozen
 
 DEFAULT_LR_STEPS = 5
@@ -249,16 +249,6 @@ def check_plan(values: dict[str, Any]) -> None:
         if kwargs is None:
             raise GateInputError(f"lr_scheduler_kwargs must be a mapping, not {brief(raw)}")
         values["lr_scheduler_kwargs"] = kwargs
-
-
-_VERSION_RE = re.compile(r"\s*(\d{1,4})(?:\.(\d{1,4}))?(?![\d])")
-
-
-def version_tuple(version: object) -> tuple[int, int] | None:
-    """``(major, minor)`` of a version string ("4.57.6" -> (4, 57), "5.23.0.dev0", "4.57", "2" -> (2, 0)): the one
-    parser of the versions the gate compares (transformers, torch, numpy); None when it is not one."""
-    m = _VERSION_RE.match(version) if isinstance(version, str) else None
-    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 
 def version_major(version: object) -> int | None:

@@ -14,18 +14,14 @@ It makes no findings: the gate rules (``ckptdoctor.resume_gate.rules``) judge th
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import re
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
-from ckptdoctor import schedules, trainer_view
-from ckptdoctor.facts import plural
+from ckptdoctor import key_layouts, schedules, trainer_view
+from ckptdoctor.facts import plural, version_tuple
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, ProblemKind, Tree, frozen
-from ckptdoctor.resume_gate.plan import INT_LIMIT, GateInputError, Plan, int_text, version_tuple
+from ckptdoctor.resume_gate.plan import INT_LIMIT, GateInputError, Plan, int_text
 from ckptdoctor.resume_gate.resolve import ResolvedArgs, installed_version, resolve
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -714,102 +710,6 @@ class LayoutRestore:
     optimizer_crash: str | None  # the optimizer load's crash: the state holds another layout's parameter count
 
 
-@functools.cache
-def _key_layouts() -> dict[str, Any]:
-    """The generated table (bench/make_key_layouts.py), read on first use; empty when it is missing."""
-    from importlib import resources
-
-    try:
-        doc = json.loads(resources.files("ckptdoctor").joinpath("key_layouts.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    releases = doc.get("releases") if isinstance(doc, dict) else None
-    return releases if isinstance(releases, dict) else {}
-
-
-def _layout_release(version: str | None) -> tuple[str, dict[str, Any]] | None:
-    """The table's entry for ``version``: the nearest release read at or below it, of the same major."""
-    want = version_tuple(version)
-    if want is None:
-        return None
-    best: tuple[tuple[int, int], str] | None = None
-    for release in _key_layouts():
-        v = version_tuple(release)
-        if v is not None and v[0] == want[0] and v <= want and (best is None or v > best[0]):
-            best = (v, release)
-    return None if best is None else (best[1], _key_layouts()[best[1]])
-
-
-def _converter(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Callable[[str], str]] | None:
-    """The key conversion ``entry`` applies to a model of class or type ``names`` (the first found), as a function
-    of a saved key; None when it has none, or one whose transforms are not modelled (counted as unknown)."""
-    if entry.get("kind") == "regex_sub":
-        for name in names:
-            pairs = entry.get("classes", {}).get(name)
-            if pairs:
-                compiled = [(re.compile(p), r) for p, r in pairs]
-
-                def sub(key: str, compiled: list[tuple[re.Pattern[str], str]] = compiled) -> str:
-                    for pattern, repl in compiled:  # from_pretrained's key_mapping: the first pattern that matches
-                        new, n = pattern.subn(repl, key)
-                        if n:
-                            return new
-                    return key
-
-                return name, sub
-        return None
-    if entry.get("kind") != "conversion":
-        return None
-    for name in names:
-        transforms = entry.get("types", {}).get(name)
-        if not transforms:
-            continue
-        if any(t.get("kind") not in ("WeightRenaming", "WeightConverter") for t in transforms):
-            return None
-        steps = [(re.compile(t["regex"]), str(t["targets"][0])) for t in transforms]
-
-        def convert(key: str, steps: list[tuple[re.Pattern[str], str]] = steps) -> str:
-            for pattern, target in steps:  # WeightTransform.rename_source_key, each transform in turn
-                m = pattern.search(key)
-                if m is None:
-                    continue
-                replacement = target
-                if "\\1" in target:
-                    group = next(g for g, v in m.groupdict().items() if v is not None)
-                    replacement = target.replace("\\1", m.group(pattern.groupindex[group] + 1) or "")
-                key = key.replace(m.group(0), replacement, 1)
-            return key
-
-        return name, convert
-    return None
-
-
-def _saved_keys(ck: Checkpoint, weights: str) -> list[str] | None:
-    """The tensor names of the weights file (or shard index) the resume loads."""
-    f = ck.file(weights)
-    if weights in (trainer_view.SAFE_INDEX, trainer_view.BIN_INDEX):
-        wm = trainer_view.weight_map(f) if f is not None else None
-        return sorted(wm) if wm is not None else None
-    tensors = trainer_view.tensors_of(f) if f is not None else None
-    return sorted(t.name for t in tensors) if tensors is not None else None
-
-
-def _convert_keys(version: str | None, names: tuple[str, ...], saved: list[str]) -> tuple[str, str, list[str],
-                                                                                         list[str]] | None:
-    """Under ``version``'s table: the name matched, the release read, the saved keys it converts and the live keys
-    they become (not among the unconverted ones); None when it converts none."""
-    found = _layout_release(version)
-    conv = _converter(found[1], names) if found is not None and names else None
-    if found is None or conv is None:
-        return None
-    live = {k: conv[1](k) for k in saved}
-    changed = [k for k in saved if live[k] != k]
-    if not changed:
-        return None
-    unchanged = set(saved) - set(changed)
-    return conv[0], found[0], changed, sorted({live[k] for k in changed} - unchanged)
-
-
 def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool) -> LayoutRestore | None:
     """What the resume under transformers ``version`` restores of the model from ``weights`` when that release
     builds the checkpoint's architecture (``config.json``) in another key layout than the saved one, and whether
@@ -819,21 +719,18 @@ def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool
     config = trainer_view.json_value(ck.file("config.json"))
     if not isinstance(config, dict) or weights is None:
         return None
-    arch = config.get("architectures")
-    names = tuple(a for a in (arch if isinstance(arch, list) else []) if isinstance(a, str))[:1]
-    if isinstance(config.get("model_type"), str):
-        names += (config["model_type"],)
-    saved = _saved_keys(ck, weights)
+    names = key_layouts.model_names(config)
+    saved = key_layouts.saved_keys(ck, weights)
     if not names or not saved:
         return None
-    resumed = _convert_keys(version, names, saved)
+    resumed = key_layouts.convert(version, names, saved)
     wrote = config.get("transformers_version")
-    written = _convert_keys(wrote, names, saved) if isinstance(wrote, str) else None
+    written = key_layouts.convert(wrote, names, saved) if isinstance(wrote, str) else None
     shown = names[0]
     crash = None
     opt = trainer_view.optimizer_state(ck) if restores else None
-    delta_r = 0 if resumed is None else len(resumed[3]) - len(resumed[2])
-    delta_w = 0 if written is None else len(written[3]) - len(written[2])
+    delta_r = 0 if resumed is None else len(resumed.targets) - len(resumed.changed)
+    delta_w = 0 if written is None else len(written.targets) - len(written.changed)
     if opt is not None and isinstance(wrote, str) and version_tuple(wrote) is not None and delta_r != delta_w:
         opt_name = ck.relname(trainer_view.optimizer_file(ck) or ck.files[0])
         crash = (f"`{opt_name}` holds state for {plural(opt.param_count, 'parameter')} (as transformers {wrote} built "
@@ -844,7 +741,6 @@ def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool
         return None
     if resumed is None:  # the resuming release loads the saved keys as they are: only the optimizer differs
         return LayoutRestore(weights, shown, "", len(saved), len(saved), (), 0, crash)
-    _, release, changed, targets = resumed
-    restored = len(saved) - len(changed)
-    return LayoutRestore(weights, shown, release, restored, restored + len(targets), tuple(targets[:3]),
-                         len(changed), crash)
+    restored = len(saved) - len(resumed.changed)
+    return LayoutRestore(weights, shown, resumed.release, restored, restored + len(resumed.targets),
+                         resumed.targets[:3], len(resumed.changed), crash)

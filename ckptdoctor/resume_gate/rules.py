@@ -690,7 +690,7 @@ def _rotation_order(version: str) -> str:
     """How ``version``'s checkpoint rotation orders `checkpoint-*` folders: ``"mtime"`` (>= 4.52 and 5.x, falling
     back to the step number when the newest and oldest folder are less than a second apart), ``"mtime-only"``
     (<= 4.37, no fallback) or ``"step"`` (4.38-4.51)."""
-    from ckptdoctor.resume_gate.plan import version_tuple
+    from ckptdoctor.facts import version_tuple
 
     v = version_tuple(version)
     if v is None or v >= (4, 52):
@@ -915,7 +915,7 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
         return
     steps_to_train = p.steps.steps_to_train if p.steps is not None else 0
     ts = trainer_view.trainer_state(ck)
-    from ckptdoctor.resume_gate.plan import version_tuple
+    from ckptdoctor.facts import version_tuple
 
     version = version_tuple(p.settings.transformers_version)
     if ts is None or version is None or trainer_view.is_mindnlp(ck):  # MindNLP's Trainer has its own state code

@@ -7,7 +7,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator
 
-from ckptdoctor import trainer_view
+from ckptdoctor import key_layouts, trainer_view
 from ckptdoctor.facts import plural, run_history, same_history, saved_shard_tensors, saved_world_size
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
@@ -19,6 +19,7 @@ from ckptdoctor.model import (
     ProblemKind,
     Run,
     Stack,
+    TensorInfo,
     Tree,
 )
 from ckptdoctor.rules import Hit, rule
@@ -214,9 +215,9 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
                 yield Hit(ck.path, f"saved by {world} ranks but {names} {'is' if len(missing) == 1 else 'are'} missing")
 
 
-def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | None:
-    """The shapes of the tensors a resume would train: the root adapter's, else the full weights' (one file, or what
-    the shards hold by their own headers).
+def _trainable_tensors(ck: Checkpoint) -> tuple[str, tuple[TensorInfo, ...]] | None:
+    """The tensors a resume would train: the root adapter's, else the full weights' (one file, or what the shards
+    hold by their own headers).
 
     With adapter files present the optimizer belongs to the adapter even when a stub shadows it (CKD201 reports
     the stub), so the adapter is what the optimizer is compared with.
@@ -226,7 +227,7 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
         # The shards' headers, not the index: an index that drops a shard makes the resume keep those tensors
         # fresh (CKD205), while the optimizer still matches the model the shards were saved from.
         sharded = saved_shard_tensors(ck)
-        return None if sharded is None else ("full", [t.shape for t in sharded])
+        return None if sharded is None else ("full", sharded)
     if branch == "adapter":
         f = ck.file(trainer_view.ADAPTER_SAFE) or ck.file(trainer_view.ADAPTER_BIN)
     elif branch == "full":
@@ -236,7 +237,7 @@ def _trainable_shapes(ck: Checkpoint) -> tuple[str, list[tuple[int, ...]]] | Non
     ts = trainer_view.tensors_of(f)
     if f is None or ts is None:
         return None
-    return branch, [t.shape for t in ts]
+    return branch, ts
 
 
 def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
@@ -244,36 +245,59 @@ def _shape_list(shapes: Counter[tuple[int, ...]]) -> str:
 
 
 def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
-    """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint."""
-    trainable = _trainable_shapes(ck)
+    """The optimizer's parameter count or state shapes against the trainable tensors of the same checkpoint.
+
+    The optimizer was built on the live model of the transformers that wrote the checkpoint; where that release
+    saves another key layout than it trains (5.x mixture-of-experts: per-expert tensors saved, fused ones live), the
+    weights are compared in the live layout: its tensor count, and the shapes of the tensors it only renames or
+    leaves alone; the fused ones count as any shape (the table does not say how a merge reshapes). The layout is
+    looked up only when the saved tensors disagree: a clean checkpoint of any other model never loads the table.
+    """
+    trainable = _trainable_tensors(ck)
     if trainable is None:
         return None  # nothing to compare with: the optimizer state (costly to build) is not needed
     opt = trainer_view.optimizer_state(ck)
     if opt is None or not opt.groups:
         return None
-    branch, shapes = trainable
-    if all(0 in s for s in shapes):
+    branch, tensors = trainable
+    if all(0 in t.shape for t in tensors):
         return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
+    problem = _optimizer_against(opt, branch, tensors, None)
+    layout = key_layouts.written_layout(ck, [t.name for t in tensors]) if problem and branch == "full" else None
+    return problem if layout is None else _optimizer_against(opt, branch, tensors, layout)
+
+
+def _optimizer_against(opt: trainer_view.OptimizerView, branch: str, tensors: tuple[TensorInfo, ...],
+                       layout: key_layouts.Conversion | None) -> str | None:
+    """What disagrees between the optimizer state and ``tensors`` (seen in the writer's live ``layout``, if any)."""
+    fused = frozenset(layout.fused) if layout is not None else frozenset()
+    live_count = layout.live_count if layout is not None else len(tensors)
     problems: list[str] = []
     count = opt.param_count
-    if branch == "adapter" and count != len(shapes):
+    if branch == "adapter" and count != len(tensors):
         problems.append(
-            f"the optimizer holds {plural(count, 'parameter')} but the adapter {plural(len(shapes), 'tensor')}"
+            f"the optimizer holds {plural(count, 'parameter')} but the adapter {plural(len(tensors), 'tensor')}"
         )
-    elif branch == "full" and count > len(shapes):
+    elif branch == "full" and count > live_count:
         problems.append(
-            f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(len(shapes), 'tensor')}"
+            f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(live_count, 'tensor')}"
+            + (f" (in the layout transformers {layout.release} trains `{layout.model}` in)" if layout else "")
         )
     state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
-    available = Counter(shapes)
+    available = Counter(t.shape for t in tensors if t.name not in fused)
     extra = state_shapes - available
-    if extra:
+    n_extra = sum(extra.values())
+    unshaped = layout.fused_live if layout is not None else 0
+    if n_extra > unshaped:
         unmatched = available - state_shapes
-        n_extra = sum(extra.values())
         where = "the adapter has" if branch == "adapter" else "the weights have"
+        fused_note = "" if layout is None else (
+            f", more than the {plural(unshaped, 'tensor')} transformers {layout.release} fuses from "
+            f"{plural(len(fused), 'saved one')} for `{layout.model}` (their live shapes are not compared)")
         problems.append(
             f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
-            f"tensor has ({_shape_list(extra)})" + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
+            f"tensor has ({_shape_list(extra)}){fused_note}"
+            + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
         )
     return "; ".join(problems) or None
 
@@ -337,6 +361,16 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     checkpoint's while their `log_history` tells one story: the run was resumed with another adapter, from
     optimizer state built for the old one.
 
+    The optimizer was built on the live model of the transformers that wrote the checkpoint (`config.json`
+    `transformers_version`), which is not always the layout the weights were saved in: transformers 5 trains a
+    mixture-of-experts model such as Mixtral with fused experts (`mlp.experts.gate_up_proj`, one tensor per layer)
+    but saves them per expert (`block_sparse_moe.experts.0.w1.weight`, ...). For such a model the weights are
+    compared in the writer's live layout, from the same table CKD421 uses (`ckptdoctor/key_layouts.json`): the
+    parameter count against the live model's tensor count, and the state shapes against the tensors the conversion
+    leaves alone or only renames. The fused tensors' live shapes are not compared (the table names the tensors a
+    merge makes, not how it reshapes them): states up to their number may have any shape. A clean checkpoint of
+    such a model is therefore silent here; whether a resume restores it is CKD421's question (`ckptdoctor gate`).
+
     ## Why is this bad?
     `Optimizer.load_state_dict` checks only group sizes. When LoRA target modules change between save and resume,
     the overlapping tensors load and the old Adam moments are applied to other parameters; fused AdamW does not
@@ -345,7 +379,8 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     ## Example
     Resuming a run after replacing `q_proj` with `k_proj` in `target_modules`: the shapes agree, so `k_proj`
     silently gets `q_proj`'s Adam moments; or an `r=4` adapter copied over an `r=2` one next to the `r=2` run's
-    `optimizer.pt`.
+    `optimizer.pt`; or a Mixtral checkpoint holding the `optimizer.pt` of a run with another hidden size or number
+    of experts (the attention or router shapes differ, whatever the fused experts hold).
 
     ## Fix safety
     No automatic fix: resume without optimizer state knowingly, or restore the original adapter config.
@@ -353,7 +388,10 @@ def optimizer_param_mismatch(tree: Tree) -> Iterator[Hit]:
     ## References
     `torch/optim/optimizer.py` `Optimizer.load_state_dict` (checks group count and sizes only);
     `torch/optim/adam.py` `_fused_adam` (no shape check); `src/transformers/trainer.py`
-    `Trainer.get_decay_parameter_names` (how the Trainer groups parameters).
+    `Trainer.get_decay_parameter_names` (how the Trainer groups parameters); transformers 5:
+    `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping` (which models are saved in
+    another layout), `src/transformers/core_model_loading.py` `revert_weight_conversion` (called by
+    `PreTrainedModel.save_pretrained` in `src/transformers/modeling_utils.py`: the per-expert keys saved).
     """
     for ck, _ in _checkpoints(tree):
         problem = _in_checkpoint_mismatch(ck)

@@ -4,7 +4,9 @@ Run as a script, never imported by the suite: ``python tests/gate/hazard_trainer
 tests/gate/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOCTOR_TF4_PYTHON``'s). A job is a dict:
 
 - ``out``: output_dir; ``args``: TrainingArguments overrides; ``resume``: null, true or a checkpoint path;
-- ``model``: ``"llama"`` (tied embeddings), ``"gpt2"`` or ``"mixtral"`` (2 layers of 2 experts); ``untie_config``: set
+- ``model``: ``"llama"`` (tied embeddings), ``"gpt2"`` or ``"mixtral"`` (2 layers of 2 experts, hidden size 16;
+  ``config``: other ``MixtralConfig`` values, e.g. another model size) or ``"qwen3_5_moe"`` (transformers 5 only);
+  ``untie_config``: set
   ``config.tie_word_embeddings = False`` on the tied model before training (the weights stay tied in memory);
   ``from_config``: build the model from that folder's ``config.json`` instead (what a user does who resumes from the
   checkpoint's config);
@@ -73,9 +75,15 @@ def build_model(job: dict[str, Any]) -> Any:
         cfg = transformers.AutoConfig.from_pretrained(job["from_config"])
         return transformers.AutoModelForCausalLM.from_config(cfg)
     if job.get("model") == "mixtral":
-        return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        sizes = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 2, "num_local_experts": 2, "num_experts_per_tok": 1,
+                 "max_position_embeddings": 32}
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**sizes, **job.get("config", {})}))
+    if job.get("model") == "qwen3_5_moe":  # transformers 5 only: its saved layout adds a prefix besides the experts
+        return transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(
             vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=32))
+            num_key_value_heads=2, head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16, max_position_embeddings=32))
     if job.get("model", "llama") == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0))

@@ -27,6 +27,7 @@ from ckptdoctor.cli import main
 from ckptdoctor.resume_gate import GateResult, gate
 from ckptdoctor.resume_gate import resolve as resolve_module
 from tests.helpers.paths import REPO
+from tests.helpers.session import once_per_session
 
 TF4_PYTHON = os.environ.get("CKPTDOCTOR_TF4_PYTHON", "")
 SCRIPT = Path(__file__).with_name("tf4_trainer.py")
@@ -118,25 +119,12 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
     """Train each run once with the 4.x Trainer, then resume a copy of it from checkpoint-4 per case (two
     subprocesses in all): each case's output folder as it was before its resume, and what the resume did.
 
-    Done once per test session: pytest-xdist workers share the session's temporary root, and the first worker to
-    take the lock runs the Trainers while the others wait for its results."""
-    import fcntl
-
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # popen-gwN's parent: this session's root, the same for every worker
-    base, done = shared / "tf4-resumes", shared / "tf4-resumes.json"
-    with open(shared / "tf4-resumes.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            found = _train_and_resume(base)
-            done.write_text(json.dumps(found))
-        found = json.loads(done.read_text())
+    Done once per test session (``once_per_session``), however many pytest-xdist workers ask."""
+    found = once_per_session(tmp_path_factory, "tf4-resumes", _train_and_resume)
     return {case: (Path(folder), seen) for case, (folder, seen) in found.items()}
 
 
 def _train_and_resume(base: Path) -> dict[str, tuple[str, dict[str, Any]]]:
-    base.mkdir()
     trained = tf4([{"out": str(base / name), **job} for name, job in RUNS.items()], base)
     assert all(r["raised"] is None for r in trained), trained
     cases: dict[str, str] = {}

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 from ckptdoctor.findings import Finding
 from ckptdoctor.scanner import scan
+from tests.helpers.session import once_per_session
 
 SCRIPT = Path(__file__).with_name("hazard_trainer.py")
 
@@ -289,7 +290,8 @@ def test_a_440_state_resumed_by_5x_raises_at_its_first_save_and_the_gate_says_so
 
 
 def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
-    from ckptdoctor.resume_gate.plan import version_major, version_tuple
+    from ckptdoctor.facts import version_tuple
+    from ckptdoctor.resume_gate.plan import version_major
 
     assert version_tuple("4.57.6") == (4, 57) and version_tuple("5.23.0.dev0") == (5, 23)
     assert version_tuple(" 2") == (2, 0) and version_tuple("1.26.4") == (1, 26)
@@ -298,40 +300,84 @@ def test_one_version_parser_reads_every_version_the_gate_compares() -> None:
 
 
 # ---- 5. the saved key layout differs from the live model's ----
+#
+# One 5.x and one 4.57 Mixtral run (written once per module: the suite's time matters), each beside a Mixtral of
+# another size whose optimizer.pt stands for the one a user copies from another run; the 5.x one beside a Llama too.
+
+BIGGER = {"hidden_size": 32, "intermediate_size": 64}  # another model size: every tensor's shape differs
+MORE_EXPERTS = {"num_local_experts": 3}  # only the router and the experts differ: the fused tensors among them
+
+
+def _mixtral_runs(root: Path, python: str = sys.executable, v5: bool = False) -> str:
+    trainer([{"out": str(root / "mixtral"), "model": "mixtral", "args": {"max_steps": 4}},
+             {"out": str(root / "bigger"), "model": "mixtral", "config": BIGGER, "args": {"max_steps": 2}},
+             {"out": str(root / "experts3"), "model": "mixtral", "config": MORE_EXPERTS, "args": {"max_steps": 2}},
+             *([{"out": str(root / "llama"), "args": {"max_steps": 4}},
+                {"out": str(root / "qwen3_5_moe"), "model": "qwen3_5_moe", "args": {"max_steps": 2}}] if v5 else [])],
+            root / "train", python=python)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def mixtral5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This interpreter's transformers 5.x Mixtral runs (``mixtral``, ``bigger``, ``experts3``), a Llama run and a
+    Qwen3.5-MoE run, written once per session. Tests copy what they change and resume into another output_dir."""
+    return Path(once_per_session(tmp_path_factory, "mixtral5", lambda root: _mixtral_runs(root, v5=True)))
+
+
+@pytest.fixture(scope="module")
+def mixtral457(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """transformers 4.57's Mixtral runs (``CKPTDOCTOR_TF4_PYTHON``): ``mixtral``, ``bigger``, ``experts3``."""
+    if not TF4_PYTHON:
+        pytest.skip("CKPTDOCTOR_TF4_PYTHON is not set: no transformers 4.57 to write with")
+    return Path(once_per_session(tmp_path_factory, "mixtral457", lambda root: _mixtral_runs(root, TF4_PYTHON)))
 
 
 def _layout(result: Any) -> list[Finding]:
     return [f for f in result.findings if f.rule == "CKD421"]
 
 
+def _with_optimizer_of(runs: Path, donor: str, tmp: Path) -> Path:
+    """A copy of the clean Mixtral's checkpoint-2 holding ``donor``'s ``optimizer.pt`` (a run of another size)."""
+    import shutil
+
+    ck = tmp / f"optimizer-of-{donor}" / "checkpoint-2"
+    shutil.copytree(runs / "mixtral" / "checkpoint-2", ck)
+    shutil.copy2(runs / donor / "checkpoint-2" / "optimizer.pt", ck / "optimizer.pt")
+    return ck.parent
+
+
 def test_a_5x_mixtral_resume_leaves_router_and_experts_at_init_and_the_gate_counts_what_it_restores(
-    tmp_path: Path,
+    mixtral5: Path, tmp_path: Path,
 ) -> None:
     from ckptdoctor.resume_gate import gate
 
-    run, clean = tmp_path / "mixtral", tmp_path / "llama"
-    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}},
-             {"out": str(clean), "args": {"max_steps": 4}}], tmp_path / "train")
-    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+    run, clean = mixtral5 / "mixtral", mixtral5 / "llama"
+    resumed = trainer([{"out": str(tmp_path / "resumed"), "model": "mixtral", "resume": str(run / "checkpoint-2"),
                         "args": {"max_steps": 4}}], tmp_path / "resume")[0]
     assert "error" not in resumed and resumed["steps"] == [3, 4]  # it trains, from random experts
     assert resumed["tensors"] == 21 and len(resumed["at_init"]) == 6
     assert all(".mlp.gate." in n or ".mlp.experts." in n for n in resumed["at_init"])
 
-    found = _layout(gate(run, checkpoint="checkpoint-2"))
+    planned = gate(run, checkpoint="checkpoint-2")
+    found = _layout(planned)
     assert len(found) == 1 and found[0].path == "model.safetensors"
     assert "builds `MixtralForCausalLM` in another key layout" in found[0].message
     assert "restores 15 of 21 tensors" in found[0].message and "keep their initial values" in found[0].message
+    # the optimizer load itself went through (it holds the live, fused layout): CKD421 is the one hazard
+    assert {f.rule for f in planned.findings} == {"CKD421"}
     assert _layout(gate(clean, checkpoint="checkpoint-2")) == []
     # a 4.x resume builds the per-expert layout it was saved in, and its optimizer has the 5.x parameter count
-    older = _layout(gate(run, checkpoint="checkpoint-2", transformers_version="4.57"))
+    older_gate = gate(run, checkpoint="checkpoint-2", transformers_version="4.57")
+    older = _layout(older_gate)
     assert len(older) == 1 and "holds state for 21 parameters" in older[0].message and "with 29" in older[0].message
+    assert {f.rule for f in older_gate.findings} == {"CKD421"}
 
 
 def test_the_key_layout_table_is_generated_from_the_releases() -> None:
-    from ckptdoctor.resume_gate.predict import _key_layouts
+    from ckptdoctor.key_layouts import releases as table
 
-    releases = _key_layouts()
+    releases = table()
     assert releases["4.51.3"] == {"kind": "none"}  # the vision-language renames came with 4.52
     assert releases["4.52.1"]["classes"]["LlavaForConditionalGeneration"][0] == ["^language_model.model",
                                                                                 "model.language_model"]
@@ -340,15 +386,71 @@ def test_the_key_layout_table_is_generated_from_the_releases() -> None:
                                                                         "WeightConverter"]
 
 
-@pytest.mark.skipif(not TF4_PYTHON, reason="CKPTDOCTOR_TF4_PYTHON is not set: no transformers 4.57 to write with")
-def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_says_so(tmp_path: Path) -> None:
+def _scan_rules(root: Path, deep: bool = False) -> list[tuple[str, str]]:
+    return sorted((f.rule, f.path) for f in scan(str(root), deep=deep).findings)
+
+
+def test_a_clean_5x_mixtral_checkpoint_raises_no_alarm_although_its_optimizer_holds_the_fused_experts(
+    mixtral5: Path,
+) -> None:
+    """Principle 5: the optimizer holds the live model's fused experts (`gate_up_proj` [2, 64, 16]), the weights the
+    per-expert saved ones (`w1` [32, 16]): CKD405 compares them in the live layout. The finished run's last
+    checkpoint says its schedule is over (CKD401, an info): nothing else, with or without --deep."""
+    import torch
+
+    run = mixtral5 / "mixtral"
+    opt = torch.load(run / "checkpoint-2" / "optimizer.pt", weights_only=True)  # the test may load: the scan never
+    shapes = sorted(tuple(s["exp_avg"].shape) for s in opt["state"].values())
+    assert len(shapes) == 21 and shapes.count((2, 64, 16)) == 2 and shapes.count((2, 16, 32)) == 2
+    assert _scan_rules(run) == _scan_rules(run, deep=True) == [("CKD401", "checkpoint-4")]
+    # Qwen3.5-MoE's saved layout also changes a prefix (a transform the table records by name only): the count and
+    # the fused experts are still known, and its clean checkpoint is as silent
+    assert _scan_rules(mixtral5 / "qwen3_5_moe") == [("CKD401", "checkpoint-2")]
+
+
+def test_ckd405_still_fires_on_a_5x_mixtral_with_the_optimizer_of_another_size(mixtral5: Path, tmp_path: Path) -> None:
+    bigger = [f for f in scan(str(_with_optimizer_of(mixtral5, "bigger", tmp_path))).findings if f.rule == "CKD405"]
+    assert len(bigger) == 1 and bigger[0].path == "checkpoint-2/optimizer.pt"
+    assert "21 optimizer states have shapes no trainable tensor has ([2, 32] x2, [2, 32, 64] x2, [2, 128, 32] x2)" \
+        in bigger[0].message
+    assert "more than the 4 tensors transformers 5.24.0 fuses from 12 saved ones for `MixtralForCausalLM`" \
+        in bigger[0].message
+    # the same size but a third expert: the routers' shapes still tell, although the fused experts' cannot
+    experts = [f for f in scan(str(_with_optimizer_of(mixtral5, "experts3", tmp_path))).findings
+               if f.rule == "CKD405"]
+    assert len(experts) == 1 and "6 optimizer states have shapes no trainable tensor has" in experts[0].message
+    assert "[3, 16] x2" in experts[0].message and "the weights have [2, 16] x2 instead" in experts[0].message
+
+
+def test_a_clean_457_mixtral_checkpoint_raises_no_alarm_and_ckd405_fires_on_another_size(
+    mixtral457: Path, tmp_path: Path,
+) -> None:
+    """4.57 trains the per-expert layout it saves: CKD405 compares the files as they are, both ways."""
     from ckptdoctor.resume_gate import gate
 
-    run = tmp_path / "mixtral457"
-    trainer([{"out": str(run), "model": "mixtral", "args": {"max_steps": 4}}], tmp_path / "train", python=TF4_PYTHON)
+    run = mixtral457 / "mixtral"
+    assert _scan_rules(run) == _scan_rules(run, deep=True) == [("CKD401", "checkpoint-4")]
+    same = gate(run, checkpoint="checkpoint-2", transformers_version="4.57")
+    assert not same.findings and same.steps_to_train == 2
+    bigger = [f for f in scan(str(_with_optimizer_of(mixtral457, "bigger", tmp_path))).findings
+              if f.rule == "CKD405"]
+    assert len(bigger) == 1 and "29 optimizer states have shapes no trainable tensor has" in bigger[0].message
+    assert "fuses" not in bigger[0].message  # no layout of 4.57 applies
+    experts = [f for f in scan(str(_with_optimizer_of(mixtral457, "experts3", tmp_path))).findings
+               if f.rule == "CKD405"]
+    assert len(experts) == 1 and "the optimizer holds 35 parameters but the weights only 29 tensors" \
+        in experts[0].message
+
+
+def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_says_so(
+    mixtral457: Path, tmp_path: Path,
+) -> None:
+    from ckptdoctor.resume_gate import gate
+
+    run = mixtral457 / "mixtral"
     planned = gate(run, checkpoint="checkpoint-2", transformers_version="5.24")
     same = gate(run, checkpoint="checkpoint-2", transformers_version="4.57")
-    resumed = trainer([{"out": str(run), "model": "mixtral", "resume": str(run / "checkpoint-2"),
+    resumed = trainer([{"out": str(tmp_path / "resumed"), "model": "mixtral", "resume": str(run / "checkpoint-2"),
                         "args": {"max_steps": 4}}], tmp_path / "resume")[0]  # this interpreter's 5.x
     assert resumed["error"] == ["ValueError", "loaded state dict contains a parameter group that doesn't match the "
                                               "size of optimizer's group"]
@@ -357,7 +459,7 @@ def test_a_457_mixtral_resumed_by_5x_raises_at_the_optimizer_load_and_the_gate_s
     assert len(found) == 1 and planned.steps_to_train is None and planned.failed
     assert "restores 15 of 21 tensors" in found[0].message and "raises ValueError" in found[0].message
     assert "holds state for 29 parameters (as transformers 4.57.6 built" in found[0].message
-    assert "CKD413" not in {f.rule for f in planned.findings}
+    assert {f.rule for f in planned.findings} == {"CKD421"}  # not CKD413 nor CKD405: one crash, said once
     assert _layout(same) == [] and same.steps_to_train == 2
 
 
