@@ -85,40 +85,25 @@ def _frozen_setstate(self: Any, state: list[Any]) -> None:
         object.__setattr__(self, f.name, value)  # bypasses the raising __setattr__, as the generated one does
 
 
-_FACTORY: Any = object()  # the default of a field made by a factory: the compiled ``__init__`` calls it
-
-
 def _compile_init(cls: type) -> Callable[..., None]:
-    """The ``__init__`` ``dataclass(frozen=True)`` generates for ``cls``: the same parameters and defaults, each
-    field set with ``object.__setattr__`` (the class's own ``__setattr__`` raises). Its source is made from the
-    class's own field names only, never from data."""
-    scope: dict[str, Any] = {"__set": object.__setattr__, "__factory": _FACTORY}
-    params: list[str] = []
-    lines: list[str] = []
-    for i, f in enumerate(fields(cls)):
-        if f.default is not MISSING:
-            scope[f"__d{i}"] = f.default
-            value = f.name if f.init else f"__d{i}"
-            params += [f"{f.name}=__d{i}"] if f.init else []
-        elif f.default_factory is not MISSING:
-            scope[f"__f{i}"] = f.default_factory
-            value = f"__f{i}() if {f.name} is __factory else {f.name}" if f.init else f"__f{i}()"
-            params += [f"{f.name}=__factory"] if f.init else []
-        elif f.init:
-            value = f.name
-            params.append(f.name)
-        else:
-            continue  # no default and not given: left unset, as dataclass leaves it
-        lines.append(f"    __set(self, {f.name!r}, {value})")
-    source = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(lines) or "    pass") + "\n"
-    exec(source, scope)  # our own field names, as in the methods dataclass generates
-    made: Callable[..., None] = scope["__init__"]
+    """The ``__init__`` ``dataclass(frozen=True)`` generates for ``cls``'s fields (the same parameters, defaults and
+    factories, each field set with ``object.__setattr__``: the class's own ``__setattr__`` raises), made by
+    ``dataclass`` itself on a stand-in class with those fields, so this package compiles nothing."""
+    space: dict[str, Any] = {"__doc__": cls.__doc__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    annotations: dict[str, Any] = {}
+    for f in fields(cls):
+        annotations[f.name] = f.type
+        space[f.name] = field(default=f.default, default_factory=f.default_factory, init=f.init)
+    space["__annotations__"] = annotations
+    make = dataclass(frozen=True, slots=True, eq=False, repr=False, match_args=False)  # slots: init=False defaults too
+    stand_in: Any = make(type(cls.__name__, (), space))
+    made: Callable[..., None] = stand_in.__init__
     made.__qualname__ = f"{cls.__qualname__}.__init__"
     return made
 
 
 def _frozen_init(cls: type) -> Callable[..., None]:
-    """An ``__init__`` that compiles the real one the first time ``cls`` is built, puts it in its place and calls
+    """An ``__init__`` that has the real one made the first time ``cls`` is built, puts it in its place and calls
     it: a scan imports some 70 value classes and builds about half, and compiling ``dataclass``'s methods for all
     of them at import (three ``exec`` each) was a third of the start-up; what is built a million times still runs
     the generated code."""
