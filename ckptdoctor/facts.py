@@ -332,9 +332,25 @@ def _newest(run: Run) -> Checkpoint | None:
     return max(cks, key=lambda c: c.step or 0) if cks else None
 
 
+# One object per distinct weights layout among the ``RunHistory`` a scan keeps: a fleet's runs are mostly of a few
+# models, and each run's own copy (a 7B model's 291 names and shapes, about 60 KB) outlived the run's facts, so a
+# scan judged run by run grew with the number of runs (bench/RESULTS.md, issue 27). Bounded: cleared when full.
+_LAYOUTS: dict[frozenset[tuple[str, tuple[int, ...]]], frozenset[tuple[str, tuple[int, ...]]]] = {}
+_LAYOUTS_ENTRIES = 256
+
+
 def _layout(ck: Checkpoint) -> frozenset[tuple[str, tuple[int, ...]]] | None:
     tensors = trainer_view.tensors_of(trainer_view.loaded_weight_file(ck))
-    return None if not tensors else frozenset((t.name, tuple(t.shape)) for t in tensors)
+    if not tensors:
+        return None
+    layout = frozenset((t.name, tuple(t.shape)) for t in tensors)
+    known = _LAYOUTS.get(layout)
+    if known is not None:
+        return known
+    if len(_LAYOUTS) >= _LAYOUTS_ENTRIES:
+        _LAYOUTS.clear()
+    _LAYOUTS[layout] = layout
+    return layout
 
 
 def _source_named(ck: Checkpoint, run: Run, root: str) -> str | None:

@@ -189,6 +189,7 @@ def scan_root(
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
+    from ckptdoctor.readers import jsonfiles
 
     if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
         limits = dataclasses.replace(limits, zip_data_local_headers=True)
@@ -211,6 +212,7 @@ def scan_root(
         counted += tree.files_seen
         on_part(Part(judged(with_siblings(tree), selection), above))
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
+        jsonfiles.forget()  # and the log histories its checkpoints' reads kept for the next checkpoint
 
     split = split and not selection.deep
     if fanout is not None and (selection.deep or not split):

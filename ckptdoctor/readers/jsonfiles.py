@@ -176,7 +176,7 @@ def _with_known_history(data: bytes, limit: int) -> Any:
             return _REFUSED  # (an empty tail after a comma would be a trailing comma, which json refuses)
         elements = best.elements + tuple(new) if best is not None else tuple(new)
         if elements:  # a body of no values cannot be followed by a comma: nothing to extend
-            _remember(_History(body, elements, limit))
+            _remember(_History(body, elements, limit), best)
     value["log_history"] = list(elements)  # a list of its own, as json.loads gives; the elements are shared
     return value
 
@@ -285,8 +285,24 @@ def _skeleton_value(skeleton: bytes, before_key: bytes, limit: int) -> Any:
     return value
 
 
-def _remember(history: _History) -> None:
+def forget() -> None:
+    """Drop the log_history bodies kept for the next checkpoints: a scan that judges one run at a time calls it
+    once a run is judged, since another run's checkpoints do not extend this one's (each kept body holds one of
+    its checkpoints' whole history, up to 800 KB and 5,000 parsed entries for a 7B-class run)."""
     with _histories_lock:
+        _histories.clear()
+
+
+def _remember(history: _History, extended: _History | None = None) -> None:
+    """Keep ``history`` for the checkpoints read next, in place of the one it ``extended``: a body that another
+    body starts with is rarely the longest match again (the next checkpoint extends the newer one), and keeping both
+    held each run's bodies several times over (eight 800 KB bodies of one 7B-class run at once, bench/RESULTS.md)
+    for no saved parse."""
+    with _histories_lock:
+        for i, h in enumerate(_histories):  # by identity: equal bodies compare in full
+            if h is extended:
+                del _histories[i]
+                break
         _histories.append(history)
         while len(_histories) > 1 and sum(len(h.body) for h in _histories) > _HISTORY_BYTES:
             _histories.popleft()  # the newest stays: it is the one the next checkpoint extends

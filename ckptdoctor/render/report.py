@@ -131,12 +131,16 @@ class RunPieces:
             if self.fmt == "text":
                 self._runs.append((index, run.path, _run_facts(tree.root, run, self.style, self.width)))
             elif self.fmt == "json":
-                self._runs.append((index, run.path, run_entry(tree.root, run)))
+                # As compact JSON text, decoded again by ``runs``: one string per run instead of a dict, a list and
+                # their values per checkpoint, which a fleet's report kept to its end (bench/RESULTS.md, issue 27).
+                # The values are JSON's own (str, int, float, None, lists), so the text decodes to equal values.
+                self._runs.append((index, run.path, json.dumps(run_entry(tree.root, run))))
         self._allowed.extend((index, where, a) for where, a in _allowances(tree))
 
     def runs(self) -> list[Any]:
         """Each run's piece, in the report's order."""
-        return [piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1]))]
+        pieces = [piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1]))]
+        return [json.loads(p) for p in pieces] if self.fmt == "json" else pieces
 
     def text(self, report: Report) -> list[str]:
         """The text report's runs: each one's title and table (by the findings of its root) and a blank line."""

@@ -237,13 +237,26 @@ def test_growing_histories_read_as_whole_documents(
 def test_the_remembered_text_is_bounded(trainer_states: list[bytes]) -> None:
     budget = len(trainer_states[3]) + len(trainer_states[4])
     with mock.patch.object(jsonfiles, "_HISTORY_BYTES", budget):
-        for data in trainer_states:
+        for data in reversed(trainer_states):  # none extends a body read before it: each is parsed and kept
             read(data)
-        assert len(jsonfiles._histories) == 2
+        assert 2 <= len(jsonfiles._histories) < len(trainer_states)  # the oldest went first
         assert sum(len(h.body) for h in jsonfiles._histories) <= budget
+    jsonfiles.forget()
     with mock.patch.object(jsonfiles, "_HISTORY_BYTES", 1):
-        read(trainer_states[0])
+        read(trainer_states[4])
+        read(trainer_states[3])
         assert len(jsonfiles._histories) == 1  # the newest is kept whatever its size
+
+
+def test_a_body_extended_is_replaced_by_the_longer_one(trainer_states: list[bytes]) -> None:
+    """A run's checkpoints keep one body between them, the newest, not one each (bench/RESULTS.md, issue 27)."""
+    for data in trainer_states:
+        read(data)
+    assert len(jsonfiles._histories) == 1
+    last = trainer_states[-1]
+    assert last.find(jsonfiles._histories[0].body) > 0
+    jsonfiles.forget()
+    assert not jsonfiles._histories
 
 
 def test_a_scan_of_a_long_run_shares_the_entries(tmp_path: Path, trainer_states: list[bytes]) -> None:
