@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckptdoctor.model import PickleFacts  # noqa: E402
 from ckptdoctor.readers import read_file  # noqa: E402
+from ckptdoctor.readers.pickle_walk import BYTES_LOADER  # noqa: E402
 from tests.helpers.te_recipe import LOAD_TE_RECIPE  # noqa: E402
 
 OUT = ROOT / "ckptdoctor" / "pickle_verdict" / "allowlist.json"
@@ -508,6 +509,20 @@ def introspected_classes(modules: Iterable[str], *, enums_only: bool = False) ->
     return out
 
 
+# Called by real files and admitted only on a condition, never for any arguments: ``torch.storage._load_from_bytes``
+# (TransformerEngine's ``_extra_state``, a plain ``pickle.dumps`` of a tensor) only where each call hands it literal
+# bytes that were read as ``torch.load`` reads them and judged as a nested pickle (pickle_verdict/judge.py).
+CONDITIONAL_CALLS = frozenset({BYTES_LOADER.dotted})
+
+
+def unreviewed_calls(called: Iterable[str]) -> list[str]:
+    """The globals of ``called`` (what real files call with arguments) that the policy does not admit for calls:
+    neither reviewed (``REVIEWED_CALLS``, ``CALLED_ENUMS``) nor admitted on a condition (``CONDITIONAL_CALLS``)."""
+    from ckptdoctor.pickle_verdict.policy import CALLED_ENUMS, REVIEWED_CALLS
+
+    return sorted(g for g in called if g not in REVIEWED_CALLS and g not in CALLED_ENUMS and g not in CONDITIONAL_CALLS)
+
+
 def versions() -> dict[str, str]:
     out = {}
     for name in ("torch", "transformers", "accelerate", "peft", "numpy", "deepspeed"):
@@ -576,10 +591,9 @@ def main() -> None:
         known = set(pinned["observed"]) | set(pinned["enums"]) | set(pinned.get("classes", ()))
         missing = sorted(set(doc["observed"]) - known)
         print("missing from the pinned allowlist:", missing or "none")
-        from ckptdoctor.pickle_verdict.policy import CALLED_ENUMS, REVIEWED_CALLS
-
-        unreviewed = sorted(g for g in doc["called"] if g not in REVIEWED_CALLS and g not in CALLED_ENUMS)
+        unreviewed = unreviewed_calls(doc["called"])
         print("called by real files, not reviewed for calls:", unreviewed or "none")
+        print("called by real files, admitted on a condition:", sorted(set(doc["called"]) & CONDITIONAL_CALLS))
         print("called:", doc["called"])
         ran = {k: v if isinstance(v, str) else v.get("versions") for k, v in doc["stacks"].items()}
         print("stacks:", json.dumps(ran))
