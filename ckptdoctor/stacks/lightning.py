@@ -74,9 +74,37 @@ def signed(f: FileFacts) -> bool:
 def last_pick(files: Sequence[FileFacts]) -> FileFacts | None:
     """The file ``fit(ckpt_path="last")`` loads among one ``ModelCheckpoint`` folder's ``files``: the ``.ckpt`` files
     whose stem matches ``last(-N)?``, the most recently modified (``_CheckpointConnector._parse_ckpt_path``);
-    None when there is none (Lightning then warns and trains from scratch)."""
+    None when there is none (Lightning then warns and trains from scratch). Among files of one modification time
+    Lightning's choice is arbitrary (``tied_lasts``); this one is the first of them by path."""
     last = [f for f in files if is_last_name(f.name)]
     return max(sorted(last, key=lambda f: f.path), key=lambda f: f.mtime, default=None)
+
+
+def tied_lasts(files: Sequence[FileFacts]) -> list[FileFacts]:
+    """The ``last*.ckpt`` files ``fit(ckpt_path="last")`` cannot choose between: two or more sharing the newest
+    modification time while they hold different steps (``_parse_ckpt_path`` takes ``max`` over a dict built from a
+    set of paths, so among equal times the one it meets first wins, and a set of strings is ordered by their
+    hashes, which change from one process to the next). Empty when the choice is determined."""
+    pick = last_pick(files)
+    if pick is None:
+        return []
+    tied = sorted((f for f in files if is_last_name(f.name) and f.mtime == pick.mtime), key=lambda f: f.path)
+    return tied if len({step_of(f) for f in tied}) > 1 else []
+
+
+def ahead_of(pick: FileFacts, files: Sequence[FileFacts]) -> tuple[list[FileFacts], list[FileFacts]]:
+    """The Lightning checkpoints among ``files`` holding more optimizer steps than ``pick``, split by modification
+    time: those written before it, then those written at the same time or after it.
+
+    Within one history the step count only grows with time, so a file written before ``pick`` that holds more
+    steps is not in ``pick``'s past: ``pick`` was saved by a later fit (a new ``Trainer`` in the same ``dirpath``, or
+    a resume from an earlier file). A file ahead of ``pick`` saved after it can be ``pick``'s own future: the
+    stale ``last.ckpt``. Equal times prove no order and count as after."""
+    at = step_of(pick)
+    if at is None:
+        return [], []
+    ahead = [f for f in files if f is not pick and (s := step_of(f)) is not None and s > at]
+    return [f for f in ahead if f.mtime < pick.mtime], [f for f in ahead if f.mtime >= pick.mtime]
 
 
 def run_files(run: Run) -> list[FileFacts]:
@@ -112,9 +140,14 @@ def newest(files: Sequence[FileFacts]) -> FileFacts | None:
 
 def resume_text(run: Run) -> str:
     """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
-    pick = last_pick(run_files(run))
+    files = run_files(run)
+    pick = last_pick(files)
     if pick is None:
         return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
+    tied = tied_lasts(files)
+    if tied:
+        return ('Lightning; `fit(ckpt_path="last")` loads one of ' + ", ".join(f"`{f.name}`" for f in tied)
+                + " (one modification time)")
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
 
 

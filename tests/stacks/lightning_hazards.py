@@ -142,6 +142,67 @@ def onecycle(root: str) -> dict[str, Any]:
                    onecycle=True)
 
 
+def _two_fits(root: str, **kw: Any) -> str:
+    """A fit of 5 epochs (10 steps) into ``root/checkpoints``, then a new Trainer's fit of 2 epochs (4 steps) from
+    scratch into the same ``dirpath`` (``kw``: the ModelCheckpoint's other arguments)."""
+    ck = f"{root}/checkpoints"
+    for epochs in (5, 2):
+        _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True, save_top_k=-1, **kw)],
+                 max_epochs=epochs).fit(Module(), _data())
+    return ck
+
+
+def two_runs(root: str) -> dict[str, Any]:
+    """Two fits in one dirpath (the default version counter: the second writes `last-v1.ckpt` beside the first's
+    `last.ckpt`), resumed with ``ckpt_path="last"``, and, from its own copy, with the first run's newest file."""
+    ck = _two_fits(root)
+    _built(root)
+    shutil.copytree(f"{root}.built", f"{root}.newest", symlinks=True)
+    start = StartStep()
+    out = _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True), start], max_epochs=3), start, "last")
+    start = StartStep()
+    out["newest"] = _resume(_trainer(f"{root}.newest", [ModelCheckpoint(dirpath=f"{root}.newest/checkpoints",
+                                                                        save_last=True), start], max_epochs=6),
+                            start, f"{root}.newest/checkpoints/epoch=4-step=10.ckpt")
+    return out
+
+
+def two_runs_overwrite(root: str) -> dict[str, Any]:
+    """Two fits in one dirpath with ``enable_version_counter=False``: the second overwrites `last.ckpt` and the
+    files of its own steps; the first run's later files stay."""
+    ck = _two_fits(root, enable_version_counter=False)
+    _built(root)
+    start = StartStep()
+    return _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True, enable_version_counter=False), start],
+                            max_epochs=3), start, "last")
+
+
+def tied_last(root: str) -> dict[str, Any]:
+    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
+    leaves them): what ``ckpt_path="last"`` resolves to in fresh processes under different hash seeds."""
+    import subprocess
+    import sys
+
+    ck = _two_fits(root)
+    for name in ("last.ckpt", "last-v1.ckpt"):
+        os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
+    _built(root)
+    probe = ("import sys, lightning as L\n"
+             "from lightning.pytorch.callbacks import ModelCheckpoint\n"
+             "from lightning.pytorch.trainer.states import TrainerFn\n"
+             "t = L.Trainer(accelerator='cpu', logger=False, callbacks=[ModelCheckpoint(dirpath=sys.argv[1])])\n"
+             "print(t._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, 'last', model_provided=True, "
+             "model_connected=False))\n")
+    picks: list[str] = []
+    for seed in range(16):  # until both files were picked: each seed orders the set of candidates its own way
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run([sys.executable, "-c", probe, ck], env=env, capture_output=True, text=True, check=True)
+        picks.append(os.path.basename(done.stdout.strip().splitlines()[-1]))
+        if len(set(picks)) > 1:
+            break
+    return {"picks": picks}
+
+
 def _edit(path: str, change: Any) -> None:
     """Rewrite one real checkpoint as a user's script does: ``torch.load``, change, ``torch.save``; mtime kept."""
     st = os.stat(path)
@@ -243,7 +304,8 @@ def callback(root: str) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths, callback, planned)}
+                                     loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
+                                     tied_last)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
