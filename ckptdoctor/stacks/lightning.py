@@ -49,6 +49,7 @@ from ckptdoctor.model import (
     LightningFacts,
     Opaque,
     Run,
+    SchedulerState,
     Stack,
     TorchFacts,
     Tree,
@@ -299,16 +300,56 @@ def _from_file(plan: LightningPlan, looks_in: str | None, f: FileFacts) -> Light
     steps = _steps(plan, start, done, max_epochs)
     base = dataclasses.replace(base, start_epoch=done)
     base = dataclasses.replace(base, steps_to_train=steps)
+    spe = _steps_per_epoch(plan, start, done)
     for s in lf.schedulers:
         if s.total_steps is None or s.last_epoch is None or start is None:
             continue
         room = s.total_steps - s.last_epoch
-        if (steps is None and room <= 0) or (steps is not None and steps > room):
+        pace = scheduler_pace(s, lf)
+        if pace == "step":
+            more = steps
+            how = 'each optimizer step: its `last_epoch` counts the optimizer steps, as `interval="step"` does'
+        elif pace == "epoch":
+            more = None if steps is None or spe is None or done is None else (start + steps) // spe - done
+            how = 'once an epoch: its `last_epoch` counts the epochs done, as `interval="epoch"` does'
+        else:  # stepped at a pace the counters do not tell: only a schedule already used up is sure to raise
+            if room > 0 or steps == 0:
+                continue
+            more = None
+            how = ("its `last_epoch` matches neither the optimizer steps nor the epochs done, so its `interval` "
+                   "and `frequency` are unknown; any further step raises")
+        if (more is None and room <= 0 and steps != 0) or (more is not None and more > room):
             return dataclasses.replace(base, raises=(
                 f"`fit` raises `ValueError` from `OneCycleLR.step`: it was built for {s.total_steps} steps and has "
-                f"taken {s.last_epoch}; the resume steps it " + ("again" if steps is None else f"{steps} more times")
-                + ' (each optimizer step, with `interval="step"`)'))
+                f"taken {s.last_epoch}; the resume steps it " + ("again" if more is None else f"{more} more times")
+                + f" ({how})"))
     return base
+
+
+def scheduler_pace(s: SchedulerState, lf: LightningFacts) -> str | None:
+    """How often the run that saved ``lf`` stepped the scheduler ``s``, told by its count, since the checkpoint
+    keeps no ``interval`` (``dump_checkpoint`` stores each scheduler's ``state_dict()`` only): "step" when its
+    ``last_epoch`` equals the optimizer steps the fit loop counts (``interval="step"``), "epoch" when it equals the
+    epochs whose batches all ran (``interval="epoch"``: ``_TrainingEpochLoop`` steps it after an epoch's last batch,
+    before the epoch-end save), "step" when both agree (one step an epoch: either counts alike); None when neither
+    (a ``frequency`` above 1, a scheduler stepped by hand)."""
+    if s.last_epoch is None:
+        return None
+    if lf.loop_steps is not None and s.last_epoch == lf.loop_steps:
+        return "step"
+    if lf.loop_epochs_processed is not None and s.last_epoch == lf.loop_epochs_processed:
+        return "epoch"
+    return None
+
+
+def _steps_per_epoch(plan: LightningPlan, start: int | None, epoch: int | None) -> int | None:
+    """The planned steps per epoch, else the run's own, when its ``start`` steps fill its ``epoch`` done epochs
+    evenly; None when unknown."""
+    if plan.steps_per_epoch is not None:
+        return plan.steps_per_epoch
+    if start is not None and epoch and start % epoch == 0:
+        return start // epoch
+    return None
 
 
 def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs: int) -> int | None:
@@ -319,9 +360,7 @@ def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs
     limits = []
     if plan.max_steps not in (None, -1):
         limits.append(max(0, plan.max_steps - start))
-    spe = plan.steps_per_epoch
-    if spe is None and epoch and start % epoch == 0:
-        spe = start // epoch  # the run's own steps per epoch, when its steps fill its done epochs evenly
+    spe = _steps_per_epoch(plan, start, epoch)
     if max_epochs != -1:
         if spe is None or epoch is None:
             return None  # the epoch bound is unknown: which limit stops the fit cannot be said

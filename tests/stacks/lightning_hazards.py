@@ -21,11 +21,12 @@ from lightning_run import _data
 
 
 class Module(L.LightningModule):
-    """A linear model; ``onecycle``: a per-step OneCycleLR sized for the Trainer's planned steps."""
+    """A linear model; ``onecycle``: a OneCycleLR stepped at ``interval``, built for ``total`` of its steps (None:
+    the Trainer's planned optimizer steps)."""
 
-    def __init__(self, onecycle: bool = False) -> None:
+    def __init__(self, onecycle: bool = False, interval: str = "step", total: int | None = None) -> None:
         super().__init__()
-        self.onecycle = onecycle
+        self.onecycle, self.interval, self.total = onecycle, interval, total
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -38,9 +39,9 @@ class Module(L.LightningModule):
         opt = torch.optim.SGD(self.parameters(), lr=0.1)
         if not self.onecycle:
             return opt
-        total = int(self.trainer.estimated_stepping_batches)
+        total = self.total if self.total is not None else int(self.trainer.estimated_stepping_batches)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval}}
 
 
 class StartStep(Callback):
@@ -65,12 +66,13 @@ def _built(root: str) -> None:
     shutil.copytree(root, f"{root}.built", symlinks=True)
 
 
-def _resume(trainer: L.Trainer, start: StartStep, ckpt_path: str, onecycle: bool = False) -> dict[str, Any]:
+def _resume(trainer: L.Trainer, start: StartStep, ckpt_path: str, onecycle: bool = False,
+            module: L.LightningModule | None = None) -> dict[str, Any]:
     """``trainer.fit(ckpt_path=ckpt_path)``: what it loaded, where it started, what it raised and warned."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            trainer.fit(Module(onecycle), _data(), ckpt_path=ckpt_path)
+            trainer.fit(module or Module(onecycle), _data(), ckpt_path=ckpt_path)
         except Exception as e:  # the resume's own failure is the result
             return {"raised": type(e).__name__, "message": str(e)[:2000], "loaded": trainer.ckpt_path,
                     "warnings": [str(w.message) for w in caught]}
@@ -203,6 +205,24 @@ def tied_last(root: str) -> dict[str, Any]:
     return {"picks": picks}
 
 
+def onecycle_epoch(root: str) -> dict[str, Any]:
+    """A OneCycleLR stepped once an epoch (``interval="epoch"``), built for 5 epochs, after 3 epochs (6 optimizer
+    steps), resumed from its own copy for 5 epochs (2 more scheduler steps: within its 5) and for 6 (3 more: one
+    too many)."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True)], max_epochs=3).fit(Module(True, "epoch", 5), _data())
+    _built(root)
+    out: dict[str, Any] = {}
+    for epochs in (5, 6):
+        copy = f"{root}.{epochs}"
+        shutil.copytree(f"{root}.built", copy, symlinks=True)
+        start = StartStep()
+        out[str(epochs)] = _resume(_trainer(copy, [ModelCheckpoint(dirpath=f"{copy}/checkpoints", save_last=True),
+                                                   start], max_epochs=epochs), start, "last",
+                                   module=Module(True, "epoch", 5))
+    return out
+
+
 def _edit(path: str, change: Any) -> None:
     """Rewrite one real checkpoint as a user's script does: ``torch.load``, change, ``torch.save``; mtime kept."""
     st = os.stat(path)
@@ -305,7 +325,7 @@ def callback(root: str) -> dict[str, Any]:
 
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
                                      loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
-                                     tied_last)}
+                                     tied_last, onecycle_epoch)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

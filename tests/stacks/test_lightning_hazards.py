@@ -19,7 +19,8 @@ from tests.helpers.paths import TESTS
 from tests.stacks.test_stack_lightning import _lightning, needs_lightning
 
 SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
-             "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last")
+             "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last",
+             "onecycle_epoch")
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,23 @@ def test_gate_fails_where_lightning_raises_or_starts_over(runs: dict[str, tuple[
     assert result.failed and code in {f.rule for f in result.findings}
     if raised is not None:
         assert f"`{raised}`" in next(f.message for f in result.findings if f.rule == code)
+
+
+@needs_lightning
+def test_gate_tells_an_epoch_interval_onecycle_from_its_count(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A OneCycleLR stepped once an epoch (its `last_epoch` 3 = the epochs done, not the 6 optimizer steps), built
+    for 5: resumed to 5 epochs it steps twice and trains (the step-interval reading would have said 4 steps, one
+    `ValueError`); to 6 epochs it steps three times and raises, as the gate says."""
+    root, out = runs["onecycle_epoch"]
+    assert out["5"]["raised"] is None and (out["5"]["start_step"], out["5"]["end_step"]) == (6, 10)
+    assert out["6"]["raised"] == "ValueError" and "Tried to step 6 times" in out["6"]["message"]
+    assert scan(str(root)).findings == ()
+    fits = _gate(root, max_epochs=5)
+    assert not fits.failed and (fits.start_step, fits.max_steps) == (6, 10)
+    raises = _gate(root, max_epochs=6)
+    assert raises.failed
+    msg = next(f.message for f in raises.findings if f.rule == "CKD445")
+    assert "built for 5 steps and has taken 3; the resume steps it 3 more times (once an epoch" in msg
 
 
 @needs_lightning
