@@ -675,15 +675,10 @@ def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
     `_save_last_checkpoint`, `_find_last_checkpoints`.
     """
     for run in _lightning_runs(tree):
-        files = lightning.run_files(run)
-        pick = lightning.last_pick(files)
-        if pick is None or lightning.tied_lasts(files):
-            continue  # no last, or no one file it loads (CKD448)
-        _, after = lightning.ahead_of(pick, files)
-        top = lightning.newest(after)
-        at, newest = lightning.step_of(pick), None if top is None else lightning.step_of(top)
-        if top is None or at is None or newest is None:
-            continue
+        v = lightning.last_ahead(lightning.run_files(run))
+        if v is None or v.after is None:
+            continue  # no one file "last" loads (CKD448 when several tie), or nothing after it holds more steps
+        (top, newest), pick, at = v.after, v.pick, v.at
         yield Hit(pick.path, f'`fit(ckpt_path="last")` loads `{pick.name}` at step {at}, but `{top.name}`, saved '
                              f"after it in the same folder, holds step {newest}: the resume trains {newest - at} "
                              "steps again (`_CheckpointConnector._parse_ckpt_path` takes the newest `last*.ckpt` by "
@@ -723,15 +718,10 @@ def lightning_earlier_run_last(tree: Tree) -> Iterator[Hit]:
     `_save_last_checkpoint` (`enable_version_counter`), `__warn_if_dir_not_empty`.
     """
     for run in _lightning_runs(tree):
-        files = lightning.run_files(run)
-        pick = lightning.last_pick(files)
-        if pick is None or lightning.tied_lasts(files):
+        v = lightning.last_ahead(lightning.run_files(run))
+        if v is None or v.earlier_last is None:
             continue
-        before, _ = lightning.ahead_of(pick, files)
-        other = lightning.newest([f for f in before if lightning.is_last_name(f.name)])
-        at, theirs = lightning.step_of(pick), None if other is None else lightning.step_of(other)
-        if other is None or at is None or theirs is None:
-            continue
+        (other, theirs), pick, at = v.earlier_last, v.pick, v.at
         yield Hit(pick.path, f'`fit(ckpt_path="last")` loads `{pick.name}` (step {at}), saved by a later fit than '
                              f"`{other.name}` beside it (step {theirs}, saved before it): Lightning chooses between "
                              "them by modification time alone (`_CheckpointConnector._parse_ckpt_path`), so a copy "

@@ -93,6 +93,35 @@ def tied_lasts(files: Sequence[FileFacts]) -> list[FileFacts]:
     return tied if len({step_of(f) for f in tied}) > 1 else []
 
 
+@frozen
+class LastAhead:
+    """The file ``fit(ckpt_path="last")`` loads in one folder, its step, and what holds more steps beside it: the
+    one holding the most among those saved at the same time or after it (its future: CKD440), and the
+    ``last*.ckpt`` holding the most among those saved before it (an earlier run's: CKD447); each with its step."""
+
+    pick: FileFacts
+    at: int
+    after: tuple[FileFacts, int] | None
+    earlier_last: tuple[FileFacts, int] | None
+
+
+def last_ahead(files: Sequence[FileFacts]) -> LastAhead | None:
+    """``LastAhead`` of one ``ModelCheckpoint`` folder's ``files``; None when "last" loads no one known file (none,
+    or several of one time: ``tied_lasts``) or its step cannot be read."""
+    pick = last_pick(files)
+    at = None if pick is None else step_of(pick)
+    if pick is None or at is None or tied_lasts(files):
+        return None
+    before, after = ahead_of(pick, files)
+
+    def most(among: list[FileFacts]) -> tuple[FileFacts, int] | None:
+        top = newest(among)
+        n = None if top is None else step_of(top)
+        return None if top is None or n is None else (top, n)
+
+    return LastAhead(pick, at, most(after), most([f for f in before if is_last_name(f.name)]))
+
+
 def ahead_of(pick: FileFacts, files: Sequence[FileFacts]) -> tuple[list[FileFacts], list[FileFacts]]:
     """The Lightning checkpoints among ``files`` holding more optimizer steps than ``pick``, split by modification
     time: those written before it, then those written at the same time or after it.

@@ -60,6 +60,18 @@ def test_a_later_fit_in_the_same_dirpath_is_no_stale_last(runs: dict[str, tuple[
 
 
 @needs_lightning
+def test_a_resume_from_an_earlier_file_leaves_no_stale_last(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The folder a real resume left: `planned`'s run (6 steps, `last.ckpt` at 6) resumed from `epoch=1-step=3.ckpt`
+    to `max_steps=5` by a Trainer whose `ModelCheckpoint` differs (its state is not restored, so it writes
+    `last-v1.ckpt`). "last" now loads the resumed fit's step 5, as it should; CKD440 used to call that a stale
+    `last.ckpt` (an error). Only CKD447's info remains."""
+    folder = runs["planned"][0].with_name("planned.path_steps")
+    assert runs["planned"][1]["path_steps"]["end_step"] == 5
+    found = [(f.rule, f.severity.value, f.path) for f in scan(str(folder)).findings]
+    assert found == [("CKD447", "info", "checkpoints/last-v1.ckpt")]
+
+
+@needs_lightning
 def test_a_later_fit_overwriting_last_is_clean(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     """With `enable_version_counter=False` the later fit overwrites `last.ckpt`: "last" can load nothing else, and
     the earlier run's `epoch=4-step=10.ckpt` (saved before it) is not its future: no finding."""
