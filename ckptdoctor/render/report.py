@@ -13,6 +13,7 @@ from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack, Tree
 from ckptdoctor.scanner import Report
+from ckptdoctor.stacks import accelerate as acc
 from ckptdoctor.stacks import torchtitan as titan
 from ckptdoctor.version import __version__
 
@@ -48,7 +49,7 @@ def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
     ts = trainer_view.trainer_state(ck)
     return {
         "path": ck.path,
-        "step": ck.step,
+        "step": ck.step if ck.step is not None or ck.stack is not Stack.ACCELERATE else acc.shown_step(ck),
         "global_step": ts.global_step if ts else None,
         "max_steps": ts.max_steps if ts else None,
         "kinds": titan.kinds(ck) if ck.stack is Stack.TORCHTITAN else trainer_view.kinds(ck),

@@ -1064,6 +1064,11 @@ def lightning_resume_raises(ctx: object) -> Iterator[Hit]:
     `MisconfigurationException` for a checkpoint's epoch above `max_epochs`, `ValueError` for `ckpt_path="best"` in a
     new Trainer, `FileNotFoundError` for a path that is not there.
 
+    A checkpoint keeps each scheduler's `state_dict()` but not the `interval` it was stepped at, so the scheduler's
+    own count tells it: `last_epoch` equal to the optimizer steps the loops count is `interval="step"` (the resume
+    steps it once per optimizer step), equal to the epochs done is `interval="epoch"` (once per epoch the resume
+    finishes). When it matches neither (a `frequency` above 1), only a schedule already used up is reported.
+
     ## Why is this bad?
     The job dies at start-up (a scheduler's `ValueError` only at the first step, after data loading), on every
     rank, with a message about the scheduler or the loops rather than about the plan.
@@ -1079,7 +1084,9 @@ def lightning_resume_raises(ctx: object) -> Iterator[Hit]:
 
     ## References
     `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`,
-    `restore_loops`, `restore_optimizers_and_schedulers`; `torch/optim/lr_scheduler.py` `OneCycleLR.get_lr`.
+    `restore_loops`, `restore_optimizers_and_schedulers`, `dump_checkpoint` (`lr_schedulers`);
+    `src/lightning/pytorch/loops/training_epoch_loop.py` `_TrainingEpochLoop._update_learning_rates`;
+    `torch/optim/lr_scheduler.py` `OneCycleLR.get_lr`.
     """
     p = _prediction(ctx)
     if p is not None and p.raises is not None:

@@ -698,8 +698,13 @@ def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
 
     ## What it does
     In each folder of Lightning checkpoints, finds the file `fit(ckpt_path="last")` loads (the most recently
-    modified `last*.ckpt`) and compares the optimizer steps its fit loop counts with those of every other `.ckpt`
-    there.
+    modified `last*.ckpt`) and compares the optimizer steps its fit loop counts with those of the other `.ckpt`
+    files there that were saved at the same time or after it.
+
+    Files holding more steps that were saved *before* it are not its future: a later fit wrote it (a new `Trainer`
+    in the same `dirpath`, or a resume from an earlier file), and `"last"` resumes that later run, which is what
+    Lightning means by last. This rule stays silent on them; CKD447 says when the earlier run's own `last*.ckpt` is
+    still there to be chosen.
 
     ## Why is this bad?
     The resume silently starts from the older state and trains the steps after it again. Lightning 2.6 rewrites
@@ -722,17 +727,99 @@ def lightning_last_stale(tree: Tree) -> Iterator[Hit]:
     `_save_last_checkpoint`, `_find_last_checkpoints`.
     """
     for run in _lightning_runs(tree):
+        v = lightning.last_ahead(lightning.run_files(run))
+        if v is None or v.after is None:
+            continue  # no one file "last" loads (CKD448 when several tie), or nothing after it holds more steps
+        (top, newest), pick, at = v.after, v.pick, v.at
+        yield Hit(pick.path, f'`fit(ckpt_path="last")` loads `{pick.name}` at step {at}, but `{top.name}`, saved '
+                             f"after it in the same folder, holds step {newest}: the resume trains {newest - at} "
+                             "steps again (`_CheckpointConnector._parse_ckpt_path` takes the newest `last*.ckpt` by "
+                             "modification time)")
+
+
+@rule("CKD447", "lightning-earlier-run-last", Severity.INFO)
+def lightning_earlier_run_last(tree: Tree) -> Iterator[Hit]:
+    """Two runs' `last*.ckpt` files share one folder: `fit(ckpt_path="last")` picks between them by modification
+    time alone.
+
+    ## What it does
+    In each folder of Lightning checkpoints, reports the `last*.ckpt` that `fit(ckpt_path="last")` loads when
+    another `last*.ckpt` beside it holds more optimizer steps but was saved before it: the later run's last
+    checkpoint beside an earlier run's. An info: Lightning loads the later run's file, as "last" means.
+
+    ## Why is this bad?
+    A new `Trainer` whose `ModelCheckpoint` writes into a `dirpath` that already holds `last.ckpt` saves its own as
+    `last-v1.ckpt` (the version counter; Lightning warns "Checkpoint directory ... exists and is not empty"), and
+    the files of both runs stay. `_CheckpointConnector._parse_ckpt_path` gathers every `last*.ckpt` and loads the
+    most recently modified one: nothing else says which run a file belongs to. A copy, sync or archive that does not
+    keep modification times (`cp -r`, many object-store downloads) can make it load the earlier run's file; and to
+    continue the earlier run you must name its file, since "last" no longer finds it.
+
+    ## Example
+    `fit` for 5 epochs into `d` (`last.ckpt` at step 10), then a new `Trainer` with the same
+    `ModelCheckpoint(dirpath=d, save_last=True)` fits 2 epochs from scratch (`last-v1.ckpt` at step 4):
+    `fit(ckpt_path="last")` resumes the second run at step 4.
+
+    ## Fix safety
+    No automatic fix. Keep each run in its own `dirpath` (or move the earlier run's files away); to continue the
+    earlier run, pass its file: `fit(ckpt_path="d/last.ckpt")`.
+
+    ## References
+    `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`;
+    `src/lightning/pytorch/callbacks/model_checkpoint.py` `ModelCheckpoint._find_last_checkpoints`,
+    `_save_last_checkpoint` (`enable_version_counter`), `__warn_if_dir_not_empty`.
+    """
+    for run in _lightning_runs(tree):
+        v = lightning.last_ahead(lightning.run_files(run))
+        if v is None or v.earlier_last is None:
+            continue
+        (other, theirs), pick, at = v.earlier_last, v.pick, v.at
+        yield Hit(pick.path, f'`fit(ckpt_path="last")` loads `{pick.name}` (step {at}), saved by a later fit than '
+                             f"`{other.name}` beside it (step {theirs}, saved before it): Lightning chooses between "
+                             "them by modification time alone (`_CheckpointConnector._parse_ckpt_path`), so a copy "
+                             f"that does not keep modification times can make it load `{other.name}`; to continue "
+                             "the earlier run, pass its file as `ckpt_path`")
+
+
+@rule("CKD448", "lightning-last-ambiguous", Severity.WARNING)
+def lightning_last_ambiguous(tree: Tree) -> Iterator[Hit]:
+    """Several `last*.ckpt` files share the newest modification time: which one `fit(ckpt_path="last")` loads
+    changes from one process to the next.
+
+    ## What it does
+    In each folder of Lightning checkpoints, reports two or more `last*.ckpt` files that hold different optimizer
+    steps and share the newest modification time.
+
+    ## Why is this bad?
+    `_CheckpointConnector._parse_ckpt_path` collects the candidates in a set, maps each to its modification time
+    and takes the `max`: among equal times the first one met wins, and a set of strings is ordered by their hashes,
+    which Python seeds anew in every process. Two resumes of the same folder can start from different states.
+    Equal times come from archives and copies that keep whole seconds (`zip`, `tar`, some syncs), or from a script
+    that set them.
+
+    ## Example
+    `last.ckpt` (step 10) and `last-v1.ckpt` (step 4) extracted from one archive with the same time:
+    `fit(ckpt_path="last")` loaded `last.ckpt` under `PYTHONHASHSEED=0` and `last-v1.ckpt` under 1.
+
+    ## Fix safety
+    No automatic fix. Pass the file to resume as `fit(ckpt_path=...)`, or remove the `last*.ckpt` you do not want
+    (or `touch` the one you do).
+
+    ## References
+    `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`;
+    `src/lightning/pytorch/callbacks/model_checkpoint.py` `ModelCheckpoint._find_last_checkpoints`.
+    """
+    for run in _lightning_runs(tree):
         files = lightning.run_files(run)
+        tied = lightning.tied_lasts(files)
         pick = lightning.last_pick(files)
-        top = lightning.newest(files)
-        if pick is None or top is None:
+        if not tied or pick is None:
             continue
-        at, newest = lightning.step_of(pick), lightning.step_of(top)
-        if at is None or newest is None or newest <= at:
-            continue
-        yield Hit(pick.path, f'`fit(ckpt_path="last")` loads `{pick.name}` at step {at}, but `{top.name}` in the '
-                             f"same folder holds step {newest}: the resume trains {newest - at} steps again "
-                             "(`_CheckpointConnector._parse_ckpt_path` takes the newest `last*.ckpt` by time)")
+        held = ", ".join(f"`{f.name}` (" + ("no step read" if (n := lightning.step_of(f)) is None else f"step {n}")
+                         + ")" for f in tied)
+        yield Hit(pick.path, f"{held} share one modification time: `fit(ckpt_path=\"last\")` loads whichever its "
+                             "set of candidates yields first, which changes with each process's hash seed "
+                             "(`_CheckpointConnector._parse_ckpt_path`)")
 
 
 @rule("CKD441", "lightning-last-dangling", Severity.ERROR, fix=Applicability.UNSAFE)

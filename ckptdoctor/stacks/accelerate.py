@@ -92,7 +92,8 @@ def resume_text(run: Run) -> str:
     if is_automatic(run) and not run.standalone:
         # every entry `load_state()` lists, files and others too (`Run.entries`), else the saves found
         pick = load_state_pick(run.entries or [ck.path.rsplit("/", 1)[-1] for ck in run.checkpoints])
-        return f"accelerate; `load_state()` loads `{pick}`" if pick else "accelerate; `load_state()` raises"
+        text = f"accelerate; `load_state()` loads `{pick}`" if pick else "accelerate; `load_state()` raises"
+        return text + _unshown_steps(run)
     return "accelerate `save_state` folders; `load_state(folder)` loads the folder named"
 
 
@@ -211,6 +212,32 @@ def scheduler_step(ck: Checkpoint) -> int | None:
         value = value.state
     step = value.get("last_epoch") if isinstance(value, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def shown_step(ck: Checkpoint) -> int | None:
+    """The step a report shows for an accelerate save whose folder name holds none: automatic naming's
+    ``checkpoint_<i>`` counts saves (``project_configuration.iteration``), not steps, and the RNG files' ``step``
+    is ``Accelerator.step``, the gradient-accumulation counter ``accumulate()`` resets, so neither is one. What
+    the folder proves is its scheduler's count (``scheduler_step``), and that is the optimizer steps only when one
+    process saved it (one ``random_states_<rank>.pkl``): ``AcceleratedScheduler.step`` steps the scheduler once per
+    optimizer step on one process but ``num_processes`` times on more unless ``split_batches``, which no file
+    records. None otherwise (more processes, no scheduler, a save cut before its RNG file)."""
+    ranks = [f for f in ck.files if "/" not in ck.relname(f) and _RNG_RE.match(f.name)]
+    return scheduler_step(ck) if len(ranks) == 1 else None
+
+
+def _unshown_steps(run: Run) -> str:
+    """Why the report shows no step for some of an automatic-naming ``run``'s saves (``shown_step``); empty when
+    it shows every one's."""
+    blank = [ck for ck in run.checkpoints if ck.step is None and shown_step(ck) is None]
+    if not blank:
+        return ""
+    ranks = max(sum(1 for f in ck.files if "/" not in ck.relname(f) and _RNG_RE.match(f.name)) for ck in blank)
+    why = (f"saved by {ranks} processes, and `AcceleratedScheduler` steps the scheduler {ranks} times per "
+           "optimizer step unless `split_batches`, which no file records" if ranks > 1
+           else "no readable `scheduler.bin` or RNG file to tell it")
+    saves = "save" if len(blank) == 1 else "saves"
+    return f"; no step shown for {len(blank)} `checkpoint_<i>` {saves} (the number counts saves, not steps): {why}"
 
 
 def is_automatic(run: Run) -> bool:

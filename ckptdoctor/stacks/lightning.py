@@ -49,6 +49,7 @@ from ckptdoctor.model import (
     LightningFacts,
     Opaque,
     Run,
+    SchedulerState,
     Stack,
     TorchFacts,
     Tree,
@@ -74,9 +75,66 @@ def signed(f: FileFacts) -> bool:
 def last_pick(files: Sequence[FileFacts]) -> FileFacts | None:
     """The file ``fit(ckpt_path="last")`` loads among one ``ModelCheckpoint`` folder's ``files``: the ``.ckpt`` files
     whose stem matches ``last(-N)?``, the most recently modified (``_CheckpointConnector._parse_ckpt_path``);
-    None when there is none (Lightning then warns and trains from scratch)."""
+    None when there is none (Lightning then warns and trains from scratch). Among files of one modification time
+    Lightning's choice is arbitrary (``tied_lasts``); this one is the first of them by path."""
     last = [f for f in files if is_last_name(f.name)]
     return max(sorted(last, key=lambda f: f.path), key=lambda f: f.mtime, default=None)
+
+
+def tied_lasts(files: Sequence[FileFacts]) -> list[FileFacts]:
+    """The ``last*.ckpt`` files ``fit(ckpt_path="last")`` cannot choose between: two or more sharing the newest
+    modification time while they hold different steps (``_parse_ckpt_path`` takes ``max`` over a dict built from a
+    set of paths, so among equal times the one it meets first wins, and a set of strings is ordered by their
+    hashes, which change from one process to the next). Empty when the choice is determined."""
+    pick = last_pick(files)
+    if pick is None:
+        return []
+    tied = sorted((f for f in files if is_last_name(f.name) and f.mtime == pick.mtime), key=lambda f: f.path)
+    return tied if len({step_of(f) for f in tied}) > 1 else []
+
+
+@frozen
+class LastAhead:
+    """The file ``fit(ckpt_path="last")`` loads in one folder, its step, and what holds more steps beside it: the
+    one holding the most among those saved at the same time or after it (its future: CKD440), and the
+    ``last*.ckpt`` holding the most among those saved before it (an earlier run's: CKD447); each with its step."""
+
+    pick: FileFacts
+    at: int
+    after: tuple[FileFacts, int] | None
+    earlier_last: tuple[FileFacts, int] | None
+
+
+def last_ahead(files: Sequence[FileFacts]) -> LastAhead | None:
+    """``LastAhead`` of one ``ModelCheckpoint`` folder's ``files``; None when "last" loads no one known file (none,
+    or several of one time: ``tied_lasts``) or its step cannot be read."""
+    pick = last_pick(files)
+    at = None if pick is None else step_of(pick)
+    if pick is None or at is None or tied_lasts(files):
+        return None
+    before, after = ahead_of(pick, files)
+
+    def most(among: list[FileFacts]) -> tuple[FileFacts, int] | None:
+        top = newest(among)
+        n = None if top is None else step_of(top)
+        return None if top is None or n is None else (top, n)
+
+    return LastAhead(pick, at, most(after), most([f for f in before if is_last_name(f.name)]))
+
+
+def ahead_of(pick: FileFacts, files: Sequence[FileFacts]) -> tuple[list[FileFacts], list[FileFacts]]:
+    """The Lightning checkpoints among ``files`` holding more optimizer steps than ``pick``, split by modification
+    time: those written before it, then those written at the same time or after it.
+
+    Within one history the step count only grows with time, so a file written before ``pick`` that holds more
+    steps is not in ``pick``'s past: ``pick`` was saved by a later fit (a new ``Trainer`` in the same ``dirpath``, or
+    a resume from an earlier file). A file ahead of ``pick`` saved after it can be ``pick``'s own future: the
+    stale ``last.ckpt``. Equal times prove no order and count as after."""
+    at = step_of(pick)
+    if at is None:
+        return [], []
+    ahead = [f for f in files if f is not pick and (s := step_of(f)) is not None and s > at]
+    return [f for f in ahead if f.mtime < pick.mtime], [f for f in ahead if f.mtime >= pick.mtime]
 
 
 def run_files(run: Run) -> list[FileFacts]:
@@ -112,9 +170,14 @@ def newest(files: Sequence[FileFacts]) -> FileFacts | None:
 
 def resume_text(run: Run) -> str:
     """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
-    pick = last_pick(run_files(run))
+    files = run_files(run)
+    pick = last_pick(files)
     if pick is None:
         return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
+    tied = tied_lasts(files)
+    if tied:
+        return ('Lightning; `fit(ckpt_path="last")` loads one of ' + ", ".join(f"`{f.name}`" for f in tied)
+                + " (one modification time)")
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
 
 
@@ -266,16 +329,56 @@ def _from_file(plan: LightningPlan, looks_in: str | None, f: FileFacts) -> Light
     steps = _steps(plan, start, done, max_epochs)
     base = dataclasses.replace(base, start_epoch=done)
     base = dataclasses.replace(base, steps_to_train=steps)
+    spe = _steps_per_epoch(plan, start, done)
     for s in lf.schedulers:
         if s.total_steps is None or s.last_epoch is None or start is None:
             continue
         room = s.total_steps - s.last_epoch
-        if (steps is None and room <= 0) or (steps is not None and steps > room):
+        pace = scheduler_pace(s, lf)
+        if pace == "step":
+            more = steps
+            how = 'each optimizer step: its `last_epoch` counts the optimizer steps, as `interval="step"` does'
+        elif pace == "epoch":
+            more = None if steps is None or spe is None or done is None else (start + steps) // spe - done
+            how = 'once an epoch: its `last_epoch` counts the epochs done, as `interval="epoch"` does'
+        else:  # stepped at a pace the counters do not tell: only a schedule already used up is sure to raise
+            if room > 0 or steps == 0:
+                continue
+            more = None
+            how = ("its `last_epoch` matches neither the optimizer steps nor the epochs done, so its `interval` "
+                   "and `frequency` are unknown; any further step raises")
+        if (more is None and room <= 0 and steps != 0) or (more is not None and more > room):
             return dataclasses.replace(base, raises=(
                 f"`fit` raises `ValueError` from `OneCycleLR.step`: it was built for {s.total_steps} steps and has "
-                f"taken {s.last_epoch}; the resume steps it " + ("again" if steps is None else f"{steps} more times")
-                + ' (each optimizer step, with `interval="step"`)'))
+                f"taken {s.last_epoch}; the resume steps it " + ("again" if more is None else f"{more} more times")
+                + f" ({how})"))
     return base
+
+
+def scheduler_pace(s: SchedulerState, lf: LightningFacts) -> str | None:
+    """How often the run that saved ``lf`` stepped the scheduler ``s``, told by its count, since the checkpoint
+    keeps no ``interval`` (``dump_checkpoint`` stores each scheduler's ``state_dict()`` only): "step" when its
+    ``last_epoch`` equals the optimizer steps the fit loop counts (``interval="step"``), "epoch" when it equals the
+    epochs whose batches all ran (``interval="epoch"``: ``_TrainingEpochLoop`` steps it after an epoch's last batch,
+    before the epoch-end save), "step" when both agree (one step an epoch: either counts alike); None when neither
+    (a ``frequency`` above 1, a scheduler stepped by hand)."""
+    if s.last_epoch is None:
+        return None
+    if lf.loop_steps is not None and s.last_epoch == lf.loop_steps:
+        return "step"
+    if lf.loop_epochs_processed is not None and s.last_epoch == lf.loop_epochs_processed:
+        return "epoch"
+    return None
+
+
+def _steps_per_epoch(plan: LightningPlan, start: int | None, epoch: int | None) -> int | None:
+    """The planned steps per epoch, else the run's own, when its ``start`` steps fill its ``epoch`` done epochs
+    evenly; None when unknown."""
+    if plan.steps_per_epoch is not None:
+        return plan.steps_per_epoch
+    if start is not None and epoch and start % epoch == 0:
+        return start // epoch
+    return None
 
 
 def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs: int) -> int | None:
@@ -286,9 +389,7 @@ def _steps(plan: LightningPlan, start: int | None, epoch: int | None, max_epochs
     limits = []
     if plan.max_steps not in (None, -1):
         limits.append(max(0, plan.max_steps - start))
-    spe = plan.steps_per_epoch
-    if spe is None and epoch and start % epoch == 0:
-        spe = start // epoch  # the run's own steps per epoch, when its steps fill its done epochs evenly
+    spe = _steps_per_epoch(plan, start, epoch)
     if max_epochs != -1:
         if spe is None or epoch is None:
             return None  # the epoch bound is unknown: which limit stops the fit cannot be said

@@ -572,10 +572,24 @@ def _lightning_edit(change: Callable[[dict[str, Any]], None]) -> Callable[[Path]
     return edit
 
 
-def _lightning_stale_last(root: Path) -> None:
-    """`last.ckpt` at step 2 (the namespace run's, with `save_last` kept behind) beside `epoch=1-step=4.ckpt`."""
-    shutil.copy(SAMPLES / "lightning-2.6.6" / "namespace" / "checkpoints" / "last.ckpt",
-                root / "checkpoints" / "last.ckpt")
+def _lightning_last_from(other: str, name: str, after: float) -> Callable[[Path], None]:
+    """The namespace run's `last.ckpt` (step 2) put into the plain run's folder (`last.ckpt` and
+    `epoch=1-step=4.ckpt`, step 4) as ``name``, its modification time ``after`` seconds after theirs (below zero:
+    before them)."""
+
+    def change(root: Path) -> None:
+        ck = root / "checkpoints"
+        when = max(p.stat().st_mtime for p in ck.iterdir())
+        shutil.copy(SAMPLES / "lightning-2.6.6" / other / "checkpoints" / "last.ckpt", ck / name)
+        for p in ck.iterdir():
+            t = when + after if p.name == name else when
+            os.utime(p, (t, t))
+
+    return change
+
+
+# `last.ckpt` at step 2 saved before `epoch=1-step=4.ckpt`: the order of a `last.ckpt` kept behind by `save_last`
+_lightning_stale_last = _lightning_last_from("namespace", "last.ckpt", -60)
 
 
 def _lightning_dangling_last(root: Path) -> None:
@@ -605,6 +619,12 @@ FIRES: tuple[Fires, ...] = (
           ("`Trainer.fit(ckpt_path=...)` raises `UnpicklingError`", "`argparse.Namespace`", "`hyper_parameters`")),
     Fires("CKD440", "lightning-stale-last", sample("lightning-2.6.6/plain", _lightning_stale_last),
           "checkpoints/last.ckpt", ERR, ("`fit(ckpt_path=\"last\")` loads `last.ckpt` at step 2", "holds step 4")),
+    Fires("CKD447", "lightning-later-fit", sample("lightning-2.6.6/plain", _lightning_last_from(
+          "namespace", "last-v1.ckpt", 60)), "checkpoints/last-v1.ckpt", INFO,
+          ("loads `last-v1.ckpt` (step 2), saved by a later fit than `last.ckpt` beside it (step 4",)),
+    Fires("CKD448", "lightning-last-tied", sample("lightning-2.6.6/plain", _lightning_last_from(
+          "namespace", "last-v1.ckpt", 0)), "checkpoints/last-v1.ckpt", WARN,
+          ("`last-v1.ckpt` (step 2), `last.ckpt` (step 4) share one modification time", "hash seed")),
     Fires("CKD441", "lightning-dangling-last", sample("lightning-2.6.6/plain", _lightning_dangling_last),
           "checkpoints/last.ckpt", ERR, ("does not exist", "trains from scratch", "`epoch=1-step=4.ckpt`")),
     Fires("CKD442", "lightning-global-step-edited", sample("lightning-2.6.6/plain", _lightning_edit(
@@ -731,7 +751,10 @@ SILENT: tuple[Silent, ...] = (
     Silent("CKD108", "clean-full", lambda run_copy: run_copy("clean-full")),
     Silent("CKD416", "lightning-plain", sample("lightning-2.6.6/plain")),
     *(Silent(code, "lightning-plain", sample("lightning-2.6.6/plain"))
-      for code in ("CKD440", "CKD441", "CKD442", "CKD443", "CKD444")),
+      for code in ("CKD440", "CKD441", "CKD442", "CKD443", "CKD444", "CKD447", "CKD448")),
+    # a later fit's `last-v1.ckpt` beside an earlier run's `last.ckpt` that holds more steps: not stale
+    Silent("CKD440", "lightning-later-fit", sample("lightning-2.6.6/plain", _lightning_last_from(
+           "namespace", "last-v1.ckpt", 60))),
     Silent("CKD107", "tf-trainer", sample("tf/tf-trainer")),
     Silent("CKD215", "mindnlp", sample("mindnlp")),
     Silent("CKD215", "tf-trainer", sample("tf/tf-trainer")),

@@ -21,11 +21,12 @@ from lightning_run import _data
 
 
 class Module(L.LightningModule):
-    """A linear model; ``onecycle``: a per-step OneCycleLR sized for the Trainer's planned steps."""
+    """A linear model; ``onecycle``: a OneCycleLR stepped at ``interval``, built for ``total`` of its steps (None:
+    the Trainer's planned optimizer steps)."""
 
-    def __init__(self, onecycle: bool = False) -> None:
+    def __init__(self, onecycle: bool = False, interval: str = "step", total: int | None = None) -> None:
         super().__init__()
-        self.onecycle = onecycle
+        self.onecycle, self.interval, self.total = onecycle, interval, total
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -38,9 +39,9 @@ class Module(L.LightningModule):
         opt = torch.optim.SGD(self.parameters(), lr=0.1)
         if not self.onecycle:
             return opt
-        total = int(self.trainer.estimated_stepping_batches)
+        total = self.total if self.total is not None else int(self.trainer.estimated_stepping_batches)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval}}
 
 
 class StartStep(Callback):
@@ -65,12 +66,13 @@ def _built(root: str) -> None:
     shutil.copytree(root, f"{root}.built", symlinks=True)
 
 
-def _resume(trainer: L.Trainer, start: StartStep, ckpt_path: str, onecycle: bool = False) -> dict[str, Any]:
+def _resume(trainer: L.Trainer, start: StartStep, ckpt_path: str, onecycle: bool = False,
+            module: L.LightningModule | None = None) -> dict[str, Any]:
     """``trainer.fit(ckpt_path=ckpt_path)``: what it loaded, where it started, what it raised and warned."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            trainer.fit(Module(onecycle), _data(), ckpt_path=ckpt_path)
+            trainer.fit(module or Module(onecycle), _data(), ckpt_path=ckpt_path)
         except Exception as e:  # the resume's own failure is the result
             return {"raised": type(e).__name__, "message": str(e)[:2000], "loaded": trainer.ckpt_path,
                     "warnings": [str(w.message) for w in caught]}
@@ -140,6 +142,85 @@ def onecycle(root: str) -> dict[str, Any]:
     start = StartStep()
     return _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True), start], max_epochs=2), start, "last",
                    onecycle=True)
+
+
+def _two_fits(root: str, **kw: Any) -> str:
+    """A fit of 5 epochs (10 steps) into ``root/checkpoints``, then a new Trainer's fit of 2 epochs (4 steps) from
+    scratch into the same ``dirpath`` (``kw``: the ModelCheckpoint's other arguments)."""
+    ck = f"{root}/checkpoints"
+    for epochs in (5, 2):
+        _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True, save_top_k=-1, **kw)],
+                 max_epochs=epochs).fit(Module(), _data())
+    return ck
+
+
+def two_runs(root: str) -> dict[str, Any]:
+    """Two fits in one dirpath (the default version counter: the second writes `last-v1.ckpt` beside the first's
+    `last.ckpt`), resumed with ``ckpt_path="last"``, and, from its own copy, with the first run's newest file."""
+    ck = _two_fits(root)
+    _built(root)
+    shutil.copytree(f"{root}.built", f"{root}.newest", symlinks=True)
+    start = StartStep()
+    out = _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True), start], max_epochs=3), start, "last")
+    start = StartStep()
+    out["newest"] = _resume(_trainer(f"{root}.newest", [ModelCheckpoint(dirpath=f"{root}.newest/checkpoints",
+                                                                        save_last=True), start], max_epochs=6),
+                            start, f"{root}.newest/checkpoints/epoch=4-step=10.ckpt")
+    return out
+
+
+def two_runs_overwrite(root: str) -> dict[str, Any]:
+    """Two fits in one dirpath with ``enable_version_counter=False``: the second overwrites `last.ckpt` and the
+    files of its own steps; the first run's later files stay."""
+    ck = _two_fits(root, enable_version_counter=False)
+    _built(root)
+    start = StartStep()
+    return _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True, enable_version_counter=False), start],
+                            max_epochs=3), start, "last")
+
+
+def tied_last(root: str) -> dict[str, Any]:
+    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
+    leaves them): what ``ckpt_path="last"`` resolves to in fresh processes under different hash seeds."""
+    import subprocess
+    import sys
+
+    ck = _two_fits(root)
+    for name in ("last.ckpt", "last-v1.ckpt"):
+        os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
+    _built(root)
+    probe = ("import sys, lightning as L\n"
+             "from lightning.pytorch.callbacks import ModelCheckpoint\n"
+             "from lightning.pytorch.trainer.states import TrainerFn\n"
+             "t = L.Trainer(accelerator='cpu', logger=False, callbacks=[ModelCheckpoint(dirpath=sys.argv[1])])\n"
+             "print(t._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, 'last', model_provided=True, "
+             "model_connected=False))\n")
+    picks: list[str] = []
+    for seed in range(16):  # until both files were picked: each seed orders the set of candidates its own way
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run([sys.executable, "-c", probe, ck], env=env, capture_output=True, text=True, check=True)
+        picks.append(os.path.basename(done.stdout.strip().splitlines()[-1]))
+        if len(set(picks)) > 1:
+            break
+    return {"picks": picks}
+
+
+def onecycle_epoch(root: str) -> dict[str, Any]:
+    """A OneCycleLR stepped once an epoch (``interval="epoch"``), built for 5 epochs, after 3 epochs (6 optimizer
+    steps), resumed from its own copy for 5 epochs (2 more scheduler steps: within its 5) and for 6 (3 more: one
+    too many)."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True)], max_epochs=3).fit(Module(True, "epoch", 5), _data())
+    _built(root)
+    out: dict[str, Any] = {}
+    for epochs in (5, 6):
+        copy = f"{root}.{epochs}"
+        shutil.copytree(f"{root}.built", copy, symlinks=True)
+        start = StartStep()
+        out[str(epochs)] = _resume(_trainer(copy, [ModelCheckpoint(dirpath=f"{copy}/checkpoints", save_last=True),
+                                                   start], max_epochs=epochs), start, "last",
+                                   module=Module(True, "epoch", 5))
+    return out
 
 
 def _edit(path: str, change: Any) -> None:
@@ -243,7 +324,8 @@ def callback(root: str) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths, callback, planned)}
+                                     loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
+                                     tied_last, onecycle_epoch)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

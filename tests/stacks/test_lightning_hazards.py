@@ -19,7 +19,8 @@ from tests.helpers.paths import TESTS
 from tests.stacks.test_stack_lightning import _lightning, needs_lightning
 
 SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
-             "loop_counters", "moved_paths", "callback", "planned")
+             "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last",
+             "onecycle_epoch")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,54 @@ def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) 
     (f,) = scan(str(root)).findings
     assert (f.rule, f.path) == ("CKD440", "checkpoints/last.ckpt")
     assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
+
+
+@needs_lightning
+def test_a_later_fit_in_the_same_dirpath_is_no_stale_last(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A new Trainer's fit in a dirpath holding an earlier run's files: "last" resumes the later fit (its
+    `last-v1.ckpt`, step 4) although the earlier run's files hold step 10, so no CKD440; CKD447 (an info) says the
+    earlier run's `last.ckpt` is a candidate chosen by time only, and passing the earlier run's file continues it."""
+    root, out = runs["two_runs"]
+    assert out["raised"] is None and out["loaded"].endswith("/last-v1.ckpt") and out["start_step"] == 4
+    assert out["newest"]["loaded"].endswith("/epoch=4-step=10.ckpt") and out["newest"]["start_step"] == 10
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.severity.value, f.path) == ("CKD447", "info", "checkpoints/last-v1.ckpt")
+    assert "loads `last-v1.ckpt` (step 4), saved by a later fit than `last.ckpt` beside it (step 10" in f.message
+    gate = _gate(root, max_epochs=3)
+    assert not gate.failed and Path(gate.checkpoint).name == "last-v1.ckpt" and gate.start_step == 4
+
+
+@needs_lightning
+def test_a_resume_from_an_earlier_file_leaves_no_stale_last(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The folder a real resume left: `planned`'s run (6 steps, `last.ckpt` at 6) resumed from `epoch=1-step=3.ckpt`
+    to `max_steps=5` by a Trainer whose `ModelCheckpoint` differs (its state is not restored, so it writes
+    `last-v1.ckpt`). "last" now loads the resumed fit's step 5, as it should; CKD440 used to call that a stale
+    `last.ckpt` (an error). Only CKD447's info remains."""
+    folder = runs["planned"][0].with_name("planned.path_steps")
+    assert runs["planned"][1]["path_steps"]["end_step"] == 5
+    found = [(f.rule, f.severity.value, f.path) for f in scan(str(folder)).findings]
+    assert found == [("CKD447", "info", "checkpoints/last-v1.ckpt")]
+
+
+@needs_lightning
+def test_a_later_fit_overwriting_last_is_clean(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """With `enable_version_counter=False` the later fit overwrites `last.ckpt`: "last" can load nothing else, and
+    the earlier run's `epoch=4-step=10.ckpt` (saved before it) is not its future: no finding."""
+    root, out = runs["two_runs_overwrite"]
+    assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
+    assert (root / "checkpoints" / "epoch=4-step=10.ckpt").exists()
+    assert scan(str(root)).findings == ()
+
+
+@needs_lightning
+def test_tied_last_files_are_ambiguous(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """Two `last*.ckpt` of one modification time: fresh processes under different hash seeds resolved "last" to
+    different files; CKD448 says so, and CKD440/447 (which need the one file loaded) stay silent."""
+    root, out = runs["tied_last"]
+    assert set(out["picks"]) == {"last.ckpt", "last-v1.ckpt"}
+    (f,) = scan(str(root)).findings
+    assert (f.rule, f.severity.value) == ("CKD448", "warning")
+    assert "`last-v1.ckpt` (step 4), `last.ckpt` (step 10) share one modification time" in f.message
 
 
 @needs_lightning
@@ -127,6 +176,23 @@ def test_gate_fails_where_lightning_raises_or_starts_over(runs: dict[str, tuple[
     assert result.failed and code in {f.rule for f in result.findings}
     if raised is not None:
         assert f"`{raised}`" in next(f.message for f in result.findings if f.rule == code)
+
+
+@needs_lightning
+def test_gate_tells_an_epoch_interval_onecycle_from_its_count(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """A OneCycleLR stepped once an epoch (its `last_epoch` 3 = the epochs done, not the 6 optimizer steps), built
+    for 5: resumed to 5 epochs it steps twice and trains (the step-interval reading would have said 4 steps, one
+    `ValueError`); to 6 epochs it steps three times and raises, as the gate says."""
+    root, out = runs["onecycle_epoch"]
+    assert out["5"]["raised"] is None and (out["5"]["start_step"], out["5"]["end_step"]) == (6, 10)
+    assert out["6"]["raised"] == "ValueError" and "Tried to step 6 times" in out["6"]["message"]
+    assert scan(str(root)).findings == ()
+    fits = _gate(root, max_epochs=5)
+    assert not fits.failed and (fits.start_step, fits.max_steps) == (6, 10)
+    raises = _gate(root, max_epochs=6)
+    assert raises.failed
+    msg = next(f.message for f in raises.findings if f.rule == "CKD445")
+    assert "built for 5 steps and has taken 3; the resume steps it 3 more times (once an epoch" in msg
 
 
 @needs_lightning

@@ -194,3 +194,42 @@ def test_a_resume_that_numbers_on_is_silent(clean: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
     assert _findings(root) == []
     assert Program(root, custom=1).resume() == 6
+
+
+def test_automatic_saves_show_the_scheduler_step(clean: Path) -> None:
+    """`checkpoint_<i>` counts saves (`checkpoint_1` is the second save, after step 2): the step shown is the count
+    its `scheduler.bin` holds, which one process steps once per optimizer step."""
+    import json
+
+    from ckptdoctor.render.report import render_json, render_text
+
+    report = scan(str(clean))
+    (run,) = json.loads(render_json(report))["runs"]
+    assert [(c["path"], c["step"]) for c in run["checkpoints"]] == [
+        ("checkpoints/checkpoint_1", 2), ("checkpoints/checkpoint_2", 3), ("checkpoints/checkpoint_3", 4)]
+    text = render_text(report)
+    assert "checkpoint_3  4 " in text and "no step shown" not in text
+
+
+def test_two_process_saves_show_no_step_and_say_why(tmp_path: Path) -> None:
+    """Saved by two gloo processes, 3 optimizer steps put the scheduler at 6: the scheduler's count is not the step,
+    so none is shown (JSON null), and the run's header says why."""
+    import json
+    import subprocess
+    import sys
+
+    from ckptdoctor.render.report import render_json, render_text
+
+    script = Path(__file__).with_name("accelerate_ranks.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+                           str(tmp_path / "project")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("last_epoch 6") == 2
+    assert sorted(p.name for p in (tmp_path / "project" / "checkpoints" / "checkpoint_2").iterdir()) == [
+        "model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl", "scheduler.bin"]
+    report = scan(str(tmp_path / "project"))
+    assert report.findings == ()
+    (run,) = json.loads(render_json(report))["runs"]
+    assert [c["step"] for c in run["checkpoints"]] == [None, None, None]
+    assert ("no step shown for 3 `checkpoint_<i>` saves (the number counts saves, not steps): saved by 2 processes"
+            in render_text(report))
