@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -240,11 +241,14 @@ def s3_fleet(fleet: Path) -> Iterator[str]:
     try:
         with fsspec_setting("s3", settings, s3fs.S3FileSystem):
             fs = fsspec.filesystem("s3")
-            fs.mkdir("ckpts")
-            fs.put(str(fleet) + "/", "ckpts/fleet/", recursive=True)
+            fs.mkdir("fanout-ckpts")
+            fs.put(str(fleet) + "/", "fanout-ckpts/fleet/", recursive=True)
             fs.invalidate_cache()
-            yield "s3://ckpts/fleet/"
+            yield "s3://fanout-ckpts/fleet/"
     finally:
+        # moto keeps its buckets per process, not per server: drop them, or a later server in this test worker
+        # (tests/sources/test_remote.py) finds its bucket already made
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
         srv.stop()
 
 
