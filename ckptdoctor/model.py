@@ -131,9 +131,9 @@ def frozen(cls: type[_T]) -> type[_T]:
     """``cls`` as a value: a slotted dataclass that behaves as ``dataclass(frozen=True, slots=True)`` would make it
     (the same ``__init__``, equality, hash and repr, ``FrozenInstanceError`` on assignment, pickling, ``replace``).
     ``dataclass`` compiles three methods per frozen class with ``exec`` when the class is made; for the 70-odd
-    values a scan imports that was a third of the start-up. Here only ``__init__`` is compiled, when the class is
-    first built (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen
-    value in the package."""
+    values a scan imports that was a third of the start-up. Here nothing is compiled at import: the first time a
+    class is built, ``dataclass`` makes its ``__init__`` on a stand-in (``_frozen_init``); the rest are shared
+    functions and closures. The one decorator of every frozen value in the package."""
     if not cls.__doc__:  # dataclass would make one from inspect.signature: of object's text, through tokenize
         cls.__doc__ = cls.__qualname__
     made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
