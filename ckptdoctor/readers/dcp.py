@@ -30,6 +30,34 @@ __all__ = ["read_dcp_data", "read_dcp_items", "read_dcp_metadata"]
 
 _DCP_MODULE = "torch.distributed.checkpoint.metadata"
 _SCALAR_TEXT = 256  # the longest string item kept as a value
+_LISTED = 20  # problems listed word for word per file; past it, one more of each kind and a count
+
+
+class _ProblemLog:
+    """The problems of a file's blobs, bounded in size but never silent about a kind.
+
+    A file of thousands of items could hold thousands of problems; the report lists the first ``_LISTED``, then
+    still the first of every kind not yet listed (a limit reached in the 500th blob must stay a finding), and
+    counts the rest per kind.
+    """
+
+    def __init__(self) -> None:
+        self.problems: list[ReadProblem] = []
+        self._kinds: set[ProblemKind] = set()
+        self._unlisted: dict[ProblemKind, int] = {}
+
+    def add(self, where: str, found: Sequence[ReadProblem]) -> None:
+        for p in found:
+            if len(self.problems) < _LISTED or p.kind not in self._kinds:
+                self.problems.append(ReadProblem(p.kind, f"{where}: {p.message}"))
+                self._kinds.add(p.kind)
+            else:
+                self._unlisted[p.kind] = self._unlisted.get(p.kind, 0) + 1
+
+    def close(self) -> list[ReadProblem]:
+        """The listed problems, then one line per kind saying how many more of it were not listed."""
+        more = [ReadProblem(k, f"{n} more problem(s) of this kind not listed") for k, n in self._unlisted.items()]
+        return self.problems + more
 
 
 def _fields(v: Any) -> dict[str, Any] | None:
@@ -132,7 +160,8 @@ def read_dcp_items(
     """
     found: list[PickleFacts] = []
     scalars: dict[int, int | float | str] = {}
-    problems: list[ReadProblem] = []
+    log = _ProblemLog()
+    problems = log.problems
     try:
         for n, item in enumerate(sorted(set(map(_item, items)))):
             start, length, fqn = item
@@ -147,14 +176,13 @@ def read_dcp_items(
                 value = outcome.content.pickle.value
                 if type(value) in (int, float) or (type(value) is str and len(value) <= _SCALAR_TEXT):
                     scalars[start] = value
-            if len(problems) < 20:
-                problems.extend(ReadProblem(p.kind, f"item at byte {start}: {p.message}") for p in outcome.problems[:5])
+            log.add(f"item at byte {start}", outcome.problems)
     except OSError as exc:
         return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
     merged = merge_pickles(None, found)
     if merged is not None and scalars:
         merged = replace(merged, value=scalars)
-    return ReadOutcome(merged, tuple(problems))
+    return ReadOutcome(merged, tuple(log.close()))
 
 
 def _item(item: DcpItem | tuple[int, int]) -> DcpItem:
@@ -170,7 +198,8 @@ def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Re
     """
     if size == 0:
         return ReadOutcome(None, (ReadProblem(ProblemKind.EMPTY, "file is empty"),))
-    problems: list[ReadProblem] = []
+    log = _ProblemLog()
+    problems = log.problems
     found: list[PickleFacts] = []
     blobs = 0
     start = 0  # where the next blob should begin: blobs are written back to back
@@ -186,8 +215,7 @@ def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Re
             content = outcome.content
             if isinstance(content, TorchFacts) and content.pickle is not None:
                 found.append(content.pickle)
-            if len(problems) < 20:
-                problems.extend(ReadProblem(p.kind, f"blob at byte {start}: {p.message}") for p in outcome.problems[:5])
+            log.add(f"blob at byte {start}", outcome.problems)
             start = end
     except OSError as exc:
         return ReadOutcome(None, (ReadProblem(ProblemKind.UNREADABLE, f"I/O error: {exc}"),))
@@ -202,7 +230,7 @@ def read_dcp_data(f: BinaryIO, size: int, limits: Limits = DEFAULT_LIMITS) -> Re
                 f"{size - start} bytes after the last torch.save blob" if blobs else "no torch.save blob found",
             )
         )
-    return ReadOutcome(merge_pickles(None, found), tuple(problems))
+    return ReadOutcome(merge_pickles(None, found), tuple(log.close()))
 
 
 def _blob_ends(f: BinaryIO, size: int) -> Iterator[int]:

@@ -122,3 +122,23 @@ def test_distcp_without_metadata_is_still_searched(tmp_path: Path) -> None:
     findings = scan(str(tmp_path / "run")).findings
     assert any(f.rule == "CKD601" and f.path.endswith("__0_0.distcp") for f in findings), findings
     assert not canary.exists()
+
+
+def test_a_limit_past_the_listed_problems_is_still_reported() -> None:
+    """Issue 22 §2: a budget reached in a late item stays a finding, however many problems came before it."""
+    from dataclasses import replace
+
+    from ckptdoctor.limits import DEFAULT_LIMITS
+    from ckptdoctor.readers.dcp import read_dcp_items
+
+    buf = io.BytesIO()
+    torch.save({"deep": [[[[[[1]]]]]]}, buf)
+    blob = buf.getvalue()
+    garbage = b"x" * 100  # each range is a torn blob: a TRUNCATED problem
+    data = garbage * 30 + blob
+    items = [(i * 100, 100) for i in range(30)] + [(3000, len(blob))]
+    outcome = read_dcp_items(io.BytesIO(data), len(data), items, replace(DEFAULT_LIMITS, nesting_depth=3))
+    kinds = [p.kind for p in outcome.problems]
+    assert ProblemKind.LIMIT in kinds
+    assert kinds.count(ProblemKind.TRUNCATED) == 21  # 20 listed, then one line counting the rest
+    assert outcome.problems[-1].message == "10 more problem(s) of this kind not listed"
