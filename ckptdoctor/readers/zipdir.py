@@ -14,7 +14,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
@@ -295,20 +295,33 @@ def name_escapes(name: str) -> bool:
     return name.startswith(("/", "\\")) or ".." in parts or (len(parts[0]) == 2 and parts[0][1] == ":")
 
 
-def local_mismatches(f: BinaryIO, d: Directory, skip_storage: str | None = None, cap: int = 10_000) -> list[str]:
+def local_mismatches(
+    f: BinaryIO, d: Directory, skip_storage: str | None = None, cap: int = 10_000, checked: Iterable[int] | None = None
+) -> list[str]:
     """Records whose local header names another file, another method or other sizes than the central entry.
 
     One read per record: the 30-byte header and the name the central directory expects, together; the name is
     read again only when the local header gives it a longer length. With ``skip_storage`` (the archive folder and
     its "/"), the records torch reads only as raw tensor bytes (``<folder>/data/<key>``) are not checked: on
-    object storage each would be a request.
+    object storage each would be a request. ``checked``, when given, are the positions of the records to check,
+    already chosen by the caller (in order; those past the first ``cap`` are not checked), and ``skip_storage`` is
+    not looked at.
     """
     out: list[str] = []
     unpack = _LOCAL_USED.unpack_from
     read = _positional_reader(f)
-    for m, (raw, utf8) in zip(d.members[:cap], d.raw_names, strict=False):
-        if skip_storage is not None and is_storage(relative_name(m.name, skip_storage), m.name):
-            continue
+    members, raw_names = d.members, d.raw_names
+    if checked is None:
+        checked = (
+            range(min(cap, len(members)))
+            if skip_storage is None
+            else [i for i, m in enumerate(members[:cap]) if not is_storage(relative_name(m.name, skip_storage), m.name)]
+        )
+    for i in checked:
+        if i >= cap:
+            break
+        m = members[i]
+        raw, utf8 = raw_names[i]
         expected = len(raw)
         head = read(m.offset, 30 + expected)
         if len(head) < 30:
