@@ -170,21 +170,56 @@ def _central_directory(
         cd = read_at(f, cd_offset, cd_size)
     if len(cd) != cd_size:
         return _no_directory(read_problem(ProblemKind.TRUNCATED, "zip central directory is cut short"))
-    members, raw_names, bad = _entries(cd, count, base)
+    members, raw_names, bad = _directory_entries(cd, count, base)
     if bad:
         return _no_directory(read_problem(ProblemKind.MALFORMED, bad))
     return members, cd_offset, [], base, end, raw_names
 
 
-def _entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
-    """The ``count`` entries of the central directory ``cd``, their raw names, and why they stop early ("" if not).
+# Central directories already parsed, by (entry count, size, base): a struct that unpacks every byte of one except
+# its entries' modification times and CRCs (which ``_entries`` does not read), those bytes, and the parse. Every
+# checkpoint of a training run writes its optimizer.pt's directory with the same bytes but for the CRCs, so from the
+# second on it is one unpack and one comparison instead of a Python loop over 879 entries. Shared by threads (dict
+# get/set are atomic; a lost race costs one parse); bounded, cleared when full.
+_DIRECTORIES: dict[tuple[int, int, int], tuple[struct.Struct, tuple[bytes, ...], list[ZipMember], list[Any]]] = {}
+_DIRECTORIES_ENTRIES = 64
+
+
+def _directory_entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
+    """``_entries`` of ``cd``, looked up in ``_DIRECTORIES`` first: a directory equal to one parsed before in every
+    byte ``_entries`` reads has the same entries."""
+    key = (count, len(cd), base)
+    known = _DIRECTORIES.get(key)
+    if known is not None and known[0].unpack_from(cd) == known[1]:
+        return list(known[2]), list(known[3]), ""
+    starts: list[int] = []
+    members, raw_names, bad = _entries(cd, count, base, starts)
+    if not bad and starts:
+        parts = ["<"]
+        at = 0
+        for start in starts:  # each entry's bytes up to its time, date and CRC (12 bytes in), then past them
+            parts.append(f"{start + 12 - at}s8x")
+            at = start + 20
+        parts.append(f"{len(cd) - at}s")
+        unvarying = struct.Struct("".join(parts))
+        if len(_DIRECTORIES) >= _DIRECTORIES_ENTRIES:
+            _DIRECTORIES.clear()
+        _DIRECTORIES[key] = (unvarying, unvarying.unpack_from(cd), list(members), list(raw_names))
+    return members, raw_names, bad
+
+
+def _entries(
+    cd: bytes, count: int, base: int, starts: list[int]
+) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
+    """The ``count`` entries of the central directory ``cd``, their raw names, and why they stop early ("" if not);
+    where each entry starts is added to ``starts``.
 
     The hot loop of every zip read (one iteration per tensor): one unpack of the used fields per entry, locals
     bound outside the loop, and the zip64 extra field parsed only for entries that overflowed.
     """
     members: list[ZipMember] = []
     raw_names: list[tuple[bytes, int]] = []
-    add_member, add_raw, unpack = members.append, raw_names.append, _CENTRAL_USED.unpack_from
+    add_member, add_raw, add_start, unpack = members.append, raw_names.append, starts.append, _CENTRAL_USED.unpack_from
     zip64_first = _ZIP64_FIRST.unpack_from
     n = len(cd)
     pos = 0
@@ -194,6 +229,7 @@ def _entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tu
         sig, flags, method, csize, usize, name_len, extra_len, comment_len, local = unpack(cd, pos)
         if sig != _ZIP_CENTRAL:
             return members, raw_names, f"zip central directory entry {i} is corrupt"
+        add_start(pos)
         start = pos + 46
         pos = start + name_len + extra_len + comment_len
         if pos > n:
