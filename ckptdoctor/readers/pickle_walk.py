@@ -793,8 +793,8 @@ class _Walker:
         self._memo_put(len(self.memo))
 
     def _op_binget(self) -> bool:
-        # _peek_byte, _memo_get and _may_open_run in one: the most frequent opcode of a torch pickle (a tensor's
-        # rebuild global and a state dict's repeated keys are memo reads).
+        # _peek_byte and _memo_get in one: the most frequent opcode of a torch pickle (a tensor's rebuild global
+        # and a state dict's repeated keys are memo reads).
         pos = self.pos
         if pos >= self.n:
             raise _Malformed(TRUNCATED)
@@ -805,13 +805,8 @@ class _Walker:
             raise _Malformed(f"memo miss: index {idx} was never stored") from None
         self.stack.append(top)
         self.pos = pos + 1
-        return (
-            type(top) is GlobalRef
-            and top.name == "_rebuild_tensor_v2"
-            and top.module == "torch._utils"
-            and self.fast
-            and len(self.metastack) + 2 <= self.max_marks
-        )
+        # the key strings a state dict repeats are memo reads too: only a rebuild global asks the full question
+        return type(top) is GlobalRef and top.name == "_rebuild_tensor_v2" and self._may_open_run()
 
     def _op_long_binget(self) -> bool:
         self._memo_get(_unpack_u4(self._take(4))[0])
