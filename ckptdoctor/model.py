@@ -102,11 +102,21 @@ def _compile_init(cls: type) -> Callable[..., None]:
     return made
 
 
+# Values of one class built before its generated ``__init__`` is made (``_frozen_init``). Measured with callgrind on
+# a five-field class: making it costs about 2.7 M instructions, a build with keywords or defaults about 5 K more
+# through the closures than through the generated code (11 K), an all-positional build about the same. Most value
+# classes of a scan are built a few hundred times or fewer and never pay for it; those built per tensor or per file
+# pay it once.
+_COMPILE_AFTER = 1000
+
+
 def _frozen_init(cls: type) -> Callable[..., None]:
-    """An ``__init__`` that has the real one made the first time ``cls`` is built, puts it in its place and calls
-    it: a scan imports some 70 value classes and builds about half, and compiling ``dataclass``'s methods for all
-    of them at import (three ``exec`` each) was a third of the start-up; what is built a million times still runs
-    the generated code."""
+    """``cls``'s ``__init__``: it binds its arguments as the generated one does and sets each field through its
+    slot's descriptor (which the raising ``__setattr__`` does not see), without anything compiled; after
+    ``_COMPILE_AFTER`` values it has ``dataclass`` make the generated one (``_compile_init``) and puts it in its
+    place. A scan imports some 70 value classes and builds about 40, most of them a few times (making the generated
+    ``__init__`` for each, three ``exec`` on a stand-in, was some 90 M instructions of every scan); what is built a
+    million times still runs the generated code."""
     every = fields(cls)
     if any(f.kw_only for f in every):
         raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")
@@ -116,11 +126,54 @@ def _frozen_init(cls: type) -> Callable[..., None]:
             seen_default = True
         elif f.init and seen_default:
             raise TypeError(f"{cls.__qualname__}: non-default argument {f.name!r} follows default argument")
+    given = tuple(f for f in every if f.init)
+    names = tuple(f.name for f in given)
+    known = frozenset(names)
+    count = len(names)
+    setters = tuple(getattr(cls, f.name).__set__ for f in given)
+    defaults = tuple(f.default for f in given)
+    factories = tuple(f.default_factory for f in given)
+    # fields left out of __init__ start at their default, as the generated __init__ of a slotted class sets them
+    fixed = tuple((getattr(cls, f.name).__set__, f.default, f.default_factory) for f in every
+                  if not f.init and (f.default is not MISSING or f.default_factory is not MISSING))  # fmt: skip
+    where = f"{cls.__qualname__}.__init__()"
+    built = 0
+
+    def bind(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if len(args) > count:
+            raise TypeError(f"{where} takes {count + 1} positional arguments but {len(args) + 1} were given")
+        for name in kwargs:
+            if name not in known:
+                raise TypeError(f"{where} got an unexpected keyword argument {name!r}")
+        for i, name in enumerate(names):
+            if i < len(args):
+                if name in kwargs:
+                    raise TypeError(f"{where} got multiple values for argument {name!r}")
+                value = args[i]
+            elif name in kwargs:
+                value = kwargs[name]
+            elif defaults[i] is not MISSING:
+                value = defaults[i]
+            elif factories[i] is not MISSING:
+                value = factories[i]()  # type: ignore[operator]
+            else:
+                raise TypeError(f"{where} missing 1 required positional argument: {name!r}")
+            setters[i](self, value)
+        for setter, default, factory in fixed:
+            setter(self, factory() if default is MISSING else default)  # type: ignore[operator]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        compiled = _compile_init(cls)
-        type.__setattr__(cls, "__init__", compiled)
-        compiled(self, *args, **kwargs)
+        nonlocal built
+        built += 1  # a lost update between threads only delays the swap
+        if built > _COMPILE_AFTER:
+            compiled = _compile_init(cls)
+            type.__setattr__(cls, "__init__", compiled)
+            compiled(self, *args, **kwargs)
+        elif kwargs or fixed or len(args) != count:
+            bind(self, args, kwargs)
+        else:
+            for setter, value in zip(setters, args, strict=True):  # the same length: checked above
+                setter(self, value)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     return __init__
@@ -131,9 +184,10 @@ def frozen(cls: type[_T]) -> type[_T]:
     """``cls`` as a value: a slotted dataclass that behaves as ``dataclass(frozen=True, slots=True)`` would make it
     (the same ``__init__``, equality, hash and repr, ``FrozenInstanceError`` on assignment, pickling, ``replace``).
     ``dataclass`` compiles three methods per frozen class with ``exec`` when the class is made; for the 70-odd
-    values a scan imports that was a third of the start-up. Here nothing is compiled at import: the first time a
-    class is built, ``dataclass`` makes its ``__init__`` on a stand-in (``_frozen_init``); the rest are shared
-    functions and closures. The one decorator of every frozen value in the package."""
+    values a scan imports that was a third of the start-up. Here nothing is compiled at import: ``__init__`` binds
+    through the slots until a class has been built many times, then ``dataclass`` makes the generated one on a
+    stand-in (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen value
+    in the package."""
     if not cls.__doc__:  # dataclass would make one from inspect.signature: of object's text, through tokenize
         cls.__doc__ = cls.__qualname__
     made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)

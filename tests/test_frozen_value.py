@@ -110,3 +110,25 @@ def test_a_field_without_default_after_one_with_is_refused() -> None:
 
     with pytest.raises(TypeError, match="follows default"):
         frozen(Bad)
+
+
+@frozen
+class _Often:
+    a: int
+    b: list[int] = field(default_factory=list)
+    d: int | None = field(default=None, init=False, compare=False)
+
+
+def test_init_is_the_generated_one_once_a_class_is_built_often() -> None:
+    from ckptdoctor import model
+
+    before = _Often.__init__
+    made = [_Often(i) if i % 2 else _Often(a=i, b=[i]) for i in range(model._COMPILE_AFTER + 2)]
+    assert _Often.__init__ is not before and _Often.__init__.__qualname__ == "_Often.__init__"
+    assert [(m.a, m.b, m.d) for m in made[:4]] == [(0, [0], None), (1, [], None), (2, [2], None), (3, [], None)]
+    assert (made[-1].a, made[-1].d) == (model._COMPILE_AFTER + 1, None)
+    assert _Often(5, [1]) == _Often(a=5, b=[1]) and _Often(1).b is not _Often(1).b
+    with pytest.raises(TypeError):
+        _Often()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Often(1, d=2)  # type: ignore[call-arg]

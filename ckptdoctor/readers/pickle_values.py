@@ -244,7 +244,9 @@ def iter_values(value: PickleValue, path: str = "") -> Iterator[tuple[str, Pickl
         pre = f"{p}." if p else ""
         kids: list[tuple[str, Any]]
         if t is dict:
-            kids = [(pre + _key_text(k), x) for k, x in v.items()]
+            # str and int keys (a state dict's names and parameter indices) without a call each
+            kids = [(pre + (k if type(k) is str else str(k) if type(k) is int else _key_text(k)), x)
+                    for k, x in v.items()]  # fmt: skip
         elif t is Opaque:
             kids = []
             if type(v.args) is tuple:

@@ -541,7 +541,15 @@ class _Walker:
         hooks: dict[Any, Any] = {}
         if hooks_idx >= 0:
             memo[hooks_idx] = hooks
-        storage = self._persid(pid)
+        # _persid, inlined (once per tensor)
+        self.persistent_ids += 1
+        load = self.persistent_load
+        if load is None:
+            storage: Any = Obj(None, (pid,))
+        else:
+            if not (type(pid) is tuple and SCALARS.issuperset(map(type, pid))):
+                pid, _ = freeze(pid, self.limits.nesting_depth)
+            storage = load(pid)
         # The OrderedDict() REDUCE (its empty argument tuple passes nothing), then the rebuild call. Recorded once:
         # GlobalRefs are interned, so an id check spares hashing them (dataclass hashing is Python code) per tensor.
         seen = self._replayed_calls
@@ -680,8 +688,11 @@ class _Walker:
         self.stack.append(False)
 
     def _op_binint1(self) -> None:
-        self.stack.append(self._peek_byte())
-        self.pos += 1
+        pos = self.pos  # _peek_byte, inlined: a state dict's integer keys
+        if pos >= self.n:
+            raise _Malformed(TRUNCATED)
+        self.stack.append(self.data[pos])
+        self.pos = pos + 1
 
     def _op_binint(self) -> None:
         self.stack.append(_unpack_i4(self._take(4))[0])
@@ -763,8 +774,11 @@ class _Walker:
     # Memo, marks and the stack.
 
     def _op_binput(self) -> None:
-        self._memo_put(self._peek_byte())
-        self.pos += 1
+        pos = self.pos  # _peek_byte, inlined: the second most frequent opcode
+        if pos >= self.n:
+            raise _Malformed(TRUNCATED)
+        self._memo_put(self.data[pos])
+        self.pos = pos + 1
 
     def _op_long_binput(self) -> None:
         self._memo_put(_unpack_u4(self._take(4))[0])
@@ -779,9 +793,20 @@ class _Walker:
         self._memo_put(len(self.memo))
 
     def _op_binget(self) -> bool:
-        self._memo_get(self._peek_byte())
-        self.pos += 1
-        return self._may_open_run()
+        # _peek_byte and _memo_get in one: the most frequent opcode of a torch pickle (a tensor's rebuild global
+        # and a state dict's repeated keys are memo reads).
+        pos = self.pos
+        if pos >= self.n:
+            raise _Malformed(TRUNCATED)
+        idx = self.data[pos]
+        try:
+            top = self.memo[idx]
+        except KeyError:
+            raise _Malformed(f"memo miss: index {idx} was never stored") from None
+        self.stack.append(top)
+        self.pos = pos + 1
+        # the key strings a state dict repeats are memo reads too: only a rebuild global asks the full question
+        return type(top) is GlobalRef and top.name == "_rebuild_tensor_v2" and self._may_open_run()
 
     def _op_long_binget(self) -> bool:
         self._memo_get(_unpack_u4(self._take(4))[0])

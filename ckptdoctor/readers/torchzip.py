@@ -97,31 +97,15 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
         return ReadOutcome(
             TorchFacts("zip", "", (), None, ()), (read_problem(ProblemKind.MALFORMED, "zip archive has no records"),)
         )
-    first = members[0].name
-    prefix = first.split("/", 1)[0] if "/" in first else ""
-    by_name: dict[str, ZipMember] = {}
-    dupes: list[str] = []
-    compressed: list[str] = []
-    beyond: list[str] = []
-    inconsistent: list[str] = []
-    for m in members:
-        if m.name in by_name:
-            dupes.append(m.name)
-        else:
-            by_name[m.name] = m
-        if m.method != 0:
-            compressed.append(m.name)
-        elif m.size != m.compressed_size:
-            inconsistent.append(m.name)
-        # The data can only start after a 30-byte local header and the name.
-        if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
-            beyond.append(m.name)
+    layout = _layout_of(members, cd_offset)
+    first, prefix, by_name = members[0].name, layout.prefix, layout.by_name
+    compressed, beyond, inconsistent = layout.compressed, layout.beyond, layout.inconsistent
     # torch.load hands an archive holding `constants.pkl` to torch.jit.load (torch/serialization.py
     # ``_is_torchscript_zip``), which compiles `code/` records as TorchScript source (torch.jit.save deflates them)
     torchscript = bool(prefix) and f"{prefix}/constants.pkl" in by_name
     if torchscript and compressed:
         compressed = [n for n in compressed if not n.startswith(f"{prefix}/code/")]
-    problems.extend(_layout_problems(f, size, d, prefix, dupes, compressed, limits.zip_data_local_headers))
+    problems.extend(_layout_problems(f, size, d, layout, compressed, limits.zip_data_local_headers))
     if inconsistent:
         problems.append(
             read_problem(
@@ -140,7 +124,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
     # Every other record holding a pickle (a second data.pkl, `constants.pkl`, `x/evil.pkl`, a pickle under any
     # name) and every zip inside the zip is walked too: some loader may read it, and a scanner that looks only at
     # data.pkl is what such layouts are built to fool.
-    extra, extra_problems = _extra_pickles(f, d, main, prefix, limits, depth, torchscript)
+    extra, extra_problems = _extra_pickles(f, d, main, layout, limits, depth, torchscript)
     problems.extend(extra_problems)
     if not prefix:
         problems.append(read_problem(ProblemKind.MALFORMED, f"first record `{first}` is not inside a folder"))
@@ -168,8 +152,7 @@ def _read_zip(f: BinaryIO, size: int, limits: Limits, depth: int = 0, root: str 
         facts_ = TorchFacts("zip", prefix, tuple(members), merged, (), byteorder, torchscript)
         return ReadOutcome(facts_, tuple(problems))
     data_prefix = f"{prefix}/data/"
-    record_sizes = {name[len(data_prefix) :]: m.size for name, m in by_name.items() if name.startswith(data_prefix)}
-    storages = Storages(record_sizes, legacy=False)
+    storages = Storages(layout.record_sizes, legacy=False)
     facts, walk_problems, _ = walk_pickle(data, limits=limits, persistent_load=storages)
     problems.extend(walk_problems)
     problems.extend(storages.problems)
@@ -213,12 +196,87 @@ _MAX_ZIP_DEPTH = 2  # zips inside zips followed this deep
 _HEAD = TAR_BLOCK  # bytes of a record read to tell a pickle (any protocol), a zip, a .npy or a tar
 
 
+class _Layout:
+    """What a torch zip's central directory says by its records' names, sizes and offsets alone (no byte of a
+    record read): the archive folder, the records by name, the layout faults found in them, which records hold raw
+    tensor bytes, and the storage records' sizes. Read-only once made, and shared: every checkpoint of a training
+    run lists the same records at the same offsets (``zipdir._MEMBERS`` makes them the same objects), so from the
+    second optimizer.pt on the per-record loops (a 7B optimizer has 879 records) are a list comparison."""
+
+    __slots__ = ("beyond", "by_name", "candidates", "compressed", "dupes", "inconsistent", "members", "not_storage",
+                 "outside", "prefix", "record_sizes")  # fmt: skip
+
+    def __init__(self, members: list[ZipMember], cd_offset: int) -> None:
+        self.members = list(members)
+        first = members[0].name
+        prefix = first.split("/", 1)[0] if "/" in first else ""
+        self.prefix = prefix
+        by_name: dict[str, ZipMember] = {}
+        dupes: list[str] = []
+        compressed: list[str] = []
+        beyond: list[str] = []
+        inconsistent: list[str] = []
+        for m in members:
+            if m.name in by_name:
+                dupes.append(m.name)
+            else:
+                by_name[m.name] = m
+            if m.method != 0:
+                compressed.append(m.name)
+            elif m.size != m.compressed_size:
+                inconsistent.append(m.name)
+            # The data can only start after a 30-byte local header and the name.
+            if m.offset + 30 + len(m.name.encode()) + m.compressed_size > cd_offset:
+                beyond.append(m.name)
+        self.by_name, self.dupes, self.compressed, self.beyond, self.inconsistent = (
+            by_name, dupes, compressed, beyond, inconsistent
+        )  # fmt: skip
+        folder = f"{prefix}/" if prefix else ""
+        self.outside = (
+            [m.name for m in members if not m.name.startswith(folder) or name_escapes(m.name)] if prefix else []
+        )
+        # Records that are not storage bytes (their local headers are checked), and of those the ones that are not
+        # torch's own small records either (looked into for a pickle), with their names inside the folder.
+        self.not_storage: list[int] = []
+        self.candidates: list[tuple[int, str]] = []
+        for i, m in enumerate(members):
+            rel = relative_name(m.name, folder)
+            if is_storage(rel, m.name):
+                continue
+            self.not_storage.append(i)
+            if rel not in _TORCH_RECORDS:
+                self.candidates.append((i, rel))
+        data_prefix = f"{prefix}/data/"
+        self.record_sizes = {  # read-only: handed to every Storages of a file with this layout
+            name[len(data_prefix) :]: m.size for name, m in by_name.items() if name.startswith(data_prefix)
+        }
+
+
+# Layouts already made, by (central directory offset, record count); a hit is used only when its records are equal
+# (the same objects, for a run's checkpoints). Shared by threads: dict get/set are atomic, a lost race costs one
+# layout. Bounded: cleared when full.
+_LAYOUTS: dict[tuple[int, int], _Layout] = {}
+_LAYOUTS_ENTRIES = 64
+
+
+def _layout_of(members: list[ZipMember], cd_offset: int) -> _Layout:
+    """``_Layout`` of these records (made once per distinct directory)."""
+    key = (cd_offset, len(members))
+    known = _LAYOUTS.get(key)
+    if known is not None and known.members == members:
+        return known
+    layout = _Layout(members, cd_offset)
+    if len(_LAYOUTS) >= _LAYOUTS_ENTRIES:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = layout
+    return layout
+
+
 def _layout_problems(
     f: BinaryIO,
     size: int,
     d: Directory,
-    prefix: str,
-    dupes: list[str],
+    layout: _Layout,
     compressed: list[str],
     check_storages: bool = True,
 ) -> list[ReadProblem]:
@@ -227,6 +285,7 @@ def _layout_problems(
     ``check_storages`` False leaves the local headers of storage records unchecked (``Limits.zip_data_local_headers``).
     """
     out: list[ReadProblem] = []
+    prefix, dupes = layout.prefix, layout.dupes
 
     def add(message: str) -> None:
         out.append(read_problem(ProblemKind.SUSPICIOUS_ARCHIVE, message))
@@ -234,8 +293,7 @@ def _layout_problems(
     if dupes:
         add(f"duplicate zip records {listed_names(dupes)}: zip readers disagree on which copy they load")
     if prefix:
-        folder = f"{prefix}/"
-        outside = [m.name for m in d.members if not m.name.startswith(folder) or name_escapes(m.name)]
+        outside = layout.outside
         if outside:
             add(f"record(s) outside the archive folder `{prefix}/`: {listed_names(outside)}")
     if compressed:
@@ -247,7 +305,7 @@ def _layout_problems(
         add(f"{d.base} bytes before the zip archive: data hidden in front of it is read by other tools")
     if d.end < size:
         add(f"{size - d.end} bytes after the zip end record: data hidden behind the archive")
-    mismatched = local_mismatches(f, d, None if check_storages else f"{prefix}/" if prefix else "")
+    mismatched = local_mismatches(f, d, checked=None if check_storages else layout.not_storage)
     if mismatched:
         add(
             f"local header(s) disagree with the central directory: {listed_names(mismatched)}: streaming readers and "
@@ -267,7 +325,7 @@ def _extra_pickles(
     f: BinaryIO,
     d: Directory,
     main: ZipMember | None,
-    prefix: str,
+    layout: _Layout,
     limits: Limits,
     depth: int,
     torchscript: bool = False,
@@ -279,16 +337,15 @@ def _extra_pickles(
     problems: list[ReadProblem] = []
     names: list[str] = []
     owned: list[str] = []  # a TorchScript archive's own pickles
-    folder = f"{prefix}/" if prefix else ""
+    members = d.members
     # By position: entries are interned (``_MEMBERS``), so a second entry identical to data.pkl's is the same object.
-    main_at = next((i for i, m in enumerate(d.members) if m is main), -1)
+    main_at = next((i for i, m in enumerate(members) if m is main), -1)
     main_folded = main.name.lower() if main is not None else None
-    for i, m in enumerate(d.members):
+    # Not torch's own small records, nor storage bytes (any byte pattern is valid tensor data): ``_Layout``.
+    for i, rel in layout.candidates:
         if i == main_at:
             continue
-        rel = relative_name(m.name, folder)
-        if rel in _TORCH_RECORDS or is_storage(rel, m.name):
-            continue  # torch's own small records, and storage bytes (any byte pattern is valid tensor data)
+        m = members[i]
         own = torchscript and (rel in _TORCHSCRIPT_PICKLES or (rel.startswith("code/") and rel.endswith(".debug_pkl")))
         if torchscript and rel.startswith("code/") and rel.endswith(".py"):
             continue  # TorchScript source: torch.jit.load compiles it, nothing unpickles it

@@ -14,7 +14,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
@@ -170,21 +170,56 @@ def _central_directory(
         cd = read_at(f, cd_offset, cd_size)
     if len(cd) != cd_size:
         return _no_directory(read_problem(ProblemKind.TRUNCATED, "zip central directory is cut short"))
-    members, raw_names, bad = _entries(cd, count, base)
+    members, raw_names, bad = _directory_entries(cd, count, base)
     if bad:
         return _no_directory(read_problem(ProblemKind.MALFORMED, bad))
     return members, cd_offset, [], base, end, raw_names
 
 
-def _entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
-    """The ``count`` entries of the central directory ``cd``, their raw names, and why they stop early ("" if not).
+# Central directories already parsed, by (entry count, size, base): a struct that unpacks every byte of one except
+# its entries' modification times and CRCs (which ``_entries`` does not read), those bytes, and the parse. Every
+# checkpoint of a training run writes its optimizer.pt's directory with the same bytes but for the CRCs, so from the
+# second on it is one unpack and one comparison instead of a Python loop over 879 entries. Shared by threads (dict
+# get/set are atomic; a lost race costs one parse); bounded, cleared when full.
+_DIRECTORIES: dict[tuple[int, int, int], tuple[struct.Struct, tuple[bytes, ...], list[ZipMember], list[Any]]] = {}
+_DIRECTORIES_ENTRIES = 64
+
+
+def _directory_entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
+    """``_entries`` of ``cd``, looked up in ``_DIRECTORIES`` first: a directory equal to one parsed before in every
+    byte ``_entries`` reads has the same entries."""
+    key = (count, len(cd), base)
+    known = _DIRECTORIES.get(key)
+    if known is not None and known[0].unpack_from(cd) == known[1]:
+        return list(known[2]), list(known[3]), ""
+    starts: list[int] = []
+    members, raw_names, bad = _entries(cd, count, base, starts)
+    if not bad and starts:
+        parts = ["<"]
+        at = 0
+        for start in starts:  # each entry's bytes up to its time, date and CRC (12 bytes in), then past them
+            parts.append(f"{start + 12 - at}s8x")
+            at = start + 20
+        parts.append(f"{len(cd) - at}s")
+        unvarying = struct.Struct("".join(parts))
+        if len(_DIRECTORIES) >= _DIRECTORIES_ENTRIES:
+            _DIRECTORIES.clear()
+        _DIRECTORIES[key] = (unvarying, unvarying.unpack_from(cd), list(members), list(raw_names))
+    return members, raw_names, bad
+
+
+def _entries(
+    cd: bytes, count: int, base: int, starts: list[int]
+) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
+    """The ``count`` entries of the central directory ``cd``, their raw names, and why they stop early ("" if not);
+    where each entry starts is added to ``starts``.
 
     The hot loop of every zip read (one iteration per tensor): one unpack of the used fields per entry, locals
     bound outside the loop, and the zip64 extra field parsed only for entries that overflowed.
     """
     members: list[ZipMember] = []
     raw_names: list[tuple[bytes, int]] = []
-    add_member, add_raw, unpack = members.append, raw_names.append, _CENTRAL_USED.unpack_from
+    add_member, add_raw, add_start, unpack = members.append, raw_names.append, starts.append, _CENTRAL_USED.unpack_from
     zip64_first = _ZIP64_FIRST.unpack_from
     n = len(cd)
     pos = 0
@@ -194,6 +229,7 @@ def _entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tu
         sig, flags, method, csize, usize, name_len, extra_len, comment_len, local = unpack(cd, pos)
         if sig != _ZIP_CENTRAL:
             return members, raw_names, f"zip central directory entry {i} is corrupt"
+        add_start(pos)
         start = pos + 46
         pos = start + name_len + extra_len + comment_len
         if pos > n:
@@ -295,20 +331,33 @@ def name_escapes(name: str) -> bool:
     return name.startswith(("/", "\\")) or ".." in parts or (len(parts[0]) == 2 and parts[0][1] == ":")
 
 
-def local_mismatches(f: BinaryIO, d: Directory, skip_storage: str | None = None, cap: int = 10_000) -> list[str]:
+def local_mismatches(
+    f: BinaryIO, d: Directory, skip_storage: str | None = None, cap: int = 10_000, checked: Iterable[int] | None = None
+) -> list[str]:
     """Records whose local header names another file, another method or other sizes than the central entry.
 
     One read per record: the 30-byte header and the name the central directory expects, together; the name is
     read again only when the local header gives it a longer length. With ``skip_storage`` (the archive folder and
     its "/"), the records torch reads only as raw tensor bytes (``<folder>/data/<key>``) are not checked: on
-    object storage each would be a request.
+    object storage each would be a request. ``checked``, when given, are the positions of the records to check,
+    already chosen by the caller (in order; those past the first ``cap`` are not checked), and ``skip_storage`` is
+    not looked at.
     """
     out: list[str] = []
     unpack = _LOCAL_USED.unpack_from
     read = _positional_reader(f)
-    for m, (raw, utf8) in zip(d.members[:cap], d.raw_names, strict=False):
-        if skip_storage is not None and is_storage(relative_name(m.name, skip_storage), m.name):
-            continue
+    members, raw_names = d.members, d.raw_names
+    if checked is None:
+        checked = (
+            range(min(cap, len(members)))
+            if skip_storage is None
+            else [i for i, m in enumerate(members[:cap]) if not is_storage(relative_name(m.name, skip_storage), m.name)]
+        )
+    for i in checked:
+        if i >= cap:
+            break
+        m = members[i]
+        raw, utf8 = raw_names[i]
         expected = len(raw)
         head = read(m.offset, 30 + expected)
         if len(head) < 30:
