@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -132,10 +133,12 @@ class RunPieces:
             if self.fmt == "text":
                 self._runs.append((index, run.path, _run_facts(tree.root, run, self.style, self.width)))
             elif self.fmt == "json":
-                # As compact JSON text, decoded again by ``runs``: one string per run instead of a dict, a list and
-                # their values per checkpoint, which a fleet's report kept to its end (bench/RESULTS.md, issue 27).
-                # The values are JSON's own (str, int, float, None, lists), so the text decodes to equal values.
-                self._runs.append((index, run.path, json.dumps(run_entry(tree.root, run))))
+                # As compact JSON text, compressed, decoded again by ``runs``: one object per run instead of a dict,
+                # a list and their values per checkpoint, which a fleet's report kept to its end; its rows repeat
+                # (a 100-checkpoint 7B run: 29 KB of text, 2 KB compressed; bench/RESULTS.md, issue 27). The values
+                # are JSON's own (str, int, float, None, lists), so the text decodes to equal values.
+                text = json.dumps(run_entry(tree.root, run)).encode()
+                self._runs.append((index, run.path, zlib.compress(text, 1)))
         self._allowed.extend((index, where, a) for where, a in _allowances(tree))
 
     def runs(self) -> list[Any]:
@@ -145,7 +148,7 @@ class RunPieces:
     def each_run(self) -> Iterator[Any]:
         """Each run's piece, in the report's order, a JSON entry decoded only when it is asked for."""
         pieces = (piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1])))
-        return (json.loads(p) for p in pieces) if self.fmt == "json" else pieces
+        return (json.loads(zlib.decompress(p)) for p in pieces) if self.fmt == "json" else pieces
 
     def text(self, report: Report) -> list[str]:
         """The text report's runs: each one's title and table (by the findings of its root) and a blank line."""
