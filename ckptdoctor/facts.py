@@ -521,6 +521,9 @@ class SiblingRuns(Sequence[RunHistory]):
     def __iter__(self) -> Iterator[RunHistory]:
         return itertools.islice(self._log.histories, self._count)
 
+    def __repr__(self) -> str:  # a Tree's repr shows its siblings' histories, as the tuple it held did
+        return repr(tuple(self))
+
     def source_of(self, mine: RunHistory, skip: Container[str] = ()) -> RunHistory | None:
         """The first of these runs (not one whose path is in ``skip``) that ``mine`` ``started_from``, or None."""
         if not _may_have_started(mine) or mine.layout is None:
