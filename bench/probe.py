@@ -61,6 +61,8 @@ def main() -> None:
             "read_bytes": end_io["read_bytes"],  # bytes fetched from the block device (page-cache misses)
             "syscr": end_io["syscr"],
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            # CPU seconds of this process (user + system; start-up and imports included): comparable under load
+            "cpu_s": (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_SELF)),
             "vmhwm_mb": vmhwm_mb(),
             "exit": code,
         }

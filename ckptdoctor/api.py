@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ckptdoctor.errors import UsageError
@@ -242,7 +242,7 @@ def _scan_parts(
     trees: list[Tree] = []
     findings: list[Finding] = []
     settings: list[RootSettings] = []
-    folders: list[list[str]] = []
+    folders: list[Iterable[str]] = []
     for ps, selection, _, group_settings in groups:
         sel = checked_selection(selection)
         if deep and not sel.deep:
@@ -256,7 +256,7 @@ def _scan_parts(
             trees.append(Tree(root=p, runs=(), files_seen=judge.files, abs_root=judge.abs_root))
             findings.extend(sorted(judge.findings, key=Finding.sort_key))
             settings.append(judge.settings())
-            folders.append(judge.folders)
+            folders.append(judge.folders())
     return Report(
         tuple(trees),
         tuple(findings),
@@ -280,7 +280,9 @@ class _PartJudge:
         self.deep = deep
         self.sink = sink
         self.findings: list[Finding] = []
-        self.folders: list[str] = []
+        # each part's folders as one text, NUL between them (no path holds one): one object a part, not one a
+        # checkpoint, kept to the end of a fleet's scan (bench/RESULTS.md, issue 27)
+        self._folders: list[str] = []
         self.files = 0
         self.abs_root = ""
         self.configs: set[str] = set()  # settings files listed so far (they govern the folders below them)
@@ -299,10 +301,14 @@ class _PartJudge:
             self.configs |= own | {p for p in part.above if p.rsplit("/", 1)[-1] in CONFIG_NAMES}
             found = _judged(part, self._settings(self.configs), found, self.deep)
         self.findings.extend(found)
-        self.folders.extend(_folders(tree))
+        self._folders.append("\0".join(_folders(tree)))
         self.files += tree.files_seen
         self.abs_root = tree.abs_root
         self.sink(self.index, tree, found)
+
+    def folders(self) -> Iterator[str]:
+        """The run and checkpoint folders of the parts judged, in order."""
+        return (folder for text in self._folders if text for folder in text.split("\0"))
 
     def _settings(self, configs: set[str]) -> RootSettings:
         """The root's settings with the files ``configs`` below it (resolved once per set of files)."""

@@ -10,12 +10,13 @@ compare (``version_tuple``).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import posixpath
 import re
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast, overload
 
 from ckptdoctor import trainer_view
 from ckptdoctor.model import (
@@ -381,3 +382,174 @@ def run_history(run: Run, root: str) -> RunHistory | None:
         named=_source_named(ck, run, root),
         losses=_losses(ts) if ts is not None else (),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sibling runs (CKD422): which run's losses show it was started from another's weights, found without comparing
+# every pair of a fleet's runs
+
+LEARNED = 0.02  # a run whose logged loss fell by less than this fraction gives no evidence of where another started
+
+
+def _taught(h: RunHistory) -> float | None:
+    """The loss halfway down ``h``'s logged fall when ``h`` learned (it may have been another run's source), else
+    None: a run whose first logged loss is below it started nearer to where ``h`` ended than to where it began."""
+    if len(h.losses) < 2 or h.layout is None:
+        return None
+    start, late = h.losses[0][1], h.losses[-1][1]
+    if start - late < LEARNED * abs(start):
+        return None
+    return start - (start - late) / 2
+
+
+def _may_have_started(h: RunHistory) -> bool:
+    """Whether ``h`` is a run CKD422 infers the start of from the losses (none named its source in a file)."""
+    return h.named is None and bool(h.losses) and h.has_config and h.layout is not None
+
+
+def started_from(mine: RunHistory, other: RunHistory) -> bool:
+    """Whether the losses show ``mine`` likely started from ``other``'s weights as a new run: ``other`` has the
+    same weights layout, its checkpoints are all older than ``mine``'s, it learned, and ``mine``'s first logged
+    loss (at the first step ``other`` logged) starts below the middle of ``other``'s fall."""
+    if not _may_have_started(mine) or other.newest_mtime > mine.oldest_mtime or other.layout != mine.layout:
+        return False
+    middle = _taught(other)
+    first_step, first = mine.losses[0]
+    return middle is not None and other.losses[0][0] == first_step and first < middle
+
+
+_Key = tuple[frozenset[tuple[str, tuple[int, ...]]], int]
+
+
+class _Front:
+    """Points (x, y) kept so that "is there one with x <= X and y > Y" is answered in O(log n): only the points no
+    other dominates (none has both a smaller or equal x and a larger or equal y), sorted by x, their y rising."""
+
+    __slots__ = ("xs", "ys")
+
+    def __init__(self) -> None:
+        self.xs: list[float] = []
+        self.ys: list[float] = []
+
+    def add(self, x: float, y: float) -> None:
+        xs, ys = self.xs, self.ys
+        below = bisect.bisect_right(xs, x)
+        if below and ys[below - 1] >= y:
+            return  # one already kept answers every question this one would
+        at = end = bisect.bisect_left(xs, x)
+        while end < len(xs) and ys[end] <= y:  # those it dominates
+            end += 1
+        xs[at:end] = [x]
+        ys[at:end] = [y]
+
+    def any(self, x: float, y: float) -> bool:
+        below = bisect.bisect_right(self.xs, x)
+        return below > 0 and self.ys[below - 1] > y
+
+
+class _Group:
+    """The runs of one weights layout and first logged step: those that may have been a source (``taught``, with
+    the front of (newest folder time, middle of the fall)) and those that may have started from one (``started``,
+    with the front of (-oldest folder time, -first loss)), by their place in the order the runs were judged."""
+
+    __slots__ = ("started", "started_front", "taught", "taught_front")
+
+    def __init__(self) -> None:
+        self.taught: list[int] = []
+        self.taught_front = _Front()
+        self.started: list[int] = []
+        self.started_front = _Front()
+
+
+class _Log:
+    __slots__ = ("groups", "histories")
+
+    def __init__(self) -> None:
+        self.histories: list[RunHistory] = []
+        self.groups: dict[_Key, _Group] = {}
+
+    def add(self, h: RunHistory) -> None:
+        at = len(self.histories)
+        self.histories.append(h)
+        if h.layout is None or not h.losses:
+            return
+        group = self.groups.setdefault((h.layout, h.losses[0][0]), _Group())
+        middle = _taught(h)
+        if middle is not None:
+            group.taught.append(at)
+            group.taught_front.add(h.newest_mtime, middle)
+        if _may_have_started(h):
+            group.started.append(at)
+            group.started_front.add(-h.oldest_mtime, -h.losses[0][1])
+
+
+class SiblingRuns(Sequence[RunHistory]):
+    """The ``RunHistory`` of the runs of one root judged before a tree (``Tree.siblings``), in the order they were
+    judged, indexed by weights layout and first logged step so that CKD422 finds which run started from which in
+    about O(log n) a run, where comparing every pair of a fleet's runs grew with its square (a scan judges each run
+    against all before it: the cube). ``extended`` returns the runs with more after them; the runs already handed
+    out are never changed (the index is shared, each value sees its first ``len`` runs)."""
+
+    __slots__ = ("_count", "_log")
+
+    def __init__(self, histories: Iterable[RunHistory] = ()) -> None:
+        self._log = _Log()
+        for h in histories:
+            self._log.add(h)
+        self._count = len(self._log.histories)
+
+    def extended(self, histories: Iterable[RunHistory]) -> SiblingRuns:
+        """These runs and then ``histories``."""
+        # not the newest value: the index holds runs this one does not, so these are indexed again first
+        base = SiblingRuns(self) if self._count != len(self._log.histories) else self
+        for h in histories:
+            base._log.add(h)
+        out = SiblingRuns.__new__(SiblingRuns)
+        out._log, out._count = base._log, len(base._log.histories)
+        return out
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> RunHistory: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RunHistory]: ...
+    def __getitem__(self, i: int | slice) -> RunHistory | Sequence[RunHistory]:
+        return self._log.histories[: self._count][i]
+
+    def __iter__(self) -> Iterator[RunHistory]:
+        return itertools.islice(self._log.histories, self._count)
+
+    def __repr__(self) -> str:  # a Tree's repr shows its siblings' histories, as the tuple it held did
+        return repr(tuple(self))
+
+    def source_of(self, mine: RunHistory, skip: Container[str] = ()) -> RunHistory | None:
+        """The first of these runs (not one whose path is in ``skip``) that ``mine`` ``started_from``, or None."""
+        if not _may_have_started(mine) or mine.layout is None:
+            return None
+        group = self._log.groups.get((mine.layout, mine.losses[0][0]))
+        if group is None or not group.taught_front.any(mine.oldest_mtime, mine.losses[0][1]):
+            return None
+        histories = self._log.histories
+        for at in itertools.takewhile(lambda at: at < self._count, group.taught):
+            other = histories[at]
+            if other.path not in skip and started_from(mine, other):
+                return other
+        return None
+
+    def started_from(self, other: RunHistory, skip: Container[str] = ()) -> list[tuple[int, RunHistory]]:
+        """Each of these runs (with its place among them; not one whose path is in ``skip``) that ``started_from``
+        ``other``."""
+        middle = _taught(other)
+        if middle is None or other.layout is None:
+            return []
+        group = self._log.groups.get((other.layout, other.losses[0][0]))
+        if group is None or not group.started_front.any(-other.newest_mtime, -middle):
+            return []
+        histories = self._log.histories
+        return [
+            (at, histories[at])
+            for at in itertools.takewhile(lambda at: at < self._count, group.started)
+            if histories[at].path not in skip and started_from(histories[at], other)
+        ]

@@ -10,7 +10,7 @@ import enum
 import math
 import operator
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -894,8 +894,9 @@ class Tree:
     # (``pickle_verdict.judge.with_verdicts``); None when not judged yet
     pickle_verdicts: tuple[tuple[str, PickleVerdict], ...] | None = None
     # what the rules that compare sibling runs need of the runs of the same root judged before this tree, when a
-    # scan judges a root run by run (``scanner.scan_root``): their ``RunHistory`` (no file facts kept)
-    siblings: tuple[RunHistory, ...] = field(default=(), compare=False)
+    # scan judges a root run by run (``scanner.scan_root``): their ``RunHistory`` (no file facts kept), in order; the
+    # scan hands a ``facts.SiblingRuns``, which CKD422 looks up without comparing every pair
+    siblings: Sequence[RunHistory] = field(default=(), compare=False)
 
     def all_files(self) -> tuple[FileFacts, ...]:
         out: list[FileFacts] = []

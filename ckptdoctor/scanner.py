@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import RunHistory, Tree, frozen
+from ckptdoctor.model import Tree, frozen
 from ckptdoctor.roots import PathArg, Roots
 from ckptdoctor.rules import Selection, judged, run_rules
 from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
@@ -187,7 +187,7 @@ def scan_root(
     (CKD001), and counts as holding a checkpoint (CKD002 does not claim the root is empty)."""
     from ckptdoctor import trainer_view
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
-    from ckptdoctor.facts import holds_checkpoint, run_history
+    from ckptdoctor.facts import SiblingRuns, holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
     from ckptdoctor.readers import jsonfiles
 
@@ -199,11 +199,13 @@ def scan_root(
     def placed(tree: Tree) -> Tree:
         return tree if tree.abs_root else dataclasses.replace(tree, abs_root=os.path.abspath(path))
 
-    histories: list[RunHistory] = []  # what sibling-run rules (CKD422) need of the runs judged and released
+    # what sibling-run rules (CKD422) need of the runs judged and released: one index, each part sees those before it
+    siblings = SiblingRuns()
 
     def with_siblings(tree: Tree) -> Tree:
-        out = dataclasses.replace(placed(tree), siblings=tuple(histories)) if histories else placed(tree)
-        histories.extend(h for run in tree.runs if (h := run_history(run, tree.root)) is not None)
+        nonlocal siblings
+        out = dataclasses.replace(placed(tree), siblings=siblings) if siblings else placed(tree)
+        siblings = siblings.extended(h for run in tree.runs if (h := run_history(run, tree.root)) is not None)
         return out
 
     def part(tree: Tree, above: tuple[str, ...]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 import click
@@ -20,15 +20,36 @@ def emit(text: str, output_file: str | None, silent: bool) -> None:
     """The report to ``output_file`` (UTF-8, with a final newline, as stdout gets it), else to stdout unless
     ``silent``; an empty report (``-q`` with nothing found) is no line at all. A file that cannot be written is a
     usage error (exit 2)."""
+    emit_chunks([text] if text else [], output_file, silent)
+
+
+def emit_chunks(chunks: Iterable[str], output_file: str | None, silent: bool) -> None:
+    """``emit`` of a report made in pieces (``render.report.json_chunks``), written as they are made (about a
+    megabyte at a time), so the whole text is never held: the same bytes as ``emit("".join(chunks), ...)``."""
     if output_file is not None:
         try:
             with open(output_file, "w", encoding="utf-8") as out:
-                out.write(text + "\n" if text else "")
+                _write(chunks, out.write)
         except OSError as exc:
             why = os.strerror(exc.errno) if exc.errno else str(exc)
             raise UsageProblem(f"--output-file {output_file}: {why}") from None
-    elif text and not silent:
-        click.echo(text)
+    elif not silent:
+        _write(chunks, lambda text: click.echo(text, nl=False))
+
+
+def _write(chunks: Iterable[str], write: Callable[[str], object]) -> None:
+    """``chunks`` through ``write`` about a megabyte at a time, then a newline when there was any text."""
+    batch: list[str] = []
+    size = 0
+    wrote = False
+    for chunk in chunks:
+        batch.append(chunk)
+        size += len(chunk)
+        if size >= 1 << 20:
+            write("".join(batch))
+            batch, size, wrote = [], 0, True
+    if wrote or any(batch):
+        write("".join(batch) + "\n")
 
 
 class Lines:

@@ -24,7 +24,7 @@ from ckptdoctor.cli.options import (
     text_width,
     use_color,
 )
-from ckptdoctor.cli.output import Lines, emit, print_settings
+from ckptdoctor.cli.output import Lines, emit, emit_chunks, print_settings
 from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def scan(
     then one line per finding with its fix, then a summary. Names with control characters are shown escaped
     (\\x1b); --format json gives them exactly.
     """
-    from ckptdoctor.render.report import RunPieces, render_json, render_text
+    from ckptdoctor.render.report import RunPieces, json_chunks, render_text
     from ckptdoctor.roots import Roots
 
     if statistics and fmt in ("sarif", "github", "jsonl"):
@@ -200,6 +200,7 @@ def scan(
         pieces = RunPieces.of(report, kept, color=color, width=width)
     if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
         report = dataclasses.replace(report, seconds=_elapsed())
+    text = ""
     if statistics:
         from ckptdoctor.render.report import render_statistics, statistics_json
 
@@ -209,8 +210,8 @@ def scan(
             text = json.dumps(statistics_json(report, pieces), indent=2, allow_nan=False)
         else:
             text = render_statistics(report, width)
-    elif fmt == "json":
-        text = render_json(report, pieces)
+    elif fmt == "json":  # written as it is made: a fleet's document is never held whole
+        emit_chunks(json_chunks(report, pieces), output_file, silent)
     elif fmt == "sarif":
         from ckptdoctor.render.sarif import render_sarif
 
@@ -222,7 +223,8 @@ def scan(
         text = render_github(report.findings, notice=summary_line(report))
     else:
         text = render_text(report, color=color, width=width, quiet=quiet, clock=_elapsed, pieces=pieces)
-    emit(text, output_file, silent)
+    if statistics or fmt != "json":
+        emit(text, output_file, silent)
     if checksums == "write":
         _write_manifests(report.trees)
     _exit(report, checksums)

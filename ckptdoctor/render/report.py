@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ckptdoctor import stacks, trainer_view
@@ -132,16 +133,22 @@ class RunPieces:
             if self.fmt == "text":
                 self._runs.append((index, run.path, _run_facts(tree.root, run, self.style, self.width)))
             elif self.fmt == "json":
-                # As compact JSON text, decoded again by ``runs``: one string per run instead of a dict, a list and
-                # their values per checkpoint, which a fleet's report kept to its end (bench/RESULTS.md, issue 27).
-                # The values are JSON's own (str, int, float, None, lists), so the text decodes to equal values.
-                self._runs.append((index, run.path, json.dumps(run_entry(tree.root, run))))
+                # As compact JSON text, compressed, decoded again by ``runs``: one object per run instead of a dict,
+                # a list and their values per checkpoint, which a fleet's report kept to its end; its rows repeat
+                # (a 100-checkpoint 7B run: 29 KB of text, 2 KB compressed; bench/RESULTS.md, issue 27). The values
+                # are JSON's own (str, int, float, None, lists), so the text decodes to equal values.
+                text = json.dumps(run_entry(tree.root, run)).encode()
+                self._runs.append((index, run.path, zlib.compress(text, 1)))
         self._allowed.extend((index, where, a) for where, a in _allowances(tree))
 
     def runs(self) -> list[Any]:
         """Each run's piece, in the report's order."""
-        pieces = [piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1]))]
-        return [json.loads(p) for p in pieces] if self.fmt == "json" else pieces
+        return list(self.each_run())
+
+    def each_run(self) -> Iterator[Any]:
+        """Each run's piece, in the report's order, a JSON entry decoded only when it is asked for."""
+        pieces = (piece for _, _, piece in sorted(self._runs, key=lambda r: (r[0], r[1])))
+        return (json.loads(zlib.decompress(p)) for p in pieces) if self.fmt == "json" else pieces
 
     def text(self, report: Report) -> list[str]:
         """The text report's runs: each one's title and table (by the findings of its root) and a blank line."""
@@ -166,11 +173,15 @@ def to_json(report: Report, pieces: RunPieces | None = None) -> dict[str, Any]:
     with the folders it governed (``allowed_globals`` when a user allowance let a pickle global through).
     ``pieces``: the runs, kept as the scan went (``RunPieces``), when ``report`` holds no runs itself."""
     pieces = pieces or RunPieces.of(report, "json")
+    return _document(report, pieces, pieces.runs())
+
+
+def _document(report: Report, pieces: RunPieces, runs: list[Any]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "version": __version__,
         "roots": [t.root for t in report.trees],
-        "runs": pieces.runs(),
+        "runs": runs,
         "findings": [finding_json(f) for f in report.findings],
         "summary": {
             "error": report.count(Severity.ERROR),
@@ -189,7 +200,29 @@ def to_json(report: Report, pieces: RunPieces | None = None) -> dict[str, Any]:
 
 def render_json(report: Report, pieces: RunPieces | None = None) -> str:
     """The JSON document as text (strict JSON: non-finite numbers were already mapped to null)."""
-    return json.dumps(to_json(report, pieces), indent=2, allow_nan=False)
+    return "".join(json_chunks(report, pieces))
+
+
+def json_chunks(report: Report, pieces: RunPieces | None = None) -> Iterator[str]:
+    """``render_json``'s text in pieces, each run's entry made when its turn comes: a fleet's document is never
+    held whole. Made whole, the 10,000 checkpoints of 100 runs (a 4.8 MB document) took about 40 MB while
+    ``json.dumps`` decoded every entry and joined its chunks, more than the scan of one run (bench/RESULTS.md,
+    issue 27). The text is ``json.dumps(to_json(...), indent=2)``'s, byte for byte: each entry is indented as the
+    items of the top-level ``runs`` list are (two levels; a JSON string holds no raw newline)."""
+    pieces = pieces or RunPieces.of(report, "json")
+    head, tail = json.dumps(_document(report, pieces, []), indent=2, allow_nan=False).split(_NO_RUNS, 1)
+    yield head
+    end = _NO_RUNS
+    for entry in pieces.each_run():
+        text = json.dumps(entry, indent=2, allow_nan=False).replace("\n", "\n    ")
+        yield ('"runs": [\n    ' if end == _NO_RUNS else ",\n    ") + text
+        end = "\n  ]"
+    yield end + tail
+
+
+# ``runs`` when there is none, as ``json.dumps(indent=2)`` writes the top-level key (a JSON string holding this text
+# escapes its quotes, so the first occurrence is the key's)
+_NO_RUNS = '"runs": []'
 
 
 def human_bytes(n: int) -> str:

@@ -5,10 +5,17 @@ from __future__ import annotations
 import itertools
 import posixpath
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ckptdoctor import key_layouts, trainer_view
-from ckptdoctor.facts import plural, run_history, same_history, saved_shard_tensors, saved_world_size
+from ckptdoctor.facts import (
+    SiblingRuns,
+    plural,
+    run_history,
+    same_history,
+    saved_shard_tensors,
+    saved_world_size,
+)
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
 from ckptdoctor.model import (
     Checkpoint,
@@ -18,6 +25,7 @@ from ckptdoctor.model import (
     JsonFacts,
     ProblemKind,
     Run,
+    RunHistory,
     Stack,
     TensorInfo,
     Tree,
@@ -609,9 +617,6 @@ def accelerate_custom_checkpoints_mismatch(tree: Tree) -> Iterator[Hit]:
                                    f"{counts[ck.path]} objects are registered with `register_for_checkpointing`")
 
 
-LEARNED = 0.02  # a run whose logged loss fell by less than this fraction gives no evidence of where another started
-
-
 @rule("CKD422", "run-started-from-checkpoint", Severity.WARNING)
 def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
     """The run was started from another run's checkpoint as a new run instead of resuming it: its optimizer state,
@@ -649,38 +654,44 @@ def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
     (`resume_from_checkpoint`), `Trainer._load_optimizer_and_scheduler`.
     """
     current = [h for run in tree.runs if (h := run_history(run, tree.root)) is not None]
+    return started_hits(current, tree.siblings)
+
+
+def started_hits(current: list[RunHistory], judged: Sequence[RunHistory]) -> Iterator[Hit]:
+    """CKD422's findings on the runs ``current`` of a tree, beside the runs of the same root ``judged`` before it
+    (a scan that judges run by run; ``Tree.siblings``): each pair is judged once, when the later of the two is
+    here, and a finding may then name a run judged before. Each run is looked up in an index (``SiblingRuns``),
+    not compared with every other."""
     here = {h.path for h in current}
-    # the runs of the same root judged before this tree (a scan that judges run by run): each pair is judged once,
-    # when the later of the two is here; a finding may then name a run judged before
-    histories = [*current, *(h for h in tree.siblings if h.path not in here)]
-    for mine in histories:
+    siblings = judged if isinstance(judged, SiblingRuns) else SiblingRuns(judged)
+    ours = SiblingRuns(current)  # a tree judged whole holds all its runs: looked up the same way
+    for mine in current:
         if mine.named is not None:
-            if mine.path in here:
-                yield Hit(mine.where, f"`_name_or_path` names `{mine.named}`: this run was built from that "
-                                      "checkpoint's weights as a new run (global_step from 0, a fresh optimizer, the "
-                                      "LR schedule and its warm-up restarted), not resumed from it")
+            yield Hit(mine.where, f"`_name_or_path` names `{mine.named}`: this run was built from that checkpoint's "
+                                  "weights as a new run (global_step from 0, a fresh optimizer, the LR schedule and "
+                                  "its warm-up restarted), not resumed from it")
             continue
-        if not mine.losses or not mine.has_config or mine.layout is None:
-            continue
-        first_step, first = mine.losses[0]
-        for other in histories:
-            if other is mine or (mine.path not in here and other.path not in here):
-                continue
-            if other.newest_mtime > mine.oldest_mtime or other.layout != mine.layout:
-                continue
-            theirs = other.losses
-            if len(theirs) < 2 or theirs[0][0] != first_step:
-                continue
-            start, late = theirs[0][1], theirs[-1][1]
-            if start - late < LEARNED * abs(start) or not first < start - (start - late) / 2:
-                continue
-            yield Hit(mine.where, f"its first logged loss ({first:.4g} at step {first_step}) starts near where sibling "
-                                  f"run `{other.path}` ended ({late:.4g} at step {theirs[-1][0]}, from {start:.4g} at "
-                                  f"step {theirs[0][0]}), while its steps count from the start: it was likely started "
-                                  f"from `{other.path}`'s weights as a new run (a fresh optimizer, the LR schedule and "
-                                  "its warm-up restarted), not resumed. Inferred from the logged losses: transformers "
-                                  "4.57 and 5.x record no source path")
-            break
+        # the first that fits, here before the runs judged before
+        other = ours.source_of(mine, skip=(mine.path,)) or siblings.source_of(mine, skip=here)
+        if other is not None:
+            yield Hit(mine.where, _likely_started(mine, other))
+    # a run judged before that one of these was started from (the first of these it fits), in the order judged
+    firsts: dict[int, tuple[RunHistory, RunHistory]] = {}
+    for other in current:
+        for at, mine in siblings.started_from(other, skip=here):
+            firsts.setdefault(at, (mine, other))
+    for at in sorted(firsts):
+        mine, other = firsts[at]
+        yield Hit(mine.where, _likely_started(mine, other))
+
+
+def _likely_started(mine: RunHistory, other: RunHistory) -> str:
+    (first_step, first), (start_step, start), (late_step, late) = mine.losses[0], other.losses[0], other.losses[-1]
+    return (f"its first logged loss ({first:.4g} at step {first_step}) starts near where sibling run `{other.path}` "
+            f"ended ({late:.4g} at step {late_step}, from {start:.4g} at step {start_step}), while its steps count "
+            f"from the start: it was likely started from `{other.path}`'s weights as a new run (a fresh optimizer, "
+            "the LR schedule and its warm-up restarted), not resumed. Inferred from the logged losses: transformers "
+            "4.57 and 5.x record no source path")
 
 
 # ---------------------------------------------------------------------------------------------------------------

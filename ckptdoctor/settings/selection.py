@@ -303,16 +303,16 @@ def settings_used(pairs: Iterable[tuple[RootSettings, Iterable[str]]]) -> tuple[
     root; the root itself is always counted) with the folders each one governs, in the order first used."""
     from ckptdoctor.findings import display_path
 
-    used: dict[str, tuple[bool, list[str]]] = {}
+    # each file's folders as the keys of a dict (in order, each once): a file that governs every folder of a fleet
+    # is looked up once per folder, not compared with every folder listed before it
+    used: dict[str, tuple[bool, dict[str, None]]] = {}
     for rs, folders in pairs:
         for folder in dict.fromkeys([".", *folders]):
             scope = rs.scope_of("" if folder == "." else folder)
             if scope.config.source is None:
                 continue
-            entry = used.setdefault(scope.config.source, (scope.config.trusted, []))
-            shown = display_path(rs.root, folder)
-            if shown not in entry[1]:
-                entry[1].append(shown)
+            entry = used.setdefault(scope.config.source, (scope.config.trusted, {}))
+            entry[1].setdefault(display_path(rs.root, folder))
     return tuple(SettingsUse(path, trusted, tuple(folders)) for path, (trusted, folders) in used.items())
 
 

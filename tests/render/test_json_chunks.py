@@ -1,0 +1,53 @@
+"""The JSON report is written a run entry at a time (``render.report.json_chunks``, ``cli.output.emit_chunks``), so
+a fleet's document is never held whole: the text is ``json.dumps(to_json(report), indent=2)``'s, byte for byte,
+with no run, one, or many, and names that JSON escapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckptdoctor.cli.output import emit, emit_chunks
+from ckptdoctor.render.report import RunPieces, json_chunks, to_json
+from ckptdoctor.scanner import scan
+from tests.helpers.builders import make_run
+from tests.helpers.paths import REPO, TESTS
+
+
+def _whole(report_root: Path) -> tuple[str, str]:
+    report = scan(str(report_root))
+    pieces = RunPieces.of(report, "json")
+    return "".join(json_chunks(report, pieces)), json.dumps(to_json(report, pieces), indent=2, allow_nan=False)
+
+
+@pytest.mark.parametrize("root", [REPO / "fixtures", TESTS / "data"], ids=["fixtures", "data"])
+def test_the_document_made_in_pieces_is_the_one_dumped_whole(root: Path) -> None:
+    made, whole = _whole(root)
+    assert made == whole and json.loads(made)["runs"]
+
+
+def test_no_run_one_run_and_names_json_escapes(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    made, whole = _whole(empty)
+    assert made == whole and '"runs": []' in made
+    odd = tmp_path / 'odd "runs": [] \\ é'  # the key's text inside a name, a backslash, a non-ASCII letter
+    make_run(odd / "run")
+    made, whole = _whole(odd)
+    assert made == whole and len(json.loads(made)["runs"]) == 1
+
+
+def test_emit_chunks_writes_what_emit_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chunks = ["x" * 700_000, "y" * 700_000, "", "z"]  # more than the megabyte it writes at a time
+    for parts in (chunks, [], [""]):
+        emit_chunks(parts, None, False)
+        by_chunks = capsys.readouterr().out
+        emit("".join(parts), None, False)
+        assert by_chunks == capsys.readouterr().out
+        emit_chunks(parts, str(tmp_path / "a"), False)
+        emit("".join(parts), str(tmp_path / "b"), False)
+        assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    emit_chunks(chunks, None, True)
+    assert capsys.readouterr().out == ""
