@@ -19,8 +19,15 @@ that resumes.
   reversed on save and applied by ``from_pretrained`` only. Read by importing ``transformers.conversion_mapping``
   of that release in a subprocess (two import shims let an older release import beside this environment's
   packages: an ``httpx`` stand-in and a no-op dependency check; neither changes a mapping). Each transform is
-  recorded with the regex transformers compiles for it (``compiled_sources``) and its targets; transforms of other
-  kinds than ``WeightRenaming`` / ``WeightConverter`` are recorded by name only (``unmodelled``).
+  recorded with the regex transformers compiles for it (``compiled_sources``) and its targets. A subclass of
+  ``WeightRenaming`` that keeps ``WeightTransform.rename_source_key`` (``PrefixChange``: a prefix added or removed,
+  written as a regex by its ``__init__``) renames a key exactly as a ``WeightRenaming`` with the same regex and
+  targets does: it is recorded the same way, with ``"as": "WeightRenaming"``. Any other kind overrides the renaming
+  (``GroupWeightRename``, ``Inkling2IndexOffsetWeightRename``, ``LayerPairCollapse``) and is recorded by name, with
+  (``unless``) the regex a key must match for that code to change it, read from the code's first statements (a
+  ``_scoped_match`` or ``self.<regex>.search`` that returns the key unchanged when it finds nothing): a checkpoint
+  none of whose keys match it is converted exactly by the other transforms; one whose keys do match, the gate says it
+  did not check (CKD421, info).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ OUT = ROOT / "ckptdoctor" / "key_layouts.json"
 
 # Run under a transformers 5 release: print its conversion mappings as JSON.
 _V5_DUMP = r"""
-import json, sys, types
+import ast, inspect, json, re, sys, textwrap, types
 try:
     import transformers
 except ImportError:  # an older release's dependency check against this environment's packages: not a mapping
@@ -53,15 +60,38 @@ except ImportError:  # an older release's dependency check against this environm
             del sys.modules[name]
     import transformers
 from transformers import conversion_mapping as cm
+from transformers import core_model_loading as cml
+
+
+def unless(t):
+    # The regex a key must match for t's own rename_source_key to change it: its first statements return the key
+    # unchanged when `self._scoped_match(key)` (compiled_sources, for a transform of the root model) or
+    # `self.<regex>.search(key)` finds nothing. None when its code starts otherwise (nothing is then known).
+    fn = ast.parse(textwrap.dedent(inspect.getsource(type(t).rename_source_key))).body[0]
+    body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    src = [ast.unparse(b) for b in body[:2]]
+    if src[:2] == ["matched = self._scoped_match(source_key)", "if matched is None:\n    return (source_key, None)"]:
+        return t.compiled_sources.pattern
+    m = re.fullmatch(r"if \(match := self\.(\w+)\.search\(source_key\)\) is None:\n    return \(source_key, None\)",
+                     src[0] if src else "")
+    found = getattr(t, m.group(1), None) if m else None
+    return found.pattern if isinstance(found, re.Pattern) else None
+
+
 out = {}
 for key, transforms in cm._build_checkpoint_conversion_mapping().items():
     entry = []
     for t in transforms:
         kind = type(t).__name__
+        record = {"kind": kind, "regex": t.compiled_sources.pattern, "targets": list(t.target_patterns)}
         if kind in ("WeightRenaming", "WeightConverter"):
-            entry.append({"kind": kind, "regex": t.compiled_sources.pattern, "targets": list(t.target_patterns)})
+            entry.append(record)
+        elif (isinstance(t, cml.WeightRenaming) and not isinstance(t, cml.WeightConverter)
+              and type(t).rename_source_key is cml.WeightTransform.rename_source_key):
+            entry.append({**record, "as": "WeightRenaming"})  # e.g. PrefixChange: only its regex is its own
         else:
-            entry.append({"kind": kind})
+            guard = unless(t) if isinstance(t, cml.WeightRenaming) else None  # a renaming: runs before converters
+            entry.append({"kind": kind, **({"unless": guard} if guard is not None else {})})
     out[key] = entry
 print(json.dumps({"version": transformers.__version__, "types": out}))
 """

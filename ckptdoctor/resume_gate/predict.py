@@ -705,9 +705,15 @@ class LayoutRestore:
     release: str  # the transformers release of the table whose layout was used
     restored: int  # live tensors whose name the file holds
     total: int  # the live model's tensors, as the file's keys become under the release's conversion
-    missing: tuple[str, ...]  # live tensors left at their initial values (first ones, in name order)
+    missing: tuple[str, ...]  # live tensors left at their initial values, in name order
     saved_changed: int  # saved keys the conversion renames or merges
     optimizer_crash: str | None  # the optimizer load's crash: the state holds another layout's parameter count
+    # saved keys a transform ``key_layouts`` does not model would rename (under the resuming release, or the writing
+    # one when the optimizer's count is in question): restored or not, nothing here says. ``missing`` then holds only
+    # live tensors no saved key names (certainly left at their initial values), ``total`` counts each unknown as one.
+    unmodelled: int = 0
+    unmodelled_by: tuple[str, ...] = ()  # which transforms, as "`Kind` (transformers X's conversion of `name`)"
+    saved: int = 0  # the file's tensors
 
 
 def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool) -> LayoutRestore | None:
@@ -723,24 +729,35 @@ def key_layout(ck: Checkpoint, version: str, weights: str | None, restores: bool
     saved = key_layouts.saved_keys(ck, weights)
     if not names or not saved:
         return None
-    resumed = key_layouts.convert(version, names, saved)
     wrote = config.get("transformers_version")
-    written = key_layouts.convert(wrote, names, saved) if isinstance(wrote, str) else None
     shown = names[0]
+    resumed = key_layouts.convert(version, names, saved)
+    written = key_layouts.convert(wrote, names, saved) if isinstance(wrote, str) else None
+    unsure = [c for c in (resumed, written) if c is not None and c.unmodelled]
+    by = tuple(dict.fromkeys(f"`{k}` (transformers {c.release}'s conversion of `{c.name}`)" for c in unsure
+                             for k in c.unmodelled_kinds))
+    # the live model's tensor count under each release, from one counting path (``Conversion.live_count``)
+    live_r = len(saved) if resumed is None else resumed.live_count
+    live_w = len(saved) if written is None else written.live_count
     crash = None
     opt = trainer_view.optimizer_state(ck) if restores else None
-    delta_r = 0 if resumed is None else len(resumed.targets) - len(resumed.changed)
-    delta_w = 0 if written is None else len(written.targets) - len(written.changed)
-    if opt is not None and isinstance(wrote, str) and version_tuple(wrote) is not None and delta_r != delta_w:
+    if (opt is not None and isinstance(wrote, str) and version_tuple(wrote) is not None and live_r != live_w
+            and not unsure):  # an unmodelled renaming may merge: the counts are then not known to differ
         opt_name = ck.relname(trainer_view.optimizer_file(ck) or ck.files[0])
         crash = (f"`{opt_name}` holds state for {plural(opt.param_count, 'parameter')} (as transformers {wrote} built "
-                 f"`{shown}`), and transformers {version} builds it with {opt.param_count + delta_r - delta_w:,}: "
+                 f"`{shown}`), and transformers {version} builds it with {opt.param_count + live_r - live_w:,}: "
                  "train() raises ValueError (\"loaded state dict contains a parameter group that doesn't match the "
                  "size of optimizer's group\") in _load_optimizer_and_scheduler")
-    if resumed is None and crash is None:
+    if resumed is None and crash is None and not unsure:
         return None
     if resumed is None:  # the resuming release loads the saved keys as they are: only the optimizer differs
-        return LayoutRestore(weights, shown, "", len(saved), len(saved), (), 0, crash)
+        return LayoutRestore(weights, shown, "", len(saved), len(saved), (), 0, crash, len(written.unmodelled)
+                             if written is not None else 0, by, len(saved))
+    if resumed.unmodelled:
+        restored = len(saved) - len(resumed.changed) - len(resumed.unmodelled)
+        missing = tuple(t for t in resumed.targets if t not in set(saved))
+        return LayoutRestore(weights, shown, resumed.release, restored, resumed.live_count, missing,
+                             len(resumed.changed), crash, len(resumed.unmodelled), by, len(saved))
     restored = len(saved) - len(resumed.changed)
-    return LayoutRestore(weights, shown, resumed.release, restored, restored + len(resumed.targets),
-                         resumed.targets[:3], len(resumed.changed), crash)
+    return LayoutRestore(weights, shown, resumed.release, restored, resumed.live_count, resumed.targets,
+                         len(resumed.changed), crash, 0, by, len(saved))

@@ -936,7 +936,8 @@ def trainer_state_version_incompatible(ctx: ResumeContext) -> Iterator[Hit]:
                          "that checkpoint without its trainer_state.json")
 
 
-@rule("CKD421", "saved-key-layout-not-restored", Severity.ERROR, gate_only=True)
+@rule("CKD421", "saved-key-layout-not-restored", Severity.ERROR, gate_only=True,
+      severity_when=[(Severity.INFO, "a transform ckptdoctor does not model would rename saved keys: not checked")])
 def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
     """The resuming transformers builds the model in another key layout than the one the checkpoint was saved in:
     the resume restores only part of the weights (or, from an older release, crashes at the optimizer load).
@@ -951,6 +952,16 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
     file restores under their own name ("restores N of M tensors"). When the checkpoint was written by a release
     whose live layout was the saved one (`config.json` `transformers_version`, e.g. 4.57) and the conversion
     merges tensors, the restored `optimizer.pt` holds another parameter count than the resuming model has.
+
+    The keys are converted as `core_model_loading.rename_source_key` does: every renaming in turn (a
+    `PrefixChange`, which adds or removes a prefix, is one), then the first converter that matches; a converter that
+    splits one saved tensor (`Chunk`: gte's `attention.qkv_proj` into `self_attn.q_proj`, `k_proj`, `v_proj`)
+    counts every live tensor it makes. A transform that renames keys by code of its own (`GroupWeightRename`,
+    `Inkling2IndexOffsetWeightRename`, `LayerPairCollapse`) is not modelled; the table records the regex a key must
+    match for that code to change it, so the keys it leaves alone are still converted exactly. Where it would rename
+    saved keys, the rule reports what is certain ("restores at most N of the file's M tensors, and at least K live
+    tensors keep their initial values") when the other keys already show tensors missing, else says, at level
+    info, that the layout was not checked and why, instead of staying silent.
 
     ## Why is this bad?
     `Trainer._load_from_checkpoint` loads the file with `model.load_state_dict(state_dict, strict=False)`: no key
@@ -974,7 +985,8 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
     key mismatch for models with _checkpoint_conversion_mapping": `Trainer._load_from_checkpoint` applies no
     conversion; closed unmerged at the time of writing);
     `src/transformers/conversion_mapping.py` `_build_checkpoint_conversion_mapping`,
-    `src/transformers/core_model_loading.py` `WeightTransform.rename_source_key`, `src/transformers/modeling_utils.py`
+    `src/transformers/core_model_loading.py` `rename_source_key`, `WeightTransform.rename_source_key`, `PrefixChange`,
+    `WeightConverter.convert`, `revert_weight_conversion`, `src/transformers/modeling_utils.py`
     `PreTrainedModel.save_pretrained` (the reversed mapping; 4.52-4.57: `VLMS`, `_checkpoint_conversion_mapping`),
     `src/transformers/trainer.py` `Trainer._load_from_checkpoint`, `Trainer._load_optimizer_and_scheduler`.
     """
@@ -983,11 +995,28 @@ def saved_key_layout_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
     if ck is None or p is None or layout is None:
         return
     tv = p.settings.transformers_version
+    if layout.unmodelled and (not layout.missing or layout.release == ""):  # not a verdict: what was not checked
+        yield Hit(_in_folder(ck, layout.file),
+                  f"the saved key layout of `{layout.architecture}` was not checked against the one transformers {tv} "
+                  f"builds: {', '.join(layout.unmodelled_by)} would rename {plural(layout.unmodelled, 'saved key')} "
+                  "by code of its own that ckptdoctor does not model; whether the resume restores every tensor (and "
+                  "the optimizer state's parameter count) is not known", severity=Severity.INFO)
+        return
+    if layout.unmodelled:  # what is known is enough: some live tensors no saved key names
+        shown = ", ".join(f"`{k}`" for k in layout.missing[:3]) + (", ..." if len(layout.missing) > 3 else "")
+        yield Hit(_in_folder(ck, layout.file),
+                  f"transformers {tv} builds `{layout.architecture}` in another key layout than the one saved (table "
+                  f"of transformers {layout.release}): the resume's load_state_dict(strict=False) restores at most "
+                  f"{layout.restored + layout.unmodelled:,} of the file's {plural(layout.saved, 'tensor')}, and at "
+                  f"least {plural(len(layout.missing), 'live tensor')} ({shown}) keep their initial values, with only "
+                  f"a missing-keys log line ({', '.join(layout.unmodelled_by)} renames "
+                  f"{plural(layout.unmodelled, 'other saved key')} by code ckptdoctor does not model)")
+        return
     if layout.restored == layout.total:  # the keys load as saved; the optimizer state has another layout's count
         yield Hit(_in_folder(ck, layout.file), f"transformers {tv} builds `{layout.architecture}` with the saved "
                   f"keys, but {layout.optimizer_crash}")
         return
-    missing = ", ".join(f"`{k}`" for k in layout.missing) + (", ..." if layout.total - layout.restored > 3 else "")
+    missing = ", ".join(f"`{k}`" for k in layout.missing[:3]) + (", ..." if layout.total - layout.restored > 3 else "")
     tail = (f"; then {layout.optimizer_crash}" if layout.optimizer_crash is not None else
             ": those tensors keep their initial values, with only a missing-keys log line")
     yield Hit(_in_folder(ck, layout.file),

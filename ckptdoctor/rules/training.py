@@ -648,7 +648,10 @@ def run_started_from_checkpoint(tree: Tree) -> Iterator[Hit]:
 
     ## References
     huggingface/transformers#1923 ("Step restarts from step 0 when reload from an existing checkpoint?": a
-    checkpoint loaded as the model, not resumed); `src/transformers/modeling_utils.py`
+    checkpoint loaded as the model, not resumed), huggingface/transformers#23099 ("learning rate resets on
+    resumption from checkpoint": `from_pretrained('/checkpoint-38000')` then a new `Trainer`),
+    huggingface/transformers#33336 ("Training Resumes with Increased Loss Despite Checkpoint Loading");
+    `src/transformers/modeling_utils.py`
     `PreTrainedModel.from_pretrained` (sets `config._name_or_path`), `src/transformers/configuration_utils.py`
     `PretrainedConfig.to_dict` (4.x writes `_name_or_path`), `src/transformers/trainer.py` `Trainer.train`
     (`resume_from_checkpoint`), `Trainer._load_optimizer_and_scheduler`.

@@ -5,7 +5,9 @@ tests/gate/test_resume_hazards.py, with the suite's own interpreter or ``CKPTDOC
 
 - ``out``: output_dir; ``args``: TrainingArguments overrides; ``resume``: null, true or a checkpoint path;
 - ``model``: ``"llama"`` (tied embeddings), ``"gpt2"`` or ``"mixtral"`` (2 layers of 2 experts, hidden size 16;
-  ``config``: other ``MixtralConfig`` values, e.g. another model size) or ``"qwen3_5_moe"`` (transformers 5 only);
+  ``config``: other ``MixtralConfig`` values, e.g. another model size), ``"qwen3_5_moe"`` (transformers 5 only) or
+  ``"gte"`` (a masked LM, transformers 5 only: its saved layout fuses q, k and v, and the up and gate projections)
+  or ``"inkling2"`` (transformers 5 only: its conversion holds a transform that renames by code of its own);
   ``untie_config``: set
   ``config.tie_word_embeddings = False`` on the tied model before training (the weights stay tied in memory);
   ``from_config``: build the model from that folder's ``config.json`` instead (what a user does who resumes from the
@@ -79,11 +81,21 @@ def build_model(job: dict[str, Any]) -> Any:
                  "num_attention_heads": 2, "num_key_value_heads": 2, "num_local_experts": 2, "num_experts_per_tok": 1,
                  "max_position_embeddings": 32}
         return transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**sizes, **job.get("config", {})}))
-    if job.get("model") == "qwen3_5_moe":  # transformers 5 only: its saved layout adds a prefix besides the experts
+    if job.get("model") == "qwen3_5_moe":  # transformers 5 only: its conversion changes a prefix besides the experts
         return transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(
             vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=2, head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
             shared_expert_intermediate_size=16, max_position_embeddings=32))
+    if job.get("model") == "gte":  # transformers 5 only: saved with fused qkv (a Chunk into 3 live tensors)
+        return transformers.GteForMaskedLM(transformers.GteConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            max_position_embeddings=32))
+    if job.get("model") == "inkling2":  # transformers 5 only: its conversion shifts an index by code of its own
+        return transformers.Inkling2ForCausalLM(transformers.Inkling2TextConfig(
+            vocab_size=64, unpadded_vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, swa_num_attention_heads=2, swa_num_key_value_heads=1, swa_head_dim=8,
+            sliding_window_size=8, d_rel=4, rel_extent=8, max_position_embeddings=32, moe_intermediate_size=16,
+            n_routed_experts=2, num_experts_per_tok=1, n_layers_per_attn_res_block=1, eos_token_id=0))
     if job.get("model", "llama") == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0))
