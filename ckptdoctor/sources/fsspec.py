@@ -16,6 +16,7 @@ backend's read timeouts. Per backend:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import importlib
@@ -145,11 +146,16 @@ class FsspecSource:
     def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """The `.distcp` items at ``items``, prefetched in one concurrent batch (see ``_prefetch``)."""
         try:
-            with _open(self._fs, path, facts.size) as f:
+            with _open(self._fs, path, facts.size, self._listed(path)) as f:
                 spans = cast("BinaryIO", _prefetch(self._fs, path, f, facts.size, items))
                 return read_dcp_items_from(spans, facts, items, self.limits)
         except Exception as e:  # opening failed: the file stays as read, with why
             return _with_problem(facts, e)
+
+    def _listed(self, path: str) -> dict[str, Any] | None:
+        """What the listing said about the object at ``path`` (None when it is not in this source's part)."""
+        folder = self._folders.get(path.rsplit("/", 1)[0])
+        return next((info for _, full, info in folder.files if full == path), None) if folder else None
 
     def shown_target(self, path: str) -> str:
         """``path``: object storage has no links, so no loops either."""
@@ -387,10 +393,18 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _open(fs: AbstractFileSystem, full: str, size: int) -> _Spans:
-    # The size is known from the listing: passing it saves a HEAD request per file. fsspec's own caches are off
-    # ("none": each read of the file below is one exact ranged request); _Spans decides what is fetched and kept.
+def _open(fs: AbstractFileSystem, full: str, size: int, listed: dict[str, Any] | None = None) -> _Spans:
+    """``full`` open for the readers. The size is known from the listing: passing it saves a HEAD request per file.
+    fsspec's own caches are off ("none": each read of the file below is one exact ranged request); _Spans decides
+    what is fetched and kept."""
     f = fs.open(full, "rb", cache_type="none", size=size)
+    if listed is not None and listed.get("size") == size and isinstance(listed.get("name"), str):
+        # The listing's entry is the object's details: s3fs asks for them at the first read (the ETag, to refuse an
+        # object replaced since it was listed), from its listings cache or, when that is empty (a Dask worker's
+        # copy of the file system; a cache dropped after indexing), with a HEAD request per object. gcsfs's files
+        # take no details (read-only; its reads do not ask for them).
+        with contextlib.suppress(AttributeError):
+            f.details = listed
     return _Spans(cast("BinaryIO", f), size)
 
 
@@ -563,7 +577,7 @@ def _read(
     if base.size == 0:  # nothing to fetch: sniffed from the name alone, as a local empty file is
         return read_open_file(cast("BinaryIO", _Empty()), base, limits, in_dcp, frameworks=True)
     try:
-        with _open(fs, full, base.size) as f:
+        with _open(fs, full, base.size, info) as f:
             return read_open_file(cast("BinaryIO", f), base, limits, in_dcp, frameworks=True)
     except Exception as e:  # opening or closing failed (backend errors have no common base)
         return _with_problem(base, e)

@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -35,9 +36,11 @@ from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
 from ckptdoctor.fixer import FixRefused, fix
+from ckptdoctor.limits import Limits
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import is_remote
-from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
+from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE, FsspecSource
+from ckptdoctor.sources.interface import Entry
 from tests.helpers.builders import comparable_report, trainer_state
 from tests.helpers.remote import fsspec_setting
 
@@ -316,6 +319,29 @@ def test_remote_scan_fetches_no_byte_twice(
         assert len(ranges[name]) == 2 and ranges[name][-1][1] >= header, ranges[name]  # was 3 (the head again)
     assert len(ranges["optimizer.pt"]) <= 5, ranges["optimizer.pt"]  # was 8: the head twice, the end window once
     assert len(ranges["trainer_state.json"]) == 1
+
+
+def test_a_source_shipped_to_a_worker_reads_without_a_head_per_object(
+    s3_server: tuple[str, _RequestLog], fixtures_url: str
+) -> None:
+    """A Dask task gets the source pickled: its file system's listings cache is empty there, and s3fs asks for an
+    object's details (its ETag) at the first read. The listing's entry is passed on instead of a HEAD per object
+    (was 88 HEADs for 88 objects in bench/fleet_s3.py's dask row)."""
+    limits = Limits()
+    source = FsspecSource(fixtures_url + "sharded", limits)
+    assert isinstance(source.root([]), Entry)
+    shipped = pickle.loads(pickle.dumps(source))
+    shipped._fs.invalidate_cache()  # as in a fresh worker process, whatever fsspec's instance cache shares here
+    files = [(name, info) for folder in shipped._folders.values() for name, _, info in folder.files]
+    log = s3_server[1]
+    before = len(log.lines)
+    for name, info in files:
+        facts = shipped.read(Entry(name, info["name"], False, 0.0, info["name"], info), name, False)
+        assert facts.problems == ()
+    requests = log.lines[before:]
+    assert len(files) >= 4
+    assert [r for r in requests if not r.startswith("GET /")] == []
+    assert all("list-type=2" not in r for r in requests)
 
 
 def test_cli_scan_of_a_remote_root(fixtures_url: str) -> None:
