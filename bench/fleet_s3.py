@@ -139,6 +139,7 @@ class Counts:
     bytes: Counter[str] = field(default_factory=Counter)
     by_name: Counter[str] = field(default_factory=Counter)
     bytes_by_name: Counter[str] = field(default_factory=Counter)
+    cpu: Counter[str] = field(default_factory=Counter)  # the server's CPU seconds answering them, by kind
 
     def total(self) -> int:
         """Every request."""
@@ -146,12 +147,13 @@ class Counts:
 
     def copy(self) -> Counts:
         """An independent copy."""
-        return Counts(Counter(self.requests), Counter(self.bytes), Counter(self.by_name), Counter(self.bytes_by_name))
+        return Counts(Counter(self.requests), Counter(self.bytes), Counter(self.by_name), Counter(self.bytes_by_name),
+                      Counter(self.cpu))  # fmt: skip
 
     def minus(self, before: Counts) -> Counts:
         """What was counted since ``before`` (counts only grow)."""
         return Counts(self.requests - before.requests, self.bytes - before.bytes, self.by_name - before.by_name,
-                      self.bytes_by_name - before.bytes_by_name)  # fmt: skip
+                      self.bytes_by_name - before.bytes_by_name, self.cpu - before.cpu)  # fmt: skip
 
 
 @dataclass
@@ -167,6 +169,8 @@ class _Counter:
         path = environ.get("PATH_INFO", "").strip("/")
         on_bucket = "/" not in path  # path-style addressing: /bucket or /bucket/key
         kind = {"GET": "list" if on_bucket else "get", "HEAD": "head"}.get(method, "other")
+        # The werkzeug server answers each request in a thread of its own: its CPU time is this request's.
+        started = time.thread_time()
         body = self.app(environ, start_response)
         sent = 0
         try:
@@ -177,7 +181,9 @@ class _Counter:
             close = getattr(body, "close", None)
             if close is not None:
                 close()
+            spent = time.thread_time() - started
             with self.lock:
+                self.counts.cpu[kind] += spent
                 self.counts.requests[kind] += 1
                 self.counts.bytes[kind] += sent
                 if kind == "get":
@@ -221,7 +227,11 @@ def moto_server() -> Iterator[Server]:
         # ThreadedMotoServer builds its app inside its thread; the werkzeug server calls `server.app` per request.
         wsgi = srv._server
         assert wsgi is not None
-        counter = _Counter(wsgi.app)
+        # Every request here is S3's: hand it to moto's S3 application directly. moto's dispatcher (werkzeug_app.py,
+        # DomainDispatcherApplication.get_application) looks for the service behind each request again, stat()ing
+        # its modules: 40% of the server's CPU per GET, measured (bench/RESULTS.md, "A fleet in S3").
+        dispatcher = wsgi.app
+        counter = _Counter(dispatcher.app_instances.get("s3") or dispatcher.create_app("s3"))
         wsgi.app = counter
         host, port = srv.get_host_and_port()
         if BUCKET not in backend.buckets:
@@ -294,6 +304,7 @@ class Result:
             "get_kb_per_checkpoint": round(c.bytes["get"] / 1e3 / n, 1),
             "gets_per_checkpoint_by_name": {k: round(v / n, 2) for k, v in sorted(c.by_name.items())},
             "get_kb_per_checkpoint_by_name": {k: round(v / 1e3 / n, 1) for k, v in sorted(c.bytes_by_name.items())},
+            "server_cpu_s": {k: round(v, 1) for k, v in sorted(c.cpu.items())},
             "peak_rss_mb": {k: round(v, 1) for k, v in self.peak_rss_mb.items()},
             "exit": self.exit_code,
             "summary": self.summary,
@@ -319,8 +330,29 @@ def capabilities(checkout: Path) -> dict[str, bool]:
     return {"no_cache": "--no-cache" in helptext, "dask_cli": "--dask" in helptext, "scan_many": has_many}
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, resource.struct_rusage]:
-    _, status, usage = os.wait4(proc.pid, 0)
+# Seconds between the progress lines a running mode prints to stderr (a 1,000 x 10 scan takes an hour here).
+PROGRESS_EVERY = 60.0
+
+
+def _wait(proc: subprocess.Popen[bytes], server: Server, mode: str) -> tuple[int, resource.struct_rusage]:
+    """Wait for ``proc``; meanwhile print, every ``PROGRESS_EVERY`` seconds, what the server has answered since
+    it started (a mode stopped early still says how far it got: ``config.json`` GETs count checkpoints read)."""
+    before, start, done = server.counter.snapshot(), time.perf_counter(), threading.Event()
+
+    def report() -> None:
+        while not done.wait(PROGRESS_EVERY):
+            c = server.counter.snapshot().minus(before)
+            line = {"progress": mode, "wall_s": round(time.perf_counter() - start), "requests": c.total(),
+                    "list": c.requests["list"], "checkpoints_read": c.by_name["config.json"],
+                    "server_cpu_s": round(sum(c.cpu.values()), 1)}  # fmt: skip
+            print(json.dumps(line), file=sys.stderr, flush=True)
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        done.set()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, usage
 
@@ -334,7 +366,7 @@ def run_scan(server: Server, checkout: Path, cache_home: Path, mode: str, *extra
         env = {**_checkout_env(server, checkout, cache_home), "PROBE_OUT": str(probe)}
         before = server.counter.snapshot()
         start = time.perf_counter()
-        code, usage = _wait(subprocess.Popen(cmd, env=env, cwd=checkout, stdout=subprocess.DEVNULL))
+        code, usage = _wait(subprocess.Popen(cmd, env=env, cwd=checkout, stdout=subprocess.DEVNULL), server, mode)
         wall = time.perf_counter() - start
         counts = server.counter.snapshot().minus(before)
         summary = json.loads(out.read_text())["summary"] if out.exists() else {}
@@ -350,7 +382,7 @@ def run_dask(server: Server, checkout: Path, cache_home: Path) -> Result:
         before = server.counter.snapshot()
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=_checkout_env(server, checkout, cache_home), cwd=checkout)
-        code, usage = _wait(proc)
+        code, usage = _wait(proc, server, "dask")
         wall = time.perf_counter() - start
         counts = server.counter.snapshot().minus(before)
         text = Path(out.name).read_text()

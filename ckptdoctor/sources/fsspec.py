@@ -16,6 +16,7 @@ backend's read timeouts. Per backend:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import importlib
@@ -145,10 +146,16 @@ class FsspecSource:
     def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """The `.distcp` items at ``items``, prefetched in one concurrent batch (see ``_prefetch``)."""
         try:
-            with _open(self._fs, path, facts.size) as f:
-                return read_dcp_items_from(_prefetch(self._fs, path, f, facts.size, items), facts, items, self.limits)
+            with _open(self._fs, path, facts.size, self._listed(path)) as f:
+                spans = cast("BinaryIO", _prefetch(self._fs, path, f, facts.size, items))
+                return read_dcp_items_from(spans, facts, items, self.limits)
         except Exception as e:  # opening failed: the file stays as read, with why
             return _with_problem(facts, e)
+
+    def _listed(self, path: str) -> dict[str, Any] | None:
+        """What the listing said about the object at ``path`` (None when it is not in this source's part)."""
+        folder = self._folders.get(path.rsplit("/", 1)[0])
+        return next((info for _, full, info in folder.files if full == path), None) if folder else None
 
     def shown_target(self, path: str) -> str:
         """``path``: object storage has no links, so no loops either."""
@@ -386,24 +393,29 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _open(fs: AbstractFileSystem, full: str, size: int) -> BinaryIO:
-    # The size is known from the listing: passing it saves a HEAD request per file. "readahead" keeps one window, so
-    # memory stays READAHEAD plus the largest header read, and bytes fetched stay what readers ask for plus that.
-    cache = "all" if size <= WHOLE_FILE else "readahead"
-    f = fs.open(full, "rb", block_size=READAHEAD, cache_type=cache, size=size)
-    return cast("BinaryIO", f)
+def _open(fs: AbstractFileSystem, full: str, size: int, listed: dict[str, Any] | None = None) -> _Spans:
+    """``full`` open for the readers. The size is known from the listing: passing it saves a HEAD request per file.
+    fsspec's own caches are off ("none": each read of the file below is one exact ranged request); _Spans decides
+    what is fetched and kept."""
+    f = fs.open(full, "rb", cache_type="none", size=size)
+    if listed is not None and listed.get("size") == size and isinstance(listed.get("name"), str):
+        # The listing's entry is the object's details: s3fs asks for them at the first read (the ETag, to refuse an
+        # object replaced since it was listed), from its listings cache or, when that is empty (a Dask worker's
+        # copy of the file system; a cache dropped after indexing), with a HEAD request per object. gcsfs's files
+        # take no details (read-only; its reads do not ask for them).
+        with contextlib.suppress(AttributeError):
+            f.details = listed
+    return _Spans(cast("BinaryIO", f), size)
 
 
 # At most this many bytes of `.distcp` items are fetched ahead, whole, one concurrent request per item.
 PREFETCH_BYTES = 16 << 20
 
 
-def _prefetch(
-    fs: AbstractFileSystem, full: str, f: BinaryIO, size: int, items: list[DcpItem] | None
-) -> BinaryIO:
+def _prefetch(fs: AbstractFileSystem, full: str, f: _Spans, size: int, items: list[DcpItem] | None) -> _Spans:
     """``f`` with the small `.distcp` items the reader will walk fetched ahead in one concurrent batch: a torch.save
     blob is read in scattered pieces (end record, directory, each member's header), one request each otherwise."""
-    if not items or size <= WHOLE_FILE:  # a small file is already held whole ("all" cache)
+    if not items or size <= WHOLE_FILE:  # a small file is fetched whole at its first read
         return f
     wanted: list[tuple[int, int]] = []  # (start, length) spans: neighbouring items merged into one request
     budget = PREFETCH_BYTES
@@ -426,8 +438,10 @@ def _prefetch(
         # fsspec's fallback for the others (hf://) reads each span through a file with its default 5 MiB
         # read-ahead: a 35 KB item cost a whole 144 KB shard in the hf:// test, a GB-sized shard much more.
         blobs = [_exact_span(fs, full, s, n) for s, n in wanted]
-    ranges = {s: b for (s, n), b in zip(wanted, blobs, strict=False) if isinstance(b, bytes) and len(b) == n}
-    return cast("BinaryIO", _Prefetched(f, ranges))
+    for (s, n), b in zip(wanted, blobs, strict=False):
+        if isinstance(b, bytes) and len(b) == n:
+            f.keep(s, b, pinned=True)
+    return f
 
 
 def _exact_span(fs: AbstractFileSystem, full: str, start: int, length: int) -> bytes | None:
@@ -441,35 +455,117 @@ def _exact_span(fs: AbstractFileSystem, full: str, start: int, length: int) -> b
         return None
 
 
-class _Prefetched:
-    """A read-only file that serves reads inside prefetched ranges from memory and the rest from ``f``."""
+# Bytes of fetched spans one open object keeps (besides prefetched `.distcp` items, which stay): far above what
+# a header read needs (a 7B optimizer.pt: its last 64 KB and a 66 KB data.pkl), and a bound when a reader walks a
+# large pickle, whose bytes are then fetched again if read twice rather than held.
+KEEP_BYTES = 4 << 20
 
-    def __init__(self, f: BinaryIO, ranges: dict[int, bytes]) -> None:
+
+class _Spans:
+    """A read-only remote object as the readers see it (``read``, ``seek``, ``tell``): every span fetched is kept
+    while the object is open, so a reader that returns to bytes read before costs no request.
+
+    Readers do return: the sniff reads an object's first bytes, then its reader reads them again (safetensors: the
+    length prefix, then the pickle check of the first 64 bytes; a torch zip: the first record's local header); a
+    zip reader reads its end records from the last 64 KB, then a record inside that window. fsspec's "readahead"
+    cache keeps only its last window, so each return was a request of its own (a third GET per safetensors shard,
+    three of the eight of an ``optimizer.pt``; bench/RESULTS.md, "A fleet in S3").
+
+    A read that misses fetches what it lacks plus ``READAHEAD`` bytes (a record's fixed part, then its variable
+    part, in one request); an object of at most ``WHOLE_FILE`` bytes is fetched whole at its first read. Kept spans
+    beyond ``KEEP_BYTES`` are dropped, the first in the object first (prefetched ones never).
+    """
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
         self._f = f
-        self._ranges = sorted(ranges.items())
+        self._size = size
         self._pos = 0
+        self._spans: list[tuple[int, bytes, bool]] = []  # (start, bytes, pinned), by start, never overlapping
+        self._kept = 0  # bytes of the unpinned spans
+
+    def __enter__(self) -> _Spans:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the object and drop what was kept."""
+        self._spans = []
+        self._f.close()
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        if whence == 2:
-            self._pos = self._f.seek(offset, 2)
-        else:
-            self._pos = max(0, offset + (self._pos if whence == 1 else 0))
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
         return self._pos
 
     def tell(self) -> int:
         return self._pos
 
     def read(self, n: int = -1) -> bytes:
-        if n is not None and n >= 0:
-            for start, data in self._ranges:
-                if start <= self._pos and self._pos + n <= start + len(data):
-                    out = data[self._pos - start : self._pos - start + n]
-                    self._pos += len(out)
-                    return out
-        self._f.seek(self._pos)
-        got = self._f.read(n)
-        self._pos += len(got)
-        return got
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        parts: list[bytes] = []
+        at = self._pos
+        while at < end:
+            got = self._held(at, end)
+            if got:
+                parts.append(got)
+                at += len(got)
+                continue
+            # A miss: fetch what is lacking plus the read-ahead, up to the next kept span (nothing is fetched twice);
+            # a small object whole, the first time.
+            lo, upto = at, min(self._size, end + READAHEAD)
+            if self._size <= WHOLE_FILE and not self._spans:
+                lo, upto = 0, self._size
+            upto = min(upto, self._next_start(lo))
+            self._f.seek(lo)
+            data = self._f.read(upto - lo)
+            if len(data) <= at - lo:  # the object is shorter than listed: read as far as it goes
+                break
+            self.keep(lo, data)
+            got = data[at - lo : end - lo]
+            parts.append(got)
+            at += len(got)
+        self._pos = at
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def keep(self, start: int, data: bytes, pinned: bool = False) -> None:
+        """Keep ``data``, the object's bytes at ``start`` (the parts a kept span already holds are not stored twice)."""
+        end = start + len(data)
+        for s, d, _ in self._spans:  # trim against what is held (spans never overlap)
+            if s <= start < s + len(d):
+                data, start = data[s + len(d) - start :], s + len(d)
+            elif start < s < end:
+                data = data[: s - start]
+            end = start + len(data)
+            if not data:
+                return
+        self._spans.append((start, data, pinned))
+        self._spans.sort(key=_span_start)
+        if not pinned:
+            self._kept += len(data)
+            while self._kept > KEEP_BYTES:
+                oldest = next((i for i, (_, d, p) in enumerate(self._spans) if not p and d is not data), None)
+                if oldest is None:
+                    break
+                self._kept -= len(self._spans.pop(oldest)[1])
+
+    def _held(self, at: int, end: int) -> bytes:
+        """The kept bytes from ``at`` on (up to ``end``), or b"" when ``at`` is in no kept span."""
+        for s, d, _ in self._spans:
+            if s <= at < s + len(d):
+                return d[at - s : end - s]
+        return b""
+
+    def _next_start(self, at: int) -> int:
+        """Where the first kept span after ``at`` starts (the object's size when none does)."""
+        return min((s for s, _, _ in self._spans if s > at), default=self._size)
+
+
+def _span_start(span: tuple[int, bytes, bool]) -> int:
+    return span[0]
 
 
 def _read(
@@ -481,8 +577,8 @@ def _read(
     if base.size == 0:  # nothing to fetch: sniffed from the name alone, as a local empty file is
         return read_open_file(cast("BinaryIO", _Empty()), base, limits, in_dcp, frameworks=True)
     try:
-        with _open(fs, full, base.size) as f:
-            return read_open_file(f, base, limits, in_dcp, frameworks=True)
+        with _open(fs, full, base.size, info) as f:
+            return read_open_file(cast("BinaryIO", f), base, limits, in_dcp, frameworks=True)
     except Exception as e:  # opening or closing failed (backend errors have no common base)
         return _with_problem(base, e)
 

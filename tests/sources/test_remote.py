@@ -6,9 +6,11 @@ little per file (counted at the fsspec file's ``_fetch_range`` and in the server
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -34,9 +36,11 @@ from safetensors.torch import save_file
 
 from ckptdoctor.cli import main
 from ckptdoctor.fixer import FixRefused, fix
+from ckptdoctor.limits import Limits
 from ckptdoctor.scanner import scan
 from ckptdoctor.sources import is_remote
-from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE
+from ckptdoctor.sources.fsspec import READAHEAD, WHOLE_FILE, FsspecSource
+from ckptdoctor.sources.interface import Entry
 from tests.helpers.builders import comparable_report, trainer_state
 from tests.helpers.remote import fsspec_setting
 
@@ -267,6 +271,77 @@ def test_remote_torch_zip_costs_requests_independent_of_its_tensors(
     requests = {n: len(fetched[f"tensors{n}"]) for n in (50, 200)}
     assert requests[50] == requests[200] <= 8, requests  # the sniff, the end, then a few headers and data.pkl
     assert sum(fetched["tensors200"]) < 65_557 + 64 * 1024
+
+
+def test_remote_scan_fetches_no_byte_twice(
+    s3_server: tuple[str, _RequestLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers return to bytes they read before (the sniff's head, a zip's end window): those are served from what
+    the open object kept, so a shard whose header is longer than the sniff's first read costs two requests (the
+    head, then the rest of the header), not three, and no byte of any object is fetched twice."""
+    ckpt = tmp_path / "run" / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    # 300 tensors a shard: a 7B shard's header length (~20 KB), well past the sniff's first 1.5 KB.
+    for i in (1, 2):
+        tensors = {f"model.layers.{k}.mlp.weight": torch.zeros(16, 16) for k in range(300)}
+        save_file(tensors, str(ckpt / f"model-0000{i}-of-00002.safetensors"), metadata={"format": "pt"})
+    params = [torch.nn.Parameter(torch.zeros(16, 64)) for _ in range(100)]
+    opt = torch.optim.AdamW(params)
+    torch.stack([p.sum() for p in params]).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), ckpt / "optimizer.pt")
+    (ckpt / "trainer_state.json").write_text(json.dumps(trainer_state(4, 8)))
+    sizes = {p.name: p.stat().st_size for p in ckpt.iterdir()}
+    assert all(sizes[n] > WHOLE_FILE for n in sizes if n.endswith((".safetensors", ".pt")))
+    url = _upload(tmp_path / "run", "no-byte-twice")
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    orig = s3fs.core.S3File._fetch_range
+
+    def recording(self: Any, start: int, end: int) -> bytes:
+        data: bytes = orig(self, start, end)
+        ranges.setdefault(self.path.rsplit("/", 1)[-1], []).append((start, start + len(data)))
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", recording)
+    log = s3_server[1]
+    before = len(log.lines)
+    report = scan(url, jobs=2)
+    gets = [r for r in log.lines[before:] if r.startswith("GET /") and "list-type=2" not in r]
+    assert comparable_report(report) == comparable_report(scan(str(tmp_path / "run"), jobs=2))
+    assert len(gets) == sum(len(v) for v in ranges.values())  # every GET of an object was seen by the recorder
+    for name, spans in ranges.items():
+        covered = sorted(spans)
+        for (_, end), (start, _) in itertools.pairwise(covered):
+            assert end <= start, (name, spans)  # no byte fetched twice
+    for i in (1, 2):
+        name = f"model-0000{i}-of-00002.safetensors"
+        header = 8 + int.from_bytes((ckpt / name).read_bytes()[:8], "little")
+        assert len(ranges[name]) == 2 and ranges[name][-1][1] >= header, ranges[name]  # was 3 (the head again)
+    assert len(ranges["optimizer.pt"]) <= 5, ranges["optimizer.pt"]  # was 8: the head twice, the end window once
+    assert len(ranges["trainer_state.json"]) == 1
+
+
+def test_a_source_shipped_to_a_worker_reads_without_a_head_per_object(
+    s3_server: tuple[str, _RequestLog], fixtures_url: str
+) -> None:
+    """A Dask task gets the source pickled: its file system's listings cache is empty there, and s3fs asks for an
+    object's details (its ETag) at the first read. The listing's entry is passed on instead of a HEAD per object
+    (was 88 HEADs for 88 objects in bench/fleet_s3.py's dask row)."""
+    limits = Limits()
+    source = FsspecSource(fixtures_url + "sharded", limits)
+    assert isinstance(source.root([]), Entry)
+    shipped = pickle.loads(pickle.dumps(source))
+    shipped._fs.invalidate_cache()  # as in a fresh worker process, whatever fsspec's instance cache shares here
+    files = [(name, info) for folder in shipped._folders.values() for name, _, info in folder.files]
+    log = s3_server[1]
+    before = len(log.lines)
+    for name, info in files:
+        facts = shipped.read(Entry(name, info["name"], False, 0.0, info["name"], info), name, False)
+        assert facts.problems == ()
+    requests = log.lines[before:]
+    assert len(files) >= 4
+    assert [r for r in requests if not r.startswith("GET /")] == []
+    assert all("list-type=2" not in r for r in requests)
 
 
 def test_cli_scan_of_a_remote_root(fixtures_url: str) -> None:
