@@ -132,6 +132,17 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
+def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--no-cache`` (passed as ``no_cache``): read every file, and keep nothing in the user's cache folder."""
+    return click.option(
+        "--no-cache",
+        is_flag=True,
+        help="Read every file, and keep no facts or verdicts in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
+        "else ~/.cache/ckptdoctor). By default a file unchanged since a scan read it (same size, times and inode; "
+        "same ETag or version on object storage) is not read again; rules always run.",
+    )(f)
+
+
 def rule_options(
     *,
     never_runs: str,

@@ -25,8 +25,8 @@ def killed_once(marker: str, run: Callable[..., Done], *args: Any) -> Done:
 
 def fails_at(rel: str, run: Callable[..., Done], *args: Any) -> Done:
     """``run(*args)``, except that the task of the folder ``rel`` raises every time (a folder task's third argument
-    is its ``FolderTask``; a root task's first is the opened root, whose folder is ".")."""
-    folder = args[2].rel if len(args) == 5 else "."
+    is its ``FolderTask``, of six; a root task's first is the opened root, whose folder is ".")."""
+    folder = args[2].rel if len(args) == 6 else "."
     if folder == rel:
         raise OSError(f"injected: the worker cannot read {rel}")
     return run(*args)
