@@ -118,7 +118,7 @@ def scan(
     progress: TextIO | None = None,
     checksums: str | None = None,
     fanout: DaskFanOut | None = None,
-    cache: bool = True,
+    cache: bool = False,
 ) -> Report:
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
@@ -130,9 +130,10 @@ def scan(
     a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
-    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes into the roots. ``cache`` (on by
-    default) takes the facts and pickle verdicts of files unchanged since an earlier scan from the user's cache
-    folder, and keeps those of the files read there (``ckptdoctor.cache``); the report is the same without it.
+    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes into the roots. ``cache`` (off by
+    default: ``--cache``) takes the facts and pickle verdicts of files unchanged since an earlier scan from the
+    user's cache folder, and keeps those of the files read there (``ckptdoctor.cache``); the report is the same
+    without it.
 
     ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
     function reads no settings file (``.ckptdoctor.toml``, ``[tool.ckptdoctor]``); the ``ckptdoctor`` command
@@ -180,7 +181,7 @@ def scan_root(
     checksums: str | None = None,
     split: bool = True,
     fanout: DaskFanOut | None = None,
-    cache: bool = True,
+    cache: bool = False,
 ) -> None:
     """Discover one root (``url``: a URL, read through fsspec) and hand its parts to ``on_part`` as discovery
     finishes them, each with its pickle verdicts (under ``selection``'s allowances), the rest of the root last

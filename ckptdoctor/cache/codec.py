@@ -10,9 +10,11 @@ A ``Table`` is a list of nodes, each after the nodes it refers to. A JSON string
 a node as it is; every other node is a list ``[tag, child, ...]`` whose children are indices of earlier nodes:
 ``t`` tuple, ``l`` list, ``d`` dict (keys and values alternating), ``s`` set, ``f`` frozenset, ``b`` bytes (one
 child: base64 text), ``c`` complex (real and imaginary parts), ``@Name`` a model value (its fields in order),
-``%Name`` an enum member (its value). Equal values are one node (structural sharing, as the readers share log
-histories and zip entries): a run's checkpoints repeat the same tensor layouts, so a run's table holds each once,
-and decoding builds each once.
+``%Name`` an enum member (its value), ``z`` a tuple of pairs (two children: the tuple of first items and the tuple
+of second items); ``T``, ``L`` and ``D`` are a tuple, list or dict (keys and values alternating, keys strings) of
+scalars only, held inline (the node's items are the values themselves, not indices). Equal values are one node
+(structural sharing, as the readers share log histories and zip entries): a run's checkpoints repeat the same tensor
+layouts, so a run's table holds each once, and decoding builds each once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
+from itertools import chain, compress, repeat
 from typing import Any
 
 from ckptdoctor import model
@@ -188,7 +191,13 @@ class Encoder:
 
     def _add(self, v: Any, node: list[Any]) -> int:
         """The index of ``node`` (``v``'s), added unless an equal node is there; ``v`` kept."""
-        key = tuple(node)
+        key: tuple[Any, ...] = tuple(node)
+        if node[0] in _INLINE:
+            # its items are values, not indices: equal nodes must hold the same types too (1, 1.0 and True are
+            # equal), and zeros of the same sign (0.0 == -0.0)
+            key = (key, tuple(map(type, node)))
+            if 0.0 in node and float in key[1]:
+                key = (*key, tuple(map(repr, node)))
         i = self._other.get(key)
         if i is None:
             i = self._other[key] = len(self.nodes)
@@ -202,13 +211,17 @@ class Encoder:
     def _container(self, t: type[Any], v: Any) -> list[Any]:
         """The node of the tuple, list, dict, set or frozenset ``v``."""
         node: list[Any]
+        if t is tuple or t is list or t is dict:
+            inline = _inline(t, v)
+            if inline is not None:
+                return inline
         if t is list and len(v) >= _PREFIX_MIN:
             return self._list(v)
         if t is tuple and len(v) >= _PREFIX_MIN and _pairs(v):
-            # a tuple of pairs ((path, tensor), ...): the pairs' items in one node, the pairs made again on decoding
-            node = ["t2"]
-            self._items([x for pair in v for x in pair], node)
-        elif t is dict:
+            # a tuple of pairs ((path, tensor), ...): its first items (new path strings in each file, equal from
+            # file to file) as one tuple, its second items (tensors the readers share) as another
+            return ["z", self._encode(tuple(map(_FIRST, v))), self._encode(tuple(map(_SECOND, v)))]
+        if t is dict:
             node = ["d"]
             self._items([x for kv in v.items() for x in kv], node)
         else:
@@ -240,11 +253,9 @@ class Encoder:
             return
         strs, ints, floats, nodes = self._strs, self._ints, self._floats, self.nodes
         enc = self._encode
-        add = node.append
-        for x, i in zip(items, found, strict=True):
-            if i is not None:
-                add(i)
-                continue
+        # only the items not found by identity, by their places (found in one C pass too)
+        for k in compress(range(len(found)), map(operator.is_, found, repeat(None))):
+            x = items[k]
             t = x.__class__
             if t is str:
                 i = strs.get(x)
@@ -263,7 +274,8 @@ class Encoder:
                     nodes.append(x)
             else:
                 i = enc(x)
-            add(i)
+            found[k] = i
+        node.extend(found)
 
 
 # Lists and tuples this long are worth the look for a shared prefix or pairs; a prefix is looked for among this many
@@ -272,8 +284,37 @@ _PREFIX_MIN = 16
 _PREFIX_TRIES = 4
 
 
+# Tags of nodes whose items are scalars held inline (JSON strings, numbers, booleans, null), not indices: a tuple,
+# list or dict (keys and values alternating) of scalars only is one node, written and read at C speed (a checkpoint's
+# RNG state, its log entries, a shard index's weight map).
+_INLINE = frozenset({"T", "L", "D"})
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+_STR_ONLY = frozenset({str})
+
+
+def _inline(t: type[Any], v: Any) -> list[Any] | None:
+    """The inline node of the tuple, list or dict ``v`` when all it holds are scalars (a dict: under string keys);
+    else None."""
+    if t is dict:
+        if not v or not _STR_ONLY.issuperset(map(type, v)) or not _SCALAR_TYPES.issuperset(map(type, v.values())):
+            return None
+        node = ["D"]
+        node.extend(chain.from_iterable(v.items()))
+        return node
+    if not v or not _SCALAR_TYPES.issuperset(map(type, v)):
+        return None
+    node = ["T" if t is tuple else "L"]
+    node.extend(v)
+    return node
+
+
+_TUPLE_ONLY = frozenset({tuple})
+_TWO_ONLY = frozenset({2})
+
+
 def _pairs(v: tuple[Any, ...]) -> bool:
-    return all(x.__class__ is tuple and len(x) == 2 for x in v)
+    # at C speed: each checkpoint's optimizer state has a few such tuples of hundreds of pairs
+    return _TUPLE_ONLY.issuperset(map(type, v)) and _TWO_ONLY.issuperset(map(len, v))
 
 
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
@@ -321,9 +362,31 @@ def _complex(kids: list[Any]) -> complex:
     return complex(kids[0], kids[1])
 
 
+def _zipped(kids: list[Any]) -> tuple[Any, ...]:
+    if len(kids) != 2 or type(kids[0]) is not tuple or type(kids[1]) is not tuple or len(kids[0]) != len(kids[1]):
+        raise CodecError("a z node holds two tuples of one length")
+    return tuple(zip(kids[0], kids[1], strict=True))
+
+
+def _inline_value(node: list[Any]) -> Any:
+    """The tuple, list or dict of an inline node (``_INLINE``): its items are JSON's scalars, as ``json.loads``
+    gave them."""
+    tag = node[0]
+    items = node[1:]
+    if not _SCALAR_TYPES.issuperset(map(type, items)):
+        raise CodecError("an inline node holds scalars only")
+    if tag == "T":
+        return tuple(items)
+    if tag == "L":
+        return items
+    if len(items) % 2 or not _STR_ONLY.issuperset(map(type, items[::2])):
+        raise CodecError("an inline dict node holds string keys and values, alternating")
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
 _BUILDERS: dict[str, Callable[[list[Any]], Any]] = {
-    "t": tuple, "l": list, "l+": _extended, "t2": _pairs_of, "d": _dict, "s": set, "f": frozenset, "b": _bytes,
-    "c": _complex,
+    "t": tuple, "l": list, "l+": _extended, "t2": _pairs_of, "z": _zipped, "d": _dict, "s": set, "f": frozenset,
+    "b": _bytes, "c": _complex,
 }  # fmt: skip
 
 
@@ -343,6 +406,9 @@ class Decoder:
                 continue
             if not node or type(node[0]) is not str:
                 raise CodecError("a node list starts with its tag")
+            if node[0] in _INLINE:
+                append(_inline_value(node))
+                continue
             kids = []
             for i in node[1:]:
                 if type(i) is not int or not 0 <= i < len(out):

@@ -33,7 +33,7 @@ __all__ = ["FactsCache"]
 
 _V = TypeVar("_V")
 
-FORMAT = 1
+FORMAT = 2  # 2: inline scalar containers and z pairs (``cache.codec``)
 # A file whose metadata changed this recently before the scan began may still be being written, within one tick of
 # its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
 # index entry as "racily clean").

@@ -184,7 +184,7 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
-    no_cache: bool,
+    cache: bool,
     show_settings: bool,
     allow_empty: bool,
     ckpt_path: str | None = None,
@@ -262,7 +262,7 @@ def gate_command(
         planned.update({k: v for k, v in lightning.items() if v is not None})  # only a Lightning gate reads them
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
-                          stack=stack, cache=not no_cache)
+                          stack=stack, cache=cache)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -132,14 +132,23 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
+CACHE_ENV = "CKPTDOCTOR_CACHE"  # "1" (or "on", "true", "yes"): --cache without saying so on each command line
+
+
 def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--no-cache`` (passed as ``no_cache``): read every file, and keep nothing in the user's cache folder."""
+    """``--cache/--no-cache`` (passed as ``cache``): off unless asked for, or ``CKPTDOCTOR_CACHE`` says on. Off by
+    default because a first scan with the cache on writes it, and costs more CPU than a scan without it
+    (bench/RESULTS.md); a nightly rescan turns it on and pays that once."""
     return click.option(
-        "--no-cache",
-        is_flag=True,
-        help="Read every file, and keep no facts or verdicts in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
-        "else ~/.cache/ckptdoctor). By default a file unchanged since a scan read it (same size, times and inode; "
-        "same ETag or version on object storage) is not read again; rules always run.",
+        "--cache/--no-cache",
+        "cache",
+        default=lambda: os.environ.get(CACHE_ENV, "").strip().lower() in ("1", "on", "true", "yes"),
+        show_default="off; on when CKPTDOCTOR_CACHE=1",
+        help="Keep each file's facts and pickle verdict in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
+        "else ~/.cache/ckptdoctor), and take them from there for a file unchanged since a scan with --cache read "
+        "it (same size, times and inode; same ETag or version on object storage); rules always run. For rescans "
+        "of the same trees (nightly): a rescan of an unchanged run costs about a fifth of a scan, but the first "
+        "scan, which writes the cache, costs about a third more.",
     )(f)
 
 

@@ -152,7 +152,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
-    no_cache: bool,
+    cache: bool,
     show_settings: bool,
     allow_empty: bool,
     dask_address: str | None,
@@ -189,7 +189,7 @@ def scan(
     if fmt == "jsonl":
         with Lines(output_file, silent) as lines:
             sink = _sink(lines, pieces)
-            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink, dask_address, not no_cache)
+            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink, dask_address, cache)
             if deep:  # --deep judges each root whole (and --checksums write needs it): its lines come after
                 for i, tree in enumerate(report.trees):
                     sink(i, tree, [f for f in report.findings if f.root == tree.root])
@@ -198,7 +198,7 @@ def scan(
         if checksums == "write":
             _write_manifests(report.trees)
         _exit(report, checksums)
-    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add, dask_address, not no_cache)
+    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add, dask_address, cache)
     if deep:  # the trees were kept whole (--deep hands each root whole; --checksums write needs them)
         pieces = RunPieces.of(report, kept, color=color, width=width)
     if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
@@ -282,7 +282,7 @@ def _scan(
     checksums: str | None,
     on_part: PartSink | None = None,
     dask_address: str | None = None,
-    cache: bool = True,
+    cache: bool = False,
 ) -> Report:
     """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error.
     ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``); ``dask_address``

@@ -20,12 +20,17 @@ import pytest
 import ckptdoctor.sources.local as local_source
 from ckptdoctor.cache import source as cache_source
 from ckptdoctor.cache.store import Store, cache_dir
-from ckptdoctor.scanner import scan
+from ckptdoctor.scanner import scan as scan_without_default
 from tests.helpers.builders import comparable_report
 from tests.helpers.cli import invoke
 from tests.helpers.paths import REPO
 
 FIXTURES = REPO / "fixtures"
+
+
+def scan(*args: Any, cache: bool = True, **kwargs: Any) -> Any:
+    """``scanner.scan`` with the cache on unless told (it is off by default: ``--cache``)."""
+    return scan_without_default(*args, cache=cache, **kwargs)
 
 
 @pytest.fixture
@@ -308,3 +313,32 @@ def test_gate_takes_no_cache() -> None:
     code, out, err = invoke("gate", "--no-cache", str(FIXTURES / "clean-full"))
     assert code == 0, out + err
     assert not Path(cache_dir()).exists()
+
+
+def test_the_cache_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan without --cache writes nothing in the user's cache folder (a first scan with the cache costs more
+    than one without: bench/RESULTS.md); --cache, or CKPTDOCTOR_CACHE=1, turns it on; --no-cache wins over the
+    variable."""
+    root = str(FIXTURES / "sharded")
+    code, out, _ = invoke("scan", "--format", "json", root)
+    assert code in (0, 1) and not Path(cache_dir()).exists()
+    scan_without_default(root)
+    assert not Path(cache_dir()).exists()
+    monkeypatch.setenv("CKPTDOCTOR_CACHE", "1")
+    code, with_variable, _ = invoke("scan", "--no-cache", "--format", "json", root)
+    assert code in (0, 1) and not Path(cache_dir()).exists()
+    code, with_variable, _ = invoke("scan", "--format", "json", root)
+    assert code in (0, 1) and _cache_files()
+    monkeypatch.delenv("CKPTDOCTOR_CACHE")
+    shutil.rmtree(cache_dir())
+    code, with_flag, _ = invoke("scan", "--cache", "--format", "json", root)
+    assert code in (0, 1) and _cache_files()
+    code, warm, _ = invoke("scan", "--cache", "--format", "json", root)
+    assert _masked(warm) == _masked(with_flag) == _masked(with_variable) == _masked(out)
+
+
+def _masked(document: str) -> Any:
+    doc = json.loads(document)
+    doc.pop("seconds", None)
+    doc.get("summary", {}).pop("seconds", None)
+    return doc

@@ -35,3 +35,14 @@ def fails_at(rel: str, run: Callable[..., Done], *args: Any) -> Done:
 def other_version(run: Callable[..., Done], *args: Any) -> Done:
     """``run(*args)`` as a worker running another ckptdoctor would answer it."""
     return Done("0.0.1", run(*args).value)
+
+
+def cache_home(path: str | None) -> str | None:
+    """Point this process's verdict cache at ``path`` (``XDG_CACHE_HOME``; None: unset it) and return what it was:
+    ``client.run`` calls it on each worker, whose environment is the one the cluster started with."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    if path is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = path
+    return old

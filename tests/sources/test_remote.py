@@ -387,9 +387,9 @@ def test_a_rescan_of_a_bucket_from_the_cache_lists_and_reads_nothing_else(
     log = s3_server[1]
     url = _upload(FIXTURES, "cached")
     plain = scan(url, jobs=2, cache=False)
-    scan(url, jobs=2)
+    scan(url, jobs=2, cache=True)
     before = len(log.lines)
-    warm = scan(url, jobs=2)
+    warm = scan(url, jobs=2, cache=True)
     objects = [r for r in log.lines[before:] if r.startswith(f"GET /{BUCKET}/")]
     assert objects == []  # listing requests only (`GET /ckpts?list-type=2...`)
     assert comparable_report(warm) == comparable_report(plain)
@@ -400,7 +400,7 @@ def test_a_rescan_of_a_bucket_from_the_cache_lists_and_reads_nothing_else(
     fs.pipe(key, b"{" + b" " * (len(old) - 2) + b"}")
     fs.invalidate_cache()
     before = len(log.lines)
-    changed = scan(url, jobs=2)
+    changed = scan(url, jobs=2, cache=True)
     objects = [r for r in log.lines[before:] if r.startswith(f"GET /{BUCKET}/")]
     assert objects == ["GET /ckpts/cached/sharded/checkpoint-4/config.json"]
     assert comparable_report(changed) == comparable_report(scan(url, jobs=2, cache=False))
