@@ -1,6 +1,7 @@
 """The verdict cache's cost and gain (issue 27 §2): ``ckptdoctor scan`` of one root, in fresh processes, with
-``--no-cache``, with an empty cache (cold: the scan reads everything and writes the cache), with the cache warm,
-and after one file changed. Rounds interleave the four, so a busy machine slows each alike; medians are printed.
+``--no-cache`` (the default), with ``--cache`` and an empty cache (cold: the scan reads everything and writes the
+cache), with the cache warm, and after one file changed. Rounds interleave the four, so a busy machine slows each
+alike; medians are printed.
 
     python bench/cache_bench.py /tmp/cache-ckb/7b-100 --rounds 5
 
@@ -28,6 +29,7 @@ from pathlib import Path
 def run(root: str, xdg: str, *extra: str) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one scan in a fresh interpreter."""
     env = {**os.environ, "XDG_CACHE_HOME": xdg}
+    env.pop("CKPTDOCTOR_CACHE", None)  # on or off as the command line says
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as after `pip install` (bench/RESULTS.md)
     cmd = [sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", *extra, root]
     start = time.perf_counter()
@@ -59,11 +61,11 @@ def main() -> None:
             xdg = os.path.join(work, "xdg")
             shutil.rmtree(xdg, ignore_errors=True)
             results["--no-cache"].append(run(str(root), xdg, "--no-cache"))
-            results["cold"].append(run(str(root), xdg))
-            results["warm"].append(run(str(root), xdg))
+            results["cold"].append(run(str(root), xdg, "--cache"))
+            results["warm"].append(run(str(root), xdg, "--cache"))
             target.write_bytes(original + b" " if target.read_bytes() == original else original)
             time.sleep(2.1)  # past the racy window: the changed file is kept, as a nightly rescan's would be
-            results["one changed"].append(run(str(root), xdg))
+            results["one changed"].append(run(str(root), xdg, "--cache"))
         cache_bytes = sum(p.stat().st_size for p in Path(work, "xdg").rglob("*.json"))
     finally:
         target.write_bytes(original)
