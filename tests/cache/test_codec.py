@@ -41,6 +41,25 @@ def test_values_equal_in_python_stay_apart() -> None:
     assert isinstance(nan, float) and math.isnan(nan)
 
 
+def test_containers_of_scalars_held_inline_stay_apart() -> None:
+    """Tuples, lists and string-keyed dicts of scalars only are one inline node each: equal-looking ones of other
+    types or signs stay apart (1, 1.0 and True; 0.0 and -0.0), equal ones are one value."""
+    tricky = [(1, 2), (1.0, 2), (True, 2), (0.0,), (-0.0,), [0.0, -0.0], [-0.0, 0.0], ["a", None, False],
+              {"a": 1}, {"a": 1.0}, {"a": True}, {"a": -0.0}, {"a": 0.0}, {"a": math.inf, "b": "x"},
+              tuple(range(40)), tuple(float(i) for i in range(40)), (("p", 1),) * 20, (("p", 1.0),) * 20]
+    back = _round_trip(tricky)
+    assert [repr(b) for b in back] == [repr(v) for v in tricky]
+    assert [type(b) for b in back] == [type(v) for v in tricky]
+    e = Encoder()
+    assert e.encode({"a": 1, "b": "x"}) == e.encode({"a": 1, "b": "x"})  # new dicts, equal: one node
+
+
+def test_an_inline_node_holds_scalars_only() -> None:
+    for node in (["T", [1]], ["L", {"a": 1}], ["D", 1, 2], ["D", "a"], ["z", 0]):
+        with pytest.raises(CodecError):
+            Decoder([0, node])
+
+
 def test_pickle_values_and_verdicts() -> None:
     g = GlobalRef("os", "system")
     t = TensorRef("F32", (2, 3), (3, 1), 0, "0", 6, "cpu", 24)
