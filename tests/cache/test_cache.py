@@ -320,6 +320,7 @@ def test_the_cache_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> N
     than one without: bench/RESULTS.md); --cache, or CKPTDOCTOR_CACHE=1, turns it on; --no-cache wins over the
     variable."""
     root = str(FIXTURES / "sharded")
+    monkeypatch.delenv("CKPTDOCTOR_CACHE", raising=False)  # the developer's own setting
     code, out, _ = invoke("scan", "--format", "json", root)
     assert code in (0, 1) and not Path(cache_dir()).exists()
     scan_without_default(root)
