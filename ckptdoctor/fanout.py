@@ -76,8 +76,8 @@ def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: 
 
     parts: list[tuple[Tree, tuple[str, ...]]] = []
     memo = worker_cache(opened.source) if cache else None
-    if memo is not None:
-        opened.source = memo.source(opened.source)
+    if memo is not None:  # a copy: a task run again, or run in the client's process, finds the root as planned
+        opened = Opened(opened.root, memo.source(opened.source), opened.found, list(opened.problems))
 
     def take(tree: Tree, above: tuple[str, ...]) -> None:
         parts.append((judged(tree, selection, memo), above))

@@ -291,6 +291,10 @@ def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
         assert {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")} == kept
         assert _cli("--format", "json", "--cache", root) == serial
         assert _cli("--format", "json", "--cache", root) == serial
+        one_run = root.rstrip("/") + "/sib/run-b"  # a root that is one run: one task for the whole root
+        alone = _cli("--format", "json", one_run)
+        for _ in range(2):
+            assert _cli("--format", "json", "--cache", "--dask", address, one_run) == alone
     finally:
         for worker, value in old.items():
             dask_client.run(cache_home, value, workers=[worker])
