@@ -9,8 +9,9 @@ What it measures, for each mode the checkout offers (a mode it lacks is skipped,
 
 * ``serial``: ``ckptdoctor scan --format json s3://fleet/runs/`` in a fresh interpreter (``--no-cache`` when the
   checkout has a verdict cache, so this is the cold scan);
-* ``cache``: the same command twice with the cache on and an empty ``$XDG_CACHE_HOME``: the first scan fills the
-  cache (``cache-fill``), the second is the nightly rescan of an unchanged bucket (``cache-warm``);
+* ``cache``: the same command twice with the cache on (``--cache`` where it is off by default) and an empty
+  ``$XDG_CACHE_HOME``: the first scan fills the cache (``cache-fill``), the second is the nightly rescan of an
+  unchanged bucket (``cache-warm``);
 * ``dask``: ``ckptdoctor.scan_many([root], client=...)`` (one task per run of the root) on a ``LocalCluster`` of
   2 worker processes (1 thread each), started by a fresh interpreter that is the client (and, in a LocalCluster,
   the scheduler).
@@ -327,7 +328,10 @@ def capabilities(checkout: Path) -> dict[str, bool]:
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     has_many = subprocess.run([sys.executable, "-c", "import ckptdoctor; assert callable(ckptdoctor.scan_many)"],
                               env=env, cwd=checkout, capture_output=True, check=False).returncode == 0  # fmt: skip
-    return {"no_cache": "--no-cache" in helptext, "dask_cli": "--dask" in helptext, "scan_many": has_many}
+    # "--cache" of its own (``--cache / --no-cache``): the cache is off unless asked for; else it is on by default
+    opt_in = "--cache" in helptext.replace("--no-cache", "")
+    return {"no_cache": "--no-cache" in helptext, "opt_in": opt_in, "dask_cli": "--dask" in helptext,
+            "scan_many": has_many}  # fmt: skip
 
 
 # Seconds between the progress lines a running mode prints to stderr (a 1,000 x 10 scan takes an hour here).
@@ -426,8 +430,9 @@ def measure(server: Server, checkout: Path, modes: list[str], work: Path) -> Ite
     if "cache" in modes:
         if caps["no_cache"]:
             home = work / "cache-warm"
-            yield run_scan(server, checkout, home, "cache-fill")
-            yield run_scan(server, checkout, home, "cache-warm")
+            on = ("--cache",) if caps["opt_in"] else ()
+            yield run_scan(server, checkout, home, "cache-fill", *on)
+            yield run_scan(server, checkout, home, "cache-warm", *on)
         else:
             yield "cache: skipped, this ckptdoctor has no verdict cache (`scan --no-cache` is unknown)"
     if "dask" in modes:

@@ -61,6 +61,7 @@ def scan(
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
     allow_empty: bool = False,
+    cache: bool = False,
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -75,7 +76,9 @@ def scan(
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
     A root holding no checkpoint at all (empty, only logs: a mistyped path) is CKD002, an error, unless
-    ``allow_empty`` (``--allow-empty``).
+    ``allow_empty`` (``--allow-empty``). ``cache`` True (``--cache``) keeps each file's facts and verdict in the user's
+    cache folder and takes them from there for a file unchanged since (``ckptdoctor.cache``); the report is the
+    same. Off by default: the first scan with it writes the cache and costs more than one without.
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -87,7 +90,8 @@ def scan(
         allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
     return scan_roots(
-        Roots.of(paths), options, deep=deep, jobs=jobs, checksums=checksums, limits=limits, progress=progress
+        Roots.of(paths), options, deep=deep, jobs=jobs, checksums=checksums, limits=limits, progress=progress,
+        cache=cache,
     )
 
 
@@ -106,6 +110,7 @@ def scan_many(
     allow_global: Codes = (),
     allow_empty: bool = False,
     retries: int = 2,
+    cache: bool = False,
 ) -> Report:
     """Scan many roots as ``scan`` does, each run read on a Dask cluster: ``client`` is a ``distributed.Client``
     (``Client("tcp://scheduler:8786")``, or a ``LocalCluster``'s), as ``ckptdoctor scan --dask ADDRESS`` does.
@@ -116,7 +121,8 @@ def scan_many(
     every output. A task that raises is run again up to ``retries`` times, and a task whose worker is lost is
     rescheduled by Dask (``distributed.scheduler.allowed-failures``); a folder or root whose task still fails is
     reported as not checked (CKD001, an error, with the reason), never left out, so ``report.exit_code()`` is 1.
-    ``client=None`` scans here, serially: ``scan`` without ``deep``.
+    ``client=None`` scans here, serially: ``scan`` without ``deep``. ``cache`` as ``scan``'s: each worker then
+    keeps and takes the facts of the runs it reads in its own user's cache folder (``fanout.walk_one_folder``).
 
     Workers must run the same ckptdoctor (a result from another version is not taken: CKD001) and reach the roots
     at the same paths: a local root on a file system every worker mounts there, a URL root with credentials of
@@ -133,7 +139,9 @@ def scan_many(
         from ckptdoctor.fanout import DaskFanOut
 
         fanout = DaskFanOut(client, retries=retries)
-    return scan_roots(Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=fanout)
+    return scan_roots(
+        Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=fanout, cache=cache
+    )
 
 
 def scan_roots(
@@ -147,6 +155,7 @@ def scan_roots(
     progress: TextIO | None = None,
     on_part: PartSink | None = None,
     fanout: DaskFanOut | None = None,
+    cache: bool = False,
 ) -> Report:
     """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``.
 
@@ -171,13 +180,13 @@ def scan_roots(
     if fanout is not None:
         if deep:
             raise UsageError("--dask reads headers on the workers; --deep reads every byte here: drop one of them")
-        _announce(fanout, groups, limits, jobs)
+        _announce(fanout, groups, limits, jobs, cache)
     if on_part is not None:
-        return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress, fanout)
+        return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress, fanout, cache)
     parts = [
         scan_trees(
             roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress,
-            checksums=checksums, fanout=fanout,
+            checksums=checksums, fanout=fanout, cache=cache,
         )
         for ps, sel, _, _ in groups
     ]
@@ -208,6 +217,7 @@ def _announce(
     groups: Sequence[tuple[list[str], Selection, str | None, list[RootSettings]]],
     limits: Limits,
     jobs: int | None,
+    cache: bool,
 ) -> None:
     """Tell ``fanout`` every root in the order the scan asks for them, so the runs of the next roots are read
     while this one is judged."""
@@ -217,7 +227,7 @@ def _announce(
     for ps, selection, _, _ in groups:
         sel = checked_selection(selection)
         for p in ps:
-            fanout.expect(p, sel, limits, jobs if jobs is not None else default_jobs(p))
+            fanout.expect(p, sel, limits, jobs if jobs is not None else default_jobs(p), cache)
 
 
 def _scan_parts(
@@ -231,6 +241,7 @@ def _scan_parts(
     limits: Limits,
     progress: TextIO | None,
     fanout: DaskFanOut | None = None,
+    cache: bool = False,
 ) -> Report:
     """``scan_roots`` with ``on_part``: each root scanned part by part (``scanner.scan_root``)."""
     import time
@@ -251,7 +262,7 @@ def _scan_parts(
             judge = _PartJudge(len(trees), rs, sel, options, deep, on_part)
             scan_root(
                 p, roots.url(p), sel, judge, limits=limits, jobs=jobs, progress=progress, checksums=checksums,
-                fanout=fanout,
+                fanout=fanout, cache=cache,
             )
             trees.append(Tree(root=p, runs=(), files_seen=judge.files, abs_root=judge.abs_root))
             findings.extend(sorted(judge.findings, key=Finding.sort_key))

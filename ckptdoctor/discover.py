@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -131,12 +131,26 @@ def default_jobs(root: str | None = None) -> int:
     return max(1, min(8, (os.cpu_count() or 1) * 2))
 
 
+class Cache(Protocol):
+    """What discovery asks of a verdict cache (``ckptdoctor.cache.FactsCache``): the root's source with its reads
+    answered from the cache, and word that the walk of a folder, and the judging of the part it was, is over."""
+
+    def source(self, inner: Source[L, M]) -> Source[L, M]:
+        """``inner`` reading through the cache."""
+        ...
+
+    def left(self, rel: str) -> None:
+        """The folder ``rel``, handed to ``on_part`` as a part, is done with (its walk and its judging)."""
+        ...
+
+
 def discover(
     root: str,
     limits: Limits = DEFAULT_LIMITS,
     jobs: int = 1,
     progress: Callable[[], None] | None = None,
     on_part: PartCallback | None = None,
+    cache: Cache | None = None,
 ) -> Tree:
     """Walk ``root`` (a folder or a single file) and return the ``Tree`` of runs, checkpoints and loose files.
 
@@ -154,8 +168,15 @@ def discover(
     checkpoint) as soon as its walk is over, as a Tree of its runs, loose files and path problems; its facts are
     then released and the returned Tree holds the rest. The parts and the rest hold exactly what the Tree without
     ``on_part`` holds.
+
+    ``cache`` (``ckptdoctor.cache.FactsCache``) answers reads of files it proves unchanged since a scan stored them,
+    and is told when each folder's walk (and the part it was handed as) is over; the Tree is the same with it.
     """
-    return discover_opened(open_root(root, limits), jobs, progress, on_part)
+    opened = open_root(root, limits)
+    if cache is None:
+        return discover_opened(opened, jobs, progress, on_part)
+    opened.source = cache.source(opened.source)
+    return discover_opened(opened, jobs, progress, on_part, left=cache.left)
 
 
 @dataclass(slots=True)
@@ -185,10 +206,12 @@ def discover_opened(
     progress: Callable[[], None] | None = None,
     on_part: PartCallback | None = None,
     handed: Handed | None = None,
+    left: Callable[[str], None] | None = None,
 ) -> Tree:
     """``discover`` of a root already opened (``open_root``). ``handed`` (with ``on_part``: a fan-out) is asked
     about each folder the walk reaches that could be handed on as a part of its own: what walking it elsewhere gave
-    (``walk_folder``), put in place of walking it here, or None to walk it here."""
+    (``walk_folder``), put in place of walking it here, or None to walk it here. ``left`` (``Cache.left``) is told
+    each folder handed on as a part once that part is done with."""
     root, source, found, problems = opened.root, opened.source, opened.found, opened.problems
     if isinstance(found, PathProblem):
         return Tree(root=root, runs=(), path_problems=(found,))
@@ -203,11 +226,11 @@ def discover_opened(
 
     emit = None if on_part is None else _Emitter(root, source, problems, on_part)
     if jobs <= 1:
-        walker = _Walker(source, problems, None, progress, emit, handed)
+        walker = _Walker(source, problems, None, progress, emit, handed, left)
         top = walker.walk(found, ".", 0, frozenset())
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(source, problems, pool, progress, emit, handed)
+            walker = _Walker(source, problems, pool, progress, emit, handed, left)
             top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
     _drop_vanished(top, problems)
@@ -278,9 +301,11 @@ class _Walker(Generic[L, M]):
         progress: Callable[[], None] | None = None,
         emit: _Emitter | None = None,
         handed: Handed | None = None,
+        left: Callable[[str], None] | None = None,
     ) -> None:
         self.source = source
         self.handed = handed
+        self.left = left  # told each folder handed to ``emit`` once that is over
         self.limits = source.limits
         self.pool = pool
         self.progress = progress
@@ -334,7 +359,7 @@ class _Walker(Generic[L, M]):
             if self.emit is None:
                 node.dirs.append(self.walk(entry, crel, depth + 1, ancestors))
                 continue
-            inner = absorbed or _absorbable(entry.name)
+            inner = absorbed or absorbable(entry.name)
             done = None if inner or self.handed is None else self.handed(crel)
             if done is not None:
                 node.dirs.append(self._take(done, crel))
@@ -350,6 +375,8 @@ class _Walker(Generic[L, M]):
             finally:
                 self.above.pop()
             node.dirs.append(child)
+            if child.emitted and self.left is not None:
+                self.left(crel)
         # The folder's own reads are over before it is judged a run: a TensorFlow folder or a Lightning `.ckpt` is
         # known by what its files hold (a pooled read still pending would leave it loose).
         if node.pending:
@@ -415,7 +442,7 @@ def _listing(
     return files, subdirs
 
 
-def _absorbable(name: str) -> bool:
+def absorbable(name: str) -> bool:
     """Whether a folder of this name may be taken whole as a checkpoint by the run above it (``_Grouper.visit``),
     subfolders and all: nothing inside it is grouped on its own."""
     return bool(
@@ -566,7 +593,7 @@ _TASK_SUFFIXES = (".index", ".h5", ".hdf5")
 def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
     """The folders of ``opened``'s root a fan-out walks as tasks of their own, in walk order, found by listing alone
     (nothing is read): each folder below the root that the walk reaches outside any folder its run may take whole
-    as a checkpoint (``_absorbable``) and whose listing shows a run (``_is_run``: `checkpoint-N` folders,
+    as a checkpoint (``absorbable``) and whose listing shows a run (``_is_run``: `checkpoint-N` folders,
     accelerate's automatic naming), a torchtitan `step-N` folder or checkpoint files; the folders above them are
     listed further. None when the root is one task: a file, a run itself, a root that cannot be opened, or one with
     no such folder in it (a checkpoint folder).
@@ -606,7 +633,7 @@ def plan_folders(opened: Opened[L, M]) -> list[FolderTask] | None:
         keys = {a.key for a in inside}
         listed = above + tuple(crel for _, crel in files)
         for sub, crel in subdirs:
-            if sub.key not in keys and not _absorbable(sub.name):
+            if sub.key not in keys and not absorbable(sub.name):
                 visit(sub, crel, depth + 1, inside, listed, tuple(p for p in problems if p.path == crel))
         return False
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptdoctor.discover import (
+    Cache,
     FolderTask,
     FolderWalk,
     Opened,
@@ -42,6 +43,7 @@ from ckptdoctor.sources.interface import Source
 from ckptdoctor.version import __version__
 
 if TYPE_CHECKING:
+    from ckptdoctor.cache.source import FactsCache
     from ckptdoctor.rules import Selection
 
 # How many times a task that raised is run again (Dask's ``retries=``); a worker lost is Dask's to reschedule.
@@ -65,31 +67,56 @@ class Done:
     value: Any
 
 
-def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection) -> Done:
+def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: bool = False) -> Done:
     """The task of a root that is one run (or one checkpoint, or one file): discovered whole, each part's pickles
-    and the rest's judged (``rules.judged``) where they were read."""
+    and the rest's judged (``rules.judged``) where they were read. ``cache``: through this worker's own verdict
+    cache (``worker_cache``)."""
     from ckptdoctor import trainer_view
     from ckptdoctor.rules import judged
 
     parts: list[tuple[Tree, tuple[str, ...]]] = []
+    memo = worker_cache(opened.source) if cache else None
+    if memo is not None:  # a copy: a task run again, or run in the client's process, finds the root as planned
+        opened = Opened(opened.root, memo.source(opened.source), opened.found, list(opened.problems))
 
     def take(tree: Tree, above: tuple[str, ...]) -> None:
-        parts.append((judged(tree, selection), above))
+        parts.append((judged(tree, selection, memo), above))
         trainer_view.forget()
 
-    rest = discover_opened(opened, jobs, None, take)
-    return Done(__version__, RootWalk(parts, judged(rest, selection)))
+    rest = discover_opened(opened, jobs, None, take, left=None if memo is None else memo.left)
+    rest = judged(rest, selection, memo)
+    if memo is not None:
+        memo.close()
+    return Done(__version__, RootWalk(parts, rest))
 
 
-def walk_one_folder(root: str, source: Source[Any, Any], task: FolderTask, jobs: int, selection: Selection) -> Done:
-    """The task of one folder of a root (``discover.walk_folder``), its parts' pickles judged where they were read."""
+def walk_one_folder(
+    root: str, source: Source[Any, Any], task: FolderTask, jobs: int, selection: Selection, cache: bool = False
+) -> Done:
+    """The task of one folder of a root (``discover.walk_folder``), its parts' pickles judged where they were read.
+    ``cache``: through this worker's own verdict cache (``worker_cache``), written once the task's parts are
+    judged."""
     from ckptdoctor import trainer_view
     from ckptdoctor.rules import judged
 
-    walked = walk_folder(root, source, task, jobs)
-    walked.parts = [(judged(tree, selection), above) for tree, above in walked.parts]
+    memo = worker_cache(source) if cache else None
+    walked = walk_folder(root, source if memo is None else memo.source(source), task, jobs)
+    walked.parts = [(judged(tree, selection, memo), above) for tree, above in walked.parts]
     trainer_view.forget()
+    if memo is not None:
+        memo.close()  # the task's facts and verdicts, kept for the next scan that sends this run here
     return Done(__version__, walked)
+
+
+def worker_cache(source: Source[Any, Any]) -> FactsCache | None:
+    """The verdict cache of the process running a task: its own user's cache folder (``cache.store.cache_dir``),
+    as a serial scan on that machine would use; None when that folder cannot be used. The cache files are named
+    after the root's real path or URL (``Source.where``, as the client resolved it), so a run's file is the same
+    whichever task or scan wrote it."""
+    from ckptdoctor.scanner import open_cache
+
+    url = source.abs_root != ""  # a local source leaves ``abs_root`` to the scanner
+    return open_cache(source.where, url)
 
 
 @dataclass(slots=True)
@@ -100,6 +127,7 @@ class _Root:
     selection: Selection
     limits: Limits
     jobs: int
+    cache: bool  # the workers read through their own verdict cache (``worker_cache``)
 
 
 @dataclass(slots=True)
@@ -144,9 +172,10 @@ class DaskFanOut:
         self.taken = 0
         self.lost = 0
 
-    def expect(self, path: str, selection: Selection, limits: Limits, jobs: int) -> None:
-        """Announce a root the scan will ask for (``discover``), in order: its tasks may start before it is asked."""
-        self._roots.append(_Root(path, selection, limits, jobs))
+    def expect(self, path: str, selection: Selection, limits: Limits, jobs: int, cache: bool = False) -> None:
+        """Announce a root the scan will ask for (``discover``), in order: its tasks may start before it is asked.
+        ``cache``: its tasks read through their worker's verdict cache."""
+        self._roots.append(_Root(path, selection, limits, jobs, cache))
 
     def discover(
         self,
@@ -156,12 +185,16 @@ class DaskFanOut:
         jobs: int,
         on_part: PartCallback,
         progress: Callable[[], None] | None = None,
+        memo: Cache | None = None,
+        cache: bool = False,
     ) -> Tree:
         """``discover.discover(path, ..., on_part=on_part)`` with each run's folder walked by a worker: the parts,
         then the rest of the root returned, exactly as the serial walk gives them (the parts' pickles judged under
-        ``selection``'s allowances already). ``path`` must be the next root announced, if any was."""
+        ``selection``'s allowances already). ``path`` must be the next root announced, if any was. ``memo``: the
+        verdict cache the folders walked here read through (``discover``'s ``cache``); ``cache``: whether the
+        workers use theirs, for a root not announced."""
         if not self._roots and not self._plans:
-            self.expect(path, selection, limits, jobs)
+            self.expect(path, selection, limits, jobs, cache)
         while not self._plans:
             self._plan_next()
         plan = self._plans.popleft()
@@ -189,8 +222,11 @@ class DaskFanOut:
                 return lost_folder(plan.path, folder, done)
             return done  # type: ignore[no-any-return]
 
+        opened = plan.opened
+        if memo is not None:
+            opened = Opened(opened.root, memo.source(opened.source), opened.found, opened.problems)
         try:
-            return discover_opened(plan.opened, jobs, progress, on_part, handed)
+            return discover_opened(opened, jobs, progress, on_part, handed, None if memo is None else memo.left)
         finally:
             while self._tasks and self._tasks[0].plan is plan:  # planned folders gone since: nothing to take
                 self._drop(self._tasks.popleft())
@@ -203,11 +239,11 @@ class DaskFanOut:
         plan = _Plan(root.path, opened, folders is None)
         self._plans.append(plan)
         if folders is None:
-            self._tasks.append(_Task(plan, ".", self.root_task, (opened, root.jobs, root.selection)))
+            self._tasks.append(_Task(plan, ".", self.root_task, (opened, root.jobs, root.selection, root.cache)))
             return
         for folder in folders:
             source = opened.source.part(folder.entry.path)
-            args = (root.path, source, folder, root.jobs, root.selection)
+            args = (root.path, source, folder, root.jobs, root.selection, root.cache)
             self._tasks.append(_Task(plan, folder.rel, self.folder_task, args))
 
     def _fill(self) -> None:

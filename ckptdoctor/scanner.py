@@ -21,6 +21,7 @@ from ckptdoctor.settings.exit import ExitPolicy, Outcome, fails
 from ckptdoctor.settings.selection import SettingsUse
 
 if TYPE_CHECKING:
+    from ckptdoctor.cache.source import FactsCache
     from ckptdoctor.fanout import DaskFanOut
 
 CHECKSUMS = ("write", "verify")
@@ -117,6 +118,7 @@ def scan(
     progress: TextIO | None = None,
     checksums: str | None = None,
     fanout: DaskFanOut | None = None,
+    cache: bool = False,
 ) -> Report:
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
@@ -128,7 +130,10 @@ def scan(
     a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
-    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes.
+    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes into the roots. ``cache`` (off by
+    default: ``--cache``) takes the facts and pickle verdicts of files unchanged since an earlier scan from the
+    user's cache folder, and keeps those of the files read there (``ckptdoctor.cache``); the report is the same
+    without it.
 
     ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
     function reads no settings file (``.ckptdoctor.toml``, ``[tool.ckptdoctor]``); the ``ckptdoctor`` command
@@ -156,7 +161,8 @@ def scan(
     for p in roots:
         kept = _Kept(sel)
         scan_root(
-            p, roots.url(p), sel, kept, limits=limits, jobs=jobs, progress=progress, checksums=checksums, fanout=fanout
+            p, roots.url(p), sel, kept, limits=limits, jobs=jobs, progress=progress, checksums=checksums, fanout=fanout,
+            cache=cache,
         )
         trees.append(merged(kept.trees))
         findings.extend(sorted(kept.findings, key=Finding.sort_key))
@@ -175,16 +181,19 @@ def scan_root(
     checksums: str | None = None,
     split: bool = True,
     fanout: DaskFanOut | None = None,
+    cache: bool = False,
 ) -> None:
     """Discover one root (``url``: a URL, read through fsspec) and hand its parts to ``on_part`` as discovery
     finishes them, each with its pickle verdicts (under ``selection``'s allowances), the rest of the root last
     (``Part.last``): a run is read, handed on and released before the next is read, so memory holds one run at a
     time. ``split`` False (and ``--deep``, whose data and checksums are the whole root's) hands the root whole, in
-    one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s.
+    one part. ``selection`` is checked already (``checked_selection``); the rest is ``scan``'s (``cache``: read and
+    keep facts and verdicts in the user's cache folder, ``open_cache``).
 
     ``fanout`` walks each run's folder on a Dask worker (``fanout.DaskFanOut``, not with ``--deep``): the parts
     come back in the same order with the same facts; a folder it could not have checked is one part that says so
-    (CKD001), and counts as holding a checkpoint (CKD002 does not claim the root is empty)."""
+    (CKD001), and counts as holding a checkpoint (CKD002 does not claim the root is empty). Its workers use their
+    own user's cache when ``cache`` is on (``fanout.walk_one_folder``)."""
     from ckptdoctor import trainer_view
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import SiblingRuns, holds_checkpoint, run_history
@@ -208,11 +217,13 @@ def scan_root(
         siblings = siblings.extended(h for run in tree.runs if (h := run_history(run, tree.root)) is not None)
         return out
 
+    memo = open_cache(path, url) if cache else None
+
     def part(tree: Tree, above: tuple[str, ...]) -> None:
         nonlocal held, counted
         held = held or holds_checkpoint(tree) or _unchecked(tree)
         counted += tree.files_seen
-        on_part(Part(judged(with_siblings(tree), selection), above))
+        on_part(Part(judged(with_siblings(tree), selection, memo), above))
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
         jsonfiles.forget()  # and the log histories its checkpoints' reads kept for the next checkpoint
 
@@ -224,9 +235,13 @@ def scan_root(
         at_once = jobs if jobs is not None else default_jobs(path)
         try:
             if fanout is not None:
-                tree = fanout.discover(path, selection, limits, at_once, part, counter.tick if counter else None)
+                tree = fanout.discover(
+                    path, selection, limits, at_once, part, counter.tick if counter else None, memo, cache
+                )
             else:
-                tree = discover(path, limits, at_once, counter.tick if counter else None, part if split else None)
+                tree = discover(
+                    path, limits, at_once, counter.tick if counter else None, part if split else None, memo
+                )
         finally:
             if counter is not None:
                 counter.close()
@@ -241,7 +256,9 @@ def scan_root(
             data = check_tree(tree, workers, progress, checksums=checksums is not None, values=compared)
             manifest = read_manifest(tree.abs_root) if checksums == "verify" else None
             tree = dataclasses.replace(tree, data=data, manifest=manifest)
-        tree = judged(with_siblings(tree), selection)
+        tree = judged(with_siblings(tree), selection, memo)
+        if memo is not None:
+            memo.close()  # every verdict is judged: the cache files still open are written
         whole = None if held or _unchecked(tree) else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
         on_part(Part(tree, (), True, whole))
 
@@ -251,6 +268,22 @@ def _unchecked(tree: Tree) -> bool:
     from ckptdoctor.model import ProblemKind
 
     return any(pp.problem.kind is ProblemKind.NOT_CHECKED for pp in tree.path_problems)
+
+
+def open_cache(path: str, url: bool) -> FactsCache | None:
+    """The verdict cache for a scan of the root ``path``: None when the user's cache folder cannot be used
+    (``cache.store.Store.open`` says why: ``ckptdoctor cache info`` shows it) or lies inside the root (a scan writes
+    nothing into what it scans)."""
+    from ckptdoctor.cache.source import FactsCache
+    from ckptdoctor.cache.store import Store, cache_dir
+
+    folder = cache_dir()
+    if not url:
+        root = os.path.realpath(path)
+        if os.path.realpath(folder).startswith(root.rstrip(os.sep) + os.sep):
+            return None
+    store = Store.open(folder)
+    return None if isinstance(store, str) else FactsCache(store)
 
 
 class _Kept:

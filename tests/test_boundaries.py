@@ -5,7 +5,8 @@
   numpy lazily inside functions).
 - Only the fixer writes: no module outside ``WRITERS`` (the modules of ``ckptdoctor/fixer/`` that change the disk)
   opens files for writing, renames, replaces or deletes, or reaches the fixer's write seam (``fixer/calls.py``);
-  ``cli/output.py`` writes only the report, to the file a user names with ``--output-file``.
+  ``cli/output.py`` writes only the report, to the file a user names with ``--output-file``, and ``cache/store.py``
+  only its own files, in the user's cache folder.
 - Layers: every import follows the flow (``LAYERS``), no import circle exists, and the core modules import without
   click or tabulate.
 """
@@ -33,7 +34,10 @@ WRITE_METHODS = {"write_text", "write_bytes", "unlink", "rename", "mkdir", "rmdi
 WRITERS = {"fixer/calls.py", "fixer/journal.py", "fixer/guard.py", "fixer/apply.py", "fixer/recover.py",
            "fixer/transaction.py", "fixer/manifest.py",
            # the report itself, to the file the user names with --output-file (what `> PATH` would write)
-           "cli/output.py"}
+           "cli/output.py",
+           # the verdict cache: its own files in the user's cache folder, never in a scanned root (the scanner turns
+           # the cache off for a root that holds that folder: ``scanner.open_cache``); it changes no checkpoint
+           "cache/store.py"}
 # The fixer's write seam: every write system call goes through its `CALLS`; using it, or any name it defines, writes.
 SEAM = PKG / "fixer" / "calls.py"
 SEAM_MODULE = "ckptdoctor.fixer.calls"
@@ -188,6 +192,8 @@ LAYERS: list[set[str]] = [
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
     # resumes its runs
     {"ckptdoctor.roots", "ckptdoctor.discover", "ckptdoctor.deep", "ckptdoctor.stacks"},
+    # the verdict cache: a source that reads through the user's cache folder, handed to discovery by the scanner
+    {"ckptdoctor.cache"},
     # what the Trainer picks and loads; facts rules share; the key layout each transformers saves against its live one
     {"ckptdoctor.trainer_view", "ckptdoctor.facts", "ckptdoctor.key_layouts"},
     # the gate's rules, and the plan and prediction they read, judge a resume as the scan rules judge a tree: they

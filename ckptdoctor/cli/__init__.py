@@ -1,4 +1,4 @@
-"""The ``ckptdoctor`` command line: scan | fix | undo | gate | inspect | rules | explain.
+"""The ``ckptdoctor`` command line: scan | fix | undo | gate | inspect | rules | explain | cache.
 
 The commands parse, call the library, render and map exits; each lives in its module (``cli.scan``, ``cli.inspect``,
 ``cli.rules``: rules and explain, ``cli.fix``: fix and undo), what they share in ``cli.options``. A command's module
@@ -75,6 +75,7 @@ class LazyGroup(click.Group):
         "fix": "ckptdoctor.cli.fix:fix_command",
         "undo": "ckptdoctor.cli.fix:undo_command",
         "gate": "ckptdoctor.cli.gate:gate_command",
+        "cache": "ckptdoctor.cli.cache:cache_group",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

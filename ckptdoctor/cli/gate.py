@@ -14,6 +14,7 @@ from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
     allow_empty_option,
+    cache_option,
     note_kept,
     note_security,
     output_options,
@@ -147,6 +148,7 @@ or a checkpoint whose global_step is beyond any float (nothing can be predicted 
 @rule_options(never_runs="Narrows the scan findings the gate keeps; the gate rules (CKD407-415, CKD504) run "
               "unless ignored. Selecting only --deep rules is a usage error (the gate never reads tensor data).",
               every_rule="every rule the gate runs")
+@cache_option
 @show_settings_option
 @allow_empty_option("with no checkpoint in RUN_DIR the gate passes (the run starts afresh)",
                     "CKD413 (train() raises: no valid checkpoint)")
@@ -182,6 +184,7 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
+    cache: bool,
     show_settings: bool,
     allow_empty: bool,
     ckpt_path: str | None = None,
@@ -259,7 +262,7 @@ def gate_command(
         planned.update({k: v for k, v in lightning.items() if v is not None})  # only a Lightning gate reads them
         # run_gate, not gate: a settings file's note on security rules is the CLI's stderr line, not a Python warning
         result = run_gate(run_dir, checkpoint, True, file_args, lr_steps, options, planned, args_file=args_facts,
-                          stack=stack)
+                          stack=stack, cache=cache)
     except GateInputError as exc:
         raise UsageProblem(str(exc)) from None
     if fmt == "json":

@@ -132,6 +132,26 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
+CACHE_ENV = "CKPTDOCTOR_CACHE"  # "1" (or "on", "true", "yes"): --cache without saying so on each command line
+
+
+def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--cache/--no-cache`` (passed as ``cache``): off unless asked for, or ``CKPTDOCTOR_CACHE`` says on. Off by
+    default because a first scan with the cache on writes it, and costs more CPU than a scan without it
+    (bench/RESULTS.md); a nightly rescan turns it on and pays that once."""
+    return click.option(
+        "--cache/--no-cache",
+        "cache",
+        default=lambda: os.environ.get(CACHE_ENV, "").strip().lower() in ("1", "on", "true", "yes"),
+        show_default="off; on when CKPTDOCTOR_CACHE=1",
+        help="Keep each file's facts and pickle verdict in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
+        "else ~/.cache/ckptdoctor), and take them from there for a file unchanged since a scan with --cache read "
+        "it (same size, times and inode; same ETag or version on object storage); rules always run. For rescans "
+        "of the same trees (nightly): a rescan of an unchanged run costs about a fifth of a scan, but the first "
+        "scan, which writes the cache, costs about a third more.",
+    )(f)
+
+
 def rule_options(
     *,
     never_runs: str,

@@ -15,6 +15,7 @@ from ckptdoctor.cli.options import (
     ScanRoot,
     UsageProblem,
     allow_empty_option,
+    cache_option,
     note_security,
     output_options,
     read_only_done,
@@ -133,6 +134,7 @@ configuration, can.
     "CKD001 (an error: exit 1), never left out. Workers need this ckptdoctor version and the roots at the same "
     'paths (a URL root: credentials of their own). Not with --deep. Needs pip install "ckptdoctor[dask]".',
 )
+@cache_option
 @show_settings_option
 @allow_empty_option("CKD002 is not reported (as with --ignore CKD002)")
 def scan(
@@ -150,6 +152,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
+    cache: bool,
     show_settings: bool,
     allow_empty: bool,
     dask_address: str | None,
@@ -186,7 +189,7 @@ def scan(
     if fmt == "jsonl":
         with Lines(output_file, silent) as lines:
             sink = _sink(lines, pieces)
-            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink, dask_address)
+            report = _scan(roots, options, jobs, deep, checksums, None if deep else sink, dask_address, cache)
             if deep:  # --deep judges each root whole (and --checksums write needs it): its lines come after
                 for i, tree in enumerate(report.trees):
                     sink(i, tree, [f for f in report.findings if f.root == tree.root])
@@ -195,7 +198,7 @@ def scan(
         if checksums == "write":
             _write_manifests(report.trees)
         _exit(report, checksums)
-    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add, dask_address)
+    report = _scan(roots, options, jobs, deep, checksums, None if deep else pieces.add, dask_address, cache)
     if deep:  # the trees were kept whole (--deep hands each root whole; --checksums write needs them)
         pieces = RunPieces.of(report, kept, color=color, width=width)
     if fmt != "text" or statistics:  # a document says the time up to its rendering; the text, through its end
@@ -281,6 +284,7 @@ def _scan(
     checksums: str | None,
     on_part: PartSink | None = None,
     dask_address: str | None = None,
+    cache: bool = False,
 ) -> Report:
     """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error.
     ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``); ``dask_address``
@@ -291,7 +295,7 @@ def _scan(
     def run(fanout: DaskFanOut | None = None) -> Report:
         return scan_roots(
             roots, options, deep=deep, jobs=jobs, checksums=checksums, progress=progress_stream(), on_part=on_part,
-            fanout=fanout,
+            fanout=fanout, cache=cache,
         )
 
     if dask_address is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -32,7 +32,10 @@ from ckptdoctor.pickle_verdict.policy import (
 from ckptdoctor.readers.nested import NestedBudget, search_nested
 from ckptdoctor.readers.pickle_walk import BYTES_LOADER, UNRESOLVED_CALL, merge_pickles
 
-__all__ = ["TRAINING_ARGS_FIELDS", "Verdict", "describe", "file_pickle", "judge", "tree_verdicts", "with_verdicts"]
+__all__ = [
+    "TRAINING_ARGS_FIELDS", "Verdict", "VerdictMemo", "describe", "file_pickle", "judge", "tree_verdicts",
+    "with_verdicts",
+]
 
 # ``torch.storage._load_from_bytes`` is ``torch.load(weights_only=False)`` of its argument: admitted only in a stream
 # where every call of it hands it literal bytes that the reader read as ``torch.load`` does (``readers.nested``) and
@@ -167,6 +170,19 @@ def _torchscript_own(g: GlobalRef) -> bool:
     )
 
 
+class VerdictMemo(Protocol):
+    """Verdicts known from an earlier scan (the verdict cache, ``ckptdoctor.cache.FactsCache``): asked before a file
+    is judged, and told each verdict that depends on the file alone."""
+
+    def known(self, f: FileFacts, allow: tuple[Allowance, ...]) -> Verdict | None:
+        """The verdict of ``f`` under ``allow``, when known."""
+        ...
+
+    def learn(self, f: FileFacts, allow: tuple[Allowance, ...], verdict: Verdict) -> None:
+        """``verdict`` was judged from ``f`` alone under ``allow``."""
+        ...
+
+
 def judge(
     pf: PickleFacts, limits: Limits = DEFAULT_LIMITS, allow: tuple[Allowance, ...] = (), torchscript: bool = False
 ) -> Verdict:
@@ -176,6 +192,13 @@ def judge(
     no fact proves to be a class (deny by default), a class outside the known packages that is called or passed to
     a call (in its arguments, dict keys and sets included). ``allow`` are the user's allowances.
     """
+    return _judged(pf, limits, allow, torchscript)[0]
+
+
+def _judged(
+    pf: PickleFacts, limits: Limits, allow: tuple[Allowance, ...], torchscript: bool
+) -> tuple[Verdict, bool]:
+    """``judge``'s verdict, and whether it read an installed package's source (or met the limit on doing so)."""
     j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
     if any(part.nested is None for part in pf.streams or (pf,)):
         pf = search_nested(pf, NestedBudget(limits))  # facts that did not come from a reader
@@ -185,7 +208,8 @@ def judge(
         nested += _judge_nested(part, j)
     calls_unsafe = any(describe(g) in j.unsafe for g in pf.calls)
     admitted = tuple(sorted(j.admitted))
-    return Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), admitted, j.limit)
+    verdict = Verdict(tuple(j.unsafe), tuple(j.unknown), nested, calls_unsafe, tuple(j.by_user), admitted, j.limit)
+    return verdict, j.standing.sourced
 
 
 def file_pickle(f: FileFacts) -> PickleFacts | None:
@@ -202,13 +226,24 @@ def file_pickle(f: FileFacts) -> PickleFacts | None:
     return merge_pickles(own, [f.alt_pickle])
 
 
-def tree_verdicts(tree: Tree, allow: tuple[Allowance, ...] = ()) -> tuple[tuple[str, Verdict], ...]:
-    """The verdict of every file of ``tree`` holding pickle streams, by path: what ``with_verdicts`` attaches."""
-    return tuple(
-        (f.path, judge(pf, allow=allow, torchscript=_torchscript(f)))
-        for f in tree.all_files()
-        if (pf := file_pickle(f)) is not None
-    )
+def tree_verdicts(
+    tree: Tree, allow: tuple[Allowance, ...] = (), memo: VerdictMemo | None = None
+) -> tuple[tuple[str, Verdict], ...]:
+    """The verdict of every file of ``tree`` holding pickle streams, by path: what ``with_verdicts`` attaches.
+    ``memo`` gives the verdicts an earlier scan judged of the same bytes under the same allowances, and keeps the
+    new ones that depend on the file alone."""
+    out: list[tuple[str, Verdict]] = []
+    for f in tree.all_files():
+        pf = file_pickle(f)
+        if pf is None:
+            continue
+        verdict = None if memo is None else memo.known(f, allow)
+        if verdict is None:
+            verdict, sourced = _judged(pf, DEFAULT_LIMITS, allow, _torchscript(f))
+            if memo is not None and not sourced:
+                memo.learn(f, allow, verdict)
+        out.append((f.path, verdict))
+    return tuple(out)
 
 
 def _torchscript(f: FileFacts) -> bool:
@@ -216,10 +251,13 @@ def _torchscript(f: FileFacts) -> bool:
     return isinstance(f.content, TorchFacts) and f.content.torchscript and f.alt_pickle is None
 
 
-def with_verdicts(tree: Tree, allow: tuple[tuple[str, str], ...] = ()) -> Tree:
-    """``tree`` carrying its pickle verdicts, judged once under the user's allowances ((pattern, origin) pairs)."""
+def with_verdicts(
+    tree: Tree, allow: tuple[tuple[str, str], ...] = (), memo: VerdictMemo | None = None
+) -> Tree:
+    """``tree`` carrying its pickle verdicts, judged once under the user's allowances ((pattern, origin) pairs),
+    those ``memo`` knows taken from it."""
     allowances = tuple(Allowance(p, o) for p, o in allow)
-    return dataclasses.replace(tree, pickle_verdicts=tree_verdicts(tree, allowances))
+    return dataclasses.replace(tree, pickle_verdicts=tree_verdicts(tree, allowances, memo))
 
 
 def _training_args_classes(value: PickleValue) -> set[GlobalRef]:

@@ -674,12 +674,16 @@ class FileStandings:
         self.limit = limit
         self.looked_up: set[GlobalRef] = set()
         self.over = False  # a global went unjudged by source because of the limit
+        # a standing came from installed source (or the limit on reading it), not from the name alone: the verdict
+        # then depends on what is installed, not on the file alone (the verdict cache keeps none such)
+        self.sourced = False
 
     def __call__(self, g: GlobalRef) -> tuple[Standing, str]:
         """``standing(g)``, or UNPROVEN without any lookup once ``limit`` distinct globals were looked up."""
         settled = _settled(g)
         if settled is not None:
             return settled
+        self.sourced = True
         if g not in self.looked_up:
             if len(self.looked_up) >= self.limit:
                 self.over = True

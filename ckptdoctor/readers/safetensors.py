@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import threading
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -109,10 +110,13 @@ def _read(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
     raw = _read_exact(f, n)
     if len(raw) < n:
         return _failed(ProblemKind.TRUNCATED, f"header declares {n:,} bytes but only {len(raw):,} could be read")
-    try:
-        facts = _parse_header(raw)
-    except _Reject as rej:
-        return _failed(ProblemKind.MALFORMED, rej.message)
+    facts = _SEEN.get(raw)
+    if facts is None:
+        try:
+            facts = _parse_header(raw)
+        except _Reject as rej:
+            return _failed(ProblemKind.MALFORMED, rej.message)
+        _remember(raw, facts)
     problems = _length_problems(facts, size)
     if named_extra_state(map(_NAME, facts.tensors)):
         # TransformerEngine's `_extra_state` tensors: pickles loaded after the weights (``readers/extra_state.py``)
@@ -122,6 +126,23 @@ def _read(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
 
 
 _NAME = operator.attrgetter("name")
+
+# The facts of the last few headers parsed, by their bytes: a run's checkpoints repeat the same shards' headers, so
+# each distinct header is parsed once and its facts are one object (which the verdict cache then encodes once,
+# ``cache.codec.Encoder`` finding it by identity). The facts are a function of the header's bytes alone.
+_SEEN: dict[bytes, SafetensorsFacts] = {}
+_SEEN_MAX = 16  # headers kept; a 7B run in three shards has three
+_SEEN_MAX_BYTES = 1 << 20  # a larger header is parsed each time (the library's own limit is 100 MB)
+_SEEN_LOCK = threading.Lock()  # reads of one scan may run on several threads (``discover``'s ``jobs``)
+
+
+def _remember(raw: bytes, facts: SafetensorsFacts) -> None:
+    if len(raw) > _SEEN_MAX_BYTES:
+        return
+    with _SEEN_LOCK:
+        _SEEN[raw] = facts
+        while len(_SEEN) > _SEEN_MAX:
+            del _SEEN[next(iter(_SEEN))]
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes:

@@ -230,6 +230,7 @@ def gate(
     allow_global: Sequence[str] = (),
     allow_empty: bool = False,
     stack: str | None = None,
+    cache: bool = False,
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir), or
@@ -280,7 +281,7 @@ def gate(
     ``max_epochs``, ``max_steps``, ``logger_version`` and ``steps_per_epoch``. A torchtitan run is judged by
     ``CheckpointManager.load()`` (``ckptdoctor.resume_gate.torchtitan``, CKD514): ``load_step`` is its
     ``checkpoint.load_step`` (-1: the latest), ``max_steps`` its ``training.steps``, ``world_size`` the data-parallel
-    degree.
+    degree. ``cache`` True (``--cache``): the scan goes through the user's verdict cache (``ckptdoctor.cache``).
     """
     args_facts: FileFacts | None = None
     if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
@@ -294,7 +295,7 @@ def gate(
         allow_empty=allow_empty, on_kept=warn_kept,
     )
     return run_gate(run_dir, checkpoint, checkpoint_in_run, training_args, lr_steps, options, planned,
-                    args_file=args_facts, stack=stack)
+                    args_file=args_facts, stack=stack, cache=cache)
 
 
 def gate_options(**given: Any) -> Options:
@@ -324,10 +325,12 @@ def run_gate(
     planned: Mapping[str, Any],
     args_file: FileFacts | None = None,
     stack: str | None = None,
+    cache: bool = False,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
     settings file may not turn off (the CLI's note on stderr, the API's warning). ``stack`` (``--stack``) names the
-    program whose resume is predicted; None: the one that wrote the run.
+    program whose resume is predicted; None: the one that wrote the run. ``cache`` True (``--cache``): the scan
+    goes through the user's verdict cache.
 
     ``args_file`` is the ``--training-args`` file's facts when it holds pickle streams (``ArgsFile.facts``): the
     launcher ``torch.load``s it, so its security findings join the gate's.
@@ -342,7 +345,7 @@ def run_gate(
         trusted = scope.config.trusted  # the user configuration's fail-on counts as the caller's (as in a scan)
         caller = options.fail_on or (scope.fail_on if trusted else None)
         selected = (scope.selection, None if trusted else scope.fail_on)
-        return lightning_gate.run_gate(run_dir, checkpoint, planned, selected, caller, GateResult)
+        return lightning_gate.run_gate(run_dir, checkpoint, planned, selected, caller, GateResult, cache)
     unknown = sorted(set(planned) - PLAN_FIELDS)
     if unknown:
         raise TypeError(f"gate() got unexpected planned arguments: {', '.join(unknown)}")
@@ -382,7 +385,7 @@ def run_gate(
     else:
         from ckptdoctor.scanner import scan
 
-        report = scan(target, selection=selection)
+        report = scan(target, selection=selection, cache=cache)
         tree, scanned = report.trees[0], report.findings
     if titan_gate.applies(tree, stack):  # torchtitan's `CheckpointManager.load()`, not the Trainer's resume
         v = titan_gate.judge(tree, plan, scanned, selection, options.allow_empty)

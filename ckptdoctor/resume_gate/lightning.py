@@ -59,11 +59,12 @@ def handles(run_dir: str | os.PathLike[str], stack: str | None, planned: Mapping
 
 def run_gate(
     run_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str] | None, planned: Mapping[str, Any],
-    selected: tuple[Selection, str | None], fail_on: str | None, result: Callable[..., R],
+    selected: tuple[Selection, str | None], fail_on: str | None, result: Callable[..., R], cache: bool = False,
 ) -> R:
     """``gate`` of a Lightning run: ``planned`` holds ``PLAN_FIELDS`` (None: Lightning's default); ``checkpoint``, as
     ``--checkpoint``, is a ``ckpt_path`` path. ``selected`` is ``resume_gate.api.rule_selection``'s answer, ``fail_on``
-    the caller's, ``result`` the ``GateResult`` class (handed in: ``resume_gate.api`` imports this module)."""
+    the caller's, ``result`` the ``GateResult`` class (handed in: ``resume_gate.api`` imports this module); ``cache``
+    as ``scanner.scan``'s."""
     unknown = sorted(k for k, v in planned.items() if v is not None and k not in PLAN_FIELDS)
     if unknown:
         raise GateInputError(f"not planned for a Lightning resume (`fit(ckpt_path=...)` reads none of it): "
@@ -77,7 +78,7 @@ def run_gate(
     root = os.fspath(run_dir)
     if ckpt_path not in ("last", "best", "none") and os.path.isfile(ckpt_path) and not _inside(ckpt_path, root):
         root = os.path.dirname(os.path.abspath(ckpt_path))  # `fit` loads it from where it is: judge it there
-    report = scan(root, selection=selection)
+    report = scan(root, selection=selection, cache=cache)
     tree, scanned = report.trees[0], report.findings
     p = lightning.predict(tree, plan, _named(tree, root, ckpt_path))
     unselected = replace(selection, select=())

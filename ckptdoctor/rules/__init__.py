@@ -13,10 +13,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptdoctor.findings import Applicability, Finding, FixPlan, Severity
 from ckptdoctor.model import Tree, frozen
+
+if TYPE_CHECKING:
+    from ckptdoctor.pickle_verdict.judge import VerdictMemo
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety", "References")
 
@@ -243,15 +246,16 @@ def keep_security_rules(combined: Selection, command_line: Selection) -> tuple[S
     return replace(combined, keep=tuple(kept), severity=severity), tuple(sorted(set(changed)))
 
 
-def judged(tree: Tree, selection: Selection | None = None) -> Tree:
+def judged(tree: Tree, selection: Selection | None = None, memo: VerdictMemo | None = None) -> Tree:
     """``tree`` carrying the verdict of each of its pickles (``Tree.pickle_verdicts``), judged once under the
     selection's allowances (``Selection.allow_globals``); a tree that carries verdicts already is returned as is.
-    The one place verdicts are made: the scanner, ``run_rules`` and the security rules all come through here."""
+    The one place verdicts are made: the scanner, ``run_rules`` and the security rules all come through here.
+    ``memo`` (the verdict cache) gives the verdicts a scan judged before of the same bytes (``judge.tree_verdicts``)."""
     if tree.pickle_verdicts is not None:
         return tree
     from ckptdoctor.pickle_verdict.judge import with_verdicts  # imports the policy: only for a tree not judged yet
 
-    return with_verdicts(tree, (selection or Selection()).allow_globals)
+    return with_verdicts(tree, (selection or Selection()).allow_globals, memo)
 
 
 def run_rules(tree: Tree, selection: Selection | None = None) -> list[Finding]:

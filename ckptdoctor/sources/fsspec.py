@@ -95,6 +95,7 @@ class FsspecSource:
         self.url = root
         self.limits = remote_limits(limits)
         self.abs_root = root.rstrip("/")
+        self.where = self.abs_root
         self.stopped = False  # the entry limit ends the indexing of the listing, not the walk
         self._fs: AbstractFileSystem  # set by root()
         self._folders: dict[str, _Folder] = {}  # folder path -> what the listing put in it
@@ -172,6 +173,21 @@ class FsspecSource:
         out._folders = {k: v for k, v in self._folders.items() if k == path or k.startswith(prefix)}
         return out
 
+    def identity(self, entry: Entry[dict[str, Any]]) -> list[Any] | None:
+        """The object's version id (S3 ``VersionId``, GCS ``generation``) and ETag (or MD5 or Hub blob id), its size
+        and its time, as the listing gave them; None without a version id or an ETag. An ETag is not enough alone:
+        S3's is the MD5 of a single-part upload's bytes, and two files of one MD5 can be made, so the time the
+        store set on the upload (which no uploader chooses) is part of the key too."""
+        info = entry.meta
+        tags = [_text(info.get(k)) for k in _VERSION_KEYS]
+        if not any(tags) or not isinstance(info.get("size"), int):
+            return None
+        return [info["size"], _mtime(info), *tags]
+
+    def settled(self, entry: Entry[dict[str, Any]], facts: FileFacts, before_ns: int) -> bool:
+        """The listing's size is what was read (an object is replaced whole, under a new ETag or version)."""
+        return facts.size == entry.meta.get("size")
+
     def _index(self, path: str, listing: dict[str, dict[str, Any]], problems: list[PathProblem]) -> None:
         """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""
         self._folders[path] = _Folder()
@@ -215,6 +231,21 @@ class FsspecSource:
             self._folder(path, parts[:-1]).dirs.append(parts[-1])
             node = self._folders[full] = _Folder()
         return node
+
+
+# Listing fields that name one version of an object's bytes: S3's version id and ETag (s3fs), GCS's generation and
+# MD5 (gcsfs), the Hub's blob id and LFS sha256 (huggingface_hub's HfFileSystem).
+_VERSION_KEYS = ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "blob_id", "lfs")
+
+
+def _text(value: Any) -> str:
+    """A listing field as text for the cache key ("" when absent; S3's "null" version id, of an unversioned bucket,
+    names no version)."""
+    if value is None or value == "null":
+        return ""
+    if isinstance(value, dict):  # the Hub's `lfs`: {"sha256": ..., "size": ...}
+        return str(value.get("sha256") or value.get("oid") or "")
+    return str(value)
 
 
 @dataclass(slots=True)

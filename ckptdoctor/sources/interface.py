@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ckptdoctor.limits import Limits
@@ -64,6 +64,7 @@ class Source(Protocol[L, M]):
     limits: Limits  # the limits reads apply (a source may relax one it cannot afford; see sources.fsspec)
     abs_root: str  # the root as ``Tree.abs_root`` for this source, or "" (the scanner fills in the local path)
     stopped: bool  # set when the listing hit ``limits.dir_entries``: the walk stops where it is
+    where: str  # the root's one name across scans (its real path, or its URL): what the verdict cache files by
 
     def root(self, problems: list[PathProblem]) -> Entry[M] | PathProblem:
         """The root itself (a folder or one file), or why it cannot be scanned."""
@@ -99,4 +100,15 @@ class Source(Protocol[L, M]):
         """A copy of this source that walks the folder at ``path`` (an entry's ``path``) and below only, in this
         process or another (a fan-out pickles it): its own count of entries listed, and no more of the root's
         listing than that folder's."""
+        ...
+
+    def identity(self, entry: Entry[M]) -> list[Any] | None:
+        """What proves the file ``entry`` holds the same bytes as when it was last read (a JSON list the verdict
+        cache compares, ``ckptdoctor.cache``), or None when nothing this source knows can prove it."""
+        ...
+
+    def settled(self, entry: Entry[M], facts: FileFacts, before_ns: int) -> bool:
+        """Whether ``facts`` (just read from ``entry``) are of the bytes ``identity(entry)`` names: the file did not
+        change since it was listed, and did not change after ``before_ns`` (``time.time_ns()``), when it may still
+        be being written within one tick of its timestamps."""
         ...

@@ -8,6 +8,7 @@ import errno
 import os
 import stat
 from collections.abc import Hashable
+from typing import Any
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import DcpItem, FileFacts, PathProblem, ProblemKind, ReadProblem
@@ -25,6 +26,7 @@ class LocalSource:
         self.limits = limits
         self.real_root = os.path.realpath(root)
         self.abs_root = ""
+        self.where = self.real_root
         self.stopped = False
         self.entries = 0  # listed so far, over the whole walk
 
@@ -115,6 +117,19 @@ class LocalSource:
         out.entries = 0
         out.stopped = False
         return out
+
+    def identity(self, entry: Entry[os.stat_result]) -> list[Any] | None:
+        """Size, modification and change times (nanoseconds), inode and device, and whether it was reached through
+        a link. The change time is what a copy or ``touch -d`` cannot set back: a file rewritten and given its old
+        modification time again still shows a new one."""
+        st = entry.meta
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, entry.is_link]
+
+    def settled(self, entry: Entry[os.stat_result], facts: FileFacts, before_ns: int) -> bool:
+        """The file read is the one listed (``read_file`` stats what it opened) and its last change is older than
+        ``before_ns``."""
+        st = entry.meta
+        return facts.size == st.st_size and facts.mtime == st.st_mtime and st.st_ctime_ns < before_ns
 
     def _inside(self, real: str) -> bool:
         root = self.real_root

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -28,7 +29,7 @@ from ckptdoctor.roots import Roots
 from ckptdoctor.scanner import Report
 from ckptdoctor.settings.selection import Options
 from tests.helpers.builders import make_run
-from tests.helpers.fanout import fails_at, killed_once, other_version
+from tests.helpers.fanout import cache_home, fails_at, killed_once, other_version
 from tests.helpers.paths import REPO, TESTS
 from tests.helpers.remote import fsspec_setting
 
@@ -263,3 +264,37 @@ def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_f
     report = _report(fanout, s3_fleet)
     assert (fanout.taken, fanout.lost) == (FLEET_TASKS, 0)
     assert [f.rule for f in report.findings] == [f["rule"] for f in doc["findings"]]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
+    dask_client: Any, fleet: Path, tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """serial == cached == Dask: with --cache each worker reads through its own user's cache folder (a scan without
+    --cache leaves it alone), and the scan that fills it and the one that takes from it give the serial report
+    byte for byte, as does a serial scan with the cache."""
+    root = str(fleet) if where == "local" else request.getfixturevalue("s3_fleet")
+    if where == "local":
+        time.sleep(2.1)  # past the cache's racy window: the fleet's files were written a moment ago
+    home = tmp_path / "worker-cache"
+    old = dask_client.run(cache_home, str(home))
+    try:
+        address = dask_client.scheduler.address
+        serial = _cli("--format", "json", root)
+        assert _cli("--format", "json", "--dask", address, root) == serial
+        assert not home.exists()  # the cache is off unless asked for
+        assert _cli("--format", "json", "--cache", "--dask", address, root) == serial
+        kept = {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")}
+        assert kept  # the workers kept what they read
+        assert _cli("--format", "json", "--cache", "--dask", address, root) == serial
+        # each file was taken from the cache: an entry missed or changed would have had its run's file rewritten
+        assert {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")} == kept
+        assert _cli("--format", "json", "--cache", root) == serial
+        assert _cli("--format", "json", "--cache", root) == serial
+        one_run = root.rstrip("/") + "/sib/run-b"  # a root that is one run: one task for the whole root
+        alone = _cli("--format", "json", one_run)
+        for _ in range(2):
+            assert _cli("--format", "json", "--cache", "--dask", address, one_run) == alone
+    finally:
+        for worker, value in old.items():
+            dask_client.run(cache_home, value, workers=[worker])

@@ -25,8 +25,8 @@ def killed_once(marker: str, run: Callable[..., Done], *args: Any) -> Done:
 
 def fails_at(rel: str, run: Callable[..., Done], *args: Any) -> Done:
     """``run(*args)``, except that the task of the folder ``rel`` raises every time (a folder task's third argument
-    is its ``FolderTask``; a root task's first is the opened root, whose folder is ".")."""
-    folder = args[2].rel if len(args) == 5 else "."
+    is its ``FolderTask``, of six; a root task's first is the opened root, whose folder is ".")."""
+    folder = args[2].rel if len(args) == 6 else "."
     if folder == rel:
         raise OSError(f"injected: the worker cannot read {rel}")
     return run(*args)
@@ -35,3 +35,14 @@ def fails_at(rel: str, run: Callable[..., Done], *args: Any) -> Done:
 def other_version(run: Callable[..., Done], *args: Any) -> Done:
     """``run(*args)`` as a worker running another ckptdoctor would answer it."""
     return Done("0.0.1", run(*args).value)
+
+
+def cache_home(path: str | None) -> str | None:
+    """Point this process's verdict cache at ``path`` (``XDG_CACHE_HOME``; None: unset it) and return what it was:
+    ``client.run`` calls it on each worker, whose environment is the one the cluster started with."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    if path is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = path
+    return old

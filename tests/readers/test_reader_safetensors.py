@@ -674,3 +674,20 @@ def test_built_headers_agree_with_library(tmp_path_factory: pytest.TempPathFacto
     path.write_bytes(buf)
     outcome = read_path(path)
     assert bool(outcome.problems) == library_rejects(path), (buf, outcome)
+
+
+def test_a_header_seen_again_is_parsed_once(tmp_path: Path) -> None:
+    """Shards of one layout saved at two checkpoints (real files from the library, other tensor data) hold the same
+    header bytes: the second read hands out the first read's facts, the same object; a file whose header differs
+    gets its own, and each file's own length problems are its own."""
+    weights = {"a": torch.zeros(2, 3), "b": torch.ones(4)}
+    safetensors.torch.save_file(weights, str(tmp_path / "one.safetensors"))
+    safetensors.torch.save_file({k: v + 1 for k, v in weights.items()}, str(tmp_path / "two.safetensors"))
+    safetensors.torch.save_file({"a": torch.zeros(3, 3)}, str(tmp_path / "other.safetensors"))
+    one, two, other = (read_path(tmp_path / f"{n}.safetensors") for n in ("one", "two", "other"))
+    assert one.content is two.content
+    assert other.content != one.content
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes((tmp_path / "one.safetensors").read_bytes()[:-4])
+    short = read_path(cut)
+    assert short.content is one.content and short.problems and not one.problems

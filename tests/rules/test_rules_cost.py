@@ -536,12 +536,12 @@ def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest
     """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
     calls: list[int] = []
-    real = pickle_judge.judge
+    real = pickle_judge._judged  # what judge() and tree_verdicts() both run
 
     def counting(pf: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(id(pf))
         return real(pf, *args, **kwargs)
 
-    monkeypatch.setattr(pickle_judge, "judge", counting)
+    monkeypatch.setattr(pickle_judge, "_judged", counting)
     scan(str(run), jobs=1)
     assert calls and len(calls) == len(set(calls)) == 2 * 3  # optimizer.pt, scheduler.pt, rng_state.pth

@@ -452,3 +452,30 @@ def test_gate_of_an_s3_run_matches_the_local_gate_and_the_resume(
     assert json.loads(cli.stdout)["start_step"] == 4
     assert CliRunner().invoke(main, ["gate", url.rstrip("/") + "-nothing/"]).exit_code == 2
     assert_predicted(local, train(out, resume=True, num_train_epochs=3))
+
+
+def test_a_rescan_of_a_bucket_from_the_cache_lists_and_reads_nothing_else(
+    s3_server: tuple[str, _RequestLog], tmp_path: Path
+) -> None:
+    """The verdict cache on an S3 root: the rescan is the listing alone and reports what a scan without the cache
+    reports; an object replaced by other bytes of the same size (a new ETag and time) is the one object read."""
+    log = s3_server[1]
+    url = _upload(FIXTURES, "cached")
+    plain = scan(url, jobs=2, cache=False)
+    scan(url, jobs=2, cache=True)
+    before = len(log.lines)
+    warm = scan(url, jobs=2, cache=True)
+    objects = [r for r in log.lines[before:] if r.startswith(f"GET /{BUCKET}/")]
+    assert objects == []  # listing requests only (`GET /ckpts?list-type=2...`)
+    assert comparable_report(warm) == comparable_report(plain)
+    assert [repr(t) for t in warm.trees] == [repr(t) for t in plain.trees]
+    fs = fsspec.filesystem("s3")
+    key = f"{BUCKET}/cached/sharded/checkpoint-4/config.json"
+    old = fs.cat(key)
+    fs.pipe(key, b"{" + b" " * (len(old) - 2) + b"}")
+    fs.invalidate_cache()
+    before = len(log.lines)
+    changed = scan(url, jobs=2, cache=True)
+    objects = [r for r in log.lines[before:] if r.startswith(f"GET /{BUCKET}/")]
+    assert objects == ["GET /ckpts/cached/sharded/checkpoint-4/config.json"]
+    assert comparable_report(changed) == comparable_report(scan(url, jobs=2, cache=False))

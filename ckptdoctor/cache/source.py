@@ -1,0 +1,415 @@
+"""The verdict cache at work: a source that answers reads from the cache when the file is provably the same.
+
+``FactsCache`` wraps the ``Source`` discovery walks (``discover(cache=)``): a file whose identity (its source's
+``identity``: size, mtime, ctime, inode and device on disk; the version id or ETag, size and time of an object) and
+name match an entry, written by this code under the same limits, gets that entry's facts without being opened; any
+other file is read as always and its facts stored. The pickle judge asks it for each file's verdict under the
+user's allowances (``known``) and tells it the verdicts it made (``learn``) when they depend on the file alone (no
+installed package's source was read for them: a ``pip install`` may change those).
+
+Entries are kept per folder that is no checkpoint of a run (a run's folder holds the entries of all its
+checkpoints): one cache file per run, read when the walk first reads a file of it, written when the run has been
+walked and judged (``left``), so memory holds one run's entries at a time, as the scan holds one run. The file is
+named after the folder's real path or URL, so scanning a run on its own or the folder of runs around it use one file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import threading
+import time
+from collections.abc import Hashable
+from typing import Any, Generic, TypeVar
+
+from ckptdoctor.cache.codec import CodecError, Decoder, Encoder
+from ckptdoctor.cache.store import Store
+from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleVerdict, ProblemKind
+from ckptdoctor.sources.interface import Entry, L, M, Source
+from ckptdoctor.version import __version__
+
+__all__ = ["FactsCache"]
+
+_V = TypeVar("_V")
+
+FORMAT = 2  # 2: inline scalar containers and z pairs (``cache.codec``)
+# A file whose metadata changed this recently before the scan began may still be being written, within one tick of
+# its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
+# index entry as "racily clean").
+RACY_NS = 2_000_000_000
+# Facts of these kinds depend on more than the file's bytes (HDF5: whether h5py is installed), so are never stored.
+_UNCACHED_KINDS = frozenset({FileKind.HDF5})
+_BUG = "internal error"
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A digest of ckptdoctor's own code and data files (their names, sizes and modification times) and version:
+    any change to the readers, the pickle policy or its allowlist makes every entry a stranger."""
+    import hashlib
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256(__version__.encode())
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".json")):
+                st = os.stat(os.path.join(folder, name))
+                h.update(f"{os.path.relpath(os.path.join(folder, name), package)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                         .encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _digest(value: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def allow_key(allow: tuple[Any, ...]) -> str:
+    """The key of a verdict judged under ``allow`` (``Allowance`` values: pattern and origin)."""
+    return _digest([[a.pattern, a.origin] for a in allow])
+
+
+class _Segment:
+    """One cache file's entries: those read from it (still to be seen in this walk) and those of this walk."""
+
+    __slots__ = ("decoder", "dirty", "doc", "found", "live", "name", "stale")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.doc: dict[str, Any] | None = None  # the document read (None: none, or not trusted)
+        self.decoder: Decoder | None = None
+        self.found: dict[str, Any] = {}  # key in the folder -> the stored entry (a dict), not yet seen
+        self.live: dict[str, dict[str, Any]] = {}  # key -> entry of this walk: identity, flags, and the values
+        self.dirty = False  # an entry was added or changed, or one stored was not seen again
+        self.stale = 0  # entries replaced or dropped since the table was last written from scratch
+
+
+class FactsCache:
+    """The cache for one scan of one root (see the module doc). Not for two roots at once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.started = time.time_ns()
+        self._lock = threading.Lock()
+        self._segments: dict[str, _Segment] = {}
+        self._expected: dict[str, Any] | None = None
+        self._limits = ""
+        self._where = ""
+        # root-relative path -> (the facts handed out, its segment's name, its key in the segment)
+        self._handed: dict[str, tuple[FileFacts, str, str]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def source(self, inner: Source[L, M]) -> Source[L, M]:
+        """``inner`` (the root's source) with its reads answered from the cache where the file is the same."""
+        self._where = inner.where
+        self._limits = repr(inner.limits)
+        return _CachedSource(self, inner)
+
+    @property
+    def _expect(self) -> dict[str, Any]:
+        """What a cache file must say it was written under (made on first use: a root with no file to read costs
+        no walk of the package's files)."""
+        if self._expected is None:
+            self._expected = {"format": FORMAT, "version": __version__, "code": code_fingerprint(),
+                              "limits": _digest(self._limits)}
+        return self._expected
+
+    # -- the walk ---------------------------------------------------------------------------------------------
+
+    def lookup(self, source: Source[L, M], entry: Entry[M], rel: str, in_dcp: bool) -> FileFacts | None:
+        """The stored facts of the file ``entry`` at ``rel``, when an entry proves it the same; else None."""
+        identity = source.identity(entry)
+        if identity is None:
+            return None
+        seg, key = _segment_of(rel)
+        with self._lock:
+            segment = self._segment(seg)
+            stored = segment.found.pop(key, None)
+            if stored is None:
+                return None
+            segment.stale += 1  # until it proves good below
+            if stored.get("id") != [*identity, in_dcp] or segment.decoder is None:
+                segment.dirty = True
+                return None
+            try:
+                facts = segment.decoder.value(stored.get("facts"), FileFacts)
+            except CodecError:
+                segment.dirty = True
+                return None
+            segment.stale -= 1
+            facts = dataclasses.replace(facts, path=rel)
+            assert isinstance(facts, FileFacts)
+            segment.live[key] = {**stored, "obj": facts}
+            self._handed[rel] = (facts, seg, key)
+            self.hits += 1
+            return facts
+
+    def store_read(self, source: Source[L, M], entry: Entry[M], rel: str, in_dcp: bool, facts: FileFacts) -> None:
+        """Keep ``facts`` (just read) for the next scan, when they can be trusted to stay true of this file."""
+        self.misses += 1
+        identity = source.identity(entry)
+        if identity is None or not _storable(facts) or not source.settled(entry, facts, self.started - RACY_NS):
+            return
+        seg, key = _segment_of(rel)
+        with self._lock:
+            segment = self._segment(seg)
+            segment.live[key] = {"id": [*identity, in_dcp], "obj": facts}
+            segment.dirty = True
+            self._handed[rel] = (facts, seg, key)
+
+    def lookup_items(self, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts | None:
+        """The stored completion of the `.distcp` file ``facts`` (handed out by this cache) with ``items``."""
+        with self._lock:
+            done = self._stored(facts, "items", _items_key(items), "done", FileFacts)
+            if done is None:
+                return None
+            done = dataclasses.replace(done, path=facts.path)
+            assert isinstance(done, FileFacts)
+            self._entry_of(facts)["done_obj"] = done  # type: ignore[index]
+            self._handed[facts.path] = (done, *self._handed[facts.path][1:])
+            return done
+
+    def store_items(self, facts: FileFacts, items: list[DcpItem] | None, done: FileFacts) -> None:
+        """Keep the completion ``done`` of the `.distcp` file ``facts`` with ``items``."""
+        with self._lock:
+            entry = self._entry_of(facts)
+            if entry is None:
+                return
+            if not _storable(done):
+                entry["uncached"] = True  # its first facts alone would not be the file's
+            entry.pop("done", None)
+            entry["items"], entry["done_obj"] = _items_key(items), done
+            seg, key = self._handed[facts.path][1:]
+            self._segments[seg].dirty = True
+            self._handed[facts.path] = (done, seg, key)
+
+    def left(self, rel: str) -> None:
+        """The folder ``rel`` was walked and judged as a part of its own: write the cache files of it and of the
+        folders in it."""
+        inside = rel + "/"
+        for seg in [s for s in self._segments if s == rel or s.startswith(inside)]:
+            self._flush(seg)
+
+    def close(self) -> None:
+        """Write every cache file still open."""
+        for seg in list(self._segments):
+            self._flush(seg)
+
+    # -- verdicts (``pickle_verdict.judge.VerdictMemo``) ----------------------------------------------------------
+
+    def known(self, f: FileFacts, allow: tuple[Any, ...]) -> PickleVerdict | None:
+        """The stored verdict of ``f`` (facts this cache handed out) under ``allow``, or None."""
+        with self._lock:
+            verdict = self._stored(f, "vkey", allow_key(allow), "verdict", PickleVerdict)
+            if verdict is not None:
+                self._entry_of(f)["verdict_obj"] = verdict  # type: ignore[index]
+            return verdict
+
+    def learn(self, f: FileFacts, allow: tuple[Any, ...], verdict: PickleVerdict) -> None:
+        """Keep ``verdict``, judged from ``f`` alone under ``allow``."""
+        with self._lock:
+            entry = self._entry_of(f)
+            if entry is None:
+                return
+            entry.pop("verdict", None)
+            entry["vkey"], entry["verdict_obj"] = allow_key(allow), verdict
+            self._segments[self._handed[f.path][1]].dirty = True
+
+    # -- inside ---------------------------------------------------------------------------------------------------
+
+    def _stored(self, f: FileFacts, key: str, expect: Any, field: str, kind: type[_V]) -> _V | None:
+        """The ``kind`` value stored in the entry of ``f`` (facts this cache handed out) at ``field``, when the
+        entry's ``key`` is ``expect`` (the `.distcp` items, the allowances) and the value decodes."""
+        entry = self._entry_of(f)
+        if entry is None or entry.get(key) != expect or field not in entry:
+            return None
+        decoder = self._segments[self._handed[f.path][1]].decoder
+        if decoder is None:
+            return None
+        try:
+            value = decoder.value(entry[field], kind)
+        except CodecError:
+            return None
+        assert isinstance(value, kind)
+        return value
+
+    def _entry_of(self, f: FileFacts) -> dict[str, Any] | None:
+        handed = self._handed.get(f.path)
+        if handed is None or handed[0] is not f:
+            return None
+        segment = self._segments.get(handed[1])
+        return None if segment is None else segment.live.get(handed[2])
+
+    def _segment(self, seg: str) -> _Segment:
+        segment = self._segments.get(seg)
+        if segment is None:
+            segment = self._segments[seg] = _Segment(self._name(seg))
+            doc = self.store.read(segment.name, self._expect)
+            entries = None if doc is None else doc.get("entries")
+            if doc is not None and type(entries) is dict:
+                try:
+                    segment.decoder = Decoder(doc.get("nodes"))
+                except CodecError:
+                    segment.decoder = None
+                if segment.decoder is not None:
+                    segment.doc, segment.found = doc, entries
+                    stale = doc.get("stale")
+                    segment.stale = stale if type(stale) is int and stale >= 0 else 0
+        return segment
+
+    def _name(self, seg: str) -> str:
+        return self._where if not seg else f"{self._where}/{seg}"
+
+    def _flush(self, seg: str) -> None:
+        segment = self._segments.pop(seg)
+        for rel in [r for r, h in self._handed.items() if h[1] == seg]:
+            del self._handed[rel]
+        if segment.found:  # stored entries this walk did not meet: gone, or not reached
+            segment.dirty = True
+            segment.stale += len(segment.found)
+        if not segment.dirty:
+            return
+        try:
+            doc = _document(segment)
+        except (CodecError, RecursionError):
+            return
+        self.store.write(segment.name, {**self._expect, **doc})
+
+
+def _document(segment: _Segment) -> dict[str, Any]:
+    """The cache file of ``segment``: its live entries, the new ones encoded onto the table read (so unchanged
+    entries cost nothing to write), or the whole table encoded again once a quarter of its entries went stale."""
+    old = segment.decoder if segment.doc is not None else None
+    fresh = old is None or segment.stale * 4 > len(segment.live)
+    encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["nodes"], old)  # type: ignore[index]
+    entries: dict[str, Any] = {}
+    for key, entry in segment.live.items():
+        if entry.get("uncached"):
+            continue
+        out: dict[str, Any] = {"id": entry["id"], "facts": _stored(encoder, old, entry, "facts", key)}
+        if "items" in entry:
+            done = _stored(encoder, old, entry, "done", key)
+            if done is not None:
+                out["items"], out["done"] = entry["items"], done
+        if "vkey" in entry:
+            verdict = _stored(encoder, old, entry, "verdict", None)
+            if verdict is not None:
+                out["vkey"], out["verdict"] = entry["vkey"], verdict
+        entries[key] = out
+    return {"nodes": encoder.nodes, "entries": entries, "stale": 0 if fresh else segment.stale}
+
+
+_OBJ = {"facts": "obj", "done": "done_obj", "verdict": "verdict_obj"}
+
+
+def _stored(encoder: Encoder, old: Decoder | None, entry: dict[str, Any], field: str, key: str | None) -> Any:
+    """The node of an entry's ``field`` (its facts, stored under the path ``key`` in its folder, its `.distcp`
+    completion, or its verdict): the node it had in the table read when the encoder goes on with that table, else
+    its value encoded (the value handed out, or the one read); None when it has none."""
+    index = entry.get(field)
+    if index is not None and old is not None:
+        if encoder.seeded_from is old:
+            return index
+        value = entry.get(_OBJ[field])
+        if value is None:
+            value = old.value(index)
+    else:
+        value = entry.get(_OBJ[field])
+    if value is None:
+        return None
+    if key is not None:
+        value = dataclasses.replace(value, path=key)
+    return encoder.encode(value)
+
+
+def _storable(facts: FileFacts) -> bool:
+    """Facts that are a function of the file's bytes alone: no read error (which may pass), no reader bug, no kind
+    that depends on installed packages."""
+    if facts.kind in _UNCACHED_KINDS:
+        return False
+    return not any(
+        p.kind is ProblemKind.UNREADABLE or p.message.startswith(_BUG) for p in facts.problems
+    )
+
+
+def _items_key(items: list[DcpItem] | None) -> Any:
+    return None if items is None else [list(i) for i in items]
+
+
+def _segment_of(rel: str) -> tuple[str, str]:
+    """The folder whose cache file holds ``rel`` (the path up to its first folder a run may take as a checkpoint),
+    and ``rel`` inside it."""
+    from ckptdoctor.discover import absorbable
+
+    parts = rel.split("/")
+    cut = len(parts) - 1
+    for i, part in enumerate(parts[:-1]):
+        if absorbable(part):
+            cut = i
+            break
+    seg = "/".join(parts[:cut])
+    return seg, rel[len(seg) + 1 :] if seg else rel
+
+
+class _CachedSource(Generic[L, M]):
+    """A source whose reads go through a ``FactsCache``; everything else is the wrapped source's."""
+
+    def __init__(self, cache: FactsCache, inner: Source[L, M]) -> None:
+        self._cache = cache
+        self._inner = inner
+        self.limits = inner.limits
+        self.abs_root = inner.abs_root
+        self.where = inner.where
+
+    @property
+    def stopped(self) -> bool:
+        return self._inner.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self._inner.stopped = value
+
+    def root(self, problems: Any) -> Any:
+        return self._inner.root(problems)
+
+    def listdir(self, folder: Entry[M], rel: str, problems: Any) -> list[L] | None:
+        return self._inner.listdir(folder, rel, problems)
+
+    def entry(self, listed: L, rel: str, problems: Any) -> Entry[M] | None:
+        return self._inner.entry(listed, rel, problems)
+
+    def read(self, entry: Entry[M], rel: str, in_dcp: bool) -> FileFacts:
+        facts = self._cache.lookup(self._inner, entry, rel, in_dcp)
+        if facts is not None:
+            return facts
+        facts = self._inner.read(entry, rel, in_dcp)
+        self._cache.store_read(self._inner, entry, rel, in_dcp, facts)
+        return facts
+
+    def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
+        done = self._cache.lookup_items(facts, items)
+        if done is not None:
+            return done
+        done = self._inner.read_dcp_items(path, facts, items)
+        self._cache.store_items(facts, items, done)
+        return done
+
+    def shown_target(self, path: str) -> str:
+        return self._inner.shown_target(path)
+
+    def key(self, path: str) -> Hashable:
+        return self._inner.key(path)
+
+    def part(self, path: str) -> Source[L, M]:
+        return _CachedSource(self._cache, self._inner.part(path))
+
+    def identity(self, entry: Entry[M]) -> list[Any] | None:
+        return self._inner.identity(entry)
+
+    def settled(self, entry: Entry[M], facts: FileFacts, before_ns: int) -> bool:
+        return self._inner.settled(entry, facts, before_ns)

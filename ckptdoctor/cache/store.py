@@ -1,0 +1,265 @@
+"""Where the verdict cache lives and how its files are kept: the user's cache folder, never the scanned tree.
+
+The folder is ``$XDG_CACHE_HOME/ckptdoctor`` (an absolute ``XDG_CACHE_HOME``, as the XDG Base Directory
+specification asks), else ``~/.cache/ckptdoctor``. It is used only when it is a real folder (not a link) owned by
+this user and closed to everyone else (mode 0700, made so when created), holding a secret key of the same kind
+(``key``, 32 random bytes, 0600). Each cache file is one JSON document after one line: the HMAC-SHA256 of the
+document under that key. A file is trusted only when the HMAC matches and the document parses as one this code wrote,
+for the same question (``Store.read`` checks ``expect``); anything else is ignored, and overwritten by the next write.
+So a file planted by another user or process, copied from another machine or a backup, torn by a crash or written
+by another version of ckptdoctor is never believed.
+
+Files are written whole, to a temporary file beside the target, then renamed over it (``os.replace``): a reader in
+another process (``scan_many`` on Dask workers, two scans at once) sees the old file or the new one, never a mix;
+the last writer wins, and both wrote the truth. Nothing is synced to disk: a file lost in a crash is a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from ckptdoctor.model import frozen
+
+__all__ = ["CacheInfo", "Store", "cache_dir", "clear", "info"]
+
+_KEY = "key"
+_FILES = "facts"  # the cache files, one per folder cached (``ckptdoctor.cache.source``)
+_KEY_BYTES = 32
+# A cache file larger than this is not read (a run's file is a few MB: one 100-checkpoint 7B run is 2.4 MB).
+MAX_FILE_BYTES = 1 << 30
+
+
+def cache_dir() -> str:
+    """The cache folder: ``$XDG_CACHE_HOME/ckptdoctor`` when that variable holds an absolute path, else
+    ``~/.cache/ckptdoctor``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ckptdoctor")
+
+
+class Store:
+    """An open cache folder: its key, and the files in it read and written by name."""
+
+    def __init__(self, folder: str, key: bytes) -> None:
+        self.folder = folder
+        self._key = key
+        self._files = os.path.join(folder, _FILES)
+
+    @classmethod
+    def open(cls, folder: str | None = None) -> Store | str:
+        """The cache at ``folder`` (default ``cache_dir()``), created if missing; or why it cannot be used (a
+        folder owned by someone else or open to others, a key that is not ours, an OS error)."""
+        folder = folder or cache_dir()
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            why = _private(folder, stat.S_ISDIR)
+            if why is not None:
+                return why
+            files = os.path.join(folder, _FILES)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(files, 0o700)
+            why = _private(files, stat.S_ISDIR)
+            if why is not None:
+                return why
+            key = _key(folder)
+        except OSError as e:
+            return f"{folder}: {e.strerror or e}"
+        if isinstance(key, str):
+            return key
+        return cls(folder, key)
+
+    def path(self, name: str) -> str:
+        """Where the cache file for ``name`` (any string: a folder's identity) lives."""
+        import hashlib  # here and below: a scan that reads no file (an empty root) imports none of this
+
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return os.path.join(self._files, f"{digest}.json")
+
+    def read(self, name: str, expect: dict[str, Any]) -> dict[str, Any] | None:
+        """The document stored for ``name``, when its HMAC is ours and it holds every item of ``expect`` as given
+        (the format, version and settings it was written under, and ``name`` itself); else None."""
+        try:
+            fd = os.open(self.path(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_FILE_BYTES:
+                    return None
+                data = fh.read(MAX_FILE_BYTES + 1)
+        except OSError:
+            return None
+        import hmac
+        import json
+
+        mac, sep, body = data.partition(b"\n")
+        if not sep or not hmac.compare_digest(mac, self._mac(body)):
+            return None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return None
+        if type(doc) is not dict or doc.get("name") != name:
+            return None
+        if any(doc.get(k) != v for k, v in expect.items()):
+            return None
+        return doc
+
+    def write(self, name: str, doc: dict[str, Any]) -> bool:
+        """Store ``doc`` (with ``name`` in it) for ``name``, atomically; False when it could not be written."""
+        import json
+
+        body = json.dumps({**doc, "name": name}, separators=(",", ":"), check_circular=False).encode("utf-8")
+        target = self.path(name)
+        try:
+            fd, tmp = _temporary(self._files)
+        except OSError:
+            return False
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self._mac(body) + b"\n")
+                fh.write(body)
+            os.replace(tmp, target)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+        return True
+
+    def _mac(self, body: bytes) -> bytes:
+        import hashlib
+        import hmac
+
+        return hmac.new(self._key, body, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def _temporary(folder: str, prefix: str = ".tmp-") -> tuple[int, str]:
+    """A new file (0600, never an existing one or a link) in ``folder``, open for writing: its descriptor and path.
+    (``tempfile.mkstemp`` does the same, at the cost of importing ``random`` and ``shutil`` at every scan.)"""
+    for _ in range(100):
+        path = os.path.join(folder, prefix + os.urandom(8).hex())
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{folder}: no free temporary name")
+
+
+def _private(path: str, is_kind: Any) -> str | None:
+    """Why ``path`` may not hold the cache (not of the expected kind, a link, not ours, open to others), or None."""
+    st = os.lstat(path)
+    if not is_kind(st.st_mode):
+        return f"{path}: not a {'folder' if is_kind is stat.S_ISDIR else 'regular file'} (a link?); the cache is off"
+    if st.st_uid != os.getuid():
+        return f"{path}: owned by another user; the cache is off"
+    if st.st_mode & 0o077:
+        return f"{path}: other users may read or write it (mode {stat.S_IMODE(st.st_mode):o}); the cache is off"
+    return None
+
+
+def _key(folder: str) -> bytes | str:
+    """The cache's secret key, made on first use (written beside, then linked into place: two processes making it
+    at once end with one key, and nobody reads a half-written one)."""
+    path = os.path.join(folder, _KEY)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as fh:
+                why = _private(path, stat.S_ISREG)
+                st = os.fstat(fh.fileno())
+                if why is None and (st.st_uid != os.getuid() or st.st_mode & 0o077):
+                    why = f"{path}: not this user's private key; the cache is off"
+                key = fh.read(_KEY_BYTES + 1)
+            if why is not None:
+                return why
+            if len(key) != _KEY_BYTES:
+                return f"{path}: not a key ckptdoctor wrote (remove it, or run `ckptdoctor cache clear`)"
+            return key
+        tmp_fd, tmp = _temporary(folder, ".tmp-key-")
+        try:
+            with os.fdopen(tmp_fd, "wb") as fh:
+                fh.write(os.urandom(_KEY_BYTES))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    return f"{path}: could not be made"
+
+
+@frozen
+class CacheInfo:
+    """What ``ckptdoctor cache info`` shows: the folder, whether it can be used (else why not), its files and
+    their bytes."""
+
+    folder: str
+    problem: str | None
+    files: int
+    bytes: int
+
+
+def info(folder: str | None = None) -> CacheInfo:
+    """The cache folder, whether it is usable, and how much it holds (nothing is created)."""
+    folder = folder or cache_dir()
+    files = total = 0
+    for path in _cache_files(folder):
+        with contextlib.suppress(OSError):
+            total += os.lstat(path).st_size
+            files += 1
+    problem = None
+    try:
+        problem = _private(folder, stat.S_ISDIR)
+    except FileNotFoundError:
+        problem = "not created yet (the first scan makes it)"
+    except OSError as e:
+        problem = f"{folder}: {e.strerror or e}"
+    return CacheInfo(folder, problem, files, total)
+
+
+def clear(folder: str | None = None) -> int:
+    """Remove the cache folder's own files (its cache files and key) and the folder itself when that leaves it
+    empty; nothing else, and nothing when the folder is a link or another user's. Returns the files removed."""
+    folder = folder or cache_dir()
+    try:
+        if _private(folder, stat.S_ISDIR) is not None and os.lstat(folder).st_uid != os.getuid():
+            return 0
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return 0
+    except OSError:
+        return 0
+    removed = 0
+    for path in [*_cache_files(folder), os.path.join(folder, _KEY)]:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            continue
+    for path in (os.path.join(folder, _FILES), folder):
+        try:
+            os.rmdir(path)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+                break
+    return removed
+
+
+def _cache_files(folder: str) -> Iterator[str]:
+    """The files in the cache's files folder (its documents and any temporary file a killed writer left)."""
+    files = os.path.join(folder, _FILES)
+    try:
+        names = os.listdir(files)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".json") or name.startswith(".tmp-"):
+            yield os.path.join(files, name)
