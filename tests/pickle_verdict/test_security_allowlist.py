@@ -177,6 +177,20 @@ def test_deepspeed_with_transformers_4_40_training_args_is_clean() -> None:
     assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
 
 
+def test_a_deepspeed_trainer_checkpoint_raises_no_alarm() -> None:
+    """A real transformers 5.24 Trainer run under DeepSpeed 0.19.8 (tests/data/deepspeed-0.19.8-zero2-elastic, its
+    README says how it was written). Its ``training_args.bin`` holds the DeepSpeed plugin's weak-reference config
+    (accelerate/utils/dataclasses.py ``DeepSpeedPlugin.set_deepspeed_weakref``), a ``HfDeepSpeedConfig`` rebuilt as
+    data: an exact entry of the pinned file, written by the matrix's DeepSpeed Trainer stacks. DeepSpeed is not
+    installed where this runs."""
+    run = TESTS / "data" / "deepspeed-0.19.8-zero2-elastic"
+    args = run / "checkpoint-4" / "training_args.bin"
+    config = "transformers.integrations.deepspeed.HfDeepSpeedConfig"
+    assert config in _globals(args) and config in pickle_policy.GENERATED
+    assert config in json.loads(PINNED.read_text())["observed"]
+    assert _alarms(run) == []
+
+
 ACCELERATE_DS = STACKS / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
 
 
