@@ -8,11 +8,13 @@ Usage::
 Every global comes from a file the libraries really wrote: in each stack of the matrix (``STACKS``: transformers 4.40,
 4.44, 4.46, 4.49, 4.51, 4.55, 4.57 and this environment's 5.x, each with TrainingArguments variants, a 2-step
 Trainer run and peft adapters through the Trainer (bench/stack_writer.py); TRL 1.16 and 1.12 (the last with PPO);
-DeepSpeed 0.19.8 over transformers 5.x, 4.51 and 4.40; numpy 1.26; bitsandbytes 0.50.2; as ``pip --target`` layers
-over this environment or venvs under ``--stacks``; a stack that is absent is recorded as such, never guessed), and
-here (torch optimizers and schedulers, the Trainer's own checkpoint files from a 2-step ``transformers.Trainer`` run,
-accelerate ``save_state`` without and with mixed precision, a peft adapter saved as ``.bin``, numpy arrays,
-``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is installed), read back with
+DeepSpeed 0.19.8 over transformers 5.x, 4.51 and 4.40, as TrainingArguments and as a real Trainer run on its CPU
+accelerator (tests/gate/deepspeed_trainer.py: ZeRO-1/2/3, CPU offload, bf16); numpy 1.26; bitsandbytes 0.50.2; as
+``pip --target`` layers over this environment or venvs under ``--stacks``; a stack that is absent is recorded as
+such, never guessed), and here (torch optimizers and schedulers, the Trainer's own checkpoint files from a 2-step
+``transformers.Trainer`` run, accelerate ``save_state`` without and with mixed precision, a peft adapter saved as
+``.bin``, numpy arrays, ``torch.distributed.checkpoint``, DeepSpeed ZeRO 1/2/3 engines when ``deepspeed`` is
+installed), read back with
 ckptdoctor's own static readers (nothing is unpickled). The versions each stack ran are recorded in the JSON
 (``versions``, ``stacks``), with the cases a library refused and its own message. On top of that, the enum classes
 of the modules whose classes appear in ``training_args.bin`` are listed by introspection, since another
@@ -130,6 +132,38 @@ for stage in (1, 2, 3):
     done.append(stage)
 print(json.dumps({"versions": versions("accelerate", "deepspeed", "torch"), "configs": done}))
 """
+# A real transformers.Trainer under DeepSpeed (ZeRO on DeepSpeed's CPU accelerator, one rank over gloo), run by
+# tests/gate/deepspeed_trainer.py (argv[2]; its ``run`` trains a tiny Llama 2 steps and saves checkpoint-2). The
+# Trainer's accelerator hands TrainingArguments' DeepSpeed plugin a weak reference to the model's config
+# (accelerate/utils/dataclasses.py ``DeepSpeedPlugin.set_deepspeed_weakref``: ``self.dschf = HfDeepSpeedConfig(...)``),
+# so its ``training_args.bin`` pickles what ``TrainingArguments(deepspeed=...)`` alone never holds; the engine writes
+# its model and optimizer states beside it. Each ZeRO stage, CPU offload of the optimizer (and of the parameters at
+# stage 3), and bf16, since each changes what the engine keeps.
+_DEEPSPEED_TRAINER = _ARGS_COMMON + """
+import runpy, socket, tempfile
+with socket.socket() as s:  # the rendezvous port: another run may hold the default one
+    s.bind(("127.0.0.1", 0)); os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+cpu = {"device": "cpu"}
+cases = {
+    "zero1": {"stage": 1}, "zero2": {"stage": 2}, "zero3": {"stage": 3},
+    "zero2-offload": {"ds": {"zero_optimization": {"stage": 2, "offload_optimizer": cpu}}},
+    "zero3-offload": {"ds": {"zero_optimization": {"stage": 3, "offload_optimizer": cpu, "offload_param": cpu}}},
+    "zero2-bf16": {"stage": 2, "args": {"bf16": True}},
+    "zero3-bf16": {"stage": 3, "args": {"bf16": True}},
+}
+jobs = [{**case, "out": os.path.join(out, name), "args": {"max_steps": 2, "save_steps": 2, **case.get("args", {})}}
+        for name, case in cases.items()]
+with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "jobs.json"), "w") as f: json.dump(jobs, f)
+    sys.argv = [sys.argv[2], os.path.join(tmp, "jobs.json"), os.path.join(tmp, "results.json")]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    with open(sys.argv[2]) as f: results = json.load(f)
+failed = {name: ": ".join(r["error"])[:200] for name, r in zip(cases, results) if "error" in r}
+done = [name for name in cases if name not in failed]
+print(json.dumps({"versions": versions("deepspeed", "transformers", "accelerate", "torch"), "configs": done,
+                  "failed": failed}))
+"""
+DEEPSPEED_TRAINER_SCRIPT = str(ROOT / "tests" / "gate" / "deepspeed_trainer.py")
 _BNB = _ARGS_COMMON + """
 import bitsandbytes as bnb
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 4))
@@ -195,6 +229,12 @@ STACKS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
     ("accelerate+deepspeed-0.19.8", ("deepspeed-0.19.8",), _ACCELERATE_DEEPSPEED, ()),
     ("deepspeed-0.19.8+transformers-4.40", ("deepspeed-0.19.8", "tf440"), _DEEPSPEED_ARGS, ()),
     ("deepspeed-0.19.8+transformers-4.51", ("deepspeed-0.19.8", "tf451"), _DEEPSPEED_ARGS, ()),
+    # a real Trainer run under DeepSpeed: training_args.bin as the Trainer saves it, and the engine's states
+    ("deepspeed-0.19.8-trainer", ("deepspeed-0.19.8",), _DEEPSPEED_TRAINER, (DEEPSPEED_TRAINER_SCRIPT,)),
+    ("deepspeed-0.19.8-trainer+transformers-4.51", ("deepspeed-0.19.8", "tf451"), _DEEPSPEED_TRAINER,
+     (DEEPSPEED_TRAINER_SCRIPT,)),
+    ("deepspeed-0.19.8-trainer+transformers-4.40", ("deepspeed-0.19.8", "tf440"), _DEEPSPEED_TRAINER,
+     (DEEPSPEED_TRAINER_SCRIPT,)),
     ("transformers-4.57", ("tf457",), _WRITER, ("transformers",)),
     *((name, (sub,), _WRITER, ("transformers",)) for name, sub in TRANSFORMERS_LAYERS),
     ("numpy-1.26.4", ("numpy-1.26.4",), _WRITER, ("numpy",)),

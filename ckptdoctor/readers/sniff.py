@@ -103,7 +103,7 @@ def sniff(
         codec = None  # a text file whose first bytes happen to inflate: joblib.load is not what reads `notes.txt`
     if (looks_like_tar(head) or codec is not None) and not lower.endswith(_KEEP_NAMED):
         return FileKind.ARCHIVE  # extracted and its members unpickled by whoever unpacks it
-    if _looks_like_safetensors(head):
+    if _looks_like_safetensors(head, size):
         return FileKind.SAFETENSORS
     if protocol_header(head):
         return FileKind.PICKLE
@@ -288,12 +288,15 @@ def looks_like_tf_index_head(head: bytes) -> bool:
     return n == 0 or head[pos : pos + 1] in (b"\x08", b"\x10", b"\x1a")
 
 
-def _looks_like_safetensors(head: bytes) -> bool:
-    """An 8-byte little-endian header length of at least 2, then a JSON object (after optional whitespace)."""
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    """An 8-byte little-endian header length of at least 2 that fits in the file, then a JSON object (after optional
+    whitespace). A length past the file's end is no file ``safe_open`` reads: JSON text such as LLaMA-Factory's
+    ``dataset_info.json`` (``{"tiny": {...``) has that shape, its first eight bytes read as a length past 2**56; a
+    ``*.safetensors`` name still goes to the safetensors reader, which reports the bad length."""
     if len(head) < 9:
         return False
     (n,) = struct.unpack("<Q", head[:8])
-    if n < 2:
+    if n < 2 or n > size - 8:
         return False
     rest = head[8 : 8 + n].lstrip(_JSON_WS)
     if not rest.startswith(b"{"):

@@ -1,5 +1,6 @@
 """Train or resume a tiny real Trainer under DeepSpeed (ZeRO on the CPU accelerator, one rank over gloo), in a fresh
-process, for tests/gate/test_gate_deepspeed.py.
+process, for tests/gate/test_gate_deepspeed.py and for bench/make_allowlist.py (its DeepSpeed Trainer stacks record
+what the saved files pickle).
 
 Run as a script, never imported by the suite: ``python tests/gate/deepspeed_trainer.py JOB.json RESULT.json`` with
 DeepSpeed's layer first on ``PYTHONPATH`` (``CKPTDOCTOR_DEEPSPEED_LAYER``). The jobs run one after the other in this

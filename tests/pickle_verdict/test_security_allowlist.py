@@ -177,6 +177,44 @@ def test_deepspeed_with_transformers_4_40_training_args_is_clean() -> None:
     assert [f.rule for f in report.findings if f.rule.startswith("CKD6")] == []
 
 
+def test_a_deepspeed_trainer_checkpoint_raises_no_alarm() -> None:
+    """A real transformers 5.24 Trainer run under DeepSpeed 0.19.8 (tests/data/deepspeed-0.19.8-zero2-elastic, its
+    README says how it was written). Its ``training_args.bin`` holds the DeepSpeed plugin's weak-reference config
+    (accelerate/utils/dataclasses.py ``DeepSpeedPlugin.set_deepspeed_weakref``), a ``HfDeepSpeedConfig`` rebuilt as
+    data: an exact entry of the pinned file, written by the matrix's DeepSpeed Trainer stacks. DeepSpeed is not
+    installed where this runs."""
+    run = TESTS / "data" / "deepspeed-0.19.8-zero2-elastic"
+    args = run / "checkpoint-4" / "training_args.bin"
+    config = "transformers.integrations.deepspeed.HfDeepSpeedConfig"
+    assert config in _globals(args) and config in pickle_policy.GENERATED
+    assert config in json.loads(PINNED.read_text())["observed"]
+    assert _alarms(run) == []
+
+
+_DS_CONFIG = b"\x80\x02ctransformers.integrations.deepspeed\nHfDeepSpeedConfig\n"
+_DS_STATE = b"}X\x06\x00\x00\x00config}sX\x06\x00\x00\x00_stageK\x02s"
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "clean"),
+    [
+        ("rebuilt as the Trainer writes it", b")\x81" + _DS_STATE + b"b.", True),
+        ("called with a path (its __init__ reads the file)", b"X\x04\x00\x00\x00/etc\x85R.", False),
+        ("NEWOBJ with arguments", b"}\x85\x81.", False),
+        ("BUILD of slot state (setattr)", b")\x81N" + _DS_STATE + b"\x86b.", False),
+        ("SETITEM on the built object", b")\x81X\x01\x00\x00\x00aK\x01s.", False),
+    ],
+)
+def test_the_deepspeed_plugin_config_is_admitted_only_rebuilt_as_data(
+    tmp_path: Path, name: str, body: bytes, clean: bool
+) -> None:
+    """``HfDeepSpeedConfig`` is an exact entry for its rebuild (``NEWOBJ`` of no arguments, then a ``BUILD`` of its
+    dict: no code of it runs); any call of it stays CKD601 (docs/security.md, "Calls")."""
+    (tmp_path / "training_args.bin").write_bytes(_DS_CONFIG + body)
+    found = [f.rule for f in scan(str(tmp_path), no_config=True).findings if f.rule.startswith("CKD6")]
+    assert (found == []) if clean else ("CKD601" in found), (name, found)
+
+
 ACCELERATE_DS = STACKS / "accelerate-1.15.0-deepspeed-0.19.8-zero3"
 
 

@@ -351,3 +351,12 @@ def test_old_protocol_pickle_longer_than_the_head(protocol: int) -> None:
     data = pickle.dumps({f"layer.{i}.weight": [i, float(i)] for i in range(100)}, protocol=protocol)
     assert len(data) > HEAD_BYTES
     assert _sniff_bytes(data, "state") is FileKind.PICKLE
+
+
+def test_json_text_whose_ninth_byte_opens_an_object_is_no_safetensors_file() -> None:
+    """LLaMA-Factory's ``dataset_info.json`` (``{"tiny": {"file_name": ...}}``): its first eight bytes read as a
+    header length past 2**56, far past the file's end, so ``safe_open`` could never read it; it is JSON. A
+    ``*.safetensors`` name with the same bytes still goes to the safetensors reader, which reports the length."""
+    text = b'{"tiny": {"file_name": "tiny.json"}}'
+    assert sniff(text, "dataset_info.json", len(text)) is FileKind.JSON
+    assert sniff(text, "model.safetensors", len(text)) is FileKind.SAFETENSORS
