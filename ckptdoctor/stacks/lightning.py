@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor.model import (
+    Checkpoint,
     FileFacts,
     FileKind,
     GlobalRef,
@@ -169,16 +170,40 @@ def newest(files: Sequence[FileFacts]) -> FileFacts | None:
 
 
 def resume_text(run: Run) -> str:
-    """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
+    """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints), and whose step the
+    report shows when that is not the file loaded (``shown_file``)."""
     files = run_files(run)
     pick = last_pick(files)
     if pick is None:
-        return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
+        top = newest(files)
+        shown = "" if top is None else f"; the step shown is `{top.name}`'s, the most steps here"
+        return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch' + shown
     tied = tied_lasts(files)
     if tied:
         return ('Lightning; `fit(ckpt_path="last")` loads one of ' + ", ".join(f"`{f.name}`" for f in tied)
-                + " (one modification time)")
+                + " (one modification time; no step shown)")
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
+
+
+def shown_file(files: Sequence[FileFacts]) -> FileFacts | None:
+    """The ``.ckpt`` whose counters the report shows for a folder of Lightning checkpoints: the file
+    ``fit(ckpt_path="last")`` loads (the folder's resume, as a Trainer run's row marks its pick); with no
+    ``last*.ckpt``, the one holding the most steps (the file to pass as ``ckpt_path`` to continue); None when "last"
+    may load one of several files holding different steps (``tied_lasts``)."""
+    pick = last_pick(files)
+    if pick is None:
+        return newest(files)
+    return None if tied_lasts(files) else pick
+
+
+def shown_steps(ck: Checkpoint) -> tuple[int | None, int | None]:
+    """The step and the ``global_step`` the report shows for ``ck``, a folder of Lightning checkpoints: those of
+    ``shown_file`` among the files directly in it. The step is the optimizer steps its fit loop counts, where
+    ``fit`` resumes (``_CheckpointConnector.restore_loops``), ``global_step`` the top-level key (they differ only
+    in an edited file: CKD442); (None, None) when no one file is shown."""
+    f = shown_file([f for f in ck.files if "/" not in ck.relname(f)])
+    lf = None if f is None else facts_of(f)
+    return (None, None) if f is None or lf is None else (step_of(f), lf.global_step)
 
 
 def checkpoint_version(value: Any) -> str | None:

@@ -290,3 +290,45 @@ def test_gate_on_the_committed_run_without_lightning(tmp_path: Path) -> None:
     assert missing.failed and "`FileNotFoundError`" in missing.findings[0].message
     trainer = _gate(plain, stack="trainer")  # --stack overrides: the Trainer finds no checkpoint-N here
     assert trainer.weights_branch != "lightning" and "CKD413" in {f.rule for f in trainer.findings}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report's step: what the .ckpt "last" loads holds (its loops' count, where the real resume started)
+
+
+def _shown(root: Path) -> tuple[list[tuple[int | None, int | None]], str]:
+    """Each Lightning folder's (step, global_step) in the JSON report, and the text report."""
+    from ckptdoctor.render.report import render_text, to_json
+
+    report = scan(str(root))
+    rows = [(c["step"], c["global_step"]) for r in to_json(report)["runs"] for c in r["checkpoints"]]
+    return rows, render_text(report)
+
+
+def test_report_shows_the_committed_runs_steps() -> None:
+    """Written by Lightning 2.6.6 (tests/data/lightning-2.6.6): `last.ckpt` holds 2 steps in `namespace`, 4 in
+    `plain`; the report's step column and JSON show them, read from the pickle (`loops` and `global_step`)."""
+    rows, text = _shown(DATA)
+    assert rows == [(2, 2), (4, 4)]
+    assert ". (model files)  4 " in text
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "shown"), [
+    ("stale_last", (4, 4)), ("loop_counters", (2, 0)), ("two_runs", (4, 4)), ("tied_last", (None, None)),
+    ("dangling_last", (2, 2))])
+def test_report_step_is_where_the_real_resume_starts(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                                     shown: tuple[int | None, int | None]) -> None:
+    """The step shown is the loops' count of the file `fit(ckpt_path="last")` loaded, which is where the real resume
+    started (`global_step` edited to 0 does not move it); none when "last" may load files holding different steps
+    (the resume depended on the hash seed); with no `last*.ckpt` to load (a dangling link), the step of the file
+    holding the most, which the header names."""
+    root, out = runs[name]
+    (row,), text = _shown(root)
+    assert row == shown
+    if name in ("stale_last", "loop_counters", "two_runs"):
+        assert out["start_step"] == row[0]
+    if name == "tied_last":
+        assert "(one modification time; no step shown)" in text
+    if name == "dangling_last":
+        assert out["start_step"] == 0 and "the step shown is `epoch=0-step=2.ckpt`'s, the most steps here" in text
