@@ -178,10 +178,11 @@ def resume_text(run: Run) -> str:
         top = newest(files)
         shown = "" if top is None else f"; the step shown is `{top.name}`'s, the most steps here"
         return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch' + shown
-    tied = tied_lasts(files)
-    if tied:
+    tied = sorted((f for f in files if is_last_name(f.name) and f.mtime == pick.mtime), key=lambda f: f.path)
+    if len(tied) > 1:
+        alike = "no step shown" if tied_lasts(files) else "each at the same step"
         return ('Lightning; `fit(ckpt_path="last")` loads one of ' + ", ".join(f"`{f.name}`" for f in tied)
-                + " (one modification time; no step shown)")
+                + f" (one modification time; {alike})")
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
 
 
@@ -279,6 +280,9 @@ class LightningPrediction:
     max_steps: int | None
     from_scratch: str | None = None
     raises: str | None = None
+    # "last" may load any of these files (several `last*.ckpt` of the newest modification time) and they resume
+    # differently: each one's own prediction; `loaded` is then None, as nothing says which one loads
+    candidates: tuple[LightningPrediction, ...] = ()
 
 
 def lightning_runs(tree: Tree) -> list[Run]:
@@ -319,12 +323,24 @@ def predict(tree: Tree, plan: LightningPlan, path_file: FileFacts | None = None)
                       else "") + ", which holds no `last*.ckpt`: it warns and trains from scratch "
                    "(`ModelCheckpoint.__resolve_ckpt_dir`, `_CheckpointConnector._parse_ckpt_path`)")
             return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
-    pick = last_pick(run_files(run))
+    files = run_files(run)
+    pick = last_pick(files)
     if pick is None:
         why = (f'`fit(ckpt_path="last")` finds no `last*.ckpt` that exists in `{looks_in}`: it warns and trains from '
                "scratch (`_CheckpointConnector._parse_ckpt_path`)")
         return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    tied = [f for f in files if is_last_name(f.name) and f.mtime == pick.mtime]
+    if len(tied) > 1:  # Lightning's pick among them follows the hash seed: one prediction only if all resume alike
+        each = tuple(_from_file(plan, looks_in, f) for f in sorted(tied, key=lambda f: f.path))
+        if len({_outcome(c) for c in each}) > 1:
+            return LightningPrediction(plan, looks_in, None, None, None, None, plan.max_steps, candidates=each)
     return _from_file(plan, looks_in, pick)
+
+
+def _outcome(p: LightningPrediction) -> tuple[Any, ...]:
+    """What a resume from ``p.loaded`` does, as far as it matters to the run: where it starts, how much it trains,
+    whether and how it fails (two tied files that agree in all of it resume alike, whichever loads)."""
+    return p.start_step, p.start_epoch, p.steps_to_train, p.raises, p.from_scratch
 
 
 def _run_order(run: Run) -> tuple[int, float]:

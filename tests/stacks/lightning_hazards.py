@@ -179,30 +179,64 @@ def two_runs_overwrite(root: str) -> dict[str, Any]:
                             max_epochs=3), start, "last")
 
 
-def tied_last(root: str) -> dict[str, Any]:
-    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
-    leaves them): what ``ckpt_path="last"`` resolves to in fresh processes under different hash seeds."""
+def resume_last(root: str, max_epochs: int) -> dict[str, Any]:
+    """``fit(ckpt_path="last")`` of ``root`` (a ``ModelCheckpoint`` folder ``root/checkpoints``) by a new Trainer: its
+    outcome (``_resume``). Called in a fresh process by ``_seeded_resumes``."""
+    start = StartStep()
+    return _resume(_trainer(root, [ModelCheckpoint(dirpath=f"{root}/checkpoints", save_last=True), start],
+                            max_epochs=max_epochs), start, "last")
+
+
+def _seeded_resumes(root: str, max_epochs: int) -> dict[str, Any]:
+    """The real resume of ``<root>.built`` with ``fit(ckpt_path="last")`` in fresh processes under different
+    ``PYTHONHASHSEED`` values (each from its own copy, modification times kept), until two loaded different files:
+    ``picks`` (the file each loaded) and ``resumes`` (each outcome, by seed)."""
+    import json
     import subprocess
     import sys
 
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import lightning_hazards as h; "
+            "print(json.dumps(h.resume_last(sys.argv[2], int(sys.argv[3]))))")
+    picks: list[str] = []
+    resumes: dict[str, Any] = {}
+    for seed in range(16):  # each seed orders the set of candidates its own way
+        copy = f"{root}.seed{seed}"
+        shutil.copytree(f"{root}.built", copy, symlinks=True)  # copy2: the tied modification times stay
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run([sys.executable, "-c", code, here, copy, str(max_epochs)], env=env,
+                              capture_output=True, text=True, check=True)
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        resumes[str(seed)] = out
+        picks.append(os.path.basename(out["loaded"]))
+        if len(set(picks)) > 1:
+            break
+    return {"picks": picks, "resumes": resumes}
+
+
+def tied_last(root: str) -> dict[str, Any]:
+    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
+    leaves them): `last.ckpt` at step 10, `last-v1.ckpt` at step 4. Resumed with ``ckpt_path="last"`` and
+    ``max_epochs=6`` in fresh processes under different hash seeds (``_seeded_resumes``)."""
     ck = _two_fits(root)
     for name in ("last.ckpt", "last-v1.ckpt"):
         os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
     _built(root)
-    probe = ("import sys, lightning as L\n"
-             "from lightning.pytorch.callbacks import ModelCheckpoint\n"
-             "from lightning.pytorch.trainer.states import TrainerFn\n"
-             "t = L.Trainer(accelerator='cpu', logger=False, callbacks=[ModelCheckpoint(dirpath=sys.argv[1])])\n"
-             "print(t._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, 'last', model_provided=True, "
-             "model_connected=False))\n")
-    picks: list[str] = []
-    for seed in range(16):  # until both files were picked: each seed orders the set of candidates its own way
-        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
-        done = subprocess.run([sys.executable, "-c", probe, ck], env=env, capture_output=True, text=True, check=True)
-        picks.append(os.path.basename(done.stdout.strip().splitlines()[-1]))
-        if len(set(picks)) > 1:
-            break
-    return {"picks": picks}
+    return _seeded_resumes(root, 6)
+
+
+def tied_equal(root: str) -> dict[str, Any]:
+    """Two ``ModelCheckpoint(save_last=True)`` callbacks in one dirpath (the second, keeping the best train loss,
+    writes `last-v1.ckpt`), both at step 4 after 2 epochs, then given one modification time: whichever "last"
+    loads, the resume (``max_epochs=3``) starts at step 4."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True),
+                    ModelCheckpoint(dirpath=ck, save_last=True, monitor="train_loss", filename="{epoch}-{step}-b")],
+             max_epochs=2).fit(Module(), _data())
+    for name in ("last.ckpt", "last-v1.ckpt"):
+        os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
+    _built(root)
+    return _seeded_resumes(root, 3)
 
 
 def onecycle_epoch(root: str) -> dict[str, Any]:
@@ -325,7 +359,7 @@ def callback(root: str) -> dict[str, Any]:
 
 SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
                                      loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
-                                     tied_last, onecycle_epoch)}
+                                     tied_last, tied_equal, onecycle_epoch)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

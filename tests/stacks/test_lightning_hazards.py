@@ -20,7 +20,7 @@ from tests.stacks.test_stack_lightning import _lightning, needs_lightning
 
 SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
              "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last",
-             "onecycle_epoch")
+             "tied_equal", "onecycle_epoch")
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +83,54 @@ def test_a_later_fit_overwriting_last_is_clean(runs: dict[str, tuple[Path, dict[
 
 @needs_lightning
 def test_tied_last_files_are_ambiguous(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    """Two `last*.ckpt` of one modification time: fresh processes under different hash seeds resolved "last" to
-    different files; CKD448 says so, and CKD440/447 (which need the one file loaded) stay silent."""
+    """Two `last*.ckpt` of one modification time holding different steps: fresh processes under different hash
+    seeds resumed from different files, at different steps; CKD448 says so in a scan, and CKD440/447 (which need
+    the one file loaded) stay silent."""
     root, out = runs["tied_last"]
     assert set(out["picks"]) == {"last.ckpt", "last-v1.ckpt"}
+    starts = {Path(r["loaded"]).name: (r["start_step"], r["end_step"]) for r in out["resumes"].values()}
+    assert starts == {"last.ckpt": (10, 12), "last-v1.ckpt": (4, 12)}
     (f,) = scan(str(root)).findings
     assert (f.rule, f.severity.value) == ("CKD448", "warning")
     assert "`last-v1.ckpt` (step 4), `last.ckpt` (step 10) share one modification time" in f.message
+
+
+@needs_lightning
+def test_gate_fails_when_last_may_load_files_that_resume_differently(
+        runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The gate claims no one prediction for the tied folder: CKD449 (an error) names each file "last" may load and
+    what the planned resume does from it, as the real resumes under two hash seeds did (step 4 then 8 steps, step 10
+    then 2)."""
+    root, out = runs["tied_last"]
+    result = _gate(root, max_epochs=6)
+    assert result.failed and result.checkpoint is None and result.start_step is None
+    assert [f.rule for f in result.findings] == ["CKD449"]
+    real = {Path(r["loaded"]).name: r for r in out["resumes"].values()}
+    said = result.findings[0].message
+    for name, r in sorted(real.items()):
+        trained = r["end_step"] - r["start_step"]
+        assert f"`{name}` (resumes at step {r['start_step']}, trains {trained} steps)" in said
+    assert said.startswith('`fit(ckpt_path="last")` may load `last-v1.ckpt` (resumes at step 4, trains 8 steps) or '
+                           "`last.ckpt` (resumes at step 10, trains 2 steps)")
+
+
+@needs_lightning
+def test_tied_last_files_at_one_step_keep_the_prediction(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """Two `last*.ckpt` of one modification time holding the same step (two `ModelCheckpoint(save_last=True)` in one
+    dirpath): the real resumes under two hash seeds loaded different files and both started at step 4 and ended at
+    6; the scan is clean and the gate passes with that prediction."""
+    root, out = runs["tied_equal"]
+    assert set(out["picks"]) == {"last.ckpt", "last-v1.ckpt"}
+    assert {(r["start_step"], r["end_step"], r["raised"]) for r in out["resumes"].values()} == {(4, 6, None)}
+    report = scan(str(root))
+    assert report.findings == ()
+    from ckptdoctor.render.report import render_text
+
+    assert "loads one of `last-v1.ckpt`, `last.ckpt` (one modification time; each at the same step)" in render_text(
+        report)
+    result = _gate(root, max_epochs=3)
+    assert not result.failed and (result.start_step, result.max_steps, result.steps_to_train) == (4, 6, 2)
+    assert Path(result.checkpoint).name in out["picks"]
 
 
 @needs_lightning
