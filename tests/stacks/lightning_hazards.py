@@ -92,6 +92,20 @@ def stale_last(root: str) -> dict[str, Any]:
     return _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True), start], max_epochs=4), start, "last")
 
 
+def stale_link(root: str) -> dict[str, Any]:
+    """``save_last="link"`` on a ModelCheckpoint saving every 2 epochs, beside one saving every step in the same
+    dirpath: `last.ckpt` links to the last file its own callback saved (step 4) while the other saved step 6."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last="link", every_n_epochs=2),
+                    ModelCheckpoint(dirpath=ck, every_n_train_steps=1, save_top_k=-1, filename="{epoch}-{step}-s")],
+             max_epochs=3).fit(Module(), _data())
+    _built(root)
+    start = StartStep()
+    out = _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last="link"), start], max_epochs=4), start, "last")
+    out["link"] = os.readlink(f"{root}.built/checkpoints/last.ckpt")
+    return out
+
+
 def dangling_last(root: str) -> dict[str, Any]:
     """``save_last="link"``: `last.ckpt` is a link to the newest top-k file; that file is gone (cleaned up by hand,
     or a copy that kept links), so the link dangles while an older checkpoint is still there."""
@@ -357,9 +371,9 @@ def callback(root: str) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
-                                     tied_last, tied_equal, onecycle_epoch)}
+SCENARIOS = {f.__name__: f for f in (stale_last, stale_link, dangling_last, link_clean, default_logger, weights_only,
+                                     onecycle, loop_counters, moved_paths, callback, planned, two_runs,
+                                     two_runs_overwrite, tied_last, tied_equal, onecycle_epoch)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ckptdoctor.scanner import scan
 from tests.helpers.paths import TESTS
 from tests.stacks.test_stack_lightning import _lightning, needs_lightning
 
-SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
+SCENARIOS = ("stale_last", "stale_link", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
              "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last",
              "tied_equal", "onecycle_epoch")
 
@@ -36,9 +36,15 @@ def _found(root: Path) -> list[tuple[str, str]]:
 
 
 @needs_lightning
-def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    root, out = runs["stale_last"]
+@pytest.mark.parametrize("name", ["stale_last", "stale_link"])
+def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]], name: str) -> None:
+    """Two ModelCheckpoint callbacks in one dirpath, `last.ckpt` kept by the one saving every 2 epochs (a file, or
+    with `save_last="link"` a link to that callback's last file): the real resume started at step 4, where the
+    other callback had saved step 6."""
+    root, out = runs[name]
     assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
+    if name == "stale_link":
+        assert out["link"] == "epoch=1-step=4.ckpt"
     (f,) = scan(str(root)).findings
     assert (f.rule, f.path) == ("CKD440", "checkpoints/last.ckpt")
     assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
@@ -162,6 +168,7 @@ def test_callback_paths_outside_dirpath(runs: dict[str, tuple[Path, dict[str, An
     root, out = runs["moved_paths"]
     # the resumed run in b/ tracks a/'s file as its best: `ckpt_path="best"` would load another run's file
     assert out["raised"] is None and "/moved_paths/a/" in out["best_after"]
+    assert out["a_after"] == out["a_before"]  # a local file outside dirpath is kept (`_should_remove_checkpoint`)
     assert _found(root) == [("CKD444", "b/checkpoints/epoch=0-step=2.ckpt")]
 
 
@@ -192,7 +199,8 @@ def _gate(root: Path, **planned: Any) -> Any:
 
 
 @needs_lightning
-@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("link_clean", 3), ("loop_counters", 2)])
+@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("stale_link", 4), ("link_clean", 3),
+                                                  ("loop_counters", 2)])
 def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
                                        max_epochs: int) -> None:
     root, out = runs[name]
@@ -200,7 +208,7 @@ def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any
     assert Path(result.checkpoint).name == Path(out["loaded"]).name
     assert (result.start_step, result.max_steps) == (out["start_step"], out["end_step"])
     assert result.weights_branch == "lightning"
-    assert result.failed is (name == "stale_last")  # CKD440: the loaded file is older than the newest
+    assert result.failed is name.startswith("stale_")  # CKD440: the loaded file is older than the newest
 
 
 @needs_lightning
