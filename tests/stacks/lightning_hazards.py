@@ -131,11 +131,21 @@ def link_clean(root: str) -> dict[str, Any]:
 
 def default_logger(root: str) -> dict[str, Any]:
     """The default logger and a ModelCheckpoint without dirpath: checkpoints go to
-    `lightning_logs/version_0/checkpoints`; a new Trainer's logger takes `version_1`, where "last" looks."""
+    `lightning_logs/version_0/checkpoints`; a new Trainer's logger takes `version_1`, where "last" looks. Resumed
+    again, from its own copy, by a Trainer whose logger is given ``version=0`` (``version_0``: "last" finds the run)."""
+    from lightning.pytorch.loggers import CSVLogger
+
     _trainer(root, [ModelCheckpoint(save_last=True)], logger=True, max_epochs=1).fit(Module(), _data())
     _built(root)
+    copy = f"{root}.version_0"
+    shutil.copytree(f"{root}.built", copy, symlinks=True)
     start = StartStep()
-    return _resume(_trainer(root, [ModelCheckpoint(save_last=True), start], logger=True, max_epochs=2), start, "last")
+    out = _resume(_trainer(root, [ModelCheckpoint(save_last=True), start], logger=True, max_epochs=2), start, "last")
+    start = StartStep()
+    out["version_0"] = _resume(_trainer(copy, [ModelCheckpoint(save_last=True), start],
+                                        logger=CSVLogger(copy, name="lightning_logs", version=0), max_epochs=2),
+                               start, "last")
+    return out
 
 
 def weights_only(root: str) -> dict[str, Any]:

@@ -246,11 +246,14 @@ def test_gate_tells_an_epoch_interval_onecycle_from_its_count(runs: dict[str, tu
 
 @needs_lightning
 def test_gate_logger_version_names_the_folder(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file."""
-    root, _ = runs["default_logger"]
+    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file: the
+    real resume under `CSVLogger(version=0)` loaded it and trained from step 2 to 4."""
+    root, out = runs["default_logger"]
+    real = out["version_0"]
+    assert real["raised"] is None and real["loaded"].endswith("version_0/checkpoints/last.ckpt")
     result = _gate(root, max_epochs=2, logger_version=0)
     assert not result.failed and result.checkpoint.endswith("version_0/checkpoints/last.ckpt")
-    assert (result.start_step, result.max_steps) == (2, 4)
+    assert (result.start_step, result.max_steps) == (real["start_step"], real["end_step"]) == (2, 4)
 
 
 @needs_lightning
