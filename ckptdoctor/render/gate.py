@@ -21,7 +21,9 @@ def render_text(result: GateResult, *, width: int | None = None, quiet: bool = F
     if quiet:
         return "\n".join(finding_entries(result.findings, width=width, fix_line=False))
     lines: list[str] = [f"ckptdoctor gate {printable(result.run)}"]
-    if result.checkpoint is None:
+    if result.checkpoint is None and any(f.rule == "CKD449" for f in result.findings):
+        lines.append('  checkpoint       undetermined: "last" may load one of several files (CKD449)')
+    elif result.checkpoint is None:
         afresh = " (allowed: the run starts afresh)" if result.starts_afresh else ""
         lines.append(f"  checkpoint       none found{afresh}")
     else:

@@ -15,6 +15,7 @@ from ckptdoctor.findings import Finding, Severity, display_path, finding_json, p
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack, Tree
 from ckptdoctor.scanner import Report
 from ckptdoctor.stacks import accelerate as acc
+from ckptdoctor.stacks import lightning
 from ckptdoctor.stacks import torchtitan as titan
 from ckptdoctor.version import __version__
 
@@ -48,10 +49,15 @@ _FRAMEWORK_NAMES = {Framework.PYTORCH: "PyTorch", Framework.MINDNLP: "MindNLP", 
 def checkpoint_row(ck: Checkpoint) -> dict[str, Any]:
     """One checkpoint as the JSON report describes it."""
     ts = trainer_view.trainer_state(ck)
+    step, global_step = ck.step, ts.global_step if ts else None
+    if step is None and ck.stack is Stack.ACCELERATE:
+        step = acc.shown_step(ck)
+    elif ck.stack is Stack.LIGHTNING:  # a folder of .ckpt files: the counters of the one "last" loads
+        step, global_step = lightning.shown_steps(ck)
     return {
         "path": ck.path,
-        "step": ck.step if ck.step is not None or ck.stack is not Stack.ACCELERATE else acc.shown_step(ck),
-        "global_step": ts.global_step if ts else None,
+        "step": step,
+        "global_step": global_step,
         "max_steps": ts.max_steps if ts else None,
         "kinds": titan.kinds(ck) if ck.stack is Stack.TORCHTITAN else trainer_view.kinds(ck),
         "framework": ck.framework.value,

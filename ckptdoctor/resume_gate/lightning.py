@@ -1,5 +1,5 @@
 """The gate for a PyTorch Lightning run: predict ``Trainer.fit(ckpt_path=...)`` (``stacks.lightning.predict``) and
-judge it with the Lightning gate rules (CKD445, CKD446) plus the scan's findings about the folder it reads.
+judge it with the Lightning gate rules (CKD445, CKD446, CKD449) plus the scan's findings about the folder it reads.
 
 ``run_gate`` in ``resume_gate.api`` hands a run here when ``stack="lightning"`` is asked, or when none is asked and
 the run holds Lightning checkpoints (``handles``)."""
@@ -82,7 +82,7 @@ def run_gate(
     tree, scanned = report.trees[0], report.findings
     p = lightning.predict(tree, plan, _named(tree, root, ckpt_path))
     unselected = replace(selection, select=())
-    rules = [r for r in all_rules() if r.code in ("CKD445", "CKD446") and unselected.enabled(replace(
+    rules = [r for r in all_rules() if r.code in ("CKD445", "CKD446", "CKD449") and unselected.enabled(replace(
         r, gate_only=False))]
     found = evaluate(rules, p, tree, selection)
     kept = _kept(scanned, p)
@@ -116,12 +116,16 @@ def _named(tree: Tree, run_dir: str, ckpt_path: str) -> FileFacts | None:
 
 
 def _kept(scanned: tuple[Finding, ...], p: lightning.LightningPrediction) -> list[Finding]:
-    """The scan findings about what the resume reads: the loaded file, and the folder "last" looked in (a
-    dangling `last.ckpt` link there, CKD441)."""
+    """The scan findings about what the resume reads: the loaded file (each file it may load, when "last" ties:
+    CKD449 then says what CKD448 does, as the gate's error), and the folder "last" looked in (a dangling
+    `last.ckpt` link there, CKD441)."""
+    loads = {c.loaded.path for c in p.candidates if c.loaded is not None}
+    if p.loaded is not None:
+        loads.add(p.loaded.path)
 
     def about(f: Finding) -> bool:
-        if p.loaded is not None and f.path == p.loaded.path:
-            return True
+        if f.path in loads:
+            return not (p.candidates and f.rule == "CKD448")
         return p.looks_in is not None and f.rule == "CKD441" and f.path.rsplit("/", 1)[0] == p.looks_in
 
     return [f for f in scanned if about(f)]

@@ -1073,7 +1073,7 @@ def deepspeed_lr_not_restored(ctx: ResumeContext) -> Iterator[Hit]:
 # ---------------------------------------------------------------------------------------------------------------
 # PyTorch Lightning: a planned `fit(ckpt_path=...)` (``stacks.lightning.LightningPrediction``);
 # ``resume_gate.lightning``
-# runs these two, and they say nothing about the Trainer's resume context (``ResumeContext``).
+# runs these, and they say nothing about the Trainer's resume context (``ResumeContext``).
 
 
 def _prediction(ctx: object) -> LightningPrediction | None:
@@ -1151,3 +1151,53 @@ def lightning_resume_from_scratch(ctx: object) -> Iterator[Hit]:
     p = _prediction(ctx)
     if p is not None and p.from_scratch is not None:
         yield Hit(p.looks_in or ".", p.from_scratch)
+
+
+@rule("CKD449", "lightning-resume-undetermined", Severity.ERROR, gate_only=True)
+def lightning_resume_undetermined(ctx: object) -> Iterator[Hit]:
+    """The planned `fit(ckpt_path="last")` may load one of several files that resume differently.
+
+    ## What it does
+    Where `fit(ckpt_path="last")` looks, finds the `last*.ckpt` files that share the newest modification time (the
+    scan's CKD448), predicts the planned resume from each, and fails when they differ: in the step the fit starts
+    at, the steps it trains, or whether it raises. The finding names each candidate and what it would do. Tied
+    files that resume alike (one step, one outcome) leave the prediction standing: whichever loads, the run
+    continues the same way.
+
+    ## Why is this bad?
+    `_CheckpointConnector._parse_ckpt_path` collects the candidates in a set, maps each to its modification time and
+    takes the `max`: among equal times the first one met wins, and a set of strings is ordered by hashes that
+    Python seeds anew in every process. No one prediction can be made, and the job may continue from a state other
+    than the one you meant, or from different states on a retry.
+
+    ## Example
+    `last.ckpt` (step 10, an earlier fit) and `last-v1.ckpt` (step 4, a later fit) unpacked from one archive with
+    the same time: resumed with `max_epochs=6`, Lightning 2.6.6 started at step 10 under one `PYTHONHASHSEED` and at
+    step 4 under another.
+
+    ## Fix safety
+    No automatic fix. Pass the file to resume (`--ckpt-path`, `fit(ckpt_path=...)`), or remove the `last*.ckpt` you
+    do not want (or `touch` the one you do) so that "last" is one file.
+
+    ## References
+    `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`;
+    `src/lightning/pytorch/callbacks/model_checkpoint.py` `ModelCheckpoint._find_last_checkpoints`.
+    """
+    p = _prediction(ctx)
+    if p is None or not p.candidates:
+        return
+    each = " or ".join(_candidate(c) for c in p.candidates)
+    yield Hit(p.looks_in or ".", f'`fit(ckpt_path="last")` may load {each}: they share one modification time, and '
+                                 "`_CheckpointConnector._parse_ckpt_path` takes whichever its set of candidates "
+                                 "yields first, which changes with each process's hash seed; pass the file to "
+                                 "resume as `ckpt_path`")
+
+
+def _candidate(p: LightningPrediction) -> str:
+    """One tied file and what the planned resume from it does (``CKD449``)."""
+    name = "?" if p.loaded is None else p.loaded.name
+    if p.raises is not None:
+        return f"`{name}` (the fit raises: {p.raises})"
+    start = "an unknown step" if p.start_step is None else f"step {p.start_step}"
+    trains = "" if p.steps_to_train is None else f", trains {p.steps_to_train} steps"
+    return f"`{name}` (resumes at {start}{trains})"

@@ -817,7 +817,8 @@ def lightning_last_ambiguous(tree: Tree) -> Iterator[Hit]:
 
     ## Fix safety
     No automatic fix. Pass the file to resume as `fit(ckpt_path=...)`, or remove the `last*.ckpt` you do not want
-    (or `touch` the one you do).
+    (or `touch` the one you do). `ckptdoctor gate` fails on such a folder (CKD449) when the planned resume from the
+    tied files differs, naming what each would do.
 
     ## References
     `src/lightning/pytorch/trainer/connectors/checkpoint_connector.py` `_CheckpointConnector._parse_ckpt_path`;

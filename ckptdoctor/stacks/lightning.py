@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptdoctor.model import (
+    Checkpoint,
     FileFacts,
     FileKind,
     GlobalRef,
@@ -169,16 +170,41 @@ def newest(files: Sequence[FileFacts]) -> FileFacts | None:
 
 
 def resume_text(run: Run) -> str:
-    """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints)."""
+    """What ``fit(ckpt_path="last")`` loads from ``run`` (a folder of Lightning checkpoints), and whose step the
+    report shows when that is not the file loaded (``shown_file``)."""
     files = run_files(run)
     pick = last_pick(files)
     if pick is None:
-        return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch'
-    tied = tied_lasts(files)
-    if tied:
+        top = newest(files)
+        shown = "" if top is None else f"; the step shown is `{top.name}`'s, the most steps here"
+        return 'Lightning; `fit(ckpt_path="last")` finds no `last.ckpt` and trains from scratch' + shown
+    tied = sorted((f for f in files if is_last_name(f.name) and f.mtime == pick.mtime), key=lambda f: f.path)
+    if len(tied) > 1:
+        alike = "no step shown" if tied_lasts(files) else "each at the same step"
         return ('Lightning; `fit(ckpt_path="last")` loads one of ' + ", ".join(f"`{f.name}`" for f in tied)
-                + " (one modification time)")
+                + f" (one modification time; {alike})")
     return f'Lightning; `fit(ckpt_path="last")` loads `{pick.name}`'
+
+
+def shown_file(files: Sequence[FileFacts]) -> FileFacts | None:
+    """The ``.ckpt`` whose counters the report shows for a folder of Lightning checkpoints: the file
+    ``fit(ckpt_path="last")`` loads (the folder's resume, as a Trainer run's row marks its pick); with no
+    ``last*.ckpt``, the one holding the most steps (the file to pass as ``ckpt_path`` to continue); None when "last"
+    may load one of several files holding different steps (``tied_lasts``)."""
+    pick = last_pick(files)
+    if pick is None:
+        return newest(files)
+    return None if tied_lasts(files) else pick
+
+
+def shown_steps(ck: Checkpoint) -> tuple[int | None, int | None]:
+    """The step and the ``global_step`` the report shows for ``ck``, a folder of Lightning checkpoints: those of
+    ``shown_file`` among the files directly in it. The step is the optimizer steps its fit loop counts, where
+    ``fit`` resumes (``_CheckpointConnector.restore_loops``), ``global_step`` the top-level key (they differ only
+    in an edited file: CKD442); (None, None) when no one file is shown."""
+    f = shown_file([f for f in ck.files if "/" not in ck.relname(f)])
+    lf = None if f is None else facts_of(f)
+    return (None, None) if f is None or lf is None else (step_of(f), lf.global_step)
 
 
 def checkpoint_version(value: Any) -> str | None:
@@ -254,6 +280,9 @@ class LightningPrediction:
     max_steps: int | None
     from_scratch: str | None = None
     raises: str | None = None
+    # "last" may load any of these files (several `last*.ckpt` of the newest modification time) and they resume
+    # differently: each one's own prediction; `loaded` is then None, as nothing says which one loads
+    candidates: tuple[LightningPrediction, ...] = ()
 
 
 def lightning_runs(tree: Tree) -> list[Run]:
@@ -294,12 +323,24 @@ def predict(tree: Tree, plan: LightningPlan, path_file: FileFacts | None = None)
                       else "") + ", which holds no `last*.ckpt`: it warns and trains from scratch "
                    "(`ModelCheckpoint.__resolve_ckpt_dir`, `_CheckpointConnector._parse_ckpt_path`)")
             return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
-    pick = last_pick(run_files(run))
+    files = run_files(run)
+    pick = last_pick(files)
     if pick is None:
         why = (f'`fit(ckpt_path="last")` finds no `last*.ckpt` that exists in `{looks_in}`: it warns and trains from '
                "scratch (`_CheckpointConnector._parse_ckpt_path`)")
         return LightningPrediction(plan, looks_in, None, 0, 0, None, plan.max_steps, from_scratch=why)
+    tied = [f for f in files if is_last_name(f.name) and f.mtime == pick.mtime]
+    if len(tied) > 1:  # Lightning's pick among them follows the hash seed: one prediction only if all resume alike
+        each = tuple(_from_file(plan, looks_in, f) for f in sorted(tied, key=lambda f: f.path))
+        if len({_outcome(c) for c in each}) > 1:
+            return LightningPrediction(plan, looks_in, None, None, None, None, plan.max_steps, candidates=each)
     return _from_file(plan, looks_in, pick)
+
+
+def _outcome(p: LightningPrediction) -> tuple[Any, ...]:
+    """What a resume from ``p.loaded`` does, as far as it matters to the run: where it starts, how much it trains,
+    whether and how it fails (two tied files that agree in all of it resume alike, whichever loads)."""
+    return p.start_step, p.start_epoch, p.steps_to_train, p.raises, p.from_scratch
 
 
 def _run_order(run: Run) -> tuple[int, float]:

@@ -174,7 +174,7 @@ def test_gate_rules_are_documented_and_never_run_by_scan(midway: Path) -> None:
     assert gate_rules == {"CKD407", "CKD408", "CKD409", "CKD410", "CKD411", "CKD412", "CKD413", "CKD414", "CKD415",
                           "CKD417", "CKD418", "CKD419", "CKD420", "CKD421", "CKD423",
                           "CKD432",  # accelerate's load_state() (ckptdoctor.resume_gate.accelerate)
-                          "CKD445", "CKD446",  # Lightning's fit(ckpt_path=...) (ckptdoctor.resume_gate.lightning)
+                          "CKD445", "CKD446", "CKD449",  # Lightning (ckptdoctor.resume_gate.lightning)
                           "CKD504", "CKD514"}
     _, out = run("scan", "--format", "json", str(midway))
     assert not {f["rule"] for f in json.loads(out)["findings"]} & gate_rules

@@ -92,6 +92,20 @@ def stale_last(root: str) -> dict[str, Any]:
     return _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True), start], max_epochs=4), start, "last")
 
 
+def stale_link(root: str) -> dict[str, Any]:
+    """``save_last="link"`` on a ModelCheckpoint saving every 2 epochs, beside one saving every step in the same
+    dirpath: `last.ckpt` links to the last file its own callback saved (step 4) while the other saved step 6."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last="link", every_n_epochs=2),
+                    ModelCheckpoint(dirpath=ck, every_n_train_steps=1, save_top_k=-1, filename="{epoch}-{step}-s")],
+             max_epochs=3).fit(Module(), _data())
+    _built(root)
+    start = StartStep()
+    out = _resume(_trainer(root, [ModelCheckpoint(dirpath=ck, save_last="link"), start], max_epochs=4), start, "last")
+    out["link"] = os.readlink(f"{root}.built/checkpoints/last.ckpt")
+    return out
+
+
 def dangling_last(root: str) -> dict[str, Any]:
     """``save_last="link"``: `last.ckpt` is a link to the newest top-k file; that file is gone (cleaned up by hand,
     or a copy that kept links), so the link dangles while an older checkpoint is still there."""
@@ -117,11 +131,21 @@ def link_clean(root: str) -> dict[str, Any]:
 
 def default_logger(root: str) -> dict[str, Any]:
     """The default logger and a ModelCheckpoint without dirpath: checkpoints go to
-    `lightning_logs/version_0/checkpoints`; a new Trainer's logger takes `version_1`, where "last" looks."""
+    `lightning_logs/version_0/checkpoints`; a new Trainer's logger takes `version_1`, where "last" looks. Resumed
+    again, from its own copy, by a Trainer whose logger is given ``version=0`` (``version_0``: "last" finds the run)."""
+    from lightning.pytorch.loggers import CSVLogger
+
     _trainer(root, [ModelCheckpoint(save_last=True)], logger=True, max_epochs=1).fit(Module(), _data())
     _built(root)
+    copy = f"{root}.version_0"
+    shutil.copytree(f"{root}.built", copy, symlinks=True)
     start = StartStep()
-    return _resume(_trainer(root, [ModelCheckpoint(save_last=True), start], logger=True, max_epochs=2), start, "last")
+    out = _resume(_trainer(root, [ModelCheckpoint(save_last=True), start], logger=True, max_epochs=2), start, "last")
+    start = StartStep()
+    out["version_0"] = _resume(_trainer(copy, [ModelCheckpoint(save_last=True), start],
+                                        logger=CSVLogger(copy, name="lightning_logs", version=0), max_epochs=2),
+                               start, "last")
+    return out
 
 
 def weights_only(root: str) -> dict[str, Any]:
@@ -179,30 +203,64 @@ def two_runs_overwrite(root: str) -> dict[str, Any]:
                             max_epochs=3), start, "last")
 
 
-def tied_last(root: str) -> dict[str, Any]:
-    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
-    leaves them): what ``ckpt_path="last"`` resolves to in fresh processes under different hash seeds."""
+def resume_last(root: str, max_epochs: int) -> dict[str, Any]:
+    """``fit(ckpt_path="last")`` of ``root`` (a ``ModelCheckpoint`` folder ``root/checkpoints``) by a new Trainer: its
+    outcome (``_resume``). Called in a fresh process by ``_seeded_resumes``."""
+    start = StartStep()
+    return _resume(_trainer(root, [ModelCheckpoint(dirpath=f"{root}/checkpoints", save_last=True), start],
+                            max_epochs=max_epochs), start, "last")
+
+
+def _seeded_resumes(root: str, max_epochs: int) -> dict[str, Any]:
+    """The real resume of ``<root>.built`` with ``fit(ckpt_path="last")`` in fresh processes under different
+    ``PYTHONHASHSEED`` values (each from its own copy, modification times kept), until two loaded different files:
+    ``picks`` (the file each loaded) and ``resumes`` (each outcome, by seed)."""
+    import json
     import subprocess
     import sys
 
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import lightning_hazards as h; "
+            "print(json.dumps(h.resume_last(sys.argv[2], int(sys.argv[3]))))")
+    picks: list[str] = []
+    resumes: dict[str, Any] = {}
+    for seed in range(16):  # each seed orders the set of candidates its own way
+        copy = f"{root}.seed{seed}"
+        shutil.copytree(f"{root}.built", copy, symlinks=True)  # copy2: the tied modification times stay
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run([sys.executable, "-c", code, here, copy, str(max_epochs)], env=env,
+                              capture_output=True, text=True, check=True)
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        resumes[str(seed)] = out
+        picks.append(os.path.basename(out["loaded"]))
+        if len(set(picks)) > 1:
+            break
+    return {"picks": picks, "resumes": resumes}
+
+
+def tied_last(root: str) -> dict[str, Any]:
+    """``two_runs``'s folder with both `last*.ckpt` at one modification time (as an archive keeping whole seconds
+    leaves them): `last.ckpt` at step 10, `last-v1.ckpt` at step 4. Resumed with ``ckpt_path="last"`` and
+    ``max_epochs=6`` in fresh processes under different hash seeds (``_seeded_resumes``)."""
     ck = _two_fits(root)
     for name in ("last.ckpt", "last-v1.ckpt"):
         os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
     _built(root)
-    probe = ("import sys, lightning as L\n"
-             "from lightning.pytorch.callbacks import ModelCheckpoint\n"
-             "from lightning.pytorch.trainer.states import TrainerFn\n"
-             "t = L.Trainer(accelerator='cpu', logger=False, callbacks=[ModelCheckpoint(dirpath=sys.argv[1])])\n"
-             "print(t._checkpoint_connector._parse_ckpt_path(TrainerFn.FITTING, 'last', model_provided=True, "
-             "model_connected=False))\n")
-    picks: list[str] = []
-    for seed in range(16):  # until both files were picked: each seed orders the set of candidates its own way
-        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
-        done = subprocess.run([sys.executable, "-c", probe, ck], env=env, capture_output=True, text=True, check=True)
-        picks.append(os.path.basename(done.stdout.strip().splitlines()[-1]))
-        if len(set(picks)) > 1:
-            break
-    return {"picks": picks}
+    return _seeded_resumes(root, 6)
+
+
+def tied_equal(root: str) -> dict[str, Any]:
+    """Two ``ModelCheckpoint(save_last=True)`` callbacks in one dirpath (the second, keeping the best train loss,
+    writes `last-v1.ckpt`), both at step 4 after 2 epochs, then given one modification time: whichever "last"
+    loads, the resume (``max_epochs=3``) starts at step 4."""
+    ck = f"{root}/checkpoints"
+    _trainer(root, [ModelCheckpoint(dirpath=ck, save_last=True),
+                    ModelCheckpoint(dirpath=ck, save_last=True, monitor="train_loss", filename="{epoch}-{step}-b")],
+             max_epochs=2).fit(Module(), _data())
+    for name in ("last.ckpt", "last-v1.ckpt"):
+        os.utime(f"{ck}/{name}", (1_700_000_000, 1_700_000_000))
+    _built(root)
+    return _seeded_resumes(root, 3)
 
 
 def onecycle_epoch(root: str) -> dict[str, Any]:
@@ -323,9 +381,9 @@ def callback(root: str) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (stale_last, dangling_last, link_clean, default_logger, weights_only, onecycle,
-                                     loop_counters, moved_paths, callback, planned, two_runs, two_runs_overwrite,
-                                     tied_last, onecycle_epoch)}
+SCENARIOS = {f.__name__: f for f in (stale_last, stale_link, dangling_last, link_clean, default_logger, weights_only,
+                                     onecycle, loop_counters, moved_paths, callback, planned, two_runs,
+                                     two_runs_overwrite, tied_last, tied_equal, onecycle_epoch)}
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from ckptdoctor.scanner import scan
 from tests.helpers.paths import TESTS
 from tests.stacks.test_stack_lightning import _lightning, needs_lightning
 
-SCENARIOS = ("stale_last", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
+SCENARIOS = ("stale_last", "stale_link", "dangling_last", "link_clean", "default_logger", "weights_only", "onecycle",
              "loop_counters", "moved_paths", "callback", "planned", "two_runs", "two_runs_overwrite", "tied_last",
-             "onecycle_epoch")
+             "tied_equal", "onecycle_epoch")
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,15 @@ def _found(root: Path) -> list[tuple[str, str]]:
 
 
 @needs_lightning
-def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    root, out = runs["stale_last"]
+@pytest.mark.parametrize("name", ["stale_last", "stale_link"])
+def test_stale_last_resumes_early(runs: dict[str, tuple[Path, dict[str, Any]]], name: str) -> None:
+    """Two ModelCheckpoint callbacks in one dirpath, `last.ckpt` kept by the one saving every 2 epochs (a file, or
+    with `save_last="link"` a link to that callback's last file): the real resume started at step 4, where the
+    other callback had saved step 6."""
+    root, out = runs[name]
     assert out["raised"] is None and out["loaded"].endswith("/last.ckpt") and out["start_step"] == 4
+    if name == "stale_link":
+        assert out["link"] == "epoch=1-step=4.ckpt"
     (f,) = scan(str(root)).findings
     assert (f.rule, f.path) == ("CKD440", "checkpoints/last.ckpt")
     assert "at step 4" in f.message and "holds step 6" in f.message and "trains 2 steps again" in f.message
@@ -83,13 +89,54 @@ def test_a_later_fit_overwriting_last_is_clean(runs: dict[str, tuple[Path, dict[
 
 @needs_lightning
 def test_tied_last_files_are_ambiguous(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    """Two `last*.ckpt` of one modification time: fresh processes under different hash seeds resolved "last" to
-    different files; CKD448 says so, and CKD440/447 (which need the one file loaded) stay silent."""
+    """Two `last*.ckpt` of one modification time holding different steps: fresh processes under different hash
+    seeds resumed from different files, at different steps; CKD448 says so in a scan, and CKD440/447 (which need
+    the one file loaded) stay silent."""
     root, out = runs["tied_last"]
     assert set(out["picks"]) == {"last.ckpt", "last-v1.ckpt"}
+    starts = {Path(r["loaded"]).name: (r["start_step"], r["end_step"]) for r in out["resumes"].values()}
+    assert starts == {"last.ckpt": (10, 12), "last-v1.ckpt": (4, 12)}
     (f,) = scan(str(root)).findings
     assert (f.rule, f.severity.value) == ("CKD448", "warning")
     assert "`last-v1.ckpt` (step 4), `last.ckpt` (step 10) share one modification time" in f.message
+
+
+@needs_lightning
+def test_gate_fails_when_last_may_load_files_that_resume_differently(
+        runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The gate claims no one prediction for the tied folder: CKD449 (an error) names each file "last" may load and
+    what the planned resume does from it, as the real resumes under two hash seeds did (step 4 then 8 steps, step 10
+    then 2)."""
+    root, out = runs["tied_last"]
+    result = _gate(root, max_epochs=6)
+    assert result.failed and result.checkpoint is None and result.start_step is None
+    assert [f.rule for f in result.findings] == ["CKD449"]
+    real = {Path(r["loaded"]).name: r for r in out["resumes"].values()}
+    said = result.findings[0].message
+    for name, r in sorted(real.items()):
+        trained = r["end_step"] - r["start_step"]
+        assert f"`{name}` (resumes at step {r['start_step']}, trains {trained} steps)" in said
+    assert said.startswith('`fit(ckpt_path="last")` may load `last-v1.ckpt` (resumes at step 4, trains 8 steps) or '
+                           "`last.ckpt` (resumes at step 10, trains 2 steps)")
+
+
+@needs_lightning
+def test_tied_last_files_at_one_step_keep_the_prediction(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """Two `last*.ckpt` of one modification time holding the same step (two `ModelCheckpoint(save_last=True)` in one
+    dirpath): the real resumes under two hash seeds loaded different files and both started at step 4 and ended at
+    6; the scan is clean and the gate passes with that prediction."""
+    root, out = runs["tied_equal"]
+    assert set(out["picks"]) == {"last.ckpt", "last-v1.ckpt"}
+    assert {(r["start_step"], r["end_step"], r["raised"]) for r in out["resumes"].values()} == {(4, 6, None)}
+    report = scan(str(root))
+    assert report.findings == ()
+    from ckptdoctor.render.report import render_text
+
+    assert "loads one of `last-v1.ckpt`, `last.ckpt` (one modification time; each at the same step)" in render_text(
+        report)
+    result = _gate(root, max_epochs=3)
+    assert not result.failed and (result.start_step, result.max_steps, result.steps_to_train) == (4, 6, 2)
+    assert Path(result.checkpoint).name in out["picks"]
 
 
 @needs_lightning
@@ -121,6 +168,7 @@ def test_callback_paths_outside_dirpath(runs: dict[str, tuple[Path, dict[str, An
     root, out = runs["moved_paths"]
     # the resumed run in b/ tracks a/'s file as its best: `ckpt_path="best"` would load another run's file
     assert out["raised"] is None and "/moved_paths/a/" in out["best_after"]
+    assert out["a_after"] == out["a_before"]  # a local file outside dirpath is kept (`_should_remove_checkpoint`)
     assert _found(root) == [("CKD444", "b/checkpoints/epoch=0-step=2.ckpt")]
 
 
@@ -151,7 +199,8 @@ def _gate(root: Path, **planned: Any) -> Any:
 
 
 @needs_lightning
-@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("link_clean", 3), ("loop_counters", 2)])
+@pytest.mark.parametrize(("name", "max_epochs"), [("stale_last", 4), ("stale_link", 4), ("link_clean", 3),
+                                                  ("loop_counters", 2)])
 def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
                                        max_epochs: int) -> None:
     root, out = runs[name]
@@ -159,7 +208,7 @@ def test_gate_predicts_the_real_resume(runs: dict[str, tuple[Path, dict[str, Any
     assert Path(result.checkpoint).name == Path(out["loaded"]).name
     assert (result.start_step, result.max_steps) == (out["start_step"], out["end_step"])
     assert result.weights_branch == "lightning"
-    assert result.failed is (name == "stale_last")  # CKD440: the loaded file is older than the newest
+    assert result.failed is name.startswith("stale_")  # CKD440: the loaded file is older than the newest
 
 
 @needs_lightning
@@ -197,11 +246,14 @@ def test_gate_tells_an_epoch_interval_onecycle_from_its_count(runs: dict[str, tu
 
 @needs_lightning
 def test_gate_logger_version_names_the_folder(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file."""
-    root, _ = runs["default_logger"]
+    """With the logger's version fixed at 0 (or a ModelCheckpoint dirpath there), "last" finds version_0's file: the
+    real resume under `CSVLogger(version=0)` loaded it and trained from step 2 to 4."""
+    root, out = runs["default_logger"]
+    real = out["version_0"]
+    assert real["raised"] is None and real["loaded"].endswith("version_0/checkpoints/last.ckpt")
     result = _gate(root, max_epochs=2, logger_version=0)
     assert not result.failed and result.checkpoint.endswith("version_0/checkpoints/last.ckpt")
-    assert (result.start_step, result.max_steps) == (2, 4)
+    assert (result.start_step, result.max_steps) == (real["start_step"], real["end_step"]) == (2, 4)
 
 
 @needs_lightning
@@ -290,3 +342,45 @@ def test_gate_on_the_committed_run_without_lightning(tmp_path: Path) -> None:
     assert missing.failed and "`FileNotFoundError`" in missing.findings[0].message
     trainer = _gate(plain, stack="trainer")  # --stack overrides: the Trainer finds no checkpoint-N here
     assert trainer.weights_branch != "lightning" and "CKD413" in {f.rule for f in trainer.findings}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report's step: what the .ckpt "last" loads holds (its loops' count, where the real resume started)
+
+
+def _shown(root: Path) -> tuple[list[tuple[int | None, int | None]], str]:
+    """Each Lightning folder's (step, global_step) in the JSON report, and the text report."""
+    from ckptdoctor.render.report import render_text, to_json
+
+    report = scan(str(root))
+    rows = [(c["step"], c["global_step"]) for r in to_json(report)["runs"] for c in r["checkpoints"]]
+    return rows, render_text(report)
+
+
+def test_report_shows_the_committed_runs_steps() -> None:
+    """Written by Lightning 2.6.6 (tests/data/lightning-2.6.6): `last.ckpt` holds 2 steps in `namespace`, 4 in
+    `plain`; the report's step column and JSON show them, read from the pickle (`loops` and `global_step`)."""
+    rows, text = _shown(DATA)
+    assert rows == [(2, 2), (4, 4)]
+    assert ". (model files)  4 " in text
+
+
+@needs_lightning
+@pytest.mark.parametrize(("name", "shown"), [
+    ("stale_last", (4, 4)), ("loop_counters", (2, 0)), ("two_runs", (4, 4)), ("tied_last", (None, None)),
+    ("dangling_last", (2, 2))])
+def test_report_step_is_where_the_real_resume_starts(runs: dict[str, tuple[Path, dict[str, Any]]], name: str,
+                                                     shown: tuple[int | None, int | None]) -> None:
+    """The step shown is the loops' count of the file `fit(ckpt_path="last")` loaded, which is where the real resume
+    started (`global_step` edited to 0 does not move it); none when "last" may load files holding different steps
+    (the resume depended on the hash seed); with no `last*.ckpt` to load (a dangling link), the step of the file
+    holding the most, which the header names."""
+    root, out = runs[name]
+    (row,), text = _shown(root)
+    assert row == shown
+    if name in ("stale_last", "loop_counters", "two_runs"):
+        assert out["start_step"] == row[0]
+    if name == "tied_last":
+        assert "(one modification time; no step shown)" in text
+    if name == "dangling_last":
+        assert out["start_step"] == 0 and "the step shown is `epoch=0-step=2.ckpt`'s, the most steps here" in text
