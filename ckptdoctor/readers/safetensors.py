@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import operator
-import threading
 from typing import Any, BinaryIO
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -12,6 +11,7 @@ from ckptdoctor.model import ProblemKind, ReadOutcome, ReadProblem, SafetensorsF
 from ckptdoctor.readers.extra_state import named_extra_state, safetensors_extra_state
 from ckptdoctor.readers.jsonfiles import deeper_than
 from ckptdoctor.readers.pickle_walk import merge_pickles
+from ckptdoctor.readers.seen import Seen
 
 # safetensors dtype code -> bits per element (``Dtype::bitsize`` in safetensors/src/tensor.rs, 0.8).
 DTYPE_BITS: dict[str, int] = {
@@ -116,7 +116,8 @@ def _read(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
             facts = _parse_header(raw)
         except _Reject as rej:
             return _failed(ProblemKind.MALFORMED, rej.message)
-        _remember(raw, facts)
+        if len(raw) <= _SEEN_MAX_BYTES:
+            _SEEN.put(raw, facts)
     problems = _length_problems(facts, size)
     if named_extra_state(map(_NAME, facts.tensors)):
         # TransformerEngine's `_extra_state` tensors: pickles loaded after the weights (``readers/extra_state.py``)
@@ -127,22 +128,11 @@ def _read(f: BinaryIO, size: int, limits: Limits) -> ReadOutcome:
 
 _NAME = operator.attrgetter("name")
 
-# The facts of the last few headers parsed, by their bytes: a run's checkpoints repeat the same shards' headers, so
+# The facts of the headers parsed before, by their bytes: a run's checkpoints repeat the same shards' headers, so
 # each distinct header is parsed once and its facts are one object (which the verdict cache then encodes once,
 # ``cache.codec.Encoder`` finding it by identity). The facts are a function of the header's bytes alone.
-_SEEN: dict[bytes, SafetensorsFacts] = {}
-_SEEN_MAX = 16  # headers kept; a 7B run in three shards has three
+_SEEN: Seen[bytes, SafetensorsFacts] = Seen(16)  # a 7B run in three shards has three
 _SEEN_MAX_BYTES = 1 << 20  # a larger header is parsed each time (the library's own limit is 100 MB)
-_SEEN_LOCK = threading.Lock()  # reads of one scan may run on several threads (``discover``'s ``jobs``)
-
-
-def _remember(raw: bytes, facts: SafetensorsFacts) -> None:
-    if len(raw) > _SEEN_MAX_BYTES:
-        return
-    with _SEEN_LOCK:
-        _SEEN[raw] = facts
-        while len(_SEEN) > _SEEN_MAX:
-            del _SEEN[next(iter(_SEEN))]
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes:

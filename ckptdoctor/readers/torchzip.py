@@ -20,6 +20,7 @@ from ckptdoctor.model import (
 from ckptdoctor.readers.extra_state import StorageReader, extra_state_pickles, has_extra_state
 from ckptdoctor.readers.lightning import lightning_facts
 from ckptdoctor.readers.pickle_walk import merge_pickles, walk_pickle
+from ckptdoctor.readers.seen import Seen
 from ckptdoctor.readers.sniff import (
     NPY_MAGIC,
     TAR_BLOCK,
@@ -253,10 +254,9 @@ class _Layout:
 
 
 # Layouts already made, by (central directory offset, record count); a hit is used only when its records are equal
-# (the same objects, for a run's checkpoints). Shared by threads: dict get/set are atomic, a lost race costs one
-# layout. Bounded: cleared when full.
-_LAYOUTS: dict[tuple[int, int], _Layout] = {}
-_LAYOUTS_ENTRIES = 64
+# (the same objects, for a run's checkpoints). Shared by threads
+# and bounded (``Seen``).
+_LAYOUTS: Seen[tuple[int, int], _Layout] = Seen(64)
 
 
 def _layout_of(members: list[ZipMember], cd_offset: int) -> _Layout:
@@ -266,9 +266,7 @@ def _layout_of(members: list[ZipMember], cd_offset: int) -> _Layout:
     if known is not None and known.members == members:
         return known
     layout = _Layout(members, cd_offset)
-    if len(_LAYOUTS) >= _LAYOUTS_ENTRIES:
-        _LAYOUTS.clear()
-    _LAYOUTS[key] = layout
+    _LAYOUTS.put(key, layout)
     return layout
 
 

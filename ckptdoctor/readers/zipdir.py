@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import ProblemKind, ReadProblem, ZipMember, frozen
+from ckptdoctor.readers.seen import Seen
 
 __all__ = [
     "ZIP_EOCD",
@@ -179,10 +180,9 @@ def _central_directory(
 # Central directories already parsed, by (entry count, size, base): a struct that unpacks every byte of one except
 # its entries' modification times and CRCs (which ``_entries`` does not read), those bytes, and the parse. Every
 # checkpoint of a training run writes its optimizer.pt's directory with the same bytes but for the CRCs, so from the
-# second on it is one unpack and one comparison instead of a Python loop over 879 entries. Shared by threads (dict
-# get/set are atomic; a lost race costs one parse); bounded, cleared when full.
-_DIRECTORIES: dict[tuple[int, int, int], tuple[struct.Struct, tuple[bytes, ...], list[ZipMember], list[Any]]] = {}
-_DIRECTORIES_ENTRIES = 64
+# second on it is one unpack and one comparison instead of a Python loop over 879 entries. Shared by threads and
+# bounded (``Seen``).
+_DIRECTORIES: Seen[tuple[int, int, int], tuple[struct.Struct, tuple[bytes, ...], list[ZipMember], list[Any]]] = Seen(64)
 
 
 def _directory_entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember], list[tuple[bytes, int]], str]:
@@ -202,9 +202,7 @@ def _directory_entries(cd: bytes, count: int, base: int) -> tuple[list[ZipMember
             at = start + 20
         parts.append(f"{len(cd) - at}s")
         unvarying = struct.Struct("".join(parts))
-        if len(_DIRECTORIES) >= _DIRECTORIES_ENTRIES:
-            _DIRECTORIES.clear()
-        _DIRECTORIES[key] = (unvarying, unvarying.unpack_from(cd), list(members), list(raw_names))
+        _DIRECTORIES.put(key, (unvarying, unvarying.unpack_from(cd), list(members), list(raw_names)))
     return members, raw_names, bad
 
 
