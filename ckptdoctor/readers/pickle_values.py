@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptdoctor.model import GlobalRef, Opaque, PickleValue, TensorRef
+from ckptdoctor.readers.seen import Seen
 
 __all__ = ["CYCLE", "OUT_OF_BAND", "TOO_DEEP", "iter_values"]
 
@@ -108,6 +109,32 @@ def _build(node: Any, kids: list[Any]) -> Any:
     return Opaque(kids[0], kids[1], kids[2], node.new)
 
 
+# Equal containers rebuilt by the walks of a run's checkpoints, one object each: every checkpoint pickles its
+# optimizer state around the same (shared) tensors, so its per-parameter dicts and the state dict holding them come
+# out the very objects of the checkpoint before. Consumers that remember what they saw by identity (the verdict
+# cache's encoder, per-object views) then meet each once. Keyed by the items' identities (a dict's keys by value and
+# type: each walk makes its own key strings), so a hit holds the same objects, never merely equal ones; the values
+# kept here keep those ids theirs.
+_SHARED: Seen[tuple[Any, ...], Any] = Seen(1 << 14)
+_NO_FLOAT_KEY = frozenset({str, int, bool, type(None), bytes, GlobalRef, TensorRef})
+
+
+def shared(c: Any, t: type[Any]) -> Any:
+    """The frozen dict, list or tuple ``c`` (of type ``t``), or one built before holding the same objects."""
+    if t is dict:
+        types = tuple(map(type, c))
+        if not _NO_FLOAT_KEY.issuperset(types):  # 0.0 and -0.0 are one key
+            return c
+        key: tuple[Any, ...] = (t, tuple(c), types, tuple(map(id, c.values())))
+    else:
+        key = (t, tuple(map(id, c)))
+    got = _SHARED.get(key)
+    if got is not None:
+        return got
+    _SHARED.put(key, c)
+    return c
+
+
 def _children(node: Any) -> list[Any]:
     t = type(node)
     if t is list or t is tuple:
@@ -171,12 +198,14 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
             ct = type(c)
             if (ct is list or ct is tuple) and scalar_types(map(type, c)):
                 # Leaf containers (most of any real pickle) are final as they are: skip a frame.
+                c = shared(c, ct)
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:
                     fr[4] = 1
                 continue
             if ct is dict and scalar_types(map(type, c.values())) and scalar_types(map(type, c)):
+                c = shared(c, ct)
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:
@@ -192,6 +221,9 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
         frames.pop()
         active.discard(id(node))
         frozen = _build(node, out)
+        ft = type(frozen)
+        if ft is dict or ft is list or ft is tuple:
+            frozen = shared(frozen, ft)
         height = fr[4] + 1
         done[id(node)] = (frozen, height)
         if not frames:
@@ -210,7 +242,8 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
 # Walking a rebuilt value
 
 
-def _key_text(k: Any) -> str:
+def key_text(k: Any) -> str:
+    """The path step of the dict key ``k`` (as ``iter_values`` writes it)."""
     if type(k) is str:
         return k
     if type(k) in (int, bool, float, type(None)):
@@ -222,14 +255,17 @@ def _key_text(k: Any) -> str:
     return f"<{type(k).__name__}>"
 
 
-def iter_values(value: PickleValue, path: str = "") -> Iterator[tuple[str, PickleValue]]:
+def iter_values(
+    value: PickleValue, path: str = "", seen: set[int] | None = None
+) -> Iterator[tuple[str, PickleValue]]:
     """Every value reachable from ``value`` with its dotted path (``state.0.exp_avg``), root first.
 
     Dict keys and list positions make the path; an ``Opaque`` contributes its state's keys (object attributes)
     and ``args.N``. Iterative; a container reached twice is entered only the first time, so shared structure
-    never multiplies the work.
+    never multiplies the work. ``seen`` (when given) collects the ids of the containers entered.
     """
-    seen: set[int] = set()
+    if seen is None:
+        seen = set()
     todo: list[tuple[str, Any]] = [(path, value)]
     while todo:
         p, v = todo.pop()
@@ -245,14 +281,14 @@ def iter_values(value: PickleValue, path: str = "") -> Iterator[tuple[str, Pickl
         kids: list[tuple[str, Any]]
         if t is dict:
             # str and int keys (a state dict's names and parameter indices) without a call each
-            kids = [(pre + (k if type(k) is str else str(k) if type(k) is int else _key_text(k)), x)
+            kids = [(pre + (k if type(k) is str else str(k) if type(k) is int else key_text(k)), x)
                     for k, x in v.items()]  # fmt: skip
         elif t is Opaque:
             kids = []
             if type(v.args) is tuple:
                 kids.extend((f"{pre}args.{i}", x) for i, x in enumerate(v.args))
             if type(v.state) is dict:
-                kids.extend((pre + _key_text(k), x) for k, x in v.state.items())
+                kids.extend((pre + key_text(k), x) for k, x in v.state.items())
             elif v.state is not None:
                 kids.append((pre + "state", v.state))
         else:

@@ -28,6 +28,7 @@ from ckptdoctor.readers.pickle_values import (
     freeze,
     iter_values,
 )
+from ckptdoctor.readers.seen import Seen
 
 __all__ = [
     "BYTES_LOADER", "CYCLE", "PAST_BUDGET", "TOO_DEEP", "UNRESOLVED_CALL", "c_load_float", "c_load_int", "c_load_long",
@@ -103,6 +104,9 @@ def _is_int_tuple(v: Any) -> bool:
     return type(v) is tuple and _INT_ONLY.issuperset(map(type, v))
 
 
+_TENSORS: Seen[tuple[Any, ...], tuple[TensorRef, TensorRef]] = Seen(1 << 15)  # -> (storage, tensor)
+
+
 def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
     """The value of a call to a known-harmless reconstructor, or an ``Obj`` when we do not interpret it."""
     mod, name = func.module, func.name
@@ -117,10 +121,18 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
                     if type(dt) is not GlobalRef or dt.module != "torch" or dt.name not in TORCH_DTYPES:
                         return Obj(func, args)
                     dtype = TORCH_DTYPES[dt.name]
-                return TensorRef(
+                # One object per tensor over one (interned) storage object: a run's checkpoints rebuild the same
+                # tensors, and consumers that remember by identity meet each once (``pickle_values.shared``).
+                key = (id(storage), dtype, offset, size, stride)
+                got = _TENSORS.get(key)
+                if got is not None and got[0] is storage:
+                    return got[1]
+                ref = TensorRef(
                     dtype, size, stride, offset, storage.storage_key, storage.storage_numel, storage.location,
                     storage.storage_nbytes,
                 )  # fmt: skip
+                _TENSORS.put(key, (storage, ref))
+                return ref
         elif name in _REBUILD_PARAM and n >= 1 and type(args[0]) is TensorRef:
             return args[0]
     elif mod == "collections" and name == "OrderedDict":

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ckptdoctor.model import GlobalRef, Opaque, ProblemKind, ReadProblem, TensorRef
+from ckptdoctor.readers.pickle_values import key_text
 from ckptdoctor.readers.pickle_walk import iter_values
+from ckptdoctor.readers.seen import Seen
 from ckptdoctor.readers.zipdir import read_problem
 
 __all__ = ["STORAGE_DTYPES"]
@@ -136,18 +138,75 @@ def _reaches_past(t: TensorRef) -> bool:
 
 def storage_tensors(value: Any) -> tuple[tuple[tuple[str, TensorRef], ...], list[ReadProblem]]:
     """Every TensorRef under ``value`` with its dotted path, and problems for the ones past their storage."""
-    out = [(path, v) for path, v in iter_values(value) if type(v) is TensorRef]
+    if type(value) is dict and len(value) <= _TOP_ITEMS:
+        found = _by_parts(value)
+        if found is not None:
+            return found[0], list(found[1])
+    return _listed(value, "", None)
+
+
+def _listed(
+    value: Any, path: str, seen: set[int] | None
+) -> tuple[tuple[tuple[str, TensorRef], ...], list[ReadProblem]]:
+    out = [(p, v) for p, v in iter_values(value, path, seen) if type(v) is TensorRef]
     problems: list[ReadProblem] = []
-    for path, v in out:
+    for p, v in out:
         if _reaches_past(v):
             problems.append(
                 read_problem(
                     ProblemKind.MALFORMED,
-                    f"tensor `{path}` (shape {list(v.shape)}, stride {list(v.stride)}, offset "
+                    f"tensor `{p}` (shape {list(v.shape)}, stride {list(v.stride)}, offset "
                     f"{v.storage_offset}) reaches past its storage `{v.storage_key}` of {v.storage_numel} "
                     "elements",
                 )
             )
-            if len(problems) == 10:
+            if len(problems) == _MAX_PROBLEMS:
                 break
     return tuple(out), problems
+
+
+# A checkpoint's pickle is mostly a small dict (an optimizer's ``state`` and ``param_groups``, a trainer's
+# ``model``/``optimizer``/...): its items are listed one by one, each listing kept by the item's identity. The pickle
+# walk hands out the very objects of the checkpoint before for equal items (``pickle_values.shared``), so a run's
+# later checkpoints take the listing of its tensors (and the problems of them) as made: the same pairs.
+_TOP_ITEMS = 16
+_MAX_PROBLEMS = 10
+_Listing = tuple[Any, tuple[tuple[str, TensorRef], ...], tuple[ReadProblem, ...], frozenset[int]]
+_PARTS: Seen[tuple[str, int], _Listing] = Seen(256)  # (path, id(item)) -> (item, pairs, problems, containers)
+
+
+def _by_parts(
+    value: dict[Any, Any],
+) -> tuple[tuple[tuple[str, TensorRef], ...], tuple[ReadProblem, ...]] | None:
+    """``storage_tensors`` of the dict ``value`` put together from its items' listings; None when two items that
+    hold tensors share a container (the whole walk would enter it once, under the first)."""
+    parts: list[_Listing] = []
+    for k, x in value.items():
+        path = k if type(k) is str else key_text(k)
+        t = type(x)
+        if t is not dict and t is not list and t is not tuple and t is not Opaque:
+            if t is TensorRef:
+                return None  # a flat state dict: nothing to share
+            continue
+        key = (path, id(x))
+        part = _PARTS.get(key)
+        if part is None or part[0] is not x:
+            seen: set[int] = set()
+            pairs, problems = _listed(x, path, seen)
+            part = (x, pairs, tuple(problems), frozenset(seen))
+            _PARTS.put(key, part)
+        if part[1]:
+            parts.append(part)
+    if not parts:
+        return (), ()
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    held: set[int] = set()
+    for part in parts:
+        if not held.isdisjoint(part[3]):
+            return None
+        held.update(part[3])
+    return (
+        tuple(pair for part in parts for pair in part[1]),
+        tuple(problem for part in parts for problem in part[2])[:_MAX_PROBLEMS],
+    )
