@@ -54,6 +54,15 @@ _FIELDS: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES.values()
 }
 _NAMES: dict[type[Any], str] = {cls: f"@{name}" for name, cls in _CLASSES.items()}
+# Each class's fields as one tuple, read at C speed (a run's first checkpoint holds thousands of model values).
+def _getter(names: tuple[str, ...]) -> Callable[[Any], Sequence[Any]]:
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    one = operator.attrgetter(names[0])
+    return lambda v: (one(v),)
+
+
+_GETTERS: dict[type[Any], Callable[[Any], Sequence[Any]]] = {cls: _getter(names) for cls, names in _FIELDS.items()}
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -141,6 +150,11 @@ class Encoder:
             # containers around the tensors and zip entries the readers share.
             same: tuple[Any, ...] | None
             if t is dict:
+                # A dict of scalars under string keys (a log entry: each checkpoint adds dozens never met before)
+                # is its own inline node, found by its content in ``_add``: no look for one holding the same objects.
+                inline = _inline(t, v)
+                if inline is not None:
+                    return self._add(v, inline)
                 # Keys by value (the readers make new key strings for each file) and type (1 and True are equal
                 # keys): not for float keys, as 0.0 and -0.0 are equal keys too.
                 types = tuple(map(type, v))
@@ -148,6 +162,8 @@ class Encoder:
             elif t is tuple and len(v) >= _PREFIX_MIN and _pairs(v) and _strs(map(_FIRST, v)):
                 # ((path, tensor), ...): each file's paths are new strings, its tensors the ones the readers share
                 same = (_FIRST, tuple(map(_FIRST, v)), tuple(map(id, map(_SECOND, v))))
+            elif t is list and len(v) >= _PREFIX_MIN:
+                same = None  # ``_list`` finds one holding the same objects by its prefix, at C speed
             else:
                 same = (t, tuple(map(id, v)))
             i = None if same is None else self._same.get(same)
@@ -161,7 +177,7 @@ class Encoder:
             return i
         if t in _FIELDS:
             node = [_NAMES[t]]
-            self._items([getattr(v, n) for n in _FIELDS[t]], node)
+            self._items(_GETTERS[t](v), node)
         elif t is float:
             # 0.0 and -0.0 are equal, yet each must stay what it is: zeros by repr. NaN, unequal to itself, is a
             # node of its own each time (never shared, never wrong).

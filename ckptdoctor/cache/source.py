@@ -70,7 +70,15 @@ def _digest(value: Any) -> str:
 
 def allow_key(allow: tuple[Any, ...]) -> str:
     """The key of a verdict judged under ``allow`` (``Allowance`` values: pattern and origin)."""
-    return _digest([[a.pattern, a.origin] for a in allow])
+    key = [[a.pattern, a.origin] for a in allow]
+    text = repr(key)
+    digest = _ALLOW_KEYS.get(text)
+    if digest is None:  # a scan judges every pickle under the same few allowances: one digest each
+        digest = _ALLOW_KEYS[text] = _digest(key)
+    return digest
+
+
+_ALLOW_KEYS: dict[str, str] = {}
 
 
 class _Segment:
@@ -344,16 +352,26 @@ def _items_key(items: list[DcpItem] | None) -> Any:
 def _segment_of(rel: str) -> tuple[str, str]:
     """The folder whose cache file holds ``rel`` (the path up to its first folder a run may take as a checkpoint),
     and ``rel`` inside it."""
+    folder = rel.rpartition("/")[0]
+    seg = _SEGMENTS.get(folder)
+    if seg is None:  # a folder's files are met one after another: one look at its path for all of them
+        if len(_SEGMENTS) >= 4096:
+            _SEGMENTS.clear()
+        seg = _SEGMENTS[folder] = _segment_of_folder(folder)
+    return seg, rel[len(seg) + 1 :] if seg else rel
+
+
+_SEGMENTS: dict[str, str] = {}  # folder -> its segment
+
+
+def _segment_of_folder(folder: str) -> str:
     from ckptdoctor.discover import absorbable
 
-    parts = rel.split("/")
-    cut = len(parts) - 1
-    for i, part in enumerate(parts[:-1]):
+    parts = folder.split("/") if folder else []
+    for i, part in enumerate(parts):
         if absorbable(part):
-            cut = i
-            break
-    seg = "/".join(parts[:cut])
-    return seg, rel[len(seg) + 1 :] if seg else rel
+            return "/".join(parts[:i])
+    return folder
 
 
 class _CachedSource(Generic[L, M]):
