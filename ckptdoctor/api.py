@@ -61,7 +61,7 @@ def scan(
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
     allow_empty: bool = False,
-    cache: bool = False,
+    cache: bool = True,
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -76,9 +76,9 @@ def scan(
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
     A root holding no checkpoint at all (empty, only logs: a mistyped path) is CKD002, an error, unless
-    ``allow_empty`` (``--allow-empty``). ``cache`` True (``--cache``) keeps each file's facts and verdict in the user's
-    cache folder and takes them from there for a file unchanged since (``ckptdoctor.cache``); the report is the
-    same. Off by default: the first scan with it writes the cache and costs more than one without.
+    ``allow_empty`` (``--allow-empty``). ``cache`` (the default; False is ``--no-cache``) keeps each file's facts
+    and verdict in the user's cache folder and takes them from there for a file unchanged since
+    (``ckptdoctor.cache``); the report is the same either way.
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -110,7 +110,7 @@ def scan_many(
     allow_global: Codes = (),
     allow_empty: bool = False,
     retries: int = 2,
-    cache: bool = False,
+    cache: bool = True,
 ) -> Report:
     """Scan many roots as ``scan`` does, each run read on a Dask cluster: ``client`` is a ``distributed.Client``
     (``Client("tcp://scheduler:8786")``, or a ``LocalCluster``'s), as ``ckptdoctor scan --dask ADDRESS`` does.

@@ -2,7 +2,7 @@
 
 Each test gets a cache folder of its own (``XDG_CACHE_HOME`` in a temporary folder beside the test's ``tmp_path``,
 never inside it), which the commands a test runs in another process inherit, and no ``CKPTDOCTOR_CACHE``: the
-cache is off, as it is by default, except where a test turns it on, and a test never sees an entry another test
+cache is on, as it is by default, except where a test turns it off, and a test never sees an entry another test
 (or the developer's own scans) left.
 """
 
@@ -20,7 +20,7 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     # folders' fixtures (which may need their patches gone first).
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
-    switch = os.environ.pop("CKPTDOCTOR_CACHE", None)  # the cache is on only where a test turns it on
+    switch = os.environ.pop("CKPTDOCTOR_CACHE", None)  # the default, unless a test says otherwise
     try:
         yield
     finally:

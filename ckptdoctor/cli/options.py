@@ -132,23 +132,28 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
-CACHE_ENV = "CKPTDOCTOR_CACHE"  # "1" (or "on", "true", "yes"): --cache without saying so on each command line
+CACHE_ENV = "CKPTDOCTOR_CACHE"  # "0" (or "off", "false", "no"): --no-cache without saying so on each command line
+_OFF = ("0", "off", "false", "no")
+
+
+def cache_on() -> bool:
+    """Whether a command uses the verdict cache when its command line does not say: yes, unless ``CKPTDOCTOR_CACHE``
+    says off."""
+    return os.environ.get(CACHE_ENV, "").strip().lower() not in _OFF
 
 
 def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--cache/--no-cache`` (passed as ``cache``): off unless asked for, or ``CKPTDOCTOR_CACHE`` says on. Off by
-    default because a first scan with the cache on writes it, and costs more CPU than a scan without it
-    (bench/RESULTS.md); a nightly rescan turns it on and pays that once."""
+    """``--cache/--no-cache`` (passed as ``cache``): on unless ``--no-cache`` or ``CKPTDOCTOR_CACHE=0``."""
     return click.option(
         "--cache/--no-cache",
         "cache",
-        default=lambda: os.environ.get(CACHE_ENV, "").strip().lower() in ("1", "on", "true", "yes"),
-        show_default="off; on when CKPTDOCTOR_CACHE=1",
+        default=cache_on,
+        show_default="on; off when CKPTDOCTOR_CACHE=0",
         help="Keep each file's facts and pickle verdict in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
-        "else ~/.cache/ckptdoctor), and take them from there for a file unchanged since a scan with --cache read "
-        "it (same size, times and inode; same ETag or version on object storage); rules always run. For rescans "
-        "of the same trees (nightly): a rescan of an unchanged run costs about a fifth of a scan, but the first "
-        "scan, which writes the cache, costs about a third more.",
+        "else ~/.cache/ckptdoctor; never in the scanned tree), and take them from there for a file unchanged since "
+        "(same size, times and inode; same ETag or version on object storage); rules always run. A rescan of an "
+        "unchanged run costs about a fifth of the first scan. --no-cache reads every file and leaves the cache "
+        "alone; `ckptdoctor cache info|clear` shows or empties it.",
     )(f)
 
 

@@ -315,27 +315,37 @@ def test_gate_takes_no_cache() -> None:
     assert not Path(cache_dir()).exists()
 
 
-def test_the_cache_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scan without --cache writes nothing in the user's cache folder (a first scan with the cache costs more
-    than one without: bench/RESULTS.md); --cache, or CKPTDOCTOR_CACHE=1, turns it on; --no-cache wins over the
-    variable."""
+def test_the_cache_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scan and gate (command and API) keep and take facts from the user's cache folder unless --no-cache
+    (``cache=False``) or CKPTDOCTOR_CACHE=0; --cache wins over the variable. The scanner's own building block keeps
+    it off unless asked. The report is the same every way."""
+    import ckptdoctor
+
     root = str(FIXTURES / "sharded")
     monkeypatch.delenv("CKPTDOCTOR_CACHE", raising=False)  # the developer's own setting
-    code, out, _ = invoke("scan", "--format", "json", root)
+    code, out, _ = invoke("scan", "--no-cache", "--format", "json", root)
     assert code in (0, 1) and not Path(cache_dir()).exists()
     scan_without_default(root)
+    ckptdoctor.scan(root, cache=False)
     assert not Path(cache_dir()).exists()
-    monkeypatch.setenv("CKPTDOCTOR_CACHE", "1")
-    code, with_variable, _ = invoke("scan", "--no-cache", "--format", "json", root)
-    assert code in (0, 1) and not Path(cache_dir()).exists()
+    monkeypatch.setenv("CKPTDOCTOR_CACHE", "0")
     code, with_variable, _ = invoke("scan", "--format", "json", root)
+    assert code in (0, 1) and not Path(cache_dir()).exists()
+    code, with_flag, _ = invoke("scan", "--cache", "--format", "json", root)
     assert code in (0, 1) and _cache_files()
     monkeypatch.delenv("CKPTDOCTOR_CACHE")
     shutil.rmtree(cache_dir())
-    code, with_flag, _ = invoke("scan", "--cache", "--format", "json", root)
+    code, by_default, _ = invoke("scan", "--format", "json", root)
     assert code in (0, 1) and _cache_files()
-    code, warm, _ = invoke("scan", "--cache", "--format", "json", root)
-    assert _masked(warm) == _masked(with_flag) == _masked(with_variable) == _masked(out)
+    code, warm, _ = invoke("scan", "--format", "json", root)
+    assert _masked(warm) == _masked(by_default) == _masked(with_flag) == _masked(with_variable) == _masked(out)
+    shutil.rmtree(cache_dir())
+    ckptdoctor.scan(root)
+    assert _cache_files()
+    shutil.rmtree(cache_dir())
+    code, _, err = invoke("gate", str(FIXTURES / "clean-full"))
+    assert code == 0, err
+    assert _cache_files()
 
 
 def _masked(document: str) -> Any:
