@@ -61,7 +61,7 @@ def scan(
     on_kept: KeptCallback | None = None,
     allow_global: Codes = (),
     allow_empty: bool = False,
-    cache: bool = True,
+    cache: bool | None = None,
 ) -> Report:
     """Scan checkpoint folders or files as ``ckptdoctor scan`` does, and return the ``Report``.
 
@@ -76,9 +76,10 @@ def scan(
     step (``ckptdoctor.fixer.write_manifest``), as a scan never writes. ``allow_global`` are ``--allow-global``
     patterns (``pkg.mod.Name`` or ``pkg.mod.*``), joined by the user configuration's; each use is in the report.
     A root holding no checkpoint at all (empty, only logs: a mistyped path) is CKD002, an error, unless
-    ``allow_empty`` (``--allow-empty``). ``cache`` (the default; False is ``--no-cache``) keeps each file's facts
-    and verdict in the user's cache folder and takes them from there for a file unchanged since
-    (``ckptdoctor.cache``); the report is the same either way.
+    ``allow_empty`` (``--allow-empty``). ``cache`` is the verdict cache in the user's cache folder
+    (``ckptdoctor.cache``): a file unchanged since its facts and verdict were kept is not read again. None (the
+    default) keeps a file's facts once a second scan finds it unchanged; True (``--cache``) keeps them at once;
+    False (``--no-cache``) leaves the cache alone. The report is the same every way.
 
     Raises ``UsageError`` (a ``ValueError``) where the command exits 2: an unknown rule code, a selection that never
     runs, an unusable settings file, a bad ``fail_on`` or ``checksums``; and what ``scanner.scan`` raises for a
@@ -110,7 +111,7 @@ def scan_many(
     allow_global: Codes = (),
     allow_empty: bool = False,
     retries: int = 2,
-    cache: bool = True,
+    cache: bool | None = None,
 ) -> Report:
     """Scan many roots as ``scan`` does, each run read on a Dask cluster: ``client`` is a ``distributed.Client``
     (``Client("tcp://scheduler:8786")``, or a ``LocalCluster``'s), as ``ckptdoctor scan --dask ADDRESS`` does.
@@ -155,7 +156,7 @@ def scan_roots(
     progress: TextIO | None = None,
     on_part: PartSink | None = None,
     fanout: DaskFanOut | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> Report:
     """``scan`` of a request built at the door: ``roots`` (checked here, once) under ``options``.
 
@@ -217,7 +218,7 @@ def _announce(
     groups: Sequence[tuple[list[str], Selection, str | None, list[RootSettings]]],
     limits: Limits,
     jobs: int | None,
-    cache: bool,
+    cache: bool | None,
 ) -> None:
     """Tell ``fanout`` every root in the order the scan asks for them, so the runs of the next roots are read
     while this one is judged."""
@@ -241,7 +242,7 @@ def _scan_parts(
     limits: Limits,
     progress: TextIO | None,
     fanout: DaskFanOut | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> Report:
     """``scan_roots`` with ``on_part``: each root scanned part by part (``scanner.scan_root``)."""
     import time

@@ -67,7 +67,7 @@ class Done:
     value: Any
 
 
-def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: bool = False) -> Done:
+def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: bool | None = False) -> Done:
     """The task of a root that is one run (or one checkpoint, or one file): discovered whole, each part's pickles
     and the rest's judged (``rules.judged``) where they were read. ``cache``: through this worker's own verdict
     cache (``worker_cache``)."""
@@ -75,7 +75,7 @@ def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: 
     from ckptdoctor.rules import judged
 
     parts: list[tuple[Tree, tuple[str, ...]]] = []
-    memo = worker_cache(opened.source) if cache else None
+    memo = None if cache is False else worker_cache(opened.source, cache is True)
     if memo is not None:  # a copy: a task run again, or run in the client's process, finds the root as planned
         opened = Opened(opened.root, memo.source(opened.source), opened.found, list(opened.problems))
 
@@ -91,7 +91,7 @@ def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: 
 
 
 def walk_one_folder(
-    root: str, source: Source[Any, Any], task: FolderTask, jobs: int, selection: Selection, cache: bool = False
+    root: str, source: Source[Any, Any], task: FolderTask, jobs: int, selection: Selection, cache: bool | None = False
 ) -> Done:
     """The task of one folder of a root (``discover.walk_folder``), its parts' pickles judged where they were read.
     ``cache``: through this worker's own verdict cache (``worker_cache``), written once the task's parts are
@@ -99,7 +99,7 @@ def walk_one_folder(
     from ckptdoctor import trainer_view
     from ckptdoctor.rules import judged
 
-    memo = worker_cache(source) if cache else None
+    memo = None if cache is False else worker_cache(source, cache is True)
     walked = walk_folder(root, source if memo is None else memo.source(source), task, jobs)
     walked.parts = [(judged(tree, selection, memo), above) for tree, above in walked.parts]
     trainer_view.forget()
@@ -108,7 +108,7 @@ def walk_one_folder(
     return Done(__version__, walked)
 
 
-def worker_cache(source: Source[Any, Any]) -> FactsCache | None:
+def worker_cache(source: Source[Any, Any], fill: bool = True) -> FactsCache | None:
     """The verdict cache of the process running a task: its own user's cache folder (``cache.store.cache_dir``),
     as a serial scan on that machine would use; None when that folder cannot be used. The cache files are named
     after the root's real path or URL (``Source.where``, as the client resolved it), so a run's file is the same
@@ -116,7 +116,7 @@ def worker_cache(source: Source[Any, Any]) -> FactsCache | None:
     from ckptdoctor.scanner import open_cache
 
     url = source.abs_root != ""  # a local source leaves ``abs_root`` to the scanner
-    return open_cache(source.where, url)
+    return open_cache(source.where, url, fill)
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ class _Root:
     selection: Selection
     limits: Limits
     jobs: int
-    cache: bool  # the workers read through their own verdict cache (``worker_cache``)
+    cache: bool | None  # the workers read through their own verdict cache (``worker_cache``)
 
 
 @dataclass(slots=True)
@@ -172,7 +172,7 @@ class DaskFanOut:
         self.taken = 0
         self.lost = 0
 
-    def expect(self, path: str, selection: Selection, limits: Limits, jobs: int, cache: bool = False) -> None:
+    def expect(self, path: str, selection: Selection, limits: Limits, jobs: int, cache: bool | None = False) -> None:
         """Announce a root the scan will ask for (``discover``), in order: its tasks may start before it is asked.
         ``cache``: its tasks read through their worker's verdict cache."""
         self._roots.append(_Root(path, selection, limits, jobs, cache))
@@ -186,7 +186,7 @@ class DaskFanOut:
         on_part: PartCallback,
         progress: Callable[[], None] | None = None,
         memo: Cache | None = None,
-        cache: bool = False,
+        cache: bool | None = False,
     ) -> Tree:
         """``discover.discover(path, ..., on_part=on_part)`` with each run's folder walked by a worker: the parts,
         then the rest of the root returned, exactly as the serial walk gives them (the parts' pickles judged under

@@ -118,7 +118,7 @@ def scan(
     progress: TextIO | None = None,
     checksums: str | None = None,
     fanout: DaskFanOut | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> Report:
     """Scan checkpoint folders or files without loading or executing anything, and return a ``Report``.
 
@@ -130,9 +130,10 @@ def scan(
     a scan takes more than half a second, erased when done, and the bytes and ETA of ``--deep``.
     ``checksums`` (``write`` or ``verify``, ``deep`` only) also reads every file whole for its sha256; with
     ``verify`` each root's ``.ckptdoctor/manifest.json`` is read and compared (CKD214). Writing the manifest is
-    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes into the roots. ``cache`` (off by
-    default: ``--cache``) takes the facts and pickle verdicts of files unchanged since an earlier scan from the
-    user's cache folder, and keeps those of the files read there (``ckptdoctor.cache``); the report is the same
+    the caller's step (``ckptdoctor.fixer.write_manifest``): a scan never writes into the roots. ``cache`` (off
+    here by default) takes the facts and pickle verdicts of files unchanged since an earlier scan from the user's
+    cache folder, and keeps those of the files read (True: ``--cache``), or, None (the command's default), notes
+    them and keeps them once a later scan finds them unchanged (``ckptdoctor.cache``); the report is the same
     without it.
 
     ``paths`` is one path (``str`` or ``os.PathLike``) or a sequence of them. ``selection`` is used as given: this
@@ -181,7 +182,7 @@ def scan_root(
     checksums: str | None = None,
     split: bool = True,
     fanout: DaskFanOut | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> None:
     """Discover one root (``url``: a URL, read through fsspec) and hand its parts to ``on_part`` as discovery
     finishes them, each with its pickle verdicts (under ``selection``'s allowances), the rest of the root last
@@ -217,7 +218,7 @@ def scan_root(
         siblings = siblings.extended(h for run in tree.runs if (h := run_history(run, tree.root)) is not None)
         return out
 
-    memo = open_cache(path, url) if cache else None
+    memo = None if cache is False else open_cache(path, url, fill=cache is True)
 
     def part(tree: Tree, above: tuple[str, ...]) -> None:
         nonlocal held, counted
@@ -270,10 +271,11 @@ def _unchecked(tree: Tree) -> bool:
     return any(pp.problem.kind is ProblemKind.NOT_CHECKED for pp in tree.path_problems)
 
 
-def open_cache(path: str, url: bool) -> FactsCache | None:
+def open_cache(path: str, url: bool, fill: bool = True) -> FactsCache | None:
     """The verdict cache for a scan of the root ``path``: None when the user's cache folder cannot be used
     (``cache.store.Store.open`` says why: ``ckptdoctor cache info`` shows it) or lies inside the root (a scan writes
-    nothing into what it scans)."""
+    nothing into what it scans). ``fill``: keep the facts of every file read (``--cache``), else first sight them
+    (``cache.source.FactsCache``)."""
     from ckptdoctor.cache.source import FactsCache
     from ckptdoctor.cache.store import Store, cache_dir
 
@@ -282,8 +284,12 @@ def open_cache(path: str, url: bool) -> FactsCache | None:
         root = os.path.realpath(path)
         if os.path.realpath(folder).startswith(root.rstrip(os.sep) + os.sep):
             return None
-    store = Store.open(folder)
-    return None if isinstance(store, str) else FactsCache(store)
+
+    def opened() -> Store | None:  # when the walk first reads a file: a root with none opens no cache folder
+        store = Store.open(folder)
+        return None if isinstance(store, str) else store
+
+    return FactsCache(opened, fill)
 
 
 class _Kept:

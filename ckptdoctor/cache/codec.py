@@ -19,7 +19,6 @@ layouts, so a run's table holds each once, and decoding builds each once.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import enum
 import operator
@@ -196,7 +195,7 @@ class Encoder:
                 self.nodes.append(v)
             return i
         elif t is bytes:
-            node = ["b", self._encode(base64.b64encode(v).decode("ascii"))]
+            node = ["b", self._encode(binascii.b2a_base64(v, newline=False).decode("ascii"))]
         elif t is complex:
             node = ["c", self._encode(v.real), self._encode(v.imag)]
         elif t in _ENUM_TAGS:
@@ -367,6 +366,8 @@ def _bytes(kids: list[Any]) -> bytes:
     if len(kids) != 1 or type(kids[0]) is not str:
         raise CodecError("a bytes node holds one base64 text")
     try:
+        import base64  # here: most scans decode no bytes, and the module costs a scan's start-up
+
         return base64.b64decode(kids[0], validate=True)
     except binascii.Error:
         raise CodecError("a bytes node whose text is not base64") from None

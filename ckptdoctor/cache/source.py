@@ -7,6 +7,11 @@ other file is read as always and its facts stored. The pickle judge asks it for 
 user's allowances (``known``) and tells it the verdicts it made (``learn``) when they depend on the file alone (no
 installed package's source was read for them: a ``pip install`` may change those).
 
+What it keeps of a file read: its facts (``fill``: ``--cache``), or, by default, at first only its identity (a
+sighting), and its facts when a later scan reads it unchanged since that sighting. A scan of a tree seen once (a
+check before one resume) then pays next to nothing for the cache, and a tree scanned again and again (nightly, or
+before every resume) has its facts kept from the second scan on and taken from the cache from the third.
+
 Entries are kept per folder that is no checkpoint of a run (a run's folder holds the entries of all its
 checkpoints): one cache file per run, read when the walk first reads a file of it, written when the run has been
 walked and judged (``left``), so memory holds one run's entries at a time, as the scan holds one run. The file is
@@ -20,7 +25,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 from ckptdoctor.cache.codec import CodecError, Decoder, Encoder
@@ -99,8 +104,11 @@ class _Segment:
 class FactsCache:
     """The cache for one scan of one root (see the module doc). Not for two roots at once."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store | Callable[[], Store | None], fill: bool = True) -> None:
+        # the cache folder, or what opens it when the walk first needs it (a root with no file to read opens none)
+        self._store: Store | Callable[[], Store | None] | None = store
+        self.fill = fill  # keep the facts of every file read; else of a file sighted before, unchanged since
+        self._again: set[str] = set()  # root-relative paths of files sighted before and unchanged, being read
         self.started = time.time_ns()
         self._lock = threading.Lock()
         self._segments: dict[str, _Segment] = {}
@@ -111,6 +119,13 @@ class FactsCache:
         self._handed: dict[str, tuple[FileFacts, str, str]] = {}
         self.hits = 0
         self.misses = 0
+
+    @property
+    def store(self) -> Store | None:
+        """The cache folder; None when it cannot be used (then nothing is taken from it or kept)."""
+        if self._store is not None and not isinstance(self._store, Store):
+            self._store = self._store()
+        return self._store
 
     def source(self, inner: Source[L, M]) -> Source[L, M]:
         """``inner`` (the root's source) with its reads answered from the cache where the file is the same."""
@@ -140,6 +155,11 @@ class FactsCache:
             stored = segment.found.pop(key, None)
             if stored is None:
                 return None
+            if "facts" not in stored:  # a sighting: its facts are kept this time when it is still the same file
+                segment.dirty = True
+                if stored.get("id") == [*identity, in_dcp]:
+                    self._again.add(rel)
+                return None
             segment.stale += 1  # until it proves good below
             if stored.get("id") != [*identity, in_dcp] or segment.decoder is None:
                 segment.dirty = True
@@ -158,16 +178,23 @@ class FactsCache:
             return facts
 
     def store_read(self, source: Source[L, M], entry: Entry[M], rel: str, in_dcp: bool, facts: FileFacts) -> None:
-        """Keep ``facts`` (just read) for the next scan, when they can be trusted to stay true of this file."""
+        """Keep ``facts`` (just read) for the next scan, when they can be trusted to stay true of this file (unless
+        ``fill`` is off and the file was not sighted before: then its identity alone, a sighting)."""
         self.misses += 1
+        with self._lock:
+            again = rel in self._again
+            self._again.discard(rel)
         identity = source.identity(entry)
         if identity is None or not _storable(facts) or not source.settled(entry, facts, self.started - RACY_NS):
             return
         seg, key = _segment_of(rel)
         with self._lock:
             segment = self._segment(seg)
-            segment.live[key] = {"id": [*identity, in_dcp], "obj": facts}
             segment.dirty = True
+            if not (self.fill or again):
+                segment.live[key] = {"id": [*identity, in_dcp]}
+                return
+            segment.live[key] = {"id": [*identity, in_dcp], "obj": facts}
             self._handed[rel] = (facts, seg, key)
 
     def lookup_items(self, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts | None:
@@ -257,7 +284,8 @@ class FactsCache:
         segment = self._segments.get(seg)
         if segment is None:
             segment = self._segments[seg] = _Segment(self._name(seg))
-            doc = self.store.read(segment.name, self._expect)
+            store = self.store
+            doc = None if store is None else store.read(segment.name, self._expect)
             entries = None if doc is None else doc.get("entries")
             if doc is not None and type(entries) is dict:
                 try:
@@ -286,7 +314,8 @@ class FactsCache:
             doc = _document(segment)
         except (CodecError, RecursionError):
             return
-        self.store.write(segment.name, {**self._expect, **doc})
+        if self.store is not None:
+            self.store.write(segment.name, {**self._expect, **doc})
 
 
 def _document(segment: _Segment) -> dict[str, Any]:
@@ -298,6 +327,9 @@ def _document(segment: _Segment) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for key, entry in segment.live.items():
         if entry.get("uncached"):
+            continue
+        if "obj" not in entry and "facts" not in entry:
+            entries[key] = {"id": entry["id"]}  # a sighting
             continue
         out: dict[str, Any] = {"id": entry["id"], "facts": _stored(encoder, old, entry, "facts", key)}
         if "items" in entry:

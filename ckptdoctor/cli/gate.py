@@ -184,7 +184,7 @@ def gate_command(
     ignore: tuple[str, ...],
     no_config: bool,
     allow_global: tuple[str, ...],
-    cache: bool,
+    cache: bool | None,
     show_settings: bool,
     allow_empty: bool,
     ckpt_path: str | None = None,

@@ -132,28 +132,33 @@ def allow_empty_option(what: str, code: str = "CKD002") -> Callable[[Callable[..
     )
 
 
-CACHE_ENV = "CKPTDOCTOR_CACHE"  # "0" (or "off", "false", "no"): --no-cache without saying so on each command line
-_OFF = ("0", "off", "false", "no")
+CACHE_ENV = "CKPTDOCTOR_CACHE"  # what --cache (1, on, true, yes) or --no-cache (0, off, false, no) says by default
 
 
-def cache_on() -> bool:
-    """Whether a command uses the verdict cache when its command line does not say: yes, unless ``CKPTDOCTOR_CACHE``
-    says off."""
-    return os.environ.get(CACHE_ENV, "").strip().lower() not in _OFF
+def cache_default() -> bool | None:
+    """What a command does with the verdict cache when its command line does not say (``CKPTDOCTOR_CACHE``):
+    True, ``--cache``; False, ``--no-cache``; None, the default (``cache.source.FactsCache``: a file's facts are kept
+    once a second scan finds it unchanged)."""
+    value = os.environ.get(CACHE_ENV, "").strip().lower()
+    return True if value in ("1", "on", "true", "yes") else False if value in ("0", "off", "false", "no") else None
 
 
 def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--cache/--no-cache`` (passed as ``cache``): on unless ``--no-cache`` or ``CKPTDOCTOR_CACHE=0``."""
+    """``--cache/--no-cache`` (passed as ``cache``: True, False, or None when neither is given)."""
     return click.option(
         "--cache/--no-cache",
         "cache",
-        default=cache_on,
-        show_default="on; off when CKPTDOCTOR_CACHE=0",
-        help="Keep each file's facts and pickle verdict in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, "
-        "else ~/.cache/ckptdoctor; never in the scanned tree), and take them from there for a file unchanged since "
-        "(same size, times and inode; same ETag or version on object storage); rules always run. A rescan of an "
-        "unchanged run costs about a fifth of the first scan. --no-cache reads every file and leaves the cache "
-        "alone; `ckptdoctor cache info|clear` shows or empties it.",
+        default=cache_default,
+        show_default="the cache keeps a file's facts once a second scan finds it unchanged; CKPTDOCTOR_CACHE=1 "
+        "is --cache, CKPTDOCTOR_CACHE=0 --no-cache",
+        help="The verdict cache, in the user's cache folder ($XDG_CACHE_HOME/ckptdoctor, else ~/.cache/ckptdoctor; "
+        "never in the scanned tree): a file unchanged since its facts were kept (same size, times and inode; same "
+        "ETag or version on object storage) is not read again; rules always run. By default a first scan notes "
+        "each file and a second one that finds it unchanged keeps its facts, so a one-off scan costs next to "
+        "nothing more and a tree scanned again and again (nightly, before each resume) is read from the cache from "
+        "the third scan on, at about a fifth of the cost. --cache keeps every file's facts now (a nightly job's "
+        "first scan); --no-cache reads every file and leaves the cache alone. `ckptdoctor cache info|clear` shows "
+        "or empties it.",
     )(f)
 
 

@@ -152,7 +152,7 @@ def scan(
     deep: bool,
     checksums: str | None,
     allow_global: tuple[str, ...],
-    cache: bool,
+    cache: bool | None,
     show_settings: bool,
     allow_empty: bool,
     dask_address: str | None,
@@ -284,7 +284,7 @@ def _scan(
     checksums: str | None,
     on_part: PartSink | None = None,
     dask_address: str | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> Report:
     """``api.scan_roots`` with the command line's progress; a missing numpy for ``--deep`` is a usage error.
     ``on_part`` keeps what the report needs of each run as the scan goes (``api.scan_roots``); ``dask_address``

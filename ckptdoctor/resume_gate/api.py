@@ -230,7 +230,7 @@ def gate(
     allow_global: Sequence[str] = (),
     allow_empty: bool = False,
     stack: str | None = None,
-    cache: bool = True,
+    cache: bool | None = None,
     **planned: Any,
 ) -> GateResult:
     """Predict ``trainer.train(resume_from_checkpoint=checkpoint or True)`` for ``run_dir`` (the output_dir), or
@@ -281,8 +281,7 @@ def gate(
     ``max_epochs``, ``max_steps``, ``logger_version`` and ``steps_per_epoch``. A torchtitan run is judged by
     ``CheckpointManager.load()`` (``ckptdoctor.resume_gate.torchtitan``, CKD514): ``load_step`` is its
     ``checkpoint.load_step`` (-1: the latest), ``max_steps`` its ``training.steps``, ``world_size`` the data-parallel
-    degree. ``cache`` (the default; False is ``--no-cache``): the scan goes through the user's verdict cache
-    (``ckptdoctor.cache``).
+    degree. ``cache`` is ``scan``'s (None, True for ``--cache``, False for ``--no-cache``).
     """
     args_facts: FileFacts | None = None
     if isinstance(training_args, (str, os.PathLike)):  # a file, read as `--training-args` reads it
@@ -326,7 +325,7 @@ def run_gate(
     planned: Mapping[str, Any],
     args_file: FileFacts | None = None,
     stack: str | None = None,
-    cache: bool = False,
+    cache: bool | None = False,
 ) -> GateResult:
     """``gate`` of a request built at the door (``gate_options``): ``options.on_kept`` hears of security rules a
     settings file may not turn off (the CLI's note on stderr, the API's warning). ``stack`` (``--stack``) names the

@@ -59,7 +59,7 @@ def handles(run_dir: str | os.PathLike[str], stack: str | None, planned: Mapping
 
 def run_gate(
     run_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str] | None, planned: Mapping[str, Any],
-    selected: tuple[Selection, str | None], fail_on: str | None, result: Callable[..., R], cache: bool = False,
+    selected: tuple[Selection, str | None], fail_on: str | None, result: Callable[..., R], cache: bool | None = False,
 ) -> R:
     """``gate`` of a Lightning run: ``planned`` holds ``PLAN_FIELDS`` (None: Lightning's default); ``checkpoint``, as
     ``--checkpoint``, is a ``ckpt_path`` path. ``selected`` is ``resume_gate.api.rule_selection``'s answer, ``fail_on``

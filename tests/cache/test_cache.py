@@ -85,6 +85,31 @@ def test_a_rescan_reads_nothing_and_reports_the_same(reads: list[str]) -> None:
     assert "CKD201" in {f.rule for f in warm.findings}  # the broken fixtures are found from the cache too
 
 
+def test_by_default_a_file_is_kept_once_a_second_scan_finds_it_unchanged(
+    tmp_path: Path, reads: list[str], no_racy_window: None
+) -> None:
+    """The default (``cache=None``, neither --cache nor --no-cache): the first scan notes each file (a sighting,
+    no facts: a one-off scan pays next to nothing), the second reads them again and keeps the facts of those
+    unchanged since, the third reads none of those. A file changed between the first two scans is only sighted
+    again. Every report is the one without the cache."""
+    run = shutil.copytree(FIXTURES / "sharded", tmp_path / "run")
+    plain = scan(str(run), cache=False)
+    n = len(reads)
+    first = scan(str(run), cache=None)
+    assert len(reads) == 2 * n and _cache_files()
+    assert all("facts" not in e for d in _documents() for e in d["entries"].values())  # sightings only
+    index = run / "checkpoint-4" / "model.safetensors.index.json"
+    index.write_text(index.read_text().replace('"total_size"', '"total_size" ', 1))
+    second = scan(str(run), cache=None)
+    assert len(reads) == 3 * n
+    third = scan(str(run), cache=None)
+    assert reads[3 * n :] == ["checkpoint-4/model.safetensors.index.json"]  # kept now, read from the cache next
+    fourth = scan(str(run), cache=None)
+    assert reads[3 * n + 1 :] == []
+    for report in (first, second, third, fourth):
+        _same(scan(str(run), cache=False) if report is not first else plain, report)
+
+
 def test_one_changed_file_is_the_only_one_read(tmp_path: Path, reads: list[str], no_racy_window: None) -> None:
     run = shutil.copytree(FIXTURES / "sharded", tmp_path / "run")
     scan(str(run))
@@ -315,10 +340,15 @@ def test_gate_takes_no_cache() -> None:
     assert not Path(cache_dir()).exists()
 
 
+def _facts_kept() -> bool:
+    return any("facts" in e for d in _documents() for e in d["entries"].values())
+
+
 def test_the_cache_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """scan and gate (command and API) keep and take facts from the user's cache folder unless --no-cache
-    (``cache=False``) or CKPTDOCTOR_CACHE=0; --cache wins over the variable. The scanner's own building block keeps
-    it off unless asked. The report is the same every way."""
+    """scan and gate (command and API) use the user's cache folder unless --no-cache (``cache=False``) or
+    CKPTDOCTOR_CACHE=0: by default a first scan sights the files, --cache (or CKPTDOCTOR_CACHE=1) keeps their facts
+    at once; the flag wins over the variable. The scanner's own building block keeps it off unless asked. The
+    report is the same every way."""
     import ckptdoctor
 
     root = str(FIXTURES / "sharded")
@@ -329,19 +359,27 @@ def test_the_cache_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> N
     ckptdoctor.scan(root, cache=False)
     assert not Path(cache_dir()).exists()
     monkeypatch.setenv("CKPTDOCTOR_CACHE", "0")
-    code, with_variable, _ = invoke("scan", "--format", "json", root)
+    code, with_off, _ = invoke("scan", "--format", "json", root)
     assert code in (0, 1) and not Path(cache_dir()).exists()
     code, with_flag, _ = invoke("scan", "--cache", "--format", "json", root)
-    assert code in (0, 1) and _cache_files()
+    assert code in (0, 1) and _facts_kept()
+    shutil.rmtree(cache_dir())
+    monkeypatch.setenv("CKPTDOCTOR_CACHE", "1")
+    code, with_on, _ = invoke("scan", "--format", "json", root)
+    assert code in (0, 1) and _facts_kept()
     monkeypatch.delenv("CKPTDOCTOR_CACHE")
     shutil.rmtree(cache_dir())
     code, by_default, _ = invoke("scan", "--format", "json", root)
-    assert code in (0, 1) and _cache_files()
+    assert code in (0, 1) and _cache_files() and not _facts_kept()
+    code, second, _ = invoke("scan", "--format", "json", root)
+    assert _facts_kept()
     code, warm, _ = invoke("scan", "--format", "json", root)
-    assert _masked(warm) == _masked(by_default) == _masked(with_flag) == _masked(with_variable) == _masked(out)
+    assert all(_masked(x) == _masked(out) for x in (with_off, with_flag, with_on, by_default, second, warm))
     shutil.rmtree(cache_dir())
     ckptdoctor.scan(root)
-    assert _cache_files()
+    assert _cache_files() and not _facts_kept()
+    ckptdoctor.scan(root, cache=True)
+    assert _facts_kept()
     shutil.rmtree(cache_dir())
     code, _, err = invoke("gate", str(FIXTURES / "clean-full"))
     assert code == 0, err
