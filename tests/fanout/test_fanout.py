@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -270,9 +271,10 @@ def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_f
 def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
     dask_client: Any, fleet: Path, tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
-    """serial == cached == Dask: with --cache each worker reads through its own user's cache folder (a scan without
-    --cache leaves it alone), and the scan that fills it and the one that takes from it give the serial report
-    byte for byte, as does a serial scan with the cache."""
+    """serial == cached == Dask: each worker reads through its own user's cache folder (a scan with --no-cache
+    leaves it alone; by default a first scan notes the files, with --cache it keeps their facts), and the scan that
+    fills it and the one that takes from it give the serial report byte for byte, as does a serial scan with the
+    cache."""
     root = str(fleet) if where == "local" else request.getfixturevalue("s3_fleet")
     if where == "local":
         time.sleep(2.1)  # past the cache's racy window: the fleet's files were written a moment ago
@@ -280,9 +282,13 @@ def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
     old = dask_client.run(cache_home, str(home))
     try:
         address = dask_client.scheduler.address
-        serial = _cli("--format", "json", root)
+        serial = _cli("--format", "json", "--no-cache", root)
+        assert _cli("--format", "json", "--no-cache", "--dask", address, root) == serial
+        assert not home.exists()  # --no-cache leaves it alone
         assert _cli("--format", "json", "--dask", address, root) == serial
-        assert not home.exists()  # the cache is off unless asked for
+        noted = list((home / "ckptdoctor" / "facts").glob("*.json"))
+        assert noted and all('"facts"' not in p.read_text() for p in noted)  # by default: sightings only
+        shutil.rmtree(home)
         assert _cli("--format", "json", "--cache", "--dask", address, root) == serial
         kept = {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")}
         assert kept  # the workers kept what they read
@@ -292,7 +298,7 @@ def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
         assert _cli("--format", "json", "--cache", root) == serial
         assert _cli("--format", "json", "--cache", root) == serial
         one_run = root.rstrip("/") + "/sib/run-b"  # a root that is one run: one task for the whole root
-        alone = _cli("--format", "json", one_run)
+        alone = _cli("--format", "json", "--no-cache", one_run)
         for _ in range(2):
             assert _cli("--format", "json", "--cache", "--dask", address, one_run) == alone
     finally:
