@@ -117,6 +117,7 @@ def _build(node: Any, kids: list[Any]) -> Any:
 # kept here keep those ids theirs.
 _SHARED: Seen[tuple[Any, ...], Any] = Seen(1 << 14)
 _NO_FLOAT_KEY = frozenset({str, int, bool, type(None), bytes, GlobalRef, TensorRef})
+_PLAIN = SCALARS - {GlobalRef, TensorRef}  # values each walk makes anew (but small ints and a few strings)
 
 
 def shared(c: Any, t: type[Any]) -> Any:
@@ -165,6 +166,7 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
         return root, False
     done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
     scalar_types = SCALARS.issuperset
+    plain_types = _PLAIN.issuperset
     active: set[int] = set()
     cut = False
     # Each frame: [node, children, next index, frozen kids, max child height]
@@ -198,14 +200,16 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
             ct = type(c)
             if (ct is list or ct is tuple) and scalar_types(map(type, c)):
                 # Leaf containers (most of any real pickle) are final as they are: skip a frame.
-                c = shared(c, ct)
+                if not plain_types(map(type, c)):  # one of plain values is new in every file: never shared
+                    c = shared(c, ct)
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:
                     fr[4] = 1
                 continue
             if ct is dict and scalar_types(map(type, c.values())) and scalar_types(map(type, c)):
-                c = shared(c, ct)
+                if not plain_types(map(type, c.values())):
+                    c = shared(c, ct)
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:

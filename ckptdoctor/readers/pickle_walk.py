@@ -107,8 +107,9 @@ def _is_int_tuple(v: Any) -> bool:
 _TENSORS: Seen[tuple[Any, ...], tuple[TensorRef, TensorRef]] = Seen(1 << 15)  # -> (storage, tensor)
 
 
-def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
-    """The value of a call to a known-harmless reconstructor, or an ``Obj`` when we do not interpret it."""
+def _interpret(func: GlobalRef, args: tuple[Any, ...], share: bool = False) -> Any:
+    """The value of a call to a known-harmless reconstructor, or an ``Obj`` when we do not interpret it. ``share``:
+    a tensor rebuilt before over the same storage object is that tensor (a replayed run shares its own)."""
     mod, name = func.module, func.name
     n = len(args)
     if mod == "torch._utils":
@@ -123,15 +124,17 @@ def _interpret(func: GlobalRef, args: tuple[Any, ...]) -> Any:
                     dtype = TORCH_DTYPES[dt.name]
                 # One object per tensor over one (interned) storage object: a run's checkpoints rebuild the same
                 # tensors, and consumers that remember by identity meet each once (``pickle_values.shared``).
-                key = (id(storage), dtype, offset, size, stride)
-                got = _TENSORS.get(key)
-                if got is not None and got[0] is storage:
-                    return got[1]
+                key = (id(storage), dtype, offset, size, stride) if share else None
+                if key is not None:
+                    got = _TENSORS.get(key)
+                    if got is not None and got[0] is storage:
+                        return got[1]
                 ref = TensorRef(
                     dtype, size, stride, offset, storage.storage_key, storage.storage_numel, storage.location,
                     storage.storage_nbytes,
                 )  # fmt: skip
-                _TENSORS.put(key, (storage, ref))
+                if key is not None:
+                    _TENSORS.put(key, (storage, ref))
                 return ref
         elif name in _REBUILD_PARAM and n >= 1 and type(args[0]) is TensorRef:
             return args[0]
@@ -1012,7 +1015,7 @@ class _Walker:
                 self.loads.append(args[0])  # ``_finish`` records the call
             else:
                 self.calls[func] = None
-            stack[-1] = _interpret(func, args) if type(args) is tuple else Obj(func, args)
+            stack[-1] = _interpret(func, args, True) if type(args) is tuple else Obj(func, args)
         else:
             self._call_target(func)
             stack[-1] = Obj(None, (func, args))
