@@ -54,16 +54,23 @@ def code_fingerprint() -> str:
     any change to the readers, the pickle policy or its allowlist makes every entry a stranger."""
     import hashlib
 
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256(__version__.encode())
-    for folder, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".py", ".json")):
-                st = os.stat(os.path.join(folder, name))
-                h.update(f"{os.path.relpath(os.path.join(folder, name), package)}\0{st.st_size}\0{st.st_mtime_ns}\n"
-                         .encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+    lines = [__version__]
+    todo = [(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")]
+    while todo:  # one scandir per folder: its entries' stats come with the listing (no os.walk, no relpath)
+        folder, rel = todo.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:  # as os.walk: a folder that cannot be listed adds nothing
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                if e.name != "__pycache__":
+                    todo.append((e.path, f"{rel}{e.name}/"))
+            elif e.name.endswith((".py", ".json")):
+                st = e.stat()
+                lines.append(f"{rel}{e.name}\0{st.st_size}\0{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _digest(value: Any) -> str:
