@@ -1,15 +1,16 @@
 """The verdict cache's cost and gain (issue 27 §2): ``ckptdoctor scan`` of one root, in fresh processes, with
-``--no-cache`` (the default), with ``--cache`` and an empty cache (cold: the scan reads everything and writes the
-cache), with the cache warm, and after one file changed. Rounds interleave the four, so a busy machine slows each
+``--no-cache``, with ``--cache`` and an empty cache (cold: the scan reads everything and keeps every file's facts),
+with the cache warm, after one file changed, and three scans with neither flag (the default: the first sights the
+files, the second keeps their facts, the third takes them). Rounds interleave them, so a busy machine slows each
 alike; medians are printed.
 
     python bench/cache_bench.py /tmp/cache-ckb/7b-100 --rounds 5
 
 Each scan runs as ``python -m ckptdoctor scan --format json ROOT`` with ``XDG_CACHE_HOME`` in a folder of its own;
 ``cpu`` is the child's user + system time (``os.wait4``), ``rss`` its peak resident memory; bytecode is cached (a
-first scan, not counted, writes it). "one changed" rewrites
-one checkpoint's ``trainer_state.json`` (a space added at its end: the same JSON) and waits out the cache's racy
-window first, as a nightly rescan finds a file changed hours ago.
+first scan, not counted, writes it). "one changed" rewrites one checkpoint's ``trainer_state.json`` (a space added
+at its end: the same JSON) and waits out the cache's racy window first, as a nightly rescan finds a file changed
+hours ago.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def main() -> None:
         raise SystemExit(f"{root}: no trainer_state.json to change")
     target = states[len(states) // 2]
     original = target.read_bytes()
-    results: dict[str, list[tuple[float, float, int]]] = {"--no-cache": [], "cold": [], "warm": [], "one changed": []}
+    results: dict[str, list[tuple[float, float, int]]] = {
+        "--no-cache": [], "cold": [], "warm": [], "one changed": [],
+        "default 1st": [], "default 2nd": [], "default 3rd": [],
+    }  # fmt: skip
     work = tempfile.mkdtemp(prefix="cache-bench-")
     try:
         run(str(root), os.path.join(work, "prime"))  # writes the bytecode caches; not counted
@@ -66,6 +70,11 @@ def main() -> None:
             target.write_bytes(original + b" " if target.read_bytes() == original else original)
             time.sleep(2.1)  # past the racy window: the changed file is kept, as a nightly rescan's would be
             results["one changed"].append(run(str(root), xdg, "--cache"))
+            # the default (neither flag): the first scan sights the files, the second keeps their facts, the third
+            # takes them (past the racy window, as the changed file above)
+            shutil.rmtree(xdg, ignore_errors=True)
+            for name in ("default 1st", "default 2nd", "default 3rd"):
+                results[name].append(run(str(root), xdg))
         cache_bytes = sum(p.stat().st_size for p in Path(work, "xdg").rglob("*.json"))
     finally:
         target.write_bytes(original)
