@@ -140,7 +140,7 @@ def test_leaving_early_stops_the_scan(tmp_path: Path) -> None:
     assert [r.path for r in first.tree.runs] == ["run-0"]
     assert _scan_threads() == []
     with pytest.raises(RuntimeError, match="exhausted"):
-        stream.report
+        _ = stream.report
     assert list(stream) == []  # closed: nothing more
     dropped = ckptdoctor.iter_scan(tmp_path)
     next(dropped)
@@ -162,4 +162,4 @@ def test_usage_errors_are_raised_at_the_call_and_scan_errors_at_next(tmp_path: P
         next(stream)
     assert _scan_threads() == []
     with pytest.raises(RuntimeError):
-        stream.report
+        _ = stream.report
