@@ -135,14 +135,19 @@ def scan_many(
         select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
         allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
-    fanout = None
-    if client is not None:
-        from ckptdoctor.fanout import DaskFanOut
-
-        fanout = DaskFanOut(client, retries=retries)
     return scan_roots(
-        Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=fanout, cache=cache
+        Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=_fanout(client, retries),
+        cache=cache,
     )
+
+
+def _fanout(client: Any, retries: int) -> DaskFanOut | None:
+    """``scan_many``'s and ``iter_scan``'s ``client`` as the scan takes it (None: read here, serially)."""
+    if client is None:
+        return None
+    from ckptdoctor.fanout import DaskFanOut
+
+    return DaskFanOut(client, retries=retries)
 
 
 def iter_scan(
@@ -194,11 +199,7 @@ def iter_scan(
         allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
     checked = check_roots(Roots.of(roots))
-    fanout = None
-    if client is not None:
-        from ckptdoctor.fanout import DaskFanOut
-
-        fanout = DaskFanOut(client, retries=retries)
+    fanout = _fanout(client, retries)
 
     def run(sink: PartSink) -> Report:
         return scan_roots(
