@@ -209,16 +209,24 @@ def iter_scan(
     return ScanStream(run)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class ScannedPart:
     """One part of a scan as ``iter_scan`` hands it out: a run folder (or a folder of runs) of a root, or the files
     left in the root (the root's last part). ``index``: the root's place in the roots scanned (and in
     ``stream.report.trees``); ``tree``: what was read there, its runs and checkpoints (``ckptdoctor.model.Tree``,
     ``tree.root`` the root as given); ``findings``: the part's, judged under the settings that govern it."""
 
-    index: int
-    tree: Tree
-    findings: tuple[Finding, ...]
+    # A plain class, not a dataclass: making one costs about 3 M instructions at import (bench/RESULTS.md), which
+    # every scan would pay for a name only a stream uses.
+    __slots__ = ("findings", "index", "tree")
+
+    def __init__(self, index: int, tree: Tree, findings: tuple[Finding, ...]) -> None:
+        self.index = index
+        self.tree = tree
+        self.findings = findings
+
+    def __repr__(self) -> str:
+        runs = [run.path for run in self.tree.runs]
+        return f"ScannedPart(index={self.index}, root={self.root!r}, runs={runs!r}, findings={len(self.findings)})"
 
     @property
     def root(self) -> str:
