@@ -5,11 +5,15 @@ against bench/fleet_s3.py's moto bucket. Run by hand:
     python bench/fleet_s3_slope.py --runs 40 --checkpoints 10                  # this checkout
     python bench/fleet_s3_slope.py --runs 40 --checkpoints 10 --no-collect     # the request garbage left alone
     python bench/fleet_s3_slope.py --runs 40 --checkpoints 10 --types          # which objects grow (20th -> 40th)
+    python bench/fleet_s3_slope.py --runs 100 --listing                        # the listing's index alone
 
 Prints one JSON line per variant: ``kb_per_run`` (the resident memory's growth per run from the 20th part to the
 last), the peak (``VmHWM``), the scan's CPU, the collector's passes and CPU (``gc.callbacks``), and with ``--types``
 the object types whose count grew most between the 20th and 40th part. ``--no-collect`` sets the remote source's
 ``COLLECT_EVERY`` out of reach: the scan then keeps every request's reference cycles, as before it collected them.
+``--listing`` lists and indexes the root only (``FsspecSource.root``) and gives the resident memory it added
+(``listing_mb``; ``--whole`` indexes s3fs's ``find`` entries whole, as before ``_s3_listing``): run at two sizes,
+the difference over the objects added is the index's cost per object.
 """
 
 from __future__ import annotations
@@ -35,6 +39,26 @@ def _status(field: str) -> float:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def listing(root: str, out: str, whole: bool) -> None:
+    """In a fresh process: the resident memory that listing and indexing ``root`` adds (the backend's client made
+    first, so its own start-up is not counted)."""
+    import ckptdoctor.sources.fsspec as remote
+    from ckptdoctor.limits import Limits
+
+    if whole:
+        remote._s3_listing = lambda fs, path: None  # type: ignore[assignment]
+    fs, path = remote._filesystem(root)
+    fs.exists(path)  # the client, its service model and its connection: made before the figure starts
+    gc.collect()
+    before = _status("VmRSS")
+    source = remote.FsspecSource(root, Limits())
+    source.root([])
+    gc.collect()
+    objects = sum(len(folder.files) for folder in source._folders.values())
+    doc = {"objects": objects, "listing_mb": round(_status("VmRSS") - before, 1), "whole": whole}
+    Path(out).write_text(json.dumps(doc))
 
 
 def child(root: str, out: str, no_collect: bool, types: bool) -> None:
@@ -84,13 +108,18 @@ def child(root: str, out: str, no_collect: bool, types: bool) -> None:
 def main() -> None:
     """Build the bucket, run the scan in a fresh interpreter, print its figures."""
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv)
+        if "--listing" in sys.argv:
+            listing(sys.argv[2], sys.argv[3], "--whole" in sys.argv)
+        else:
+            child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--no-collect", action="store_true", help="leave the request garbage to the end of the scan")
     ap.add_argument("--types", action="store_true", help="count the live objects by type at the 20th and 40th part")
+    ap.add_argument("--listing", action="store_true", help="list and index the root only: the memory it adds")
+    ap.add_argument("--whole", action="store_true", help="with --listing: s3fs's find entries, kept whole")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import fleet_s3
@@ -100,7 +129,9 @@ def main() -> None:
         fleet_s3.fill(server, args.runs, files)
         out = Path(tmp) / "out.json"
         env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
-        flags = [f for f, on in (("--no-collect", args.no_collect), ("--types", args.types)) if on]
+        chosen = (("--no-collect", args.no_collect), ("--types", args.types), ("--listing", args.listing),
+                  ("--whole", args.whole))  # fmt: skip
+        flags = [f for f, on in chosen if on]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", fleet_s3.root_url(), str(out), *flags]
         subprocess.run(cmd, env=env, cwd=HERE.parent, check=True)
         doc = json.loads(out.read_text())
