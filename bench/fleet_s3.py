@@ -2,7 +2,7 @@
 
 Run by hand, never in CI (tests/test_bench_smoke.py runs it at 2 x 2):
 
-    python bench/fleet_s3.py [--runs 1000] [--checkpoints 10] [--modes serial cache dask] [--checkout PATH]
+    python bench/fleet_s3.py [--runs 1000] [--checkpoints 10] [--modes serial cache dask stream] [--checkout PATH]
     python bench/fleet_s3.py --runs 20 --checkpoints 10          # a quick check
 
 What it measures, for each mode the checkout offers (a mode it lacks is skipped, with the reason):
@@ -14,7 +14,9 @@ What it measures, for each mode the checkout offers (a mode it lacks is skipped,
   unchanged bucket (``cache-warm``);
 * ``dask``: ``ckptdoctor.scan_many([root], client=...)`` (one task per run of the root) on a ``LocalCluster`` of
   2 worker processes (1 thread each), started by a fresh interpreter that is the client (and, in a LocalCluster,
-  the scheduler).
+  the scheduler);
+* ``stream``: the same cluster and client with the streaming form, ``ckptdoctor.iter_scan([root], client=...)``:
+  each run handed out and dropped, then ``stream.report`` (the client's memory is the difference to ``dask``).
 
 For each: wall time; requests as the server saw them (LIST, GET, HEAD, other) and the bytes of their response
 bodies; peak resident memory of each process (``VmHWM``, read at exit by bench/probe.py in the scan process, in
@@ -328,10 +330,12 @@ def capabilities(checkout: Path) -> dict[str, bool]:
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     has_many = subprocess.run([sys.executable, "-c", "import ckptdoctor; assert callable(ckptdoctor.scan_many)"],
                               env=env, cwd=checkout, capture_output=True, check=False).returncode == 0  # fmt: skip
+    has_iter = subprocess.run([sys.executable, "-c", "import ckptdoctor; assert callable(ckptdoctor.iter_scan)"],
+                              env=env, cwd=checkout, capture_output=True, check=False).returncode == 0  # fmt: skip
     # "--cache" of its own (``--cache / --no-cache``): the cache is off unless asked for; else it is on by default
     opt_in = "--cache" in helptext.replace("--no-cache", "")
     return {"no_cache": "--no-cache" in helptext, "opt_in": opt_in, "dask_cli": "--dask" in helptext,
-            "scan_many": has_many}  # fmt: skip
+            "scan_many": has_many, "iter_scan": has_iter}  # fmt: skip
 
 
 # Seconds between the progress lines a running mode prints to stderr (a 1,000 x 10 scan takes an hour here).
@@ -379,23 +383,24 @@ def run_scan(server: Server, checkout: Path, cache_home: Path, mode: str, *extra
                   " ".join(extra))  # fmt: skip
 
 
-def run_dask(server: Server, checkout: Path, cache_home: Path) -> Result:
-    """``scan_many`` on a 2-worker LocalCluster, driven by a fresh interpreter (this file with ``--dask-child``)."""
+def run_dask(server: Server, checkout: Path, cache_home: Path, mode: str = "dask") -> Result:
+    """``scan_many`` (``mode`` dask) or ``iter_scan`` (``mode`` stream) on a 2-worker LocalCluster, driven by a
+    fresh interpreter (this file with ``--dask-child``)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--dask-child", out.name, root_url()]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--dask-child", out.name, root_url(), mode]
         before = server.counter.snapshot()
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=_checkout_env(server, checkout, cache_home), cwd=checkout)
-        code, usage = _wait(proc, server, "dask")
+        code, usage = _wait(proc, server, mode)
         wall = time.perf_counter() - start
         counts = server.counter.snapshot().minus(before)
         text = Path(out.name).read_text()
     child = json.loads(text) if text else {"peak_rss_mb": {}, "summary": {}, "note": "the client wrote nothing"}
-    return Result("dask", wall, counts, child["peak_rss_mb"], usage.ru_utime + usage.ru_stime, code,
+    return Result(mode, wall, counts, child["peak_rss_mb"], usage.ru_utime + usage.ru_stime, code,
                   child["summary"], child.get("note", ""))  # fmt: skip
 
 
-def _dask_child(out: str, root: str) -> None:
+def _dask_child(out: str, root: str, mode: str = "dask") -> None:
     """In the client process: start the cluster, scan, and write the workers' and scheduler's peaks to ``out``."""
     from dask.distributed import Client, LocalCluster
     from probe import vmhwm_mb  # bench/ is on PYTHONPATH (run_dask): the workers import it by name too
@@ -405,7 +410,14 @@ def _dask_child(out: str, root: str) -> None:
     with LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:  # fmt: skip
         start = time.perf_counter()
-        report = ckptdoctor.scan_many([root], client=client)
+        parts = 0
+        if mode == "stream":  # each run handed out and let go, as a platform's loop would after storing it
+            with ckptdoctor.iter_scan([root], client=client) as stream:
+                for _ in stream:
+                    parts += 1
+            report = stream.report
+        else:
+            report = ckptdoctor.scan_many([root], client=client)
         seconds = time.perf_counter() - start
         workers = client.run(vmhwm_mb)
     # A LocalCluster's scheduler runs in this process: one peak covers the client and the scheduler.
@@ -413,7 +425,9 @@ def _dask_child(out: str, root: str) -> None:
     peaks.update({f"worker-{i}": mb for i, (_, mb) in enumerate(sorted(workers.items()))})
     # The serial rows' summary fields: files and findings by severity (a Report, or one per root).
     reports = report if isinstance(report, (list, tuple)) else [report]
-    summary: dict[str, Any] = {"error": 0, "warning": 0, "info": 0, "scan_many_seconds": round(seconds, 2)}
+    summary: dict[str, Any] = {"error": 0, "warning": 0, "info": 0, f"{mode}_seconds": round(seconds, 2)}
+    if mode == "stream":
+        summary["parts"] = parts
     summary["files"] = sum(getattr(r, "files", 0) for r in reports)
     for f in (f for r in reports for f in getattr(r, "findings", ())):
         sev = str(getattr(f.severity, "value", f.severity))
@@ -440,6 +454,11 @@ def measure(server: Server, checkout: Path, modes: list[str], work: Path) -> Ite
             yield run_dask(server, checkout, work / "cache-dask")
         else:
             yield "dask: skipped, this ckptdoctor has no `ckptdoctor.scan_many`"
+    if "stream" in modes:
+        if caps["iter_scan"]:
+            yield run_dask(server, checkout, work / "cache-stream", "stream")
+        else:
+            yield "stream: skipped, this ckptdoctor has no `ckptdoctor.iter_scan`"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -465,12 +484,13 @@ def build_fleet(server: Server, runs: int, checkpoints: int, work: Path) -> dict
 def main() -> None:
     """Parse the options, build the bucket, run the modes, print one JSON line per mode (and per skip)."""
     if sys.argv[1:2] == ["--dask-child"]:
-        _dask_child(sys.argv[2], sys.argv[3])
+        _dask_child(*sys.argv[2:5])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--checkpoints", type=int, default=10, help="checkpoints per run")
-    ap.add_argument("--modes", nargs="+", choices=["serial", "cache", "dask"], default=["serial", "cache", "dask"])
+    ap.add_argument("--modes", nargs="+", choices=["serial", "cache", "dask", "stream"],
+                    default=["serial", "cache", "dask", "stream"])  # fmt: skip
     ap.add_argument("--checkout", type=Path, default=HERE.parent, help="the ckptdoctor checkout to measure")
     args = ap.parse_args()
     checkout = args.checkout.resolve()

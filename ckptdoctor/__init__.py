@@ -9,7 +9,8 @@ The Python API, imported when first used (``import ckptdoctor`` loads nothing el
         print(finding.rule, finding.severity.value, finding.path, finding.message)
     raise SystemExit(report.exit_code())                         # the command's exit code
 
-``scan_many(roots, client=...)`` is ``scan`` with each run read on a Dask cluster (``distributed.Client``).
+``scan_many(roots, client=...)`` is ``scan`` with each run read on a Dask cluster (``distributed.Client``);
+``iter_scan(roots, client=...)`` is the same scan as a stream of runs (``ScannedPart``), for a fleet in bounded memory.
 ``scan``, ``gate`` and ``fix`` find settings files as the command line does (the closest from each folder
 upward); ``undo`` restores a fix
 transaction. ``Finding``, ``Severity``, ``Report``, ``GateResult`` and ``Selection`` are the types they take and
@@ -23,14 +24,17 @@ from typing import TYPE_CHECKING, Any
 from ckptdoctor.version import __version__
 
 __all__ = [
-    "Finding", "GateResult", "Report", "Selection", "Severity", "__version__", "fix", "gate", "scan", "scan_many",
-    "undo",
+    "Finding", "GateResult", "Report", "ScanStream", "ScannedPart", "Selection", "Severity", "__version__", "fix",
+    "gate", "iter_scan", "scan", "scan_many", "undo",
 ]
 
 # name -> the module that defines it, imported on first use (PEP 562)
 _LAZY = {
     "scan": "ckptdoctor.api",
     "scan_many": "ckptdoctor.api",
+    "iter_scan": "ckptdoctor.api",
+    "ScanStream": "ckptdoctor.api",
+    "ScannedPart": "ckptdoctor.api",
     "fix": "ckptdoctor.api",
     "gate": "ckptdoctor.resume_gate.api",
     "GateResult": "ckptdoctor.resume_gate.api",
@@ -42,7 +46,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from ckptdoctor.api import fix, scan, scan_many
+    from ckptdoctor.api import ScannedPart, ScanStream, fix, iter_scan, scan, scan_many
     from ckptdoctor.findings import Finding, Severity
     from ckptdoctor.fixer.transaction import undo
     from ckptdoctor.resume_gate.api import GateResult, gate

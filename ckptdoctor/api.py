@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ckptdoctor.errors import UsageError
@@ -135,14 +136,219 @@ def scan_many(
         select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
         allow_empty=allow_empty, on_kept=on_kept or warn_kept,
     )
-    fanout = None
-    if client is not None:
-        from ckptdoctor.fanout import DaskFanOut
-
-        fanout = DaskFanOut(client, retries=retries)
     return scan_roots(
-        Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=fanout, cache=cache
+        Roots.of(roots), options, jobs=jobs, limits=limits, progress=progress, fanout=_fanout(client, retries),
+        cache=cache,
     )
+
+
+def _fanout(client: Any, retries: int) -> DaskFanOut | None:
+    """``scan_many``'s and ``iter_scan``'s ``client`` as the scan takes it (None: read here, serially)."""
+    if client is None:
+        return None
+    from ckptdoctor.fanout import DaskFanOut
+
+    return DaskFanOut(client, retries=retries)
+
+
+def iter_scan(
+    roots: Sequence[PathArg] | PathArg,
+    *,
+    client: Any = None,
+    select: Codes = (),
+    ignore: Codes = (),
+    fail_on: str | None = None,
+    no_config: bool = False,
+    jobs: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    progress: TextIO | None = None,
+    on_kept: KeptCallback | None = None,
+    allow_global: Codes = (),
+    allow_empty: bool = False,
+    retries: int = 2,
+    cache: bool = False,
+) -> ScanStream:
+    """``scan_many`` as a stream, for a fleet: each run handed out as it is judged (a ``ScannedPart``: its tree and
+    findings), then released, so memory holds about one run whatever the fleet's size; ``stream.report`` once the
+    stream is exhausted.
+
+    ::
+
+        with ckptdoctor.iter_scan(["s3://bucket/runs/"], client=client) as stream:
+            for part in stream:
+                for finding in part.findings:
+                    ...  # store it, alert on it
+        sys.exit(stream.report.exit_code())
+
+    The parts come in the order of a serial scan: root by root, each run folder (or folder of runs) as discovery
+    finishes it, the files left in the root last; each part's findings are judged under the settings files that
+    govern it, as ``scan`` judges them. ``stream.report`` is the ``Report`` of the whole scan without the runs'
+    facts: its findings, in the order and with the exit code of ``scan(roots)`` (``scan_many``'s with a client),
+    each root's settings and file count, and for each root a tree of no runs. Keeping a part past the next one keeps
+    its facts; nothing else does. The keywords are ``scan_many``'s (``client=None``: read here, serially).
+
+    The scan runs in a thread of its own while the loop asks for parts, one part ahead at most: the thread waits for
+    the next ``next()``. Leaving the loop early (``break``, an exception) and then ``close()`` (or the ``with``
+    block's end, or the stream's release) stops the scan and its Dask tasks; ``report`` is then unavailable. This
+    call raises for bad keywords (``UsageError``) and a missing local root (``FileNotFoundError``); what the scan
+    raises once started (an unusable settings file: ``UsageError``) is raised by the ``next()`` that meets it.
+    """
+    from ckptdoctor.scanner import check_roots
+
+    options = Options.build(
+        select=select, ignore=ignore, fail_on=fail_on, no_config=no_config, allow_global=allow_global,
+        allow_empty=allow_empty, on_kept=on_kept or warn_kept,
+    )
+    checked = check_roots(Roots.of(roots))
+    fanout = _fanout(client, retries)
+
+    def run(sink: PartSink) -> Report:
+        return scan_roots(
+            checked, options, jobs=jobs, limits=limits, progress=progress, on_part=sink, fanout=fanout, cache=cache
+        )
+
+    return ScanStream(run)
+
+
+class ScannedPart:
+    """One part of a scan as ``iter_scan`` hands it out: a run folder (or a folder of runs) of a root, or the files
+    left in the root (the root's last part). ``index``: the root's place in the roots scanned (and in
+    ``stream.report.trees``); ``tree``: what was read there, its runs and checkpoints (``ckptdoctor.model.Tree``,
+    ``tree.root`` the root as given); ``findings``: the part's, judged under the settings that govern it."""
+
+    # A plain class, not a dataclass: making one costs about 3 M instructions at import (bench/RESULTS.md), which
+    # every scan would pay for a name only a stream uses.
+    __slots__ = ("findings", "index", "tree")
+
+    def __init__(self, index: int, tree: Tree, findings: tuple[Finding, ...]) -> None:
+        self.index = index
+        self.tree = tree
+        self.findings = findings
+
+    def __repr__(self) -> str:
+        runs = [run.path for run in self.tree.runs]
+        return f"ScannedPart(index={self.index}, root={self.root!r}, runs={runs!r}, findings={len(self.findings)})"
+
+    @property
+    def root(self) -> str:
+        """The root this part belongs to, as given."""
+        return self.tree.root
+
+
+class ScanStream:
+    """The iterator ``iter_scan`` returns: ``ScannedPart`` after ``ScannedPart``, then ``report``. A context manager
+    whose end (as ``close()``) stops a scan not run to its end."""
+
+    def __init__(self, run: Callable[[PartSink], Report]) -> None:
+        self._handoff = _Handoff(run)
+
+    def __iter__(self) -> ScanStream:
+        return self
+
+    def __next__(self) -> ScannedPart:
+        return self._handoff.next()
+
+    def __enter__(self) -> ScanStream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._handoff.close()
+
+    def close(self) -> None:
+        """Stop the scan if it is still running (its thread ends, its Dask tasks are cancelled); idempotent."""
+        self._handoff.close()
+
+    @property
+    def report(self) -> Report:
+        """The scan's ``Report`` (findings, settings, exit code; trees without runs), once every part was taken;
+        ``RuntimeError`` before, or after ``close()`` stopped the scan."""
+        if self._handoff.report is None:
+            raise RuntimeError("the report is there once the stream is exhausted (every part taken)")
+        return self._handoff.report
+
+
+class _Closed(BaseException):
+    """Raised in the scan's thread by the part handed out when the stream was closed: ends the scan. A
+    ``BaseException``, as ``GeneratorExit`` is, so that no ``except Exception`` on the way takes it for a bad file."""
+
+
+class _Handoff:
+    """The scan's thread and the loop taking its parts, strictly in turn: the thread hands one part and waits until
+    the loop asks for the next (or closes). The stream holds this, and the thread holds only this, so a stream the
+    caller drops is released (``ScanStream.__del__``) and stops its thread."""
+
+    def __init__(self, run: Callable[[PartSink], Report]) -> None:
+        import gc
+        import queue
+        import threading
+
+        self.run = run
+        self.report: Report | None = None
+        self.out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self.resume = threading.Semaphore(0)
+        self.thread: threading.Thread | None = None
+        self.closing = False
+        self.done = False
+        # A scan pauses the cyclic garbage collector (``scanner._gc_paused``); the caller's code between two parts
+        # runs with it as the caller had it, or the cycles it makes would stay until the scan ends.
+        self.collect = gc.isenabled()
+
+    def next(self) -> ScannedPart:
+        import threading
+
+        if self.done:
+            raise StopIteration
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._produce, name="ckptdoctor-iter-scan", daemon=True)
+            self.thread.start()
+        else:
+            self.resume.release()  # the thread leaves the part handed out last and reads the next
+        kind, value = self.out.get()
+        if kind == "part":
+            return value  # type: ignore[no-any-return]
+        self.done = True
+        self.thread.join()
+        if kind == "report":
+            self.report = value
+            raise StopIteration
+        raise value
+
+    def close(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.thread is not None and self.thread.is_alive():
+            self.closing = True
+            self.resume.release()
+            self.thread.join()
+
+    def _produce(self) -> None:
+        try:
+            report = self.run(self._hand)
+        except _Closed:
+            return
+        except BaseException as exc:  # the loop's next() raises it
+            self.out.put(("error", exc))
+            return
+        self.out.put(("report", report))
+
+    def _hand(self, index: int, tree: Tree, findings: list[Finding]) -> None:
+        import gc
+
+        paused = self.collect and not gc.isenabled()
+        if paused:
+            gc.enable()
+        self.out.put(("part", ScannedPart(index, tree, tuple(findings))))
+        self.resume.acquire()
+        if paused:
+            gc.disable()
+        if self.closing:
+            raise _Closed
 
 
 def scan_roots(

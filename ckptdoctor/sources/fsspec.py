@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import gc
 import importlib
+import itertools
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -108,7 +111,9 @@ class FsspecSource:
             # fsspec caches file system instances and their listings per process: a second scan in a long-lived
             # process (a job launcher calling gate() before each resume) must see the bucket as it is now.
             fs.invalidate_cache(path)
-            listing = cast("dict[str, dict[str, Any]]", fs.find(path, withdirs=True, detail=True))
+            listing: dict[str, dict[str, Any] | _Cut] | None = _s3_listing(fs, path)
+            if listing is None:  # not s3fs, or nothing under the prefix (one object, or none): the backend's find
+                listing = cast("dict[str, dict[str, Any] | _Cut]", fs.find(path, withdirs=True, detail=True))
         except ImportError as e:
             return _unreadable_root(f"{e}; {INSTALL_HINT}")
         except Exception as e:  # backend errors have no common base class
@@ -118,7 +123,7 @@ class FsspecSource:
         if not listing:
             return _unreadable_root("no such object or prefix")
         own = listing.get(path)
-        if own is not None and own.get("type") == "file":  # the root is one object
+        if isinstance(own, dict) and own.get("type") == "file":  # the root is one object
             return Entry(name, path, False, _mtime(own), path, own)
         self._index(path, listing, problems)
         return Entry(name, path, True, 0.0, path, {})
@@ -128,7 +133,10 @@ class FsspecSource:
     ) -> list[Entry[dict[str, Any]]] | None:
         """The files and folders the listing put in ``folder`` (no request)."""
         node = self._folders[folder.path]
-        out = [Entry(name, full, False, _mtime(info), full, info) for name, full, info in node.files]
+        out = []
+        for name, full, info in node.files:
+            full, meta = _entry(folder.path, name, full, info)
+            out.append(Entry(name, full, False, _mtime(meta), full, meta))
         for name in node.dirs:
             full = f"{folder.path}/{name}"
             out.append(Entry(name, full, True, self._folders[full].mtime, full, {}))
@@ -155,8 +163,12 @@ class FsspecSource:
 
     def _listed(self, path: str) -> dict[str, Any] | None:
         """What the listing said about the object at ``path`` (None when it is not in this source's part)."""
-        folder = self._folders.get(path.rsplit("/", 1)[0])
-        return next((info for _, full, info in folder.files if full == path), None) if folder else None
+        where = path.rsplit("/", 1)[0]
+        folder = self._folders.get(where)
+        for name, full, info in folder.files if folder else ():
+            if (full or f"{where}/{name}") == path:
+                return _entry(where, name, full, info)[1]
+        return None
 
     def shown_target(self, path: str) -> str:
         """``path``: object storage has no links, so no loops either."""
@@ -188,7 +200,7 @@ class FsspecSource:
         """The listing's size is what was read (an object is replaced whole, under a new ETag or version)."""
         return facts.size == entry.meta.get("size")
 
-    def _index(self, path: str, listing: dict[str, dict[str, Any]], problems: list[PathProblem]) -> None:
+    def _index(self, path: str, listing: dict[str, dict[str, Any] | _Cut], problems: list[PathProblem]) -> None:
         """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""
         self._folders[path] = _Folder()
         prefix = path + "/"
@@ -209,7 +221,7 @@ class FsspecSource:
                 problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
                 continue
             info = listing[full]
-            is_dir = info.get("type") == "directory"
+            is_dir = not isinstance(info, _Cut) and info.get("type") == "directory"
             depth = len(parts) - (0 if is_dir else 1)
             if depth > self.limits.dir_depth:
                 folder = "/".join(parts[: self.limits.dir_depth + 1])
@@ -218,7 +230,11 @@ class FsspecSource:
                     msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
                     problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
                 continue
-            if is_dir:
+            if isinstance(info, _Cut):  # named by its folder and name, where they spell its key (see _Cut)
+                name = sys.intern(parts[-1])
+                where = "/".join([path, *parts[:-1]])
+                self._folder(path, parts[:-1]).files.append((name, None if full == f"{where}/{name}" else full, info))
+            elif is_dir:
                 self._folder(path, parts).mtime = _mtime(info)
             else:
                 self._folder(path, parts[:-1]).files.append((parts[-1], full, info))
@@ -231,6 +247,72 @@ class FsspecSource:
             self._folder(path, parts[:-1]).dirs.append(parts[-1])
             node = self._folders[full] = _Folder()
         return node
+
+
+def _s3_listing(fs: AbstractFileSystem, path: str) -> dict[str, dict[str, Any] | _Cut] | None:
+    """What ``fs.find(path, withdirs=True, detail=True)`` gives on s3fs, each object's entry cut to what the scan
+    uses (``_cut``) as each page of the listing arrives; None when ``fs`` is not s3fs or nothing is under the
+    prefix (the root may be one object: s3fs's own ``find`` asks for it).
+
+    ``find`` holds every entry as s3fs builds it until the listing ends, and keeps them in its listings cache: about
+    1.35 KB an object (ten fields, among them a ``datetime`` with a ``tzlocal`` of its own per object, as botocore
+    parses ``LastModified``), 149 MB for a fleet of 110,000 objects (bench/RESULTS.md, "Fleet memory for S3
+    roots"). The cut entry keeps the object's name, size, type, time (as a number) and the fields that name its
+    version; s3fs opens a file from those (``_open`` hands the entry over as the file's details). The folders are
+    those ``find`` adds for ``withdirs``: every parent of an object, below the root.
+    """
+    iterdir = getattr(fs, "_iterdir", None)
+    if "s3" not in fs.protocol or iterdir is None or getattr(fs, "version_aware", False):
+        return None
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+    prefix = key.rstrip("/") + "/" if key else ""
+
+    async def pages() -> dict[str, dict[str, Any] | _Cut]:
+        out: dict[str, dict[str, Any] | _Cut] = {}
+        async for info in iterdir(bucket, delimiter="", prefix=prefix):
+            name = info["name"]
+            out[name] = _Cut(info) if info.get("type") == "file" else info
+            parent = name.rsplit("/", 1)[0]
+            while len(parent) > len(path) and parent not in out:
+                out[parent] = {"name": parent, "size": 0, "type": "directory"}
+                parent = parent.rsplit("/", 1)[0]
+        return out
+
+    listing = cast("dict[str, dict[str, Any] | _Cut]", sync(fs.loop, pages))
+    return listing or None
+
+
+class _Cut:
+    """An object of an s3fs listing as the index keeps it: its size, time (a number), ETag and version id, and its
+    key only where its folder and name do not spell it (a key ending in ``/``); about 150 bytes with its entry in
+    the folder, against s3fs's 1.35 KB. ``info`` gives the entry back as the scan and s3fs read it."""
+
+    __slots__ = ("etag", "mtime", "size", "version")
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.size: Any = info.get("size")
+        self.mtime = _mtime(info)
+        self.etag: Any = info.get("ETag")
+        self.version: Any = info.get("VersionId")
+
+    def info(self, full: str) -> dict[str, Any]:
+        """The listing entry of the object at ``full``: what ``Entry.meta`` holds (and s3fs's file its details)."""
+        out: dict[str, Any] = {"name": full, "size": self.size, "type": "file", "mtime": self.mtime}
+        if self.etag is not None:
+            out["ETag"] = self.etag
+        if self.version is not None:
+            out["VersionId"] = self.version
+        return out
+
+
+def _entry(
+    where: str, name: str, full: str | None, info: dict[str, Any] | _Cut
+) -> tuple[str, dict[str, Any]]:
+    """A file of the folder at ``where`` as indexed (``_Folder.files``): its full path and its listing entry."""
+    full = full or f"{where}/{name}"
+    return full, info.info(full) if isinstance(info, _Cut) else info
 
 
 # Listing fields that name one version of an object's bytes: S3's version id and ETag (s3fs), GCS's generation and
@@ -250,10 +332,11 @@ def _text(value: Any) -> str:
 
 @dataclass(slots=True)
 class _Folder:
-    """A folder of the listing: its files (name, full path, info) in name order, subfolders in listing order."""
+    """A folder of the listing: its files (name, full path, entry) in name order, subfolders in listing order. An
+    s3fs object is kept cut (``_Cut``), its full path None where the folder's and its name spell it."""
 
     mtime: float = 0.0
-    files: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    files: list[tuple[str, str | None, dict[str, Any] | _Cut]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
 
 
@@ -492,6 +575,33 @@ def _exact_span(fs: AbstractFileSystem, full: str, start: int, length: int) -> b
 KEEP_BYTES = 4 << 20
 
 
+# Remote objects closed between two collections of the youngest garbage-collector generation, and how many of those
+# collections make one full collection (``_collect_cycles``).
+COLLECT_EVERY = 64
+COLLECT_ALL_EVERY = 16
+_closed = itertools.count(1)
+
+
+def _collect_cycles() -> None:
+    """Collect the reference cycles the storage backend leaves behind: the youngest generation every
+    ``COLLECT_EVERY`` objects closed, everything every ``COLLECT_ALL_EVERY`` of those.
+
+    Each request through aiobotocore and aiohttp leaves about a hundred objects in reference cycles (a socket, its
+    transport and protocol, the response parsers), freed only by the cyclic collector; a scan pauses that collector
+    (``scanner._gc_paused``: the facts it builds hold no cycles), so without this they stayed until the scan ended:
+    24-38 KB of resident memory per checkpoint of an S3 fleet (bench/RESULTS.md, "Fleet memory for S3 roots").
+    The young generation holds what was made since the last collection: most of those cycles, and the facts read
+    since (which survive, and are not walked again by the next young collection). A cycle still in use then (a
+    pooled connection) is promoted and freed by the next full collection, which walks the whole heap (the listing's
+    index, the report's rows): rarely, so that it costs a fraction of the reads it follows. Between two full
+    collections a scan holds about ``COLLECT_EVERY * COLLECT_ALL_EVERY`` objects' requests of garbage, whatever the
+    fleet's size.
+    """
+    n = next(_closed)
+    if n % COLLECT_EVERY == 0:
+        gc.collect(2 if n % (COLLECT_EVERY * COLLECT_ALL_EVERY) == 0 else 0)
+
+
 class _Spans:
     """A read-only remote object as the readers see it (``read``, ``seek``, ``tell``): every span fetched is kept
     while the object is open, so a reader that returns to bytes read before costs no request.
@@ -524,6 +634,7 @@ class _Spans:
         """Close the object and drop what was kept."""
         self._spans = []
         self._f.close()
+        _collect_cycles()
 
     def seek(self, offset: int, whence: int = 0) -> int:
         base = {0: 0, 1: self._pos, 2: self._size}[whence]

@@ -163,8 +163,9 @@ def test_fix_keeps_a_security_error_failing_under_a_settings_files_never(evil: P
 
 
 def test_the_api_names() -> None:
-    assert set(ckptdoctor.__all__) == {"scan", "scan_many", "gate", "fix", "undo", "Finding", "Severity", "Report",
-                                       "GateResult", "Selection", "__version__"}
+    assert set(ckptdoctor.__all__) == {"scan", "scan_many", "iter_scan", "gate", "fix", "undo", "Finding", "Severity",
+                                       "Report", "GateResult", "Selection", "ScanStream", "ScannedPart",
+                                       "__version__"}
     importlib.import_module("ckptdoctor.resume_gate")  # the package must not replace the function `ckptdoctor.gate`
 
     assert callable(ckptdoctor.gate) and ckptdoctor.gate.__module__ == "ckptdoctor.resume_gate.api"

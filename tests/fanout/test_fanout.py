@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -304,3 +305,63 @@ def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
     finally:
         for worker, value in old.items():
             dask_client.run(cache_home, value, workers=[worker])
+
+
+# ---- the streaming form: ckptdoctor.iter_scan(roots, client=...) ----
+
+
+def _stream(roots: list[Any], client: Any = None) -> tuple[list[tuple[int, str, list[str], list[Any]]], Report]:
+    """What ``iter_scan`` hands out (each part's root index, root, runs and findings) and its report."""
+    with ckptdoctor.iter_scan(roots, client=client) as stream:
+        parts = [(p.index, p.root, [r.path for r in p.tree.runs], list(p.findings)) for p in stream]
+    return parts, stream.report
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_serial_scan_equals_the_stream_equals_the_dask_stream(
+    dask_client: Any, fleet: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """serial ``scan`` == ``iter_scan`` == ``iter_scan`` on Dask: the same parts in the same order, the serial
+    report's findings (order, severities under each run's settings files, CKD422 across sibling runs), settings,
+    file counts and exit code, on a local and an S3 root; the runs were read on the workers."""
+    roots = [str(fleet), str(FIXTURES)] if where == "local" else [request.getfixturevalue("s3_fleet")]
+    serial = ckptdoctor.scan(roots)
+    parts, report = _stream(roots)
+    fanned_parts, fanned = _stream(roots, dask_client)
+    assert fanned_parts == parts
+    for r in (report, fanned):
+        assert r.findings == serial.findings
+        assert r.settings == serial.settings
+        assert [(t.root, t.files_seen) for t in r.trees] == [(t.root, t.files_seen) for t in serial.trees]
+        assert r.exit_code() == serial.exit_code()
+    assert ("CKD422", "sib/run-b/checkpoint-8/config.json") in {(f.rule, f.path) for f in fanned.findings}
+    runs = [run for _, _, found, _ in parts for run in found]
+    assert {"team-a/run-1", "team-a/run-2", "run-b", "sib/run-a", "sib/run-b"} <= set(runs)
+    assert len(runs) == len(set(runs))  # each run handed out once
+    if where == "local":
+        assert report.exit_code() == 1  # the fixtures hold errors
+
+
+def test_the_dask_stream_releases_each_run_and_stops_its_tasks(dask_client: Any, fleet: Path) -> None:
+    """On Dask too each part's facts are gone by the next part, and leaving early cancels the tasks in flight."""
+    import gc
+
+    from ckptdoctor.model import FileFacts
+
+    def live() -> int:
+        return sum(type(o) is FileFacts for o in gc.get_objects())
+
+    gc.collect()
+    before = live()
+    seen = []
+    most = 0
+    for part in ckptdoctor.iter_scan([fleet], client=dask_client):
+        most = max(most, len(part.tree.all_files()))
+        seen.append(live() - before)
+    del part
+    assert len(seen) >= FLEET_TASKS
+    assert max(seen) <= 2 * most  # one part's facts (and its judged view), never the fleet's
+    with ckptdoctor.iter_scan([fleet, FIXTURES], client=dask_client) as stream:
+        next(stream)
+    assert not [t for t in threading.enumerate() if t.name == "ckptdoctor-iter-scan"]
+    assert ckptdoctor.scan_many([fleet], client=dask_client).findings == ckptdoctor.scan(fleet).findings
