@@ -166,7 +166,7 @@ def iter_scan(
     allow_global: Codes = (),
     allow_empty: bool = False,
     retries: int = 2,
-    cache: bool = False,
+    cache: bool | None = None,
 ) -> ScanStream:
     """``scan_many`` as a stream, for a fleet: each run handed out as it is judged (a ``ScannedPart``: its tree and
     findings), then released, so memory holds about one run whatever the fleet's size; ``stream.report`` once the
