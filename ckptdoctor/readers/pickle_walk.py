@@ -365,6 +365,8 @@ def c_memo_index(line: bytes) -> int:
 _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
 _CONTAINERS = frozenset({tuple, list, dict})
+# Above this budget a replayed run's arguments cannot exhaust it (at most 10 + 2 x _MAX_RUN_ITEMS values).
+_REPLAY_SLACK = 1024
 
 
 # What every message of a stream that ran off the end of its bytes starts with: a caller reading a file in growing
@@ -565,12 +567,23 @@ class _Walker:
         # The OrderedDict() REDUCE (its empty argument tuple passes nothing), then the rebuild call. Recorded once:
         # GlobalRefs are interned, so an id check spares hashing them (dataclass hashing is Python code) per tensor.
         seen = self._replayed_calls
-        if id(od) not in seen:
-            self.calls[od] = None
-            seen.add(id(od))
         args = (storage, tail[0], tail[1], tail[2], tail[3], hooks)
-        if type(storage) in _HOLDS_GLOBALS:  # the other arguments are ints, int tuples, a bool and an empty dict
+        if self.passed_budget < _REPLAY_SLACK or type(storage) in _HOLDS_GLOBALS:
+            # what the generic loop does, call for call: near the end of the budget the order PAST_BUDGET is
+            # recorded in depends on it
+            self._passed(())
+            self.calls[od] = None
             self._passed(args)
+        else:
+            if id(od) not in seen:
+                self.calls[od] = None
+                seen.add(id(od))
+            # What ``_passed(args)`` takes off the budget (the other arguments hold no global): the tuple and its 6
+            # items, the hooks dict, the stride and its ints, the shape and its ints (once when it is the stride:
+            # a 0-d tensor's two ``()``). The walker's state after a run is then the generic loop's, budget
+            # included, which a walk resumed from a snapshot relies on (``pickle_resume``).
+            size, stride = tail[1], tail[2]
+            self.passed_budget -= 10 + len(stride) + (len(size) if size is not stride else 0)
         if id(func) not in seen:
             self.calls[func] = None
             seen.add(id(func))
