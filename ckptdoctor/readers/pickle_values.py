@@ -155,15 +155,19 @@ def _children(node: Any) -> list[Any]:
 _NODES = frozenset({list, tuple, dict, SetNode, Key, Obj})
 
 
-def freeze(root: Any, limit: int) -> tuple[Any, bool]:
+def freeze(root: Any, limit: int, seeds: dict[int, tuple[Any, int]] | None = None) -> tuple[Any, bool]:
     """Turn the walk's internal graph into model values; returns (value, whether nesting was cut).
 
     Every node ends up with a height <= ``limit`` (children that would exceed it become ``TOO_DEEP``), so no
-    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``.
+    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``. ``seeds``:
+    containers of scalars already frozen, by id, as ``(value, 1)`` (a walk resumed from a snapshot meets those of
+    the walk before); a container of scalars met first is taken as it is, so with a limit above 1 a seed is what
+    freezing it would give.
     """
     if type(root) not in _NODES:
         return root, False
-    done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
+    # id -> (frozen, height)
+    done: dict[int, tuple[Any, int]] = dict(seeds) if seeds is not None and limit > 1 else {}
     scalar_types = SCALARS.issuperset
     active: set[int] = set()
     cut = False
