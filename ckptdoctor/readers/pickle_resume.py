@@ -172,9 +172,10 @@ class Graph:
         owned = frozenset(i for i, x in nodes.items() if i not in copied and type(x) in _MUTABLE)
         return Graph(order, owned, _seeds(stacks, nodes, copied))
 
-    def copy(self, node_order: list[Any]) -> dict[int, Any]:
-        """New values for ``node_order`` (``copied`` or an earlier copy of it, same shape), by the id of each old
-        one: the same contents, with the copied values in place of their originals."""
+    @staticmethod
+    def copy(node_order: list[Any]) -> dict[int, Any]:
+        """New values for ``node_order`` (a ``copied`` list, or a copy of one), by the id of each old one: the same
+        contents, with the new values in place of the old ones they hold."""
         new: dict[int, Any] = {}
         get = new.get
         n_mut = 0
@@ -284,11 +285,13 @@ def _seeds(stacks: list[list[Any]], nodes: dict[int, Any], copied: set[int]) -> 
 class Snapshot:
     """A walker's state at the boundary ``pos`` of a stream whose bytes from ``start`` are ``prefix``.
 
-    ``state`` holds the walker's fields (see ``pickle_walk``); ``memo`` and ``stacks`` hold the copied values of
-    ``graph`` (made when the snapshot was taken), and ``in_memo`` the memo indices of those.
+    ``state`` holds the walker's fields (see ``pickle_walk``); ``memo`` and ``stacks`` hold ``copied``, the
+    snapshot's own copies of ``graph.copied`` (made when it was taken), and ``in_memo`` the memo indices of those.
     """
 
-    __slots__ = ("graph", "in_memo", "limits", "load_state", "load_type", "memo", "pos", "prefix", "stacks", "state")
+    __slots__ = (
+        "copied", "graph", "in_memo", "limits", "load_state", "load_type", "memo", "pos", "prefix", "stacks", "state",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -308,12 +311,13 @@ class Snapshot:
         self.load_state = load.walk_state() if load is not None else None  # type: ignore[attr-defined]
         self.state = state
         self.graph = graph
-        copies = graph.copy(graph.copied)
+        # The walk goes on changing the copied values: the snapshot keeps its own, made now
+        copies = Graph.copy(graph.copied)
         get = copies.get
+        self.copied = [copies[id(x)] for x in graph.copied]
         self.memo = {i: get(id(v), v) for i, v in memo.items()}
         self.in_memo = [i for i, v in memo.items() if id(v) in copies]
         self.stacks = [[get(id(x), x) for x in s] for s in stacks]
-        graph.copied = [copies[id(x)] for x in graph.copied]
 
     def fits(self, data: bytes, start: int, limits: Any, load: Callable[[Any], Any] | None) -> bool:
         """Whether a walk of ``data`` from ``start`` with these limits and this ``persistent_load`` is in this
@@ -326,7 +330,7 @@ class Snapshot:
 
     def values(self) -> tuple[dict[int, Any], list[list[Any]]]:
         """A memo and stacks of this snapshot's own: the copied values made anew, the owned ones shared."""
-        copies = self.graph.copy(self.graph.copied)
+        copies = Graph.copy(self.copied)
         memo = dict(self.memo)
         for i in self.in_memo:
             memo[i] = copies[id(memo[i])]
