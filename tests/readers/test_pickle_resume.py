@@ -27,23 +27,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import Opaque, TensorRef
 from ckptdoctor.readers import pickle_resume, pickle_walk, read_file
 from ckptdoctor.readers.pickle_values import Obj, SetNode
 from ckptdoctor.readers.torchstore import Storages
+from tests.readers.test_pickle_fastpath import _Loads as _RecordingLoads
 
 
-class _Loads:
-    """A resumable persistent_load that records every pid it is given and answers like torchzip's storages."""
-
-    def __init__(self) -> None:
-        self.seen: list[Any] = []
-
-    def __call__(self, pid: Any) -> Any:
-        self.seen.append(pid)
-        if type(pid) is tuple and len(pid) == 5 and type(pid[4]) is int and type(pid[2]) is str:
-            return TensorRef("F32", (pid[4],), (1,), 0, pid[2], pid[4], str(pid[3]), None)
-        return Opaque(None, (pid,))
+class _Loads(_RecordingLoads):
+    """The fast-path tests' recording persistent_load, resumable: its record is its state."""
 
     def walk_state(self) -> Any:
         return list(self.seen)
