@@ -156,15 +156,22 @@ def _children(node: Any) -> list[Any]:
 _NODES = frozenset({list, tuple, dict, SetNode, Key, Obj})
 
 
-def freeze(root: Any, limit: int) -> tuple[Any, bool]:
+def freeze(
+    root: Any, limit: int, seeds: dict[int, tuple[Any, int]] | None = None, share: bool = True
+) -> tuple[Any, bool]:
     """Turn the walk's internal graph into model values; returns (value, whether nesting was cut).
 
     Every node ends up with a height <= ``limit`` (children that would exceed it become ``TOO_DEEP``), so no
-    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``.
+    consumer can recurse deeper than the limit; shared nodes stay shared, back edges become ``CYCLE``. ``seeds``:
+    containers of scalars already frozen, by id, as ``(value, 1)`` (a walk resumed from a snapshot meets those of
+    the walk before); a container of scalars met first is taken as it is, so with a limit above 1 a seed is what
+    freezing it would give. ``share``: equal containers are the ones frozen before (``shared``); not for a value
+    frozen mid-walk (a persistent id), whose containers the rest of the walk may still change.
     """
     if type(root) not in _NODES:
         return root, False
-    done: dict[int, tuple[Any, int]] = {}  # id -> (frozen, height)
+    # id -> (frozen, height)
+    done: dict[int, tuple[Any, int]] = dict(seeds) if seeds is not None and limit > 1 else {}
     scalar_types = SCALARS.issuperset
     plain_types = _PLAIN.issuperset
     active: set[int] = set()
@@ -201,7 +208,7 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
             if (ct is list or ct is tuple) and scalar_types(map(type, c)):
                 # Leaf containers (most of any real pickle) are final as they are: skip a frame.
                 if not plain_types(map(type, c)):  # one of plain values is new in every file: never shared
-                    c = shared(c, ct)
+                    c = shared(c, ct) if share else c
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:
@@ -209,7 +216,7 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
                 continue
             if ct is dict and scalar_types(map(type, c.values())) and scalar_types(map(type, c)):
                 if not plain_types(map(type, c.values())):
-                    c = shared(c, ct)
+                    c = shared(c, ct) if share else c
                 done[cid] = (c, 1)
                 out.append(c)
                 if fr[4] < 1:
@@ -227,7 +234,7 @@ def freeze(root: Any, limit: int) -> tuple[Any, bool]:
         frozen = _build(node, out)
         ft = type(frozen)
         if ft is dict or ft is list or ft is tuple:
-            frozen = shared(frozen, ft)
+            frozen = shared(frozen, ft) if share else frozen
         height = fr[4] + 1
         done[id(node)] = (frozen, height)
         if not frames:

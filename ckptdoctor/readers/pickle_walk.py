@@ -16,6 +16,19 @@ from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, ProblemKind, ReadProblem, TensorRef
+from ckptdoctor.readers.pickle_resume import (
+    GAIN,
+    HEAD,
+    MIN_BYTES,
+    SNAPSHOTS,
+    STREAMS,
+    Diverged,
+    Graph,
+    Snapshot,
+    Stream,
+    common_prefix,
+    last_boundary,
+)
 from ckptdoctor.readers.pickle_runs import Run, parse_run
 from ckptdoctor.readers.pickle_values import (
     CYCLE,
@@ -366,8 +379,14 @@ def c_memo_index(line: bytes) -> int:
 
 
 _FAST_PATH = True  # tests switch it off to use the generic loop as the oracle
+_RESUME = True  # tests switch it off to use a fresh walk as the oracle of a resumed one
+_MAX_LEARNT = 16_000_000  # streams remembered for a later one to share a prefix with (a 70B optimizer's is a few MB)
+_NEAR = 1024  # bytes before a planned snapshot the loop goes opcode by opcode from
+_PAUSED = object()  # ``_Walker._loop`` stopped at its limit
 _HOLDS_GLOBALS = frozenset({GlobalRef, tuple, list, dict})  # what ``_Walker._passed`` records or looks into
 _CONTAINERS = frozenset({tuple, list, dict})
+# Above this budget a replayed run's arguments cannot exhaust it (at most 10 + 2 x _MAX_RUN_ITEMS values).
+_REPLAY_SLACK = 1024
 
 
 # What every message of a stream that ran off the end of its bytes starts with: a caller reading a file in growing
@@ -400,9 +419,47 @@ def walk_pickle(
     (``_joblib_array``). Any other loader reads those bytes as opcodes: a caller passing it also walks the stream
     without it, when the stream names the wrapper.
     """
-    walker = _Walker(data, limits, persistent_load, start)
-    walker.joblib = joblib
-    return _finish(walker)
+    size = len(data) - start
+    if joblib or not _RESUME or not MIN_BYTES <= size <= _MAX_LEARNT or not _resumable(data, persistent_load):
+        walker = _Walker(data, limits, persistent_load, start)
+        walker.joblib = joblib
+        return _finish(walker)
+    key = (start, data[start : start + HEAD])
+    stream = STREAMS.get(key)
+    if stream is None:
+        out = _finish(_Walker(data, limits, persistent_load, start))
+        STREAMS.put(key, Stream(data))
+        return out
+    best: Snapshot | None = None  # the one that goes furthest of those that fit
+    for snap in stream.snapshots:
+        if (best is None or snap.pos > best.pos) and snap.fits(data, start, limits, persistent_load):
+            best = snap
+    before = persistent_load.walk_state() if persistent_load is not None and best is not None else None  # type: ignore[attr-defined]
+    if best is not None:
+        walker = _Walker.from_snapshot(data, limits, persistent_load, start, best)
+    else:
+        walker = _Walker(data, limits, persistent_load, start)
+    # The bytes this stream shares with the last one walked: a snapshot where they end, when it saves more than an
+    # early one that fits (streams of another run of the same model may share only a first part)
+    common = start + common_prefix(stream.last, data, start)
+    if common - start >= MIN_BYTES and common >= (best.pos if best is not None else start) + GAIN:
+        walker.plan_snapshot(common)
+    try:
+        out = _finish(walker)
+    except Diverged:  # a resumed walk would change a value other walks share: walk the stream afresh
+        if persistent_load is not None:
+            persistent_load.walk_restore(before)  # type: ignore[attr-defined]
+        return _finish(_Walker(data, limits, persistent_load, start))
+    stream.last = data
+    if walker.snapshot is not None:
+        stream.snapshots = (walker.snapshot, *stream.snapshots)[:SNAPSHOTS]
+    return out
+
+
+def _resumable(data: bytes, load: Callable[[Any], Any] | None) -> bool:
+    """Whether a walk of ``data`` with this ``persistent_load`` can be resumed: bytes (kept as they are), and no
+    ``persistent_load`` or one whose state a snapshot carries (``pickle_resume.Resumable``)."""
+    return type(data) is bytes and (load is None or hasattr(load, "walk_state"))
 
 
 def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...], int]:
@@ -430,7 +487,7 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
         problems.append(problem)
         value = None
     else:
-        value, too_deep = freeze(value, limits.nesting_depth)
+        value, too_deep = freeze(value, limits.nesting_depth, walker.seeds)
         if too_deep:
             problems.append(
                 ReadProblem(ProblemKind.LIMIT, f"value nests deeper than {limits.nesting_depth} levels; cut there")
@@ -487,6 +544,15 @@ class _Walker:
         self.passed_budget = _PASSED_VALUES
         self.joblib = False  # BUILD of joblib's array wrapper reads the array's bytes (``walk_pickle``)
         self.frame_end = 0  # where the last FRAME ends (joblib reads an array's bytes from the file past it)
+        self.start = start
+        self.limit = self.n  # the loop pauses at the first boundary at or past it (``plan_snapshot``)
+        self.handlers = _HANDLERS
+        self.plan = -1
+        self.fast_saved: bool | None = None
+        self.snapshot: Snapshot | None = None
+        self.owned: frozenset[int] = frozenset()  # ids of values shared with other walks (``pickle_resume``)
+        self.resumed = False
+        self.seeds: dict[int, tuple[Any, int]] | None = None
 
     def opname(self) -> str:
         return _OPNAMES.get(self.op, f"0x{self.op:02x}") if self.op >= 0 else "<none>"
@@ -545,7 +611,7 @@ class _Walker:
         if self.persistent_load is None:
             return Obj(None, (pid,))
         if not (type(pid) is tuple and SCALARS.issuperset(map(type, pid))):
-            pid, _ = freeze(pid, self.limits.nesting_depth)
+            pid, _ = freeze(pid, self.limits.nesting_depth, share=False)
         return self.persistent_load(pid)
 
     def _replay(self, run: Run, hooks_idx: int, cell: list[Any], func: GlobalRef, memo: dict[int, Any]) -> Any:
@@ -563,17 +629,28 @@ class _Walker:
             storage: Any = Obj(None, (pid,))
         else:
             if not (type(pid) is tuple and SCALARS.issuperset(map(type, pid))):
-                pid, _ = freeze(pid, self.limits.nesting_depth)
+                pid, _ = freeze(pid, self.limits.nesting_depth, share=False)
             storage = load(pid)
         # The OrderedDict() REDUCE (its empty argument tuple passes nothing), then the rebuild call. Recorded once:
         # GlobalRefs are interned, so an id check spares hashing them (dataclass hashing is Python code) per tensor.
         seen = self._replayed_calls
-        if id(od) not in seen:
-            self.calls[od] = None
-            seen.add(id(od))
         args = (storage, tail[0], tail[1], tail[2], tail[3], hooks)
-        if type(storage) in _HOLDS_GLOBALS:  # the other arguments are ints, int tuples, a bool and an empty dict
+        if self.passed_budget < _REPLAY_SLACK or type(storage) in _HOLDS_GLOBALS:
+            # what the generic loop does, call for call: near the end of the budget the order PAST_BUDGET is
+            # recorded in depends on it
+            self._passed(())
+            self.calls[od] = None
             self._passed(args)
+        else:
+            if id(od) not in seen:
+                self.calls[od] = None
+                seen.add(id(od))
+            # What ``_passed(args)`` takes off the budget (the other arguments hold no global): the tuple and its 6
+            # items, the hooks dict, the stride and its ints, the shape and its ints (once when it is the stride:
+            # a 0-d tensor's two ``()``). The walker's state after a run is then the generic loop's, budget
+            # included, which a walk resumed from a snapshot relies on (``pickle_resume``).
+            size, stride = tail[1], tail[2]
+            self.passed_budget -= 10 + len(stride) + (len(size) if size is not stride else 0)
         if id(func) not in seen:
             self.calls[func] = None
             seen.add(id(func))
@@ -591,23 +668,35 @@ class _Walker:
         return result
 
     def run(self) -> Any:
+        """The opcode loop (``_loop``) until STOP, stopping where a snapshot is planned (``plan_snapshot``)."""
+        while True:
+            value = self._loop()
+            if value is not _PAUSED:
+                return value
+            self._pause()
+
+    def _loop(self) -> Any:
         """The opcode loop: dispatches each opcode to its handler through a table indexed by the opcode byte.
 
         A handler returns None, or True to hand control back: STOP (the walk's value is on the stack) or a BINGET of
-        ``torch._utils._rebuild_tensor_v2`` that may open a tensor run the fast path replays whole.
+        ``torch._utils._rebuild_tensor_v2`` that may open a tensor run the fast path replays whole. Returns the
+        value at STOP, or ``_PAUSED`` at the first boundary at or past ``limit`` (before the end of the bytes).
         """
         data = self.data
         n = self.n
-        handlers = _HANDLERS
+        limit = self.limit
+        handlers = self.handlers
         max_ops = self.max_ops
-        count = 0
-        op = -1
-        op_pos = self.pos
+        count = self.count
+        op = self.op
+        op_pos = self.op_pos
         try:
             while True:
                 pos = self.pos
-                if pos >= n:  # the problem names the last opcode read
-                    raise _Malformed(f"{TRUNCATED}: no STOP opcode")
+                if pos >= limit:
+                    if pos >= n:  # the problem names the last opcode read
+                        raise _Malformed(f"{TRUNCATED}: no STOP opcode")
+                    return _PAUSED
                 op_pos = pos
                 op = data[pos]
                 self.pos = pos + 1
@@ -633,6 +722,111 @@ class _Walker:
             self.count = count
             self.op_pos = op_pos
             self.op = op
+
+    # Snapshots (``pickle_resume``): this walk's state at a boundary, for later streams with the same bytes to there.
+
+    def plan_snapshot(self, end: int) -> None:
+        """Take a snapshot at the last opcode boundary at or before ``end`` (the bytes before ``end`` are those of
+        other streams): the loop pauses ``_NEAR`` bytes before it, and from there goes opcode by opcode."""
+        self.plan = end
+        self.limit = max(self.pos, end - _NEAR)
+
+    def _pause(self) -> None:
+        self.limit = self.n
+        if self.fast_saved is not None:  # went opcode by opcode to the planned boundary
+            self.fast, self.fast_saved = self.fast_saved, None
+            if self.pos == self.plan:
+                self._snap()
+            return
+        if self.pos > self.plan:  # an opcode (or a tensor run) spans the end of the common bytes
+            return
+        at = last_boundary(self.data, self.pos, self.plan)
+        if at == self.pos:
+            self._snap()
+            return
+        # The tensor fast path would jump over the boundary (the generic loop leaves the same state at each)
+        self.plan, self.limit, self.fast_saved, self.fast = at, at, self.fast, False
+
+    def _snap(self) -> None:
+        stacks = [*self.metastack, self.stack]
+        graph = Graph.of(self.memo, stacks)
+        if graph is None:
+            return
+        state = (
+            self.count, self.op, self.op_pos, self.protocol, dict(self.globals), dict(self.calls), dict(self.rebuilt),
+            list(self.loads), self.persistent_ids, set(self._replayed_calls), self.passed_budget, self.frame_end,
+        )  # fmt: skip
+        prefix = self.data[self.start : max(self.pos, self.frame_end)]
+        self.snapshot = Snapshot(prefix, self.pos, self.limits, self.persistent_load, state, self.memo, stacks, graph)
+        # From here on, a change to a value the snapshot shares drops it (or, in a resumed walk, one shared with the
+        # snapshot it resumed from: stops it)
+        self.owned = self.owned | graph.owned
+        self.handlers = _GUARDED
+
+    @classmethod
+    def from_snapshot(
+        cls, data: bytes, limits: Limits, load: Callable[[Any], Any] | None, start: int, snap: Snapshot
+    ) -> _Walker:
+        """A walker of ``data`` in ``snap``'s state (``snap.fits`` it), its ``persistent_load`` given the state
+        it had there."""
+        w = cls(data, limits, load, start)
+        (w.count, w.op, w.op_pos, w.protocol, globals_, calls, rebuilt, loads, w.persistent_ids, replayed,
+         w.passed_budget, w.frame_end) = snap.state  # fmt: skip
+        w.globals, w.calls, w.rebuilt = dict(globals_), dict(calls), dict(rebuilt)
+        w.loads, w._replayed_calls = list(loads), set(replayed)
+        w.memo, stacks = snap.values()
+        w.stack = stacks.pop()
+        w.metastack = stacks
+        w.pos = snap.pos
+        w.owned, w.seeds, w.resumed, w.handlers = snap.graph.owned, snap.graph.seeds, True, _GUARDED
+        if load is not None:
+            load.walk_restore(snap.load_state)  # type: ignore[attr-defined]
+        return w
+
+    def _touch(self) -> None:
+        """A value shared with other walks (``owned``) is about to change."""
+        if self.resumed:
+            raise Diverged
+        self.snapshot = None
+        self.owned = frozenset()
+
+    def _guard_marked(self) -> None:
+        """SETITEMS, APPENDS and ADDITEMS change the value below their MARK."""
+        below = self.metastack[-1] if self.metastack else None
+        if below and id(below[-1]) in self.owned:
+            self._touch()
+
+    def _guarded_setitems(self) -> None:
+        self._guard_marked()
+        self._op_setitems()
+
+    def _guarded_appends(self) -> None:
+        self._guard_marked()
+        self._op_appends()
+
+    def _guarded_additems(self) -> None:
+        self._guard_marked()
+        self._op_additems()
+
+    def _guarded_setitem(self) -> None:
+        stack = self.stack
+        if len(stack) >= 3 and id(stack[-3]) in self.owned:
+            self._touch()
+        self._op_setitem()
+
+    def _guarded_append(self) -> None:
+        stack = self.stack
+        if len(stack) >= 2 and id(stack[-2]) in self.owned:
+            self._touch()
+        self._op_append()
+
+    def _guarded_build(self) -> None:
+        stack = self.stack
+        if len(stack) >= 2:
+            inst = stack[-2]
+            if type(inst) is Obj and (id(inst) in self.owned or id(inst.state) in self.owned):
+                self._touch()
+        self._op_build()
 
     # Argument readers: each moves ``pos`` past what it read before anything that can fail after it, so a problem
     # reports the byte the walk stopped at.
@@ -1209,6 +1403,11 @@ _HANDLERS: list[Callable[[_Walker], bool | None]] = [
     getattr(_Walker, _HANDLER_NAMES.get(byte, "_op_unknown")) for byte in range(256)
 ]
 assert _HANDLER_NAMES.keys() == _OPNAMES.keys()  # every opcode the walk names has its handler
+# The same, guarding the opcodes that change a value in place: used once values are shared with other walks.
+_GUARDED: list[Callable[[_Walker], bool | None]] = list(_HANDLERS)
+for _byte, _name in ((0x75, "setitems"), (0x73, "setitem"), (0x65, "appends"), (0x61, "append"),
+                     (0x90, "additems"), (0x62, "build")):  # fmt: skip
+    _GUARDED[_byte] = getattr(_Walker, f"_guarded_{_name}")
 
 
 def merge_pickles(main: PickleFacts | None, extra: list[PickleFacts]) -> PickleFacts | None:

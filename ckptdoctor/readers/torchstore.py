@@ -81,6 +81,24 @@ class Storages:
             self.problems.append(read_problem(ProblemKind.MALFORMED_PICKLE, f"unexpected persistent id {_short(pid)}"))
         return Opaque(None, (pid,))
 
+    # A pickle walk resumed from a snapshot of an earlier file (``pickle_resume.Resumable``) carries this state: the
+    # answers depend on the record sizes and the kind of file, and what was declared and reported so far.
+
+    def walk_state(self) -> tuple[Any, ...]:
+        """What later calls depend on or report, copied."""
+        return (self.record_sizes, self.legacy, dict(self.cache), dict(self.declared), list(self.problems),
+                self.bad_ids)  # fmt: skip
+
+    def walk_state_fits(self, state: tuple[Any, ...]) -> bool:
+        """Whether this object, given ``state``, answers every later call as the one it was taken from."""
+        sizes = state[0]
+        return state[1] == self.legacy and (sizes is self.record_sizes or sizes == self.record_sizes)
+
+    def walk_restore(self, state: tuple[Any, ...]) -> None:
+        """Take ``state``'s declarations and problems (copied: it serves other walks too)."""
+        self.cache, self.declared = dict(state[2]), dict(state[3])
+        self.problems, self.bad_ids = list(state[4]), state[5]
+
     def _storage(self, storage_class: str, key: str, location: str | bytes, numel: int) -> TensorRef:
         """The descriptor of a storage met for the first time, checked against its record."""
         dtype, itemsize = STORAGE_DTYPES[storage_class]

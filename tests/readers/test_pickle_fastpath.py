@@ -408,3 +408,21 @@ def test_whole_files_of_consecutive_checkpoints_read_the_same(tmp_path: Path) ->
         with _fast_path(False):
             generic = repr(read_file(str(p), p.name, os.stat(p)))
         assert fast == generic
+
+
+def test_the_passed_values_budget_runs_out_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replayed run takes off the budget of values handed to calls what the generic loop's REDUCE does, so the
+    walk records PAST_BUDGET at the same call on both paths, whatever budget is left (0-d tensors' shape and
+    stride are one ``()``)."""
+    sd: dict[str, Any] = {f"t{i}": torch.zeros(2, 3) for i in range(200)}
+    sd["scalars"] = [torch.zeros(()) for _ in range(5)]
+    sd["wide"] = torch.zeros(2, 1, 3, 1)
+    data = _saved(sd, tmp_path / "m.pt")
+    for budget in range(0, 3200, 3):
+        monkeypatch.setattr(pickle_walk, "_PASSED_VALUES", budget)
+        left = []
+        for fast in (True, False):
+            with _fast_path(fast):
+                walker = pickle_walk._Walker(data, DEFAULT_LIMITS, _Loads(), 0)
+                left.append((repr(pickle_walk._finish(walker)), walker.passed_budget))
+        assert left[0] == left[1]
