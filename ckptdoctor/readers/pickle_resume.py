@@ -23,7 +23,6 @@ kept apart:
 from __future__ import annotations
 
 import io
-import pickletools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -82,6 +81,8 @@ def last_boundary(data: bytes, at: int, end: int) -> int:
     """The last opcode boundary at or before ``end`` of the opcodes that start at the boundary ``at`` (``at`` when
     the first one runs past ``end``). A boundary before STOP, never after it. ``pickletools.genops`` cuts opcodes as
     the unpickler does; a stream it cannot cut stops the search (the walk then does not land there: no snapshot)."""
+    import pickletools  # here: a scan that learns no stream (most of them, and every empty one) never imports it
+
     f = io.BytesIO(data[at:end])
     last = 0
     try:
