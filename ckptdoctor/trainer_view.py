@@ -370,26 +370,33 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
                 params = g.get("params")
                 idx = tuple(p for p in params if isinstance(p, int)) if isinstance(params, list) else ()
                 groups.append(ParamGroupView(_num(g.get("lr")), _num(g.get("initial_lr")), idx))
+    raw_state = d.get("state")
+    shapes, steps = _state_shapes(raw_state) if isinstance(raw_state, dict) else ({}, {})
+    return OptimizerView(tuple(groups), shapes, steps)
+
+
+@per_object
+def _state_shapes(raw_state: dict[Any, Any]) -> tuple[dict[int, dict[str, tuple[int, ...]]], dict[int, float]]:
+    """Each parameter's state shapes and step: a run's checkpoints share one state dict object when their states are
+    alike (the readers hand out equal values as one object, and so does the verdict cache), so it is read once."""
     shapes: dict[int, dict[str, tuple[int, ...]]] = {}
     steps: dict[int, float] = {}
-    raw_state = d.get("state")
-    if isinstance(raw_state, dict):
-        for k, v in raw_state.items():
-            if not isinstance(k, int) or not isinstance(v, dict):
-                continue
-            per: dict[str, tuple[int, ...]] = {}
-            for name, t in v.items():
-                shape = getattr(t, "shape", None)
-                if shape is None and isinstance(t, Opaque):
-                    shape = mindspore_tensor_shape(t)
-                if isinstance(name, str) and isinstance(shape, tuple):
-                    per[name] = shape
-                if name == "step":
-                    s = _num(t)
-                    if s is not None:
-                        steps[k] = s
-            shapes[k] = per
-    return OptimizerView(tuple(groups), shapes, steps)
+    for k, v in raw_state.items():
+        if not isinstance(k, int) or not isinstance(v, dict):
+            continue
+        per: dict[str, tuple[int, ...]] = {}
+        for name, t in v.items():
+            shape = getattr(t, "shape", None)
+            if shape is None and isinstance(t, Opaque):
+                shape = mindspore_tensor_shape(t)
+            if isinstance(name, str) and isinstance(shape, tuple):
+                per[name] = shape
+            if name == "step":
+                s = _num(t)
+                if s is not None:
+                    steps[k] = s
+        shapes[k] = per
+    return shapes, steps
 
 
 def mindspore_tensor_shape(v: Opaque) -> tuple[int, ...] | None:
