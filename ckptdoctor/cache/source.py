@@ -26,13 +26,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ckptdoctor.cache.codec import CodecError, Decoder, Encoder
 from ckptdoctor.cache.store import Store
 from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleVerdict, ProblemKind
 from ckptdoctor.sources.interface import Entry, L, M, Source
 from ckptdoctor.version import __version__
+
+if TYPE_CHECKING:  # the codec is imported when a table is read or written: a first scan only sights files
+    from ckptdoctor.cache.codec import Decoder, Encoder
 
 __all__ = ["FactsCache"]
 
@@ -171,6 +173,8 @@ class FactsCache:
             if stored.get("id") != [*identity, in_dcp] or segment.decoder is None:
                 segment.dirty = True
                 return None
+            from ckptdoctor.cache.codec import CodecError
+
             try:
                 facts = segment.decoder.value(stored.get("facts"), FileFacts)
             except CodecError:
@@ -273,6 +277,8 @@ class FactsCache:
         decoder = self._segments[self._handed[f.path][1]].decoder
         if decoder is None:
             return None
+        from ckptdoctor.cache.codec import CodecError
+
         try:
             value = decoder.value(entry[field], kind)
         except CodecError:
@@ -295,6 +301,8 @@ class FactsCache:
             doc = None if store is None else store.read(segment.name, self._expect)
             entries = None if doc is None else doc.get("entries")
             if doc is not None and type(entries) is dict:
+                from ckptdoctor.cache.codec import CodecError, Decoder
+
                 try:
                     segment.decoder = Decoder(doc.get("nodes"))
                 except CodecError:
@@ -317,10 +325,16 @@ class FactsCache:
             segment.stale += len(segment.found)
         if not segment.dirty:
             return
-        try:
-            doc = _document(segment)
-        except (CodecError, RecursionError):
-            return
+        if not any("obj" in e or "facts" in e for e in segment.live.values()):
+            # sightings only (a first scan): no table to encode
+            doc = {"nodes": [], "entries": {k: {"id": e["id"]} for k, e in segment.live.items()}, "stale": 0}
+        else:
+            from ckptdoctor.cache.codec import CodecError
+
+            try:
+                doc = _document(segment)
+            except (CodecError, RecursionError):
+                return
         if self.store is not None:
             self.store.write(segment.name, {**self._expect, **doc})
 
@@ -328,6 +342,8 @@ class FactsCache:
 def _document(segment: _Segment) -> dict[str, Any]:
     """The cache file of ``segment``: its live entries, the new ones encoded onto the table read (so unchanged
     entries cost nothing to write), or the whole table encoded again once a quarter of its entries went stale."""
+    from ckptdoctor.cache.codec import Encoder
+
     old = segment.decoder if segment.doc is not None else None
     fresh = old is None or segment.stale * 4 > len(segment.live)
     encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["nodes"], old)  # type: ignore[index]

@@ -427,7 +427,11 @@ def walk_pickle(
     key = (start, data[start : start + HEAD])
     stream = STREAMS.get(key)
     if stream is None:
-        out = _finish(_Walker(data, limits, persistent_load, start))
+        # The first stream of its kind: nothing walked before shares its values, so they are not looked up for
+        # sharing (``pickle_values.shared``, the tensor memo); the next one of its kind registers them for the rest.
+        first = _Walker(data, limits, persistent_load, start)
+        first.share = False
+        out = _finish(first)
         STREAMS.put(key, Stream(data))
         return out
     best: Snapshot | None = None  # the one that goes furthest of those that fit
@@ -487,7 +491,7 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
         problems.append(problem)
         value = None
     else:
-        value, too_deep = freeze(value, limits.nesting_depth, walker.seeds)
+        value, too_deep = freeze(value, limits.nesting_depth, walker.seeds, walker.share)
         if too_deep:
             problems.append(
                 ReadProblem(ProblemKind.LIMIT, f"value nests deeper than {limits.nesting_depth} levels; cut there")
@@ -515,6 +519,8 @@ def _finish(walker: _Walker) -> tuple[PickleFacts | None, tuple[ReadProblem, ...
 
 class _Walker:
     """The opcode loop and its state (stack, marks, memo, globals seen)."""
+
+    share = True  # whether its values are handed out as the equal ones walked before (``walk_pickle``)
 
     def __init__(self, data: bytes, limits: Limits, persistent_load: Callable[[Any], Any] | None, start: int) -> None:
         self.data = data
@@ -1209,7 +1215,7 @@ class _Walker:
                 self.loads.append(args[0])  # ``_finish`` records the call
             else:
                 self.calls[func] = None
-            stack[-1] = _interpret(func, args, True) if type(args) is tuple else Obj(func, args)
+            stack[-1] = _interpret(func, args, self.share) if type(args) is tuple else Obj(func, args)
         else:
             self._call_target(func)
             stack[-1] = Obj(None, (func, args))
