@@ -29,6 +29,7 @@ from itertools import chain, compress, repeat
 from typing import Any
 
 from ckptdoctor import model
+from ckptdoctor.cache import CodecError
 
 __all__ = ["CodecError", "Decoder", "Encoder", "Table"]
 
@@ -63,10 +64,6 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], Sequence[Any]]:
 
 _GETTERS: dict[type[Any], Callable[[Any], Sequence[Any]]] = {cls: _getter(names) for cls, names in _FIELDS.items()}
 _SCALARS = (str, int, float, bool, type(None))
-
-
-class CodecError(ValueError):
-    """A value the encoding does not hold, or a document that is not one it wrote."""
 
 
 class Encoder:

@@ -28,8 +28,10 @@ import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ckptdoctor.cache import CodecError
 from ckptdoctor.cache.store import Store
 from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleVerdict, ProblemKind
+from ckptdoctor.readers.seen import Seen
 from ckptdoctor.sources.interface import Entry, L, M, Source
 from ckptdoctor.version import __version__
 
@@ -88,11 +90,12 @@ def allow_key(allow: tuple[Any, ...]) -> str:
     text = repr(key)
     digest = _ALLOW_KEYS.get(text)
     if digest is None:  # a scan judges every pickle under the same few allowances: one digest each
-        digest = _ALLOW_KEYS[text] = _digest(key)
+        digest = _digest(key)
+        _ALLOW_KEYS.put(text, digest)
     return digest
 
 
-_ALLOW_KEYS: dict[str, str] = {}
+_ALLOW_KEYS: Seen[str, str] = Seen(64)
 
 
 class _Segment:
@@ -173,8 +176,6 @@ class FactsCache:
             if stored.get("id") != [*identity, in_dcp] or segment.decoder is None:
                 segment.dirty = True
                 return None
-            from ckptdoctor.cache.codec import CodecError
-
             try:
                 facts = segment.decoder.value(stored.get("facts"), FileFacts)
             except CodecError:
@@ -277,8 +278,6 @@ class FactsCache:
         decoder = self._segments[self._handed[f.path][1]].decoder
         if decoder is None:
             return None
-        from ckptdoctor.cache.codec import CodecError
-
         try:
             value = decoder.value(entry[field], kind)
         except CodecError:
@@ -301,7 +300,7 @@ class FactsCache:
             doc = None if store is None else store.read(segment.name, self._expect)
             entries = None if doc is None else doc.get("entries")
             if doc is not None and type(entries) is dict:
-                from ckptdoctor.cache.codec import CodecError, Decoder
+                from ckptdoctor.cache.codec import Decoder
 
                 try:
                     segment.decoder = Decoder(doc.get("nodes"))
@@ -325,28 +324,21 @@ class FactsCache:
             segment.stale += len(segment.found)
         if not segment.dirty:
             return
-        if not any("obj" in e or "facts" in e for e in segment.live.values()):
-            # sightings only (a first scan): no table to encode
-            doc = {"nodes": [], "entries": {k: {"id": e["id"]} for k, e in segment.live.items()}, "stale": 0}
-        else:
-            from ckptdoctor.cache.codec import CodecError
-
-            try:
-                doc = _document(segment)
-            except (CodecError, RecursionError):
-                return
+        doc = _document(segment)
+        if doc is None:
+            return
         if self.store is not None:
             self.store.write(segment.name, {**self._expect, **doc})
 
 
-def _document(segment: _Segment) -> dict[str, Any]:
+def _document(segment: _Segment) -> dict[str, Any] | None:
     """The cache file of ``segment``: its live entries, the new ones encoded onto the table read (so unchanged
-    entries cost nothing to write), or the whole table encoded again once a quarter of its entries went stale."""
-    from ckptdoctor.cache.codec import Encoder
-
+    entries cost nothing to write), or the whole table encoded again once a quarter of its entries went stale;
+    None when a value cannot be encoded. A segment of sightings only (a first scan) has no table: the codec is not
+    even imported."""
     old = segment.decoder if segment.doc is not None else None
     fresh = old is None or segment.stale * 4 > len(segment.live)
-    encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["nodes"], old)  # type: ignore[index]
+    encoder: Encoder | None = None
     entries: dict[str, Any] = {}
     for key, entry in segment.live.items():
         if entry.get("uncached"):
@@ -354,16 +346,25 @@ def _document(segment: _Segment) -> dict[str, Any]:
         if "obj" not in entry and "facts" not in entry:
             entries[key] = {"id": entry["id"]}  # a sighting
             continue
-        out: dict[str, Any] = {"id": entry["id"], "facts": _stored(encoder, old, entry, "facts", key)}
-        if "items" in entry:
-            done = _stored(encoder, old, entry, "done", key)
-            if done is not None:
-                out["items"], out["done"] = entry["items"], done
-        if "vkey" in entry:
-            verdict = _stored(encoder, old, entry, "verdict", None)
-            if verdict is not None:
-                out["vkey"], out["verdict"] = entry["vkey"], verdict
+        if encoder is None:
+            from ckptdoctor.cache.codec import Encoder
+
+            encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["nodes"], old)  # type: ignore[index]
+        try:
+            out: dict[str, Any] = {"id": entry["id"], "facts": _stored(encoder, old, entry, "facts", key)}
+            if "items" in entry:
+                done = _stored(encoder, old, entry, "done", key)
+                if done is not None:
+                    out["items"], out["done"] = entry["items"], done
+            if "vkey" in entry:
+                verdict = _stored(encoder, old, entry, "verdict", None)
+                if verdict is not None:
+                    out["vkey"], out["verdict"] = entry["vkey"], verdict
+        except (CodecError, RecursionError):
+            return None
         entries[key] = out
+    if encoder is None:
+        return {"nodes": [], "entries": entries, "stale": 0}
     return {"nodes": encoder.nodes, "entries": entries, "stale": 0 if fresh else segment.stale}
 
 
@@ -410,13 +411,12 @@ def _segment_of(rel: str) -> tuple[str, str]:
     folder = rel.rpartition("/")[0]
     seg = _SEGMENTS.get(folder)
     if seg is None:  # a folder's files are met one after another: one look at its path for all of them
-        if len(_SEGMENTS) >= 4096:
-            _SEGMENTS.clear()
-        seg = _SEGMENTS[folder] = _segment_of_folder(folder)
+        seg = _segment_of_folder(folder)
+        _SEGMENTS.put(folder, seg)
     return seg, rel[len(seg) + 1 :] if seg else rel
 
 
-_SEGMENTS: dict[str, str] = {}  # folder -> its segment
+_SEGMENTS: Seen[str, str] = Seen(4096)  # folder -> its segment
 
 
 def _segment_of_folder(folder: str) -> str:

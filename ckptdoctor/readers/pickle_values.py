@@ -116,7 +116,7 @@ def _build(node: Any, kids: list[Any]) -> Any:
 # type: each walk makes its own key strings), so a hit holds the same objects, never merely equal ones; the values
 # kept here keep those ids theirs.
 _SHARED: Seen[tuple[Any, ...], Any] = Seen(1 << 14)
-_NO_FLOAT_KEY = frozenset({str, int, bool, type(None), bytes, GlobalRef, TensorRef})
+_NO_FLOAT_KEY = SCALARS - {float, complex}  # keys that equal only themselves in kind (0.0 == -0.0, 0j == -0j)
 _PLAIN = SCALARS - {GlobalRef, TensorRef}  # values each walk makes anew (but small ints and a few strings)
 
 
