@@ -26,6 +26,10 @@ class Seen(Generic[K, V]):
         self._size = size
         self.get = self._items.get  # the hot call: a bound dict method, not a Python frame
 
+    def clear(self) -> None:
+        """Forget everything kept (as a fresh process starts)."""
+        self._items.clear()
+
     def put(self, key: K, value: V) -> None:
         """Keep ``value`` under ``key``; all earlier entries go when ``size`` are kept."""
         items = self._items

@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from ckptdoctor.limits import Limits
 from ckptdoctor.model import ProblemKind, ReadOutcome, SafetensorsFacts
+from ckptdoctor.readers import safetensors as safetensors_reader
 from ckptdoctor.readers.safetensors import DTYPE_BITS, read_safetensors
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -680,6 +681,9 @@ def test_a_header_seen_again_is_parsed_once(tmp_path: Path) -> None:
     """Shards of one layout saved at two checkpoints (real files from the library, other tensor data) hold the same
     header bytes: the second read hands out the first read's facts, the same object; a file whose header differs
     gets its own, and each file's own length problems are its own."""
+    # a fresh memo, as in a new process: the headers earlier tests left in this worker could fill it (it is cleared
+    # when full) between the reads below
+    safetensors_reader._SEEN.clear()
     weights = {"a": torch.zeros(2, 3), "b": torch.ones(4)}
     safetensors.torch.save_file(weights, str(tmp_path / "one.safetensors"))
     safetensors.torch.save_file({k: v + 1 for k, v in weights.items()}, str(tmp_path / "two.safetensors"))

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 def _forget() -> None:
     """Empty the memos that make objects shared (as a fresh process starts)."""
     for memo in (pickle_values._SHARED, pickle_walk._TENSORS, torchstore._PARTS):
-        memo._items.clear()
+        memo.clear()
 
 
 def _checkpoints(tmp_path: Path) -> list[Path]:
