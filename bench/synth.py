@@ -4,6 +4,7 @@ Run by hand (needs torch; never imported by ckptdoctor):
 
     python bench/synth.py OUT --model llama-7b --checkpoints 100
     python bench/synth.py OUT --model llama-70b --checkpoints 1 --runs 1
+    python bench/synth.py OUT --model tiny --checkpoints 3 --runs 1000 --settings-per-run   # a settings file a run
     python bench/synth.py --verify            # byte-compare the writers with safetensors/torch.save (tiny model)
 
 How the files stay real:
@@ -476,6 +477,8 @@ def generate(out: Path, args: argparse.Namespace) -> None:
         for k in range(1, args.checkpoints + 1):
             step = k * args.save_steps
             make_checkpoint(run / f"checkpoint-{step}", m, step, max_steps, args, targs)
+        if getattr(args, "settings_per_run", False):  # a settings file in each run
+            (run / ".ckptdoctor.toml").write_text('ignore = ["CKD401"]\n')
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -556,6 +559,7 @@ def main() -> None:
     ap.add_argument("--weights-only", action="store_true", help="save_only_model: no optimizer/scheduler/rng")
     ap.add_argument("--verify", action="store_true")
     ap.add_argument("--real-data-gb", type=float, help="write real random tensors instead (for --deep throughput)")
+    ap.add_argument("--settings-per-run", action="store_true", help="a .ckptdoctor.toml in every run folder")
     args = ap.parse_args()
     if args.verify:
         import tempfile

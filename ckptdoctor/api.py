@@ -25,6 +25,7 @@ from ckptdoctor.settings.selection import (
     KeptCallback,
     Options,
     RootSettings,
+    Scope,
     check_runnable,
     exit_policy,
     selection_groups,
@@ -374,8 +375,7 @@ def scan_roots(
 
     ``fanout`` (``scan_many``'s ``client``) reads each run on a Dask worker; not with ``deep``.
     """
-    from ckptdoctor.scanner import Report, check_roots
-    from ckptdoctor.scanner import scan as scan_trees
+    from ckptdoctor.scanner import check_roots, merged
 
     check_runnable(options.select, deep)
     if options.allow_empty:
@@ -390,33 +390,15 @@ def scan_roots(
         _announce(fanout, groups, limits, jobs, cache)
     if on_part is not None:
         return _scan_parts(roots, options, groups, on_part, deep, jobs, checksums, limits, progress, fanout, cache)
-    parts = [
-        scan_trees(
-            roots.only(ps), selection=sel, limits=limits, jobs=jobs, deep=deep, progress=progress,
-            checksums=checksums, fanout=fanout, cache=cache,
-        )
-        for ps, sel, _, _ in groups
-    ]
-    trees: list[Tree] = []
-    findings: list[Finding] = []
-    settings: list[RootSettings] = []
-    folders: list[list[str]] = []
-    for group, part in zip(groups, parts, strict=True):
-        for tree, rs in zip(part.trees, group.settings, strict=True):
-            mine = [f for f in part.findings if f.root == tree.root]
-            if not options.no_config:
-                rs, mine = _nested_settings(tree, rs, mine, options, deep)
-            trees.append(tree)
-            findings.extend(mine)
-            settings.append(rs)
-            folders.append(_folders(tree))
-    return Report(
-        tuple(trees),
-        tuple(findings),
-        sum(r.seconds for r in parts),
-        exit_policy(options.fail_on, settings),
-        settings_used(zip(settings, folders, strict=True)),
-    )
+    # Kept whole: the same part-by-part judging (each part under the settings files that govern it), each root's
+    # parts merged into its tree, as ``scanner.scan`` merges them.
+    kept: dict[int, list[Tree]] = {}
+
+    def keep(index: int, tree: Tree, findings: list[Finding]) -> None:
+        kept.setdefault(index, []).append(tree)
+
+    report = _scan_parts(roots, options, groups, keep, deep, jobs, checksums, limits, progress, fanout, cache)
+    return dataclasses.replace(report, trees=tuple(merged(kept[i]) for i in range(len(report.trees))))
 
 
 def _announce(
@@ -503,9 +485,8 @@ class _PartJudge:
         self._folders: list[str] = []
         self.files = 0
         self.abs_root = ""
-        self.configs: set[str] = set()  # settings files listed so far (they govern the folders below them)
         self.found: set[str] = set()  # those of the parts judged (what the whole root's listing holds)
-        self._nested: tuple[frozenset[str], RootSettings] | None = None
+        self._scopes: dict[str, Scope | None] = {}  # each settings file's folder resolved once (``with_nested``)
 
     def __call__(self, part: Part) -> None:
         from ckptdoctor.scanner import part_findings
@@ -515,9 +496,11 @@ class _PartJudge:
         found = part_findings(part, self.selection)
         if not self.options.no_config:
             own = {f.path for f in tree.all_files() if f.name in CONFIG_NAMES}
+            governing = own | {p for p in part.above if p.rsplit("/", 1)[-1] in CONFIG_NAMES}
             self.found |= own
-            self.configs |= own | {p for p in part.above if p.rsplit("/", 1)[-1] in CONFIG_NAMES}
-            found = _judged(part, self._settings(self.configs), found, self.deep)
+            # Only the files in the part's folders and those above it govern its paths (a sibling run's governs
+            # none of them): judging each part under every file listed so far was quadratic in a fleet's runs.
+            found = _judged(part, self._settings(governing), found, self.deep)
         self.findings.extend(found)
         self._folders.append("\0".join(_folders(tree)))
         self.files += tree.files_seen
@@ -529,11 +512,8 @@ class _PartJudge:
         return (folder for text in self._folders if text for folder in text.split("\0"))
 
     def _settings(self, configs: set[str]) -> RootSettings:
-        """The root's settings with the files ``configs`` below it (resolved once per set of files)."""
-        key = frozenset(configs)
-        if self._nested is None or self._nested[0] != key:
-            self._nested = key, with_nested(self.own, sorted(key), self.options)
-        return self._nested[1]
+        """The root's settings with the files ``configs`` below it (each file resolved once per scan)."""
+        return with_nested(self.own, configs, self.options, self._scopes)
 
     def settings(self) -> RootSettings:
         """The root's settings with every settings file its listing held, as ``Report.settings`` lists them."""

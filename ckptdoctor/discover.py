@@ -6,9 +6,8 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -38,6 +37,9 @@ from ckptdoctor.stacks import accelerate as accelerate_stack
 from ckptdoctor.stacks import lightning as lightning_stack
 from ckptdoctor.stacks import settle
 from ckptdoctor.stacks import torchtitan as titan_stack
+
+if TYPE_CHECKING:  # the pool is made only for more than one read at once (not a local disk's default)
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 # How `_read_dcp_items` completes a `.distcp` file's facts: (where to open it, facts, items or None).
 DcpItemReader = Callable[[str, FileFacts, "list[DcpItem] | None"], FileFacts]
@@ -229,6 +231,8 @@ def discover_opened(
         walker = _Walker(source, problems, None, progress, emit, handed, left)
         top = walker.walk(found, ".", 0, frozenset())
     else:
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
             walker = _Walker(source, problems, pool, progress, emit, handed, left)
             top = walker.walk(found, ".", 0, frozenset())
@@ -647,6 +651,15 @@ def _worth_a_task(name: str) -> bool:
     return _is_ckpt_file(lower) or lower in _TASK_NAMES or lower.endswith(_TASK_SUFFIXES)
 
 
+def _pool(jobs: int) -> ThreadPoolExecutor | None:
+    """A pool of ``jobs`` reading threads, or None for one read at a time (``concurrent.futures`` loaded only then)."""
+    if jobs <= 1:
+        return None
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read")
+
+
 def walk_folder(root: str, source: Source[L, M], task: FolderTask, jobs: int = 1) -> FolderWalk:
     """Walk the folder of ``task`` (in any process: ``source`` is the root's source for it, ``Source.part``) as the
     walk of ``root`` would reach it: the parts below it, and the folder itself when a run is in it, are handed on
@@ -654,7 +667,7 @@ def walk_folder(root: str, source: Source[L, M], task: FolderTask, jobs: int = 1
     parts: list[tuple[Tree, tuple[str, ...]]] = []
     problems = list(task.problems)
     emit = _Emitter(root, source, problems, lambda tree, above: parts.append((tree, above)))
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") if jobs > 1 else None
+    pool = _pool(jobs)
     # Folders are keyed as this process sees them (another machine numbers a shared file system's devices its own
     # way), so a link back above the folder is the loop here that it is in the walk of the root.
     entry = dataclasses.replace(task.entry, key=source.key(task.entry.path))

@@ -49,10 +49,10 @@ class Conversion:
 @functools.cache
 def releases() -> dict[str, Any]:
     """The generated table's releases, read on first use; empty when it is missing."""
-    from importlib import resources
+    from ckptdoctor.packaged import read_text
 
     try:
-        doc = json.loads(resources.files("ckptdoctor").joinpath("key_layouts.json").read_text("utf-8"))
+        doc = json.loads(read_text("ckptdoctor", "key_layouts.json"))
     except (OSError, ValueError):
         return {}
     found = doc.get("releases") if isinstance(doc, dict) else None

@@ -7,8 +7,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 
 def progress_stream() -> TextIO | None:

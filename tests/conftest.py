@@ -1,4 +1,5 @@
-"""What every test shares: no test reads or writes the user's real verdict cache.
+"""What every test shares: no test reads or writes the user's real verdict cache, and none sees the readers' memos
+another test filled.
 
 Each test gets a cache folder of its own (``XDG_CACHE_HOME`` in a temporary folder beside the test's ``tmp_path``,
 never inside it), which the commands a test runs in another process inherit, and no ``CKPTDOCTOR_CACHE``: the
@@ -12,6 +13,15 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memos() -> None:
+    """The readers' memos start empty, as in a fresh process: a test that expects a parse to be remembered between
+    its reads cannot fail because earlier tests in the same worker filled the memo (cleared when full) meanwhile."""
+    from ckptdoctor.readers.seen import forget_all
+
+    forget_all()
 
 
 @pytest.fixture(autouse=True)

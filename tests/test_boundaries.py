@@ -184,9 +184,9 @@ def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
 # render -> cli). A module imports only from its own layer or the ones below it, and no import circle exists.
 
 LAYERS: list[set[str]] = [
-    # values: frozen facts, no I/O (the version too: nothing below the API imports the root package)
+    # values: frozen facts, no I/O but the package's data files (the version too: nothing below the API imports it)
     {"ckptdoctor.version", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
-     "ckptdoctor.progress", "ckptdoctor.schedules"},
+     "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
@@ -330,3 +330,32 @@ def test_core_modules_import_without_click_or_tabulate() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_a_local_scan_loads_no_pool_and_no_resource_machinery() -> None:
+    """Start-up is most of a one-checkpoint scan: a local scan (one read at a time) of a real run, pickles judged,
+    loads neither ``concurrent.futures`` (the reading pool) nor ``importlib.resources`` (and its ``tempfile``,
+    ``shutil``, ``zipfile``): the package's data files are read from its folder (``ckptdoctor.packaged``)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
+    code = (
+        "import sys; from ckptdoctor.cli import main\n"
+        f"try: main(['scan', '--no-cache', '--format', 'json', {str(root)!r}], standalone_mode=False)\n"
+        "except SystemExit: pass\n"
+        "print('MODULES', sorted(m for m in ('concurrent.futures', 'importlib.resources', 'tempfile', 'zipfile') "
+        "if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert '"pickle"' in proc.stdout or "checkpoint-8" in proc.stdout  # the scan ran
+    assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+
+
+def test_the_sniffers_opcode_bytes_are_pickletools_table() -> None:
+    import pickletools
+
+    from ckptdoctor.readers.sniff import OPCODE_CODES
+
+    assert frozenset(op.code for op in pickletools.opcodes) == OPCODE_CODES

@@ -12,6 +12,11 @@ by another version of ckptdoctor is never believed.
 Files are written whole, to a temporary file beside the target, then renamed over it (``os.replace``): a reader in
 another process (``scan_many`` on Dask workers, two scans at once) sees the old file or the new one, never a mix;
 the last writer wins, and both wrote the truth. Nothing is synced to disk: a file lost in a crash is a miss.
+
+The cache is on by default, so it must not grow for ever: a file is kept while it is used. Reading a trusted file
+marks it used (its modification time set to now, at most once a day), and once a day the first scan to open the
+cache removes the files no scan used for ``KEEP_DAYS`` days, and the temporary files killed writers left (``prune``;
+``ckptdoctor cache prune`` does it on demand). A run not scanned for that long is read afresh, as on a first scan.
 """
 
 from __future__ import annotations
@@ -25,13 +30,16 @@ from typing import Any
 
 from ckptdoctor.model import frozen
 
-__all__ = ["CacheInfo", "Store", "cache_dir", "clear", "info"]
+__all__ = ["KEEP_DAYS", "CacheInfo", "Store", "cache_dir", "clear", "info", "prune"]
 
 _KEY = "key"
 _FILES = "facts"  # the cache files, one per folder cached (``ckptdoctor.cache.source``)
 _KEY_BYTES = 32
 # A cache file larger than this is not read (a run's file is a few MB: one 100-checkpoint 7B run is 2.4 MB).
 MAX_FILE_BYTES = 1 << 30
+KEEP_DAYS = 30  # a cache file no scan used for this long is removed (``prune``)
+_DAY = 86_400.0
+_PRUNED = "pruned"  # in the cache folder: its modification time is when the cache was last pruned
 
 
 def cache_dir() -> str:
@@ -72,6 +80,7 @@ class Store:
             return f"{folder}: {e.strerror or e}"
         if isinstance(key, str):
             return key
+        _prune_daily(folder)
         return cls(folder, key)
 
     def path(self, name: str) -> str:
@@ -85,7 +94,8 @@ class Store:
         """The document stored for ``name``, when its HMAC is ours and it holds every item of ``expect`` as given
         (the format, version and settings it was written under, and ``name`` itself); else None."""
         try:
-            fd = os.open(self.path(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            path = self.path(name)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return None
         try:
@@ -110,6 +120,10 @@ class Store:
             return None
         if any(doc.get(k) != v for k, v in expect.items()):
             return None
+        now = _now()
+        if now - st.st_mtime > _DAY:  # used: ``prune`` keeps it (a day's precision is enough)
+            with contextlib.suppress(OSError):
+                os.utime(path, (now, now), follow_symlinks=False)
         return doc
 
     def write(self, name: str, doc: dict[str, Any]) -> bool:
@@ -238,7 +252,7 @@ def clear(folder: str | None = None) -> int:
     except OSError:
         return 0
     removed = 0
-    for path in [*_cache_files(folder), os.path.join(folder, _KEY)]:
+    for path in [*_cache_files(folder), os.path.join(folder, _KEY), os.path.join(folder, _PRUNED)]:
         try:
             os.unlink(path)
             removed += 1
@@ -251,6 +265,60 @@ def clear(folder: str | None = None) -> int:
             if e.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
                 break
     return removed
+
+
+def prune(folder: str | None = None, days: float = KEEP_DAYS) -> int:
+    """Remove the cache files no scan used for ``days`` days (``Store.read`` marks a file used), and temporary files
+    a killed writer left over a day ago; nothing when the folder is not this user's private cache folder. Returns
+    the files removed. A scan running meanwhile loses at most a file it was about to take: it reads that one again."""
+    folder = folder or cache_dir()
+    try:
+        if _private(folder, stat.S_ISDIR) is not None:
+            return 0
+    except OSError:
+        return 0
+    now = _now()
+    removed = 0
+    for path in _cache_files(folder):
+        try:
+            st = os.lstat(path)
+            age = now - st.st_mtime
+            torn = os.path.basename(path).startswith(".tmp-")  # a live writer's is seconds old: kept
+            old = age > _DAY if torn else days <= 0 or age > days * _DAY
+            if old and stat.S_ISREG(st.st_mode):
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _prune_daily(folder: str) -> None:
+    """``prune`` the cache at ``folder`` when it was not pruned in the last day (the marker file ``pruned`` says
+    when; it is touched first, so scans starting together do not all prune)."""
+    marker = os.path.join(folder, _PRUNED)
+    now = _now()
+    try:
+        if now - os.lstat(marker).st_mtime <= _DAY:
+            return
+        os.utime(marker, (now, now), follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError:
+            return  # another scan made it just now, or the folder refuses it: that scan prunes, or none does
+        os.close(fd)
+        os.utime(marker, (now, now), follow_symlinks=False)
+    except OSError:
+        return
+    prune(folder)
+
+
+def _now() -> float:
+    """The wall clock, as file times are kept (a test moves it)."""
+    import time
+
+    return time.time()
 
 
 def _cache_files(folder: str) -> Iterator[str]:

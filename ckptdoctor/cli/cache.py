@@ -5,12 +5,14 @@ from __future__ import annotations
 import click
 
 
-@click.group("cache", short_help="Show or clear the verdict cache (facts of files already read).")
+@click.group("cache", short_help="Show, prune or clear the verdict cache (facts of files already read).")
 def cache_group() -> None:
     """The verdict cache: the facts and pickle verdicts of files a scan read, kept in the user's cache folder
     ($XDG_CACHE_HOME/ckptdoctor, else ~/.cache/ckptdoctor) so a rescan does not read unchanged files again.
     A file is taken from it only when its size, times and inode (its ETag or version on object storage) are those
-    it had when read; rules always run. `scan --no-cache` and `gate --no-cache` leave it alone."""
+    it had when read; rules always run. `scan --no-cache` and `gate --no-cache` leave it alone.
+
+    A cache file no scan used for 30 days is removed by the first scan of the next day (`prune` does it now)."""
 
 
 @cache_group.command("info")
@@ -30,4 +32,18 @@ def clear_command() -> None:
     from ckptdoctor.cache.store import cache_dir, clear
 
     removed = clear()
+    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+
+
+@cache_group.command("prune")
+@click.option(
+    "--days", type=click.FloatRange(min=0), default=None, metavar="DAYS", show_default="30",
+    help="Remove the files no scan used for this many days (0: every file but the key).",
+)
+def prune_command(days: float | None) -> None:
+    """Remove the cache files no scan used for DAYS days (scans do this once a day with 30), and any temporary
+    file a killed scan left."""
+    from ckptdoctor.cache.store import KEEP_DAYS, cache_dir, prune
+
+    removed = prune(days=KEEP_DAYS if days is None else days)
     click.echo(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")

@@ -38,10 +38,10 @@ from ckptdoctor.model import GlobalRef, frozen
 
 def _generated() -> frozenset[str]:
     """The globals in the generated ``allowlist.json`` (observed in real files, and sibling classes)."""
-    from importlib import resources
+    from ckptdoctor.packaged import read_text
 
     try:
-        doc = json.loads(resources.files("ckptdoctor.pickle_verdict").joinpath("allowlist.json").read_text("utf-8"))
+        doc = json.loads(read_text("ckptdoctor.pickle_verdict", "allowlist.json"))
         return frozenset(doc.get("observed", {})) | frozenset(doc.get("enums", ())) | frozenset(doc.get("classes", ()))
     except (OSError, ValueError):
         return frozenset()  # a missing data file makes the scan stricter, never looser
@@ -84,10 +84,10 @@ def resume_modules() -> frozenset[str]:
     wins); a missing or unreadable file is the empty set, which makes the scan stricter, never looser."""
     found: frozenset[str] | None = globals().get("RESUME_MODULES")
     if found is None:
-        from importlib import resources
+        from ckptdoctor.packaged import read_text
 
         try:
-            text = resources.files("ckptdoctor.pickle_verdict").joinpath("resume_modules.json").read_text("utf-8")
+            text = read_text("ckptdoctor.pickle_verdict", "resume_modules.json")
             found = frozenset(json.loads(text).get("modules", ()))
         except (OSError, ValueError):
             found = frozenset()

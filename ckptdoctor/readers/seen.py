@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Seen"]
+__all__ = ["Seen", "forget_all"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -25,6 +25,7 @@ class Seen(Generic[K, V]):
         self._items: dict[K, V] = {}
         self._size = size
         self.get = self._items.get  # the hot call: a bound dict method, not a Python frame
+        _ALL.append(self)
 
     def clear(self) -> None:
         """Forget everything kept (as a fresh process starts)."""
@@ -36,3 +37,13 @@ class Seen(Generic[K, V]):
         if len(items) >= self._size:
             items.clear()
         items[key] = value
+
+
+_ALL: list[Seen[Any, Any]] = []  # every memo made (module-level ones: they live as long as the process)
+
+
+def forget_all() -> None:
+    """Empty every memo, as a fresh process starts: each test starts from it (what one test read cannot decide
+    whether another's reads hit), and a long-lived process may call it between scans to release what they kept."""
+    for seen in _ALL:
+        seen.clear()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import io
-import pickletools
 import re
 import struct
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ckptdoctor.model import FileKind
 from ckptdoctor.readers.pickle_walk import c_load_float, c_load_int, c_load_long, c_memo_index
+
+if TYPE_CHECKING:
+    import pickletools
 
 # Enough for the 8-byte safetensors length plus some header padding, the 14-byte legacy torch magic, a few
 # protocol-0 pickle opcodes, and a tar header block.
@@ -41,12 +45,17 @@ _TEXT_NAMES = (*_TEXT_SUFFIXES, ".json")
 _PICKLE_ONLY_SUFFIXES = (".pkl", ".pickle", ".p", ".pck", ".joblib")
 # A protocol 0/1 stream must decode this many opcodes from the head before content alone calls it a pickle.
 _MIN_PICKLE_OPS = 3
-OPCODE_CODES = frozenset(op.code for op in pickletools.opcodes)
+# Every opcode's byte (``pickletools.opcodes``, protocols 0-5), spelled out so that sniffing a file imports neither
+# ``pickletools`` nor ``pickle`` (start-up; a test holds it equal to the table). Protocol 0/1 heads, which need
+# each opcode's stack effect, load the table itself (``_opcode_table``).
+OPCODE_CODES = frozenset(
+    "().012BCFGIJKLMNPQRSTUVX]abcdeghijlopqrstu}"
+    "\x80\x81\x82\x83\x84\x85\x86\x87\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x90\x91\x92\x93\x94\x95\x96\x97\x98"
+)
 # Opcodes that import a global or call one: a stream that reaches one is dangerous, hence a pickle.
 _CALL_OPS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
 # Opcodes that call something (not merely import it): what makes a text-named file a pickle.
 _CALL_ONLY_OPS = _CALL_OPS - {"GLOBAL", "STACK_GLOBAL"}
-_CODE2OP = {op.code: op for op in pickletools.opcodes}
 
 
 # Names torch.save'd files carry in Trainer checkpoints (weights, optimizer, scheduler, RNG, args, DeepSpeed states).
@@ -338,6 +347,10 @@ def looks_like_old_pickle(head: bytes, name_hint: bool, text_name: bool = False)
     name is a text format's (``.yaml``, ``.md`` ...), which no loader unpickles: only a real call (REDUCE, BUILD,
     INST, OBJ, NEWOBJ) counts then, not the import of a name alone.
     """
+    if head[:1].decode("latin-1") not in OPCODE_CODES:
+        return False  # what the walk below says of a head that is empty or starts with no opcode, without pickletools
+    import pickletools
+
     ops = 0
     depth = 0  # items on the simulated stack
     marks: list[int] = []  # stack depth at each MARK
@@ -385,15 +398,24 @@ class _Dead(Exception):
 _LINE_OPS = frozenset({"INT", "LONG", "FLOAT", "PUT", "GET", "STRING", "UNICODE", "PERSID", "GLOBAL", "INST"})
 
 
+@functools.cache
+def _opcode_table() -> dict[str, pickletools.OpcodeInfo]:
+    """Each opcode's byte and its description (read on the first protocol 0/1 head)."""
+    import pickletools
+
+    return {op.code: op for op in pickletools.opcodes}
+
+
 def _old_ops(head: bytes) -> Iterator[pickletools.OpcodeInfo]:
     """Each opcode of ``head`` in turn; ``_CutShort`` or ``_Dead`` where that ends."""
+    code2op = _opcode_table()
     stream = io.BytesIO(head)
     n = len(head)
     while True:
         at = stream.tell()
         if at >= n:
             raise _CutShort
-        opcode = _CODE2OP.get(head[at : at + 1].decode("latin-1"))
+        opcode = code2op.get(head[at : at + 1].decode("latin-1"))
         if opcode is None:
             raise _Dead
         stream.seek(at + 1)

@@ -678,11 +678,17 @@ def started_hits(current: list[RunHistory], judged: Sequence[RunHistory]) -> Ite
         other = ours.source_of(mine, skip=(mine.path,)) or siblings.source_of(mine, skip=here)
         if other is not None:
             yield Hit(mine.where, _likely_started(mine, other))
-    # a run judged before that one of these was started from (the first of these it fits), in the order judged
+    # a run judged before that one of these was started from (the first of these it fits), in the order judged,
+    # unless a run judged before these fits it too: that run's part (or its own) has said so already, and a run
+    # gets one finding however many later siblings it fits, as when its root is judged whole
     firsts: dict[int, tuple[RunHistory, RunHistory]] = {}
+    told: dict[int, bool] = {}
     for other in current:
         for at, mine in siblings.started_from(other, skip=here):
-            firsts.setdefault(at, (mine, other))
+            if at not in told:
+                told[at] = siblings.source_of(mine, skip=(*here, mine.path)) is not None
+            if not told[at]:
+                firsts.setdefault(at, (mine, other))
     for at in sorted(firsts):
         mine, other = firsts[at]
         yield Hit(mine.where, _likely_started(mine, other))

@@ -168,16 +168,21 @@ def nested_configs(root: str, files: Iterable[str]) -> list[tuple[str, Config]]:
     The scan's own listing is used, so finding them costs no extra look at the disk; a ``pyproject.toml`` without
     ``[tool.ckptdoctor]`` does not count. ``root``'s own file is ``find_config``'s, and is left out here.
     """
-    folders = sorted(
-        {f.rsplit("/", 1)[0] for f in files if "/" in f and f.rsplit("/", 1)[1] in CONFIG_NAMES},
-        key=lambda d: (d.count("/"), d),
-    )
     out = []
-    for rel in folders:
+    for rel in config_folders(files):
         cfg = load_config(os.path.join(root, *rel.split("/")))
         if cfg.source is not None:
             out.append((rel, cfg))
     return out
+
+
+def config_folders(files: Iterable[str]) -> list[str]:
+    """The folders (relative to the root) strictly below it that hold a file named like a settings file among
+    ``files``, outermost first: the folders ``nested_configs`` loads, in its order."""
+    return sorted(
+        {f.rsplit("/", 1)[0] for f in files if "/" in f and f.rsplit("/", 1)[1] in CONFIG_NAMES},
+        key=lambda d: (d.count("/"), d),
+    )
 
 
 def walk_configs(root: str) -> list[str]:

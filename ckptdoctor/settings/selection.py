@@ -6,6 +6,7 @@ allowances (``user_allowances``)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field
@@ -15,7 +16,15 @@ from ckptdoctor.errors import UsageError
 from ckptdoctor.model import frozen
 from ckptdoctor.settings.codes import check_codes, rule_codes, split_codes
 from ckptdoctor.settings.exit import ExitPolicy, check_fail_on
-from ckptdoctor.settings.files import Config, find_config, nested_configs, user_table, walk_configs
+from ckptdoctor.settings.files import (
+    Config,
+    config_folders,
+    find_config,
+    load_config,
+    nested_configs,
+    user_table,
+    walk_configs,
+)
 
 if TYPE_CHECKING:
     from ckptdoctor.rules import Selection
@@ -103,11 +112,40 @@ class RootSettings:
 
     def scope_of(self, path: str) -> Scope:
         """The scope whose settings apply to ``path`` (relative to the root): the closest file above it."""
-        best = self.scopes[0]
-        for scope in self.scopes[1:]:
-            if scope.holds(self.root, path) and len(scope.folder) > len(best.folder):
-                best = scope
-        return best
+        if len(self.scopes) <= _FEW_SCOPES:
+            best = self.scopes[0]
+            for scope in self.scopes[1:]:
+                if scope.holds(self.root, path) and len(scope.folder) > len(best.folder):
+                    best = scope
+            return best
+        # A fleet with a settings file in each run: look up the path's folders, deepest first, rather than compare
+        # every scope (a report's folders times its scopes, quadratic in the runs).
+        index = _folder_index(self)
+        while path:
+            found = index.get(path)
+            if found is not None:
+                return found
+            path = path.rpartition("/")[0]
+        return self.scopes[0]
+
+
+_FEW_SCOPES = 8  # up to this many, ``scope_of`` compares each
+_LAST_INDEX: tuple[RootSettings | None, dict[str, Scope]] = (None, {})  # the last settings indexed, and the index
+
+
+def _folder_index(settings: RootSettings) -> dict[str, Scope]:
+    """``settings``' nested scopes by folder (the first of a folder, as ``scope_of``'s comparison keeps), kept for
+    the settings indexed last: a report looks up many paths in one root's settings in a row."""
+    global _LAST_INDEX
+    last = _LAST_INDEX
+    if last[0] is settings:
+        return last[1]
+    index: dict[str, Scope] = {}
+    for scope in settings.scopes[1:]:
+        if scope.root == settings.root and scope.folder:
+            index.setdefault(scope.folder, scope)
+    _LAST_INDEX = (settings, index)
+    return index
 
 
 Codes = Sequence[str] | str
@@ -316,14 +354,31 @@ def settings_used(pairs: Iterable[tuple[RootSettings, Iterable[str]]]) -> tuple[
     return tuple(SettingsUse(path, trusted, tuple(folders)) for path, (trusted, folders) in used.items())
 
 
-def with_nested(settings: RootSettings, files: Iterable[str], options: Options) -> RootSettings:
+def with_nested(
+    settings: RootSettings, files: Iterable[str], options: Options, memo: dict[str, Scope | None] | None = None
+) -> RootSettings:
     """``settings`` (a root's own scope) with a scope for each settings file among ``files`` below the root
-    (``nested_configs``), resolved against the same ``options``. Unchanged when none configures ckptdoctor."""
-    found = nested_configs(settings.root, files)
-    if not found:
+    (``nested_configs``), resolved against the same ``options``. Unchanged when none configures ckptdoctor.
+
+    ``memo`` (a folder's scope, None for a folder whose file does not configure ckptdoctor) resolves each folder's
+    file once across calls for one root: a scan judging run after run reads and checks each settings file once,
+    and tells ``options.on_kept`` of it once."""
+    memo = {} if memo is None else memo
+    resolver: _Resolver | None = None
+    scopes: list[Scope] = []
+    for folder in config_folders(files):
+        if folder not in memo:
+            cfg = load_config(os.path.join(settings.root, *folder.split("/")))
+            if cfg.source is None:
+                memo[folder] = None
+            else:
+                resolver = resolver or _Resolver(options)
+                memo[folder] = resolver.scope(settings.root, folder, cfg)
+        scope = memo[folder]
+        if scope is not None:
+            scopes.append(scope)
+    if not scopes:
         return settings
-    resolver = _Resolver(options)
-    scopes = [resolver.scope(settings.root, folder, cfg) for folder, cfg in found]
     return RootSettings(settings.root, (settings.scopes[0], *scopes))
 
 

@@ -334,6 +334,59 @@ def test_cache_info_and_clear() -> None:
     assert stat.S_ISDIR(os.lstat(cache_dir()).st_mode)
 
 
+def test_a_file_no_scan_used_for_a_month_is_pruned_once_a_day(
+    monkeypatch: pytest.MonkeyPatch, reads: list[str], no_racy_window: None
+) -> None:
+    """The cache is on by default, so it is kept from growing for ever: a scan that takes a file marks it used, and
+    the first scan of a day removes the files no scan used for ``KEEP_DAYS`` (and temporary files killed writers
+    left); a run not scanned for that long is read afresh. Nothing else in the folder is touched."""
+    from ckptdoctor.cache import store
+
+    clock = [1_000_000_000.0]
+    monkeypatch.setattr(store, "_now", lambda: clock[0])
+    run, other = FIXTURES / "clean-full", FIXTURES / "clean-lora"
+    scan(str(run))
+    scan(str(other))
+    files = {p.name: p for p in _cache_files()}
+    assert len(files) == 2
+    folder = Path(cache_dir())
+    stranger = folder / "notes.txt"
+    stranger.write_text("mine")
+    torn = folder / "facts" / ".tmp-0123456789abcdef"
+    torn.write_bytes(b"half")
+    for p in [*files.values(), torn]:
+        os.utime(p, (clock[0], clock[0]))  # written "now" on the test's clock
+    os.utime(folder / "pruned", (clock[0], clock[0]))
+
+    clock[0] += 20 * 86_400  # 20 days on: `run` is scanned (its file taken, so marked used), `other` is not
+    reads.clear()
+    scan(str(run))
+    assert reads == []  # taken from the cache, not pruned: 20 days is under KEEP_DAYS
+    assert not torn.exists()  # a day's old temporary file goes with the first scan of the day
+    clock[0] += 15 * 86_400  # 35 days after `other` was last used, 15 after `run`
+    scan(str(run))
+    assert [p.name for p in _cache_files()] == [n for n, p in files.items() if p.exists()]
+    assert len(_cache_files()) == 1 and stranger.read_text() == "mine"
+    reads.clear()
+    scan(str(other))
+    assert reads  # pruned: read afresh, as on a first scan
+
+    clock[0] += 3600  # the same day: no second pruning, however old the files
+    scan(str(run))
+    assert len(_cache_files()) == 2
+    assert store.prune(days=0) == 2 and _cache_files() == []  # on demand (`ckptdoctor cache prune --days 0`)
+
+
+def test_cache_prune_command() -> None:
+    scan(str(FIXTURES / "clean-full"))
+    code, out, _ = invoke("cache", "prune")
+    assert code == 0 and out.startswith("removed 0 files from ") and len(_cache_files()) == 1
+    code, out, _ = invoke("cache", "prune", "--days", "0")
+    assert code == 0 and out.startswith("removed 1 file from ") and _cache_files() == []
+    code, _, err = invoke("cache", "prune", "--days", "-1")
+    assert code == 2 and "-1" in err
+
+
 def test_gate_takes_no_cache() -> None:
     code, out, err = invoke("gate", "--no-cache", str(FIXTURES / "clean-full"))
     assert code == 0, out + err

@@ -84,7 +84,7 @@ def _fresh(data: bytes, limits: Limits = DEFAULT_LIMITS, load: Load = _loads) ->
 def _learn(*streams: bytes, limits: Limits = DEFAULT_LIMITS, load: Load = _loads) -> pickle_resume.Snapshot | None:
     """Forget every stream, walk these (the second one takes a snapshot where it stops sharing the first's
     bytes); the newest snapshot kept."""
-    pickle_resume.STREAMS._items.clear()
+    pickle_resume.STREAMS.clear()
     for data in streams:
         assert _walk(data, True, limits, load) == _fresh(data, limits, load)
     stream = pickle_resume.STREAMS.get((0, streams[0][: pickle_resume.HEAD]))
@@ -119,7 +119,7 @@ def _same(data: bytes, limits: Limits = DEFAULT_LIMITS, load: Load = _loads) -> 
     """A walk with the snapshots learnt so far equals a fresh one; the snapshots are left as they were."""
     kept = {k: (v, v.last, v.snapshots) for k, v in pickle_resume.STREAMS._items.items()}
     got = _walk(data, True, limits, load)
-    pickle_resume.STREAMS._items.clear()
+    pickle_resume.STREAMS.clear()
     for k, (v, last, snapshots) in kept.items():
         v.last, v.snapshots = last, snapshots
         pickle_resume.STREAMS._items[k] = v
@@ -210,7 +210,7 @@ def rich_streams(request: pytest.FixtureRequest) -> list[bytes]:
 
 def test_later_checkpoints_resume_with_the_facts_of_a_fresh_walk(optimizer_states: list[bytes]) -> None:
     for load in (_loads, _storages, _no_load):
-        pickle_resume.STREAMS._items.clear()
+        pickle_resume.STREAMS.clear()
         with _counting() as counts:
             for data in optimizer_states:
                 assert _walk(data, True, load=load) == _fresh(data, load=load)
@@ -229,7 +229,7 @@ def test_files_of_a_training_run_read_the_same(tmp_path: Path) -> None:
         p.parent.mkdir()
     _optimizer_states(5, width=16, save_to=paths)
     assert paths[0].stat().st_size > 64 * 1024
-    pickle_resume.STREAMS._items.clear()
+    pickle_resume.STREAMS.clear()
     with _counting() as counts:
         for p in [*paths, *reversed(paths), *paths]:
             outcomes = []
@@ -457,7 +457,7 @@ def test_concurrent_walks(optimizer_states: list[bytes], rich_streams: list[byte
         cut = rng.randrange(snap.pos, len(base))
         streams.append(base[:cut])
     expected = [_fresh(s) for s in streams]
-    pickle_resume.STREAMS._items.clear()
+    pickle_resume.STREAMS.clear()
     barrier = threading.Barrier(4)
 
     def walk(i: int) -> tuple[str, ...]:

@@ -35,21 +35,27 @@ def every_pair(current: list[RunHistory], siblings: Sequence[RunHistory]) -> lis
             continue
         if not mine.losses or not mine.has_config or mine.layout is None:
             continue
-        first_step, first = mine.losses[0]
+        if mine.path not in here and any(fits(mine, o) for o in siblings if o.path not in here and o is not mine):
+            continue  # a run judged before fits it: said when the later of the two was judged, once a run
         for other in histories:
             if other is mine or (mine.path not in here and other.path not in here):
                 continue
-            if other.newest_mtime > mine.oldest_mtime or other.layout != mine.layout:
-                continue
-            theirs = other.losses
-            if len(theirs) < 2 or theirs[0][0] != first_step:
-                continue
-            start, late = theirs[0][1], theirs[-1][1]
-            if start - late < 0.02 * abs(start) or not first < start - (start - late) / 2:
-                continue
-            out.append((mine.where, other.path))
-            break
+            if fits(mine, other):
+                out.append((mine.where, other.path))
+                break
     return out
+
+
+def fits(mine: RunHistory, other: RunHistory) -> bool:
+    """Whether ``mine`` looks started from ``other`` (the rule's test, written out)."""
+    first_step, first = mine.losses[0]
+    if other.newest_mtime > mine.oldest_mtime or other.layout != mine.layout:
+        return False
+    theirs = other.losses
+    if len(theirs) < 2 or theirs[0][0] != first_step:
+        return False
+    start, late = theirs[0][1], theirs[-1][1]
+    return not (start - late < 0.02 * abs(start) or not first < start - (start - late) / 2)
 
 
 def shown(hits: list[Hit]) -> list[tuple[str, str]]:
@@ -98,6 +104,21 @@ def test_the_index_finds_what_comparing_every_pair_finds_in_the_same_order(seed:
             judged = judged.extended(part)
     # the last part again with every run as a sibling (a tree merged from its parts keeps the last one's siblings)
     assert shown(list(started_hits(runs, judged))) == every_pair(runs, list(judged))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_judged_run_by_run_each_run_gets_the_finding_it_gets_judged_whole(seed: int) -> None:
+    """A scan hands a root's runs on one by one (a part each): over all the parts, each run is told once, of the
+    same sibling, as when the root is judged whole (where a run fits several siblings, the first in order)."""
+    rng = random.Random(seed)
+    runs = [history(rng, i) for i in range(rng.randint(2, 40))]
+    whole = sorted(shown(list(started_hits(runs, SiblingRuns()))))
+    judged = SiblingRuns()
+    by_part: list[tuple[str, str]] = []
+    for run in runs:
+        by_part += shown(list(started_hits([run], judged)))
+        judged = judged.extended([run])
+    assert sorted(by_part) == whole
 
 
 def test_a_view_keeps_its_runs_when_the_index_grows_and_an_older_one_extended_is_indexed_again() -> None:

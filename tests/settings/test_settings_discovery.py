@@ -245,3 +245,41 @@ def test_gate_and_its_python_api_read_the_repository_file_above_the_run(
     monkeypatch.setenv("CKPTDOCTOR_USER_CONFIG", "/nonexistent/user.toml")
     result = ckptdoctor.gate(str(run))
     assert {f.rule for f in result.findings} == rules
+
+
+def test_a_fleet_with_a_file_in_every_run_resolves_each_file_once_and_judges_each_run_under_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket of runs, each with its own settings file, plus one above them all: each run is judged under the
+    closest file (its own), the rules run for each run under its own file and the root's only (never under a
+    sibling's: that was a rule pass per run already scanned, quadratic in the runs), and each file is read and
+    checked once, so a file that may not lower a security rule is said once, not once per later run."""
+    import ckptdoctor.scanner as scanner
+
+    runs = tmp_path / "runs"
+    n = 12
+    for i in range(n):
+        shutil.copytree(REPO / "fixtures" / "stale-higher", runs / f"r{i:02}")
+        # odd runs ignore the stale-checkpoint error, even ones try (and fail) to hide a security rule
+        text = 'ignore = ["CKD101"]\n' if i % 2 else 'ignore = ["CKD601"]\n'
+        (runs / f"r{i:02}" / ".ckptdoctor.toml").write_text(text)
+    (runs / ".ckptdoctor.toml").write_text('ignore = ["CKD401"]\n')  # the root's: governs no run (each has its own)
+    judged: list[int] = []  # the runs each rule pass judged
+    real = scanner.part_findings
+
+    def counted(part: scanner.Part, selection: object) -> object:
+        judged.append(len(part.tree.runs))
+        return real(part, selection)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scanner, "part_findings", counted)
+    kept: list[tuple[str, tuple[str, ...]]] = []
+    report = ckptdoctor.scan(str(runs), on_kept=lambda source, codes: kept.append((source, codes)))
+    by_run: dict[str, set[str]] = {}
+    for f in report.findings:
+        by_run.setdefault(f.path.split("/")[0], set()).add(f.rule)
+    assert by_run == {f"r{i:02}": {"CKD401"} if i % 2 else {"CKD101", "CKD401"} for i in range(n)}
+    assert sum(judged) == 2 * n  # each run twice: under the root's file, and under its own
+    assert sorted(kept) == [(str(runs / f"r{i:02}" / ".ckptdoctor.toml"), ("CKD601",)) for i in range(0, n, 2)]
+    used = {u.path: u.folders for u in report.settings}
+    assert used.pop(str(runs / ".ckptdoctor.toml")) == (str(runs),)  # the root's own file: the root alone
+    assert len(used) == n and all(len(folders) == 4 for folders in used.values())  # a run and its 3 checkpoints

@@ -9,6 +9,7 @@ ckptdoctor/sources/fsspec.py; a scan that never ends is what would still fail he
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -178,6 +179,15 @@ def _hf(monkeypatch: pytest.MonkeyPatch, port: int) -> str:
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setitem(fsspec.config.conf, "hf", {"endpoint": endpoint, "token": False})
     hf_fs.HfFileSystem.clear_instance_cache()
+    # huggingface_hub 2.x asks the endpoint for its registry of agent harnesses once per process (for its
+    # User-Agent; `utils/_detect_agent.py` `_get_registry`, cached a day in ~/.cache/huggingface), with a timeout of
+    # its own: whether this scan made that request depended on what ran before it in the process. Pinned empty, the
+    # attempts counted are the scan's.
+    detect: Any = None
+    with contextlib.suppress(ImportError):
+        import huggingface_hub.utils._detect_agent as detect
+    if detect is not None and hasattr(detect, "_EMPTY_REGISTRY"):
+        monkeypatch.setattr(detect, "_registry", detect._EMPTY_REGISTRY)
     return "hf://ckpt/run/run"
 
 
