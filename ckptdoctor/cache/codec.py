@@ -11,8 +11,9 @@ a node as it is; every other node is a list ``[tag, child, ...]`` whose children
 ``t`` tuple, ``l`` list, ``d`` dict (keys and values alternating), ``s`` set, ``f`` frozenset, ``b`` bytes (one
 child: base64 text), ``c`` complex (real and imaginary parts), ``@Name`` a model value (its fields in order),
 ``%Name`` an enum member (its value), ``z`` a tuple of pairs (two children: the tuple of first items and the tuple
-of second items); ``T``, ``L`` and ``D`` are a tuple, list or dict (keys and values alternating, keys strings) of
-scalars only, held inline (the node's items are the values themselves, not indices). Equal values are one node
+of second items); ``T`` and ``L`` are a tuple or list of scalars only, held inline (the node's items are the values
+themselves, not indices), and a JSON object is a dict of scalars under string keys (a log entry: ``json.loads``
+builds it, and decoding takes it as it is). Equal values are one node
 (structural sharing, as the readers share log histories and zip entries): a run's checkpoints repeat the same tensor
 layouts, so a run's table holds each once, and decoding builds each once.
 """
@@ -63,7 +64,6 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], Sequence[Any]]:
 
 
 _GETTERS: dict[type[Any], Callable[[Any], Sequence[Any]]] = {cls: _getter(names) for cls, names in _FIELDS.items()}
-_SCALARS = (str, int, float, bool, type(None))
 
 
 class Encoder:
@@ -92,7 +92,10 @@ class Encoder:
         e.seeded_from = decoded
         for i, (node, v) in enumerate(zip(nodes, decoded.values, strict=True)):
             t = node.__class__
-            if t is list:
+            if t is dict:  # an inline dict (a log entry): found again by identity, as the readers share them
+                e._by_id[id(v)] = i
+                e._kept.append(v)
+            elif t is list:
                 e._other.setdefault(tuple(node), i)
                 e._by_id[id(v)] = i
                 e._kept.append(v)
@@ -213,7 +216,8 @@ class Encoder:
         i = self._other.get(key)
         if i is None:
             i = self._other[key] = len(self.nodes)
-            self.nodes.append(node)
+            # an inline dict is written as the JSON object it is (``v`` itself: string keys, scalar values)
+            self.nodes.append(v if node[0] == "D" else node)
             if v.__class__ is list and len(v) >= _PREFIX_MIN:
                 self._lists.setdefault(id(v[0]), deque(maxlen=_PREFIX_TRIES)).append((len(v), i, v))
         self._by_id[id(v)] = i
@@ -298,8 +302,10 @@ _PREFIX_TRIES = 4
 
 # Tags of nodes whose items are scalars held inline (JSON strings, numbers, booleans, null), not indices: a tuple,
 # list or dict (keys and values alternating) of scalars only is one node, written and read at C speed (a checkpoint's
-# RNG state, its log entries, a shard index's weight map).
+# RNG state, its log entries, a shard index's weight map). A ``D`` node is the encoder's key of an inline dict only:
+# the table holds the dict itself, a JSON object.
 _INLINE = frozenset({"T", "L", "D"})
+_INLINE_READ = frozenset({"T", "L"})
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 _STR_ONLY = frozenset({str})
 
@@ -321,6 +327,7 @@ def _inline(t: type[Any], v: Any) -> list[Any] | None:
 
 
 _TUPLE_ONLY = frozenset({tuple})
+_INT_ONLY = frozenset({int})
 _TWO_ONLY = frozenset({2})
 
 
@@ -383,19 +390,12 @@ def _zipped(kids: list[Any]) -> tuple[Any, ...]:
 
 
 def _inline_value(node: list[Any]) -> Any:
-    """The tuple, list or dict of an inline node (``_INLINE``): its items are JSON's scalars, as ``json.loads``
-    gave them."""
-    tag = node[0]
+    """The tuple or list of an inline node (``_INLINE_READ``): its items are JSON's scalars, as ``json.loads`` gave
+    them."""
     items = node[1:]
     if not _SCALAR_TYPES.issuperset(map(type, items)):
         raise CodecError("an inline node holds scalars only")
-    if tag == "T":
-        return tuple(items)
-    if tag == "L":
-        return items
-    if len(items) % 2 or not _STR_ONLY.issuperset(map(type, items[::2])):
-        raise CodecError("an inline dict node holds string keys and values, alternating")
-    return dict(zip(items[::2], items[1::2], strict=True))
+    return tuple(items) if node[0] == "T" else items
 
 
 _BUILDERS: dict[str, Callable[[list[Any]], Any]] = {
@@ -411,24 +411,32 @@ class Decoder:
         if type(nodes) is not list:
             raise CodecError("a table is a list")
         out: list[Any] = []
-        append = out.append
+        append, get = out.append, out.__getitem__
+        # A warm rescan decodes a run's whole table (10^4 nodes): each node's children are checked and fetched at C
+        # speed (``map``, ``min``, ``max``), and a log entry (a JSON object) is taken as ``json.loads`` built it.
         for node in nodes:
-            if type(node) is not list:
-                if type(node) not in _SCALARS:
-                    raise CodecError("a node is a scalar or a list")
-                append(node)
-                continue
-            if not node or type(node[0]) is not str:
-                raise CodecError("a node list starts with its tag")
-            if node[0] in _INLINE:
-                append(_inline_value(node))
-                continue
-            kids = []
-            for i in node[1:]:
-                if type(i) is not int or not 0 <= i < len(out):
+            t = node.__class__
+            if t is list:
+                if not node or node[0].__class__ is not str:
+                    raise CodecError("a node list starts with its tag")
+                tag = node[0]
+                if tag in _INLINE_READ:
+                    append(_inline_value(node))
+                    continue
+                kids = node[1:]
+                if kids and (
+                    not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= len(out)
+                ):
                     raise CodecError("a child is the index of an earlier node")
-                kids.append(out[i])
-            append(_build(node[0], kids))
+                append(_build(tag, list(map(get, kids))))
+            elif t is dict:
+                if not _SCALAR_TYPES.issuperset(map(type, node.values())):
+                    raise CodecError("an inline dict holds scalars only")
+                append(node)
+            elif t in _SCALAR_TYPES:
+                append(node)
+            else:
+                raise CodecError("a node is a scalar, a list or an object of scalars")
         self.values = out
 
     def value(self, index: Any, kind: type[Any] | None = None) -> Any:

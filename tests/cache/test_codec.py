@@ -52,6 +52,7 @@ def test_containers_of_scalars_held_inline_stay_apart() -> None:
     assert [type(b) for b in back] == [type(v) for v in tricky]
     e = Encoder()
     assert e.encode({"a": 1, "b": "x"}) == e.encode({"a": 1, "b": "x"})  # new dicts, equal: one node
+    assert e.nodes == [{"a": 1, "b": "x"}]  # written as the JSON object it is: json.loads builds it
 
 
 def test_an_inline_node_holds_scalars_only() -> None:
@@ -110,7 +111,9 @@ def test_an_unknown_value_is_not_encoded() -> None:
         ["x", ["b", 0]],  # bytes that are not base64
         [1, ["b", 0]],  # bytes of a number
         [[1, 2]],  # a tag that is not text
-        [{"a": 1}],  # a JSON object as a node
+        [{"a": [1]}],  # a JSON object (an inline dict) holding more than scalars
+        [{"a": {"b": 1}}],
+        [["D", "a", 1]],  # an inline dict is a JSON object, never a tagged list
         [["l", 0]],  # a self-reference
         [[], ["l+", 0]],
         ["x", ["l+", 0]],  # l+ of no list
