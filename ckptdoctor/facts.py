@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 import posixpath
 import re
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
@@ -267,9 +268,12 @@ _PLAIN_STEPS = frozenset({int, bool, str, type(None)})
 def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
     ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
-    out: list[int] = []
     by_step = ts.by_step
-    for i, e in enumerate(ts.log_history):
+    unlike = _unlike_their_step(ts)
+    candidates: Iterable[int] = range(len(ts.log_history)) if unlike is None else unlike
+    out: list[int] = []
+    for i in candidates:
+        e = ts.log_history[i]
         if type(e.get("step")) not in _PLAIN_STEPS:
             out.append(i)
             continue
@@ -280,6 +284,35 @@ def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
         if why is not None:
             out.append(i)
     return tuple(out)
+
+
+_NO_ENTRY: dict[str, Any] = {}
+
+
+def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
+    """The positions in ``ts``'s log_history whose loss or learning_rate is not equal (``==``) to its step's merged
+    entry's, found at C speed: only those can diverge in ``_entry_divergence`` (which compares values that are not
+    equal). None when the quick look does not apply (entries that are not plain dicts, steps that are neither
+    integers, text nor null): then every entry is looked at."""
+    columns = _columns(ts.log_history)
+    if columns is None:
+        return None
+    steps, losses, rates = columns
+    if not _PLAIN_STEPS.issuperset(map(type, steps)):
+        return None
+    # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
+    # its integer's entry, as ``in`` does in ``_entry_divergence``)
+    others = list(map(trainer_view.merged_steps(ts).get, steps, itertools.repeat(_NO_ENTRY)))
+    try:
+        same = map(
+            operator.and_,
+            map(operator.eq, losses, map(dict.get, others, itertools.repeat("loss"))),
+            map(operator.eq, rates, map(dict.get, others, itertools.repeat("learning_rate"))),
+        )
+        differ = list(itertools.compress(range(len(steps)), map(operator.not_, same)))
+    except RecursionError:  # values nested deeper than ``==`` may recurse: every entry is looked at
+        return None
+    return [i for i in differ if others[i] is not _NO_ENTRY]
 
 
 def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:

@@ -210,6 +210,12 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     )
 
 
+def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
+    """``ts.by_step`` as a plain dict (looked up at C speed by rules that compare whole histories)."""
+    by_step = ts.by_step
+    return by_step.merged() if isinstance(by_step, _MergedSteps) else dict(by_step)
+
+
 class _MergedSteps(Mapping[int, dict[str, Any]]):
     """log_history entries merged per integer step, built on first use: most trainer states are never asked
     (only the checkpoint another is compared with), and merging 10^5 entries is the costliest part of a view."""
@@ -219,6 +225,10 @@ class _MergedSteps(Mapping[int, dict[str, Any]]):
     def __init__(self, entries: tuple[dict[str, Any], ...]) -> None:
         self._entries = entries
         self._merged: dict[int, dict[str, Any]] | None = None
+
+    def merged(self) -> dict[int, dict[str, Any]]:
+        """The entries merged per step, as a dict (not to be changed)."""
+        return self._get()
 
     def _get(self) -> dict[int, dict[str, Any]]:
         if self._merged is None:
