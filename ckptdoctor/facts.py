@@ -98,7 +98,9 @@ def version_tuple(version: object) -> tuple[int, int] | None:
 SHARD_RE = trainer_view.SHARD_RE
 
 
-def shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:
+def shard_contents(
+    ck: Checkpoint, idx: FileFacts, wm: dict[str, str]
+) -> tuple[dict[str, tuple[TensorInfo, ...]], bool]:
     """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
     and whether every one of them was readable."""
     suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
@@ -107,14 +109,14 @@ def shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[
         for f in ck.files
         if "/" not in ck.relname(f) and SHARD_RE.match(f.name) and f.name.endswith(suffix)
     }
-    content: dict[str, list[TensorInfo]] = {}
+    content: dict[str, tuple[TensorInfo, ...]] = {}
     complete = True
     for shard in sorted(set(wm.values()) | on_disk):
         ts = trainer_view.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
             continue
-        content[shard] = list(ts)
+        content[shard] = ts  # the header's own tuple: alike checkpoints share it (``trainer_view.per_parts``)
     return content, complete
 
 
@@ -128,10 +130,15 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
         return None
     content, complete = shard_contents(ck, idx, wm)
-    out = tuple(t for ts in content.values() for t in ts)
-    if not complete or len({t.name for t in out}) != len(out):
-        return None
-    return out
+    return _disjoint_union(tuple(content.values())) if complete else None
+
+
+@trainer_view.per_parts
+def _disjoint_union(shards: tuple[tuple[TensorInfo, ...], ...]) -> tuple[TensorInfo, ...] | None:
+    """The tensors of ``shards`` in order, or None when a name is in two of them (one tuple for a run's alike
+    checkpoints)."""
+    out = tuple(t for ts in shards for t in ts)
+    return out if len({t.name for t in out}) == len(out) else None
 
 
 def is_lora_b(name: str) -> bool:

@@ -65,7 +65,7 @@ def scheduler_file(ck: Checkpoint) -> FileFacts | None:
 _T = TypeVar("_T")
 _K = TypeVar("_K")
 _CACHE_SIZE = 4096
-_CACHES: list[dict[int, Any]] = []  # every ``per_object`` cache, for ``forget``
+_CACHES: list[dict[Any, Any]] = []  # every ``per_object`` and ``per_parts`` cache, for ``forget``
 
 
 def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
@@ -82,6 +82,28 @@ def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
             cache.clear()
         result = fn(x)
         cache[id(x)] = (x, result)
+        return result
+
+    return memo
+
+
+def per_parts(fn: Callable[[tuple[Any, ...]], _T]) -> Callable[[tuple[Any, ...]], _T]:
+    """Memoise ``fn`` of a tuple by the identities of its items: a run's checkpoints hand the same objects (a
+    shard's tensors, an index's weight map) to a view built anew for each checkpoint when their files are alike
+    (the readers share equal headers, and the verdict cache decodes equal values as one object). The cache is
+    bounded and holds each tuple, so the ids of its items stay unique."""
+    cache: dict[tuple[int, ...], tuple[tuple[Any, ...], _T]] = {}
+    _CACHES.append(cache)
+
+    def memo(parts: tuple[Any, ...]) -> _T:
+        key = tuple(map(id, parts))
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        result = fn(parts)
+        cache[key] = (parts, result)
         return result
 
     return memo
@@ -514,7 +536,13 @@ def weight_map(f: FileFacts) -> dict[str, str] | None:
     if not isinstance(f.content, JsonFacts) or not isinstance(f.content.value, dict):
         return None
     wm = f.content.value.get("weight_map")
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+    return _weight_map(wm) if isinstance(wm, dict) else None
+
+
+@per_object
+def _weight_map(wm: dict[Any, Any]) -> dict[str, str] | None:
+    # by the map's identity: a run's indexes are often one value (the readers and the verdict cache share them)
+    if not all(isinstance(v, str) for v in wm.values()):
         return None
     return {str(k): v for k, v in wm.items()}
 

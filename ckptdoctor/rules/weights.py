@@ -318,9 +318,19 @@ class _IndexCheck:
 
 def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _IndexCheck:
     """Mismatches between an index and its shards' headers, whether they lose tensors, and the rebuilt index."""
+    content, complete = shard_contents(ck, idx, wm)
+    # a pure function of the index's map and value and of the shards' names and headers: the checkpoints of a run
+    # hand the same objects when their files are alike, and are checked once
+    return _index_check((wm, idx.content, complete, *content, *content.values()))
+
+
+@trainer_view.per_parts
+def _index_check(parts: tuple[Any, ...]) -> _IndexCheck:
+    wm, idx_content, complete = parts[:3]
+    shard_names = parts[3 : 3 + (len(parts) - 3) // 2]
+    content: dict[str, tuple[TensorInfo, ...]] = dict(zip(shard_names, parts[3 + len(shard_names) :], strict=True))
     problems: list[str] = []
     shards = set(wm.values())
-    content, complete = shard_contents(ck, idx, wm)
     names_in = {shard: {t.name for t in tensors} for shard, tensors in content.items()}
     # The loaders (load_sharded_checkpoint, from_pretrained, accelerate) read every tensor of every shard the index
     # names, whatever the entries say: only a tensor outside those shards is never loaded.
@@ -341,7 +351,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
         if shard not in shards:
             problems.append(f"`{shard}` is on disk but no index entry references it")
             lossy = lossy or any(t.name not in loaded for t in tensors)
-    value: Any = idx.content.value if isinstance(idx.content, JsonFacts) else None
+    value: Any = idx_content.value if isinstance(idx_content, JsonFacts) else None
     meta = value.get("metadata") if isinstance(value, dict) else None
     declared = meta.get("total_size") if isinstance(meta, dict) else None
     if complete and all(s in content for s in shards):
