@@ -587,6 +587,7 @@ def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
     return frozenset(out)
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def is_fsdp(ck: Checkpoint) -> bool:
     """transformers' ``is_fsdp_ckpt``: a sub-folder whose name contains ``pytorch_model_fsdp``, or that file."""
     for f in ck.files:
@@ -599,6 +600,7 @@ def is_fsdp(ck: Checkpoint) -> bool:
     return False
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def is_deepspeed(ck: Checkpoint) -> bool:
     """A DeepSpeed checkpoint: a ``global_step*/`` folder, or a tag folder of any name holding DeepSpeed's model or
     optimizer states (``discover.is_deepspeed_tag``)."""
@@ -609,6 +611,7 @@ def is_deepspeed(ck: Checkpoint) -> bool:
     return False
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
     """Sub-folders holding adapter weights (extra named adapters), as transformers detects them."""
     out = set()

@@ -13,7 +13,8 @@ child: base64 text), ``c`` complex (real and imaginary parts), ``@Name`` a model
 ``%Name`` an enum member (its value), ``z`` a tuple of pairs (two children: the tuple of first items and the tuple
 of second items); ``T`` and ``L`` are a tuple or list of scalars only, held inline (the node's items are the values
 themselves, not indices), and a JSON object is a dict of scalars under string keys (a log entry: ``json.loads``
-builds it, and decoding takes it as it is). Equal values are one node
+builds it, and decoding takes it as it is); ``I`` and ``J`` are a tuple or list of 64 or more integers of 64 bits
+(one child: the base64 text of their little-endian 8-byte values, a checkpoint's RNG state). Equal values are one node
 (structural sharing, as the readers share log histories and zip entries): a run's checkpoints repeat the same tensor
 layouts, so a run's table holds each once, and decoding builds each once.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import binascii
 import enum
 import operator
+import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
@@ -321,9 +323,34 @@ def _inline(t: type[Any], v: Any) -> list[Any] | None:
         return node
     if not v or not _SCALAR_TYPES.issuperset(map(type, v)):
         return None
+    if len(v) >= _PACK_MIN and _INT_ONLY.issuperset(map(type, v)):
+        try:
+            packed = struct.pack(f"<{len(v)}q", *v)
+        except struct.error:  # an integer past 64 bits: held as JSON numbers
+            pass
+        else:
+            return ["I" if t is tuple else "J", binascii.b2a_base64(packed, newline=False).decode("ascii")]
     node = ["T" if t is tuple else "L"]
     node.extend(v)
     return node
+
+
+# A tuple or list of at least this many integers, each of 64 bits, is packed: ``I`` (a tuple) or ``J`` (a list)
+# holds the base64 text of their little-endian 8-byte values (a checkpoint's RNG state is 625 of them: one string
+# for json.loads to scan instead of 625 numbers to parse)
+_PACK_MIN = 64
+_PACKED = frozenset({"I", "J"})
+
+
+def _unpacked(node: list[Any]) -> tuple[int, ...] | list[int]:
+    """The tuple or list of a packed node (``_PACKED``)."""
+    if len(node) != 2:
+        raise CodecError("a packed node holds one base64 text")
+    raw = _bytes(node[1:])
+    if len(raw) % 8:
+        raise CodecError("a packed node's bytes are not 8-byte integers")
+    values = struct.unpack(f"<{len(raw) // 8}q", raw)
+    return values if node[0] == "I" else list(values)
 
 
 _TUPLE_ONLY = frozenset({tuple})
@@ -342,6 +369,10 @@ _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 def _strs(items: Iterable[Any]) -> bool:
     return _STR_ONLY.issuperset(map(type, items))  # at C speed
 
+
+_NODE_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
+# ``@Name`` -> the class and its number of fields (the decoder builds these nodes without a call to ``_build``)
+_MODEL_TAGS: dict[str, tuple[type[Any], int]] = {f"@{name}": (cls, len(_FIELDS[cls])) for name, cls in _CLASSES.items()}
 
 _TAGS: dict[type[Any], str] = {
     tuple: "t", list: "l", dict: "d", set: "s", frozenset: "f", bytes: "b", complex: "c"
@@ -410,33 +441,39 @@ class Decoder:
     def __init__(self, nodes: Any) -> None:
         if type(nodes) is not list:
             raise CodecError("a table is a list")
-        out: list[Any] = []
-        append, get = out.append, out.__getitem__
-        # A warm rescan decodes a run's whole table (10^4 nodes): each node's children are checked and fetched at C
-        # speed (``map``, ``min``, ``max``), and a log entry (a JSON object) is taken as ``json.loads`` built it.
-        for node in nodes:
-            t = node.__class__
-            if t is list:
-                if not node or node[0].__class__ is not str:
-                    raise CodecError("a node list starts with its tag")
-                tag = node[0]
-                if tag in _INLINE_READ:
-                    append(_inline_value(node))
-                    continue
-                kids = node[1:]
-                if kids and (
-                    not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= len(out)
-                ):
-                    raise CodecError("a child is the index of an earlier node")
-                append(_build(tag, list(map(get, kids))))
-            elif t is dict:
-                if not _SCALAR_TYPES.issuperset(map(type, node.values())):
-                    raise CodecError("an inline dict holds scalars only")
-                append(node)
-            elif t in _SCALAR_TYPES:
-                append(node)
+        # A warm rescan decodes a run's whole table (10^4 nodes), so what can be is done at C speed: the nodes'
+        # types are checked at once, scalars and log entries (JSON objects, as ``json.loads`` built them) are their
+        # own values, and only the list nodes are built, one by one, their children checked and fetched by ``map``.
+        types = list(map(type, nodes))
+        if not _NODE_TYPES.issuperset(types):
+            raise CodecError("a node is a scalar, a list or an object of scalars")
+        dicts = compress(nodes, map(operator.is_, types, repeat(dict)))
+        if not _SCALAR_TYPES.issuperset(map(type, chain.from_iterable(map(dict.values, dicts)))):
+            raise CodecError("an inline dict holds scalars only")
+        out = list(nodes)
+        get = out.__getitem__
+        for i in compress(range(len(types)), map(operator.is_, types, repeat(list))):
+            node = nodes[i]
+            if not node or node[0].__class__ is not str:
+                raise CodecError("a node list starts with its tag")
+            tag = node[0]
+            if tag in _INLINE_READ:
+                out[i] = _inline_value(node)
+                continue
+            if tag in _PACKED:
+                out[i] = _unpacked(node)
+                continue
+            kids = node[1:]
+            if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= i):
+                raise CodecError("a child is the index of an earlier node")
+            values = list(map(get, kids))
+            model = _MODEL_TAGS.get(tag)
+            if model is None:
+                out[i] = _build(tag, values)
+            elif len(values) != model[1]:
+                raise CodecError(f"no model value {tag[1:]!r} with {len(values)} fields")
             else:
-                raise CodecError("a node is a scalar, a list or an object of scalars")
+                out[i] = model[0](*values)
         self.values = out
 
     def value(self, index: Any, kind: type[Any] | None = None) -> Any:

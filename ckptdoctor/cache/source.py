@@ -42,7 +42,7 @@ __all__ = ["FactsCache"]
 
 _V = TypeVar("_V")
 
-FORMAT = 3  # 2: inline scalar containers and z pairs; 3: inline dicts as JSON objects (``cache.codec``)
+FORMAT = 3  # 2: inline scalar containers, z pairs; 3: inline dicts as JSON objects, packed integers (``cache.codec``)
 # A file whose metadata changed this recently before the scan began may still be being written, within one tick of
 # its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
 # index entry as "racily clean").

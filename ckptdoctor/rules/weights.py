@@ -628,15 +628,34 @@ def _config(ck: Checkpoint) -> dict[str, Any] | None:
     return None
 
 
-def _all_weight_tensors(ck: Checkpoint) -> list[TensorInfo]:
-    """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too)."""
+def _all_weight_tensors(ck: Checkpoint) -> tuple[tuple[TensorInfo, ...], ...]:
+    """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too), file by file."""
     names = _MINDNLP_WEIGHT_FILES if trainer_view.is_mindnlp(ck) else trainer_view.FULL_WEIGHT_FILES
-    out: list[TensorInfo] = []
+    out: list[tuple[TensorInfo, ...]] = []
     for f in ck.files:
         rel = ck.relname(f)
         if rel in names or (SHARD_RE.match(rel) is not None):
-            out.extend(trainer_view.tensors_of(f) or ())
-    return out
+            out.append(trainer_view.tensors_of(f) or ())
+    return tuple(out)
+
+
+@trainer_view.per_parts
+def _config_problems(parts: tuple[Any, ...]) -> list[str]:
+    """What ``config.json``'s value (``parts[0]``) says against the tensors of the weight files (the rest), in
+    CKD208's words: once for a run's checkpoints that hold alike config and headers (the same objects)."""
+    cfg = parts[0]
+    tensors = [t for ts in parts[1:] for t in ts]
+    problems: list[str] = []
+    embeds = [t for t in tensors if _is_embedding(t.name) and len(t.shape) == 2]
+    if embeds:
+        e = embeds[0]
+        vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
+        if isinstance(vocab, int) and vocab != e.shape[0]:
+            problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
+        if isinstance(hidden, int) and hidden != e.shape[1]:
+            problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
+    problems.extend(_layer_count_problems(cfg, tensors))
+    return problems
 
 
 @rule("CKD208", "config-shape-mismatch", Severity.WARNING)
@@ -665,21 +684,12 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         cfg = _config(ck)
-        tensors = _all_weight_tensors(ck)
-        if cfg is None or not tensors:
+        files = _all_weight_tensors(ck)
+        if cfg is None or not any(files):
             continue
         cfg_path = ck.file("config.json")
         assert cfg_path is not None
-        problems: list[str] = []
-        embeds = [t for t in tensors if _is_embedding(t.name) and len(t.shape) == 2]
-        if embeds:
-            e = embeds[0]
-            vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
-            if isinstance(vocab, int) and vocab != e.shape[0]:
-                problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
-            if isinstance(hidden, int) and hidden != e.shape[1]:
-                problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
-        problems.extend(_layer_count_problems(cfg, tensors))
+        problems = _config_problems((cfg, *files))
         if problems:
             yield Hit(cfg_path.path, "; ".join(problems))
 
