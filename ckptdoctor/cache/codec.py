@@ -14,7 +14,7 @@ child: base64 text), ``c`` complex (real and imaginary parts), ``@Name`` a model
 of second items); ``T`` and ``L`` are a tuple or list of scalars only, held inline (the node's items are the values
 themselves, not indices), and a JSON object is a dict of scalars under string keys (a log entry: ``json.loads``
 builds it, and decoding takes it as it is); ``I`` and ``J`` are a tuple or list of 64 or more integers of 64 bits
-(one child: the base64 text of their little-endian 8-byte values, a checkpoint's RNG state). Equal values are one node
+(one child: the hex text of their little-endian 8-byte values, a checkpoint's RNG state). Equal values are one node
 (structural sharing, as the readers share log histories and zip entries): a run's checkpoints repeat the same tensor
 layouts, so a run's table holds each once, and decoding builds each once.
 """
@@ -329,24 +329,28 @@ def _inline(t: type[Any], v: Any) -> list[Any] | None:
         except struct.error:  # an integer past 64 bits: held as JSON numbers
             pass
         else:
-            return ["I" if t is tuple else "J", binascii.b2a_base64(packed, newline=False).decode("ascii")]
+            return ["I" if t is tuple else "J", packed.hex()]
     node = ["T" if t is tuple else "L"]
     node.extend(v)
     return node
 
 
 # A tuple or list of at least this many integers, each of 64 bits, is packed: ``I`` (a tuple) or ``J`` (a list)
-# holds the base64 text of their little-endian 8-byte values (a checkpoint's RNG state is 625 of them: one string
-# for json.loads to scan instead of 625 numbers to parse)
+# holds the hex text of their little-endian 8-byte values (a checkpoint's RNG state is 625 of them: one string for
+# json.loads to scan instead of 625 numbers to parse; hex, as ``bytes.fromhex`` reads it three times faster than
+# base64 is decoded)
 _PACK_MIN = 64
 _PACKED = frozenset({"I", "J"})
 
 
 def _unpacked(node: list[Any]) -> tuple[int, ...] | list[int]:
     """The tuple or list of a packed node (``_PACKED``)."""
-    if len(node) != 2:
-        raise CodecError("a packed node holds one base64 text")
-    raw = _bytes(node[1:])
+    if len(node) != 2 or node[1].__class__ is not str:
+        raise CodecError("a packed node holds one hex text")
+    try:
+        raw = bytes.fromhex(node[1])
+    except ValueError:
+        raise CodecError("a packed node whose text is not hex") from None
     if len(raw) % 8:
         raise CodecError("a packed node's bytes are not 8-byte integers")
     values = struct.unpack(f"<{len(raw) // 8}q", raw)

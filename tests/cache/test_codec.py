@@ -56,7 +56,7 @@ def test_containers_of_scalars_held_inline_stay_apart() -> None:
 
 
 def test_long_runs_of_integers_are_packed() -> None:
-    """A tuple or list of 64 or more 64-bit integers (an RNG state) is one base64 text; one past 64 bits, a bool
+    """A tuple or list of 64 or more 64-bit integers (an RNG state) is one hex text; one past 64 bits, a bool
     among them or a float keeps it JSON numbers; all come back as they were."""
     rng = (*range(2**31, 2**31 + 625), -(2**63), 2**63 - 1)
     values = [rng, list(rng), (*range(63), 2**63), (*range(70), True), (*range(70), 1.0), tuple(range(63))]
@@ -128,11 +128,11 @@ def test_an_unknown_value_is_not_encoded() -> None:
         [{"a": [1]}],  # a JSON object (an inline dict) holding more than scalars
         [{"a": {"b": 1}}],
         [["D", "a", 1]],  # an inline dict is a JSON object, never a tagged list
-        [["I", "AAAA"]],  # packed integers of 3 bytes
-        [["I", "not base64!"]],
+        [["I", "000000"]],  # packed integers of 3 bytes
+        [["I", "not hex!"]],
         [["J", 0]],  # packed integers that are no text
         [["I"]],
-        [["I", "AAAAAAAAAAA=", "x"]],
+        [["I", "0000000000000000", "x"]],
         [["l", 0]],  # a self-reference
         [[], ["l+", 0]],
         ["x", ["l+", 0]],  # l+ of no list
