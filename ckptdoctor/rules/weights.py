@@ -172,10 +172,12 @@ def _unread_side_files(tree: Tree) -> dict[str, str]:
 def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
     """CKD202/CKD203: each problem of each file of ``family``; a warning with a quarantine of the file alone when no
     resume opens it, an error otherwise."""
-    unread = _unread_side_files(tree)
+    unread: dict[str, str] | None = None  # looked up once a file has something to report (most trees: never)
     for f in tree.all_files():
-        if _family(f) != family:
+        if not _may_report(f) or _family(f) != family:
             continue
+        if unread is None:
+            unread = _unread_side_files(tree)
         rel = unread.get(f.path)
         plan = None if rel is None else FixPlan(
             f"Quarantine `{f.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, f.path),)
@@ -185,6 +187,11 @@ def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
                 yield Hit(f.path, msg)
             else:
                 yield Hit(f.path, f"{msg} (no resume opens `{rel}`)", _UNREAD[0], plan)
+
+
+def _may_report(f: FileFacts) -> bool:
+    """Whether ``_problems`` may say anything of ``f`` (a clean file, the usual case, is passed over at once)."""
+    return bool(f.problems) or f.kind == FileKind.EMPTY
 
 
 def _problems(f: FileFacts) -> Iterator[str]:
@@ -769,7 +776,7 @@ def corrupt_json(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint` (config check); `TrainerState.save_to_json`.
     """
     for f in tree.all_files():
-        if _family(f) == "json" and f.name not in _JSON_OWNED:
+        if _may_report(f) and _family(f) == "json" and f.name not in _JSON_OWNED:
             sev = Severity.ERROR if f.name == "config.json" or f.name.endswith(".index.json") else Severity.WARNING
             for msg in _problems(f):
                 yield Hit(f.path, msg, sev)
