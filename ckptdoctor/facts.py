@@ -102,7 +102,14 @@ def shard_contents(
     ck: Checkpoint, idx: FileFacts, wm: dict[str, str]
 ) -> tuple[dict[str, tuple[TensorInfo, ...]], bool]:
     """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
-    and whether every one of them was readable."""
+    and whether every one of them was readable (callers never change them)."""
+    return _shard_contents((ck, idx, wm))
+
+
+@trainer_view.per_parts
+def _shard_contents(parts: tuple[Any, ...]) -> tuple[dict[str, tuple[TensorInfo, ...]], bool]:
+    # once per checkpoint and index: CKD205 and the optimizer's comparison (CKD405) both ask
+    ck, idx, wm = parts
     suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
     on_disk = {
         ck.relname(f)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
+    FILE_INDEXES,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -116,6 +117,7 @@ def forget() -> None:
     rendered, since each cache holds its arguments (a run's facts, its parsed log histories) until it fills."""
     for cache in _CACHES:
         cache.clear()
+    FILE_INDEXES.clear()
 
 
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
@@ -428,11 +430,17 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
         for g in raw_groups:
             if isinstance(g, dict):
                 params = g.get("params")
-                idx = tuple(p for p in params if isinstance(p, int)) if isinstance(params, list) else ()
+                idx = _param_ids(params) if isinstance(params, list) else ()
                 groups.append(ParamGroupView(_num(g.get("lr")), _num(g.get("initial_lr")), idx))
     raw_state = d.get("state")
     shapes, steps = _state_shapes(raw_state) if isinstance(raw_state, dict) else ({}, {})
     return OptimizerView(tuple(groups), shapes, steps)
+
+
+@per_object
+def _param_ids(params: list[Any]) -> tuple[int, ...]:
+    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``)
+    return tuple(p for p in params if isinstance(p, int))
 
 
 @per_object
