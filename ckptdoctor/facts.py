@@ -268,7 +268,7 @@ _COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
 @trainer_view.per_object
 def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
     """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
-    if not set(map(type, log)) <= {dict}:
+    if not trainer_view.plain_dicts(log):
         return None
     return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
 

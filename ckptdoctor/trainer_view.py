@@ -217,7 +217,8 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     history: tuple[dict[str, Any], ...] = ()
     if isinstance(hist, list):
         # A long run logs 10^4-10^5 entries per checkpoint: check their types at C speed when all are plain dicts.
-        history = tuple(hist) if set(map(type, hist)) <= {dict} else tuple(e for e in hist if isinstance(e, dict))
+        plain = plain_dicts(hist)
+        history = tuple(hist) if plain else tuple(e for e in hist if isinstance(e, dict))
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
         global_step=integer(value.get("global_step")),
@@ -240,7 +241,7 @@ def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, 
     """``_MergedSteps``' dict built at C speed when every entry is a plain dict with a plain integer step (what the
     Trainer writes): a copy of each entry under its step, and the entries of a step logged more than once (a train
     and an eval log) merged in order; None otherwise (then the entries are merged one by one)."""
-    if not _DICT_ONLY.issuperset(map(type, entries)):
+    if not plain_dicts(entries):
         return None
     found: list[Any] = list(map(dict.get, entries, itertools.repeat("step")))
     if not _INT_ONLY.issuperset(map(type, found)):
@@ -258,6 +259,11 @@ def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, 
 
 _DICT_ONLY = frozenset({dict})
 _INT_ONLY = frozenset({int})
+
+
+def plain_dicts(items: Iterable[Any]) -> bool:
+    """Whether every item is a ``dict`` itself (no subclass), checked at C speed (a log_history of 10^4 entries)."""
+    return _DICT_ONLY.issuperset(map(type, items))
 
 
 def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
