@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
@@ -195,8 +196,24 @@ class TrainerStateView:
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
+        log = self.log_history
+        if plain_dicts(log):
+            # at C speed for what JSON gives (plain dicts of plain values): the entries whose step is an integer and
+            # whose learning_rate is a number (no bool), as ``integer`` and ``_num`` take them one by one below
+            steps: list[Any] = list(map(dict.get, log, itertools.repeat("step")))
+            rates: list[Any] = list(map(dict.get, log, itertools.repeat("learning_rate")))
+            if _JSON_SCALARS.issuperset(map(type, steps)) and _JSON_SCALARS.issuperset(map(type, rates)):
+                kept = map(
+                    operator.and_,
+                    map(operator.is_, map(type, steps), itertools.repeat(int)),
+                    map(_NUMBERS.__contains__, map(type, rates)),
+                )
+                return [
+                    (step, lr if lr.__class__ is float else cast(float, _num(lr)))
+                    for step, lr in itertools.compress(zip(steps, rates, strict=True), kept)
+                ]
         out: list[tuple[int, float]] = []
-        for entry in self.log_history:
+        for entry in log:
             step, lr = integer(entry.get("step")), _num(entry.get("learning_rate"))
             if step is not None and lr is not None:
                 out.append((step, lr))
@@ -259,6 +276,8 @@ def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, 
 
 _DICT_ONLY = frozenset({dict})
 _INT_ONLY = frozenset({int})
+_JSON_SCALARS = frozenset({int, float, bool, str, type(None)})
+_NUMBERS = frozenset({int, float})
 
 
 def plain_dicts(items: Iterable[Any]) -> bool:

@@ -548,6 +548,21 @@ def test_merged_steps_are_unchanged(log: list[dict[str, Any]]) -> None:
     assert repr(trainer_view.merged_steps(ts)) == repr(old)
 
 
+@settings(max_examples=300, deadline=None)
+@given(log=st.lists(_ENTRY, max_size=9))
+def test_learning_rates_are_unchanged(log: list[dict[str, Any]]) -> None:
+    """``TrainerStateView.learning_rates`` read at C speed (plain JSON values) gives what the entry-by-entry loop
+    gave (an integer step, a number that is no bool; an integer past float range an infinity)."""
+    ts = _view(log)
+    old = [
+        (step, lr)
+        for e in ts.log_history
+        if (step := trainer_view.integer(e.get("step"))) is not None
+        and (lr := trainer_view.number(e.get("learning_rate"))) is not None
+    ]
+    assert repr(ts.learning_rates()) == repr(old)
+
+
 def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
