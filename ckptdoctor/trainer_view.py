@@ -119,6 +119,7 @@ def forget() -> None:
     for cache in _CACHES:
         cache.clear()
     FILE_INDEXES.clear()
+    _PLAIN_LOG[0] = []
 
 
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
@@ -234,8 +235,7 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     history: tuple[dict[str, Any], ...] = ()
     if isinstance(hist, list):
         # A long run logs 10^4-10^5 entries per checkpoint: check their types at C speed when all are plain dicts.
-        plain = plain_dicts(hist)
-        history = tuple(hist) if plain else tuple(e for e in hist if isinstance(e, dict))
+        history = tuple(hist) if _plain_log(hist) else tuple(e for e in hist if isinstance(e, dict))
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
         global_step=integer(value.get("global_step")),
@@ -289,6 +289,26 @@ def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
     """``ts.by_step`` as a plain dict (looked up at C speed by rules that compare whole histories)."""
     by_step = ts.by_step
     return by_step.merged() if isinstance(by_step, _MergedSteps) else dict(by_step)
+
+
+# The longest log_history found to hold plain dicts only, since the last ``forget``: a run's checkpoints log the
+# same entries (the very objects, when the readers or the verdict cache share them), each history a prefix of the
+# next, so a history that is a prefix of it, or starts with it, has its types checked by identity, not one by one.
+_PLAIN_LOG: list[list[Any]] = [[]]
+
+
+def _plain_log(hist: list[Any]) -> bool:
+    """Whether every entry of ``hist`` is a plain dict (``plain_dicts``), looked up in ``_PLAIN_LOG`` first."""
+    known = _PLAIN_LOG[0]
+    n = len(known)
+    if len(hist) <= n:
+        if known[: len(hist)] == hist:  # identical entries compare at C speed; a JSON non-dict never equals a dict
+            return True
+        return plain_dicts(hist)
+    if not (hist[:n] == known and plain_dicts(itertools.islice(hist, n, None))) and not plain_dicts(hist):
+        return False
+    _PLAIN_LOG[0] = hist
+    return True
 
 
 class _MergedSteps(Mapping[int, dict[str, Any]]):

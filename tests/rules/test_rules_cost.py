@@ -563,6 +563,19 @@ def test_learning_rates_are_unchanged(log: list[dict[str, Any]]) -> None:
     assert repr(ts.learning_rates()) == repr(old)
 
 
+def test_histories_sharing_entries_are_read_alike() -> None:
+    """A log_history that is a prefix of, or extends, one already read (the same entry objects, as a run's
+    checkpoints share them) is checked by identity; a non-dict entry is still dropped wherever it sits."""
+    trainer_view.forget()
+    entries: list[Any] = [{"step": i, "loss": 1.0 / (i + 1)} for i in range(40)]
+    logs = [entries[:30], entries[:10], entries, [*entries, 5, {"step": 40}], [*entries[:20], "x"], entries[:40]]
+    for i, log in enumerate(logs):
+        want = tuple(e for e in log if isinstance(e, dict))
+        assert _view(list(log)).log_history == want
+        if i == 3:
+            trainer_view.forget()  # a run judged: the next starts with nothing known
+
+
 def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
