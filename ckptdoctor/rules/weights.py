@@ -1015,6 +1015,9 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
                       + (f" and {len(d.corrupt) - _EXAMPLES} more" if len(d.corrupt) > _EXAMPLES else ""))
 
 
+_UNSUPPORTED_SUFFIXES = tuple(suffix for suffix, _ in UNSUPPORTED_FORMATS)
+
+
 @rule("CKD216", "unsupported-checkpoint-format", Severity.INFO)
 def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """A file that looks like a checkpoint in a format ckptdoctor does not read, so nothing in it was checked.
@@ -1046,10 +1049,9 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """
     for f in tree.all_files():
         lower = f.name.lower()
-        for suffix, what in UNSUPPORTED_FORMATS:
-            if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
-                yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
-                break
+        if lower.endswith(_UNSUPPORTED_SUFFIXES) and f.kind is not FileKind.EMPTY:  # one look for all the suffixes
+            what = next(what for suffix, what in UNSUPPORTED_FORMATS if lower.endswith(suffix))
+            yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
         else:
             if f.kind is FileKind.ARCHIVE and _family(f) != "torch":
                 for p in f.problems:
