@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 import posixpath
 import re
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
@@ -97,23 +98,32 @@ def version_tuple(version: object) -> tuple[int, int] | None:
 SHARD_RE = trainer_view.SHARD_RE
 
 
-def shard_contents(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> tuple[dict[str, list[TensorInfo]], bool]:
+def shard_contents(
+    ck: Checkpoint, idx: FileFacts, wm: dict[str, str]
+) -> tuple[dict[str, tuple[TensorInfo, ...]], bool]:
     """The tensors of every shard the index names or that sits beside it in the index's format (their own headers),
-    and whether every one of them was readable."""
+    and whether every one of them was readable (callers never change them)."""
+    return _shard_contents((ck, idx, wm))
+
+
+@trainer_view.per_parts
+def _shard_contents(parts: tuple[Any, ...]) -> tuple[dict[str, tuple[TensorInfo, ...]], bool]:
+    # once per checkpoint and index: CKD205 and the optimizer's comparison (CKD405) both ask
+    ck, idx, wm = parts
     suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
     on_disk = {
         ck.relname(f)
         for f in ck.files
         if "/" not in ck.relname(f) and SHARD_RE.match(f.name) and f.name.endswith(suffix)
     }
-    content: dict[str, list[TensorInfo]] = {}
+    content: dict[str, tuple[TensorInfo, ...]] = {}
     complete = True
     for shard in sorted(set(wm.values()) | on_disk):
         ts = trainer_view.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
             continue
-        content[shard] = list(ts)
+        content[shard] = ts  # the header's own tuple: alike checkpoints share it (``trainer_view.per_parts``)
     return content, complete
 
 
@@ -127,10 +137,15 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
         return None
     content, complete = shard_contents(ck, idx, wm)
-    out = tuple(t for ts in content.values() for t in ts)
-    if not complete or len({t.name for t in out}) != len(out):
-        return None
-    return out
+    return _disjoint_union(tuple(content.values())) if complete else None
+
+
+@trainer_view.per_parts
+def _disjoint_union(shards: tuple[tuple[TensorInfo, ...], ...]) -> tuple[TensorInfo, ...] | None:
+    """The tensors of ``shards`` in order, or None when a name is in two of them (one tuple for a run's alike
+    checkpoints)."""
+    out = tuple(t for ts in shards for t in ts)
+    return out if len({t.name for t in out}) == len(out) else None
 
 
 def is_lora_b(name: str) -> bool:
@@ -253,7 +268,7 @@ _COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
 @trainer_view.per_object
 def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
     """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
-    if not set(map(type, log)) <= {dict}:
+    if not trainer_view.plain_dicts(log):
         return None
     return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
 
@@ -267,9 +282,12 @@ _PLAIN_STEPS = frozenset({int, bool, str, type(None)})
 def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
     ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
-    out: list[int] = []
     by_step = ts.by_step
-    for i, e in enumerate(ts.log_history):
+    unlike = _unlike_their_step(ts)
+    candidates: Iterable[int] = range(len(ts.log_history)) if unlike is None else unlike
+    out: list[int] = []
+    for i in candidates:
+        e = ts.log_history[i]
         if type(e.get("step")) not in _PLAIN_STEPS:
             out.append(i)
             continue
@@ -280,6 +298,35 @@ def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
         if why is not None:
             out.append(i)
     return tuple(out)
+
+
+_NO_ENTRY: dict[str, Any] = {}
+
+
+def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
+    """The positions in ``ts``'s log_history whose loss or learning_rate is not equal (``==``) to its step's merged
+    entry's, found at C speed: only those can diverge in ``_entry_divergence`` (which compares values that are not
+    equal). None when the quick look does not apply (entries that are not plain dicts, steps that are neither
+    integers, text nor null): then every entry is looked at."""
+    columns = _columns(ts.log_history)
+    if columns is None:
+        return None
+    steps, losses, rates = columns
+    if not _PLAIN_STEPS.issuperset(map(type, steps)):
+        return None
+    # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
+    # its integer's entry, as ``in`` does in ``_entry_divergence``)
+    others = list(map(trainer_view.merged_steps(ts).get, steps, itertools.repeat(_NO_ENTRY)))
+    try:
+        same = map(
+            operator.and_,
+            map(operator.eq, losses, map(dict.get, others, itertools.repeat("loss"))),
+            map(operator.eq, rates, map(dict.get, others, itertools.repeat("learning_rate"))),
+        )
+        differ = list(itertools.compress(range(len(steps)), map(operator.not_, same)))
+    except RecursionError:  # values nested deeper than ``==`` may recurse: every entry is looked at
+        return None
+    return [i for i in differ if others[i] is not _NO_ENTRY]
 
 
 def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:

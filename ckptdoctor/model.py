@@ -718,6 +718,12 @@ class DeepSpeedTag:
     model_states: tuple[str, ...] = ()
 
 
+# id(checkpoint) -> (the checkpoint, its files by path inside it): ``Checkpoint.file``'s index, bounded, and emptied
+# with the rules' views once a run is judged (``trainer_view.forget``): it holds the checkpoints it indexes
+FILE_INDEXES: dict[int, tuple[Checkpoint, dict[str, FileFacts]]] = {}
+_FILE_INDEXES_MAX = 1024
+
+
 @frozen
 class Checkpoint:
     """A folder of training state. ``files`` holds every file under it (recursively), paths relative to the root."""
@@ -734,11 +740,20 @@ class Checkpoint:
 
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
-        want = relname if self.path in ("", ".") else f"{self.path}/{relname}"
-        for f in self.files:
-            if f.path == want:
-                return f
-        return None
+        # Rules ask each checkpoint for its files dozens of times: its files by name are kept (``FILE_INDEXES``)
+        hit = FILE_INDEXES.get(id(self))
+        if hit is None or hit[0] is not self:
+            if len(FILE_INDEXES) >= _FILE_INDEXES_MAX:
+                FILE_INDEXES.clear()
+            whole = self.path in ("", ".")
+            cut = 0 if whole else len(self.path) + 1
+            prefix = "" if whole else f"{self.path}/"
+            by_name: dict[str, FileFacts] = {}
+            for f in self.files:
+                if f.path.startswith(prefix):
+                    by_name.setdefault(f.path[cut:], f)  # the first of a path, as a walk of ``files`` finds it
+            hit = FILE_INDEXES[id(self)] = (self, by_name)
+        return hit[1].get(relname)
 
     def relname(self, f: FileFacts) -> str:
         """``f``'s path relative to this checkpoint folder."""

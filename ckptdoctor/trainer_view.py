@@ -8,13 +8,17 @@ so rules, reports and the gate share one reading of each file.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
+    FILE_INDEXES,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -65,7 +69,7 @@ def scheduler_file(ck: Checkpoint) -> FileFacts | None:
 _T = TypeVar("_T")
 _K = TypeVar("_K")
 _CACHE_SIZE = 4096
-_CACHES: list[dict[int, Any]] = []  # every ``per_object`` cache, for ``forget``
+_CACHES: list[dict[Any, Any]] = []  # every ``per_object`` and ``per_parts`` cache, for ``forget``
 
 
 def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
@@ -87,11 +91,35 @@ def per_object(fn: Callable[[_K], _T]) -> Callable[[_K], _T]:
     return memo
 
 
+def per_parts(fn: Callable[[tuple[Any, ...]], _T]) -> Callable[[tuple[Any, ...]], _T]:
+    """Memoise ``fn`` of a tuple by the identities of its items: a run's checkpoints hand the same objects (a
+    shard's tensors, an index's weight map) to a view built anew for each checkpoint when their files are alike
+    (the readers share equal headers, and the verdict cache decodes equal values as one object). The cache is
+    bounded and holds each tuple, so the ids of its items stay unique."""
+    cache: dict[tuple[int, ...], tuple[tuple[Any, ...], _T]] = {}
+    _CACHES.append(cache)
+
+    def memo(parts: tuple[Any, ...]) -> _T:
+        key = tuple(map(id, parts))
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        result = fn(parts)
+        cache[key] = (parts, result)
+        return result
+
+    return memo
+
+
 def forget() -> None:
     """Empty every ``per_object`` cache: a scan that judges one run at a time calls it once a run is judged and
     rendered, since each cache holds its arguments (a run's facts, its parsed log histories) until it fills."""
     for cache in _CACHES:
         cache.clear()
+    FILE_INDEXES.clear()
+    _PLAIN_LOG[0] = []
 
 
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
@@ -169,8 +197,24 @@ class TrainerStateView:
 
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
+        log = self.log_history
+        if plain_dicts(log):
+            # at C speed for what JSON gives (plain dicts of plain values): the entries whose step is an integer and
+            # whose learning_rate is a number (no bool), as ``integer`` and ``_num`` take them one by one below
+            steps: list[Any] = list(map(dict.get, log, itertools.repeat("step")))
+            rates: list[Any] = list(map(dict.get, log, itertools.repeat("learning_rate")))
+            if _JSON_SCALARS.issuperset(map(type, steps)) and _JSON_SCALARS.issuperset(map(type, rates)):
+                kept = map(
+                    operator.and_,
+                    map(operator.is_, map(type, steps), itertools.repeat(int)),
+                    map(_NUMBERS.__contains__, map(type, rates)),
+                )
+                return [
+                    (step, lr if lr.__class__ is float else cast(float, _num(lr)))
+                    for step, lr in itertools.compress(zip(steps, rates, strict=True), kept)
+                ]
         out: list[tuple[int, float]] = []
-        for entry in self.log_history:
+        for entry in log:
             step, lr = integer(entry.get("step")), _num(entry.get("learning_rate"))
             if step is not None and lr is not None:
                 out.append((step, lr))
@@ -191,7 +235,7 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     history: tuple[dict[str, Any], ...] = ()
     if isinstance(hist, list):
         # A long run logs 10^4-10^5 entries per checkpoint: check their types at C speed when all are plain dicts.
-        history = tuple(hist) if set(map(type, hist)) <= {dict} else tuple(e for e in hist if isinstance(e, dict))
+        history = tuple(hist) if _plain_log(hist) else tuple(e for e in hist if isinstance(e, dict))
     best = value.get("best_model_checkpoint")
     return TrainerStateView(
         global_step=integer(value.get("global_step")),
@@ -210,6 +254,63 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     )
 
 
+def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, Any]] | None:
+    """``_MergedSteps``' dict built at C speed when every entry is a plain dict with a plain integer step (what the
+    Trainer writes): a copy of each entry under its step, and the entries of a step logged more than once (a train
+    and an eval log) merged in order; None otherwise (then the entries are merged one by one)."""
+    if not plain_dicts(entries):
+        return None
+    found: list[Any] = list(map(dict.get, entries, itertools.repeat("step")))
+    if not _INT_ONLY.issuperset(map(type, found)):
+        return None
+    steps: list[int] = found
+    merged = dict(zip(steps, map(dict, entries), strict=True))  # each step where first logged, as ``setdefault`` does
+    if len(merged) < len(steps):
+        again = {step for step, n in Counter(steps).items() if n > 1}
+        for step in again:
+            merged[step] = {}
+        for i in itertools.compress(range(len(steps)), map(again.__contains__, steps)):
+            merged[steps[i]].update(entries[i])
+    return merged
+
+
+_DICT_ONLY = frozenset({dict})
+_INT_ONLY = frozenset({int})
+_JSON_SCALARS = frozenset({int, float, bool, str, type(None)})
+_NUMBERS = frozenset({int, float})
+
+
+def plain_dicts(items: Iterable[Any]) -> bool:
+    """Whether every item is a ``dict`` itself (no subclass), checked at C speed (a log_history of 10^4 entries)."""
+    return _DICT_ONLY.issuperset(map(type, items))
+
+
+def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
+    """``ts.by_step`` as a plain dict (looked up at C speed by rules that compare whole histories)."""
+    by_step = ts.by_step
+    return by_step.merged() if isinstance(by_step, _MergedSteps) else dict(by_step)
+
+
+# The longest log_history found to hold plain dicts only, since the last ``forget``: a run's checkpoints log the
+# same entries (the very objects, when the readers or the verdict cache share them), each history a prefix of the
+# next, so a history that is a prefix of it, or starts with it, has its types checked by identity, not one by one.
+_PLAIN_LOG: list[list[Any]] = [[]]
+
+
+def _plain_log(hist: list[Any]) -> bool:
+    """Whether every entry of ``hist`` is a plain dict (``plain_dicts``), looked up in ``_PLAIN_LOG`` first."""
+    known = _PLAIN_LOG[0]
+    n = len(known)
+    if len(hist) <= n:
+        if known[: len(hist)] == hist:  # identical entries compare at C speed; a JSON non-dict never equals a dict
+            return True
+        return plain_dicts(hist)
+    if not (hist[:n] == known and plain_dicts(itertools.islice(hist, n, None))) and not plain_dicts(hist):
+        return False
+    _PLAIN_LOG[0] = hist
+    return True
+
+
 class _MergedSteps(Mapping[int, dict[str, Any]]):
     """log_history entries merged per integer step, built on first use: most trainer states are never asked
     (only the checkpoint another is compared with), and merging 10^5 entries is the costliest part of a view."""
@@ -220,13 +321,19 @@ class _MergedSteps(Mapping[int, dict[str, Any]]):
         self._entries = entries
         self._merged: dict[int, dict[str, Any]] | None = None
 
+    def merged(self) -> dict[int, dict[str, Any]]:
+        """The entries merged per step, as a dict (not to be changed)."""
+        return self._get()
+
     def _get(self) -> dict[int, dict[str, Any]]:
         if self._merged is None:
-            merged: dict[int, dict[str, Any]] = {}
-            for e in self._entries:
-                step = e.get("step")
-                if isinstance(step, int) and not isinstance(step, bool):
-                    merged.setdefault(step, {}).update(e)
+            merged = _merged_quickly(self._entries)
+            if merged is None:
+                merged = {}
+                for e in self._entries:
+                    step = e.get("step")
+                    if isinstance(step, int) and not isinstance(step, bool):
+                        merged.setdefault(step, {}).update(e)
             self._merged = merged
         return self._merged
 
@@ -368,11 +475,17 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
         for g in raw_groups:
             if isinstance(g, dict):
                 params = g.get("params")
-                idx = tuple(p for p in params if isinstance(p, int)) if isinstance(params, list) else ()
+                idx = _param_ids(params) if isinstance(params, list) else ()
                 groups.append(ParamGroupView(_num(g.get("lr")), _num(g.get("initial_lr")), idx))
     raw_state = d.get("state")
     shapes, steps = _state_shapes(raw_state) if isinstance(raw_state, dict) else ({}, {})
     return OptimizerView(tuple(groups), shapes, steps)
+
+
+@per_object
+def _param_ids(params: list[Any]) -> tuple[int, ...]:
+    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``)
+    return tuple(p for p in params if isinstance(p, int))
 
 
 @per_object
@@ -504,7 +617,13 @@ def weight_map(f: FileFacts) -> dict[str, str] | None:
     if not isinstance(f.content, JsonFacts) or not isinstance(f.content.value, dict):
         return None
     wm = f.content.value.get("weight_map")
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+    return _weight_map(wm) if isinstance(wm, dict) else None
+
+
+@per_object
+def _weight_map(wm: dict[Any, Any]) -> dict[str, str] | None:
+    # by the map's identity: a run's indexes are often one value (the readers and the verdict cache share them)
+    if not all(isinstance(v, str) for v in wm.values()):
         return None
     return {str(k): v for k, v in wm.items()}
 
@@ -549,6 +668,7 @@ def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
     return frozenset(out)
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def is_fsdp(ck: Checkpoint) -> bool:
     """transformers' ``is_fsdp_ckpt``: a sub-folder whose name contains ``pytorch_model_fsdp``, or that file."""
     for f in ck.files:
@@ -561,6 +681,7 @@ def is_fsdp(ck: Checkpoint) -> bool:
     return False
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def is_deepspeed(ck: Checkpoint) -> bool:
     """A DeepSpeed checkpoint: a ``global_step*/`` folder, or a tag folder of any name holding DeepSpeed's model or
     optimizer states (``discover.is_deepspeed_tag``)."""
@@ -571,6 +692,7 @@ def is_deepspeed(ck: Checkpoint) -> bool:
     return False
 
 
+@per_object  # asked by several rules of every checkpoint; walks all its files
 def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
     """Sub-folders holding adapter weights (extra named adapters), as transformers detects them."""
     out = set()

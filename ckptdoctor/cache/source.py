@@ -42,7 +42,7 @@ __all__ = ["FactsCache"]
 
 _V = TypeVar("_V")
 
-FORMAT = 2  # 2: inline scalar containers and z pairs (``cache.codec``)
+FORMAT = 3  # 2: inline scalar containers, z pairs; 3: inline dicts as JSON objects, packed integers (``cache.codec``)
 # A file whose metadata changed this recently before the scan began may still be being written, within one tick of
 # its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
 # index entry as "racily clean").
@@ -177,13 +177,14 @@ class FactsCache:
                 segment.dirty = True
                 return None
             try:
-                facts = segment.decoder.value(stored.get("facts"), FileFacts)
+                facts: FileFacts = segment.decoder.value(stored.get("facts"), FileFacts)
             except CodecError:
                 segment.dirty = True
                 return None
             segment.stale -= 1
-            facts = dataclasses.replace(facts, path=rel)
-            assert isinstance(facts, FileFacts)
+            if facts.path != rel:  # stored under its path in the segment's folder (a root that is the run: the same)
+                facts = dataclasses.replace(facts, path=rel)
+                assert isinstance(facts, FileFacts)
             segment.live[key] = {**stored, "obj": facts}
             self._handed[rel] = (facts, seg, key)
             self.hits += 1

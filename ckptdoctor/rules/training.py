@@ -6,6 +6,7 @@ import itertools
 import posixpath
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ckptdoctor import key_layouts, trainer_view
 from ckptdoctor.facts import (
@@ -278,7 +279,6 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
 def _optimizer_against(opt: trainer_view.OptimizerView, branch: str, tensors: tuple[TensorInfo, ...],
                        layout: key_layouts.Conversion | None) -> str | None:
     """What disagrees between the optimizer state and ``tensors`` (seen in the writer's live ``layout``, if any)."""
-    fused = frozenset(layout.fused) if layout is not None else frozenset()
     live_count = layout.live_count if layout is not None else len(tensors)
     problems: list[str] = []
     count = opt.param_count
@@ -291,23 +291,37 @@ def _optimizer_against(opt: trainer_view.OptimizerView, branch: str, tensors: tu
             f"the optimizer holds {plural(count, 'parameter')} but the weights only {plural(live_count, 'tensor')}"
             + (f" (in the layout transformers {layout.release} trains `{layout.model}` in)" if layout else "")
         )
-    state_shapes = Counter(s["exp_avg"] for s in opt.state_shapes.values() if "exp_avg" in s)
+    # the state shapes and the tensors are often the very objects of the run's previous checkpoint (the readers and
+    # the verdict cache share alike values): compared once
+    shapes = _shapes_against((opt.state_shapes, branch, tensors, layout))
+    if shapes is not None:
+        problems.append(shapes)
+    return "; ".join(problems) or None
+
+
+@trainer_view.per_parts
+def _shapes_against(parts: tuple[Any, ...]) -> str | None:
+    """The optimizer states (``exp_avg`` shapes) no trainable tensor has the shape of, in ``_optimizer_against``'s
+    words; ``parts``: the optimizer view's state shapes, the branch, the tensors and the live layout (or None)."""
+    state_by_param, branch, tensors, layout = parts
+    fused = frozenset(layout.fused) if layout is not None else frozenset()
+    state_shapes = Counter(s["exp_avg"] for s in state_by_param.values() if "exp_avg" in s)
     available = Counter(t.shape for t in tensors if t.name not in fused)
     extra = state_shapes - available
     n_extra = sum(extra.values())
     unshaped = layout.fused_live if layout is not None else 0
-    if n_extra > unshaped:
-        unmatched = available - state_shapes
-        where = "the adapter has" if branch == "adapter" else "the weights have"
-        fused_note = "" if layout is None else (
-            f", more than the {plural(unshaped, 'tensor')} transformers {layout.release} fuses from "
-            f"{plural(len(fused), 'saved one')} for `{layout.model}` (their live shapes are not compared)")
-        problems.append(
-            f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
-            f"tensor has ({_shape_list(extra)}){fused_note}"
-            + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
-        )
-    return "; ".join(problems) or None
+    if n_extra <= unshaped:
+        return None
+    unmatched = available - state_shapes
+    where = "the adapter has" if branch == "adapter" else "the weights have"
+    fused_note = "" if layout is None else (
+        f", more than the {plural(unshaped, 'tensor')} transformers {layout.release} fuses from "
+        f"{plural(len(fused), 'saved one')} for `{layout.model}` (their live shapes are not compared)")
+    return (
+        f"{plural(n_extra, 'optimizer state')} {'has a shape' if n_extra == 1 else 'have shapes'} no trainable "
+        f"tensor has ({_shape_list(extra)}){fused_note}"
+        + (f"; {where} {_shape_list(unmatched)} instead" if unmatched else "")
+    )
 
 
 def _lora_layout(ck: Checkpoint) -> tuple[str, int | None] | None:

@@ -172,10 +172,12 @@ def _unread_side_files(tree: Tree) -> dict[str, str]:
 def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
     """CKD202/CKD203: each problem of each file of ``family``; a warning with a quarantine of the file alone when no
     resume opens it, an error otherwise."""
-    unread = _unread_side_files(tree)
+    unread: dict[str, str] | None = None  # looked up once a file has something to report (most trees: never)
     for f in tree.all_files():
-        if _family(f) != family:
+        if not _may_report(f) or _family(f) != family:
             continue
+        if unread is None:
+            unread = _unread_side_files(tree)
         rel = unread.get(f.path)
         plan = None if rel is None else FixPlan(
             f"Quarantine `{f.path}`", Applicability.SAFE, (FixOp(OpKind.QUARANTINE, f.path),)
@@ -185,6 +187,11 @@ def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
                 yield Hit(f.path, msg)
             else:
                 yield Hit(f.path, f"{msg} (no resume opens `{rel}`)", _UNREAD[0], plan)
+
+
+def _may_report(f: FileFacts) -> bool:
+    """Whether ``_problems`` may say anything of ``f`` (a clean file, the usual case, is passed over at once)."""
+    return bool(f.problems) or f.kind == FileKind.EMPTY
 
 
 def _problems(f: FileFacts) -> Iterator[str]:
@@ -318,9 +325,19 @@ class _IndexCheck:
 
 def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _IndexCheck:
     """Mismatches between an index and its shards' headers, whether they lose tensors, and the rebuilt index."""
+    content, complete = shard_contents(ck, idx, wm)
+    # a pure function of the index's map and value and of the shards' names and headers: the checkpoints of a run
+    # hand the same objects when their files are alike, and are checked once
+    return _index_check((wm, idx.content, complete, *content, *content.values()))
+
+
+@trainer_view.per_parts
+def _index_check(parts: tuple[Any, ...]) -> _IndexCheck:
+    wm, idx_content, complete = parts[:3]
+    shard_names = parts[3 : 3 + (len(parts) - 3) // 2]
+    content: dict[str, tuple[TensorInfo, ...]] = dict(zip(shard_names, parts[3 + len(shard_names) :], strict=True))
     problems: list[str] = []
     shards = set(wm.values())
-    content, complete = shard_contents(ck, idx, wm)
     names_in = {shard: {t.name for t in tensors} for shard, tensors in content.items()}
     # The loaders (load_sharded_checkpoint, from_pretrained, accelerate) read every tensor of every shard the index
     # names, whatever the entries say: only a tensor outside those shards is never loaded.
@@ -341,7 +358,7 @@ def _index_problems(ck: Checkpoint, idx: FileFacts, wm: dict[str, str]) -> _Inde
         if shard not in shards:
             problems.append(f"`{shard}` is on disk but no index entry references it")
             lossy = lossy or any(t.name not in loaded for t in tensors)
-    value: Any = idx.content.value if isinstance(idx.content, JsonFacts) else None
+    value: Any = idx_content.value if isinstance(idx_content, JsonFacts) else None
     meta = value.get("metadata") if isinstance(value, dict) else None
     declared = meta.get("total_size") if isinstance(meta, dict) else None
     if complete and all(s in content for s in shards):
@@ -618,15 +635,34 @@ def _config(ck: Checkpoint) -> dict[str, Any] | None:
     return None
 
 
-def _all_weight_tensors(ck: Checkpoint) -> list[TensorInfo]:
-    """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too)."""
+def _all_weight_tensors(ck: Checkpoint) -> tuple[tuple[TensorInfo, ...], ...]:
+    """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too), file by file."""
     names = _MINDNLP_WEIGHT_FILES if trainer_view.is_mindnlp(ck) else trainer_view.FULL_WEIGHT_FILES
-    out: list[TensorInfo] = []
+    out: list[tuple[TensorInfo, ...]] = []
     for f in ck.files:
         rel = ck.relname(f)
         if rel in names or (SHARD_RE.match(rel) is not None):
-            out.extend(trainer_view.tensors_of(f) or ())
-    return out
+            out.append(trainer_view.tensors_of(f) or ())
+    return tuple(out)
+
+
+@trainer_view.per_parts
+def _config_problems(parts: tuple[Any, ...]) -> list[str]:
+    """What ``config.json``'s value (``parts[0]``) says against the tensors of the weight files (the rest), in
+    CKD208's words: once for a run's checkpoints that hold alike config and headers (the same objects)."""
+    cfg = parts[0]
+    tensors = [t for ts in parts[1:] for t in ts]
+    problems: list[str] = []
+    embeds = [t for t in tensors if _is_embedding(t.name) and len(t.shape) == 2]
+    if embeds:
+        e = embeds[0]
+        vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
+        if isinstance(vocab, int) and vocab != e.shape[0]:
+            problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
+        if isinstance(hidden, int) and hidden != e.shape[1]:
+            problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
+    problems.extend(_layer_count_problems(cfg, tensors))
+    return problems
 
 
 @rule("CKD208", "config-shape-mismatch", Severity.WARNING)
@@ -655,21 +691,12 @@ def config_shape_mismatch(tree: Tree) -> Iterator[Hit]:
     """
     for ck, _ in _checkpoints(tree):
         cfg = _config(ck)
-        tensors = _all_weight_tensors(ck)
-        if cfg is None or not tensors:
+        files = _all_weight_tensors(ck)
+        if cfg is None or not any(files):
             continue
         cfg_path = ck.file("config.json")
         assert cfg_path is not None
-        problems: list[str] = []
-        embeds = [t for t in tensors if _is_embedding(t.name) and len(t.shape) == 2]
-        if embeds:
-            e = embeds[0]
-            vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
-            if isinstance(vocab, int) and vocab != e.shape[0]:
-                problems.append(f"vocab_size {vocab} but `{e.name}` has {e.shape[0]} rows")
-            if isinstance(hidden, int) and hidden != e.shape[1]:
-                problems.append(f"hidden_size {hidden} but `{e.name}` has {e.shape[1]} columns")
-        problems.extend(_layer_count_problems(cfg, tensors))
+        problems = _config_problems((cfg, *files))
         if problems:
             yield Hit(cfg_path.path, "; ".join(problems))
 
@@ -749,7 +776,7 @@ def corrupt_json(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint` (config check); `TrainerState.save_to_json`.
     """
     for f in tree.all_files():
-        if _family(f) == "json" and f.name not in _JSON_OWNED:
+        if _may_report(f) and _family(f) == "json" and f.name not in _JSON_OWNED:
             sev = Severity.ERROR if f.name == "config.json" or f.name.endswith(".index.json") else Severity.WARNING
             for msg in _problems(f):
                 yield Hit(f.path, msg, sev)
@@ -988,6 +1015,9 @@ def corrupt_framework_checkpoint(tree: Tree) -> Iterator[Hit]:
                       + (f" and {len(d.corrupt) - _EXAMPLES} more" if len(d.corrupt) > _EXAMPLES else ""))
 
 
+_UNSUPPORTED_SUFFIXES = tuple(suffix for suffix, _ in UNSUPPORTED_FORMATS)
+
+
 @rule("CKD216", "unsupported-checkpoint-format", Severity.INFO)
 def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """A file that looks like a checkpoint in a format ckptdoctor does not read, so nothing in it was checked.
@@ -1019,10 +1049,9 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     """
     for f in tree.all_files():
         lower = f.name.lower()
-        for suffix, what in UNSUPPORTED_FORMATS:
-            if lower.endswith(suffix) and f.kind is not FileKind.EMPTY:
-                yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
-                break
+        if lower.endswith(_UNSUPPORTED_SUFFIXES) and f.kind is not FileKind.EMPTY:  # one look for all the suffixes
+            what = next(what for suffix, what in UNSUPPORTED_FORMATS if lower.endswith(suffix))
+            yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")
         else:
             if f.kind is FileKind.ARCHIVE and _family(f) != "torch":
                 for p in f.problems:

@@ -175,6 +175,14 @@ def _forward_node(doc: dict[str, Any]) -> None:
     doc["nodes"][0] = ["t", len(doc["nodes"])]
 
 
+def _entry_holding_a_list(doc: dict[str, Any]) -> None:
+    doc["nodes"][0] = {"loss": [1.0]}  # a log entry (a JSON object) holds scalars only
+
+
+def _packed_not_hex(doc: dict[str, Any]) -> None:
+    doc["nodes"][0] = ["I", "zz" * 8]  # packed integers: hex text of 8-byte values
+
+
 def _other_version(doc: dict[str, Any]) -> None:
     doc["version"] = "0.0.0"
 
@@ -183,7 +191,9 @@ def _other_limits(doc: dict[str, Any]) -> None:
     doc["limits"] = "0" * 64
 
 
-@pytest.mark.parametrize("change", [_poison_facts, _forward_node, _other_version, _other_limits])
+@pytest.mark.parametrize(
+    "change", [_poison_facts, _forward_node, _entry_holding_a_list, _packed_not_hex, _other_version, _other_limits]
+)
 def test_a_signed_but_wrong_entry_is_not_trusted(
     tmp_path: Path, reads: list[str], no_racy_window: None, change: Callable[[dict[str, Any]], None]
 ) -> None:

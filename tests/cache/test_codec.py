@@ -52,6 +52,21 @@ def test_containers_of_scalars_held_inline_stay_apart() -> None:
     assert [type(b) for b in back] == [type(v) for v in tricky]
     e = Encoder()
     assert e.encode({"a": 1, "b": "x"}) == e.encode({"a": 1, "b": "x"})  # new dicts, equal: one node
+    assert e.nodes == [{"a": 1, "b": "x"}]  # written as the JSON object it is: json.loads builds it
+
+
+def test_long_runs_of_integers_are_packed() -> None:
+    """A tuple or list of 64 or more 64-bit integers (an RNG state) is one hex text; one past 64 bits, a bool
+    among them or a float keeps it JSON numbers; all come back as they were."""
+    rng = (*range(2**31, 2**31 + 625), -(2**63), 2**63 - 1)
+    values = [rng, list(rng), (*range(63), 2**63), (*range(70), True), (*range(70), 1.0), tuple(range(63))]
+    e = Encoder()
+    for v in values:
+        e.encode(v)
+    assert [n[0] for n in e.nodes if isinstance(n, list)] == ["I", "J", "T", "T", "T", "T"]
+    back = _round_trip(values)
+    assert [repr(b) for b in back] == [repr(v) for v in values]
+    assert [type(b) for b in back] == [type(v) for v in values]
 
 
 def test_an_inline_node_holds_scalars_only() -> None:
@@ -110,7 +125,14 @@ def test_an_unknown_value_is_not_encoded() -> None:
         ["x", ["b", 0]],  # bytes that are not base64
         [1, ["b", 0]],  # bytes of a number
         [[1, 2]],  # a tag that is not text
-        [{"a": 1}],  # a JSON object as a node
+        [{"a": [1]}],  # a JSON object (an inline dict) holding more than scalars
+        [{"a": {"b": 1}}],
+        [["D", "a", 1]],  # an inline dict is a JSON object, never a tagged list
+        [["I", "000000"]],  # packed integers of 3 bytes
+        [["I", "not hex!"]],
+        [["J", 0]],  # packed integers that are no text
+        [["I"]],
+        [["I", "0000000000000000", "x"]],
         [["l", 0]],  # a self-reference
         [[], ["l+", 0]],
         ["x", ["l+", 0]],  # l+ of no list

@@ -532,6 +532,50 @@ def test_merged_steps_match_the_old_dict() -> None:
     assert True in ts.by_step and 2 not in ts.by_step and len(ts.by_step) == 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(log=st.lists(st.one_of(_ENTRY, st.builds(lambda s, e: {**e, "step": s}, st.integers(0, 4), _ENTRY)), max_size=9))
+@example(log=[{"step": 2, "loss": 1.0}, {"step": 1, "lr": 3}, {"step": 2, "eval_loss": 2.0}, {"step": 2, "loss": -0.0}])
+def test_merged_steps_are_unchanged(log: list[dict[str, Any]]) -> None:
+    """The merge built at C speed (plain dicts, integer steps: a train and an eval log at one step) and the one
+    built entry by entry (anything else) give what the old loop gave, key order included."""
+    old: dict[int, dict[str, Any]] = {}
+    for e in log:
+        step = e.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            old.setdefault(step, {}).update(e)
+    ts = _view(log)
+    assert repr(list(ts.by_step.items())) == repr(list(old.items()))
+    assert repr(trainer_view.merged_steps(ts)) == repr(old)
+
+
+@settings(max_examples=300, deadline=None)
+@given(log=st.lists(_ENTRY, max_size=9))
+def test_learning_rates_are_unchanged(log: list[dict[str, Any]]) -> None:
+    """``TrainerStateView.learning_rates`` read at C speed (plain JSON values) gives what the entry-by-entry loop
+    gave (an integer step, a number that is no bool; an integer past float range an infinity)."""
+    ts = _view(log)
+    old = [
+        (step, lr)
+        for e in ts.log_history
+        if (step := trainer_view.integer(e.get("step"))) is not None
+        and (lr := trainer_view.number(e.get("learning_rate"))) is not None
+    ]
+    assert repr(ts.learning_rates()) == repr(old)
+
+
+def test_histories_sharing_entries_are_read_alike() -> None:
+    """A log_history that is a prefix of, or extends, one already read (the same entry objects, as a run's
+    checkpoints share them) is checked by identity; a non-dict entry is still dropped wherever it sits."""
+    trainer_view.forget()
+    entries: list[Any] = [{"step": i, "loss": 1.0 / (i + 1)} for i in range(40)]
+    logs = [entries[:30], entries[:10], entries, [*entries, 5, {"step": 40}], [*entries[:20], "x"], entries[:40]]
+    for i, log in enumerate(logs):
+        want = tuple(e for e in log if isinstance(e, dict))
+        assert _view(list(log)).log_history == want
+        if i == 3:
+            trainer_view.forget()  # a run judged: the next starts with nothing known
+
+
 def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CKD601 and CKD602 report one verdict per file, judged once before the rules run (``Tree.pickle_verdicts``)."""
     run = builders.make_run(tmp_path / "run", (2, 4))
