@@ -94,6 +94,9 @@ class FsspecSource:
     and ``limits.dir_depth`` drops (and reports once) every folder below it. An S3 root is indexed as the walk goes
     (``_S3Stream``): the index holds the folders the walk has not listed yet, about one page of the listing and the
     run being walked, whatever the number of objects under the root; other backends are listed and indexed whole.
+    A folder listed a level at a time (one with more than ``HELD_ENTRIES`` objects below it) shows a console's
+    folder marker in it (a key ``folder/name/``) as the folder ``name`` alone, as a mounted bucket does; a folder
+    indexed from the whole listing shows it as that folder and an empty file of that name (as ``find`` lists it).
     """
 
     def __init__(self, root: str, limits: Limits) -> None:
