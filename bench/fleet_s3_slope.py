@@ -11,10 +11,12 @@ Prints one JSON line per variant: ``kb_per_run`` (the resident memory's growth p
 last), the peak (``VmHWM``), the scan's CPU, the collector's passes and CPU (``gc.callbacks``), and with ``--types``
 the object types whose count grew most between the 20th and 40th part. ``--no-collect`` sets the remote source's
 ``COLLECT_EVERY`` out of reach: the scan then keeps every request's reference cycles, as before it collected them.
-``--listing`` lists the root only, as a scan's walk does (every folder in walk order, no file read), and gives the
-resident memory that added at its peak (``listing_peak_mb``) and the most listing entries the index held at once
-(``most_held``; ``--whole`` lists with s3fs's ``find``, every entry kept to the end, as before ``_S3Stream``): run
-at two sizes, the difference over the objects added is what the listing costs per object.
+``--shared N`` makes the readers' memo of equal containers (``readers.pickle_values._SHARED``, 16,384 entries,
+cleared when full) hold N: what a full memo adds to the peak. ``--listing`` lists the root only, as a scan's walk
+does (every folder in walk order, no file read), and gives the resident memory that added at its peak
+(``listing_peak_mb``) and the most listing entries the index held at once (``most_held``; ``--whole`` lists with
+s3fs's ``find``, every entry kept to the end, as before ``_S3Stream``): run at two sizes, the difference over the
+objects added is what the listing costs per object.
 """
 
 from __future__ import annotations
@@ -79,8 +81,13 @@ def listing(root: str, out: str, whole: bool) -> None:
     Path(out).write_text(json.dumps(doc))
 
 
-def child(root: str, out: str, no_collect: bool, types: bool) -> None:
+def child(root: str, out: str, no_collect: bool, types: bool, shared: int | None) -> None:
     """In the scan's process: scan ``root`` part by part, sampling every tenth part; write the figures to ``out``."""
+    if shared is not None:  # the readers' memo of equal containers (``pickle_values._SHARED``), at another size
+        import ckptdoctor.readers.pickle_values as values
+        from ckptdoctor.readers.seen import Seen
+
+        values._SHARED = Seen(shared)
     if no_collect:
         import ckptdoctor.sources.fsspec as remote
 
@@ -129,7 +136,8 @@ def main() -> None:
         if "--listing" in sys.argv:
             listing(sys.argv[2], sys.argv[3], "--whole" in sys.argv)
         else:
-            child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv)
+            shared = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shared=")), None)
+            child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv, shared)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
@@ -137,6 +145,7 @@ def main() -> None:
     ap.add_argument("--no-collect", action="store_true", help="leave the request garbage to the end of the scan")
     ap.add_argument("--types", action="store_true", help="count the live objects by type at the 20th and 40th part")
     ap.add_argument("--listing", action="store_true", help="list and index the root only: the memory it adds")
+    ap.add_argument("--shared", type=int, help="entries of the readers' memo of equal containers (16,384)")
     ap.add_argument("--whole", action="store_true", help="with --listing: s3fs's find, its entries kept to the end")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
@@ -149,7 +158,7 @@ def main() -> None:
         env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
         chosen = (("--no-collect", args.no_collect), ("--types", args.types), ("--listing", args.listing),
                   ("--whole", args.whole))  # fmt: skip
-        flags = [f for f, on in chosen if on]
+        flags = [f for f, on in chosen if on] + ([f"--shared={args.shared}"] if args.shared is not None else [])
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", fleet_s3.root_url(), str(out), *flags]
         subprocess.run(cmd, env=env, cwd=HERE.parent, check=True)
         doc = json.loads(out.read_text())
