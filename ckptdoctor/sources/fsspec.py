@@ -1,4 +1,4 @@
-"""The fsspec source: a URL root (``s3://``, ``gs://``, ``hf://``...), listed once and read with ranged requests.
+"""The fsspec source: a URL root (``s3://``, ``gs://``, ``hf://``...), listed, then read with ranged requests.
 
 An endpoint that cannot be reached fails in seconds, not after a backend's minute of retries: each connection
 attempt may take ``CKPTDOCTOR_CONNECT_TIMEOUT`` seconds (default 3) and an unreachable endpoint is tried
