@@ -11,9 +11,12 @@ Prints one JSON line per variant: ``kb_per_run`` (the resident memory's growth p
 last), the peak (``VmHWM``), the scan's CPU, the collector's passes and CPU (``gc.callbacks``), and with ``--types``
 the object types whose count grew most between the 20th and 40th part. ``--no-collect`` sets the remote source's
 ``COLLECT_EVERY`` out of reach: the scan then keeps every request's reference cycles, as before it collected them.
-``--listing`` lists and indexes the root only (``FsspecSource.root``) and gives the resident memory it added
-(``listing_mb``; ``--whole`` indexes s3fs's ``find`` entries whole, as before ``_s3_listing``): run at two sizes,
-the difference over the objects added is the index's cost per object.
+``--shared N`` makes the readers' memo of equal containers (``readers.pickle_values._SHARED``, 16,384 entries,
+cleared when full) hold N: what a full memo adds to the peak. ``--listing`` lists the root only, as a scan's walk
+does (every folder in walk order, no file read), and gives the resident memory that added at its peak
+(``listing_peak_mb``) and the most listing entries the index held at once (``most_held``; ``--whole`` lists with
+s3fs's ``find``, every entry kept to the end, as before ``_S3Stream``): run at two sizes, the difference over the
+objects added is what the listing costs per object.
 """
 
 from __future__ import annotations
@@ -42,27 +45,49 @@ def _status(field: str) -> float:
 
 
 def listing(root: str, out: str, whole: bool) -> None:
-    """In a fresh process: the resident memory that listing and indexing ``root`` adds (the backend's client made
-    first, so its own start-up is not counted)."""
+    """In a fresh process: the resident memory that listing ``root`` adds as a scan's walk lists it (every folder
+    in walk order, each told when left, no file read), at its peak (sampled at each folder), and the most entries
+    the source's index held at once (the backend's client made first, so its own start-up is not counted)."""
     import ckptdoctor.sources.fsspec as remote
     from ckptdoctor.limits import Limits
 
     if whole:
-        remote._s3_listing = lambda fs, path: None  # type: ignore[assignment]
+        remote._S3Stream.open = classmethod(lambda cls, fs, path: None)  # type: ignore[assignment,method-assign]
     fs, path = remote._filesystem(root)
     fs.exists(path)  # the client, its service model and its connection: made before the figure starts
     gc.collect()
     before = _status("VmRSS")
     source = remote.FsspecSource(root, Limits())
-    source.root([])
-    gc.collect()
-    objects = sum(len(folder.files) for folder in source._folders.values())
-    doc = {"objects": objects, "listing_mb": round(_status("VmRSS") - before, 1), "whole": whole}
+    top = source.root([])
+    peak = {"rss": 0.0, "held": 0, "objects": 0}
+
+    def walk(folder: Any) -> None:
+        listed = source.listdir(folder, "", [])
+        held = sum(f.size() for f in source._folders.values())
+        peak["held"] = max(peak["held"], held + len(listed or ()))
+        peak["rss"] = max(peak["rss"], _status("VmRSS"))
+        for entry in sorted(listed or (), key=lambda e: e.name):
+            if entry.is_dir:
+                walk(entry)
+            else:
+                peak["objects"] += 1
+        source.walked(folder.path)
+
+    walk(top)
+    doc = {
+        "objects": peak["objects"], "listing_peak_mb": round(peak["rss"] - before, 1), "most_held": peak["held"],
+        "whole": whole,
+    }  # fmt: skip
     Path(out).write_text(json.dumps(doc))
 
 
-def child(root: str, out: str, no_collect: bool, types: bool) -> None:
+def child(root: str, out: str, no_collect: bool, types: bool, shared: int | None) -> None:
     """In the scan's process: scan ``root`` part by part, sampling every tenth part; write the figures to ``out``."""
+    if shared is not None:  # the readers' memo of equal containers (``pickle_values._SHARED``), at another size
+        import ckptdoctor.readers.pickle_values as values
+        from ckptdoctor.readers.seen import Seen
+
+        values._SHARED = Seen(shared)
     if no_collect:
         import ckptdoctor.sources.fsspec as remote
 
@@ -111,7 +136,8 @@ def main() -> None:
         if "--listing" in sys.argv:
             listing(sys.argv[2], sys.argv[3], "--whole" in sys.argv)
         else:
-            child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv)
+            shared = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shared=")), None)
+            child(sys.argv[2], sys.argv[3], "--no-collect" in sys.argv, "--types" in sys.argv, shared)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
@@ -119,7 +145,8 @@ def main() -> None:
     ap.add_argument("--no-collect", action="store_true", help="leave the request garbage to the end of the scan")
     ap.add_argument("--types", action="store_true", help="count the live objects by type at the 20th and 40th part")
     ap.add_argument("--listing", action="store_true", help="list and index the root only: the memory it adds")
-    ap.add_argument("--whole", action="store_true", help="with --listing: s3fs's find entries, kept whole")
+    ap.add_argument("--shared", type=int, help="entries of the readers' memo of equal containers (16,384)")
+    ap.add_argument("--whole", action="store_true", help="with --listing: s3fs's find, its entries kept to the end")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import fleet_s3
@@ -131,7 +158,7 @@ def main() -> None:
         env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
         chosen = (("--no-collect", args.no_collect), ("--types", args.types), ("--listing", args.listing),
                   ("--whole", args.whole))  # fmt: skip
-        flags = [f for f, on in chosen if on]
+        flags = [f for f, on in chosen if on] + ([f"--shared={args.shared}"] if args.shared is not None else [])
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", fleet_s3.root_url(), str(out), *flags]
         subprocess.run(cmd, env=env, cwd=HERE.parent, check=True)
         doc = json.loads(out.read_text())

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, cast
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
@@ -175,10 +175,13 @@ def discover(
     and is told when each folder's walk (and the part it was handed as) is over; the Tree is the same with it.
     """
     opened = open_root(root, limits)
+    # A source that indexes its listing as the walk goes (an S3 root) is told when the walk leaves each folder; the
+    # cache's wrapper does not pass that on, so it is taken from the source itself.
+    walked = cast("Callable[[str], None] | None", getattr(opened.source, "walked", None))
     if cache is None:
-        return discover_opened(opened, jobs, progress, on_part)
+        return discover_opened(opened, jobs, progress, on_part, walked=walked)
     opened.source = cache.source(opened.source)
-    return discover_opened(opened, jobs, progress, on_part, left=cache.left)
+    return discover_opened(opened, jobs, progress, on_part, left=cache.left, walked=walked)
 
 
 @dataclass(slots=True)
@@ -209,11 +212,13 @@ def discover_opened(
     on_part: PartCallback | None = None,
     handed: Handed | None = None,
     left: Callable[[str], None] | None = None,
+    walked: Callable[[str], None] | None = None,
 ) -> Tree:
     """``discover`` of a root already opened (``open_root``). ``handed`` (with ``on_part``: a fan-out) is asked
     about each folder the walk reaches that could be handed on as a part of its own: what walking it elsewhere gave
     (``walk_folder``), put in place of walking it here, or None to walk it here. ``left`` (``Cache.left``) is told
-    each folder handed on as a part once that part is done with."""
+    each folder handed on as a part once that part is done with. ``walked`` (``FsspecSource.walked``) is told the
+    path of each folder whose walk is over, before it is judged."""
     root, source, found, problems = opened.root, opened.source, opened.found, opened.problems
     if isinstance(found, PathProblem):
         return Tree(root=root, runs=(), path_problems=(found,))
@@ -228,13 +233,13 @@ def discover_opened(
 
     emit = None if on_part is None else _Emitter(root, source, problems, on_part)
     if jobs <= 1:
-        walker = _Walker(source, problems, None, progress, emit, handed, left)
+        walker = _Walker(source, problems, None, progress, emit, handed, left, walked)
         top = walker.walk(found, ".", 0, frozenset())
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
-            walker = _Walker(source, problems, pool, progress, emit, handed, left)
+            walker = _Walker(source, problems, pool, progress, emit, handed, left, walked)
             top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
     _drop_vanished(top, problems)
@@ -306,10 +311,12 @@ class _Walker(Generic[L, M]):
         emit: _Emitter | None = None,
         handed: Handed | None = None,
         left: Callable[[str], None] | None = None,
+        walked: Callable[[str], None] | None = None,
     ) -> None:
         self.source = source
         self.handed = handed
         self.left = left  # told each folder handed to ``emit`` once that is over
+        self.walked = walked  # told each folder's path once its walk is over
         self.limits = source.limits
         self.pool = pool
         self.progress = progress
@@ -386,6 +393,8 @@ class _Walker(Generic[L, M]):
         if node.pending:
             node.files.extend(f.result() for f in node.pending)
             node.pending.clear()
+        if self.walked is not None:
+            self.walked(folder.path)
         node.has_run = (
             _is_run(node)
             or _is_framework_folder(node)

@@ -1,4 +1,4 @@
-"""The fsspec source: a URL root (``s3://``, ``gs://``, ``hf://``...), listed once and read with ranged requests.
+"""The fsspec source: a URL root (``s3://``, ``gs://``, ``hf://``...), listed, then read with ranged requests.
 
 An endpoint that cannot be reached fails in seconds, not after a backend's minute of retries: each connection
 attempt may take ``CKPTDOCTOR_CONNECT_TIMEOUT`` seconds (default 3) and an unreachable endpoint is tried
@@ -85,13 +85,18 @@ def check_remote_root(url: str) -> str | None:
 
 
 class FsspecSource:
-    """A URL root through fsspec: everything under the prefix is listed with one request (prefixes are folders, as
+    """A URL root through fsspec: everything under the prefix is listed (prefixes are folders, as
     get_last_checkpoint would see them on a mounted bucket), then each file's header is read with ranged requests
     (``READAHEAD`` past each read). Nothing is ever written. A missing backend or a listing error is the root's
     problem; a read error is the file's.
 
     The listing arrives flat, so its bounds apply as it is indexed: ``limits.dir_entries`` counts the whole listing
-    and ``limits.dir_depth`` drops (and reports once) every folder below it.
+    and ``limits.dir_depth`` drops (and reports once) every folder below it. An S3 root is indexed as the walk goes
+    (``_S3Stream``): the index holds the folders the walk has not listed yet, about one page of the listing and the
+    run being walked, whatever the number of objects under the root; other backends are listed and indexed whole.
+    A folder listed a level at a time (one with more than ``HELD_ENTRIES`` objects below it) shows a console's
+    folder marker in it (a key ``folder/name/``) as the folder ``name`` alone, as a mounted bucket does; a folder
+    indexed from the whole listing shows it as that folder and an empty file of that name (as ``find`` lists it).
     """
 
     def __init__(self, root: str, limits: Limits) -> None:
@@ -101,46 +106,88 @@ class FsspecSource:
         self.where = self.abs_root
         self.stopped = False  # the entry limit ends the indexing of the listing, not the walk
         self._fs: AbstractFileSystem  # set by root()
-        self._folders: dict[str, _Folder] = {}  # folder path -> what the listing put in it
+        self._folders: dict[str, _Folder] = {}  # folder path -> what the listing put in it (not listed yet)
+        self._stream: _S3Stream | None = None  # an S3 listing still being read (None: the index is whole)
+        self._root = ""  # the root's path (``root``)
+        self._problems: list[PathProblem] = []  # the root's problems list: what indexing meets goes there
+        self._too_deep: set[str] = set()
+        self._count = 0  # entries of the listing indexed so far (``limits.dir_entries``)
+        self._held = 0  # entries in ``_folders`` (``_Folder.size``)
 
     def root(self, problems: list[PathProblem]) -> Entry[dict[str, Any]] | PathProblem:
-        """List everything under the prefix (one request) and index it; the root object when it is one file."""
+        """List everything under the prefix and index it (an S3 root: its first page, the rest as the walk asks);
+        the root object when it is one file."""
         try:
             fs, path = _filesystem(self.url)
             path = path.rstrip("/")
             # fsspec caches file system instances and their listings per process: a second scan in a long-lived
             # process (a job launcher calling gate() before each resume) must see the bucket as it is now.
             fs.invalidate_cache(path)
-            listing: dict[str, dict[str, Any] | _Cut] | None = _s3_listing(fs, path)
-            if listing is None:  # not s3fs, or nothing under the prefix (one object, or none): the backend's find
+            stream = _S3Stream.open(fs, path)
+            listing: dict[str, dict[str, Any] | _Cut] | None = None
+            if stream is None:  # not s3fs, or nothing under the prefix (one object, or none): the backend's find
                 listing = cast("dict[str, dict[str, Any] | _Cut]", fs.find(path, withdirs=True, detail=True))
         except ImportError as e:
             return _unreadable_root(f"{e}; {INSTALL_HINT}")
         except Exception as e:  # backend errors have no common base class
             return _unreadable_root(_listing_error(e))
         self._fs = fs
+        self._root = path
+        self._problems = problems
         name = path.rsplit("/", 1)[-1]
+        self._folders[path] = _Folder()
+        if stream is not None:
+            self._stream = stream
+            self._held = 1
+            self._pull()  # its first page: a small root is whole after it
+            return Entry(name, path, True, 0.0, path, {})
         if not listing:
+            del self._folders[path]
             return _unreadable_root("no such object or prefix")
         own = listing.get(path)
         if isinstance(own, dict) and own.get("type") == "file":  # the root is one object
+            del self._folders[path]
             return Entry(name, path, False, _mtime(own), path, own)
-        self._index(path, listing, problems)
+        self._index(listing)
         return Entry(name, path, True, 0.0, path, {})
 
     def listdir(
         self, folder: Entry[dict[str, Any]], rel: str, problems: list[PathProblem]
     ) -> list[Entry[dict[str, Any]]] | None:
-        """The files and folders the listing put in ``folder`` (no request)."""
-        node = self._folders[folder.path]
+        """The files and folders the listing put in ``folder`` (no request, but for an S3 root the pages that reach
+        past it, or a one-level listing of a folder that holds more than ``HELD_ENTRIES`` objects below it).
+        While an S3 listing is being read, the folder's index is released: the walk lists each folder once."""
+        path = folder.path
+        node = self._folders[path] if self._stream is None else self._walk_to(path)
         out = []
         for name, full, info in node.files:
-            full, meta = _entry(folder.path, name, full, info)
+            full, meta = _entry(path, name, full, info)
+            if name.endswith(".distcp"):  # its entry travels with its path, to its items' read (``_DcpPath``)
+                full = _DcpPath(full, meta)
             out.append(Entry(name, full, False, _mtime(meta), full, meta))
         for name in node.dirs:
-            full = f"{folder.path}/{name}"
-            out.append(Entry(name, full, True, self._folders[full].mtime, full, {}))
+            full = f"{path}/{name}"
+            out.append(Entry(name, full, True, 0.0 if self._stream else self._folders[full].mtime, full, {}))
         return out
+
+    def walked(self, path: str) -> None:
+        """The walk of the folder at ``path`` is over: the listing is read past it (what it holds that the walk
+        never listed: a folder too deep, a bad key, are problems before the folder is judged) and nothing of it is
+        kept. A no-op once the index is whole."""
+        stream = self._stream
+        if stream is None:
+            return
+        while not stream.passed(path):
+            self._pull()
+        if path in stream.levels:  # a folder the walk lists all of leaves nothing below it but what came after
+            stream.levels.discard(path)
+            prefix = path + "/"
+            for key in [k for k in self._folders if k.startswith(prefix)]:
+                self._held -= self._folders.pop(key).size()
+        if path == self._root:
+            self._stream = None
+            self._folders.clear()
+            self._held = 0
 
     def entry(
         self, listed: Entry[dict[str, Any]], rel: str, problems: list[PathProblem]
@@ -155,7 +202,8 @@ class FsspecSource:
     def read_dcp_items(self, path: str, facts: FileFacts, items: list[DcpItem] | None) -> FileFacts:
         """The `.distcp` items at ``items``, prefetched in one concurrent batch (see ``_prefetch``)."""
         try:
-            with _open(self._fs, path, facts.size, self._listed(path)) as f:
+            listed = path.listed if isinstance(path, _DcpPath) else self._listed(path)
+            with _open(self._fs, path, facts.size, listed) as f:
                 spans = cast("BinaryIO", _prefetch(self._fs, path, f, facts.size, items))
                 return read_dcp_items_from(spans, facts, items, self.limits)
         except Exception as e:  # opening failed: the file stays as read, with why
@@ -179,7 +227,9 @@ class FsspecSource:
         return path
 
     def part(self, path: str) -> FsspecSource:
-        """This source with the listing of the folder at ``path`` and below only (what a task walking it needs)."""
+        """This source with the listing of the folder at ``path`` and below only (what a task walking it needs). An S3
+        listing is read to its end first: a fan-out plans from the whole listing, before any walk."""
+        self._drain()
         out = copy.copy(self)
         prefix = path + "/"
         out._folders = {k: v for k, v in self._folders.items() if k == path or k.startswith(prefix)}
@@ -200,88 +250,245 @@ class FsspecSource:
         """The listing's size is what was read (an object is replaced whole, under a new ETag or version)."""
         return facts.size == entry.meta.get("size")
 
-    def _index(self, path: str, listing: dict[str, dict[str, Any] | _Cut], problems: list[PathProblem]) -> None:
-        """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""
-        self._folders[path] = _Folder()
-        prefix = path + "/"
-        too_deep: set[str] = set()
-        for count, full in enumerate(sorted(listing)):
-            if count >= self.limits.dir_entries:
-                msg = f"more than {self.limits.dir_entries} entries under the root; the rest was not read"
-                problems.append(PathProblem(".", ReadProblem(ProblemKind.LIMIT, msg)))
-                break
-            if not full.startswith(prefix):
-                continue
-            rel = full[len(prefix) :].rstrip("/")
-            parts = rel.split("/")
-            if not rel or OWN_DIR in parts:
-                continue
-            if "" in parts:  # `a//b`: a key no file system could hold as a path
-                msg = "object key holds an empty path segment (`//`); not read"
-                problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
-                continue
-            info = listing[full]
-            is_dir = not isinstance(info, _Cut) and info.get("type") == "directory"
-            depth = len(parts) - (0 if is_dir else 1)
-            if depth > self.limits.dir_depth:
-                folder = "/".join(parts[: self.limits.dir_depth + 1])
-                if folder not in too_deep:
-                    too_deep.add(folder)
-                    msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
-                    problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
-                continue
-            if isinstance(info, _Cut):  # named by its folder and name, where they spell its key (see _Cut)
-                name = sys.intern(parts[-1])
-                where = "/".join([path, *parts[:-1]])
-                self._folder(path, parts[:-1]).files.append((name, None if full == f"{where}/{name}" else full, info))
-            elif is_dir:
-                self._folder(path, parts).mtime = _mtime(info)
-            else:
-                self._folder(path, parts[:-1]).files.append((parts[-1], full, info))
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy or a pickle (a fan-out's task) holds: the whole index (an S3 listing is read to its end: its
+        pages cannot travel), without the root's problems list."""
+        self._drain()
+        state = self.__dict__.copy()
+        state["_problems"] = []
+        return state
 
-    def _folder(self, path: str, parts: list[str]) -> _Folder:
-        """The folder ``parts`` below ``path``, created (with its parents) as needed."""
-        full = "/".join([path, *parts])
+    def _drain(self) -> None:
+        """Read the rest of an S3 listing into the index, which is then whole (before the walk has listed any
+        folder: a fan-out plans first)."""
+        stream = self._stream
+        while stream is not None and not stream.done:
+            self._pull()
+        self._stream = None
+
+    def _index(self, listing: dict[str, dict[str, Any] | _Cut]) -> None:
+        """Sort a flat listing (full path -> info) into folders, as a local listing would show them."""
+        for full in sorted(listing):
+            if not self._take(full, listing[full]):
+                break
+
+    def _pull(self) -> None:
+        """Index the next page of the S3 listing: each object, and each folder the first time an object in it comes
+        (keys arrive in order, so a folder's objects come together: the one before says whether it is new)."""
+        stream = self._stream
+        assert stream is not None
+        cut = len(self._root)
+        for info in stream.page():
+            full = info["name"]
+            last = stream.last
+            new: list[str] = []
+            parent = full.rsplit("/", 1)[0]
+            while len(parent) > cut and not last.startswith(parent + "/"):
+                new.append(parent)
+                parent = parent.rsplit("/", 1)[0]
+            for folder in reversed(new):
+                if not self._take(folder, {"name": folder, "size": 0, "type": "directory"}):
+                    stream.stop()
+                    return
+            if not self._take(full, _Cut(info)):
+                stream.stop()
+                return
+            stream.last = full
+
+    def _take(self, full: str, info: dict[str, Any] | _Cut) -> bool:
+        """Index one entry of the listing (full path, info); False when ``limits.dir_entries`` stops the listing."""
+        problems = self._problems
+        if self._count >= self.limits.dir_entries:
+            msg = f"more than {self.limits.dir_entries} entries under the root; the rest was not read"
+            problems.append(PathProblem(".", ReadProblem(ProblemKind.LIMIT, msg)))
+            return False
+        self._count += 1
+        path = self._root
+        prefix = path + "/"
+        if not full.startswith(prefix):
+            return True
+        rel = full[len(prefix) :].rstrip("/")
+        parts = rel.split("/")
+        if not rel or OWN_DIR in parts:
+            return True
+        if "" in parts:  # `a//b`: a key no file system could hold as a path
+            msg = "object key holds an empty path segment (`//`); not read"
+            problems.append(PathProblem(rel, ReadProblem(ProblemKind.BAD_NAME, msg)))
+            return True
+        is_dir = not isinstance(info, _Cut) and info.get("type") == "directory"
+        depth = len(parts) - (0 if is_dir else 1)
+        if depth > self.limits.dir_depth:
+            folder = "/".join(parts[: self.limits.dir_depth + 1])
+            if folder not in self._too_deep:
+                self._too_deep.add(folder)
+                msg = f"deeper than the {self.limits.dir_depth}-level limit; not walked"
+                problems.append(PathProblem(folder, ReadProblem(ProblemKind.LIMIT, msg)))
+            return True
+        if is_dir:
+            self._folder(parts).mtime = _mtime(cast("dict[str, Any]", info))
+            return True
+        where = "/".join([path, *parts[:-1]])
+        if self._stream is not None and where in self._stream.levels:
+            return True  # its folder was listed a level at a time: the file is in that listing
+        if isinstance(info, _Cut):  # named by its folder and name, where they spell its key (see _Cut)
+            name = sys.intern(parts[-1])
+            self._folder(parts[:-1]).files.append((name, None if full == f"{where}/{name}" else full, info))
+        else:
+            self._folder(parts[:-1]).files.append((parts[-1], full, info))
+        self._held += 1
+        return True
+
+    def _folder(self, parts: list[str]) -> _Folder:
+        """The folder ``parts`` below the root, created (with its parents) as needed."""
+        full = "/".join([self._root, *parts])
         node = self._folders.get(full)
         if node is None:
-            self._folder(path, parts[:-1]).dirs.append(parts[-1])
+            parent = full.rsplit("/", 1)[0]
+            if self._stream is None or parent not in self._stream.levels:
+                self._folder(parts[:-1]).dirs.append(parts[-1])
             node = self._folders[full] = _Folder()
+            self._held += 1
+        return node
+
+    def _walk_to(self, path: str) -> _Folder:
+        """The folder at ``path`` of an S3 listing being read, taken out of the index: read on until the listing
+        is past it, or listed a level at a time (one request a thousand entries) once the index holds
+        ``HELD_ENTRIES`` (the root of a fleet, a run of thousands of objects)."""
+        stream = self._stream
+        assert stream is not None
+        while not stream.passed(path) and self._held < HELD_ENTRIES:
+            self._pull()
+        if stream.passed(path):
+            node = self._folders.pop(path, None)
+            if node is None:  # listed a level above, gone from the bucket since
+                return _Folder()
+            self._held -= node.size()
+            return node
+        old = self._folders.pop(path, None)
+        if old is not None:
+            self._held -= old.size()
+        stream.levels.add(path)
+        depth = 0 if path == self._root else path[len(self._root) + 1 :].count("/") + 1
+        node = _Folder()
+        cut = len(path) + 1
+        for info in stream.level(path):
+            name = info["name"][cut:]
+            if not name or name == OWN_DIR:  # the folder's own marker (a file of its parent's), `a//b`, ours
+                continue
+            if info.get("type") == "directory":
+                if depth < self.limits.dir_depth:  # deeper ones: the listing says so as it comes to them
+                    node.dirs.append(name)
+            else:
+                node.files.append((sys.intern(name), None, _Cut(info)))
+        node.files.sort(key=_file_name)
         return node
 
 
-def _s3_listing(fs: AbstractFileSystem, path: str) -> dict[str, dict[str, Any] | _Cut] | None:
-    """What ``fs.find(path, withdirs=True, detail=True)`` gives on s3fs, each object's entry cut to what the scan
-    uses (``_cut``) as each page of the listing arrives; None when ``fs`` is not s3fs or nothing is under the
-    prefix (the root may be one object: s3fs's own ``find`` asks for it).
+# Entries of an S3 listing the index may hold before a folder the walk asks for is listed a level at a time
+# (``FsspecSource._walk_to``): 0.44 KB each (bench/RESULTS.md, "Fleet memory for S3 roots"), about 1.8 MB; a root
+# of up to that many objects costs no listing request more than its pages.
+HELD_ENTRIES = 4096
+# Objects taken from the listing at a time: one page of ListObjectsV2.
+PULL = 1000
 
-    ``find`` holds every entry as s3fs builds it until the listing ends, and keeps them in its listings cache: about
-    1.35 KB an object (ten fields, among them a ``datetime`` with a ``tzlocal`` of its own per object, as botocore
-    parses ``LastModified``), 149 MB for a fleet of 110,000 objects (bench/RESULTS.md, "Fleet memory for S3
-    roots"). The cut entry keeps the object's name, size, type, time (as a number) and the fields that name its
-    version; s3fs opens a file from those (``_open`` hands the entry over as the file's details). The folders are
-    those ``find`` adds for ``withdirs``: every parent of an object, below the root.
-    """
-    iterdir = getattr(fs, "_iterdir", None)
-    if "s3" not in fs.protocol or iterdir is None or getattr(fs, "version_aware", False):
-        return None
-    from fsspec.asyn import sync
 
-    bucket, key, _ = fs.split_path(path)
-    prefix = key.rstrip("/") + "/" if key else ""
+def _file_name(file: tuple[str, str | None, dict[str, Any] | _Cut]) -> str:
+    return file[0]
 
-    async def pages() -> dict[str, dict[str, Any] | _Cut]:
-        out: dict[str, dict[str, Any] | _Cut] = {}
-        async for info in iterdir(bucket, delimiter="", prefix=prefix):
-            name = info["name"]
-            out[name] = _Cut(info) if info.get("type") == "file" else info
-            parent = name.rsplit("/", 1)[0]
-            while len(parent) > len(path) and parent not in out:
-                out[parent] = {"name": parent, "size": 0, "type": "directory"}
-                parent = parent.rsplit("/", 1)[0]
+
+class _DcpPath(str):
+    """A `.distcp` file's path, carrying its listing entry (``listed``) to the read of its items, which comes after
+    its folder left the index (``FsspecSource.read_dcp_items``: s3fs asks for an object's details at its first
+    read, with a HEAD request when it has none)."""
+
+    listed: dict[str, Any]
+
+    def __new__(cls, full: str, listed: dict[str, Any]) -> _DcpPath:
+        out = super().__new__(cls, full)
+        out.listed = listed
         return out
 
-    listing = cast("dict[str, dict[str, Any] | _Cut]", sync(fs.loop, pages))
-    return listing or None
+
+class _S3Stream:
+    """An s3fs listing of everything under a root, read a page at a time (``page``) in key order; ``last`` is the
+    last key read. ``levels``: the folders listed a level at a time (``level``), whose objects the listing will
+    bring again."""
+
+    def __init__(self, fs: AbstractFileSystem, path: str, pages: Any, bucket: str) -> None:
+        self.fs = fs
+        self.bucket = bucket
+        self.path = path
+        self._pages = pages
+        self._first: list[dict[str, Any]] | None = None
+        self.done = False
+        self.last = ""
+        self.levels: set[str] = set()
+
+    @classmethod
+    def open(cls, fs: AbstractFileSystem, path: str) -> _S3Stream | None:
+        """The listing of everything under ``path``, its first page read; None when ``fs`` is not s3fs (or lists
+        versions) or nothing is under the prefix (the root may be one object: s3fs's own ``find`` asks for it)."""
+        iterdir = getattr(fs, "_iterdir", None)
+        if "s3" not in fs.protocol or iterdir is None or getattr(fs, "version_aware", False):
+            return None
+        bucket, key, _ = fs.split_path(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        stream = cls(fs, path, iterdir(bucket, delimiter="", prefix=prefix), bucket)
+        first = stream._read()
+        if not first:
+            return None
+        stream._first = first
+        return stream
+
+    def page(self) -> list[dict[str, Any]]:
+        """The next objects of the listing (at most ``PULL``), as s3fs lists them."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        if self.done:
+            return []
+        return self._read()
+
+    def _read(self) -> list[dict[str, Any]]:
+        from fsspec.asyn import sync
+
+        pages = self._pages
+
+        async def take() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            try:
+                while len(out) < PULL:
+                    out.append(await pages.__anext__())
+            except StopAsyncIteration:
+                self.done = True
+            return out
+
+        return cast("list[dict[str, Any]]", sync(self.fs.loop, take))
+
+    def stop(self) -> None:
+        """Read no further (the entry limit)."""
+        self.done = True
+        self._first = None
+
+    def passed(self, path: str) -> bool:
+        """Whether every object below the folder at ``path`` has been read."""
+        if self.done and self._first is None:
+            return True
+        last = self.last
+        return last > path + "/" and not last.startswith(path + "/")
+
+    def level(self, path: str) -> list[dict[str, Any]]:
+        """The objects and the folders (prefixes) directly in the folder at ``path``: a listing with a delimiter."""
+        from fsspec.asyn import sync
+
+        _, key, _ = self.fs.split_path(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        iterdir = self.fs._iterdir
+
+        async def listed() -> list[dict[str, Any]]:
+            return [info async for info in iterdir(self.bucket, delimiter="/", prefix=prefix)]
+
+        return cast("list[dict[str, Any]]", sync(self.fs.loop, listed))
 
 
 class _Cut:
@@ -338,6 +545,10 @@ class _Folder:
     mtime: float = 0.0
     files: list[tuple[str, str | None, dict[str, Any] | _Cut]] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
+
+    def size(self) -> int:
+        """Its files and itself, as ``FsspecSource._held`` counts them (each subfolder counts itself)."""
+        return len(self.files) + 1
 
 
 def remote_limits(limits: Limits) -> Limits:

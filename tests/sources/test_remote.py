@@ -527,12 +527,33 @@ def test_a_remote_scan_keeps_no_request_garbage(fixtures_url: str, monkeypatch: 
     assert max(collected) <= 25  # a few objects' requests, whatever was read before (607 at the end without)
 
 
+def _walked_listing(source: FsspecSource) -> dict[str, tuple[list[str], list[tuple[str, dict[str, Any]]]]]:
+    """Every folder of ``source``'s root as the walk lists it (name order, each folder once, told when left): its
+    subfolders' names and its files' paths and entries, by folder path."""
+    out: dict[str, tuple[list[str], list[tuple[str, dict[str, Any]]]]] = {}
+    top = source.root([])
+    assert isinstance(top, Entry)
+
+    def walk(folder: Entry[dict[str, Any]]) -> None:
+        listed = source.listdir(folder, "", [])
+        assert listed is not None
+        listed.sort(key=lambda e: e.name)
+        out[folder.path] = ([e.name for e in listed if e.is_dir], [(e.path, e.meta) for e in listed if not e.is_dir])
+        for sub in listed:
+            if sub.is_dir:
+                walk(sub)
+        source.walked(folder.path)
+
+    walk(top)
+    return out
+
+
 def test_the_cut_listing_indexes_as_finds_entries(
     s3_server: tuple[str, _RequestLog], fixtures_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An S3 root is listed page by page, each object's entry cut to what the scan reads (``_s3_listing``,
-    ``_Cut``: 1.35 KB an object was held as s3fs builds it): the folders, files and the entries the walk hands out
-    are those of ``fs.find``'s listing (a key ending in `/` included), and reading them needs no request more."""
+    """An S3 root is listed page by page, each object's entry cut to what the scan reads (``_S3Stream``, ``_Cut``:
+    1.35 KB an object was held as s3fs builds it): the folders, files and the entries the walk hands out are those
+    of ``fs.find``'s listing (a key ending in `/` included), and reading them needs no request more."""
     import ckptdoctor.sources.fsspec as remote
 
     fs = fsspec.filesystem("s3")
@@ -540,29 +561,101 @@ def test_the_cut_listing_indexes_as_finds_entries(
     fs.invalidate_cache()
 
     kinds: list[set[type]] = []
+    real_take = remote.FsspecSource._take
 
-    def index(url: str) -> dict[str, Any]:
-        source = FsspecSource(url, Limits())
-        assert isinstance(source.root([]), Entry)
-        kinds.append({type(info) for folder in source._folders.values() for _, _, info in folder.files})
-        return {
-            where: (folder.mtime, folder.dirs, [remote._entry(where, n, full, info) for n, full, info in folder.files])
-            for where, folder in source._folders.items()
-        }
+    def take(self: FsspecSource, full: str, info: Any) -> bool:
+        if not isinstance(info, dict) or info.get("type") != "directory":
+            kinds[-1].add(type(info))
+        return real_take(self, full, info)
+
+    monkeypatch.setattr(remote.FsspecSource, "_take", take)
+
+    def index(url: str) -> dict[str, tuple[list[str], list[tuple[str, dict[str, Any]]]]]:
+        kinds.append(set())
+        return _walked_listing(FsspecSource(url, Limits()))
 
     try:
         cut = index(fixtures_url)
-        monkeypatch.setattr(remote, "_s3_listing", lambda fs, path: None)  # s3fs's find, entries whole
+        monkeypatch.setattr(remote._S3Stream, "open", classmethod(lambda cls, fs, path: None))  # find's, whole
         whole = index(fixtures_url)
-    finally:
-        fs.rm(f"{BUCKET}/fixtures/clean-full/placeholder/")
+    finally:  # by its key: fs.rm takes the `/` off and would leave the marker to the tests after this one
+        fs.call_s3("delete_object", Bucket=BUCKET, Key="fixtures/clean-full/placeholder/")
         fs.invalidate_cache()
+        assert not any(k.endswith("/") for k in fs.find(f"{BUCKET}/fixtures"))
     assert kinds == [{remote._Cut}, {dict}]
     assert cut.keys() == whole.keys()
+    assert any(full.endswith("/placeholder/") for _, files in cut.values() for full, _ in files)
     for where in whole:
-        mtime, dirs, files = whole[where]
-        assert cut[where][:2] == (mtime, dirs)
-        assert [full for full, _ in cut[where][2]] == [full for full, _ in files]
-        for (_, mine), (_, theirs) in zip(cut[where][2], files, strict=True):
+        dirs, files = whole[where]
+        assert cut[where][0] == dirs
+        assert [full for full, _ in cut[where][1]] == [full for full, _ in files]
+        for (_, mine), (_, theirs) in zip(cut[where][1], files, strict=True):
             assert mine == {k: theirs[k] for k in mine if k != "mtime"} | {"mtime": remote._mtime(theirs)}
             assert {"name", "size", "type", "ETag"} <= mine.keys()
+
+
+def _held_at_each_part(url: str, jobs: int, log: _RequestLog) -> tuple[list[int], Any, list[str]]:
+    """The listing entries an S3 source's index holds at each part of a scan of ``url`` (``_Folder.size``: its
+    files and itself), the report, and the requests made."""
+    import ckptdoctor.sources.fsspec as remote
+    from ckptdoctor.api import scan_roots
+    from ckptdoctor.roots import Roots
+    from ckptdoctor.settings.selection import Options
+
+    sources: list[FsspecSource] = []
+    real_root = remote.FsspecSource.root
+
+    def root(self: FsspecSource, problems: list[Any]) -> Any:
+        sources.append(self)
+        return real_root(self, problems)
+
+    held: list[int] = []
+
+    def count(index: int, tree: object, findings: object) -> None:
+        (source,) = sources
+        now = sum(f.size() for f in source._folders.values())
+        assert source._stream is None or source._held == now
+        held.append(now)
+
+    before = len(log.lines)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(remote.FsspecSource, "root", root)
+        report = scan_roots(Roots.of([url]), Options.build(no_config=True), on_part=count, jobs=jobs, cache=False)
+    return held, report, log.lines[before:]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_an_s3_walk_holds_one_run_of_the_listing_at_a_time(
+    s3_server: tuple[str, _RequestLog], fixtures_url: str, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    """The index of an S3 root is read page by page as the walk asks for each folder, and each folder leaves it
+    when listed (``_S3Stream``, ``FsspecSource._walk_to`` and ``walked``): what it holds at each part is bounded by
+    ``HELD_ENTRIES`` and a page (``PULL``) and the run being walked, not by the objects under the root. With both
+    tiny here, the root and the larger runs are listed a level at a time too. The report, and each `.distcp` item
+    read without a HEAD request, are those of the index read whole (s3fs's ``find``)."""
+    import ckptdoctor.sources.fsspec as remote
+
+    whole_held, whole, whole_requests = _held_at_each_part(fixtures_url, jobs, s3_server[1])
+    monkeypatch.setattr(remote, "HELD_ENTRIES", 16)
+    monkeypatch.setattr(remote, "PULL", 7)
+    held, streamed, requests = _held_at_each_part(fixtures_url, jobs, s3_server[1])
+    monkeypatch.setattr(remote._S3Stream, "open", classmethod(lambda cls, fs, path: None))
+    found_held, found, found_requests = _held_at_each_part(fixtures_url, jobs, s3_server[1])
+
+    assert comparable_report(streamed) == comparable_report(whole) == comparable_report(found)
+    assert [repr(t) for t in streamed.trees] == [repr(t) for t in whole.trees] == [repr(t) for t in found.trees]
+    # A run's objects come in key order, after those of a sibling whose name is the run's name and a character
+    # before `/` (`sharded-wrong-index/` before `sharded/`), which the index holds until the walk gets to them.
+    runs = {d.name: sum(1 for p in d.rglob("*") if p.is_file()) for d in FIXTURES.iterdir() if d.is_dir()}
+    ahead = max(n + sum(runs[o] for o in runs if o.startswith(r) and o[len(r) :] < "/") for r, n in runs.items())
+    assert len(held) == len(whole_held) > 15  # a part per run, and the rest
+    assert max(held) <= 16 + 7 + ahead + 1 < streamed.files / 2  # what the walk is at, not the root's listing
+    assert sorted(held)[len(held) // 2] <= 16 + 7 + max(runs.values()) + 1
+    assert whole_held[0] > 0.8 * streamed.files  # the default holds a root this small whole, and releases it
+    assert whole_held[-1] < 0.3 * streamed.files < min(found_held)  # find's index is held to the end
+    for made in (requests, whole_requests, found_requests):
+        assert [r for r in made if not r.startswith("GET /")] == []  # no HEAD: `.distcp` items read with entries
+    objects = sorted(r for r in requests if "list-type=2" not in r)  # (pooled reads: in any order)
+    assert objects == sorted(r for r in whole_requests if "list-type=2" not in r)
+    lists = [r for r in whole_requests if "list-type=2" in r]
+    assert len(lists) == 1 == len([r for r in found_requests if "list-type=2" in r])  # one page: no request more
