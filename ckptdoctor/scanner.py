@@ -199,7 +199,7 @@ def scan_root(
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import SiblingRuns, holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
-    from ckptdoctor.readers import jsonfiles
+    from ckptdoctor.readers import jsonfiles, pickle_values
 
     if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
         limits = dataclasses.replace(limits, zip_data_local_headers=True)
@@ -227,6 +227,7 @@ def scan_root(
         on_part(Part(judged(with_siblings(tree), selection, memo), above))
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
         jsonfiles.forget()  # and the log histories its checkpoints' reads kept for the next checkpoint
+        pickle_values.forget()  # and the containers its walks shared
 
     split = split and not selection.deep
     if fanout is not None and (selection.deep or not split):

@@ -116,6 +116,16 @@ def _build(node: Any, kids: list[Any]) -> Any:
 # type: each walk makes its own key strings), so a hit holds the same objects, never merely equal ones; the values
 # kept here keep those ids theirs.
 _SHARED: Seen[tuple[Any, ...], Any] = Seen(1 << 14)
+
+
+def forget() -> None:
+    """Drop the containers kept for sharing (``shared``): a scan calls it once a run is judged. A hit needs the very
+    objects, which another run's walks seldom hold (only values a walk resumed from a snapshot shares), and sharing
+    is a saving, never a fact: memory then holds one run's containers, not a fleet's (the memo filled to 16,384
+    entries, about 300 runs of ten checkpoints, before it cleared itself)."""
+    _SHARED.clear()
+
+
 _NO_FLOAT_KEY = SCALARS - {float, complex}  # keys that equal only themselves in kind (0.0 == -0.0, 0j == -0j)
 _PLAIN = SCALARS - {GlobalRef, TensorRef}  # values each walk makes anew (but small ints and a few strings)
 
