@@ -97,7 +97,7 @@ def walk_one_folder(
     ``cache``: through this worker's own verdict cache (``worker_cache``), written once the task's parts are
     judged."""
     from ckptdoctor import trainer_view
-    from ckptdoctor.readers import pickle_values
+    from ckptdoctor.readers import pickle_values, torchstore
     from ckptdoctor.rules import judged
 
     memo = None if cache is False else worker_cache(source, cache is True)
@@ -105,6 +105,7 @@ def walk_one_folder(
     walked.parts = [(judged(tree, selection, memo), above) for tree, above in walked.parts]
     trainer_view.forget()
     pickle_values.forget()  # the containers the task's walks shared: the worker's next task is another run
+    torchstore.forget()
     if memo is not None:
         memo.close()  # the task's facts and verdicts, kept for the next scan that sends this run here
     return Done(__version__, walked)

@@ -199,7 +199,7 @@ def scan_root(
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import SiblingRuns, holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
-    from ckptdoctor.readers import jsonfiles, pickle_values
+    from ckptdoctor.readers import jsonfiles, pickle_values, torchstore
 
     if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
         limits = dataclasses.replace(limits, zip_data_local_headers=True)
@@ -228,6 +228,7 @@ def scan_root(
         trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
         jsonfiles.forget()  # and the log histories its checkpoints' reads kept for the next checkpoint
         pickle_values.forget()  # and the containers its walks shared
+        torchstore.forget()  # and the listings of them
 
     split = split and not selection.deep
     if fanout is not None and (selection.deep or not split):

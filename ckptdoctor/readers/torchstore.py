@@ -193,6 +193,12 @@ _Listing = tuple[Any, tuple[tuple[str, TensorRef], ...], tuple[ReadProblem, ...]
 _PARTS: Seen[tuple[str, int], _Listing] = Seen(256)  # (path, id(item)) -> (item, pairs, problems, containers)
 
 
+def forget() -> None:
+    """Drop the listings kept for a run's later checkpoints: a scan calls it once a run is judged (with
+    ``pickle_values.forget``, which drops the items they are keyed by: none of them can be met again)."""
+    _PARTS.clear()
+
+
 def _by_parts(
     value: dict[Any, Any],
 ) -> tuple[tuple[tuple[str, TensorRef], ...], tuple[ReadProblem, ...]] | None:
