@@ -80,6 +80,9 @@ class Refusal:
                 f"UnpicklingError in {self.reader}")
 
 
+_RNG_RANK = re.compile(r"rng_state_(\d+)\.pth", re.ASCII)  # `Trainer._save_rng_state` with more than one process
+
+
 def weights_only_loads(
     ck: Checkpoint, version: tuple[int, int], weights_file: str | None, restores: bool, rng_ranks: int | None
 ) -> list[tuple[FileFacts, str, bool]]:
@@ -112,7 +115,12 @@ def weights_only_loads(
             add(trainer_view.SCHEDULER, "`Trainer._load_optimizer_and_scheduler`")
     add("scaler.pt", "`Trainer._load_scaler`")
     if rng_ranks is not None:
-        names = ["rng_state.pth"] if rng_ranks <= 1 else [f"rng_state_{r}.pth" for r in range(rng_ranks)]
+        if rng_ranks <= 1:
+            names = ["rng_state.pth"]
+        else:  # the ranks' files this checkpoint holds, rank by rank: a world size from hostile arguments (10**10)
+            # must not make a list of a name per rank (it took 22 GB before the kernel killed the process)
+            held = {int(m[1]) for f in ck.files if (m := _RNG_RANK.fullmatch(ck.relname(f)))}
+            names = [f"rng_state_{r}.pth" for r in sorted(held) if r < rng_ranks]
         for name in names:
             add(name, "`Trainer._load_rng_state`" + (" inside `safe_globals()`" if rng_safe else ""), rng_safe)
     return out

@@ -320,3 +320,22 @@ def test_the_runs_own_warmup_ratio_counts_where_the_uninterrupted_schedule_is_re
     assert not gate_rules._warming_up(None, ts, 10)  # type: ignore[arg-type]
     lrs = gate_rules._uninterrupted(None, ts, 0, 2)  # type: ignore[arg-type]
     assert lrs is not None and lrs[0] == 0.0 and lrs[1] == pytest.approx(0.01)
+
+
+def test_a_huge_world_size_names_only_the_rng_files_the_checkpoint_holds(num_run: Run) -> None:
+    """The gate lists the RNG states a resume on ``world_size`` processes loads: `rng_state_{r}.pth` for each rank.
+    A world size of 10**10 (hostile arguments) made a list of a name per rank: 22 GB before the kernel killed the
+    process (found by test_hostile_numbers_never_traceback). Only the ranks' files the checkpoint holds are named."""
+    from ckptdoctor.resume_gate import predict
+
+    write(num_run, {}, {}, {})
+    seen: list[int | None] = []
+    real = predict.weights_only_loads
+
+    def loads(*args: Any) -> Any:
+        seen.append(args[-1])
+        return real(*args)
+
+    with mock.patch.object(predict, "weights_only_loads", loads):
+        result = check_api(num_run, world_size=10**10, max_steps=100)
+    assert result is not None and 10**10 in seen
