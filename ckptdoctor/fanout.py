@@ -71,8 +71,8 @@ def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: 
     """The task of a root that is one run (or one checkpoint, or one file): discovered whole, each part's pickles
     and the rest's judged (``rules.judged``) where they were read. ``cache``: through this worker's own verdict
     cache (``worker_cache``)."""
-    from ckptdoctor import trainer_view
     from ckptdoctor.rules import judged
+    from ckptdoctor.scanner import forget_run
 
     parts: list[tuple[Tree, tuple[str, ...]]] = []
     memo = None if cache is False else worker_cache(opened.source, cache is True)
@@ -81,7 +81,7 @@ def walk_root(opened: Opened[Any, Any], jobs: int, selection: Selection, cache: 
 
     def take(tree: Tree, above: tuple[str, ...]) -> None:
         parts.append((judged(tree, selection, memo), above))
-        trainer_view.forget()
+        forget_run()
 
     rest = discover_opened(opened, jobs, None, take, left=None if memo is None else memo.left)
     rest = judged(rest, selection, memo)
@@ -96,16 +96,13 @@ def walk_one_folder(
     """The task of one folder of a root (``discover.walk_folder``), its parts' pickles judged where they were read.
     ``cache``: through this worker's own verdict cache (``worker_cache``), written once the task's parts are
     judged."""
-    from ckptdoctor import trainer_view
-    from ckptdoctor.readers import pickle_values, torchstore
     from ckptdoctor.rules import judged
+    from ckptdoctor.scanner import forget_run
 
     memo = None if cache is False else worker_cache(source, cache is True)
     walked = walk_folder(root, source if memo is None else memo.source(source), task, jobs)
     walked.parts = [(judged(tree, selection, memo), above) for tree, above in walked.parts]
-    trainer_view.forget()
-    pickle_values.forget()  # the containers the task's walks shared: the worker's next task is another run
-    torchstore.forget()
+    forget_run()  # the worker's next task is another run
     if memo is not None:
         memo.close()  # the task's facts and verdicts, kept for the next scan that sends this run here
     return Done(__version__, walked)

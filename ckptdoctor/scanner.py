@@ -199,7 +199,6 @@ def scan_root(
     from ckptdoctor.discover import default_jobs, discover  # imported here so `ckptdoctor --version` stays instant
     from ckptdoctor.facts import SiblingRuns, holds_checkpoint, run_history
     from ckptdoctor.progress import Counter
-    from ckptdoctor.readers import jsonfiles, pickle_values, torchstore
 
     if selection.deep:  # tensor records are read whole anyway: check their zip local headers too
         limits = dataclasses.replace(limits, zip_data_local_headers=True)
@@ -225,10 +224,7 @@ def scan_root(
         held = held or holds_checkpoint(tree) or _unchecked(tree)
         counted += tree.files_seen
         on_part(Part(judged(with_siblings(tree), selection, memo), above))
-        trainer_view.forget()  # the views the rules built of this part hold its facts: release them with it
-        jsonfiles.forget()  # and the log histories its checkpoints' reads kept for the next checkpoint
-        pickle_values.forget()  # and the containers its walks shared
-        torchstore.forget()  # and the listings of them
+        forget_run()
 
     split = split and not selection.deep
     if fanout is not None and (selection.deep or not split):
@@ -264,6 +260,18 @@ def scan_root(
             memo.close()  # every verdict is judged: the cache files still open are written
         whole = None if held or _unchecked(tree) else dataclasses.replace(tree, files_seen=counted + tree.files_seen)
         on_part(Part(tree, (), True, whole))
+
+
+def forget_run() -> None:
+    """Release what the rules' views and the readers kept of a run once it is judged (a part of ``scan_root``, a
+    Dask task): another run's checkpoints take none of it."""
+    from ckptdoctor import trainer_view
+    from ckptdoctor.readers import jsonfiles, pickle_values, torchstore
+
+    trainer_view.forget()  # the views the rules built of the run hold its facts
+    jsonfiles.forget()  # the log histories its checkpoints' reads kept for the next checkpoint
+    pickle_values.forget()  # the containers its walks shared
+    torchstore.forget()  # and the listings of them
 
 
 def _unchecked(tree: Tree) -> bool:
