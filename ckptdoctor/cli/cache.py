@@ -31,8 +31,7 @@ def clear_command() -> None:
     """Remove the cache's own files (and its folder, once empty); nothing else."""
     from ckptdoctor.cache.store import cache_dir, clear
 
-    removed = clear()
-    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+    _say_removed(clear(), cache_dir())
 
 
 @cache_group.command("prune")
@@ -45,5 +44,8 @@ def prune_command(days: float | None) -> None:
     file a killed scan left."""
     from ckptdoctor.cache.store import KEEP_DAYS, cache_dir, prune
 
-    removed = prune(days=KEEP_DAYS if days is None else days)
-    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_dir()}")
+    _say_removed(prune(days=KEEP_DAYS if days is None else days), cache_dir())
+
+
+def _say_removed(removed: int, folder: str) -> None:
+    click.echo(f"removed {removed} file{'s' if removed != 1 else ''} from {folder}")
