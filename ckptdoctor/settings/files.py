@@ -168,12 +168,14 @@ def nested_configs(root: str, files: Iterable[str]) -> list[tuple[str, Config]]:
     The scan's own listing is used, so finding them costs no extra look at the disk; a ``pyproject.toml`` without
     ``[tool.ckptdoctor]`` does not count. ``root``'s own file is ``find_config``'s, and is left out here.
     """
-    out = []
-    for rel in config_folders(files):
-        cfg = load_config(os.path.join(root, *rel.split("/")))
-        if cfg.source is not None:
-            out.append((rel, cfg))
-    return out
+    return [(rel, cfg) for rel in config_folders(files) if (cfg := folder_config(root, rel)) is not None]
+
+
+def folder_config(root: str, rel: str) -> Config | None:
+    """The settings file of the folder ``rel`` below ``root`` (``load_config``), or None when no file there
+    configures ckptdoctor."""
+    cfg = load_config(os.path.join(root, *rel.split("/")))
+    return cfg if cfg.source is not None else None
 
 
 def config_folders(files: Iterable[str]) -> list[str]:

@@ -6,7 +6,6 @@ allowances (``user_allowances``)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field
@@ -20,7 +19,7 @@ from ckptdoctor.settings.files import (
     Config,
     config_folders,
     find_config,
-    load_config,
+    folder_config,
     nested_configs,
     user_table,
     walk_configs,
@@ -368,8 +367,8 @@ def with_nested(
     scopes: list[Scope] = []
     for folder in config_folders(files):
         if folder not in memo:
-            cfg = load_config(os.path.join(settings.root, *folder.split("/")))
-            if cfg.source is None:
+            cfg = folder_config(settings.root, folder)
+            if cfg is None:
                 memo[folder] = None
             else:
                 resolver = resolver or _Resolver(options)
