@@ -236,9 +236,7 @@ def discover_opened(
         walker = _Walker(source, problems, None, progress, emit, handed, left, walked)
         top = walker.walk(found, ".", 0, frozenset())
     else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read") as pool:
+        with _pool(jobs) as pool:
             walker = _Walker(source, problems, pool, progress, emit, handed, left, walked)
             top = walker.walk(found, ".", 0, frozenset())
             _collect(top)
@@ -660,10 +658,8 @@ def _worth_a_task(name: str) -> bool:
     return _is_ckpt_file(lower) or lower in _TASK_NAMES or lower.endswith(_TASK_SUFFIXES)
 
 
-def _pool(jobs: int) -> ThreadPoolExecutor | None:
-    """A pool of ``jobs`` reading threads, or None for one read at a time (``concurrent.futures`` loaded only then)."""
-    if jobs <= 1:
-        return None
+def _pool(jobs: int) -> ThreadPoolExecutor:
+    """A pool of ``jobs`` reading threads (``concurrent.futures`` is loaded only for more than one read at once)."""
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ckptdoctor-read")
@@ -676,7 +672,7 @@ def walk_folder(root: str, source: Source[L, M], task: FolderTask, jobs: int = 1
     parts: list[tuple[Tree, tuple[str, ...]]] = []
     problems = list(task.problems)
     emit = _Emitter(root, source, problems, lambda tree, above: parts.append((tree, above)))
-    pool = _pool(jobs)
+    pool = _pool(jobs) if jobs > 1 else None
     # Folders are keyed as this process sees them (another machine numbers a shared file system's devices its own
     # way), so a link back above the folder is the loop here that it is in the walk of the root.
     entry = dataclasses.replace(task.entry, key=source.key(task.entry.path))
