@@ -1,34 +1,32 @@
-"""A strict, executable-free encoding of file facts and pickle verdicts as JSON: what the verdict cache stores.
+"""A strict, executable-free encoding of file facts and pickle verdicts: what the verdict cache stores.
 
-Nothing here can run code when it decodes: the document is JSON (``json.loads``), and the only objects it can make
-are the containers and scalars JSON and Python share, ``bytes`` and ``complex``, and the model's own values named in
-``_CLASSES`` and ``_ENUMS`` (looked up by name in those tables, built with their fields in declared order). Anything
-else, in either direction, is a ``CodecError``: an entry that cannot be encoded is not cached, one that cannot be
-decoded is not trusted.
+Nothing here runs code when it decodes, and the only objects it can make are the scalars, ``bytes``, ``complex`` and
+containers Python's ``marshal`` carries (the cache file's body: ``cache.store``), and the model's own values named
+in ``_CLASSES`` and ``_ENUMS`` (looked up by name in those tables, their fields set in declared order). Every part of
+a table is checked before it is used: anything else is a ``CodecError``, in either direction: an entry that cannot
+be encoded is not cached, one that cannot be decoded is not trusted.
 
-A ``Table`` is a list of nodes, each after the nodes it refers to. A JSON string, integer, float, boolean or null is
-a node as it is; every other node is a list ``[tag, child, ...]`` whose children are indices of earlier nodes:
-``t`` tuple, ``l`` list, ``d`` dict (keys and values alternating), ``s`` set, ``f`` frozenset, ``b`` bytes (one
-child: base64 text), ``c`` complex (real and imaginary parts), ``@Name`` a model value (its fields in order),
-``%Name`` an enum member (its value), ``z`` a tuple of pairs (two children: the tuple of first items and the tuple
-of second items); ``T`` and ``L`` are a tuple or list of scalars only, held inline (the node's items are the values
-themselves, not indices), and a JSON object is a dict of scalars under string keys (a log entry: ``json.loads``
-builds it, and decoding takes it as it is); ``I`` and ``J`` are a tuple or list of 64 or more integers of 64 bits
-(one child: the hex text of their little-endian 8-byte values, a checkpoint's RNG state). Equal values are one node
-(structural sharing, as the readers share log histories and zip entries): a run's checkpoints repeat the same tensor
-layouts, so a run's table holds each once, and decoding builds each once.
+The encoder's nodes (``Encoder.nodes``): a string, integer, float, boolean, null, bytes or complex number is a node
+as it is; every other node is a list ``[tag, child, ...]`` whose children are indices of earlier nodes: ``t`` tuple,
+``l`` list, ``d`` dict (keys and values alternating), ``s`` set, ``f`` frozenset, ``@Name`` a model value (its fields
+in order), ``%Name`` an enum member (its value), ``z`` a tuple of pairs (two children: the tuple of first items and
+the tuple of second items), ``l+`` a list that extends an earlier one (its first child) by the others; ``T`` and
+``L`` are a tuple or list of scalars only, held inline (the node's items are the values themselves), and a dict of
+scalars under string keys is its own node (a log entry). Equal values are one node (structural sharing, as the
+readers share log histories and zip entries): a run's checkpoints repeat the same tensor layouts, so a run's table
+holds each once, and decoding builds each once. Stored, the nodes are grouped (``pack``, below) so that decoding
+builds a group of alike nodes at a time.
 """
 
 from __future__ import annotations
 
-import binascii
 import enum
 import operator
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
-from itertools import chain, compress, repeat
+from itertools import chain, compress, islice, repeat
 from typing import Any
 
 from ckptdoctor import model
@@ -36,7 +34,7 @@ from ckptdoctor.cache import CodecError
 
 __all__ = ["CodecError", "Decoder", "Encoder", "Table"]
 
-Table = list[Any]  # the nodes, as json.loads gives them back
+Table = list[Any]  # the encoder's nodes
 
 # Every model value a FileFacts or a PickleVerdict may hold, by name. A name outside this table never decodes.
 _CLASSES: dict[str, type[Any]] = {
@@ -86,11 +84,11 @@ class Encoder:
         self.seeded_from: Decoder | None = None  # the decoded table this encoder goes on with (``seeded``)
 
     @classmethod
-    def seeded(cls, nodes: Table, decoded: Decoder) -> Encoder:
-        """An encoder that goes on with the table ``nodes`` (which ``decoded`` decoded): its values keep their
+    def seeded(cls, table: Any, decoded: Decoder) -> Encoder:
+        """An encoder that goes on with the stored ``table`` (which ``decoded`` decoded): its values keep their
         indices (``seeded_from``), and what is encoded next finds them as if it had encoded them itself."""
         e = cls()
-        e.nodes = list(nodes)
+        nodes = e.nodes = nodes_of(table, decoded)
         e.seeded_from = decoded
         for i, (node, v) in enumerate(zip(nodes, decoded.values, strict=True)):
             t = node.__class__
@@ -110,6 +108,9 @@ class Encoder:
             elif t is float:
                 if node == node:  # a NaN is never shared
                     e._floats.setdefault(node if node else repr(node), i)
+            elif t is complex:
+                if node == node:
+                    e._other.setdefault((t, repr(node)), i)
             else:
                 e._other.setdefault((t, node), i)
         return e
@@ -196,10 +197,17 @@ class Encoder:
                 i = self._other[key] = len(self.nodes)
                 self.nodes.append(v)
             return i
-        elif t is bytes:
-            node = ["b", self._encode(binascii.b2a_base64(v, newline=False).decode("ascii"))]
-        elif t is complex:
-            node = ["c", self._encode(v.real), self._encode(v.imag)]
+        elif t is bytes or t is complex:
+            # a leaf as it is (the table's carrier, ``marshal``, holds both); a complex by its repr (0j and -0j are
+            # equal, yet each stays what it is), one holding a NaN never shared
+            key = (t, v if t is bytes else repr(v))
+            i = self._other.get(key)
+            if i is None:
+                i = len(self.nodes)
+                self.nodes.append(v)
+                if v == v:
+                    self._other[key] = i
+            return i
         elif t in _ENUM_TAGS:
             node = [_ENUM_TAGS[t], self._encode(v.value)]
         else:
@@ -218,7 +226,7 @@ class Encoder:
         i = self._other.get(key)
         if i is None:
             i = self._other[key] = len(self.nodes)
-            # an inline dict is written as the JSON object it is (``v`` itself: string keys, scalar values)
+            # an inline dict is its own node (``v`` itself: string keys, scalar values)
             self.nodes.append(v if node[0] == "D" else node)
             if v.__class__ is list and len(v) >= _PREFIX_MIN:
                 self._lists.setdefault(id(v[0]), deque(maxlen=_PREFIX_TRIES)).append((len(v), i, v))
@@ -229,6 +237,10 @@ class Encoder:
     def _container(self, t: type[Any], v: Any) -> list[Any]:
         """The node of the tuple, list, dict, set or frozenset ``v``."""
         node: list[Any]
+        if (t is tuple or t is list) and len(v) >= _PACK_MIN and _INT_ONLY.issuperset(map(type, v)):
+            packed = _packed(t, v)
+            if packed is not None:
+                return [packed[0], self._encode(packed[1])]
         if t is tuple or t is list or t is dict:
             inline = _inline(t, v)
             if inline is not None:
@@ -302,10 +314,10 @@ _PREFIX_MIN = 16
 _PREFIX_TRIES = 4
 
 
-# Tags of nodes whose items are scalars held inline (JSON strings, numbers, booleans, null), not indices: a tuple,
+# Tags of nodes whose items are scalars held inline (strings, numbers, booleans, null), not indices: a tuple,
 # list or dict (keys and values alternating) of scalars only is one node, written and read at C speed (a checkpoint's
 # RNG state, its log entries, a shard index's weight map). A ``D`` node is the encoder's key of an inline dict only:
-# the table holds the dict itself, a JSON object.
+# the table holds the dict itself.
 _INLINE = frozenset({"T", "L", "D"})
 _INLINE_READ = frozenset({"T", "L"})
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
@@ -323,40 +335,41 @@ def _inline(t: type[Any], v: Any) -> list[Any] | None:
         return node
     if not v or not _SCALAR_TYPES.issuperset(map(type, v)):
         return None
-    if len(v) >= _PACK_MIN and _INT_ONLY.issuperset(map(type, v)):
-        try:
-            packed = struct.pack(f"<{len(v)}q", *v)
-        except struct.error:  # an integer past 64 bits: held as JSON numbers
-            pass
-        else:
-            return ["I" if t is tuple else "J", packed.hex()]
     node = ["T" if t is tuple else "L"]
     node.extend(v)
     return node
 
 
-# A tuple or list of at least this many integers, each of 64 bits, is packed: ``I`` (a tuple) or ``J`` (a list)
-# holds the hex text of their little-endian 8-byte values (a checkpoint's RNG state is 625 of them: one string for
-# json.loads to scan instead of 625 numbers to parse; hex, as ``bytes.fromhex`` reads it three times faster than
-# base64 is decoded)
+# A tuple or list of at least this many integers (a checkpoint's RNG state: 625 of them) is packed: its values'
+# little-endian bytes, 4 each when they are all below 2**32 (``I4``: a tuple, ``J4``: a list), else 8 each, signed
+# (``I8``, ``J8``), the node's one child. Unpacked at C speed, and its items need no look at their types: ``struct``
+# makes integers only.
 _PACK_MIN = 64
-_PACKED = frozenset({"I", "J"})
+_PACKS: dict[str, tuple[type[Any], str]] = {"I4": (tuple, "I"), "J4": (list, "I"), "I8": (tuple, "q"),
+                                             "J8": (list, "q")}  # fmt: skip
 
 
-def _unpacked(node: list[Any]) -> tuple[int, ...] | list[int]:
-    """The tuple or list of a packed node (``_PACKED``)."""
-    if len(node) != 2 or node[1].__class__ is not str:
-        raise CodecError("a packed node holds one hex text")
+def _packed(t: type[Any], v: Sequence[int]) -> tuple[str, bytes] | None:
+    """The tag and bytes of the tuple or list of integers ``v`` packed; None when one is past 64 bits."""
+    wide = min(v) < 0 or max(v) >= 1 << 32
     try:
-        raw = bytes.fromhex(node[1])
-    except ValueError:
-        raise CodecError("a packed node whose text is not hex") from None
-    if len(raw) % 8:
-        raise CodecError("a packed node's bytes are not 8-byte integers")
-    values = struct.unpack(f"<{len(raw) // 8}q", raw)
-    return values if node[0] == "I" else list(values)
+        raw = struct.pack(f"<{len(v)}{'q' if wide else 'I'}", *v)
+    except struct.error:
+        return None
+    return f"{'I' if t is tuple else 'J'}{8 if wide else 4}", raw
 
 
+def _unpacked(tag: str, values: list[Any]) -> list[Any]:
+    """The tuples or lists of a group of packed nodes, from their bytes."""
+    kind, code = _PACKS[tag]
+    size = struct.calcsize(code)
+    if not _BYTES_ONLY.issuperset(map(type, values)) or any(len(b) % size for b in values):
+        raise CodecError(f"a {tag} node holds bytes of {size}-byte integers")
+    made = [struct.unpack(f"<{len(b) // size}{code}", b) for b in values]
+    return made if kind is tuple else list(map(list, made))
+
+
+_BYTES_ONLY = frozenset({bytes})
 _TUPLE_ONLY = frozenset({tuple})
 _INT_ONLY = frozenset({int})
 _TWO_ONLY = frozenset({2})
@@ -374,110 +387,129 @@ def _strs(items: Iterable[Any]) -> bool:
     return _STR_ONLY.issuperset(map(type, items))  # at C speed
 
 
-_NODE_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
-# ``@Name`` -> the class and its number of fields (the decoder builds these nodes without a call to ``_build``)
-_MODEL_TAGS: dict[str, tuple[type[Any], int]] = {f"@{name}": (cls, len(_FIELDS[cls])) for name, cls in _CLASSES.items()}
+_TAGS: dict[type[Any], str] = {tuple: "t", list: "l", dict: "d", set: "s", frozenset: "f"}
 
-_TAGS: dict[type[Any], str] = {
-    tuple: "t", list: "l", dict: "d", set: "s", frozenset: "f", bytes: "b", complex: "c"
-}  # fmt: skip
+# ---------------------------------------------------------------------------------------------------------------
+# The table as stored: leaves, then groups of nodes alike
+#
+# The encoder's nodes come in the order met (each after its children). Stored, they are reordered so that a warm
+# rescan builds them at C speed, a group at a time instead of a node at a time (10^4 nodes a run): first the leaves
+# (scalars, bytes, complex numbers and the containers of scalars held inline, each its own value), then groups of
+# nodes of one tag and one level (a leaf is level 0, a node one more than its highest child), in level order, so
+# every child of a group is in an earlier group or a leaf. Each group is a record:
+#
+#   [tag, count, kids]            a fixed number of children each: a model value (its fields), an enum member (its
+#                                 value), ``z`` (two tuples), packed integers (their bytes); ``kids`` holds every
+#                                 node's children one after another
+#   [tag, lengths, kids]          ``t`` ``l`` ``s`` ``f`` ``d`` (keys and values alternating): each node's number of
+#                                 children in ``lengths``
+#   ["l+", bases, lengths, kids]  each node the list at its index in ``bases`` extended by its ``lengths`` children
+#
+# A node's index is its place in that order (the leaves first); a parent names its children by index.
 
-
-def _dict(kids: list[Any]) -> dict[Any, Any]:
-    if len(kids) % 2:
-        raise CodecError("a dict node with an odd number of children")
-    return dict(zip(kids[::2], kids[1::2], strict=True))
-
-
-def _extended(kids: list[Any]) -> list[Any]:
-    if not kids or type(kids[0]) is not list:
-        raise CodecError("an l+ node starts with a list")
-    return kids[0] + kids[1:]
-
-
-def _pairs_of(kids: list[Any]) -> tuple[Any, ...]:
-    if len(kids) % 2:
-        raise CodecError("a t2 node with an odd number of children")
-    return tuple(zip(kids[::2], kids[1::2], strict=True))
-
-
-def _bytes(kids: list[Any]) -> bytes:
-    if len(kids) != 1 or type(kids[0]) is not str:
-        raise CodecError("a bytes node holds one base64 text")
-    try:
-        import base64  # here: most scans decode no bytes, and the module costs a scan's start-up
-
-        return base64.b64decode(kids[0], validate=True)
-    except binascii.Error:
-        raise CodecError("a bytes node whose text is not base64") from None
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, tuple, list, dict})
+_CONTAINER_LEAVES = (tuple, list)
+_FIXED: dict[str, int] = {"z": 2}
+_VARIABLE: dict[str, Callable[[Iterable[Any]], Any]] = {"t": tuple, "l": list, "s": set, "f": frozenset}
+_LIST_ONLY = frozenset({list})
 
 
-def _complex(kids: list[Any]) -> complex:
-    if len(kids) != 2 or any(type(k) is not float for k in kids):
-        raise CodecError("a complex node holds two floats")
-    return complex(kids[0], kids[1])
+def pack(nodes: Table) -> tuple[list[Any], list[int]]:
+    """The stored table of the encoder's ``nodes`` (each after its children), and the index in it of each node."""
+    level = [0] * len(nodes)
+    leaves: list[int] = []
+    groups: dict[tuple[int, str], list[int]] = {}
+    get = level.__getitem__
+    for i, node in enumerate(nodes):
+        if node.__class__ is list and node[0] not in _INLINE_READ:
+            kids = node[1:]
+            lv = level[i] = max(map(get, kids), default=0) + 1
+            at = groups.get((lv, node[0]))
+            if at is None:
+                groups[(lv, node[0])] = [i]
+            else:
+                at.append(i)
+        else:
+            leaves.append(i)
+    order = list(leaves)
+    for key in sorted(groups):
+        order.extend(groups[key])
+    where = [0] * len(nodes)
+    for new, old in enumerate(order):
+        where[old] = new
+    at_ = where.__getitem__
+    out_leaves = [_leaf(nodes[i]) for i in leaves]
+    records: list[Any] = []
+    for (_, tag), members in sorted(groups.items()):
+        kid_lists = [list(map(at_, nodes[i][1:])) for i in members]
+        if tag == "l+":
+            records.append([tag, [k[0] for k in kid_lists], [len(k) - 1 for k in kid_lists],
+                            list(chain.from_iterable(k[1:] for k in kid_lists))])  # fmt: skip
+        elif tag in _VARIABLE or tag == "d":
+            records.append([tag, list(map(len, kid_lists)), list(chain.from_iterable(kid_lists))])
+        else:
+            records.append([tag, len(members), list(chain.from_iterable(kid_lists))])
+    return [out_leaves, records], where
 
 
-def _zipped(kids: list[Any]) -> tuple[Any, ...]:
-    if len(kids) != 2 or type(kids[0]) is not tuple or type(kids[1]) is not tuple or len(kids[0]) != len(kids[1]):
-        raise CodecError("a z node holds two tuples of one length")
-    return tuple(zip(kids[0], kids[1], strict=True))
+def _leaf(node: Any) -> Any:
+    if node.__class__ is list:  # an inline tuple or list of scalars
+        return tuple(node[1:]) if node[0] == "T" else node[1:]
+    return node
 
 
-def _inline_value(node: list[Any]) -> Any:
-    """The tuple or list of an inline node (``_INLINE_READ``): its items are JSON's scalars, as ``json.loads`` gave
-    them."""
-    items = node[1:]
-    if not _SCALAR_TYPES.issuperset(map(type, items)):
-        raise CodecError("an inline node holds scalars only")
-    return tuple(items) if node[0] == "T" else items
+def nodes_of(table: Any, decoded: Decoder) -> Table:
+    """The encoder's nodes of a stored ``table`` (which ``decoded`` decoded), in its order: what an encoder going on
+    with it starts from (``Encoder.seeded``)."""
+    leaves, records = table
+    out: Table = [_leaf_node(v) for v in leaves]
+    for rec in records:
+        tag = rec[0]
+        if tag == "l+":
+            it = iter(rec[3])
+            out.extend([tag, base, *islice(it, n)] for base, n in zip(rec[1], rec[2], strict=True))
+        elif tag in _VARIABLE or tag == "d":
+            it = iter(rec[2])
+            out.extend([tag, *islice(it, n)] for n in rec[1])
+        else:
+            width = len(rec[2]) // rec[1] if rec[1] else 0
+            kids = rec[2]
+            out.extend([tag, *kids[j * width : (j + 1) * width]] for j in range(rec[1]))
+    assert len(out) == len(decoded.values)
+    return out
 
 
-_BUILDERS: dict[str, Callable[[list[Any]], Any]] = {
-    "t": tuple, "l": list, "l+": _extended, "t2": _pairs_of, "z": _zipped, "d": _dict, "s": set, "f": frozenset,
-    "b": _bytes, "c": _complex,
-}  # fmt: skip
+def _leaf_node(v: Any) -> Any:
+    t = v.__class__
+    if t is tuple:
+        return ["T", *v]
+    if t is list:
+        return ["L", *v]
+    return v
 
 
 class Decoder:
-    """The values of one ``Table``, built once each, in table order (every child before its parent)."""
+    """The values of one stored table (``pack``), built group by group, each group at C speed."""
 
-    def __init__(self, nodes: Any) -> None:
-        if type(nodes) is not list:
-            raise CodecError("a table is a list")
-        # A warm rescan decodes a run's whole table (10^4 nodes), so what can be is done at C speed: the nodes'
-        # types are checked at once, scalars and log entries (JSON objects, as ``json.loads`` built them) are their
-        # own values, and only the list nodes are built, one by one, their children checked and fetched by ``map``.
-        types = list(map(type, nodes))
-        if not _NODE_TYPES.issuperset(types):
-            raise CodecError("a node is a scalar, a list or an object of scalars")
-        dicts = compress(nodes, map(operator.is_, types, repeat(dict)))
-        if not _SCALAR_TYPES.issuperset(map(type, chain.from_iterable(map(dict.values, dicts)))):
-            raise CodecError("an inline dict holds scalars only")
-        out = list(nodes)
-        get = out.__getitem__
-        for i in compress(range(len(types)), map(operator.is_, types, repeat(list))):
-            node = nodes[i]
-            if not node or node[0].__class__ is not str:
-                raise CodecError("a node list starts with its tag")
-            tag = node[0]
-            if tag in _INLINE_READ:
-                out[i] = _inline_value(node)
-                continue
-            if tag in _PACKED:
-                out[i] = _unpacked(node)
-                continue
-            kids = node[1:]
-            if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= i):
-                raise CodecError("a child is the index of an earlier node")
-            values = list(map(get, kids))
-            model = _MODEL_TAGS.get(tag)
-            if model is None:
-                out[i] = _build(tag, values)
-            elif len(values) != model[1]:
-                raise CodecError(f"no model value {tag[1:]!r} with {len(values)} fields")
-            else:
-                out[i] = model[0](*values)
+    def __init__(self, table: Any) -> None:
+        if type(table) is not list or len(table) != 2 or type(table[0]) is not list or type(table[1]) is not list:
+            raise CodecError("a table is a list of leaves and a list of groups")
+        leaves, records = table
+        # the leaves: their types at once, and what the inline containers hold (scalars; dicts under text keys)
+        types = list(map(type, leaves))
+        if not _LEAF_TYPES.issuperset(types):
+            raise CodecError("a leaf is a scalar, bytes, a complex number or a container of scalars")
+        inline = compress(leaves, map(_CONTAINER_LEAVES.__contains__, types))
+        dicts = list(compress(leaves, map(operator.is_, types, repeat(dict))))
+        if not _SCALAR_TYPES.issuperset(map(type, chain(chain.from_iterable(inline), *map(dict.values, dicts)))):
+            raise CodecError("an inline container holds scalars only")
+        if not _STR_ONLY.issuperset(map(type, chain.from_iterable(dicts))):
+            raise CodecError("an inline dict is keyed by text")
+        out = list(leaves)
+        for rec in records:
+            if type(rec) is not list or len(rec) < 3 or type(rec[0]) is not str:
+                raise CodecError("a group is a list that starts with its tag")
+            out.extend(_group(rec, out))
         self.values = out
 
     def value(self, index: Any, kind: type[Any] | None = None) -> Any:
@@ -490,25 +522,102 @@ class Decoder:
         return v
 
 
-def _build(tag: str, kids: list[Any]) -> Any:
-    builder = _BUILDERS.get(tag)
-    if builder is not None:
+def _indices(kids: Any, below: int) -> None:
+    """``kids`` is a list of indices of nodes before ``below`` (built already)."""
+    if type(kids) is not list:
+        raise CodecError("a group's children are a list")
+    if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= below):
+        raise CodecError("a child is the index of an earlier node")
+
+
+def _counts(lengths: Any, total: int) -> None:
+    if (
+        type(lengths) is not list
+        or not _INT_ONLY.issuperset(map(type, lengths))
+        or (lengths and min(lengths) < 0)
+        or sum(lengths) != total
+    ):
+        raise CodecError("a group's lengths are counts of its children")
+
+
+def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
+    """The values of one group record, whose children are in ``out``."""
+    tag = rec[0]
+    below = len(out)
+    get = out.__getitem__
+    if tag == "l+":
+        if len(rec) != 4:
+            raise CodecError("an l+ group holds its bases, lengths and children")
+        _, bases, lengths, kids = rec
+        _indices(bases, below)
+        _indices(kids, below)
+        _counts(lengths, len(kids))
+        if len(bases) != len(lengths):
+            raise CodecError("an l+ group has a base for each node")
+        firsts = list(map(get, bases))
+        if not _LIST_ONLY.issuperset(map(type, firsts)):
+            raise CodecError("an l+ node extends a list")
+        it = iter(list(map(get, kids)))
+        return list(map(operator.add, firsts, map(list, map(islice, repeat(it), lengths))))
+    if len(rec) != 3:
+        raise CodecError(f"a {tag} group holds a count and its children")
+    _, count, kids = rec
+    _indices(kids, below)
+    values = list(map(get, kids))
+    make = _VARIABLE.get(tag)
+    if make is not None or tag == "d":
+        _counts(count, len(kids))
+        it = iter(values)
+        parts = map(islice, repeat(it), count)
+        if make is not None:
+            try:
+                return list(map(make, parts))
+            except TypeError:  # an unhashable member: not a table this module wrote
+                raise CodecError(f"a {tag} node holds an unhashable value") from None
+        if any(n % 2 for n in count):
+            raise CodecError("a dict node with an odd number of children")
+        pairs = list(parts)
         try:
-            return builder(kids)
-        except TypeError:  # an unhashable key or member: not a table this module wrote
-            raise CodecError(f"a {tag} node holds an unhashable value") from None
-    head, name = tag[:1], tag[1:]
-    if head == "@":
-        cls = _CLASSES.get(name)
-        if cls is None or len(kids) != len(_FIELDS[cls]):
-            raise CodecError(f"no model value {name!r} with {len(kids)} fields")
-        return cls(*kids)
-    if head == "%":
-        kind = _ENUMS.get(name)
-        if kind is None or len(kids) != 1:
-            raise CodecError(f"no enum {name!r}")
-        try:
-            return kind(kids[0])
-        except ValueError:
-            raise CodecError(f"{kids[0]!r} is no {name}") from None
-    raise CodecError(f"unknown tag {tag!r}")
+            return list(map(dict, map(zip, pairs, pairs)))
+        except TypeError:
+            raise CodecError("a d node holds an unhashable key") from None
+    if type(count) is not int or count < 0:
+        raise CodecError(f"a {tag} group's count is a number")
+    model = _MODEL_TAGS.get(tag)
+    width = model[1] if model is not None else 1 if tag[:1] == "%" or tag in _PACKS else _FIXED.get(tag)
+    if width is None:
+        raise CodecError(f"unknown tag {tag!r}")
+    if len(values) != count * width:
+        raise CodecError(f"no {tag} node with {len(values) / count if count else 0:g} children")
+    if model is not None:
+        # each value made as the class's own ``__init__`` makes it (its fields set, in order, through their slots;
+        # a model value has no other step), a field at a time for the whole group
+        cls = model[0]
+        made = list(map(object.__new__, repeat(cls, count)))
+        for j, setter in enumerate(_SETTERS[cls]):
+            deque(map(setter, made, values[j::width]), maxlen=0)
+        return made
+    if tag in _PACKS:
+        return _unpacked(tag, values)
+    if tag == "z":
+        firsts, seconds = values[0::2], values[1::2]
+        if not _TUPLE_ONLY.issuperset(map(type, values)) or list(map(len, firsts)) != list(map(len, seconds)):
+            raise CodecError("a z node holds two tuples of one length")
+        return list(map(tuple, map(zip, firsts, seconds)))
+    kind = _ENUMS.get(tag[1:])
+    if kind is None:
+        raise CodecError(f"no enum {tag[1:]!r}")
+    if not _STR_ONLY.issuperset(map(type, values)):
+        raise CodecError(f"a {tag[1:]} is named by its text")
+    try:
+        return list(map(kind._value2member_map_.__getitem__, values))
+    except KeyError as e:
+        raise CodecError(f"{e.args[0]!r} is no {tag[1:]}") from None
+
+
+# ``@Name`` -> the class and its number of fields
+_MODEL_TAGS: dict[str, tuple[type[Any], int]] = {f"@{name}": (cls, len(_FIELDS[cls])) for name, cls in _CLASSES.items()}
+# each model class's field setters, in field order: its slots' descriptors (the frozen ``__setattr__`` raises)
+_SETTERS: dict[type[Any], tuple[Callable[[Any, Any], None], ...]] = {
+    cls: tuple(getattr(cls, name).__set__ for name in names) for cls, names in _FIELDS.items()
+}

@@ -42,7 +42,9 @@ __all__ = ["FactsCache"]
 
 _V = TypeVar("_V")
 
-FORMAT = 3  # 2: inline scalar containers, z pairs; 3: inline dicts as JSON objects, packed integers (``cache.codec``)
+# 2: inline scalar containers, z pairs; 3: inline dicts as JSON objects, packed integers; 4: the body is marshal's,
+# its table grouped (``cache.codec.pack``)
+FORMAT = 4
 # A file whose metadata changed this recently before the scan began may still be being written, within one tick of
 # its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
 # index entry as "racily clean").
@@ -304,7 +306,7 @@ class FactsCache:
                 from ckptdoctor.cache.codec import Decoder
 
                 try:
-                    segment.decoder = Decoder(doc.get("nodes"))
+                    segment.decoder = Decoder(doc.get("table"))
                 except CodecError:
                     segment.decoder = None
                 if segment.decoder is not None:
@@ -350,7 +352,7 @@ def _document(segment: _Segment) -> dict[str, Any] | None:
         if encoder is None:
             from ckptdoctor.cache.codec import Encoder
 
-            encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["nodes"], old)  # type: ignore[index]
+            encoder = Encoder() if fresh or old is None else Encoder.seeded(segment.doc["table"], old)  # type: ignore[index]
         try:
             out: dict[str, Any] = {"id": entry["id"], "facts": _stored(encoder, old, entry, "facts", key)}
             if "items" in entry:
@@ -365,8 +367,15 @@ def _document(segment: _Segment) -> dict[str, Any] | None:
             return None
         entries[key] = out
     if encoder is None:
-        return {"nodes": [], "entries": entries, "stale": 0}
-    return {"nodes": encoder.nodes, "entries": entries, "stale": 0 if fresh else segment.stale}
+        return {"table": [[], []], "entries": entries, "stale": 0}
+    from ckptdoctor.cache.codec import pack
+
+    table, where = pack(encoder.nodes)
+    for out in entries.values():  # the entries name their nodes by their places in the table as stored
+        for field in ("facts", "done", "verdict"):
+            if out.get(field) is not None:
+                out[field] = where[out[field]]
+    return {"table": table, "entries": entries, "stale": 0 if fresh else segment.stale}
 
 
 _OBJ = {"facts": "obj", "done": "done_obj", "verdict": "verdict_obj"}

@@ -3,9 +3,11 @@
 The folder is ``$XDG_CACHE_HOME/ckptdoctor`` (an absolute ``XDG_CACHE_HOME``, as the XDG Base Directory
 specification asks), else ``~/.cache/ckptdoctor``. It is used only when it is a real folder (not a link) owned by
 this user and closed to everyone else (mode 0700, made so when created), holding a secret key of the same kind
-(``key``, 32 random bytes, 0600). Each cache file is one JSON document after one line: the HMAC-SHA256 of the
-document under that key. A file is trusted only when the HMAC matches and the document parses as one this code wrote,
-for the same question (``Store.read`` checks ``expect``); anything else is ignored, and overwritten by the next write.
+(``key``, 32 random bytes, 0600). Each cache file is one document (``marshal``'s encoding of a dict of plain
+values, never code: ``cache.codec`` checks every part of what it decodes) after one line: the HMAC-SHA256 of the
+document under that key, checked before a byte of it is decoded. A file is trusted only when the HMAC matches and
+the document is one this code wrote, for the same question (``Store.read`` checks ``expect``); anything else is
+ignored, and overwritten by the next write.
 So a file planted by another user or process, copied from another machine or a backup, torn by a crash or written
 by another version of ckptdoctor is never believed.
 
@@ -40,6 +42,9 @@ MAX_FILE_BYTES = 1 << 30
 KEEP_DAYS = 30  # a cache file no scan used for this long is removed (``prune``)
 _DAY = 86_400.0
 _PRUNED = "pruned"  # in the cache folder: its modification time is when the cache was last pruned
+_SUFFIX = ".bin"  # a cache file's; formats before 4 were JSON documents, ``.json`` (pruned, cleared, never read)
+_MAC_HEX = 64  # the HMAC-SHA256's hex digits, on the file's first line
+_MARSHAL = 4  # marshal's format version 4 (Python 3.4 on): every later Python reads it
 
 
 def cache_dir() -> str:
@@ -88,7 +93,7 @@ class Store:
         import hashlib  # here and below: a scan that reads no file (an empty root) imports none of this
 
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
-        return os.path.join(self._files, f"{digest}.json")
+        return os.path.join(self._files, f"{digest}{_SUFFIX}")
 
     def read(self, name: str, expect: dict[str, Any]) -> dict[str, Any] | None:
         """The document stored for ``name``, when its HMAC is ours and it holds every item of ``expect`` as given
@@ -107,14 +112,14 @@ class Store:
         except OSError:
             return None
         import hmac
-        import json
+        import marshal
 
-        mac, sep, body = data.partition(b"\n")
-        if not sep or not hmac.compare_digest(mac, self._mac(body)):
+        mac, sep, body = data[:_MAC_HEX], data[_MAC_HEX : _MAC_HEX + 1], data[_MAC_HEX + 1 :]
+        if sep != b"\n" or not hmac.compare_digest(mac, self._mac(body)):
             return None
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc = marshal.loads(body)
+        except (ValueError, EOFError, TypeError):
             return None
         if type(doc) is not dict or doc.get("name") != name:
             return None
@@ -128,9 +133,12 @@ class Store:
 
     def write(self, name: str, doc: dict[str, Any]) -> bool:
         """Store ``doc`` (with ``name`` in it) for ``name``, atomically; False when it could not be written."""
-        import json
+        import marshal
 
-        body = json.dumps({**doc, "name": name}, separators=(",", ":"), check_circular=False).encode("utf-8")
+        try:
+            body = marshal.dumps({**doc, "name": name}, _MARSHAL)
+        except ValueError:  # a value marshal does not carry: nothing is written
+            return False
         target = self.path(name)
         try:
             fd, tmp = _temporary(self._files)
@@ -329,5 +337,5 @@ def _cache_files(folder: str) -> Iterator[str]:
     except OSError:
         return
     for name in names:
-        if name.endswith(".json") or name.startswith(".tmp-"):
+        if name.endswith((_SUFFIX, ".json")) or name.startswith(".tmp-"):
             yield os.path.join(files, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import marshal
 import os
 import shutil
 import stat
@@ -66,7 +67,7 @@ def _same(a: Any, b: Any) -> None:
 
 
 def _cache_files() -> list[Path]:
-    return sorted((Path(cache_dir()) / "facts").glob("*.json"))
+    return sorted((Path(cache_dir()) / "facts").glob("*.bin"))
 
 
 def test_a_rescan_reads_nothing_and_reports_the_same(reads: list[str]) -> None:
@@ -159,9 +160,9 @@ def _tamper(change: Callable[[dict[str, Any]], None]) -> None:
     user's ckptdoctor could): what the decoder and the checks make of a document that is signed but wrong."""
     key = (Path(cache_dir()) / "key").read_bytes()
     for path in _cache_files():
-        doc = json.loads(path.read_bytes().partition(b"\n")[2])
+        doc = marshal.loads(path.read_bytes().partition(b"\n")[2])
         change(doc)
-        body = json.dumps(doc).encode()
+        body = marshal.dumps(doc, 4)
         path.write_bytes(hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b"\n" + body)
 
 
@@ -172,15 +173,16 @@ def _poison_facts(doc: dict[str, Any]) -> None:
 
 
 def _forward_node(doc: dict[str, Any]) -> None:
-    doc["nodes"][0] = ["t", len(doc["nodes"])]
+    leaves, groups = doc["table"]
+    groups[0][2][0] = len(leaves) + 10**6  # a child after its parent
 
 
 def _entry_holding_a_list(doc: dict[str, Any]) -> None:
-    doc["nodes"][0] = {"loss": [1.0]}  # a log entry (a JSON object) holds scalars only
+    doc["table"][0][0] = {"loss": [1.0]}  # a log entry (an inline dict) holds scalars only
 
 
-def _packed_not_hex(doc: dict[str, Any]) -> None:
-    doc["nodes"][0] = ["I", "zz" * 8]  # packed integers: hex text of 8-byte values
+def _code_leaf(doc: dict[str, Any]) -> None:
+    doc["table"][0][0] = compile("print(1)", "<cache>", "exec")  # marshal carries code; a table never holds it
 
 
 def _other_version(doc: dict[str, Any]) -> None:
@@ -192,7 +194,7 @@ def _other_limits(doc: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "change", [_poison_facts, _forward_node, _entry_holding_a_list, _packed_not_hex, _other_version, _other_limits]
+    "change", [_poison_facts, _forward_node, _entry_holding_a_list, _code_leaf, _other_version, _other_limits]
 )
 def test_a_signed_but_wrong_entry_is_not_trusted(
     tmp_path: Path, reads: list[str], no_racy_window: None, change: Callable[[dict[str, Any]], None]
@@ -217,7 +219,7 @@ def test_an_entry_not_signed_with_this_users_key_is_not_trusted(
     scan(str(run))
     (path,) = _cache_files()
     mac, _, body = path.read_bytes().partition(b"\n")
-    path.write_bytes(mac + b"\n" + body + b" ")  # still the same JSON, one byte more: the MAC fails
+    path.write_bytes(mac + b"\n" + body + b" ")  # one byte more: the MAC fails
     before = len(reads)
     _same(plain, scan(str(run)))
     assert len(reads) - before == plain.files
@@ -292,7 +294,7 @@ def test_a_verdict_is_kept_and_judged_again_under_other_allowances(tmp_path: Pat
 
 
 def _documents() -> list[dict[str, Any]]:
-    return [json.loads(p.read_bytes().partition(b"\n")[2]) for p in _cache_files()]
+    return [marshal.loads(p.read_bytes().partition(b"\n")[2]) for p in _cache_files()]
 
 
 def test_a_run_scanned_alone_or_in_its_folder_uses_one_cache_file(

@@ -1,25 +1,32 @@
 """The cache's encoding: every fact a reader makes of a real checkpoint comes back exactly (``repr``-equal: 0.0
-and -0.0, 1 and True and 1.0 kept apart), and a document it did not write decodes to nothing."""
+and -0.0, 1 and True and 1.0 kept apart) through the stored table (``pack``, then ``marshal`` as the store writes
+it), and a table it did not write decodes to nothing."""
 
 from __future__ import annotations
 
-import json
+import marshal
 import math
 from typing import Any
 
 import pytest
 
-from ckptdoctor.cache.codec import CodecError, Decoder, Encoder
+from ckptdoctor.cache.codec import CodecError, Decoder, Encoder, nodes_of, pack
 from ckptdoctor.discover import discover
 from ckptdoctor.model import FileFacts, FileKind, GlobalRef, JsonFacts, Opaque, PickleFacts, PickleVerdict, TensorRef
 from tests.helpers.paths import REPO
 
 
+def _stored(e: Encoder) -> tuple[Decoder, list[int]]:
+    """The decoder of ``e``'s table as the cache stores and reads it, and where each of ``e``'s nodes went."""
+    table, where = pack(e.nodes)
+    return Decoder(marshal.loads(marshal.dumps(table, 4))), where
+
+
 def _round_trip(values: list[Any]) -> list[Any]:
     e = Encoder()
     at = [e.encode(v) for v in values]
-    d = Decoder(json.loads(json.dumps(e.nodes)))
-    return [d.value(i) for i in at]
+    d, where = _stored(e)
+    return [d.value(where[i]) for i in at]
 
 
 def test_every_fixture_file_comes_back_exactly() -> None:
@@ -56,23 +63,43 @@ def test_containers_of_scalars_held_inline_stay_apart() -> None:
 
 
 def test_long_runs_of_integers_are_packed() -> None:
-    """A tuple or list of 64 or more 64-bit integers (an RNG state) is one hex text; one past 64 bits, a bool
-    among them or a float keeps it JSON numbers; all come back as they were."""
+    """A tuple or list of 64 or more integers (a checkpoint's RNG state: 625) is packed in bytes, 4 to a value when
+    all are below 2**32, else 8; one past 64 bits, a bool among them or a float keeps it inline; all come back as
+    they were."""
     rng = (*range(2**31, 2**31 + 625), -(2**63), 2**63 - 1)
-    values = [rng, list(rng), (*range(63), 2**63), (*range(70), True), (*range(70), 1.0), tuple(range(63))]
+    values = [rng, list(rng), tuple(range(2**32 - 100, 2**32)), list(range(64)), (*range(63), 2**70),
+              (*range(70), True), (*range(70), 1.0), tuple(range(63))]  # fmt: skip
     e = Encoder()
     for v in values:
         e.encode(v)
-    assert [n[0] for n in e.nodes if isinstance(n, list)] == ["I", "J", "T", "T", "T", "T"]
+    assert [n[0] for n in e.nodes if isinstance(n, list)] == ["I8", "J8", "I4", "J4", "T", "T", "T", "T"]
     back = _round_trip(values)
     assert [repr(b) for b in back] == [repr(v) for v in values]
     assert [type(b) for b in back] == [type(v) for v in values]
 
 
-def test_an_inline_node_holds_scalars_only() -> None:
-    for node in (["T", [1]], ["L", {"a": 1}], ["D", 1, 2], ["D", "a"], ["z", 0]):
+def test_a_stored_table_groups_alike_nodes_after_their_children() -> None:
+    """Stored, the leaves come first, then one group per tag and level; an encoder going on with a stored table
+    finds its values where they are."""
+    g, h = GlobalRef("os", "system"), GlobalRef("os", "popen")
+    values = [(g, h), [g, (g, h)], {"k": (h,)}, frozenset({g}), b"\x00", 3j]
+    e = Encoder()
+    at = [e.encode(v) for v in values]
+    table, where = pack(e.nodes)
+    leaves, groups = table
+    assert {type(v) for v in leaves} == {str, bytes, complex}
+    assert [r[0] for r in groups] == ["@GlobalRef", "f", "t", "d", "l"]
+    d = Decoder(marshal.loads(marshal.dumps(table, 4)))
+    assert [repr(d.value(where[i])) for i in at] == [repr(v) for v in values]
+    again = Encoder.seeded(table, d)
+    assert again.nodes == nodes_of(table, d)
+    assert [again.encode(v) for v in values] == [where[i] for i in at]
+
+
+def test_an_inline_container_holds_scalars_only() -> None:
+    for leaf in ((1, [1]), [{"a": 1}], {"a": [1]}, {"a": {"b": 1}}, {1: "a"}, ((1,),)):
         with pytest.raises(CodecError):
-            Decoder([0, node])
+            Decoder([[0, leaf], []])
 
 
 def test_pickle_values_and_verdicts() -> None:
@@ -93,9 +120,9 @@ def test_long_lists_that_extend_another_share_its_items() -> None:
     e = Encoder()
     a, b = e.encode(JsonFacts(first)), e.encode(JsonFacts(second))
     assert any(isinstance(n, list) and n[0] == "l+" for n in e.nodes)
-    d = Decoder(json.loads(json.dumps(e.nodes)))
-    assert d.value(a).value == first and d.value(b).value == second
-    assert d.value(b).value[0] is d.value(a).value[0]
+    d, where = _stored(e)
+    assert d.value(where[a]).value == first and d.value(where[b]).value == second
+    assert d.value(where[b]).value[0] is d.value(where[a]).value[0]
 
 
 def test_an_unknown_value_is_not_encoded() -> None:
@@ -109,46 +136,59 @@ def test_an_unknown_value_is_not_encoded() -> None:
 
 
 @pytest.mark.parametrize(
-    "nodes",
+    "table",
     [
         {"not": "a list"},
-        [["@Nope", 0]],  # a class outside the table
-        [["@GlobalRef", 0]],  # a model value with too few fields
-        ["os", "system", ["@GlobalRef", 0, 1, 1]],  # ... or too many
-        [["t", 1], 5],  # a child after its parent
-        ["x", ["t", -1]],  # a negative index
-        ["x", ["t", 0.0]],  # an index that is no integer
-        [["%FileKind", 0]],  # an enum whose value is no node yet
-        ["no-such-kind", ["%FileKind", 0]],  # an enum value that does not exist
-        ["%Stack", ["%Stack", 0]],  # an enum outside the table
-        [[], "x"],  # a node with no tag
-        ["x", ["b", 0]],  # bytes that are not base64
-        [1, ["b", 0]],  # bytes of a number
-        [[1, 2]],  # a tag that is not text
-        [{"a": [1]}],  # a JSON object (an inline dict) holding more than scalars
-        [{"a": {"b": 1}}],
-        [["D", "a", 1]],  # an inline dict is a JSON object, never a tagged list
-        [["I", "000000"]],  # packed integers of 3 bytes
-        [["I", "not hex!"]],
-        [["J", 0]],  # packed integers that are no text
-        [["I"]],
-        [["I", "0000000000000000", "x"]],
-        [["l", 0]],  # a self-reference
-        [[], ["l+", 0]],
-        ["x", ["l+", 0]],  # l+ of no list
-        [1, ["d", 0]],  # a dict with a key and no value
-        [[], ["s", 0]],  # an unhashable member
-        ["__import__", ["__import__", 0]],  # a tag that is a function name
-        [["eval", 0]],
+        [[], [], []],  # not leaves and groups
+        [(), []],
+        [["x"], ()],
+        [[], [["@Nope", 1, [0]]]],  # a class outside the table
+        [["os"], [["@GlobalRef", 1, [0]]]],  # a model value with too few fields
+        [["os", "system"], [["@GlobalRef", 1, [0, 1, 1]]]],  # ... or too many
+        [["os", "system"], [["@GlobalRef", 2, [0, 1, 1]]]],  # children that do not fill the count
+        [["os", "system"], [["@GlobalRef", -1, []]]],
+        [["os", "system"], [["@GlobalRef", 1.0, [0, 1]]]],
+        [[], [["t", [1], [0]]]],  # a child that is no earlier node
+        [["x"], [["t", [1], [1]]]],  # ... itself
+        [["x"], [["t", [1], [-1]]]],  # a negative index
+        [["x"], [["t", [1], [0.0]]]],  # an index that is no integer
+        [["x"], [["t", [2], [0]]]],  # lengths that are not the children's
+        [["x"], [["t", [-1, 2], [0]]]],
+        [["x"], [["t", 1, [0]]]],
+        [["x"], [["t", [1], (0,)]]],
+        [["no-such-kind"], [["%FileKind", 1, [0]]]],  # an enum value that does not exist
+        [[1], [["%FileKind", 1, [0]]]],  # ... or that is no text
+        [["file"], [["%Stack", 1, [0]]]],  # an enum outside the table
+        [["x"], [[]]],  # a group with no tag
+        [["x"], [[1, [1], [0]]]],  # a tag that is not text
+        [["x"], ["t"]],
+        [[1], [["d", [1], [0]]]],  # a dict with a key and no value
+        [[[]], [["s", [1], [0]]]],  # an unhashable member
+        [[[]], [["d", [2], [0, 0]]]],  # ... or key
+        [["x"], [["l+", [0], [0], []]]],  # l+ of no list
+        [[[1]], [["l+", [0], [1], []]]],  # extras it does not hold
+        [[[1]], [["l+", [0, 0], [0], []]]],
+        [[[1]], [["l+", [0], [0]]]],
+        [["x", (1,)], [["z", 1, [1, 0]]]],  # z of no tuples
+        [[(1,), (1, 2)], [["z", 1, [0, 1]]]],  # ... of two lengths
+        [["x"], [["__import__", 1, [0]]]],  # a tag that is a function name
+        [["x"], [["eval", 1, [0]]]],
+        [["x"], [["b", 1, [0]]]],  # a tag of an older format
+        [["x"], [["I4", 1, [0]]]],  # packed integers of no bytes
+        [[b"\x00" * 6], [["I4", 1, [0]]]],  # ... or of bytes that are no 4-byte integers
+        [[b"\x00" * 12], [["J8", 1, [0]]]],
+        [[object()], []],  # a leaf of no type the table holds
+        [[print], []],
+        [[compile("1", "<x>", "eval")], []],  # code: marshal carries it, a table never holds it
     ],
 )
-def test_a_document_it_did_not_write_decodes_to_nothing(nodes: Any) -> None:
+def test_a_table_it_did_not_write_decodes_to_nothing(table: Any) -> None:
     with pytest.raises(CodecError):
-        Decoder(nodes)
+        Decoder(table)
 
 
 def test_an_entry_must_name_a_node_of_the_expected_kind() -> None:
-    d = Decoder(["x", ["t", 0]])
+    d = Decoder([["x"], [["t", [1], [0]]]])
     for index in (-1, 2, "0", None, 1.0):
         with pytest.raises(CodecError):
             d.value(index)
