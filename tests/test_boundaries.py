@@ -59,14 +59,22 @@ def _dotted(node: ast.AST) -> tuple[str, str] | None:
     return None
 
 
+# The one loader call the scan path makes: the verdict cache's own file, ``marshal.loads`` (which builds values and
+# code objects, never runs one) of a body whose HMAC under the user's private key was checked first
+# (``test_the_cache_decodes_only_what_its_key_signed``). Never a checkpoint's bytes.
+SIGNED_LOAD = ("store.py", "read", ("marshal", "loads"))
+
+
 def test_no_loader_eval_or_exec_in_the_package() -> None:
     bad = []
     for path in scan_path_modules():
         tree = parsed()[path]
+        signed = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and (path.name, f.name) ==
+                  SIGNED_LOAD[:2] for n in ast.walk(f)}  # fmt: skip
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 d = _dotted(node.func)
-                if d in LOADERS:
+                if d in LOADERS and not (d == SIGNED_LOAD[2] and id(node) in signed):
                     bad.append(f"{path.name}:{node.lineno} {d[0]}.{d[1]}")
                 if isinstance(node.func, ast.Name) and node.func.id in ("eval", "exec", "__import__"):
                     bad.append(f"{path.name}:{node.lineno} {node.func.id}")
@@ -77,6 +85,22 @@ def test_no_loader_eval_or_exec_in_the_package() -> None:
             ):
                 bad.append(f"{path.name}:{node.lineno} from {node.module} import ...")
     assert not bad, bad
+
+
+def test_the_cache_decodes_only_what_its_key_signed() -> None:
+    """``Store.read``'s one ``marshal.loads`` comes after the HMAC check that returns on a mismatch, and reads the
+    body that check covered."""
+    tree = parsed()[PKG / "cache" / "store.py"]
+    (read,) = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "read"]
+    calls = [n for n in ast.walk(read) if isinstance(n, ast.Call)]
+    loads = [c for c in calls if _dotted(c.func) == ("marshal", "loads")]
+    checks = [c for c in calls if _dotted(c.func) == ("hmac", "compare_digest")]
+    assert len(loads) == 1 and len(checks) == 1
+    assert checks[0].lineno < loads[0].lineno
+    (check_if,) = [n for n in ast.walk(read) if isinstance(n, ast.If) and checks[0] in ast.walk(n.test)]
+    assert isinstance(check_if.body[0], ast.Return)
+    mac_arg = next(a for a in checks[0].args if isinstance(a, ast.Call))  # self._mac(body)
+    assert [ast.unparse(a) for a in mac_arg.args] == [ast.unparse(a) for a in loads[0].args] == ["body"]
 
 
 def test_scan_path_has_no_top_level_heavy_imports() -> None:
