@@ -6,6 +6,7 @@ failing is CKD001, an error, never left out."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import re
 import shutil
@@ -268,6 +269,12 @@ def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_f
     assert [f.rule for f in report.findings] == [f["rule"] for f in doc["findings"]]
 
 
+def _kept_facts(path: Path) -> bool:
+    """Whether the cache file at ``path`` keeps any file's facts (not only sightings)."""
+    doc = marshal.loads(path.read_bytes().partition(b"\n")[2])
+    return any("facts" in entry for entry in doc["entries"].values())
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
     dask_client: Any, fleet: Path, tmp_path: Path, where: str, request: pytest.FixtureRequest
@@ -287,15 +294,15 @@ def test_with_the_cache_the_workers_keep_and_take_the_runs_they_read(
         assert _cli("--format", "json", "--no-cache", "--dask", address, root) == serial
         assert not home.exists()  # --no-cache leaves it alone
         assert _cli("--format", "json", "--dask", address, root) == serial
-        noted = list((home / "ckptdoctor" / "facts").glob("*.json"))
-        assert noted and all('"facts"' not in p.read_text() for p in noted)  # by default: sightings only
+        noted = list((home / "ckptdoctor" / "facts").glob("*.bin"))
+        assert noted and all(not _kept_facts(p) for p in noted)  # by default: sightings only
         shutil.rmtree(home)
         assert _cli("--format", "json", "--cache", "--dask", address, root) == serial
-        kept = {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")}
+        kept = {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.bin")}
         assert kept  # the workers kept what they read
         assert _cli("--format", "json", "--cache", "--dask", address, root) == serial
         # each file was taken from the cache: an entry missed or changed would have had its run's file rewritten
-        assert {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.json")} == kept
+        assert {p: p.stat().st_mtime_ns for p in (home / "ckptdoctor" / "facts").glob("*.bin")} == kept
         assert _cli("--format", "json", "--cache", root) == serial
         assert _cli("--format", "json", "--cache", root) == serial
         one_run = root.rstrip("/") + "/sib/run-b"  # a root that is one run: one task for the whole root
