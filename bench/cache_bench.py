@@ -75,7 +75,7 @@ def main() -> None:
             shutil.rmtree(xdg, ignore_errors=True)
             for name in ("default 1st", "default 2nd", "default 3rd"):
                 results[name].append(run(str(root), xdg))
-        cache_bytes = sum(p.stat().st_size for p in Path(work, "xdg").rglob("*.json"))
+        cache_bytes = sum(p.stat().st_size for p in Path(work, "xdg", "ckptdoctor", "facts").iterdir())
     finally:
         target.write_bytes(original)
         shutil.rmtree(work, ignore_errors=True)
