@@ -9,6 +9,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptdoctor.cache.codec import CodecError, Decoder, Encoder, nodes_of, pack
 from ckptdoctor.discover import discover
@@ -203,3 +205,46 @@ def test_deep_nesting_is_refused_not_a_crash() -> None:
         deep = [deep]
     with pytest.raises(CodecError):
         Encoder().encode(deep)
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=False),
+    st.text(max_size=6), st.binary(max_size=6), st.complex_numbers(allow_nan=False, max_magnitude=1e6),
+)  # fmt: skip
+_KEYS = st.one_of(st.text(max_size=4), st.integers(-3, 3), st.booleans(), st.none())
+
+
+def _values(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    refs = st.builds(GlobalRef, st.sampled_from(["os", "torch"]), st.sampled_from(["system", "load", "a.b"]))
+    return st.recursive(
+        st.one_of(leaf, refs, st.lists(st.integers(0, 2**40), min_size=60, max_size=70).map(tuple)),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=5), st.lists(inner, max_size=5).map(tuple),
+            st.dictionaries(_KEYS, inner, max_size=4),  # sets: their repr's order is their hashes' (fixed tests)
+            st.lists(st.tuples(st.text(max_size=3), inner), min_size=16, max_size=18).map(tuple),
+            st.lists(inner, min_size=16, max_size=20).map(lambda v: [v, [*v, *v[:3]]]),
+            inner.map(lambda v: JsonFacts(v)), inner.map(lambda v: Opaque(GlobalRef("m", "f"), (v,), None, False)),
+        ),
+        max_leaves=30,
+    )  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(_values(_SCALARS), max_size=6), then=st.lists(_values(_SCALARS), max_size=6))
+def test_any_values_come_back_through_a_stored_table_and_one_that_goes_on(first: list[Any], then: list[Any]) -> None:
+    """Random values (containers of scalars, shared prefixes, pairs, packed integers, model values) come back
+    ``repr``-equal through a stored table; an encoder going on with that table (a changed file's rescan) keeps the
+    first values where they are and adds the others, and the table it stores brings all of them back."""
+    e = Encoder()
+    at = [e.encode(v) for v in first]
+    table, where = pack(e.nodes)
+    d = Decoder(marshal.loads(marshal.dumps(table, 4)))
+    assert [repr(d.value(where[i])) for i in at] == [repr(v) for v in first]
+    again = Encoder.seeded(table, d)
+    old = [where[i] for i in at]
+    assert [again.encode(d.value(i)) for i in old] == old
+    more = [again.encode(v) for v in then]
+    table2, where2 = pack(again.nodes)
+    d2 = Decoder(marshal.loads(marshal.dumps(table2, 4)))
+    assert [repr(d2.value(where2[i])) for i in old] == [repr(v) for v in first]
+    assert [repr(d2.value(where2[i])) for i in more] == [repr(v) for v in then]
