@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ckptdoctor.cache import CodecError
-from ckptdoctor.cache.store import Store
+from ckptdoctor.cache.store import Store, digest
 from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleVerdict, ProblemKind
 from ckptdoctor.readers.seen import Seen
 from ckptdoctor.sources.interface import Entry, L, M, Source
@@ -58,8 +58,6 @@ _BUG = "internal error"
 def code_fingerprint() -> str:
     """A digest of ckptdoctor's own code and data files (their names, sizes and modification times) and version:
     any change to the readers, the pickle policy or its allowlist makes every entry a stranger."""
-    import hashlib
-
     lines = [__version__]
     todo = [(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")]
     while todo:  # one scandir per folder: its entries' stats come with the listing (no os.walk, no relpath)
@@ -76,14 +74,13 @@ def code_fingerprint() -> str:
             elif e.name.endswith((".py", ".json")):
                 st = e.stat()
                 lines.append(f"{rel}{e.name}\0{st.st_size}\0{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
+    return digest("\n".join(lines).encode("utf-8", "surrogatepass"))
 
 
 def _digest(value: Any) -> str:
-    import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode("utf-8", "surrogatepass")).hexdigest()
+    return digest(json.dumps(value, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
 def allow_key(allow: tuple[Any, ...]) -> str:

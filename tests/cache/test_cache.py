@@ -3,8 +3,6 @@ files that changed, and never believes an entry it cannot prove its own and curr
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import marshal
 import os
@@ -20,7 +18,7 @@ import pytest
 
 import ckptdoctor.sources.local as local_source
 from ckptdoctor.cache import source as cache_source
-from ckptdoctor.cache.store import Store, cache_dir
+from ckptdoctor.cache.store import Store, cache_dir, digest
 from ckptdoctor.scanner import scan as scan_without_default
 from tests.helpers.builders import comparable_report
 from tests.helpers.cli import invoke
@@ -163,7 +161,7 @@ def _tamper(change: Callable[[dict[str, Any]], None]) -> None:
         doc = marshal.loads(path.read_bytes().partition(b"\n")[2])
         change(doc)
         body = marshal.dumps(doc, 4)
-        path.write_bytes(hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b"\n" + body)
+        path.write_bytes(digest(body, key=key).encode() + b"\n" + body)
 
 
 def _poison_facts(doc: dict[str, Any]) -> None:
@@ -223,7 +221,7 @@ def test_an_entry_not_signed_with_this_users_key_is_not_trusted(
     before = len(reads)
     _same(plain, scan(str(run)))
     assert len(reads) - before == plain.files
-    other = hmac.new(os.urandom(32), body, hashlib.sha256).hexdigest().encode()
+    other = digest(body, key=os.urandom(32)).encode()
     path.write_bytes(other + b"\n" + body)  # signed, by someone else's key
     before = len(reads)
     _same(plain, scan(str(run)))
