@@ -394,7 +394,7 @@ _TAGS: dict[type[Any], str] = {tuple: "t", list: "l", dict: "d", set: "s", froze
 #
 # The encoder's nodes come in the order met (each after its children). Stored, they are reordered so that a warm
 # rescan builds them at C speed, a group at a time instead of a node at a time (10^4 nodes a run): first the leaves
-# (scalars, bytes, complex numbers and the containers of scalars held inline, each its own value), then groups of
+# (scalars, bytes, complex numbers and the tuples and lists of scalars held inline, each its own value), then groups of
 # nodes of one tag and one level (a leaf is level 0, a node one more than its highest child), in level order, so
 # every child of a group is in an earlier group or a leaf. Each group is a record:
 #
@@ -405,9 +405,13 @@ _TAGS: dict[type[Any], str] = {tuple: "t", list: "l", dict: "d", set: "s", froze
 #                                 children in ``lengths``
 #   ["l+", bases, lengths, kids]  each node the list at its index in ``bases`` extended by its ``lengths`` children
 #
+#   ["D", keys, count, values]    dicts of scalars under the text ``keys`` (log entries; one record for each set of
+#                                 keys, in order), their values one after another; after the leaves, before every
+#                                 other group
+#
 # A node's index is its place in that order (the leaves first); a parent names its children by index.
 
-_LEAF_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, tuple, list, dict})
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, tuple, list})
 _CONTAINER_LEAVES = (tuple, list)
 _FIXED: dict[str, int] = {"z": 2}
 _VARIABLE: dict[str, Callable[[Iterable[Any]], Any]] = {"t": tuple, "l": list, "s": set, "f": frozenset}
@@ -418,10 +422,12 @@ def pack(nodes: Table) -> tuple[list[Any], list[int]]:
     """The stored table of the encoder's ``nodes`` (each after its children), and the index in it of each node."""
     level = [0] * len(nodes)
     leaves: list[int] = []
+    dicts: dict[tuple[str, ...], list[int]] = {}  # inline dicts (log entries) by their keys, in order
     groups: dict[tuple[int, str], list[int]] = {}
     get = level.__getitem__
     for i, node in enumerate(nodes):
-        if node.__class__ is list and node[0] not in _INLINE_READ:
+        t = node.__class__
+        if t is list and node[0] not in _INLINE_READ:
             kids = node[1:]
             lv = level[i] = max(map(get, kids), default=0) + 1
             at = groups.get((lv, node[0]))
@@ -429,9 +435,13 @@ def pack(nodes: Table) -> tuple[list[Any], list[int]]:
                 groups[(lv, node[0])] = [i]
             else:
                 at.append(i)
+        elif t is dict:
+            dicts.setdefault(tuple(node), []).append(i)
         else:
             leaves.append(i)
     order = list(leaves)
+    for members in dicts.values():
+        order.extend(members)
     for key in sorted(groups):
         order.extend(groups[key])
     where = [0] * len(nodes)
@@ -439,7 +449,8 @@ def pack(nodes: Table) -> tuple[list[Any], list[int]]:
         where[old] = new
     at_ = where.__getitem__
     out_leaves = [_leaf(nodes[i]) for i in leaves]
-    records: list[Any] = []
+    records: list[Any] = [["D", keys, len(members), list(chain.from_iterable(nodes[i].values() for i in members))]
+                          for keys, members in dicts.items()]  # fmt: skip
     for (_, tag), members in sorted(groups.items()):
         kid_lists = [list(map(at_, nodes[i][1:])) for i in members]
         if tag == "l+":
@@ -465,7 +476,10 @@ def nodes_of(table: Any, decoded: Decoder) -> Table:
     out: Table = [_leaf_node(v) for v in leaves]
     for rec in records:
         tag = rec[0]
-        if tag == "l+":
+        if tag == "D":
+            it = iter(rec[3])
+            out.extend(dict(zip(rec[1], islice(it, len(rec[1])), strict=True)) for _ in range(rec[2]))
+        elif tag == "l+":
             it = iter(rec[3])
             out.extend([tag, base, *islice(it, n)] for base, n in zip(rec[1], rec[2], strict=True))
         elif tag in _VARIABLE or tag == "d":
@@ -495,16 +509,13 @@ class Decoder:
         if type(table) is not list or len(table) != 2 or type(table[0]) is not list or type(table[1]) is not list:
             raise CodecError("a table is a list of leaves and a list of groups")
         leaves, records = table
-        # the leaves: their types at once, and what the inline containers hold (scalars; dicts under text keys)
+        # the leaves: their types at once, and what the inline containers hold (scalars)
         types = list(map(type, leaves))
         if not _LEAF_TYPES.issuperset(types):
-            raise CodecError("a leaf is a scalar, bytes, a complex number or a container of scalars")
+            raise CodecError("a leaf is a scalar, bytes, a complex number or a tuple or list of scalars")
         inline = compress(leaves, map(_CONTAINER_LEAVES.__contains__, types))
-        dicts = list(compress(leaves, map(operator.is_, types, repeat(dict))))
-        if not _SCALAR_TYPES.issuperset(map(type, chain(chain.from_iterable(inline), *map(dict.values, dicts)))):
+        if not _SCALAR_TYPES.issuperset(map(type, chain.from_iterable(inline))):
             raise CodecError("an inline container holds scalars only")
-        if not _STR_ONLY.issuperset(map(type, chain.from_iterable(dicts))):
-            raise CodecError("an inline dict is keyed by text")
         out = list(leaves)
         for rec in records:
             if type(rec) is not list or len(rec) < 3 or type(rec[0]) is not str:
@@ -545,6 +556,8 @@ def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
     tag = rec[0]
     below = len(out)
     get = out.__getitem__
+    if tag == "D":
+        return _inline_dicts(rec)
     if tag == "l+":
         if len(rec) != 4:
             raise CodecError("an l+ group holds its bases, lengths and children")
@@ -613,6 +626,29 @@ def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
         return list(map(kind._value2member_map_.__getitem__, values))
     except KeyError as e:
         raise CodecError(f"{e.args[0]!r} is no {tag[1:]}") from None
+
+
+def _inline_dicts(rec: list[Any]) -> list[dict[str, Any]]:
+    """The dicts of a ``D`` record: ``count`` dicts of scalars under the text ``keys``, their values one after
+    another."""
+    if len(rec) != 4:
+        raise CodecError("a D group holds its keys, count and values")
+    _, keys, count, values = rec
+    if (
+        type(keys) is not tuple
+        or not keys
+        or not _STR_ONLY.issuperset(map(type, keys))
+        or len(set(keys)) != len(keys)
+        or type(count) is not int
+        or type(values) is not list
+        or len(values) != count * len(keys)
+    ):
+        raise CodecError("a D group holds distinct text keys and their values for each dict")
+    if not _SCALAR_TYPES.issuperset(map(type, values)):
+        raise CodecError("an inline dict holds scalars only")
+    n = len(keys)
+    it = iter(values)
+    return list(map(dict, map(zip, repeat(keys, count), map(islice, repeat(it), repeat(n, count)))))
 
 
 # ``@Name`` -> the class and its number of fields

@@ -172,11 +172,13 @@ def _poison_facts(doc: dict[str, Any]) -> None:
 
 def _forward_node(doc: dict[str, Any]) -> None:
     leaves, groups = doc["table"]
-    groups[0][2][0] = len(leaves) + 10**6  # a child after its parent
+    first = next(g for g in groups if g[0] != "D")
+    first[-1][0] = len(leaves) + 10**6  # a child after its parent
 
 
 def _entry_holding_a_list(doc: dict[str, Any]) -> None:
-    doc["table"][0][0] = {"loss": [1.0]}  # a log entry (an inline dict) holds scalars only
+    entries = next(g for g in doc["table"][1] if g[0] == "D")
+    entries[3][0] = [1.0]  # a log entry (an inline dict) holds scalars only
 
 
 def _code_leaf(doc: dict[str, Any]) -> None:

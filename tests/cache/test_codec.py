@@ -61,7 +61,7 @@ def test_containers_of_scalars_held_inline_stay_apart() -> None:
     assert [type(b) for b in back] == [type(v) for v in tricky]
     e = Encoder()
     assert e.encode({"a": 1, "b": "x"}) == e.encode({"a": 1, "b": "x"})  # new dicts, equal: one node
-    assert e.nodes == [{"a": 1, "b": "x"}]  # written as the JSON object it is: json.loads builds it
+    assert e.nodes == [{"a": 1, "b": "x"}]  # the dict itself: stored with the others of its keys, a D group
 
 
 def test_long_runs_of_integers_are_packed() -> None:
@@ -91,6 +91,14 @@ def test_a_stored_table_groups_alike_nodes_after_their_children() -> None:
     leaves, groups = table
     assert {type(v) for v in leaves} == {str, bytes, complex}
     assert [r[0] for r in groups] == ["@GlobalRef", "f", "t", "d", "l"]
+    logs = [{"loss": 1.0, "step": 1}, {"loss": 0.5, "step": 2}, {"step": 2, "loss": 0.5}, {"eval_loss": 2.0}]
+    e2 = Encoder()
+    at2 = [e2.encode(v) for v in logs]
+    table2, where2 = pack(e2.nodes)
+    assert table2 == [[], [["D", ("loss", "step"), 2, [1.0, 1, 0.5, 2]], ["D", ("step", "loss"), 1, [2, 0.5]],
+                           ["D", ("eval_loss",), 1, [2.0]]]]  # fmt: skip
+    d2 = Decoder(table2)
+    assert [list(d2.value(where2[i]).items()) for i in at2] == [list(v.items()) for v in logs]  # keys in order
     d = Decoder(marshal.loads(marshal.dumps(table, 4)))
     assert [repr(d.value(where[i])) for i in at] == [repr(v) for v in values]
     again = Encoder.seeded(table, d)
@@ -99,7 +107,7 @@ def test_a_stored_table_groups_alike_nodes_after_their_children() -> None:
 
 
 def test_an_inline_container_holds_scalars_only() -> None:
-    for leaf in ((1, [1]), [{"a": 1}], {"a": [1]}, {"a": {"b": 1}}, {1: "a"}, ((1,),)):
+    for leaf in ((1, [1]), [{"a": 1}], ((1,),), [b"x"], (2j,)):
         with pytest.raises(CodecError):
             Decoder([[0, leaf], []])
 
@@ -179,6 +187,14 @@ def test_an_unknown_value_is_not_encoded() -> None:
         [["x"], [["I4", 1, [0]]]],  # packed integers of no bytes
         [[b"\x00" * 6], [["I4", 1, [0]]]],  # ... or of bytes that are no 4-byte integers
         [[b"\x00" * 12], [["J8", 1, [0]]]],
+        [[{"a": 1}], []],  # a dict of scalars is a D group's, never a leaf
+        [[], [["D", ("a",), 1, [[1]]]]],  # ... holding scalars only
+        [[], [["D", ("a",), 2, [1]]]],  # ... a value for each key of each dict
+        [[], [["D", ("a", "a"), 1, [1, 2]]]],  # ... under distinct keys
+        [[], [["D", (1,), 1, [1]]]],  # ... of text
+        [[], [["D", ["a"], 1, [1]]]],
+        [[], [["D", (), 1, []]]],
+        [[], [["D", ("a",), 1]]],
         [[object()], []],  # a leaf of no type the table holds
         [[print], []],
         [[compile("1", "<x>", "eval")], []],  # code: marshal carries it, a table never holds it
