@@ -533,12 +533,16 @@ class Decoder:
         return v
 
 
-def _indices(kids: Any, below: int) -> None:
-    """``kids`` is a list of indices of nodes before ``below`` (built already)."""
+def _fetched(kids: Any, out: list[Any]) -> list[Any]:
+    """The values of the nodes ``kids`` names, which must be indices of nodes built already (in ``out``)."""
     if type(kids) is not list:
         raise CodecError("a group's children are a list")
-    if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0 or max(kids) >= below):
-        raise CodecError("a child is the index of an earlier node")
+    try:
+        if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0):
+            raise IndexError
+        return list(map(out.__getitem__, kids))  # an index past ``out`` is a node not built yet: IndexError
+    except IndexError:
+        raise CodecError("a child is the index of an earlier node") from None
 
 
 def _counts(lengths: Any, total: int) -> None:
@@ -554,29 +558,25 @@ def _counts(lengths: Any, total: int) -> None:
 def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
     """The values of one group record, whose children are in ``out``."""
     tag = rec[0]
-    below = len(out)
-    get = out.__getitem__
     if tag == "D":
         return _inline_dicts(rec)
     if tag == "l+":
         if len(rec) != 4:
             raise CodecError("an l+ group holds its bases, lengths and children")
         _, bases, lengths, kids = rec
-        _indices(bases, below)
-        _indices(kids, below)
+        firsts = _fetched(bases, out)
+        extra = _fetched(kids, out)
         _counts(lengths, len(kids))
         if len(bases) != len(lengths):
             raise CodecError("an l+ group has a base for each node")
-        firsts = list(map(get, bases))
         if not _LIST_ONLY.issuperset(map(type, firsts)):
             raise CodecError("an l+ node extends a list")
-        it = iter(list(map(get, kids)))
+        it = iter(extra)
         return list(map(operator.add, firsts, map(list, map(islice, repeat(it), lengths))))
     if len(rec) != 3:
         raise CodecError(f"a {tag} group holds a count and its children")
     _, count, kids = rec
-    _indices(kids, below)
-    values = list(map(get, kids))
+    values = _fetched(kids, out)
     make = _VARIABLE.get(tag)
     if make is not None or tag == "d":
         _counts(count, len(kids))
