@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "ckptdoctor"
@@ -210,7 +211,7 @@ def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
 LAYERS: list[set[str]] = [
     # values: frozen facts, no I/O but the package's data files (the version too: nothing below the API imports it)
     {"ckptdoctor.version", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
-     "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged"},
+     "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged", "ckptdoctor.hashing"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
@@ -375,6 +376,28 @@ def test_a_local_scan_loads_no_pool_and_no_resource_machinery() -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"pickle"' in proc.stdout or "checkpoint-8" in proc.stdout  # the scan ran
     assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+
+
+def test_a_scan_loads_no_openssl(tmp_path: Path) -> None:
+    """``hashlib`` and ``hmac`` load OpenSSL's library when imported (3 ms of a scan): a scan, the cache filled and
+    then taken, hashes with the interpreter's own BLAKE2 (``ckptdoctor.hashing``) and loads neither."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
+    code = (
+        "import sys; from ckptdoctor.cli import main\n"
+        f"try: main(['scan', sys.argv[1], '--format', 'json', {str(root)!r}], standalone_mode=False)\n"
+        "except SystemExit: pass\n"
+        "print('MODULES', sorted(m for m in ('hashlib', 'hmac', '_hashlib') if m in sys.modules))"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    for flag in ("--cache", "--cache"):  # the cache filled, then every file's facts taken from it
+        proc = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "checkpoint-8" in proc.stdout  # the scan ran
+        assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+    assert list((tmp_path / "ckptdoctor" / "facts").iterdir())  # and the cache was used
 
 
 def test_the_sniffers_opcode_bytes_are_pickletools_table() -> None:

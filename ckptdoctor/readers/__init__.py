@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import os
 import stat
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ckptdoctor.hashing import blake2b
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleFacts, ProblemKind, ReadOutcome, ReadProblem
 from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
@@ -114,7 +114,7 @@ def _run_reader(f: BinaryIO, base: FileFacts, kind: FileKind, limits: Limits) ->
         key = None
         if base.size <= _SMALL_FILE:
             data = f.read(base.size)
-            key = (reader, base.size, limits, hashlib.blake2b(data, digest_size=32).digest())
+            key = (reader, base.size, limits, blake2b(data, digest_size=32).digest())
             known = _OUTCOMES.get(key)
             if known is not None:
                 return _facts(base, kind, known)
