@@ -11,8 +11,8 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -33,10 +33,17 @@ def frozen_value(cls: type[_T]) -> type[_T]:
     tuple, ``Name(field=value, ...)``), built from closures rather than compiled per class: ``dataclass`` compiles
     each generated method with ``exec``, and these three were half of the ~13 ms that importing this module's 30+
     classes cost at every start-up."""
-    names = tuple(f.name for f in fields(cls) if f.compare)  # type: ignore[arg-type]
-    shown_names = tuple(f.name for f in fields(cls) if f.repr)  # type: ignore[arg-type]
-    if any(f.hash is not None for f in fields(cls)):  # type: ignore[arg-type]
-        raise TypeError(f"{cls.__qualname__}: frozen_value compares and hashes the compare=True fields only")
+    for name, func in _value_methods(cls.__qualname__, fields(cls)).items():  # type: ignore[arg-type]
+        setattr(cls, name, func)
+    return cls
+
+
+def _value_methods(qualname: str, every: Sequence[Field[Any]]) -> dict[str, Callable[..., Any]]:
+    """``frozen_value``'s three methods for a class named ``qualname`` with the fields ``every``."""
+    names = tuple(f.name for f in every if f.compare)
+    shown_names = tuple(f.name for f in every if f.repr)
+    if any(f.hash is not None for f in every):
+        raise TypeError(f"{qualname}: frozen_value compares and hashes the compare=True fields only")
     key: Callable[[Any], Any]
     if not names:
 
@@ -62,10 +69,11 @@ def frozen_value(cls: type[_T]) -> type[_T]:
         shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in shown_names)
         return f"{self.__class__.__qualname__}({shown})"
 
+    made: dict[str, Callable[..., Any]] = {}
     for func in (__eq__, __hash__, __repr__):
-        func.__qualname__ = f"{cls.__qualname__}.{func.__name__}"
-        setattr(cls, func.__name__, func)
-    return cls
+        func.__qualname__ = f"{qualname}.{func.__name__}"
+        made[func.__name__] = func
+    return made
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
@@ -179,6 +187,88 @@ def _frozen_init(cls: type) -> Callable[..., None]:
     return __init__
 
 
+def _dataclass_made(cls: type) -> Any:
+    """``cls`` made by ``dataclass(init=False, slots=True, eq=False, repr=False)`` itself."""
+    return dataclass(init=False, slots=True, eq=False, repr=False)(cls)
+
+
+class _Sample:
+    """What ``dataclass`` puts on every class ``frozen`` makes, read once from a class it made."""
+
+    x: int = 0
+
+
+_SAMPLE = _dataclass_made(_Sample)
+_PARAMS = _SAMPLE.__dataclass_params__  # the same flags for every class, and dataclasses never changes them
+_FIELD = fields(_SAMPLE)[0]._field_type  # type: ignore[attr-defined]  # what marks a field (not a ClassVar or InitVar); private to dataclasses
+# what else this Python's dataclass sets on a class (3.13's ``__replace__``, for ``copy.replace``)
+_ADDED = {name: value for name, value in vars(_SAMPLE).items()
+          if name not in vars(_Sample) and name not in ("__slots__", "__dataclass_fields__", "__dataclass_params__",
+                                                        "__match_args__", "x")}  # fmt: skip
+
+
+def _plain(annotation: object) -> bool:
+    """Whether ``annotation`` is text that cannot name ``ClassVar``, ``InitVar`` or ``KW_ONLY`` (which make an
+    annotation something else than a field: ``dataclass`` itself sorts those out)."""
+    return type(annotation) is str and "ClassVar" not in annotation and "InitVar" not in annotation and (
+        "KW_ONLY" not in annotation)
+
+
+def _slotted(cls: type, methods: dict[str, Callable[..., Any]]) -> Any:
+    """``cls`` as ``dataclass(init=False, slots=True, eq=False, repr=False)`` returns it (the same fields, each a
+    ``dataclasses.Field`` as ``field()`` makes it, the same slots, ``__match_args__`` and flags), with ``methods``
+    (``frozen``'s, which replace what ``cls`` and ``dataclass`` define under those names), made in one pass:
+    ``dataclass`` tests each annotation's text three times against ``ClassVar``, ``InitVar`` and ``KW_ONLY`` (a
+    regular expression and a module lookup each), and those tests and the methods set on the finished class one by
+    one were most of what this package's 90-odd value classes cost every start-up. A class that is not a plain one
+    (a base besides ``object``, another metaclass, annotations that are not text or may name one of those three) is
+    made by ``dataclass`` itself."""
+    space = dict(cls.__dict__)
+    annotations = space.get("__annotations__")
+    if (cls.__bases__ != (object,) or type(cls) is not type or "__slots__" in space or annotations is None
+            or not all(_plain(text) for text in annotations.values())):
+        made = _dataclass_made(cls)
+        for name, func in (*methods.items(), *_value_methods(cls.__qualname__, fields(made)).items()):
+            setattr(made, name, func)
+        return made
+    every: dict[str, Field[Any]] = {}
+    for name, text in annotations.items():
+        default = space.pop(name, MISSING)
+        one: Any = default if isinstance(default, Field) else field(default=default)
+        one.name = name
+        one.type = text
+        one._field_type = _FIELD
+        if one.kw_only is MISSING:
+            one.kw_only = False
+        if one.default.__class__.__hash__ is None:
+            raise ValueError(f"mutable default {type(one.default)} for field {name} is not allowed: use "
+                             "default_factory")
+        every[name] = one
+    for name, value in space.items():
+        if isinstance(value, Field):
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    space.pop("__dict__", None)
+    space.pop("__weakref__", None)
+    space["__qualname__"] = cls.__qualname__  # kept by the class, not its __dict__
+    space["__slots__"] = tuple(every)
+    space["__dataclass_params__"] = _PARAMS
+    space["__dataclass_fields__"] = every
+    space.setdefault("__match_args__", tuple(name for name, one in every.items() if one.init))
+    for name, value in _ADDED.items():
+        space.setdefault(name, value)
+    space.update(methods)
+    space.update(_value_methods(cls.__qualname__, tuple(every.values())))
+    return type(cls.__name__, (object,), space)
+
+
+_FROZEN_METHODS: dict[str, Callable[..., Any]] = {
+    "__setattr__": _frozen_setattr,
+    "__delattr__": _frozen_delattr,
+    "__getstate__": _frozen_getstate,
+    "__setstate__": _frozen_setstate,
+}
+
+
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[_T]) -> type[_T]:
     """``cls`` as a value: a slotted dataclass that behaves as ``dataclass(frozen=True, slots=True)`` would make it
@@ -186,17 +276,13 @@ def frozen(cls: type[_T]) -> type[_T]:
     ``dataclass`` compiles three methods per frozen class with ``exec`` when the class is made; for the 70-odd
     values a scan imports that was a third of the start-up. Here nothing is compiled at import: ``__init__`` binds
     through the slots until a class has been built many times, then ``dataclass`` makes the generated one on a
-    stand-in (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen value
-    in the package."""
+    stand-in (``_frozen_init``); the rest are shared functions and closures (``frozen_value``'s), and the slotted
+    class itself is made in one pass (``_slotted``). The one decorator of every frozen value in the package."""
     if not cls.__doc__:  # dataclass would make one from inspect.signature: of object's text, through tokenize
         cls.__doc__ = cls.__qualname__
-    made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
-    made.__init__ = _frozen_init(made)
-    made.__setattr__ = _frozen_setattr
-    made.__delattr__ = _frozen_delattr
-    made.__getstate__ = _frozen_getstate
-    made.__setstate__ = _frozen_setstate
-    return frozen_value(made)
+    made: Any = _slotted(cls, _FROZEN_METHODS)
+    made.__init__ = _frozen_init(made)  # it sets each field through its slot: made once the slots are
+    return cast("type[_T]", made)
 
 
 # ---------------------------------------------------------------------------------------------------------------
