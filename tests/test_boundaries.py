@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "ckptdoctor"
@@ -351,6 +352,33 @@ def test_a_local_scan_loads_no_pool_and_no_resource_machinery() -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"pickle"' in proc.stdout or "checkpoint-8" in proc.stdout  # the scan ran
     assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+
+
+def test_a_warm_rescan_imports_no_reader(tmp_path: Path) -> None:
+    """A rescan that takes every file's facts and verdict from the verdict cache reads no file, so it loads none of
+    the readers (the sniffer, the pickle walker, the format readers, ``pickletools``): only the readers' package
+    (what the walk names of it) and the memo the cache keeps its values in. Scans of a real run: the first fills the
+    cache (``--cache``), the second is measured."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
+    scan = f"['scan', '--format', 'json', {str(root)!r}]"
+    code = (
+        "import sys; from ckptdoctor.cli import main\n"
+        f"try: main({scan}, standalone_mode=False)\n"
+        "except SystemExit: pass\n"
+        "print('MODULES', sorted(m for m in sys.modules if m.startswith('ckptdoctor.readers') or m == 'pickletools'))"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    fill = [sys.executable, "-m", "ckptdoctor", "scan", "--cache", "--format", "json", str(root)]
+    subprocess.run(fill, capture_output=True, text=True, timeout=60, env=env, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint-8" in proc.stdout  # the scan ran
+    assert proc.stdout.rstrip().splitlines()[-1] == "MODULES ['ckptdoctor.readers', 'ckptdoctor.readers.seen']", (
+        proc.stdout[-500:]
+    )
 
 
 def test_the_sniffers_opcode_bytes_are_pickletools_table() -> None:

@@ -29,8 +29,6 @@ from ckptdoctor.pickle_verdict.policy import (
     may_call,
     rebuilt_as_data,
 )
-from ckptdoctor.readers.nested import NestedBudget, search_nested
-from ckptdoctor.readers.pickle_walk import BYTES_LOADER, UNRESOLVED_CALL, merge_pickles
 
 __all__ = [
     "TRAINING_ARGS_FIELDS", "Verdict", "VerdictMemo", "describe", "file_pickle", "judge", "tree_verdicts",
@@ -48,6 +46,8 @@ Verdict = PickleVerdict  # the verdict is a value of the model: the tree carries
 
 def describe(g: GlobalRef) -> str:
     """A global as the user should read it; unresolved stand-ins spelled out."""
+    from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL  # the readers: only for a file judged, not one known
+
     if g == UNRESOLVED_CALL:
         return "a call of an object computed at load time"
     if g.module == "<limit>":  # a bound of the walk (``pickle_walk.PAST_BUDGET``): its name says what was not judged
@@ -83,6 +83,8 @@ class _Judge:
         self.admitted: dict[tuple[str, str], None] = {}
 
     def globals_of(self, pf: PickleFacts, where: str, clean: bool = True) -> None:
+        from ckptdoctor.readers.pickle_walk import BYTES_LOADER  # as in describe
+
         called = set(pf.calls)
         rebuilt = set(pf.rebuilt)
         # Globals handed to any call: searched once, on first need; None when the search ran past its budget.
@@ -201,6 +203,8 @@ def _judged(
     """``judge``'s verdict, and whether it read an installed package's source (or met the limit on doing so)."""
     j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
     if any(part.nested is None for part in pf.streams or (pf,)):
+        from ckptdoctor.readers.nested import NestedBudget, search_nested  # as in describe
+
         pf = search_nested(pf, NestedBudget(limits))  # facts that did not come from a reader
     nested = 0
     for part in pf.streams or (pf,):  # each stream a loader unpickles, with its own values
@@ -223,6 +227,8 @@ def file_pickle(f: FileFacts) -> PickleFacts | None:
         own = c.pickle
     if f.alt_pickle is None or own is None:
         return own or f.alt_pickle
+    from ckptdoctor.readers.pickle_walk import merge_pickles  # as in describe
+
     return merge_pickles(own, [f.alt_pickle])
 
 
