@@ -28,6 +28,7 @@ from ckptdoctor.model import (
     TfIndexFacts,
     Tree,
 )
+from ckptdoctor.patterns import lazy
 from ckptdoctor.progress import when_done
 from ckptdoctor.readers import VANISHED
 from ckptdoctor.sources import is_remote, source_for
@@ -58,9 +59,9 @@ _TEMP_PREFIX = "tmp-checkpoint-"
 # DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it). The Trainer
 # names them `global_stepN`; any other caller of `engine.save_checkpoint(dir, tag)` picks its own name (accelerate's
 # `save_state` uses `pytorch_model`), so a folder holding DeepSpeed's state files is a tag folder whatever its name.
-_DS_TAG_RE = re.compile(r"^global_step\d+$")
-DS_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-DS_MODEL_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_DS_TAG_RE = lazy(r"^global_step\d+$")
+DS_OPTIM_RE = lazy(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+DS_MODEL_RE = lazy(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 
 
 def is_deepspeed_state(name: str) -> bool:

@@ -13,6 +13,7 @@ from ckptdoctor import stacks, trainer_view
 from ckptdoctor.facts import plural
 from ckptdoctor.findings import Finding, Severity, display_path, finding_json, path_order
 from ckptdoctor.model import Checkpoint, FolderRole, Framework, Run, Stack, Tree
+from ckptdoctor.patterns import lazy
 from ckptdoctor.scanner import Report
 from ckptdoctor.stacks import accelerate as acc
 from ckptdoctor.stacks import lightning
@@ -31,7 +32,7 @@ _BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 # What a terminal would act on rather than show: C0/C1 controls (ESC starts colour and cursor sequences, CR and LF
 # forge lines) and the bidirectional overrides that reorder text ("Trojan Source"). File names and strings read
 # from checkpoints reach the text report, so they are shown escaped.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE = lazy("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
