@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, cast
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -27,6 +27,7 @@ from ckptdoctor.model import (
     Stack,
     TfIndexFacts,
     Tree,
+    mutable,
 )
 from ckptdoctor.patterns import lazy
 from ckptdoctor.progress import when_done
@@ -94,7 +95,7 @@ _TF_KINDS = _TF_BUNDLE_KINDS | {FileKind.TF_DATA, FileKind.HDF5}
 _TORCH_KINDS = frozenset({FileKind.SAFETENSORS, FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.DCP_DATA})
 
 
-@dataclass
+@mutable
 class _Dir:
     """One walked directory: its files (already read), walked subfolders and the names listing showed as dirs."""
 
@@ -185,7 +186,7 @@ def discover(
     return discover_opened(opened, jobs, progress, on_part, left=cache.left, walked=walked)
 
 
-@dataclass(slots=True)
+@mutable
 class Opened(Generic[L, M]):
     """A root as its storage first answered (``open_root``): the source that reads it, the root itself (or why it
     cannot be scanned) and the problems met so far. A fan-out (``ckptdoctor.fanout``) plans from it
@@ -569,7 +570,7 @@ def _bad_name(rel: str, raw: str) -> PathProblem:
 # Folders walked elsewhere (a fan-out: ``ckptdoctor.fanout``)
 
 
-@dataclass(slots=True)
+@mutable
 class FolderTask:
     """A folder of a root that a fan-out walks on its own (``walk_folder``): what the walk of its root knows of it
     when it reaches it."""
@@ -582,7 +583,7 @@ class FolderTask:
     problems: tuple[PathProblem, ...]  # its own entry's (a bad name), met listing its parent
 
 
-@dataclass(slots=True)
+@mutable
 class FolderWalk:
     """What walking one folder gave (``walk_folder``), put in its place by the walk of its root (``Handed``)."""
 

@@ -214,10 +214,11 @@ def _plain(annotation: object) -> bool:
         "KW_ONLY" not in annotation)
 
 
-def _slotted(cls: type, methods: dict[str, Callable[..., Any]]) -> Any:
+def _slotted(cls: type, methods: dict[str, Callable[..., Any] | None]) -> Any:
     """``cls`` as ``dataclass(init=False, slots=True, eq=False, repr=False)`` returns it (the same fields, each a
-    ``dataclasses.Field`` as ``field()`` makes it, the same slots, ``__match_args__`` and flags), with ``methods``
-    (``frozen``'s, which replace what ``cls`` and ``dataclass`` define under those names), made in one pass:
+    ``dataclasses.Field`` as ``field()`` makes it, the same slots, ``__match_args__`` and flags), with
+    ``frozen_value``'s equality, hash and repr and then ``methods`` (``frozen``'s or ``mutable``'s, which replace
+    what ``cls`` and ``dataclass`` define under those names), made in one pass:
     ``dataclass`` tests each annotation's text three times against ``ClassVar``, ``InitVar`` and ``KW_ONLY`` (a
     regular expression and a module lookup each), and those tests and the methods set on the finished class one by
     one were most of what this package's 90-odd value classes cost every start-up. A class that is not a plain one
@@ -228,7 +229,7 @@ def _slotted(cls: type, methods: dict[str, Callable[..., Any]]) -> Any:
     if (cls.__bases__ != (object,) or type(cls) is not type or "__slots__" in space or annotations is None
             or not all(_plain(text) for text in annotations.values())):
         made = _dataclass_made(cls)
-        for name, func in (*methods.items(), *_value_methods(cls.__qualname__, fields(made)).items()):
+        for name, func in (*_value_methods(cls.__qualname__, fields(made)).items(), *methods.items()):
             setattr(made, name, func)
         return made
     every: dict[str, Field[Any]] = {}
@@ -256,12 +257,12 @@ def _slotted(cls: type, methods: dict[str, Callable[..., Any]]) -> Any:
     space.setdefault("__match_args__", tuple(name for name, one in every.items() if one.init))
     for name, value in _ADDED.items():
         space.setdefault(name, value)
-    space.update(methods)
     space.update(_value_methods(cls.__qualname__, tuple(every.values())))
+    space.update(methods)
     return type(cls.__name__, (object,), space)
 
 
-_FROZEN_METHODS: dict[str, Callable[..., Any]] = {
+_FROZEN_METHODS: dict[str, Callable[..., Any] | None] = {
     "__setattr__": _frozen_setattr,
     "__delattr__": _frozen_delattr,
     "__getstate__": _frozen_getstate,
@@ -282,6 +283,19 @@ def frozen(cls: type[_T]) -> type[_T]:
         cls.__doc__ = cls.__qualname__
     made: Any = _slotted(cls, _FROZEN_METHODS)
     made.__init__ = _frozen_init(made)  # it sets each field through its slot: made once the slots are
+    return cast("type[_T]", made)
+
+
+@dataclass_transform(field_specifiers=(field,))
+def mutable(cls: type[_T]) -> type[_T]:
+    """``cls`` as ``dataclass(slots=True)`` would make it (the same ``__init__``, equality and repr, and no hash,
+    as a mutable dataclass has), without compiling anything: ``frozen``'s ``__init__``, equality and repr, on a
+    class that may be changed. For the walk's own records (``discover._Dir`` ...), whose three methods
+    ``dataclass`` compiled with ``exec`` at every start-up."""
+    if not cls.__doc__:  # as in frozen
+        cls.__doc__ = cls.__qualname__
+    made: Any = _slotted(cls, {"__hash__": None})  # equal values that may change: unhashable, as dataclass says
+    made.__init__ = _frozen_init(made)
     return cast("type[_T]", made)
 
 

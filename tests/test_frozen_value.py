@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen
+from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen, mutable
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,3 +237,36 @@ class _FieldsValue:
 
     def doubled(self) -> tuple[int, ...]:
         return self.a * 2
+
+
+@dataclass(slots=True)
+class _GeneratedRecord:
+    a: int
+    b: list[int] = field(default_factory=list)
+    c: str = "c"
+
+
+@mutable
+class _Record:
+    a: int
+    b: list[int] = field(default_factory=list)
+    c: str = "c"
+
+
+def test_mutable_behaves_as_a_slotted_dataclass() -> None:
+    """``model.mutable`` makes what ``dataclass(slots=True)`` makes, without compiling: the same ``__init__``
+    (defaults, factories, keywords), equality and repr, no hash, and fields that can be set."""
+    made, generated = _Record(1), _GeneratedRecord(1)
+    assert (made.a, made.b, made.c) == (generated.a, generated.b, generated.c) and _Record(1).b is not made.b
+    assert repr(_Record(2, [3], c="x")) == repr(_GeneratedRecord(2, [3], c="x")).replace("_GeneratedRecord", "_Record")
+    assert _Record(1, [2]) == _Record(a=1, b=[2]) and _Record(1) != _Record(2)
+    assert made.__eq__(generated) is NotImplemented
+    assert _Record.__hash__ is None and _GeneratedRecord.__hash__ is None
+    made.b.append(5)
+    made.c = "d"
+    assert (made.b, made.c) == ([5], "d") and not hasattr(made, "__dict__") and dataclasses.is_dataclass(made)
+    with pytest.raises(AttributeError):
+        made.other = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        _Record()  # type: ignore[call-arg]
+    assert pickle.loads(pickle.dumps(made)) == made and dataclasses.replace(made, a=7).a == 7
