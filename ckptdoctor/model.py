@@ -110,11 +110,11 @@ def _compile_init(cls: type) -> Callable[..., None]:
     return made
 
 
-# Values of one class built before its generated ``__init__`` is made (``_frozen_init``). Measured with callgrind on
-# a five-field class: making it costs about 2.7 M instructions, a build with keywords or defaults about 5 K more
-# through the closures than through the generated code (11 K), an all-positional build about the same. Most value
-# classes of a scan are built a few hundred times or fewer and never pay for it; those built per tensor or per file
-# pay it once.
+# Values of one class built with keywords or defaults before its generated ``__init__`` is made (``_frozen_init``).
+# Measured with callgrind on a five-field class: making it costs about 2.7 M instructions, a build with keywords or
+# defaults about 5 K more through the closures than through the generated code (11 K), an all-positional build about
+# the same. Most value classes of a scan are built a few hundred times or fewer and never pay for it; those built
+# per tensor or per file with keywords pay it once.
 _COMPILE_AFTER = 1000
 
 
@@ -124,7 +124,10 @@ def _frozen_init(cls: type) -> Callable[..., None]:
     ``_COMPILE_AFTER`` values it has ``dataclass`` make the generated one (``_compile_init``) and puts it in its
     place. A scan imports some 70 value classes and builds about 40, most of them a few times (making the generated
     ``__init__`` for each, three ``exec`` on a stand-in, was some 90 M instructions of every scan); what is built a
-    million times still runs the generated code."""
+    million times with keywords or defaults still runs the generated code. Only those builds count: one with every
+    field given by position costs the same here (its values set in one loop), and the verdict cache decodes its
+    values so, 1,000s of them on a warm rescan, which made the generated ``__init__`` of three classes for nothing
+    (8 M instructions)."""
     every = fields(cls)
     if any(f.kw_only for f in every):
         raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")
@@ -172,13 +175,14 @@ def _frozen_init(cls: type) -> Callable[..., None]:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         nonlocal built
-        built += 1  # a lost update between threads only delays the swap
-        if built > _COMPILE_AFTER:
-            compiled = _compile_init(cls)
-            type.__setattr__(cls, "__init__", compiled)
-            compiled(self, *args, **kwargs)
-        elif kwargs or fixed or len(args) != count:
-            bind(self, args, kwargs)
+        if kwargs or fixed or len(args) != count:
+            built += 1  # a lost update between threads only delays the swap
+            if built > _COMPILE_AFTER:
+                compiled = _compile_init(cls)
+                type.__setattr__(cls, "__init__", compiled)
+                compiled(self, *args, **kwargs)
+            else:
+                bind(self, args, kwargs)
         else:
             for setter, value in zip(setters, args, strict=True):  # the same length: checked above
                 setter(self, value)

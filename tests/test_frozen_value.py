@@ -270,3 +270,21 @@ def test_mutable_behaves_as_a_slotted_dataclass() -> None:
     with pytest.raises(TypeError):
         _Record()  # type: ignore[call-arg]
     assert pickle.loads(pickle.dumps(made)) == made and dataclasses.replace(made, a=7).a == 7
+
+
+@frozen
+class _Positional:
+    a: int
+    b: int = 0
+
+
+def test_builds_with_every_field_by_position_never_make_the_generated_init() -> None:
+    """Only builds that bind keywords or defaults count towards making the generated ``__init__``: a class always
+    built with every field by position (as the verdict cache decodes its values) keeps the closure."""
+    from ckptdoctor import model
+
+    before = _Positional.__init__
+    made = [_Positional(i, i + 1) for i in range(model._COMPILE_AFTER * 2)]
+    last = model._COMPILE_AFTER * 2 - 1
+    assert _Positional.__init__ is before and (made[-1].a, made[-1].b) == (last, last + 1)
+    assert [_Positional(i).b for i in range(model._COMPILE_AFTER + 1)][-1] == 0 and _Positional.__init__ is not before
