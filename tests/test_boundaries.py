@@ -357,8 +357,8 @@ def test_a_local_scan_loads_no_pool_and_no_resource_machinery() -> None:
 def test_a_warm_rescan_imports_no_reader(tmp_path: Path) -> None:
     """A rescan that takes every file's facts and verdict from the verdict cache reads no file, so it loads none of
     the readers (the sniffer, the pickle walker, the format readers, ``pickletools``): only the readers' package
-    (what the walk names of it) and the memo the cache keeps its values in. Scans of a real run: the first fills the
-    cache (``--cache``), the second is measured."""
+    (what the walk names of it) and the memo the cache keeps its values in. Nor the gate's planning (no scan does).
+    Scans of a real run: the first fills the cache (``--cache``), the second is measured."""
     import subprocess
     import sys
 
@@ -368,7 +368,8 @@ def test_a_warm_rescan_imports_no_reader(tmp_path: Path) -> None:
         "import sys; from ckptdoctor.cli import main\n"
         f"try: main({scan}, standalone_mode=False)\n"
         "except SystemExit: pass\n"
-        "print('MODULES', sorted(m for m in sys.modules if m.startswith('ckptdoctor.readers') or m == 'pickletools'))"
+        "print('MODULES', sorted(m for m in sys.modules if m.startswith('ckptdoctor.readers') or m in "
+        "('pickletools', 'ckptdoctor.resume_gate.plan', 'ckptdoctor.schedules')))"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     fill = [sys.executable, "-m", "ckptdoctor", "scan", "--cache", "--format", "json", str(root)]
