@@ -349,6 +349,18 @@ class GlobalRef:
         return f"{self.module}.{self.name}"
 
 
+# Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
+# result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
+# Here, not in ``readers.pickle_walk`` (which records them), for the judge that reads them: a rescan that takes its
+# verdicts from the cache imports no reader.
+UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+# ``torch.load(io.BytesIO(b), weights_only=False)`` of the bytes it is handed (torch/storage.py): what a plain
+# ``pickle.dumps`` of a tensor writes for its storage (``TypedStorage.__reduce__``), TransformerEngine's
+# ``_extra_state`` among them. The walk records what each call hands it (``PickleFacts.loads``), so those bytes can be
+# read as ``torch.load`` reads them and judged.
+BYTES_LOADER = GlobalRef("torch.storage", "_load_from_bytes")
+
+
 @frozen
 class TensorRef:
     """A tensor as ``torch._utils._rebuild_tensor_v2`` / ``_rebuild_parameter`` would build it, without its data.
@@ -403,7 +415,7 @@ class PickleFacts:
     # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
     rebuilt: tuple[GlobalRef, ...] = ()
     # what each call of ``torch.storage._load_from_bytes`` hands it (a ``torch.load`` of those bytes): the literal
-    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``pickle_walk.BYTES_LOADER``)
+    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``BYTES_LOADER``)
     loads: tuple[bytes | None, ...] = ()
     # the other streams a loader unpickles from the same file, when ``merge_pickles`` made this one: every stream,
     # the main one first, each with its own value (the judge reads each stream's values on its own); () otherwise

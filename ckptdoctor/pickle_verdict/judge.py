@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
+    BYTES_LOADER,
+    UNRESOLVED_CALL,
     ArchiveFacts,
     DcpMetadataFacts,
     FileFacts,
@@ -46,8 +48,6 @@ Verdict = PickleVerdict  # the verdict is a value of the model: the tree carries
 
 def describe(g: GlobalRef) -> str:
     """A global as the user should read it; unresolved stand-ins spelled out."""
-    from ckptdoctor.readers.pickle_walk import UNRESOLVED_CALL  # the readers: only for a file judged, not one known
-
     if g == UNRESOLVED_CALL:
         return "a call of an object computed at load time"
     if g.module == "<limit>":  # a bound of the walk (``pickle_walk.PAST_BUDGET``): its name says what was not judged
@@ -83,8 +83,6 @@ class _Judge:
         self.admitted: dict[tuple[str, str], None] = {}
 
     def globals_of(self, pf: PickleFacts, where: str, clean: bool = True) -> None:
-        from ckptdoctor.readers.pickle_walk import BYTES_LOADER  # as in describe
-
         called = set(pf.calls)
         rebuilt = set(pf.rebuilt)
         # Globals handed to any call: searched once, on first need; None when the search ran past its budget.
@@ -203,7 +201,7 @@ def _judged(
     """``judge``'s verdict, and whether it read an installed package's source (or met the limit on doing so)."""
     j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
     if any(part.nested is None for part in pf.streams or (pf,)):
-        from ckptdoctor.readers.nested import NestedBudget, search_nested  # as in describe
+        from ckptdoctor.readers.nested import NestedBudget, search_nested  # a reader: only for a file judged here
 
         pf = search_nested(pf, NestedBudget(limits))  # facts that did not come from a reader
     nested = 0
@@ -227,7 +225,7 @@ def file_pickle(f: FileFacts) -> PickleFacts | None:
         own = c.pickle
     if f.alt_pickle is None or own is None:
         return own or f.alt_pickle
-    from ckptdoctor.readers.pickle_walk import merge_pickles  # as in describe
+    from ckptdoctor.readers.pickle_walk import merge_pickles  # as in _judged
 
     return merge_pickles(own, [f.alt_pickle])
 
