@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, cast
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
@@ -27,7 +27,9 @@ from ckptdoctor.model import (
     Stack,
     TfIndexFacts,
     Tree,
+    mutable,
 )
+from ckptdoctor.patterns import lazy
 from ckptdoctor.progress import when_done
 from ckptdoctor.readers import VANISHED
 from ckptdoctor.sources import is_remote, source_for
@@ -58,9 +60,9 @@ _TEMP_PREFIX = "tmp-checkpoint-"
 # DeepSpeed's tag folders inside a checkpoint (or a run's top level when save_checkpoint targeted it). The Trainer
 # names them `global_stepN`; any other caller of `engine.save_checkpoint(dir, tag)` picks its own name (accelerate's
 # `save_state` uses `pytorch_model`), so a folder holding DeepSpeed's state files is a tag folder whatever its name.
-_DS_TAG_RE = re.compile(r"^global_step\d+$")
-DS_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-DS_MODEL_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_DS_TAG_RE = lazy(r"^global_step\d+$")
+DS_OPTIM_RE = lazy(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+DS_MODEL_RE = lazy(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 
 
 def is_deepspeed_state(name: str) -> bool:
@@ -93,7 +95,7 @@ _TF_KINDS = _TF_BUNDLE_KINDS | {FileKind.TF_DATA, FileKind.HDF5}
 _TORCH_KINDS = frozenset({FileKind.SAFETENSORS, FileKind.TORCH_ZIP, FileKind.TORCH_LEGACY, FileKind.DCP_DATA})
 
 
-@dataclass
+@mutable
 class _Dir:
     """One walked directory: its files (already read), walked subfolders and the names listing showed as dirs."""
 
@@ -184,7 +186,7 @@ def discover(
     return discover_opened(opened, jobs, progress, on_part, left=cache.left, walked=walked)
 
 
-@dataclass(slots=True)
+@mutable
 class Opened(Generic[L, M]):
     """A root as its storage first answered (``open_root``): the source that reads it, the root itself (or why it
     cannot be scanned) and the problems met so far. A fan-out (``ckptdoctor.fanout``) plans from it
@@ -568,7 +570,7 @@ def _bad_name(rel: str, raw: str) -> PathProblem:
 # Folders walked elsewhere (a fan-out: ``ckptdoctor.fanout``)
 
 
-@dataclass(slots=True)
+@mutable
 class FolderTask:
     """A folder of a root that a fan-out walks on its own (``walk_folder``): what the walk of its root knows of it
     when it reaches it."""
@@ -581,7 +583,7 @@ class FolderTask:
     problems: tuple[PathProblem, ...]  # its own entry's (a bad name), met listing its parent
 
 
-@dataclass(slots=True)
+@mutable
 class FolderWalk:
     """What walking one folder gave (``walk_folder``), put in its place by the walk of its root (``Handed``)."""
 

@@ -32,6 +32,7 @@ from ckptdoctor.model import (
     TensorInfo,
     Tree,
 )
+from ckptdoctor.patterns import lazy
 
 # The path problems CKD001 reports; the corrupt-file rules (CKD202, CKD203, CKD211) leave them to it.
 PATH_KINDS = (
@@ -84,7 +85,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
-_VERSION_RE = re.compile(r"\s*(\d{1,4})(?:\.(\d{1,4}))?(?![\d])")
+_VERSION_RE = lazy(r"\s*(\d{1,4})(?:\.(\d{1,4}))?(?![\d])")
 
 
 def version_tuple(version: object) -> tuple[int, int] | None:
@@ -353,7 +354,7 @@ def same_history(older: trainer_view.TrainerStateView, newer: trainer_view.Train
 
 # Where a run started (CKD422): what its newest checkpoint shows, kept when a scan judging run by run releases it.
 
-_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
+_CHECKPOINT_NAME = lazy(r"^checkpoint-\d+$")
 
 
 def _loss_at(entry: object) -> tuple[int, float] | None:

@@ -11,8 +11,8 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -33,10 +33,17 @@ def frozen_value(cls: type[_T]) -> type[_T]:
     tuple, ``Name(field=value, ...)``), built from closures rather than compiled per class: ``dataclass`` compiles
     each generated method with ``exec``, and these three were half of the ~13 ms that importing this module's 30+
     classes cost at every start-up."""
-    names = tuple(f.name for f in fields(cls) if f.compare)  # type: ignore[arg-type]
-    shown_names = tuple(f.name for f in fields(cls) if f.repr)  # type: ignore[arg-type]
-    if any(f.hash is not None for f in fields(cls)):  # type: ignore[arg-type]
-        raise TypeError(f"{cls.__qualname__}: frozen_value compares and hashes the compare=True fields only")
+    for name, func in _value_methods(cls.__qualname__, fields(cls)).items():  # type: ignore[arg-type]
+        setattr(cls, name, func)
+    return cls
+
+
+def _value_methods(qualname: str, every: Sequence[Field[Any]]) -> dict[str, Callable[..., Any]]:
+    """``frozen_value``'s three methods for a class named ``qualname`` with the fields ``every``."""
+    names = tuple(f.name for f in every if f.compare)
+    shown_names = tuple(f.name for f in every if f.repr)
+    if any(f.hash is not None for f in every):
+        raise TypeError(f"{qualname}: frozen_value compares and hashes the compare=True fields only")
     key: Callable[[Any], Any]
     if not names:
 
@@ -62,10 +69,11 @@ def frozen_value(cls: type[_T]) -> type[_T]:
         shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in shown_names)
         return f"{self.__class__.__qualname__}({shown})"
 
+    made: dict[str, Callable[..., Any]] = {}
     for func in (__eq__, __hash__, __repr__):
-        func.__qualname__ = f"{cls.__qualname__}.{func.__name__}"
-        setattr(cls, func.__name__, func)
-    return cls
+        func.__qualname__ = f"{qualname}.{func.__name__}"
+        made[func.__name__] = func
+    return made
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
@@ -102,11 +110,11 @@ def _compile_init(cls: type) -> Callable[..., None]:
     return made
 
 
-# Values of one class built before its generated ``__init__`` is made (``_frozen_init``). Measured with callgrind on
-# a five-field class: making it costs about 2.7 M instructions, a build with keywords or defaults about 5 K more
-# through the closures than through the generated code (11 K), an all-positional build about the same. Most value
-# classes of a scan are built a few hundred times or fewer and never pay for it; those built per tensor or per file
-# pay it once.
+# Values of one class built with keywords or defaults before its generated ``__init__`` is made (``_frozen_init``).
+# Measured with callgrind on a five-field class: making it costs about 2.7 M instructions, a build with keywords or
+# defaults about 5 K more through the closures than through the generated code (11 K), an all-positional build about
+# the same. Most value classes of a scan are built a few hundred times or fewer and never pay for it; those built
+# per tensor or per file with keywords pay it once.
 _COMPILE_AFTER = 1000
 
 
@@ -116,7 +124,10 @@ def _frozen_init(cls: type) -> Callable[..., None]:
     ``_COMPILE_AFTER`` values it has ``dataclass`` make the generated one (``_compile_init``) and puts it in its
     place. A scan imports some 70 value classes and builds about 40, most of them a few times (making the generated
     ``__init__`` for each, three ``exec`` on a stand-in, was some 90 M instructions of every scan); what is built a
-    million times still runs the generated code."""
+    million times with keywords or defaults still runs the generated code. Only those builds count: one with every
+    field given by position costs the same here (its values set in one loop), and the verdict cache decodes its
+    values so, 1,000s of them on a warm rescan, which made the generated ``__init__`` of three classes for nothing
+    (8 M instructions)."""
     every = fields(cls)
     if any(f.kw_only for f in every):
         raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")
@@ -164,19 +175,103 @@ def _frozen_init(cls: type) -> Callable[..., None]:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         nonlocal built
-        built += 1  # a lost update between threads only delays the swap
-        if built > _COMPILE_AFTER:
-            compiled = _compile_init(cls)
-            type.__setattr__(cls, "__init__", compiled)
-            compiled(self, *args, **kwargs)
-        elif kwargs or fixed or len(args) != count:
-            bind(self, args, kwargs)
+        if kwargs or fixed or len(args) != count:
+            built += 1  # a lost update between threads only delays the swap
+            if built > _COMPILE_AFTER:
+                compiled = _compile_init(cls)
+                type.__setattr__(cls, "__init__", compiled)
+                compiled(self, *args, **kwargs)
+            else:
+                bind(self, args, kwargs)
         else:
             for setter, value in zip(setters, args, strict=True):  # the same length: checked above
                 setter(self, value)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     return __init__
+
+
+def _dataclass_made(cls: type) -> Any:
+    """``cls`` made by ``dataclass(init=False, slots=True, eq=False, repr=False)`` itself."""
+    return dataclass(init=False, slots=True, eq=False, repr=False)(cls)
+
+
+class _Sample:
+    """What ``dataclass`` puts on every class ``frozen`` makes, read once from a class it made."""
+
+    x: int = 0
+
+
+_SAMPLE = _dataclass_made(_Sample)
+_PARAMS = _SAMPLE.__dataclass_params__  # the same flags for every class, and dataclasses never changes them
+_FIELD = fields(_SAMPLE)[0]._field_type  # type: ignore[attr-defined]  # what marks a field (not a ClassVar or InitVar); private to dataclasses
+# what else this Python's dataclass sets on a class (3.13's ``__replace__``, for ``copy.replace``)
+_ADDED = {name: value for name, value in vars(_SAMPLE).items()
+          if name not in vars(_Sample) and name not in ("__slots__", "__dataclass_fields__", "__dataclass_params__",
+                                                        "__match_args__", "x")}  # fmt: skip
+
+
+def _plain(annotation: object) -> bool:
+    """Whether ``annotation`` is text that cannot name ``ClassVar``, ``InitVar`` or ``KW_ONLY`` (which make an
+    annotation something else than a field: ``dataclass`` itself sorts those out)."""
+    return type(annotation) is str and "ClassVar" not in annotation and "InitVar" not in annotation and (
+        "KW_ONLY" not in annotation)
+
+
+def _slotted(cls: type, methods: dict[str, Callable[..., Any] | None]) -> Any:
+    """``cls`` as ``dataclass(init=False, slots=True, eq=False, repr=False)`` returns it (the same fields, each a
+    ``dataclasses.Field`` as ``field()`` makes it, the same slots, ``__match_args__`` and flags), with
+    ``frozen_value``'s equality, hash and repr and then ``methods`` (``frozen``'s or ``mutable``'s, which replace
+    what ``cls`` and ``dataclass`` define under those names), made in one pass:
+    ``dataclass`` tests each annotation's text three times against ``ClassVar``, ``InitVar`` and ``KW_ONLY`` (a
+    regular expression and a module lookup each), and those tests and the methods set on the finished class one by
+    one were most of what this package's 90-odd value classes cost every start-up. A class that is not a plain one
+    (a base besides ``object``, another metaclass, annotations that are not text or may name one of those three) is
+    made by ``dataclass`` itself."""
+    space = dict(cls.__dict__)
+    annotations = space.get("__annotations__")
+    if (cls.__bases__ != (object,) or type(cls) is not type or "__slots__" in space or annotations is None
+            or not all(_plain(text) for text in annotations.values())):
+        made = _dataclass_made(cls)
+        for name, func in (*_value_methods(cls.__qualname__, fields(made)).items(), *methods.items()):
+            setattr(made, name, func)
+        return made
+    every: dict[str, Field[Any]] = {}
+    for name, text in annotations.items():
+        default = space.pop(name, MISSING)
+        one: Any = default if isinstance(default, Field) else field(default=default)
+        one.name = name
+        one.type = text
+        one._field_type = _FIELD
+        if one.kw_only is MISSING:
+            one.kw_only = False
+        if one.default.__class__.__hash__ is None:
+            raise ValueError(f"mutable default {type(one.default)} for field {name} is not allowed: use "
+                             "default_factory")
+        every[name] = one
+    for name, value in space.items():
+        if isinstance(value, Field):
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    space.pop("__dict__", None)
+    space.pop("__weakref__", None)
+    space["__qualname__"] = cls.__qualname__  # kept by the class, not its __dict__
+    space["__slots__"] = tuple(every)
+    space["__dataclass_params__"] = _PARAMS
+    space["__dataclass_fields__"] = every
+    space.setdefault("__match_args__", tuple(name for name, one in every.items() if one.init))
+    for name, value in _ADDED.items():
+        space.setdefault(name, value)
+    space.update(_value_methods(cls.__qualname__, tuple(every.values())))
+    space.update(methods)
+    return type(cls.__name__, (object,), space)
+
+
+_FROZEN_METHODS: dict[str, Callable[..., Any] | None] = {
+    "__setattr__": _frozen_setattr,
+    "__delattr__": _frozen_delattr,
+    "__getstate__": _frozen_getstate,
+    "__setstate__": _frozen_setstate,
+}
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
@@ -186,17 +281,26 @@ def frozen(cls: type[_T]) -> type[_T]:
     ``dataclass`` compiles three methods per frozen class with ``exec`` when the class is made; for the 70-odd
     values a scan imports that was a third of the start-up. Here nothing is compiled at import: ``__init__`` binds
     through the slots until a class has been built many times, then ``dataclass`` makes the generated one on a
-    stand-in (``_frozen_init``); the rest are shared functions and closures. The one decorator of every frozen value
-    in the package."""
+    stand-in (``_frozen_init``); the rest are shared functions and closures (``frozen_value``'s), and the slotted
+    class itself is made in one pass (``_slotted``). The one decorator of every frozen value in the package."""
     if not cls.__doc__:  # dataclass would make one from inspect.signature: of object's text, through tokenize
         cls.__doc__ = cls.__qualname__
-    made: Any = dataclass(init=False, slots=True, eq=False, repr=False)(cls)
+    made: Any = _slotted(cls, _FROZEN_METHODS)
+    made.__init__ = _frozen_init(made)  # it sets each field through its slot: made once the slots are
+    return cast("type[_T]", made)
+
+
+@dataclass_transform(field_specifiers=(field,))
+def mutable(cls: type[_T]) -> type[_T]:
+    """``cls`` as ``dataclass(slots=True)`` would make it (the same ``__init__``, equality and repr, and no hash,
+    as a mutable dataclass has), without compiling anything: ``frozen``'s ``__init__``, equality and repr, on a
+    class that may be changed. For the walk's own records (``discover._Dir`` ...), whose three methods
+    ``dataclass`` compiled with ``exec`` at every start-up."""
+    if not cls.__doc__:  # as in frozen
+        cls.__doc__ = cls.__qualname__
+    made: Any = _slotted(cls, {"__hash__": None})  # equal values that may change: unhashable, as dataclass says
     made.__init__ = _frozen_init(made)
-    made.__setattr__ = _frozen_setattr
-    made.__delattr__ = _frozen_delattr
-    made.__getstate__ = _frozen_getstate
-    made.__setstate__ = _frozen_setstate
-    return frozen_value(made)
+    return cast("type[_T]", made)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -243,6 +347,18 @@ class GlobalRef:
     @property
     def dotted(self) -> str:
         return f"{self.module}.{self.name}"
+
+
+# Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
+# result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
+# Here, not in ``readers.pickle_walk`` (which records them), for the judge that reads them: a rescan that takes its
+# verdicts from the cache imports no reader.
+UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+# ``torch.load(io.BytesIO(b), weights_only=False)`` of the bytes it is handed (torch/storage.py): what a plain
+# ``pickle.dumps`` of a tensor writes for its storage (``TypedStorage.__reduce__``), TransformerEngine's
+# ``_extra_state`` among them. The walk records what each call hands it (``PickleFacts.loads``), so those bytes can be
+# read as ``torch.load`` reads them and judged.
+BYTES_LOADER = GlobalRef("torch.storage", "_load_from_bytes")
 
 
 @frozen
@@ -299,7 +415,7 @@ class PickleFacts:
     # tuple (``cls.__new__(cls)``) or a BUILD of an object so made; any other call of it keeps it out
     rebuilt: tuple[GlobalRef, ...] = ()
     # what each call of ``torch.storage._load_from_bytes`` hands it (a ``torch.load`` of those bytes): the literal
-    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``pickle_walk.BYTES_LOADER``)
+    # bytes of a REDUCE of a one-bytes tuple, None for any other call or use of it (``BYTES_LOADER``)
     loads: tuple[bytes | None, ...] = ()
     # the other streams a loader unpickles from the same file, when ``merge_pickles`` made this one: every stream,
     # the main one first, each with its own value (the judge reads each stream's values on its own); () otherwise

@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -266,12 +267,13 @@ def forget_run() -> None:
     """Release what the rules' views and the readers kept of a run once it is judged (a part of ``scan_root``, a
     Dask task): another run's checkpoints take none of it."""
     from ckptdoctor import trainer_view
-    from ckptdoctor.readers import jsonfiles, pickle_values, torchstore
 
     trainer_view.forget()  # the views the rules built of the run hold its facts
-    jsonfiles.forget()  # the log histories its checkpoints' reads kept for the next checkpoint
-    pickle_values.forget()  # the containers its walks shared
-    torchstore.forget()  # and the listings of them
+    # the log histories its checkpoints' reads kept for the next checkpoint, the containers its walks shared and the
+    # listings of them: a reader not imported (a warm rescan reads no file) kept nothing
+    for reader in ("jsonfiles", "pickle_values", "torchstore"):
+        if (module := sys.modules.get(f"ckptdoctor.readers.{reader}")) is not None:
+            module.forget()
 
 
 def _unchecked(tree: Tree) -> bool:

@@ -211,7 +211,8 @@ def test_reference_trainer_is_not_imported_by_the_scan_path() -> None:
 LAYERS: list[set[str]] = [
     # values: frozen facts, no I/O but the package's data files (the version too: nothing below the API imports it)
     {"ckptdoctor.version", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
-     "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged", "ckptdoctor.hashing"},
+     "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged", "ckptdoctor.patterns",
+     "ckptdoctor.hashing"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and
@@ -398,6 +399,34 @@ def test_a_scan_loads_no_openssl(tmp_path: Path) -> None:
         assert "checkpoint-8" in proc.stdout  # the scan ran
         assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
     assert list((tmp_path / "ckptdoctor" / "facts").iterdir())  # and the cache was used
+
+
+def test_a_warm_rescan_imports_no_reader(tmp_path: Path) -> None:
+    """A rescan that takes every file's facts and verdict from the verdict cache reads no file, so it loads none of
+    the readers (the sniffer, the pickle walker, the format readers, ``pickletools``): only the readers' package
+    (what the walk names of it) and the memo the cache keeps its values in. Nor the gate's planning (no scan does).
+    Scans of a real run: the first fills the cache (``--cache``), the second is measured."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
+    scan = f"['scan', '--format', 'json', {str(root)!r}]"
+    code = (
+        "import sys; from ckptdoctor.cli import main\n"
+        f"try: main({scan}, standalone_mode=False)\n"
+        "except SystemExit: pass\n"
+        "print('MODULES', sorted(m for m in sys.modules if m.startswith('ckptdoctor.readers') or m in "
+        "('pickletools', 'ckptdoctor.resume_gate.plan', 'ckptdoctor.schedules')))"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    fill = [sys.executable, "-m", "ckptdoctor", "scan", "--cache", "--format", "json", str(root)]
+    subprocess.run(fill, capture_output=True, text=True, timeout=60, env=env, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint-8" in proc.stdout  # the scan ran
+    assert proc.stdout.rstrip().splitlines()[-1] == "MODULES ['ckptdoctor.readers', 'ckptdoctor.readers.seen']", (
+        proc.stdout[-500:]
+    )
 
 
 def test_the_sniffers_opcode_bytes_are_pickletools_table() -> None:

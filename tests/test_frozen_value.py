@@ -8,11 +8,11 @@ import dataclasses
 import math
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen
+from ckptdoctor.model import GlobalRef, ProblemKind, ReadProblem, TensorRef, frozen, mutable
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +132,159 @@ def test_init_is_the_generated_one_once_a_class_is_built_often() -> None:
         _Often()  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         _Often(1, d=2)  # type: ignore[call-arg]
+
+
+_SENTINEL = object()
+
+
+def _declared() -> list[type]:
+    """Classes declared as the package declares its values: every kind of field it uses, and a method (each with a
+    docstring: ``frozen`` gives one to a class without)."""
+
+    class Plain:
+        """doc"""
+
+        a: int
+        b: str | None = None
+
+    class Fields:
+        """doc"""
+
+        a: tuple[int, ...]
+        b: list[int] = field(default_factory=list)
+        c: int | None = field(default=None, compare=False)
+        d: object = field(default=_SENTINEL, repr=False, compare=False)
+        e: int | None = field(default=None, init=False, repr=False, compare=False)
+        f: str = field(default="", compare=False, metadata={"m": 1})
+
+        def doubled(self) -> tuple[int, ...]:
+            return self.a * 2
+
+    class Empty:
+        """doc"""
+
+    return [Plain, Fields, Empty]
+
+
+def _shape(cls: type) -> tuple[Any, ...]:
+    fields = [(f.name, f.type, f.default, f.default_factory, f.init, f.repr, f.hash, f.compare, dict(f.metadata),
+               f.kw_only, f._field_type) for f in dataclasses.fields(cls)]  # type: ignore[attr-defined]
+    return (fields, cls.__slots__, cls.__match_args__, repr(cls.__dataclass_params__),  # type: ignore[attr-defined]
+            sorted(vars(cls)), cls.__name__, cls.__qualname__, cls.__module__, cls.__doc__, cls.__mro__[1:])
+
+
+def test_the_class_is_the_one_dataclass_makes() -> None:
+    """``model._slotted`` makes in one pass the class ``dataclass(init=False, slots=True, eq=False, repr=False)``
+    makes: the same fields (each attribute of each), slots, flags, names and attributes."""
+    from ckptdoctor import model
+
+    fast = [model._slotted(cls, dict(model._FROZEN_METHODS)) for cls in _declared()]
+    slow = []
+    for cls in _declared():
+        made = model._dataclass_made(cls)
+        for name, func in model._FROZEN_METHODS.items():
+            setattr(made, name, func)
+        model.frozen_value(made)
+        slow.append(made)
+    for one, other in zip(fast, slow, strict=True):
+        assert _shape(one) == _shape(other)
+
+
+def test_a_class_dataclass_must_sort_out_is_made_by_dataclass() -> None:
+    """A ``ClassVar`` is no field, a base's fields come first: ``frozen`` leaves those classes to ``dataclass``."""
+    @frozen
+    class Counted:
+        kinds: ClassVar[tuple[str, ...]] = ("a",)
+        a: int
+
+    @frozen
+    class Base:
+        a: int
+
+    @frozen
+    class Derived(Base):
+        b: int = 2
+
+    assert [f.name for f in dataclasses.fields(Counted)] == ["a"] and Counted(1).kinds == ("a",)
+    assert Counted(1) == Counted(1) and repr(Counted(1)).endswith("Counted(a=1)")
+    assert [f.name for f in dataclasses.fields(Derived)] == ["a", "b"] and Derived(1) == Derived(1, 2)
+
+
+def test_values_built_in_one_pass_behave() -> None:
+    """Equality, hash, repr, replace, pickling and refusal of assignment on a class ``_slotted`` made."""
+    made = _FieldsValue((1,), [2], 3)
+    assert made == _FieldsValue((1,), [2], 4) and hash(_FieldsValue((1,), (), 5)) == hash(_FieldsValue((1,), ()))  # type: ignore[arg-type]
+    assert repr(made) == "_FieldsValue(a=(1,), b=[2], c=3, f='')" and made.doubled() == (1, 1)
+    assert dataclasses.replace(made, a=(5,)).a == (5,) and made.e is None
+    assert pickle.loads(pickle.dumps(made)) == made and not hasattr(made, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.a = (2,)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="mutable default"):
+
+        @frozen
+        class Bad:
+            a: list[int] = []  # noqa: RUF012
+
+
+@frozen
+class _FieldsValue:
+    a: tuple[int, ...]
+    b: list[int] = field(default_factory=list)
+    c: int | None = field(default=None, compare=False)
+    d: object = field(default=_SENTINEL, repr=False, compare=False)
+    e: int | None = field(default=None, init=False, repr=False, compare=False)
+    f: str = field(default="", compare=False)
+
+    def doubled(self) -> tuple[int, ...]:
+        return self.a * 2
+
+
+@dataclass(slots=True)
+class _GeneratedRecord:
+    a: int
+    b: list[int] = field(default_factory=list)
+    c: str = "c"
+
+
+@mutable
+class _Record:
+    a: int
+    b: list[int] = field(default_factory=list)
+    c: str = "c"
+
+
+def test_mutable_behaves_as_a_slotted_dataclass() -> None:
+    """``model.mutable`` makes what ``dataclass(slots=True)`` makes, without compiling: the same ``__init__``
+    (defaults, factories, keywords), equality and repr, no hash, and fields that can be set."""
+    made, generated = _Record(1), _GeneratedRecord(1)
+    assert (made.a, made.b, made.c) == (generated.a, generated.b, generated.c) and _Record(1).b is not made.b
+    assert repr(_Record(2, [3], c="x")) == repr(_GeneratedRecord(2, [3], c="x")).replace("_GeneratedRecord", "_Record")
+    assert _Record(1, [2]) == _Record(a=1, b=[2]) and _Record(1) != _Record(2)
+    assert made.__eq__(generated) is NotImplemented
+    assert _Record.__hash__ is None and _GeneratedRecord.__hash__ is None
+    made.b.append(5)
+    made.c = "d"
+    assert (made.b, made.c) == ([5], "d") and not hasattr(made, "__dict__") and dataclasses.is_dataclass(made)
+    with pytest.raises(AttributeError):
+        made.other = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        _Record()  # type: ignore[call-arg]
+    assert pickle.loads(pickle.dumps(made)) == made and dataclasses.replace(made, a=7).a == 7
+
+
+@frozen
+class _Positional:
+    a: int
+    b: int = 0
+
+
+def test_builds_with_every_field_by_position_never_make_the_generated_init() -> None:
+    """Only builds that bind keywords or defaults count towards making the generated ``__init__``: a class always
+    built with every field by position (as the verdict cache decodes its values) keeps the closure."""
+    from ckptdoctor import model
+
+    before = _Positional.__init__
+    made = [_Positional(i, i + 1) for i in range(model._COMPILE_AFTER * 2)]
+    last = model._COMPILE_AFTER * 2 - 1
+    assert _Positional.__init__ is before and (made[-1].a, made[-1].b) == (last, last + 1)
+    assert [_Positional(i).b for i in range(model._COMPILE_AFTER + 1)][-1] == 0 and _Positional.__init__ is not before

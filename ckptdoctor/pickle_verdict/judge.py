@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import (
+    BYTES_LOADER,
+    UNRESOLVED_CALL,
     ArchiveFacts,
     DcpMetadataFacts,
     FileFacts,
@@ -29,8 +31,6 @@ from ckptdoctor.pickle_verdict.policy import (
     may_call,
     rebuilt_as_data,
 )
-from ckptdoctor.readers.nested import NestedBudget, search_nested
-from ckptdoctor.readers.pickle_walk import BYTES_LOADER, UNRESOLVED_CALL, merge_pickles
 
 __all__ = [
     "TRAINING_ARGS_FIELDS", "Verdict", "VerdictMemo", "describe", "file_pickle", "judge", "tree_verdicts",
@@ -201,6 +201,8 @@ def _judged(
     """``judge``'s verdict, and whether it read an installed package's source (or met the limit on doing so)."""
     j = _Judge(allow, FileStandings(limits.pickle_source_globals), torchscript)
     if any(part.nested is None for part in pf.streams or (pf,)):
+        from ckptdoctor.readers.nested import NestedBudget, search_nested  # a reader: only for a file judged here
+
         pf = search_nested(pf, NestedBudget(limits))  # facts that did not come from a reader
     nested = 0
     for part in pf.streams or (pf,):  # each stream a loader unpickles, with its own values
@@ -223,6 +225,8 @@ def file_pickle(f: FileFacts) -> PickleFacts | None:
         own = c.pickle
     if f.alt_pickle is None or own is None:
         return own or f.alt_pickle
+    from ckptdoctor.readers.pickle_walk import merge_pickles  # as in _judged
+
     return merge_pickles(own, [f.alt_pickle])
 
 

@@ -12,7 +12,6 @@ from typing import BinaryIO
 from ckptdoctor.hashing import blake2b
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
 from ckptdoctor.model import DcpItem, FileFacts, FileKind, PickleFacts, ProblemKind, ReadOutcome, ReadProblem
-from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
 
 Reader = Callable[[BinaryIO, int, Limits], ReadOutcome]
 
@@ -79,6 +78,10 @@ def read_open_file(
     local files and remote objects (``ckptdoctor.sources``), so both are read by exactly the same code.
     ``frameworks`` as for ``read_file``.
     """
+    # imported at the first read: a scan that reads no file (a warm rescan takes every file's facts from the cache)
+    # loads none of the pickle walker the sniffer imports
+    from ckptdoctor.readers.sniff import HEAD_BYTES, TAIL_BYTES, sniff, wants_tail
+
     try:
         head = f.read(HEAD_BYTES)
         tail = b""

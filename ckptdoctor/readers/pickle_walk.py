@@ -15,7 +15,17 @@ from dataclasses import replace
 from typing import Any
 
 from ckptdoctor.limits import DEFAULT_LIMITS, Limits
-from ckptdoctor.model import GlobalRef, Opaque, PickleFacts, PickleValue, ProblemKind, ReadProblem, TensorRef
+from ckptdoctor.model import (
+    BYTES_LOADER,
+    UNRESOLVED_CALL,
+    GlobalRef,
+    Opaque,
+    PickleFacts,
+    PickleValue,
+    ProblemKind,
+    ReadProblem,
+    TensorRef,
+)
 from ckptdoctor.readers.pickle_resume import (
     GAIN,
     HEAD,
@@ -93,18 +103,11 @@ TORCH_DTYPES: dict[str, str] = {
 
 _MAX_GLUED = 4096  # longest string the walk rebuilds from a concatenation call
 
-# Callee stand-ins recorded in ``calls`` when the unpickler would call something that is not a named global: the
-# result of another call, a persistent-id object, an out-of-band buffer. Any module in angle brackets is unresolved.
-UNRESOLVED_CALL = GlobalRef("<unresolved>", "<call of a computed object>")
+# (``UNRESOLVED_CALL`` and ``BYTES_LOADER``, the callee stand-ins recorded in ``calls``, are the model's.)
 # Recorded as called when the arguments handed to calls hold more values than one walk looks at (``_PASSED_VALUES``):
 # whatever the rest holds is not judged, so it cannot be proved harmless.
 PAST_BUDGET = GlobalRef("<limit>", "globals handed to calls past the walk's budget (not judged)")
 _PASSED_VALUES = 4_000_000  # values of call arguments looked at per walk; real arguments hold a handful
-# ``torch.load(io.BytesIO(b), weights_only=False)`` of the bytes it is handed (torch/storage.py): what a plain
-# ``pickle.dumps`` of a tensor writes for its storage (``TypedStorage.__reduce__``), TransformerEngine's
-# ``_extra_state`` among them. The walk records what each call hands it (``PickleFacts.loads``), so those bytes can be
-# read as ``torch.load`` reads them and judged.
-BYTES_LOADER = GlobalRef("torch.storage", "_load_from_bytes")
 
 _REBUILD_TENSOR = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
 _REBUILD_PARAM = frozenset({"_rebuild_parameter", "_rebuild_parameter_with_state"})

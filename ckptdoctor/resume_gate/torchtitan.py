@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ckptdoctor.findings import Finding, Severity
 from ckptdoctor.model import Checkpoint, Run, Stack, Tree, frozen
-from ckptdoctor.resume_gate.plan import Plan
 from ckptdoctor.rules import Hit, Selection, all_rules, evaluate, rule
 from ckptdoctor.stacks import torchtitan as titan
+
+if TYPE_CHECKING:  # the registry imports this module for every scan: the gate's planning only for a gate
+    from ckptdoctor.resume_gate.plan import Plan
 
 __all__ = ["TitanContext", "TitanVerdict", "applies", "judge"]
 

@@ -10,9 +10,10 @@ from ckptdoctor import trainer_view
 from ckptdoctor.facts import is_lora_b
 from ckptdoctor.findings import Severity
 from ckptdoctor.model import Checkpoint, FolderRole, JsonFacts, TensorInfo, Tree
+from ckptdoctor.patterns import lazy
 from ckptdoctor.rules import Hit, rule
 
-_LORA_RE = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
+_LORA_RE = lazy(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 
 
 def _adapter_dirs(ck: Checkpoint) -> list[str]:

@@ -26,6 +26,7 @@ from ckptdoctor.model import (
     Tree,
     frozen,
 )
+from ckptdoctor.patterns import lazy
 from ckptdoctor.rules import Hit, rule
 
 STUB_MAX_TENSORS = 8  # "a few": more than this and it is a real (if wrong) model file, still reported
@@ -581,7 +582,7 @@ _EMBED_RE = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings|embed)
 # (block N, its sub-layer M: self-attention, cross-attention, feed-forward) counts blocks.
 _LAYER_RE = re.compile(r"\.(?:layers|h|layer|blocks|block)\.(\d+)\.")
 # The stack of an encoder-decoder model a tensor belongs to (`encoder.block.0.`, `model.decoder.layers.1.`).
-_CODER_RE = re.compile(r"(?:^|\.)(encoder|decoder)\.")
+_CODER_RE = lazy(r"(?:^|\.)(encoder|decoder)\.")
 
 
 # Every checkpoint of a run holds the same tensor names: match each name once, not once per checkpoint.
@@ -1064,7 +1065,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
 # *LMHeadModel and *ForConditionalGeneration classes: `lm_head.weight`; GPT-NeoX's `embed_out.weight`).
 _HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
 _HEAD_SUFFIXES = tuple("." + h for h in _HEAD_NAMES)
-_INPUT_EMBED_RE = re.compile(r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared)\.weight$")
+_INPUT_EMBED_RE = lazy(r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared)\.weight$")
 _LM_ARCH_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # Config classes whose `tie_word_embeddings` defaults to False (`src/transformers/models/<type>/configuration_*.py`);
 # every other class keeps `PreTrainedConfig`'s default, True. Only read when `config.json` does not say: transformers

@@ -32,26 +32,26 @@ order, for what the resuming program prepared and registered:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 from ckptdoctor.model import Checkpoint, FileFacts, FileKind, Opaque, ProblemKind, Run, Stack, TorchFacts, frozen
+from ckptdoctor.patterns import lazy
 
 # `RNG_STATE_NAME` in src/accelerate/utils/constants.py: every process writes its own, last, at every save.
-_SIGNATURE_RE = re.compile(r"^random_states_\d+\.pkl$")
+_SIGNATURE_RE = lazy(r"^random_states_\d+\.pkl$")
 # The folder automatic naming writes under `project_dir/checkpoints` (`Accelerator.save_state`).
-AUTOMATIC_RE = re.compile(r"^checkpoint_(\d+)$")
+AUTOMATIC_RE = lazy(r"^checkpoint_(\d+)$")
 AUTOMATIC_PARENT = "checkpoints"
 # The Trainer's rotation pattern (`sort_checkpoints` in src/transformers/trainer_utils.py).
-_TRAINER_RE = re.compile(r"checkpoint-\d+")
+_TRAINER_RE = lazy(r"checkpoint-\d+")
 # `_inner` in `Accelerator.load_state`: the digit runs of the last path component; the first is the sort key.
-_DIGITS_RE = re.compile(r"[0-9]+")
+_DIGITS_RE = lazy(r"[0-9]+")
 # The files `save_accelerator_state` writes per prepared object, `<stem>.<ext>` for the first, `<stem>_<i>.<ext>`
 # after (src/accelerate/utils/constants.py names the stems).
-_INDEXED_RE = re.compile(
+_INDEXED_RE = lazy(
     r"^(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(?:_(\d+))?\.(safetensors|bin)$")
-_CUSTOM_RE = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")  # `load_state`'s own pattern for the count
-_RNG_RE = re.compile(r"^random_states_(\d+)\.pkl$")
+_CUSTOM_RE = lazy(r"^custom_checkpoint_(\d+)\.pkl$")  # `load_state`'s own pattern for the count
+_RNG_RE = lazy(r"^random_states_(\d+)\.pkl$")
 SCALER = "scaler.pt"
 
 

@@ -38,7 +38,6 @@ The facts read from each ``.ckpt`` are ``model.LightningFacts`` (``readers.light
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,13 +55,14 @@ from ckptdoctor.model import (
     Tree,
     frozen,
 )
+from ckptdoctor.patterns import lazy
 
 # The key every Lightning checkpoint holds (`_CheckpointConnector.dump_checkpoint`).
 VERSION_KEY = "pytorch-lightning_version"
 SUFFIX = ".ckpt"
 # `ModelCheckpoint._find_last_checkpoints`: `CHECKPOINT_NAME_LAST` ("last"), optionally `-<n>` (a version suffix when
 # `last.ckpt` already existed), as the file's stem.
-_LAST_RE = re.compile(r"^last(-(\d+))?")
+_LAST_RE = lazy(r"^last(-(\d+))?")
 
 
 def signed(f: FileFacts) -> bool:
@@ -247,7 +247,7 @@ def _names(v: Any, dotted: str, depth: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # What a planned `fit(ckpt_path=...)` does (the gate's prediction: pure, from the tree)
 
-_VERSION_RE = re.compile(r"^(?:(.*)/)?version_(\d+)/checkpoints$")
+_VERSION_RE = lazy(r"^(?:(.*)/)?version_(\d+)/checkpoints$")
 # Lightning's `Trainer(max_epochs=None, max_steps=-1)` trains 1000 epochs (`_FitLoop` defaults, trainer.py)
 DEFAULT_MAX_EPOCHS = 1000
 

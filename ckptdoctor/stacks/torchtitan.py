@@ -22,19 +22,20 @@ import re
 from collections.abc import Iterable
 
 from ckptdoctor.model import Checkpoint, DcpMetadataFacts, PickleFacts, Run
+from ckptdoctor.patterns import lazy
 
 # `_find_load_step` and `_purge_stale_checkpoints` match names with `re.search(r"step-(\d+)", name)`.
-STEP_RE = re.compile(r"step-(\d+)")
+STEP_RE = lazy(r"step-(\d+)")
 # What `_create_checkpoint_id` writes: the names a run of this layout is recognised by.
 _OWN_STEP_RE = re.compile(r"^step-(\d+)$")
 # `FileSystemWriter` data files: `__<rank>_<i>.distcp` (torch/distributed/checkpoint/filesystem.py `_generate_uuid`
 # free naming: `{prefix}{rank}_{i}{suffix}` with prefix `__`).
-DATA_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+DATA_RE = lazy(r"^__(\d+)_(\d+)\.distcp$")
 METADATA = ".metadata"
 HF_INDEX = "model.safetensors.index.json"
 # The Stateful keys `CheckpointManager.__init__` adds beside the model (torchtitan/components/checkpointer/base.py)
 STATES = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-_DP_RANK_RE = re.compile(r"^dataloader\.dp_rank_(\d+)$")
+_DP_RANK_RE = lazy(r"^dataloader\.dp_rank_(\d+)$")
 
 
 def is_dcp_folder(names: Iterable[str]) -> bool:

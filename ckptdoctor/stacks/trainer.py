@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from ckptdoctor.patterns import lazy
+
 # Files only the Trainer writes into a checkpoint (`Trainer._save_checkpoint`, `_save_optimizer_and_scheduler`,
 # `_save_rng_state` in src/transformers/trainer.py), its DeepSpeed tag folders, and the sentinel of its JIT
 # checkpoints. Not the FSDP names (`pytorch_model_fsdp_0`, `optimizer_0`), `scaler.pt` or DeepSpeed's `latest`:
@@ -20,7 +22,7 @@ _OWN_RE = re.compile(r"^(?:rng_state(?:_\d+)?\.pth|global_step\d+)$")
 # Trainer save interrupted there holds nothing else (`Trainer._save`, `PreTrainedModel.save_pretrained`,
 # `PreTrainedTokenizerBase.save_pretrained`, `PeftModel.save_pretrained`).
 _EARLY_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".jinja", ".md")
-_EARLY_RE = re.compile(r"^(?:pytorch_model(?:-\d+-of-\d+)?\.bin|adapter_model\.bin|optimizer\.bin)$")
+_EARLY_RE = lazy(r"^(?:pytorch_model(?:-\d+-of-\d+)?\.bin|adapter_model\.bin|optimizer\.bin)$")
 
 
 def signed(names: Iterable[str]) -> bool:

@@ -269,11 +269,13 @@ def _raise(exc: Exception) -> Any:
 def test_bugs_become_malformed_problems(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, replacement: Any, fragment: str
 ) -> None:
-    import ckptdoctor.readers as readers
+    import sys
 
     p = tmp_path / "config.json"
     p.write_text("{}")
-    monkeypatch.setattr(jsonfiles if target == "read_json" else readers, target, replacement)
+    # the dispatch imports the sniffer from its module when it first reads a file
+    monkeypatch.setattr(jsonfiles if target == "read_json" else sys.modules["ckptdoctor.readers.sniff"], target,
+                        replacement)
     facts = read_file(str(p), "config.json", os.stat(p))
     assert [x.kind for x in facts.problems] == [ProblemKind.MALFORMED]
     assert fragment in facts.problems[0].message and "bug" in facts.problems[0].message

@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptdoctor.cli.output import emit, emit_chunks
-from ckptdoctor.render.report import RunPieces, json_chunks, to_json
+from ckptdoctor.render.report import RunPieces, _indented, json_chunks, to_json
 from ckptdoctor.scanner import scan
 from tests.helpers.builders import make_run
 from tests.helpers.paths import REPO, TESTS
@@ -51,3 +53,24 @@ def test_emit_chunks_writes_what_emit_writes(tmp_path: Path, capsys: pytest.Capt
         assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
     emit_chunks(chunks, None, True)
     assert capsys.readouterr().out == ""
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON_VALUES, st.sampled_from(["\n", "\n    "]))
+@settings(max_examples=300, deadline=None)
+def test_an_entry_is_indented_as_json_dumps_indents_it(value: object, pad: str) -> None:
+    """``_indented`` (each run's entry, built without the pure-Python encoder's generators) writes what
+    ``json.dumps(indent=2)`` writes, each line break followed by the entry's indentation."""
+    assert _indented(value, pad) == json.dumps(value, indent=2, allow_nan=False).replace("\n", pad)
+
+
+def test_what_json_loads_never_gives_is_json_dumps_own() -> None:
+    assert _indented({1: [1.5, (2,)]}, "\n  ") == json.dumps({1: [1.5, (2,)]}, indent=2).replace("\n", "\n  ")
+    with pytest.raises(ValueError, match="Out of range float"):
+        _indented([float("nan")], "\n")
