@@ -278,8 +278,7 @@ class FsspecSource:
         stream = self._stream
         assert stream is not None
         cut = len(self._root)
-        for info in stream.page():
-            full = info["name"]
+        for full, entry in stream.page():
             last = stream.last
             new: list[str] = []
             parent = full.rsplit("/", 1)[0]
@@ -290,7 +289,7 @@ class FsspecSource:
                 if not self._take(folder, {"name": folder, "size": 0, "type": "directory"}):
                     stream.stop()
                     return
-            if not self._take(full, _Cut(info)):
+            if not self._take(full, entry):
                 stream.stop()
                 return
             stream.last = full
@@ -385,10 +384,13 @@ class FsspecSource:
 
 
 # Entries of an S3 listing the index may hold before a folder the walk asks for is listed a level at a time
-# (``FsspecSource._walk_to``): 0.44 KB each (bench/RESULTS.md, "Fleet memory for S3 roots"), about 1.8 MB; a root
-# of up to that many objects costs no listing request more than its pages.
-HELD_ENTRIES = 4096
-# Objects taken from the listing at a time: one page of ListObjectsV2.
+# (``FsspecSource._walk_to``): 0.44 KB each (bench/RESULTS.md, "Fleet memory for S3 roots"), about 0.45 MB; a
+# folder of up to that many objects below it costs no listing request more than its pages, a larger one (a fleet's
+# root, a run of about 90 checkpoints or more) one request a thousand entries directly in it. At 4,096 the index of
+# a fleet's first runs was 1.3 MB more than a small root's (bench/RESULTS.md, "An S3 scan's memory from 10 to 1,000
+# runs").
+HELD_ENTRIES = 1024
+# Objects asked for at a time: one page of ListObjectsV2 (``MaxKeys``; 1,000 is the most S3 returns).
 PULL = 1000
 
 
@@ -410,16 +412,22 @@ class _DcpPath(str):
 
 
 class _S3Stream:
-    """An s3fs listing of everything under a root, read a page at a time (``page``) in key order; ``last`` is the
-    last key read. ``levels``: the folders listed a level at a time (``level``), whose objects the listing will
-    bring again."""
+    """An S3 listing of everything under a root, read a page at a time (``page``) in key order, each object cut
+    (``_Cut``) as its page comes; ``last`` is the last key read. ``levels``: the folders listed a level at a time
+    (``level``), whose objects the listing will bring again.
 
-    def __init__(self, fs: AbstractFileSystem, path: str, pages: Any, bucket: str) -> None:
+    Pages are asked for one request at a time (ListObjectsV2, ``PULL`` keys, the continuation token kept between
+    them), not through s3fs's ``_iterdir``: that generator holds a page's entries (botocore's dicts, about 1 KB an
+    object, with s3fs's fields added) until the next page has been fetched and parsed, so two pages lived at once
+    while the walk held the index too (bench/RESULTS.md, "An S3 scan's memory from 10 to 1,000 runs")."""
+
+    def __init__(self, fs: AbstractFileSystem, path: str, bucket: str, prefix: str) -> None:
         self.fs = fs
         self.bucket = bucket
         self.path = path
-        self._pages = pages
-        self._first: list[dict[str, Any]] | None = None
+        self.prefix = prefix
+        self._token: str | None = None  # where the next page starts (ListObjectsV2's continuation token)
+        self._first: list[tuple[str, _Cut]] | None = None
         self.done = False
         self.last = ""
         self.levels: set[str] = set()
@@ -428,20 +436,21 @@ class _S3Stream:
     def open(cls, fs: AbstractFileSystem, path: str) -> _S3Stream | None:
         """The listing of everything under ``path``, its first page read; None when ``fs`` is not s3fs (or lists
         versions) or nothing is under the prefix (the root may be one object: s3fs's own ``find`` asks for it)."""
-        iterdir = getattr(fs, "_iterdir", None)
-        if "s3" not in fs.protocol or iterdir is None or getattr(fs, "version_aware", False):
+        if "s3" not in fs.protocol or getattr(fs, "version_aware", False):
+            return None
+        if getattr(fs, "call_s3", None) is None or getattr(fs, "_iterdir", None) is None:  # another s3fs
             return None
         bucket, key, _ = fs.split_path(path)
-        prefix = key.rstrip("/") + "/" if key else ""
-        stream = cls(fs, path, iterdir(bucket, delimiter="", prefix=prefix), bucket)
+        stream = cls(fs, path, bucket, key.rstrip("/") + "/" if key else "")
         first = stream._read()
         if not first:
             return None
         stream._first = first
         return stream
 
-    def page(self) -> list[dict[str, Any]]:
-        """The next objects of the listing (at most ``PULL``), as s3fs lists them."""
+    def page(self) -> list[tuple[str, _Cut]]:
+        """The next objects of the listing (at most ``PULL``): each one's full path (``bucket/key``, as s3fs names
+        it) and its entry, cut."""
         if self._first is not None:
             first, self._first = self._first, None
             return first
@@ -449,21 +458,16 @@ class _S3Stream:
             return []
         return self._read()
 
-    def _read(self) -> list[dict[str, Any]]:
-        from fsspec.asyn import sync
-
-        pages = self._pages
-
-        async def take() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            try:
-                while len(out) < PULL:
-                    out.append(await pages.__anext__())
-            except StopAsyncIteration:
-                self.done = True
-            return out
-
-        return cast("list[dict[str, Any]]", sync(self.fs.loop, take))
+    def _read(self) -> list[tuple[str, _Cut]]:
+        asked: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix, "MaxKeys": PULL}
+        if self._token is not None:
+            asked["ContinuationToken"] = self._token
+        got = self.fs.call_s3("list_objects_v2", **asked)  # s3fs adds its request options and retries
+        token = got.get("NextContinuationToken") if got.get("IsTruncated") else None
+        self._token = token if isinstance(token, str) else None
+        self.done = self._token is None
+        bucket = self.bucket
+        return [(f"{bucket}/{c['Key']}", _Cut(c)) for c in got.get("Contents") or ()]
 
     def stop(self) -> None:
         """Read no further (the entry limit)."""
@@ -499,7 +503,7 @@ class _Cut:
     __slots__ = ("etag", "mtime", "size", "version")
 
     def __init__(self, info: dict[str, Any]) -> None:
-        self.size: Any = info.get("size")
+        self.size: Any = info["size"] if "size" in info else info.get("Size")  # s3fs's entry, or botocore's
         self.mtime = _mtime(info)
         self.etag: Any = info.get("ETag")
         self.version: Any = info.get("VersionId")
