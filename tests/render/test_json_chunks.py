@@ -42,7 +42,7 @@ def test_no_run_one_run_and_names_json_escapes(tmp_path: Path) -> None:
 
 
 def test_emit_chunks_writes_what_emit_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    chunks = ["x" * 700_000, "y" * 700_000, "", "z"]  # more than the megabyte it writes at a time
+    chunks = ["x" * 700_000, "y" * 700_000, "", "z", *["w" * 1000] * 100]  # more than it writes at a time
     for parts in (chunks, [], [""]):
         emit_chunks(parts, None, False)
         by_chunks = capsys.readouterr().out
@@ -53,6 +53,19 @@ def test_emit_chunks_writes_what_emit_writes(tmp_path: Path, capsys: pytest.Capt
         assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
     emit_chunks(chunks, None, True)
     assert capsys.readouterr().out == ""
+
+
+def test_a_report_is_written_a_batch_at_a_time() -> None:
+    """The text is handed to the stream in batches of about ``BATCH`` characters (a chunk larger than that whole),
+    so what is joined at once stays small however large the report."""
+    from ckptdoctor.cli.output import BATCH, _write
+
+    writes: list[str] = []
+    chunks = ["a" * 1000] * 1000 + ["b" * (3 * BATCH)] + ["c" * 10] * 10
+    _write(chunks, writes.append)
+    assert "".join(writes) == "".join(chunks) + "\n"
+    assert max(map(len, writes)) < 3 * BATCH + BATCH  # the large chunk with what preceded it, no more
+    assert sum(len(w) >= BATCH for w in writes) >= 1_000_000 // BATCH
 
 
 _JSON_VALUES = st.recursive(
