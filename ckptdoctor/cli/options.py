@@ -156,7 +156,7 @@ def cache_option(f: Callable[..., Any]) -> Callable[..., Any]:
         "ETag or version on object storage) is not read again; rules always run. By default a first scan notes "
         "each file and a second one that finds it unchanged keeps its facts, so a one-off scan costs next to "
         "nothing more and a tree scanned again and again (nightly, before each resume) is read from the cache from "
-        "the third scan on, at about a third of the cost. --cache keeps every file's facts now (a nightly job's "
+        "the third scan on, at about a quarter of the cost. --cache keeps every file's facts now (a nightly job's "
         "first scan); --no-cache reads every file and leaves the cache alone. `ckptdoctor cache info|prune|clear` "
         "shows, prunes or empties it.",
     )(f)
