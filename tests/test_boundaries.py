@@ -358,46 +358,41 @@ def test_core_modules_import_without_click_or_tabulate() -> None:
     assert proc.stdout.strip() == "[]", proc.stdout
 
 
+_CLEAN_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
+
+
+def _modules_after_scan(flags: list[str], which: str, xdg: Path | None = None) -> str:
+    """The ``MODULES [...]`` line a scan of a real run (``fixtures/clean-full``) with ``flags`` prints in a fresh
+    interpreter, for the loaded modules the expression ``which`` picks (``m`` names one of ``sys.modules``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from ckptdoctor.cli import main\n"
+        f"try: main(['scan', *{flags!r}, '--format', 'json', {str(_CLEAN_RUN)!r}], standalone_mode=False)\n"
+        "except SystemExit: pass\n"
+        f"print('MODULES', sorted(m for m in sys.modules if {which}))"
+    )
+    env = {**os.environ, **({"XDG_CACHE_HOME": str(xdg)} if xdg is not None else {})}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint-8" in proc.stdout  # the scan ran
+    return proc.stdout.rstrip().splitlines()[-1]
+
+
 def test_a_local_scan_loads_no_pool_and_no_resource_machinery() -> None:
     """Start-up is most of a one-checkpoint scan: a local scan (one read at a time) of a real run, pickles judged,
     loads neither ``concurrent.futures`` (the reading pool) nor ``importlib.resources`` (and its ``tempfile``,
     ``shutil``, ``zipfile``): the package's data files are read from its folder (``ckptdoctor.packaged``)."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
-    code = (
-        "import sys; from ckptdoctor.cli import main\n"
-        f"try: main(['scan', '--no-cache', '--format', 'json', {str(root)!r}], standalone_mode=False)\n"
-        "except SystemExit: pass\n"
-        "print('MODULES', sorted(m for m in ('concurrent.futures', 'importlib.resources', 'tempfile', 'zipfile') "
-        "if m in sys.modules))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert '"pickle"' in proc.stdout or "checkpoint-8" in proc.stdout  # the scan ran
-    assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+    which = "m in ('concurrent.futures', 'importlib.resources', 'tempfile', 'zipfile')"
+    assert _modules_after_scan(["--no-cache"], which) == "MODULES []"
 
 
 def test_a_scan_loads_no_openssl(tmp_path: Path) -> None:
     """``hashlib`` and ``hmac`` load OpenSSL's library when imported (3 ms of a scan): a scan, the cache filled and
     then taken, hashes with the interpreter's own BLAKE2 (``ckptdoctor.hashing``) and loads neither."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
-    code = (
-        "import sys; from ckptdoctor.cli import main\n"
-        f"try: main(['scan', sys.argv[1], '--format', 'json', {str(root)!r}], standalone_mode=False)\n"
-        "except SystemExit: pass\n"
-        "print('MODULES', sorted(m for m in ('hashlib', 'hmac', '_hashlib') if m in sys.modules))"
-    )
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    for flag in ("--cache", "--cache"):  # the cache filled, then every file's facts taken from it
-        proc = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=60, env=env)
-        assert proc.returncode == 0, proc.stderr
-        assert "checkpoint-8" in proc.stdout  # the scan ran
-        assert proc.stdout.rstrip().splitlines()[-1] == "MODULES []", proc.stdout[-500:]
+    for _ in range(2):  # the cache filled, then every file's facts taken from it
+        assert _modules_after_scan(["--cache"], "m in ('hashlib', 'hmac', '_hashlib')", tmp_path) == "MODULES []"
     assert list((tmp_path / "ckptdoctor" / "facts").iterdir())  # and the cache was used
 
 
@@ -406,27 +401,10 @@ def test_a_warm_rescan_imports_no_reader(tmp_path: Path) -> None:
     the readers (the sniffer, the pickle walker, the format readers, ``pickletools``): only the readers' package
     (what the walk names of it) and the memo the cache keeps its values in. Nor the gate's planning (no scan does).
     Scans of a real run: the first fills the cache (``--cache``), the second is measured."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1] / "fixtures" / "clean-full"
-    scan = f"['scan', '--format', 'json', {str(root)!r}]"
-    code = (
-        "import sys; from ckptdoctor.cli import main\n"
-        f"try: main({scan}, standalone_mode=False)\n"
-        "except SystemExit: pass\n"
-        "print('MODULES', sorted(m for m in sys.modules if m.startswith('ckptdoctor.readers') or m in "
-        "('pickletools', 'ckptdoctor.resume_gate.plan', 'ckptdoctor.schedules')))"
-    )
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    fill = [sys.executable, "-m", "ckptdoctor", "scan", "--cache", "--format", "json", str(root)]
-    subprocess.run(fill, capture_output=True, text=True, timeout=60, env=env, check=False)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert "checkpoint-8" in proc.stdout  # the scan ran
-    assert proc.stdout.rstrip().splitlines()[-1] == "MODULES ['ckptdoctor.readers', 'ckptdoctor.readers.seen']", (
-        proc.stdout[-500:]
-    )
+    gate = "'ckptdoctor.resume_gate.plan', 'ckptdoctor.schedules'"
+    which = f"m.startswith('ckptdoctor.readers') or m in ('pickletools', {gate})"
+    _modules_after_scan(["--cache"], "False", tmp_path)
+    assert _modules_after_scan([], which, tmp_path) == "MODULES ['ckptdoctor.readers', 'ckptdoctor.readers.seen']"
 
 
 def test_the_sniffers_opcode_bytes_are_pickletools_table() -> None:
