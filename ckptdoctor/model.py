@@ -125,9 +125,9 @@ def _frozen_init(cls: type) -> Callable[..., None]:
     place. A scan imports some 70 value classes and builds about 40, most of them a few times (making the generated
     ``__init__`` for each, three ``exec`` on a stand-in, was some 90 M instructions of every scan); what is built a
     million times with keywords or defaults still runs the generated code. Only those builds count: one with every
-    field given by position costs the same here (its values set in one loop), and the verdict cache decodes its
-    values so, 1,000s of them on a warm rescan, which made the generated ``__init__`` of three classes for nothing
-    (8 M instructions)."""
+    field given by position costs the same here (its values set in one loop), so making the generated ``__init__``
+    for builds by position alone is work for nothing (it was 8 M instructions of a warm rescan while the verdict
+    cache's decoder built its values so; it now sets their slots itself, ``cache.codec``)."""
     every = fields(cls)
     if any(f.kw_only for f in every):
         raise TypeError(f"{cls.__qualname__}: frozen does not build keyword-only fields")

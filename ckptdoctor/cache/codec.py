@@ -32,7 +32,7 @@ from typing import Any
 from ckptdoctor import model
 from ckptdoctor.cache import CodecError
 
-__all__ = ["CodecError", "Decoder", "Encoder", "Table"]
+__all__ = ["CodecError", "Decoder", "Encoder", "Table", "nodes_of", "pack"]
 
 Table = list[Any]  # the encoder's nodes
 

@@ -37,7 +37,7 @@ __all__ = ["KEEP_DAYS", "CacheInfo", "Store", "cache_dir", "clear", "digest", "i
 _KEY = "key"
 _FILES = "facts"  # the cache files, one per folder cached (``ckptdoctor.cache.source``)
 _KEY_BYTES = 32
-# A cache file larger than this is not read (a run's file is a few MB: one 100-checkpoint 7B run is 2.4 MB).
+# A cache file larger than this is not read (a run's file is a few MB: one 100-checkpoint 7B run is 1.2 MB).
 MAX_FILE_BYTES = 1 << 30
 KEEP_DAYS = 30  # a cache file no scan used for this long is removed (``prune``)
 _DAY = 86_400.0
