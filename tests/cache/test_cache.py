@@ -21,6 +21,7 @@ from ckptdoctor.cache import source as cache_source
 from ckptdoctor.cache.store import Store, cache_dir, digest
 from ckptdoctor.scanner import scan as scan_without_default
 from tests.helpers.builders import comparable_report
+from tests.helpers.cache_files import cache_document
 from tests.helpers.cli import invoke
 from tests.helpers.paths import REPO
 
@@ -158,7 +159,7 @@ def _tamper(change: Callable[[dict[str, Any]], None]) -> None:
     user's ckptdoctor could): what the decoder and the checks make of a document that is signed but wrong."""
     key = (Path(cache_dir()) / "key").read_bytes()
     for path in _cache_files():
-        doc = marshal.loads(path.read_bytes().partition(b"\n")[2])
+        doc = cache_document(path)
         change(doc)
         body = marshal.dumps(doc, 4)
         path.write_bytes(digest(body, key=key).encode() + b"\n" + body)
@@ -294,7 +295,7 @@ def test_a_verdict_is_kept_and_judged_again_under_other_allowances(tmp_path: Pat
 
 
 def _documents() -> list[dict[str, Any]]:
-    return [marshal.loads(p.read_bytes().partition(b"\n")[2]) for p in _cache_files()]
+    return [cache_document(p) for p in _cache_files()]
 
 
 def test_a_run_scanned_alone_or_in_its_folder_uses_one_cache_file(

@@ -18,10 +18,15 @@ from ckptdoctor.model import FileFacts, FileKind, GlobalRef, JsonFacts, Opaque, 
 from tests.helpers.paths import REPO
 
 
+def _read_back(table: Any) -> Decoder:
+    """The decoder of a stored ``table`` as the cache writes and reads it (through ``marshal``)."""
+    return Decoder(marshal.loads(marshal.dumps(table, 4)))
+
+
 def _stored(e: Encoder) -> tuple[Decoder, list[int]]:
     """The decoder of ``e``'s table as the cache stores and reads it, and where each of ``e``'s nodes went."""
     table, where = pack(e.nodes)
-    return Decoder(marshal.loads(marshal.dumps(table, 4))), where
+    return _read_back(table), where
 
 
 def _round_trip(values: list[Any]) -> list[Any]:
@@ -99,7 +104,7 @@ def test_a_stored_table_groups_alike_nodes_after_their_children() -> None:
                            ["D", ("eval_loss",), 1, [2.0]]]]  # fmt: skip
     d2 = Decoder(table2)
     assert [list(d2.value(where2[i]).items()) for i in at2] == [list(v.items()) for v in logs]  # keys in order
-    d = Decoder(marshal.loads(marshal.dumps(table, 4)))
+    d = _read_back(table)
     assert [repr(d.value(where[i])) for i in at] == [repr(v) for v in values]
     again = Encoder.seeded(table, d)
     assert again.nodes == nodes_of(table, d)
@@ -254,13 +259,13 @@ def test_any_values_come_back_through_a_stored_table_and_one_that_goes_on(first:
     e = Encoder()
     at = [e.encode(v) for v in first]
     table, where = pack(e.nodes)
-    d = Decoder(marshal.loads(marshal.dumps(table, 4)))
+    d = _read_back(table)
     assert [repr(d.value(where[i])) for i in at] == [repr(v) for v in first]
     again = Encoder.seeded(table, d)
     old = [where[i] for i in at]
     assert [again.encode(d.value(i)) for i in old] == old
     more = [again.encode(v) for v in then]
     table2, where2 = pack(again.nodes)
-    d2 = Decoder(marshal.loads(marshal.dumps(table2, 4)))
+    d2 = _read_back(table2)
     assert [repr(d2.value(where2[i])) for i in old] == [repr(v) for v in first]
     assert [repr(d2.value(where2[i])) for i in more] == [repr(v) for v in then]

@@ -6,7 +6,6 @@ failing is CKD001, an error, never left out."""
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ from ckptdoctor.roots import Roots
 from ckptdoctor.scanner import Report
 from ckptdoctor.settings.selection import Options
 from tests.helpers.builders import make_run
+from tests.helpers.cache_files import cache_document
 from tests.helpers.fanout import cache_home, fails_at, killed_once, other_version
 from tests.helpers.paths import REPO, TESTS
 from tests.helpers.remote import fsspec_setting
@@ -271,8 +271,7 @@ def test_an_s3_root_gives_the_serial_report_byte_for_byte(dask_client: Any, s3_f
 
 def _kept_facts(path: Path) -> bool:
     """Whether the cache file at ``path`` keeps any file's facts (not only sightings)."""
-    doc = marshal.loads(path.read_bytes().partition(b"\n")[2])
-    return any("facts" in entry for entry in doc["entries"].values())
+    return any("facts" in entry for entry in cache_document(path)["entries"].values())
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
