@@ -23,6 +23,8 @@ from __future__ import annotations
 import enum
 import operator
 import struct
+import sys
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
@@ -409,7 +411,8 @@ _TAGS: dict[type[Any], str] = {tuple: "t", list: "l", dict: "d", set: "s", froze
 #                                 keys, in order), their values one after another; after the leaves, before every
 #                                 other group
 #
-# A node's index is its place in that order (the leaves first); a parent names its children by index.
+# A node's index is its place in that order (the leaves first); a parent names its children by index. ``kids``,
+# ``lengths`` and ``bases`` are bytes of 4-byte numbers (``_indices``); ``count`` is a number.
 
 _LEAF_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, tuple, list})
 _CONTAINER_LEAVES = (tuple, list)
@@ -454,13 +457,42 @@ def pack(nodes: Table) -> tuple[list[Any], list[int]]:
     for (_, tag), members in sorted(groups.items()):
         kid_lists = [list(map(at_, nodes[i][1:])) for i in members]
         if tag == "l+":
-            records.append([tag, [k[0] for k in kid_lists], [len(k) - 1 for k in kid_lists],
-                            list(chain.from_iterable(k[1:] for k in kid_lists))])  # fmt: skip
+            records.append([tag, _indices([k[0] for k in kid_lists]), _indices([len(k) - 1 for k in kid_lists]),
+                            _indices(chain.from_iterable(k[1:] for k in kid_lists))])  # fmt: skip
         elif tag in _VARIABLE or tag == "d":
-            records.append([tag, list(map(len, kid_lists)), list(chain.from_iterable(kid_lists))])
+            records.append([tag, _indices(map(len, kid_lists)), _indices(chain.from_iterable(kid_lists))])
         else:
-            records.append([tag, len(members), list(chain.from_iterable(kid_lists))])
+            records.append([tag, len(members), _indices(chain.from_iterable(kid_lists))])
     return [out_leaves, records], where
+
+
+# A group's children, lengths and bases are stored as unsigned 32-bit integers in little-endian bytes (``_indices``):
+# a run's table names some 10^5 children, which ``marshal`` would read as as many integer objects (a third of the
+# table's decoding); bytes read at once, and their numbers made one at a time as a group takes its children.
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+_SWAP = sys.byteorder != "little"
+
+
+def _indices(numbers: Iterable[int]) -> bytes:
+    """``numbers`` (indices or counts) as a group record stores them; ``CodecError`` past 32 bits."""
+    try:
+        packed = array(_U32, numbers)
+    except OverflowError:
+        raise CodecError("a table too large to store") from None
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _numbers(raw: Any) -> array[int]:
+    """The indices or counts ``_indices`` stored in ``raw``; ``CodecError`` when ``raw`` is no such bytes."""
+    if type(raw) is not bytes or len(raw) % 4:
+        raise CodecError("a group's indices and counts are bytes of 4-byte integers")
+    numbers = array(_U32)
+    numbers.frombytes(raw)
+    if _SWAP:
+        numbers.byteswap()
+    return numbers
 
 
 def _leaf(node: Any) -> Any:
@@ -480,14 +512,14 @@ def nodes_of(table: Any, decoded: Decoder) -> Table:
             it = iter(rec[3])
             out.extend(dict(zip(rec[1], islice(it, len(rec[1])), strict=True)) for _ in range(rec[2]))
         elif tag == "l+":
-            it = iter(rec[3])
-            out.extend([tag, base, *islice(it, n)] for base, n in zip(rec[1], rec[2], strict=True))
+            it = iter(_numbers(rec[3]))
+            out.extend([tag, base, *islice(it, n)] for base, n in zip(_numbers(rec[1]), _numbers(rec[2]), strict=True))
         elif tag in _VARIABLE or tag == "d":
-            it = iter(rec[2])
-            out.extend([tag, *islice(it, n)] for n in rec[1])
+            it = iter(_numbers(rec[2]))
+            out.extend([tag, *islice(it, n)] for n in _numbers(rec[1]))
         else:
-            width = len(rec[2]) // rec[1] if rec[1] else 0
-            kids = rec[2]
+            width = len(rec[2]) // 4 // rec[1] if rec[1] else 0
+            kids = _numbers(rec[2]).tolist()
             out.extend([tag, *kids[j * width : (j + 1) * width]] for j in range(rec[1]))
     assert len(out) == len(decoded.values)
     return out
@@ -534,25 +566,20 @@ class Decoder:
 
 
 def _fetched(kids: Any, out: list[Any]) -> list[Any]:
-    """The values of the nodes ``kids`` names, which must be indices of nodes built already (in ``out``)."""
-    if type(kids) is not list:
-        raise CodecError("a group's children are a list")
+    """The values of the nodes ``kids`` names (``_indices``' bytes), which must be indices of nodes built already
+    (in ``out``)."""
     try:
-        if kids and (not _INT_ONLY.issuperset(map(type, kids)) or min(kids) < 0):
-            raise IndexError
-        return list(map(out.__getitem__, kids))  # an index past ``out`` is a node not built yet: IndexError
+        return list(map(out.__getitem__, _numbers(kids)))  # an index past ``out`` is a node not built yet: IndexError
     except IndexError:
         raise CodecError("a child is the index of an earlier node") from None
 
 
-def _counts(lengths: Any, total: int) -> None:
-    if (
-        type(lengths) is not list
-        or not _INT_ONLY.issuperset(map(type, lengths))
-        or (lengths and min(lengths) < 0)
-        or sum(lengths) != total
-    ):
+def _counts(lengths: Any, total: int) -> array[int]:
+    """The counts of children ``lengths`` stores (``_indices``' bytes), which must add up to ``total``."""
+    counts = _numbers(lengths)
+    if sum(counts) != total:
         raise CodecError("a group's lengths are counts of its children")
+    return counts
 
 
 def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
@@ -563,11 +590,11 @@ def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
     if tag == "l+":
         if len(rec) != 4:
             raise CodecError("an l+ group holds its bases, lengths and children")
-        _, bases, lengths, kids = rec
+        _, bases, raw_lengths, kids = rec
         firsts = _fetched(bases, out)
         extra = _fetched(kids, out)
-        _counts(lengths, len(kids))
-        if len(bases) != len(lengths):
+        lengths = _counts(raw_lengths, len(extra))
+        if len(firsts) != len(lengths):
             raise CodecError("an l+ group has a base for each node")
         if not _LIST_ONLY.issuperset(map(type, firsts)):
             raise CodecError("an l+ node extends a list")
@@ -579,15 +606,15 @@ def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
     values = _fetched(kids, out)
     make = _VARIABLE.get(tag)
     if make is not None or tag == "d":
-        _counts(count, len(kids))
+        counts = _counts(count, len(values))
         it = iter(values)
-        parts = map(islice, repeat(it), count)
+        parts = map(islice, repeat(it), counts)
         if make is not None:
             try:
                 return list(map(make, parts))
             except TypeError:  # an unhashable member: not a table this module wrote
                 raise CodecError(f"a {tag} node holds an unhashable value") from None
-        if any(n % 2 for n in count):
+        if any(n % 2 for n in counts):
             raise CodecError("a dict node with an odd number of children")
         pairs = list(parts)
         try:

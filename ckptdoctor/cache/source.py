@@ -43,8 +43,8 @@ __all__ = ["FactsCache"]
 _V = TypeVar("_V")
 
 # 2: inline scalar containers, z pairs; 3: inline dicts as JSON objects, packed integers; 4: the body is marshal's,
-# its table grouped (``cache.codec.pack``)
-FORMAT = 4
+# its table grouped (``cache.codec.pack``); 5: a group's children, lengths and bases in bytes (``cache.codec._indices``)
+FORMAT = 5
 # A file whose metadata changed this recently before the scan began may still be being written, within one tick of
 # its timestamps (stat's times move in ticks of a few milliseconds): its facts are not stored (as git treats an
 # index entry as "racily clean").

@@ -18,6 +18,7 @@ import pytest
 
 import ckptdoctor.sources.local as local_source
 from ckptdoctor.cache import source as cache_source
+from ckptdoctor.cache.codec import _indices, _numbers
 from ckptdoctor.cache.store import Store, cache_dir, digest
 from ckptdoctor.scanner import scan as scan_without_default
 from tests.helpers.builders import comparable_report
@@ -174,7 +175,9 @@ def _poison_facts(doc: dict[str, Any]) -> None:
 def _forward_node(doc: dict[str, Any]) -> None:
     leaves, groups = doc["table"]
     first = next(g for g in groups if g[0] != "D")
-    first[-1][0] = len(leaves) + 10**6  # a child after its parent
+    kids = _numbers(first[-1]).tolist()
+    kids[0] = len(leaves) + 10**6  # a child after its parent
+    first[-1] = _indices(kids)
 
 
 def _entry_holding_a_list(doc: dict[str, Any]) -> None:

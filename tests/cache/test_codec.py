@@ -12,10 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptdoctor.cache.codec import CodecError, Decoder, Encoder, nodes_of, pack
+from ckptdoctor.cache.codec import CodecError, Decoder, Encoder, _indices, nodes_of, pack
 from ckptdoctor.discover import discover
 from ckptdoctor.model import FileFacts, FileKind, GlobalRef, JsonFacts, Opaque, PickleFacts, PickleVerdict, TensorRef
 from tests.helpers.paths import REPO
+
+
+def _n(*numbers: int) -> bytes:
+    """Indices or counts as a stored group record holds them."""
+    return _indices(numbers)
 
 
 def _read_back(table: Any) -> Decoder:
@@ -157,41 +162,43 @@ def test_an_unknown_value_is_not_encoded() -> None:
         [[], [], []],  # not leaves and groups
         [(), []],
         [["x"], ()],
-        [[], [["@Nope", 1, [0]]]],  # a class outside the table
-        [["os"], [["@GlobalRef", 1, [0]]]],  # a model value with too few fields
-        [["os", "system"], [["@GlobalRef", 1, [0, 1, 1]]]],  # ... or too many
-        [["os", "system"], [["@GlobalRef", 2, [0, 1, 1]]]],  # children that do not fill the count
-        [["os", "system"], [["@GlobalRef", -1, []]]],
-        [["os", "system"], [["@GlobalRef", 1.0, [0, 1]]]],
-        [[], [["t", [1], [0]]]],  # a child that is no earlier node
-        [["x"], [["t", [1], [1]]]],  # ... itself
-        [["x"], [["t", [1], [-1]]]],  # a negative index
-        [["x"], [["t", [1], [0.0]]]],  # an index that is no integer
-        [["x"], [["t", [2], [0]]]],  # lengths that are not the children's
-        [["x"], [["t", [-1, 2], [0]]]],
-        [["x"], [["t", 1, [0]]]],
-        [["x"], [["t", [1], (0,)]]],
-        [["no-such-kind"], [["%FileKind", 1, [0]]]],  # an enum value that does not exist
-        [[1], [["%FileKind", 1, [0]]]],  # ... or that is no text
-        [["file"], [["%Stack", 1, [0]]]],  # an enum outside the table
+        [[], [["@Nope", 1, _n(0)]]],  # a class outside the table
+        [["os"], [["@GlobalRef", 1, _n(0)]]],  # a model value with too few fields
+        [["os", "system"], [["@GlobalRef", 1, _n(0, 1, 1)]]],  # ... or too many
+        [["os", "system"], [["@GlobalRef", 2, _n(0, 1, 1)]]],  # children that do not fill the count
+        [["os", "system"], [["@GlobalRef", -1, _n()]]],
+        [["os", "system"], [["@GlobalRef", 1.0, _n(0, 1)]]],
+        [[], [["t", _n(1), _n(0)]]],  # a child that is no earlier node
+        [["x"], [["t", _n(1), _n(1)]]],  # ... itself
+        [["x"], [["t", _n(1), _n(2**32 - 1)]]],  # ... past the table
+        [["x"], [["t", _n(1), [0]]]],  # children that are not stored as bytes of 4-byte numbers (format 4's list)
+        [["x"], [["t", _n(1), b"\x00\x00"]]],
+        [["x"], [["t", _n(1), bytearray(4)]]],
+        [["x"], [["t", _n(2), _n(0)]]],  # lengths that are not the children's
+        [["x"], [["t", _n(0, 2), _n(0)]]],
+        [["x"], [["t", 1, _n(0)]]],
+        [["x"], [["t", [1], _n(0)]]],
+        [["no-such-kind"], [["%FileKind", 1, _n(0)]]],  # an enum value that does not exist
+        [[1], [["%FileKind", 1, _n(0)]]],  # ... or that is no text
+        [["file"], [["%Stack", 1, _n(0)]]],  # an enum outside the table
         [["x"], [[]]],  # a group with no tag
-        [["x"], [[1, [1], [0]]]],  # a tag that is not text
+        [["x"], [[1, _n(1), _n(0)]]],  # a tag that is not text
         [["x"], ["t"]],
-        [[1], [["d", [1], [0]]]],  # a dict with a key and no value
-        [[[]], [["s", [1], [0]]]],  # an unhashable member
-        [[[]], [["d", [2], [0, 0]]]],  # ... or key
-        [["x"], [["l+", [0], [0], []]]],  # l+ of no list
-        [[[1]], [["l+", [0], [1], []]]],  # extras it does not hold
-        [[[1]], [["l+", [0, 0], [0], []]]],
-        [[[1]], [["l+", [0], [0]]]],
-        [["x", (1,)], [["z", 1, [1, 0]]]],  # z of no tuples
-        [[(1,), (1, 2)], [["z", 1, [0, 1]]]],  # ... of two lengths
-        [["x"], [["__import__", 1, [0]]]],  # a tag that is a function name
-        [["x"], [["eval", 1, [0]]]],
-        [["x"], [["b", 1, [0]]]],  # a tag of an older format
-        [["x"], [["I4", 1, [0]]]],  # packed integers of no bytes
-        [[b"\x00" * 6], [["I4", 1, [0]]]],  # ... or of bytes that are no 4-byte integers
-        [[b"\x00" * 12], [["J8", 1, [0]]]],
+        [[1], [["d", _n(1), _n(0)]]],  # a dict with a key and no value
+        [[[]], [["s", _n(1), _n(0)]]],  # an unhashable member
+        [[[]], [["d", _n(2), _n(0, 0)]]],  # ... or key
+        [["x"], [["l+", _n(0), _n(0), _n()]]],  # l+ of no list
+        [[[1]], [["l+", _n(0), _n(1), _n()]]],  # extras it does not hold
+        [[[1]], [["l+", _n(0, 0), _n(0), _n()]]],
+        [[[1]], [["l+", _n(0), _n(0)]]],
+        [["x", (1,)], [["z", 1, _n(1, 0)]]],  # z of no tuples
+        [[(1,), (1, 2)], [["z", 1, _n(0, 1)]]],  # ... of two lengths
+        [["x"], [["__import__", 1, _n(0)]]],  # a tag that is a function name
+        [["x"], [["eval", 1, _n(0)]]],
+        [["x"], [["b", 1, _n(0)]]],  # a tag of an older format
+        [["x"], [["I4", 1, _n(0)]]],  # packed integers of no bytes
+        [[b"\x00" * 6], [["I4", 1, _n(0)]]],  # ... or of bytes that are no 4-byte integers
+        [[b"\x00" * 12], [["J8", 1, _n(0)]]],
         [[{"a": 1}], []],  # a dict of scalars is a D group's, never a leaf
         [[], [["D", ("a",), 1, [[1]]]]],  # ... holding scalars only
         [[], [["D", ("a",), 2, [1]]]],  # ... a value for each key of each dict
@@ -211,7 +218,7 @@ def test_a_table_it_did_not_write_decodes_to_nothing(table: Any) -> None:
 
 
 def test_an_entry_must_name_a_node_of_the_expected_kind() -> None:
-    d = Decoder([["x"], [["t", [1], [0]]]])
+    d = Decoder([["x"], [["t", _n(1), _n(0)]]])
     for index in (-1, 2, "0", None, 1.0):
         with pytest.raises(CodecError):
             d.value(index)
