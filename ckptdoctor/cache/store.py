@@ -106,13 +106,14 @@ class Store:
                 st = os.fstat(fh.fileno())
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_FILE_BYTES:
                     return None
-                data = fh.read(MAX_FILE_BYTES + 1)
+                data = fh.read(st.st_size + 1)  # what it holds (grown since, it fails the MAC below)
         except OSError:
             return None
         import marshal
         from _operator import _compare_digest  # hmac.compare_digest itself (importing hmac loads OpenSSL)
 
-        mac, sep, body = data[:_MAC_HEX], data[_MAC_HEX : _MAC_HEX + 1], data[_MAC_HEX + 1 :]
+        # the body seen in place, not copied (a run's file is a megabyte)
+        mac, sep, body = data[:_MAC_HEX], data[_MAC_HEX : _MAC_HEX + 1], memoryview(data)[_MAC_HEX + 1 :]
         if sep != b"\n" or not _compare_digest(mac, self._mac(body)):
             return None
         try:
@@ -153,11 +154,11 @@ class Store:
             return False
         return True
 
-    def _mac(self, body: bytes) -> bytes:
+    def _mac(self, body: bytes | memoryview) -> bytes:
         return digest(body, key=self._key).encode("ascii")
 
 
-def digest(data: bytes, key: bytes = b"", size: int = 32) -> str:
+def digest(data: bytes | memoryview, key: bytes = b"", size: int = 32) -> str:
     """The hex BLAKE2b digest of ``data`` (keyed: a MAC), through ``ckptdoctor.hashing`` (``hmac`` and ``hashlib``
     load OpenSSL when imported)."""
     from ckptdoctor.hashing import blake2b
