@@ -5,6 +5,7 @@ files, the second keeps their facts, the third takes them). Rounds interleave th
 alike; medians are printed.
 
     python bench/cache_bench.py /tmp/cache-ckb/7b-100 --rounds 5
+    python bench/cache_bench.py /tmp/cache-ckb/7b-100 --rounds 5 --python /tmp/venv/bin/python  # a regular install
 
 Each scan runs as ``python -m ckptdoctor scan --format json ROOT`` with ``XDG_CACHE_HOME`` in a folder of its own;
 ``cpu`` is the child's user + system time (``os.wait4``), ``rss`` its peak resident memory; bytecode is cached (a
@@ -26,13 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
+PYTHON = sys.executable  # ``--python``
+
 
 def run(root: str, xdg: str, *extra: str) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one scan in a fresh interpreter."""
     env = {**os.environ, "XDG_CACHE_HOME": xdg}
     env.pop("CKPTDOCTOR_CACHE", None)  # on or off as the command line says
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as after `pip install` (bench/RESULTS.md)
-    cmd = [sys.executable, "-m", "ckptdoctor", "scan", "--format", "json", *extra, root]
+    cmd = [PYTHON, "-m", "ckptdoctor", "scan", "--format", "json", *extra, root]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -47,7 +50,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--python", default=sys.executable,
+        help="the interpreter that runs the scans (default: this one); e.g. a virtual environment's with ckptdoctor "
+        "installed as users install it (`python -m venv V && V/bin/pip install .`), not from a development checkout",
+    )  # fmt: skip
     args = parser.parse_args()
+    global PYTHON
+    PYTHON = args.python
     root = Path(args.root)
     states = sorted(root.rglob("trainer_state.json"))
     if not states:
@@ -85,9 +95,14 @@ def main() -> None:
         wall = statistics.median(w for w, _, _ in runs)
         cpu = statistics.median(c for _, c, _ in runs)
         rss = max(r for _, _, r in runs)
+        # each round's scan against the same round's --no-cache scan, then the median: a load that comes and goes
+        # between rounds moves both alike
+        paired = statistics.median(c / n for (_, c, _), (_, n, _) in zip(runs, results["--no-cache"], strict=True))
         rows.append({"scan": name, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                     "cpu_vs_no_cache": round(cpu / base, 3), "peak_rss_mb": rss})
-    print(json.dumps({"root": str(root), "rounds": args.rounds, "cache_bytes": cache_bytes, "rows": rows}, indent=2))
+                     "cpu_vs_no_cache": round(cpu / base, 3), "cpu_vs_no_cache_paired": round(paired, 3),
+                     "peak_rss_mb": rss})  # fmt: skip
+    print(json.dumps({"root": str(root), "python": PYTHON, "rounds": args.rounds, "cache_bytes": cache_bytes,
+                      "rows": rows}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":
