@@ -161,30 +161,33 @@ class FactsCache:
         if identity is None:
             return None
         seg, key = _segment_of(rel)
+        # the hot path of a warm rescan (once a file): the entry read is taken over, not copied, and the decoder's
+        # check of the index made inline
         with self._lock:
-            segment = self._segment(seg)
+            segment = self._segments.get(seg) or self._segment(seg)
             stored = segment.found.pop(key, None)
             if stored is None:
                 return None
+            same = stored.get("id") == [*identity, in_dcp]
             if "facts" not in stored:  # a sighting: its facts are kept this time when it is still the same file
                 segment.dirty = True
-                if stored.get("id") == [*identity, in_dcp]:
+                if same:
                     self._again.add(rel)
                 return None
-            segment.stale += 1  # until it proves good below
-            if stored.get("id") != [*identity, in_dcp] or segment.decoder is None:
+            decoder = segment.decoder
+            index = stored.get("facts")
+            facts = (decoder.values[index] if same and decoder is not None and type(index) is int
+                     and 0 <= index < len(decoder.values) else None)  # fmt: skip
+            if facts.__class__ is not FileFacts:
+                segment.stale += 1
                 segment.dirty = True
                 return None
-            try:
-                facts: FileFacts = segment.decoder.value(stored.get("facts"), FileFacts)
-            except CodecError:
-                segment.dirty = True
-                return None
-            segment.stale -= 1
+            assert isinstance(facts, FileFacts)
             if facts.path != rel:  # stored under its path in the segment's folder (a root that is the run: the same)
                 facts = dataclasses.replace(facts, path=rel)
                 assert isinstance(facts, FileFacts)
-            segment.live[key] = {**stored, "obj": facts}
+            stored["obj"] = facts
+            segment.live[key] = stored
             self._handed[rel] = (facts, seg, key)
             self.hits += 1
             return facts
