@@ -546,9 +546,16 @@ def _judged(part: Part, settings: RootSettings, findings: Sequence[Finding], dee
     from ckptdoctor.scanner import part_findings
 
     out = [f for f in findings if settings.scope_of(f.path) is settings.scopes[0]]
+    # the rules run once per distinct selection, not once per file: a fleet's runs often hold the same file (a
+    # team's template), and ``fix`` and ``--deep`` judge a root whole under each one
+    passes: list[tuple[Selection, list[Finding]]] = []
     for scope in settings.scopes[1:]:
         selection = dataclasses.replace(scope.selection, deep=deep or scope.selection.deep)
-        out.extend(f for f in part_findings(part, selection) if settings.scope_of(f.path) is scope)
+        found = next((done for seen, done in passes if seen == selection), None)
+        if found is None:
+            found = part_findings(part, selection)
+            passes.append((selection, found))
+        out.extend(f for f in found if settings.scope_of(f.path) is scope)
     return sorted(out, key=Finding.sort_key)
 
 

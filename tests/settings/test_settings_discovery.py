@@ -283,3 +283,42 @@ def test_a_fleet_with_a_file_in_every_run_resolves_each_file_once_and_judges_eac
     used = {u.path: u.folders for u in report.settings}
     assert used.pop(str(runs / ".ckptdoctor.toml")) == (str(runs),)  # the root's own file: the root alone
     assert len(used) == n and all(len(folders) == 4 for folders in used.values())  # a run and its 3 checkpoints
+
+
+@pytest.mark.parametrize("how", ["fix", "deep"])
+def test_fix_and_deep_run_the_rules_once_per_distinct_file_not_once_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """``fix`` and ``--deep`` judge a root whole under each settings file below it: the runs of a fleet that hold the
+    same file (a team's template) share one rule pass, and each run is still judged under its own file."""
+    import ckptdoctor.scanner as scanner
+
+    runs = tmp_path / "runs"
+    n = 6
+    for i in range(n):
+        shutil.copytree(REPO / "fixtures" / "stale-higher", runs / f"r{i:02}")
+        # two files among six runs: four ignore the stale-checkpoint error, two ignore CKD401
+        text = 'ignore = ["CKD101"]\n' if i % 3 else 'ignore = ["CKD401"]\n'
+        (runs / f"r{i:02}" / ".ckptdoctor.toml").write_text(text)
+    whole: list[int] = []  # the rule passes over the whole root
+    real = scanner.part_findings
+
+    def counted(part: scanner.Part, selection: object) -> object:
+        if len(part.tree.runs) == n:
+            whole.append(1)
+        return real(part, selection)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scanner, "part_findings", counted)
+    if how == "fix":
+        findings = ckptdoctor.fix(str(runs), dry_run=True).remaining
+    else:
+        findings = ckptdoctor.scan(str(runs), deep=True).findings
+    by_run: dict[str, set[str]] = {}
+    for f in findings:
+        by_run.setdefault(f.path.split("/")[0], set()).add(f.rule)
+    assert {r: rules & {"CKD101", "CKD401"} for r, rules in by_run.items()} == {
+        f"r{i:02}": {"CKD401"} if i % 3 else {"CKD101"} for i in range(n)
+    }
+    # --deep: the root's pass and one per distinct file (was n + 1); fix: one per distinct file before its plan and
+    # one after it (was 2n)
+    assert len(whole) == (4 if how == "fix" else 3)
