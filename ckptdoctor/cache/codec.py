@@ -614,7 +614,7 @@ def _group(rec: list[Any], out: list[Any]) -> Iterable[Any]:
                 return list(map(make, parts))
             except TypeError:  # an unhashable member: not a table this module wrote
                 raise CodecError(f"a {tag} node holds an unhashable value") from None
-        if any(n % 2 for n in counts):
+        if any(map((1).__and__, counts)):  # an odd count
             raise CodecError("a dict node with an odd number of children")
         pairs = list(parts)
         try:
@@ -673,9 +673,8 @@ def _inline_dicts(rec: list[Any]) -> list[dict[str, Any]]:
         raise CodecError("a D group holds distinct text keys and their values for each dict")
     if not _SCALAR_TYPES.issuperset(map(type, values)):
         raise CodecError("an inline dict holds scalars only")
-    n = len(keys)
-    it = iter(values)
-    return list(map(dict, map(zip, repeat(keys, count), map(islice, repeat(it), repeat(n, count)))))
+    rows = zip(*[iter(values)] * len(keys), strict=True)  # one iterator, len(keys) at a time: a dict's values
+    return list(map(dict, map(zip, repeat(keys, count), rows)))
 
 
 # ``@Name`` -> the class and its number of fields
