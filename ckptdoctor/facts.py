@@ -112,11 +112,7 @@ def _shard_contents(parts: tuple[Any, ...]) -> tuple[dict[str, tuple[TensorInfo,
     # once per checkpoint and index: CKD205 and the optimizer's comparison (CKD405) both ask
     ck, idx, wm = parts
     suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
-    on_disk = {
-        ck.relname(f)
-        for f in ck.files
-        if "/" not in ck.relname(f) and SHARD_RE.match(f.name) and f.name.endswith(suffix)
-    }
+    on_disk = {name for name, _ in ck.top_files() if SHARD_RE.match(name) and name.endswith(suffix)}
     content: dict[str, tuple[TensorInfo, ...]] = {}
     complete = True
     for shard in sorted(set(wm.values()) | on_disk):
@@ -164,6 +160,8 @@ def saved_world_size(ck: Checkpoint) -> int | None:
     """How many ranks wrote the checkpoint, from FSDP `.distcp` files or DeepSpeed optimizer partitions."""
     ranks: set[int] = set()
     for f in ck.files:
+        if ".distcp" not in f.path and "optim_states.pt" not in f.path:
+            continue  # neither pattern can match its name: most files of a checkpoint, passed over at C speed
         m = _DCP_RANK_RE.match(f.name) or _DS_RANK_RE.search(f.name)
         if m:
             ranks.add(int(m.group(1)))

@@ -213,7 +213,7 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
         if ck.file(trainer_view.TRAINER_STATE) is None or trainer_view.is_mindnlp(ck):
             continue  # a torn save: CKD102 says more; MindNLP has no RNG file to miss
         rng = trainer_view.RNG_RE
-        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := rng.match(f.name))}
+        ranks = {int(m.group(1) or 0) for name, _ in ck.top_files() if (m := rng.match(name))}
         world = saved_world_size(ck)
         if not ranks:
             yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")

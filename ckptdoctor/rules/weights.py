@@ -640,8 +640,7 @@ def _all_weight_tensors(ck: Checkpoint) -> tuple[tuple[TensorInfo, ...], ...]:
     """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too), file by file."""
     names = _MINDNLP_WEIGHT_FILES if trainer_view.is_mindnlp(ck) else trainer_view.FULL_WEIGHT_FILES
     out: list[tuple[TensorInfo, ...]] = []
-    for f in ck.files:
-        rel = ck.relname(f)
+    for rel, f in ck.entries():
         if rel in names or (SHARD_RE.match(rel) is not None):
             out.append(trainer_view.tensors_of(f) or ())
     return tuple(out)
