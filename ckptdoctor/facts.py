@@ -115,7 +115,7 @@ def _shard_contents(parts: tuple[Any, ...]) -> tuple[dict[str, tuple[TensorInfo,
     on_disk = {name for name, _ in ck.top_files() if SHARD_RE.match(name) and name.endswith(suffix)}
     content: dict[str, tuple[TensorInfo, ...]] = {}
     complete = True
-    for shard in sorted(set(wm.values()) | on_disk):
+    for shard in sorted(trainer_view.shard_counts(wm).keys() | on_disk):
         ts = trainer_view.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
@@ -131,7 +131,7 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     tensor sits in two shards: nothing whole to compare with."""
     idx = ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX)
     wm = trainer_view.weight_map(idx) if idx is not None else None
-    if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
+    if idx is None or wm is None or any(ck.file(s) is None for s in trainer_view.shard_counts(wm)):
         return None
     content, complete = shard_contents(ck, idx, wm)
     return _disjoint_union(tuple(content.values())) if complete else None
@@ -313,10 +313,14 @@ def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
     steps, losses, rates = columns
     if not _PLAIN_STEPS.issuperset(map(type, steps)):
         return None
-    # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
-    # its integer's entry, as ``in`` does in ``_entry_divergence``)
-    others = list(map(trainer_view.merged_steps(ts).get, steps, itertools.repeat(_NO_ENTRY)))
+    merged = trainer_view.merged_steps(ts)
+    again = trainer_view.repeated_steps(ts)
     try:
+        if again is not None:
+            return _unlike_where_shared(steps, losses, rates, merged, again)
+        # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
+        # its integer's entry, as ``in`` does in ``_entry_divergence``)
+        others = list(map(merged.get, steps, itertools.repeat(_NO_ENTRY)))
         same = map(
             operator.and_,
             map(operator.eq, losses, map(dict.get, others, itertools.repeat("loss"))),
@@ -326,6 +330,27 @@ def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
     except RecursionError:  # values nested deeper than ``==`` may recurse: every entry is looked at
         return None
     return [i for i in differ if others[i] is not _NO_ENTRY]
+
+
+def _unlike_where_shared(
+    steps: list[Any], losses: list[Any], rates: list[Any], merged: dict[int, dict[str, Any]], again: frozenset[int]
+) -> list[int]:
+    """``_unlike_their_step`` where an entry of a step logged once is its step's merged entry, the very dict
+    (``trainer_view.repeated_steps``): its loss and rate are equal to the merged ones unless unequal to themselves
+    (NaN), so only those and the entries of the steps in ``again`` (logged more than once) are compared, a
+    thousandth of a long log, and the three passes over the rest are made at C speed."""
+    n = range(len(steps))
+    look = {*itertools.compress(n, map(operator.ne, losses, losses)),
+            *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
+    if again:
+        look.update(itertools.compress(n, map(again.__contains__, steps)))
+    out: list[int] = []
+    for i in sorted(look):
+        other = merged.get(steps[i], _NO_ENTRY)
+        same = operator.and_(losses[i] == other.get("loss"), rates[i] == other.get("learning_rate"))
+        if not same and other is not _NO_ENTRY:
+            out.append(i)
+    return out
 
 
 def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:

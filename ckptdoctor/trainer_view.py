@@ -263,24 +263,26 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     )
 
 
-def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, Any]] | None:
+def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> tuple[dict[int, dict[str, Any]], frozenset[int]] | None:
     """``_MergedSteps``' dict built at C speed when every entry is a plain dict with a plain integer step (what the
-    Trainer writes): a copy of each entry under its step, and the entries of a step logged more than once (a train
-    and an eval log) merged in order; None otherwise (then the entries are merged one by one)."""
+    Trainer writes): each entry itself under its step (no copy: nobody changes them), and the entries of a step
+    logged more than once (a train and an eval log) merged in order into a new dict; with the steps logged more
+    than once. None otherwise (then the entries are merged one by one)."""
     if not plain_dicts(entries):
         return None
     found: list[Any] = list(map(dict.get, entries, itertools.repeat("step")))
     if not _INT_ONLY.issuperset(map(type, found)):
         return None
     steps: list[int] = found
-    merged = dict(zip(steps, map(dict, entries), strict=True))  # each step where first logged, as ``setdefault`` does
-    if len(merged) < len(steps):
-        again = {step for step, n in Counter(steps).items() if n > 1}
-        for step in again:
-            merged[step] = {}
-        for i in itertools.compress(range(len(steps)), map(again.__contains__, steps)):
-            merged[steps[i]].update(entries[i])
-    return merged
+    merged = dict(zip(steps, entries, strict=True))  # each step where first logged, as ``setdefault`` does
+    if len(merged) == len(steps):
+        return merged, frozenset()
+    again = frozenset({step for step, n in Counter(steps).items() if n > 1})
+    for step in again:
+        merged[step] = {}
+    for i in itertools.compress(range(len(steps)), map(again.__contains__, steps)):
+        merged[steps[i]].update(entries[i])
+    return merged, again
 
 
 _DICT_ONLY = frozenset({dict})
@@ -298,6 +300,14 @@ def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
     """``ts.by_step`` as a plain dict (looked up at C speed by rules that compare whole histories)."""
     by_step = ts.by_step
     return by_step.merged() if isinstance(by_step, _MergedSteps) else dict(by_step)
+
+
+def repeated_steps(ts: TrainerStateView) -> frozenset[int] | None:
+    """The steps ``ts``'s log_history logged more than once when every other step's merged entry
+    (``merged_steps``) is the log's own entry, the very dict (what the Trainer writes); None when it is not known
+    to be (then each merged entry is a new dict)."""
+    by_step = ts.by_step
+    return by_step.repeated() if isinstance(by_step, _MergedSteps) else None
 
 
 # The longest log_history found to hold plain dicts only, since the last ``forget``: a run's checkpoints log the
@@ -324,25 +334,33 @@ class _MergedSteps(Mapping[int, dict[str, Any]]):
     """log_history entries merged per integer step, built on first use: most trainer states are never asked
     (only the checkpoint another is compared with), and merging 10^5 entries is the costliest part of a view."""
 
-    __slots__ = ("_entries", "_merged")
+    __slots__ = ("_again", "_entries", "_merged")
 
     def __init__(self, entries: tuple[dict[str, Any], ...]) -> None:
         self._entries = entries
         self._merged: dict[int, dict[str, Any]] | None = None
+        self._again: frozenset[int] | None = None  # ``repeated``
 
     def merged(self) -> dict[int, dict[str, Any]]:
         """The entries merged per step, as a dict (not to be changed)."""
         return self._get()
 
+    def repeated(self) -> frozenset[int] | None:
+        """The steps logged more than once when the others' merged entries are the entries themselves, else None."""
+        self._get()
+        return self._again
+
     def _get(self) -> dict[int, dict[str, Any]]:
         if self._merged is None:
-            merged = _merged_quickly(self._entries)
-            if merged is None:
-                merged = {}
+            quick = _merged_quickly(self._entries)
+            if quick is None:
+                merged: dict[int, dict[str, Any]] = {}
                 for e in self._entries:
                     step = e.get("step")
                     if isinstance(step, int) and not isinstance(step, bool):
                         merged.setdefault(step, {}).update(e)
+            else:
+                merged, self._again = quick
             self._merged = merged
         return self._merged
 
@@ -493,7 +511,10 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
 
 @per_object
 def _param_ids(params: list[Any]) -> tuple[int, ...]:
-    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``)
+    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``); what
+    # torch saves (plain integers) is taken whole, at C speed
+    if _INT_ONLY.issuperset(map(type, params)):
+        return tuple(params)
     return tuple(p for p in params if isinstance(p, int))
 
 
@@ -637,6 +658,14 @@ def _weight_map(wm: dict[Any, Any]) -> dict[str, str] | None:
     return {str(k): v for k, v in wm.items()}
 
 
+@per_object
+def shard_counts(wm: dict[str, str]) -> Counter[str]:
+    """How many tensors a shard index's ``weight_map`` (``weight_map``'s) maps to each shard, in the order the
+    shards first appear: its keys are the shards the index names. Asked of every index by several rules, once per
+    map (a run's checkpoints share one); callers never change it."""
+    return Counter(wm.values())
+
+
 # The top-level files some resume of a Trainer checkpoint opens, transformers 4.x and 5.x, any backend:
 # `Trainer._load_from_checkpoint` (config.json, the full weights, the shard indexes, the adapter files),
 # `TrainerState.load_from_json`, `_load_optimizer_and_scheduler` (optimizer.pt, or optimizer.bin under FSDP),
@@ -673,7 +702,7 @@ def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
     for index in (SAFE_INDEX, BIN_INDEX):
         wm = weight_map(ck.file(index))
         if wm is not None:
-            out.update(wm.values())
+            out.update(shard_counts(wm))
     return frozenset(out)
 
 
@@ -769,7 +798,7 @@ def competing_weight_forms(ck: Checkpoint) -> tuple[tuple[str, tuple[FileFacts, 
     forms: list[tuple[str, tuple[FileFacts, ...] | None]] = [(ck.relname(f), (f,)) for f in singles]
     for idx in indexes:
         wm = weight_map(idx)
-        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(set(wm.values()))) if f is not None)
+        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(shard_counts(wm))) if f is not None)
         forms.append((idx.name, shards))
     return tuple(forms)
 

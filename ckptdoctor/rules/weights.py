@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -301,7 +300,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
             wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
-            counts = Counter(wm.values())
+            counts = trainer_view.shard_counts(wm)
             for shard in sorted(counts):
                 if ck.file(shard) is None:
                     n = counts[shard]
@@ -434,7 +433,7 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
             wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
-            if any(ck.file(s) is None for s in set(wm.values())):
+            if any(ck.file(s) is None for s in trainer_view.shard_counts(wm)):
                 continue  # CKD204 reports missing shards; a rebuild would drop their tensors
             check = _index_problems(ck, idx, wm)
             if not check.problems:

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -503,6 +504,9 @@ def _outcome(fn: Callable[[], str | None]) -> Any:
 @example(common=[{"step": 1, "loss": 10**400}], older_tail=[], newer_tail=[{"step": 1, "loss": 1}], edits=[])
 @example(common=[{"step": 2, "loss": -0.0}], older_tail=[], newer_tail=[{"step": 2, "loss": 3}], edits=[])
 @example(common=[{"step": True, "loss": 1}, {"step": 1, "loss": 2}], older_tail=[], newer_tail=[], edits=[])
+# a step logged once whose loss is unequal to itself (its merged entry is the entry itself), beside a repeated step
+@example(common=[{"step": 1, "loss": math.nan}, {"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 3.0}],
+         older_tail=[], newer_tail=[{"step": 3, "learning_rate": math.nan}], edits=[])
 def test_history_divergence_is_unchanged(
     common: list[dict[str, Any]],
     older_tail: list[dict[str, Any]],
