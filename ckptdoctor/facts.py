@@ -16,12 +16,12 @@ import math
 import operator
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast, overload
 
 from ckptdoctor import trainer_view
 from ckptdoctor.model import (
-    HISTORY_KEYS,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -253,23 +253,12 @@ def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...
     try:
         if ts.log_history[:n] == prefix:  # whole entries equal: what the Trainer writes, a single C-speed pass
             return True
-        ours, theirs = _columns(ts.log_history), _columns(prefix)
+        ours, theirs = trainer_view.log_columns(ts.log_history), trainer_view.log_columns(prefix)
         if ours is None or theirs is None:
             return False
         return all(a[:n] == b for a, b in zip(ours, theirs, strict=True))
     except RecursionError:  # values nested deeper than the comparison may recurse: take the entry-by-entry path
         return False
-
-
-_COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
-
-
-@trainer_view.per_object
-def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
-    """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
-    if not trainer_view.plain_dicts(log):
-        return None
-    return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
 
 
 # Steps of these types give equal values the same treatment in ``_entry_divergence`` (an int step is compared,
@@ -281,6 +270,9 @@ _PLAIN_STEPS = frozenset({int, bool, str, type(None)})
 def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
     ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
+    quick = _suspects_quickly(ts)
+    if quick is not None:
+        return quick
     by_step = ts.by_step
     unlike = _unlike_their_step(ts)
     candidates: Iterable[int] = range(len(ts.log_history)) if unlike is None else unlike
@@ -299,6 +291,42 @@ def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _suspects_quickly(ts: trainer_view.TrainerStateView) -> tuple[int, ...] | None:
+    """``_suspects`` of a log of plain dicts with plain integer steps (what the Trainer writes), without merging the
+    whole log per step; None for any other log. Each step's merged entry (``by_step``) is then the entry itself for
+    a step logged once: its loss and rate are that entry's own, unequal (``!=``) only when unequal to themselves
+    (NaN), so only those entries and the entries of steps logged more than once (a train and an eval log) can
+    diverge, and only they are compared, each with its step's entries merged in order, as ``by_step`` merges them.
+    A long run's newest log holds 10^4 entries and a hundred such: merging the whole log was most of CKD101's cost."""
+    columns = trainer_view.log_columns(ts.log_history)
+    if columns is None:
+        return None
+    steps, losses, rates = columns
+    if not _INT_STEPS.issuperset(map(type, steps)):
+        return None
+    n = range(len(steps))
+    look = {*itertools.compress(n, map(operator.ne, losses, losses)),
+            *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
+    merged: dict[int, dict[str, Any]] = {}
+    if len(set(steps)) < len(steps):
+        again = {step for step, count in Counter(steps).items() if count > 1}
+        logged_again = list(itertools.compress(n, map(again.__contains__, steps)))
+        for i in logged_again:
+            merged.setdefault(steps[i], {}).update(ts.log_history[i])
+        look.update(logged_again)
+    out: list[int] = []
+    for i in sorted(look):
+        e = ts.log_history[i]
+        try:
+            why = _entry_divergence(e, {steps[i]: merged.get(steps[i], e)})
+        except Exception:  # as ``_suspects`` takes it
+            why = "error"
+        if why is not None:
+            out.append(i)
+    return tuple(out)
+
+
+_INT_STEPS = frozenset({int})
 _NO_ENTRY: dict[str, Any] = {}
 
 
@@ -307,20 +335,16 @@ def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
     entry's, found at C speed: only those can diverge in ``_entry_divergence`` (which compares values that are not
     equal). None when the quick look does not apply (entries that are not plain dicts, steps that are neither
     integers, text nor null): then every entry is looked at."""
-    columns = _columns(ts.log_history)
+    columns = trainer_view.log_columns(ts.log_history)
     if columns is None:
         return None
     steps, losses, rates = columns
     if not _PLAIN_STEPS.issuperset(map(type, steps)):
         return None
-    merged = trainer_view.merged_steps(ts)
-    again = trainer_view.repeated_steps(ts)
+    # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
+    # its integer's entry, as ``in`` does in ``_entry_divergence``)
+    others = list(map(trainer_view.merged_steps(ts).get, steps, itertools.repeat(_NO_ENTRY)))
     try:
-        if again is not None:
-            return _unlike_where_shared(steps, losses, rates, merged, again)
-        # a step no entry is merged under (text, null, an integer never logged) is never compared (a bool step finds
-        # its integer's entry, as ``in`` does in ``_entry_divergence``)
-        others = list(map(merged.get, steps, itertools.repeat(_NO_ENTRY)))
         same = map(
             operator.and_,
             map(operator.eq, losses, map(dict.get, others, itertools.repeat("loss"))),
@@ -330,27 +354,6 @@ def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
     except RecursionError:  # values nested deeper than ``==`` may recurse: every entry is looked at
         return None
     return [i for i in differ if others[i] is not _NO_ENTRY]
-
-
-def _unlike_where_shared(
-    steps: list[Any], losses: list[Any], rates: list[Any], merged: dict[int, dict[str, Any]], again: frozenset[int]
-) -> list[int]:
-    """``_unlike_their_step`` where an entry of a step logged once is its step's merged entry, the very dict
-    (``trainer_view.repeated_steps``): its loss and rate are equal to the merged ones unless unequal to themselves
-    (NaN), so only those and the entries of the steps in ``again`` (logged more than once) are compared, a
-    thousandth of a long log, and the three passes over the rest are made at C speed."""
-    n = range(len(steps))
-    look = {*itertools.compress(n, map(operator.ne, losses, losses)),
-            *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
-    if again:
-        look.update(itertools.compress(n, map(again.__contains__, steps)))
-    out: list[int] = []
-    for i in sorted(look):
-        other = merged.get(steps[i], _NO_ENTRY)
-        same = operator.and_(losses[i] == other.get("loss"), rates[i] == other.get("learning_rate"))
-        if not same and other is not _NO_ENTRY:
-            out.append(i)
-    return out
 
 
 def run_identity_difference(a: trainer_view.TrainerStateView, b: trainer_view.TrainerStateView) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
+    HISTORY_KEYS,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -207,21 +208,22 @@ class TrainerStateView:
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
         log = self.log_history
-        if plain_dicts(log):
+        columns = log_columns(log)  # the log's steps and rates, when its entries are plain dicts (shared)
+        if columns is not None:
             # at C speed for what JSON gives (plain dicts of plain values): the entries whose step is an integer and
             # whose learning_rate is a number (no bool), as ``integer`` and ``_num`` take them one by one below
-            steps: list[Any] = list(map(dict.get, log, itertools.repeat("step")))
-            rates: list[Any] = list(map(dict.get, log, itertools.repeat("learning_rate")))
-            if _JSON_SCALARS.issuperset(map(type, steps)) and _JSON_SCALARS.issuperset(map(type, rates)):
-                kept = map(
+            steps, _, rates = columns
+            step_types, rate_types = list(map(type, steps)), list(map(type, rates))
+            if _JSON_SCALARS.issuperset(step_types) and _JSON_SCALARS.issuperset(rate_types):
+                kept = list(map(
                     operator.and_,
-                    map(operator.is_, map(type, steps), itertools.repeat(int)),
-                    map(_NUMBERS.__contains__, map(type, rates)),
-                )
-                return [
-                    (step, lr if lr.__class__ is float else cast(float, _num(lr)))
-                    for step, lr in itertools.compress(zip(steps, rates, strict=True), kept)
-                ]
+                    map(operator.is_, step_types, itertools.repeat(int)),
+                    map(_NUMBERS.__contains__, rate_types),
+                ))  # fmt: skip
+                pairs = zip(itertools.compress(steps, kept), itertools.compress(rates, kept), strict=True)
+                if _FLOAT_ONLY.issuperset(itertools.compress(rate_types, kept)):
+                    return list(pairs)  # the rates as they are: what the loop below makes of floats
+                return [(step, lr if lr.__class__ is float else cast(float, _num(lr))) for step, lr in pairs]
         out: list[tuple[int, float]] = []
         for entry in log:
             step, lr = integer(entry.get("step")), _num(entry.get("learning_rate"))
@@ -263,11 +265,11 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
     )
 
 
-def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> tuple[dict[int, dict[str, Any]], frozenset[int]] | None:
+def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, Any]] | None:
     """``_MergedSteps``' dict built at C speed when every entry is a plain dict with a plain integer step (what the
     Trainer writes): each entry itself under its step (no copy: nobody changes them), and the entries of a step
-    logged more than once (a train and an eval log) merged in order into a new dict; with the steps logged more
-    than once. None otherwise (then the entries are merged one by one)."""
+    logged more than once (a train and an eval log) merged in order into a new dict; None otherwise (then the
+    entries are merged one by one)."""
     if not plain_dicts(entries):
         return None
     found: list[Any] = list(map(dict.get, entries, itertools.repeat("step")))
@@ -275,20 +277,20 @@ def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> tuple[dict[int, dict
         return None
     steps: list[int] = found
     merged = dict(zip(steps, entries, strict=True))  # each step where first logged, as ``setdefault`` does
-    if len(merged) == len(steps):
-        return merged, frozenset()
-    again = frozenset({step for step, n in Counter(steps).items() if n > 1})
-    for step in again:
-        merged[step] = {}
-    for i in itertools.compress(range(len(steps)), map(again.__contains__, steps)):
-        merged[steps[i]].update(entries[i])
-    return merged, again
+    if len(merged) < len(steps):
+        again = {step for step, n in Counter(steps).items() if n > 1}
+        for step in again:
+            merged[step] = {}
+        for i in itertools.compress(range(len(steps)), map(again.__contains__, steps)):
+            merged[steps[i]].update(entries[i])
+    return merged
 
 
 _DICT_ONLY = frozenset({dict})
 _INT_ONLY = frozenset({int})
 _JSON_SCALARS = frozenset({int, float, bool, str, type(None)})
 _NUMBERS = frozenset({int, float})
+_FLOAT_ONLY = frozenset({float})
 
 
 def plain_dicts(items: Iterable[Any]) -> bool:
@@ -296,18 +298,22 @@ def plain_dicts(items: Iterable[Any]) -> bool:
     return _DICT_ONLY.issuperset(map(type, items))
 
 
+@per_object
+def log_columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The step, loss and learning_rate of every entry of a log_history (``HISTORY_KEYS``), one list per key
+    (built at C speed; None as the entry lacks it), or None when an entry is not a plain dict. Asked of the newest
+    checkpoint's log by the history comparisons (CKD101) and the learning-rate checks (CKD406): built once, never
+    changed."""
+    if not plain_dicts(log):
+        return None
+    step, loss, rate = (list(map(dict.get, log, itertools.repeat(key))) for key in HISTORY_KEYS)
+    return step, loss, rate
+
+
 def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
     """``ts.by_step`` as a plain dict (looked up at C speed by rules that compare whole histories)."""
     by_step = ts.by_step
     return by_step.merged() if isinstance(by_step, _MergedSteps) else dict(by_step)
-
-
-def repeated_steps(ts: TrainerStateView) -> frozenset[int] | None:
-    """The steps ``ts``'s log_history logged more than once when every other step's merged entry
-    (``merged_steps``) is the log's own entry, the very dict (what the Trainer writes); None when it is not known
-    to be (then each merged entry is a new dict)."""
-    by_step = ts.by_step
-    return by_step.repeated() if isinstance(by_step, _MergedSteps) else None
 
 
 # The longest log_history found to hold plain dicts only, since the last ``forget``: a run's checkpoints log the
@@ -334,33 +340,25 @@ class _MergedSteps(Mapping[int, dict[str, Any]]):
     """log_history entries merged per integer step, built on first use: most trainer states are never asked
     (only the checkpoint another is compared with), and merging 10^5 entries is the costliest part of a view."""
 
-    __slots__ = ("_again", "_entries", "_merged")
+    __slots__ = ("_entries", "_merged")
 
     def __init__(self, entries: tuple[dict[str, Any], ...]) -> None:
         self._entries = entries
         self._merged: dict[int, dict[str, Any]] | None = None
-        self._again: frozenset[int] | None = None  # ``repeated``
 
     def merged(self) -> dict[int, dict[str, Any]]:
         """The entries merged per step, as a dict (not to be changed)."""
         return self._get()
 
-    def repeated(self) -> frozenset[int] | None:
-        """The steps logged more than once when the others' merged entries are the entries themselves, else None."""
-        self._get()
-        return self._again
-
     def _get(self) -> dict[int, dict[str, Any]]:
         if self._merged is None:
-            quick = _merged_quickly(self._entries)
-            if quick is None:
-                merged: dict[int, dict[str, Any]] = {}
+            merged = _merged_quickly(self._entries)
+            if merged is None:
+                merged = {}
                 for e in self._entries:
                     step = e.get("step")
                     if isinstance(step, int) and not isinstance(step, bool):
                         merged.setdefault(step, {}).update(e)
-            else:
-                merged, self._again = quick
             self._merged = merged
         return self._merged
 
