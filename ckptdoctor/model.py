@@ -1055,10 +1055,20 @@ class Tree:
     # scan hands a ``facts.SiblingRuns``, which CKD422 looks up without comparing every pair
     siblings: Sequence[RunHistory] = field(default=(), compare=False)
 
+    # ``all_files`` once asked (``MEMO_SLOTS``): a scan's rules walk every file a dozen times
+    _memo_slots = ("_all_files",)
+
     def all_files(self) -> tuple[FileFacts, ...]:
+        """Every file: each checkpoint's, in order, then the loose ones."""
+        try:
+            return self._all_files  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            pass
         out: list[FileFacts] = []
         for run in self.runs:
             for ck in run.checkpoints:
                 out.extend(ck.files)
         out.extend(self.loose_files)
-        return tuple(out)
+        made = tuple(out)
+        object.__setattr__(self, "_all_files", made)
+        return made

@@ -741,10 +741,13 @@ def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+@per_object  # asked by several rules of every checkpoint, some of them a few times
 def has_adapter(ck: Checkpoint) -> bool:
+    """Adapter weights in the folder or in a sub-folder of it (a named adapter)."""
     return ck.file(ADAPTER_SAFE) is not None or ck.file(ADAPTER_BIN) is not None or bool(adapter_subdirs(ck))
 
 
+@per_object  # asked by several rules of every checkpoint, some of them a few times
 def weights_branch(ck: Checkpoint) -> str:
     """Which loader a resume would use, in ``Trainer._load_from_checkpoint`` order (transformers 5.x).
 
