@@ -308,9 +308,17 @@ def _suspects_quickly(ts: trainer_view.TrainerStateView) -> tuple[int, ...] | No
     look = {*itertools.compress(n, map(operator.ne, losses, losses)),
             *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
     merged: dict[int, dict[str, Any]] = {}
-    if len(set(steps)) < len(steps):
-        again = {step for step, count in Counter(steps).items() if count > 1}
-        logged_again = list(itertools.compress(n, map(again.__contains__, steps)))
+    repeats = len(steps) - len(set(steps))
+    if repeats:
+        # a step's entries side by side (the Trainer logs a step's train and eval entries one after the other):
+        # each repeat is an entry whose step equals the one before
+        same_as_before = map(operator.eq, steps, itertools.islice(steps, 1, None))
+        after = list(itertools.compress(range(1, len(steps)), same_as_before))
+        if len(after) == repeats:
+            logged_again = sorted({*after, *(i - 1 for i in after)})
+        else:
+            again = {step for step, count in Counter(steps).items() if count > 1}
+            logged_again = list(itertools.compress(n, map(again.__contains__, steps)))
         for i in logged_again:
             merged.setdefault(steps[i], {}).update(ts.log_history[i])
         look.update(logged_again)

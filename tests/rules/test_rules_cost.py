@@ -507,6 +507,9 @@ def _outcome(fn: Callable[[], str | None]) -> Any:
 # a step logged once whose loss is unequal to itself (its merged entry is the entry itself), beside a repeated step
 @example(common=[{"step": 1, "loss": math.nan}, {"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 3.0}],
          older_tail=[], newer_tail=[{"step": 3, "learning_rate": math.nan}], edits=[])
+# a step logged again later, not beside its first entry (and one logged twice side by side)
+@example(common=[{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "loss": 2.5}],
+         older_tail=[], newer_tail=[{"step": 1, "loss": 3.0}], edits=[])
 def test_history_divergence_is_unchanged(
     common: list[dict[str, Any]],
     older_tail: list[dict[str, Any]],
