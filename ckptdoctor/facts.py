@@ -299,11 +299,9 @@ def _suspects_quickly(ts: trainer_view.TrainerStateView) -> tuple[int, ...] | No
     diverge, and only they are compared, each with its step's entries merged in order, as ``by_step`` merges them.
     A long run's newest log holds 10^4 entries and a hundred such: merging the whole log was most of CKD101's cost."""
     columns = trainer_view.log_columns(ts.log_history)
-    if columns is None:
+    if columns is None or not trainer_view.integer_steps(ts.log_history):
         return None
     steps, losses, rates = columns
-    if not _INT_STEPS.issuperset(map(type, steps)):
-        return None
     n = range(len(steps))
     look = {*itertools.compress(n, map(operator.ne, losses, losses)),
             *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
@@ -334,7 +332,6 @@ def _suspects_quickly(ts: trainer_view.TrainerStateView) -> tuple[int, ...] | No
     return tuple(out)
 
 
-_INT_STEPS = frozenset({int})
 _NO_ENTRY: dict[str, Any] = {}
 
 

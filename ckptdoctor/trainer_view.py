@@ -213,13 +213,9 @@ class TrainerStateView:
             # at C speed for what JSON gives (plain dicts of plain values): the entries whose step is an integer and
             # whose learning_rate is a number (no bool), as ``integer`` and ``_num`` take them one by one below
             steps, _, rates = columns
-            step_types, rate_types = list(map(type, steps)), list(map(type, rates))
-            if _JSON_SCALARS.issuperset(step_types) and _JSON_SCALARS.issuperset(rate_types):
-                kept = list(map(
-                    operator.and_,
-                    map(operator.is_, step_types, itertools.repeat(int)),
-                    map(_NUMBERS.__contains__, rate_types),
-                ))  # fmt: skip
+            rate_types = list(map(type, rates))
+            kept = _kept_rates(log, steps, rate_types) if _JSON_SCALARS.issuperset(rate_types) else None
+            if kept is not None:
                 pairs = zip(itertools.compress(steps, kept), itertools.compress(rates, kept), strict=True)
                 if _FLOAT_ONLY.issuperset(itertools.compress(rate_types, kept)):
                     return list(pairs)  # the rates as they are: what the loop below makes of floats
@@ -230,6 +226,19 @@ class TrainerStateView:
             if step is not None and lr is not None:
                 out.append((step, lr))
         return out
+
+
+def _kept_rates(log: tuple[dict[str, Any], ...], steps: list[Any], rate_types: list[type]) -> list[bool] | None:
+    """For ``learning_rates``: which entries have an integer step and a number for a rate, or None when a step is
+    not a JSON scalar (then each entry is looked at)."""
+    if integer_steps(log):  # what the Trainer writes: an entry is kept where its rate is a number
+        return list(map(_NUMBERS.__contains__, rate_types))
+    step_types = list(map(type, steps))
+    if not _JSON_SCALARS.issuperset(step_types):
+        return None
+    return list(map(
+        operator.and_, map(operator.is_, step_types, itertools.repeat(int)), map(_NUMBERS.__contains__, rate_types)
+    ))  # fmt: skip
 
 
 def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
@@ -308,6 +317,14 @@ def log_columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], list[Any], 
         return None
     step, loss, rate = (list(map(dict.get, log, itertools.repeat(key))) for key in HISTORY_KEYS)
     return step, loss, rate
+
+
+@per_object
+def integer_steps(log: tuple[dict[str, Any], ...]) -> bool:
+    """Whether every entry of a log_history is a plain dict whose step is an integer (``int`` itself, no bool):
+    what the Trainer writes, which the history comparisons (CKD101) and the learning rates (CKD406) take quickly."""
+    columns = log_columns(log)
+    return columns is not None and _INT_ONLY.issuperset(map(type, columns[0]))
 
 
 def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
