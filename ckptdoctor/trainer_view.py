@@ -124,22 +124,11 @@ def forget() -> None:
 def per_file(fn: Callable[[FileFacts], _T]) -> Callable[[FileFacts | None], _T | None]:
     """Memoise a view of one file by the file's identity: every rule asks for the same trainer state or optimizer
     view, and building it walks a log_history or a state dict that can hold 10^5 entries. Facts are frozen, so an
-    identical object always gives the same answer (see ``per_object``: its memo, here in the one function the
-    rules call, some 10^4 times a scan of 100 checkpoints)."""
-    cache: dict[int, tuple[FileFacts, _T]] = {}
-    _CACHES.append(cache)
+    identical object always gives the same answer (see ``per_object``)."""
+    memo = per_object(fn)
 
     def view(f: FileFacts | None) -> _T | None:
-        if f is None:
-            return None
-        hit = cache.get(id(f))
-        if hit is not None and hit[0] is f:
-            return hit[1]
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        result = fn(f)
-        cache[id(f)] = (f, result)
-        return result
+        return None if f is None else memo(f)
 
     return view
 
