@@ -16,12 +16,12 @@ import math
 import operator
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast, overload
 
 from ckptdoctor import trainer_view
 from ckptdoctor.model import (
-    HISTORY_KEYS,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -112,14 +112,10 @@ def _shard_contents(parts: tuple[Any, ...]) -> tuple[dict[str, tuple[TensorInfo,
     # once per checkpoint and index: CKD205 and the optimizer's comparison (CKD405) both ask
     ck, idx, wm = parts
     suffix = ".safetensors" if idx.name == trainer_view.SAFE_INDEX else ".bin"
-    on_disk = {
-        ck.relname(f)
-        for f in ck.files
-        if "/" not in ck.relname(f) and SHARD_RE.match(f.name) and f.name.endswith(suffix)
-    }
+    on_disk = {name for name, _ in ck.top_files() if SHARD_RE.match(name) and name.endswith(suffix)}
     content: dict[str, tuple[TensorInfo, ...]] = {}
     complete = True
-    for shard in sorted(set(wm.values()) | on_disk):
+    for shard in sorted(trainer_view.shard_counts(wm).keys() | on_disk):
         ts = trainer_view.tensors_of(ck.file(shard))
         if ts is None:
             complete = False
@@ -135,7 +131,7 @@ def saved_shard_tensors(ck: Checkpoint) -> tuple[TensorInfo, ...] | None:
     tensor sits in two shards: nothing whole to compare with."""
     idx = ck.file(trainer_view.SAFE_INDEX) or ck.file(trainer_view.BIN_INDEX)
     wm = trainer_view.weight_map(idx) if idx is not None else None
-    if idx is None or wm is None or any(ck.file(s) is None for s in set(wm.values())):
+    if idx is None or wm is None or any(ck.file(s) is None for s in trainer_view.shard_counts(wm)):
         return None
     content, complete = shard_contents(ck, idx, wm)
     return _disjoint_union(tuple(content.values())) if complete else None
@@ -164,6 +160,8 @@ def saved_world_size(ck: Checkpoint) -> int | None:
     """How many ranks wrote the checkpoint, from FSDP `.distcp` files or DeepSpeed optimizer partitions."""
     ranks: set[int] = set()
     for f in ck.files:
+        if ".distcp" not in f.path and "optim_states.pt" not in f.path:
+            continue  # neither pattern can match its name: most files of a checkpoint, passed over at C speed
         m = _DCP_RANK_RE.match(f.name) or _DS_RANK_RE.search(f.name)
         if m:
             ranks.add(int(m.group(1)))
@@ -255,23 +253,12 @@ def _starts(ts: trainer_view.TrainerStateView, prefix: tuple[dict[str, Any], ...
     try:
         if ts.log_history[:n] == prefix:  # whole entries equal: what the Trainer writes, a single C-speed pass
             return True
-        ours, theirs = _columns(ts.log_history), _columns(prefix)
+        ours, theirs = trainer_view.log_columns(ts.log_history), trainer_view.log_columns(prefix)
         if ours is None or theirs is None:
             return False
         return all(a[:n] == b for a, b in zip(ours, theirs, strict=True))
     except RecursionError:  # values nested deeper than the comparison may recurse: take the entry-by-entry path
         return False
-
-
-_COMPARED = HISTORY_KEYS  # all that ``_entry_divergence`` reads of an entry
-
-
-@trainer_view.per_object
-def _columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], ...] | None:
-    """The compared fields of every entry, one list per field (built at C speed), or None for dict subclasses."""
-    if not trainer_view.plain_dicts(log):
-        return None
-    return tuple(list(map(dict.get, log, itertools.repeat(key))) for key in _COMPARED)
 
 
 # Steps of these types give equal values the same treatment in ``_entry_divergence`` (an int step is compared,
@@ -283,6 +270,9 @@ _PLAIN_STEPS = frozenset({int, bool, str, type(None)})
 def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     """Positions in ``ts``'s log_history where an equal entry of another history could diverge from ``ts``: where
     ts's own entry does (or cannot be compared without an error), or where equal steps may be treated apart."""
+    quick = _suspects_quickly(ts)
+    if quick is not None:
+        return quick
     by_step = ts.by_step
     unlike = _unlike_their_step(ts)
     candidates: Iterable[int] = range(len(ts.log_history)) if unlike is None else unlike
@@ -301,6 +291,47 @@ def _suspects(ts: trainer_view.TrainerStateView) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _suspects_quickly(ts: trainer_view.TrainerStateView) -> tuple[int, ...] | None:
+    """``_suspects`` of a log of plain dicts with plain integer steps (what the Trainer writes), without merging the
+    whole log per step; None for any other log. Each step's merged entry (``by_step``) is then the entry itself for
+    a step logged once: its loss and rate are that entry's own, unequal (``!=``) only when unequal to themselves
+    (NaN), so only those entries and the entries of steps logged more than once (a train and an eval log) can
+    diverge, and only they are compared, each with its step's entries merged in order, as ``by_step`` merges them.
+    A long run's newest log holds 10^4 entries and a hundred such: merging the whole log was most of CKD101's cost."""
+    columns = trainer_view.log_columns(ts.log_history)
+    if columns is None or not trainer_view.integer_steps(ts.log_history):
+        return None
+    steps, losses, rates = columns
+    n = range(len(steps))
+    look = {*itertools.compress(n, map(operator.ne, losses, losses)),
+            *itertools.compress(n, map(operator.ne, rates, rates))}  # fmt: skip
+    merged: dict[int, dict[str, Any]] = {}
+    repeats = len(steps) - len(set(steps))
+    if repeats:
+        # a step's entries side by side (the Trainer logs a step's train and eval entries one after the other):
+        # each repeat is an entry whose step equals the one before
+        same_as_before = map(operator.eq, steps, itertools.islice(steps, 1, None))
+        after = list(itertools.compress(range(1, len(steps)), same_as_before))
+        if len(after) == repeats:
+            logged_again = sorted({*after, *(i - 1 for i in after)})
+        else:
+            again = {step for step, count in Counter(steps).items() if count > 1}
+            logged_again = list(itertools.compress(n, map(again.__contains__, steps)))
+        for i in logged_again:
+            merged.setdefault(steps[i], {}).update(ts.log_history[i])
+        look.update(logged_again)
+    out: list[int] = []
+    for i in sorted(look):
+        e = ts.log_history[i]
+        try:
+            why = _entry_divergence(e, {steps[i]: merged.get(steps[i], e)})
+        except Exception:  # as ``_suspects`` takes it
+            why = "error"
+        if why is not None:
+            out.append(i)
+    return tuple(out)
+
+
 _NO_ENTRY: dict[str, Any] = {}
 
 
@@ -309,7 +340,7 @@ def _unlike_their_step(ts: trainer_view.TrainerStateView) -> list[int] | None:
     entry's, found at C speed: only those can diverge in ``_entry_divergence`` (which compares values that are not
     equal). None when the quick look does not apply (entries that are not plain dicts, steps that are neither
     integers, text nor null): then every entry is looked at."""
-    columns = _columns(ts.log_history)
+    columns = trainer_view.log_columns(ts.log_history)
     if columns is None:
         return None
     steps, losses, rates = columns

@@ -218,6 +218,11 @@ def _plain(annotation: object) -> bool:
         "KW_ONLY" not in annotation)
 
 
+# A class attribute naming slots that are no fields: what a value keeps of its own fields once asked (set with
+# ``object.__setattr__``), not compared, hashed, shown nor pickled, and gone from a copy (``Checkpoint.file``'s index).
+MEMO_SLOTS = "_memo_slots"
+
+
 def _slotted(cls: type, methods: dict[str, Callable[..., Any] | None]) -> Any:
     """``cls`` as ``dataclass(init=False, slots=True, eq=False, repr=False)`` returns it (the same fields, each a
     ``dataclasses.Field`` as ``field()`` makes it, the same slots, ``__match_args__`` and flags), with
@@ -227,11 +232,14 @@ def _slotted(cls: type, methods: dict[str, Callable[..., Any] | None]) -> Any:
     regular expression and a module lookup each), and those tests and the methods set on the finished class one by
     one were most of what this package's 90-odd value classes cost every start-up. A class that is not a plain one
     (a base besides ``object``, another metaclass, annotations that are not text or may name one of those three) is
-    made by ``dataclass`` itself."""
+    made by ``dataclass`` itself. The names ``cls`` lists under ``MEMO_SLOTS`` are slots after the fields'."""
     space = dict(cls.__dict__)
     annotations = space.get("__annotations__")
+    memo = space.pop(MEMO_SLOTS, ())
     if (cls.__bases__ != (object,) or type(cls) is not type or "__slots__" in space or annotations is None
             or not all(_plain(text) for text in annotations.values())):
+        if memo:
+            raise TypeError(f"{cls.__qualname__}: {MEMO_SLOTS} needs a class without bases, metaclass or ClassVar")
         made = _dataclass_made(cls)
         for name, func in (*_value_methods(cls.__qualname__, fields(made)).items(), *methods.items()):
             setattr(made, name, func)
@@ -255,7 +263,7 @@ def _slotted(cls: type, methods: dict[str, Callable[..., Any] | None]) -> Any:
     space.pop("__dict__", None)
     space.pop("__weakref__", None)
     space["__qualname__"] = cls.__qualname__  # kept by the class, not its __dict__
-    space["__slots__"] = tuple(every)
+    space["__slots__"] = (*every, *memo)
     space["__dataclass_params__"] = _PARAMS
     space["__dataclass_fields__"] = every
     space.setdefault("__match_args__", tuple(name for name, one in every.items() if one.init))
@@ -834,12 +842,6 @@ class DeepSpeedTag:
     model_states: tuple[str, ...] = ()
 
 
-# id(checkpoint) -> (the checkpoint, its files by path inside it): ``Checkpoint.file``'s index, bounded, and emptied
-# with the rules' views once a run is judged (``trainer_view.forget``): it holds the checkpoints it indexes
-FILE_INDEXES: dict[int, tuple[Checkpoint, dict[str, FileFacts]]] = {}
-_FILE_INDEXES_MAX = 1024
-
-
 @frozen
 class Checkpoint:
     """A folder of training state. ``files`` holds every file under it (recursively), paths relative to the root."""
@@ -854,28 +856,52 @@ class Checkpoint:
     stack: Stack = Stack.TRAINER  # the program that wrote it (discovery decides, from the files it holds)
     folder_mtime: float = 0.0  # the folder's own mtime: what the Trainer's checkpoint rotation orders by
 
+    # what the rules ask of every checkpoint dozens of times, kept once asked (``MEMO_SLOTS``): its files by path
+    # inside it (``file``), each file with that path (``entries``), the files directly in it (``top_files``)
+    _memo_slots = ("_by_name", "_entries", "_top")
+
     def file(self, relname: str) -> FileFacts | None:
         """The file at ``relname`` inside this checkpoint (``"optimizer.pt"``, ``"global_step8/latest"``)."""
-        # Rules ask each checkpoint for its files dozens of times: its files by name are kept (``FILE_INDEXES``)
-        hit = FILE_INDEXES.get(id(self))
-        if hit is None or hit[0] is not self:
-            if len(FILE_INDEXES) >= _FILE_INDEXES_MAX:
-                FILE_INDEXES.clear()
-            whole = self.path in ("", ".")
-            cut = 0 if whole else len(self.path) + 1
-            prefix = "" if whole else f"{self.path}/"
-            by_name: dict[str, FileFacts] = {}
-            for f in self.files:
+        try:
+            by_name: dict[str, FileFacts] = self._by_name  # type: ignore[attr-defined]
+        except AttributeError:
+            by_name = {}
+            prefix = "" if self.path in ("", ".") else f"{self.path}/"
+            for rel, f in self.entries():
                 if f.path.startswith(prefix):
-                    by_name.setdefault(f.path[cut:], f)  # the first of a path, as a walk of ``files`` finds it
-            hit = FILE_INDEXES[id(self)] = (self, by_name)
-        return hit[1].get(relname)
+                    by_name.setdefault(rel, f)  # the first of a path, as a walk of ``files`` finds it
+            object.__setattr__(self, "_by_name", by_name)
+        return by_name.get(relname)
 
     def relname(self, f: FileFacts) -> str:
         """``f``'s path relative to this checkpoint folder."""
         if self.path in ("", "."):
             return f.path
         return f.path[len(self.path) + 1 :]
+
+    def entries(self) -> tuple[tuple[str, FileFacts], ...]:
+        """Each of ``files``, in order, with its path inside this folder (``relname``)."""
+        try:
+            return self._entries  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            pass
+        if self.path in ("", "."):
+            made = tuple((f.path, f) for f in self.files)
+        else:
+            cut = len(self.path) + 1
+            made = tuple((f.path[cut:], f) for f in self.files)
+        object.__setattr__(self, "_entries", made)
+        return made
+
+    def top_files(self) -> tuple[tuple[str, FileFacts], ...]:
+        """The files directly in this folder, in ``files``' order, each with its name (``relname``, no ``/``)."""
+        try:
+            return self._top  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            pass
+        made = tuple(pair for pair in self.entries() if "/" not in pair[0])
+        object.__setattr__(self, "_top", made)
+        return made
 
 
 @frozen
@@ -1029,10 +1055,20 @@ class Tree:
     # scan hands a ``facts.SiblingRuns``, which CKD422 looks up without comparing every pair
     siblings: Sequence[RunHistory] = field(default=(), compare=False)
 
+    # ``all_files`` once asked (``MEMO_SLOTS``): a scan's rules walk every file a dozen times
+    _memo_slots = ("_all_files",)
+
     def all_files(self) -> tuple[FileFacts, ...]:
+        """Every file: each checkpoint's, in order, then the loose ones."""
+        try:
+            return self._all_files  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            pass
         out: list[FileFacts] = []
         for run in self.runs:
             for ck in run.checkpoints:
                 out.extend(ck.files)
         out.extend(self.loose_files)
-        return tuple(out)
+        made = tuple(out)
+        object.__setattr__(self, "_all_files", made)
+        return made

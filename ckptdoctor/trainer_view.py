@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 from ckptdoctor.discover import is_deepspeed_state
 from ckptdoctor.model import (
-    FILE_INDEXES,
+    HISTORY_KEYS,
     Checkpoint,
     FileFacts,
     FileKind,
@@ -118,7 +118,6 @@ def forget() -> None:
     rendered, since each cache holds its arguments (a run's facts, its parsed log histories) until it fills."""
     for cache in _CACHES:
         cache.clear()
-    FILE_INDEXES.clear()
     _PLAIN_LOG[0] = []
 
 
@@ -198,27 +197,37 @@ class TrainerStateView:
     def learning_rates(self) -> list[tuple[int, float]]:
         """``(step, learning_rate)`` pairs from log_history, in file order."""
         log = self.log_history
-        if plain_dicts(log):
+        columns = log_columns(log)  # the log's steps and rates, when its entries are plain dicts (shared)
+        if columns is not None:
             # at C speed for what JSON gives (plain dicts of plain values): the entries whose step is an integer and
             # whose learning_rate is a number (no bool), as ``integer`` and ``_num`` take them one by one below
-            steps: list[Any] = list(map(dict.get, log, itertools.repeat("step")))
-            rates: list[Any] = list(map(dict.get, log, itertools.repeat("learning_rate")))
-            if _JSON_SCALARS.issuperset(map(type, steps)) and _JSON_SCALARS.issuperset(map(type, rates)):
-                kept = map(
-                    operator.and_,
-                    map(operator.is_, map(type, steps), itertools.repeat(int)),
-                    map(_NUMBERS.__contains__, map(type, rates)),
-                )
-                return [
-                    (step, lr if lr.__class__ is float else cast(float, _num(lr)))
-                    for step, lr in itertools.compress(zip(steps, rates, strict=True), kept)
-                ]
+            steps, _, rates = columns
+            rate_types = list(map(type, rates))
+            kept = _kept_rates(log, steps, rate_types) if _JSON_SCALARS.issuperset(rate_types) else None
+            if kept is not None:
+                pairs = zip(itertools.compress(steps, kept), itertools.compress(rates, kept), strict=True)
+                if _FLOAT_ONLY.issuperset(itertools.compress(rate_types, kept)):
+                    return list(pairs)  # the rates as they are: what the loop below makes of floats
+                return [(step, lr if lr.__class__ is float else cast(float, _num(lr))) for step, lr in pairs]
         out: list[tuple[int, float]] = []
         for entry in log:
             step, lr = integer(entry.get("step")), _num(entry.get("learning_rate"))
             if step is not None and lr is not None:
                 out.append((step, lr))
         return out
+
+
+def _kept_rates(log: tuple[dict[str, Any], ...], steps: list[Any], rate_types: list[type]) -> list[bool] | None:
+    """For ``learning_rates``: which entries have an integer step and a number for a rate, or None when a step is
+    not a JSON scalar (then each entry is looked at)."""
+    if integer_steps(log):  # what the Trainer writes: an entry is kept where its rate is a number
+        return list(map(_NUMBERS.__contains__, rate_types))
+    step_types = list(map(type, steps))
+    if not _JSON_SCALARS.issuperset(step_types):
+        return None
+    return list(map(
+        operator.and_, map(operator.is_, step_types, itertools.repeat(int)), map(_NUMBERS.__contains__, rate_types)
+    ))  # fmt: skip
 
 
 def trainer_state(ck: Checkpoint) -> TrainerStateView | None:
@@ -256,15 +265,16 @@ def _trainer_state(f: FileFacts) -> TrainerStateView | None:
 
 def _merged_quickly(entries: tuple[dict[str, Any], ...]) -> dict[int, dict[str, Any]] | None:
     """``_MergedSteps``' dict built at C speed when every entry is a plain dict with a plain integer step (what the
-    Trainer writes): a copy of each entry under its step, and the entries of a step logged more than once (a train
-    and an eval log) merged in order; None otherwise (then the entries are merged one by one)."""
+    Trainer writes): each entry itself under its step (no copy: nobody changes them), and the entries of a step
+    logged more than once (a train and an eval log) merged in order into a new dict; None otherwise (then the
+    entries are merged one by one)."""
     if not plain_dicts(entries):
         return None
     found: list[Any] = list(map(dict.get, entries, itertools.repeat("step")))
     if not _INT_ONLY.issuperset(map(type, found)):
         return None
     steps: list[int] = found
-    merged = dict(zip(steps, map(dict, entries), strict=True))  # each step where first logged, as ``setdefault`` does
+    merged = dict(zip(steps, entries, strict=True))  # each step where first logged, as ``setdefault`` does
     if len(merged) < len(steps):
         again = {step for step, n in Counter(steps).items() if n > 1}
         for step in again:
@@ -278,11 +288,32 @@ _DICT_ONLY = frozenset({dict})
 _INT_ONLY = frozenset({int})
 _JSON_SCALARS = frozenset({int, float, bool, str, type(None)})
 _NUMBERS = frozenset({int, float})
+_FLOAT_ONLY = frozenset({float})
 
 
 def plain_dicts(items: Iterable[Any]) -> bool:
     """Whether every item is a ``dict`` itself (no subclass), checked at C speed (a log_history of 10^4 entries)."""
     return _DICT_ONLY.issuperset(map(type, items))
+
+
+@per_object
+def log_columns(log: tuple[dict[str, Any], ...]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The step, loss and learning_rate of every entry of a log_history (``HISTORY_KEYS``), one list per key
+    (built at C speed; None as the entry lacks it), or None when an entry is not a plain dict. Asked of the newest
+    checkpoint's log by the history comparisons (CKD101) and the learning-rate checks (CKD406): built once, never
+    changed."""
+    if not plain_dicts(log):
+        return None
+    step, loss, rate = (list(map(dict.get, log, itertools.repeat(key))) for key in HISTORY_KEYS)
+    return step, loss, rate
+
+
+@per_object
+def integer_steps(log: tuple[dict[str, Any], ...]) -> bool:
+    """Whether every entry of a log_history is a plain dict whose step is an integer (``int`` itself, no bool):
+    what the Trainer writes, which the history comparisons (CKD101) and the learning rates (CKD406) take quickly."""
+    columns = log_columns(log)
+    return columns is not None and _INT_ONLY.issuperset(map(type, columns[0]))
 
 
 def merged_steps(ts: TrainerStateView) -> dict[int, dict[str, Any]]:
@@ -484,7 +515,10 @@ def _optimizer_state(f: FileFacts) -> OptimizerView | None:
 
 @per_object
 def _param_ids(params: list[Any]) -> tuple[int, ...]:
-    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``)
+    # by the list's identity: a run's checkpoints share one list of parameter ids (see ``_state_shapes``); what
+    # torch saves (plain integers) is taken whole, at C speed
+    if _INT_ONLY.issuperset(map(type, params)):
+        return tuple(params)
     return tuple(p for p in params if isinstance(p, int))
 
 
@@ -628,6 +662,14 @@ def _weight_map(wm: dict[Any, Any]) -> dict[str, str] | None:
     return {str(k): v for k, v in wm.items()}
 
 
+@per_object
+def shard_counts(wm: dict[str, str]) -> Counter[str]:
+    """How many tensors a shard index's ``weight_map`` (``weight_map``'s) maps to each shard, in the order the
+    shards first appear: its keys are the shards the index names. Asked of every index by several rules, once per
+    map (a run's checkpoints share one); callers never change it."""
+    return Counter(wm.values())
+
+
 # The top-level files some resume of a Trainer checkpoint opens, transformers 4.x and 5.x, any backend:
 # `Trainer._load_from_checkpoint` (config.json, the full weights, the shard indexes, the adapter files),
 # `TrainerState.load_from_json`, `_load_optimizer_and_scheduler` (optimizer.pt, or optimizer.bin under FSDP),
@@ -664,15 +706,16 @@ def _indexed_shards(ck: Checkpoint) -> frozenset[str]:
     for index in (SAFE_INDEX, BIN_INDEX):
         wm = weight_map(ck.file(index))
         if wm is not None:
-            out.update(wm.values())
+            out.update(shard_counts(wm))
     return frozenset(out)
 
 
 @per_object  # asked by several rules of every checkpoint; walks all its files
 def is_fsdp(ck: Checkpoint) -> bool:
     """transformers' ``is_fsdp_ckpt``: a sub-folder whose name contains ``pytorch_model_fsdp``, or that file."""
-    for f in ck.files:
-        rel = ck.relname(f)
+    for rel, _ in ck.entries():
+        if "pytorch_model_fsdp" not in rel:
+            continue  # neither test below can pass: most files, passed over at C speed
         head = rel.split("/", 1)[0]
         if "/" in rel and "pytorch_model_fsdp" in head:
             return True
@@ -685,8 +728,7 @@ def is_fsdp(ck: Checkpoint) -> bool:
 def is_deepspeed(ck: Checkpoint) -> bool:
     """A DeepSpeed checkpoint: a ``global_step*/`` folder, or a tag folder of any name holding DeepSpeed's model or
     optimizer states (``discover.is_deepspeed_tag``)."""
-    for f in ck.files:
-        rel = ck.relname(f)
+    for rel, f in ck.entries():
         if "/" in rel and (rel.startswith("global_step") or (rel.count("/") == 1 and is_deepspeed_state(f.name))):
             return True
     return False
@@ -696,17 +738,22 @@ def is_deepspeed(ck: Checkpoint) -> bool:
 def adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
     """Sub-folders holding adapter weights (extra named adapters), as transformers detects them."""
     out = set()
-    for f in ck.files:
-        parts = ck.relname(f).split("/")
+    for rel, _ in ck.entries():
+        if "/" not in rel:
+            continue  # a file directly in the folder: most of them
+        parts = rel.split("/")
         if len(parts) == 2 and parts[1] in (ADAPTER_SAFE, ADAPTER_BIN):
             out.add(parts[0])
     return tuple(sorted(out))
 
 
+@per_object  # asked by several rules of every checkpoint, some of them a few times
 def has_adapter(ck: Checkpoint) -> bool:
+    """Adapter weights in the folder or in a sub-folder of it (a named adapter)."""
     return ck.file(ADAPTER_SAFE) is not None or ck.file(ADAPTER_BIN) is not None or bool(adapter_subdirs(ck))
 
 
+@per_object  # asked by several rules of every checkpoint, some of them a few times
 def weights_branch(ck: Checkpoint) -> str:
     """Which loader a resume would use, in ``Trainer._load_from_checkpoint`` order (transformers 5.x).
 
@@ -758,7 +805,7 @@ def competing_weight_forms(ck: Checkpoint) -> tuple[tuple[str, tuple[FileFacts, 
     forms: list[tuple[str, tuple[FileFacts, ...] | None]] = [(ck.relname(f), (f,)) for f in singles]
     for idx in indexes:
         wm = weight_map(idx)
-        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(set(wm.values()))) if f is not None)
+        shards = None if wm is None else tuple(f for f in map(ck.file, sorted(shard_counts(wm))) if f is not None)
         forms.append((idx.name, shards))
     return tuple(forms)
 

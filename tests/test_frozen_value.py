@@ -288,3 +288,34 @@ def test_builds_with_every_field_by_position_never_make_the_generated_init() -> 
     last = model._COMPILE_AFTER * 2 - 1
     assert _Positional.__init__ is before and (made[-1].a, made[-1].b) == (last, last + 1)
     assert [_Positional(i).b for i in range(model._COMPILE_AFTER + 1)][-1] == 0 and _Positional.__init__ is not before
+
+
+@frozen
+class _Kept:
+    a: int
+    _memo_slots = ("_double",)
+
+    def double(self) -> int:
+        try:
+            return self._double  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            object.__setattr__(self, "_double", self.a * 2)
+            return self.a * 2
+
+
+def test_memo_slots_are_no_fields() -> None:
+    """The slots a class names under ``model.MEMO_SLOTS`` hold what a value keeps once asked: no field, so not
+    compared, hashed, shown, pickled nor copied by ``replace``; a class ``dataclass`` must make cannot have them."""
+    one = _Kept(2)
+    assert one.double() == 4 and one._double == 4  # type: ignore[attr-defined]
+    assert [f.name for f in dataclasses.fields(_Kept)] == ["a"] and not hasattr(_Kept, "_memo_slots")
+    assert one == _Kept(2) and hash(one) == hash(_Kept(2)) and repr(one).endswith("Kept(a=2)")
+    for copy in (pickle.loads(pickle.dumps(one)), dataclasses.replace(one)):
+        assert copy == one and not hasattr(copy, "_double")
+    with pytest.raises(TypeError, match="_memo_slots"):
+
+        @frozen
+        class Counted:
+            kinds: ClassVar[tuple[str, ...]] = ("a",)
+            a: int
+            _memo_slots = ("_b",)

@@ -316,7 +316,7 @@ def torn_evidence(
     state_path = trainer_view.TRAINER_STATE if ck.path in ("", ".") else f"{ck.path}/{trainer_view.TRAINER_STATE}"
     has_state = ck.file(trainer_view.TRAINER_STATE) is not None or state_path in links_out or state_path in unread
     if not has_state:
-        present = sorted(ck.relname(f) for f in ck.files if "/" not in ck.relname(f))
+        present = sorted(name for name, _ in ck.top_files())
         inside = "" if ck.path in ("", ".") else f"{ck.path}/"
         hidden = any(p.startswith(inside) for p in unread)
         out.append((
@@ -333,16 +333,18 @@ def torn_evidence(
     sentinel = ck.file(JIT_SENTINEL)
     if sentinel is not None:
         out.append((f"`{JIT_SENTINEL}` is present (a JIT checkpoint that never finished)", sentinel.path))
-    dcp_dirs = {ck.relname(f).rsplit("/", 1)[0] for f in ck.files if f.kind == FileKind.DCP_DATA}
+    dcp_dirs = {rel.rsplit("/", 1)[0] for rel, f in ck.entries() if f.kind == FileKind.DCP_DATA}
     for d in sorted(dcp_dirs):
         if ck.file(f"{d}/.metadata") is None:
             what = f"`{d}/` has data files but no `.metadata` (written last by torch.distributed.checkpoint)"
             out.append((what, None))
-    for f in ck.files:
-        rel = ck.relname(f)
+    for rel, f in ck.entries():
+        empty = f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp"))
+        if not empty and not f.problems:
+            continue  # no sign of a torn save in it: whether the resume reads it does not matter
         if not trainer_view.resume_reads(ck, rel):
             continue  # damage the resume never meets is that file's own finding (CKD202, CKD203), not a torn save
-        if f.kind == FileKind.EMPTY and rel.endswith((".safetensors", ".bin", ".pt", ".pth", ".json", ".distcp")):
+        if empty:
             out.append((f"`{rel}` is empty (0 bytes)", f.path))
         elif cut := [p.message for p in f.problems if p.kind == ProblemKind.TRUNCATED]:
             # its reader says where: "JSON ends mid-document at line L column C: ..."

@@ -213,7 +213,7 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
         if ck.file(trainer_view.TRAINER_STATE) is None or trainer_view.is_mindnlp(ck):
             continue  # a torn save: CKD102 says more; MindNLP has no RNG file to miss
         rng = trainer_view.RNG_RE
-        ranks = {int(m.group(1) or 0) for f in ck.files if "/" not in ck.relname(f) and (m := rng.match(f.name))}
+        ranks = {int(m.group(1) or 0) for name, _ in ck.top_files() if (m := rng.match(name))}
         world = saved_world_size(ck)
         if not ranks:
             yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")
@@ -269,11 +269,18 @@ def _in_checkpoint_mismatch(ck: Checkpoint) -> str | None:
     if opt is None or not opt.groups:
         return None
     branch, tensors = trainable
-    if all(0 in t.shape for t in tensors):
+    if _all_empty(tensors):
         return None  # no tensors, or only empty (ZeRO-3 style) ones: CKD210 reports it, and nothing is left to compare
     problem = _optimizer_against(opt, branch, tensors, None)
     layout = key_layouts.written_layout(ck, [t.name for t in tensors]) if problem and branch == "full" else None
     return problem if layout is None else _optimizer_against(opt, branch, tensors, layout)
+
+
+@trainer_view.per_object
+def _all_empty(tensors: tuple[TensorInfo, ...]) -> bool:
+    """Whether every tensor is empty (or there are none): by the tuple's identity, which a run's alike checkpoints
+    share (the shards' headers, ``saved_shard_tensors``)."""
+    return all(0 in t.shape for t in tensors)
 
 
 def _optimizer_against(opt: trainer_view.OptimizerView, branch: str, tensors: tuple[TensorInfo, ...],

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,7 +174,7 @@ def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
     resume opens it, an error otherwise."""
     unread: dict[str, str] | None = None  # looked up once a file has something to report (most trees: never)
     for f in tree.all_files():
-        if not _may_report(f) or _family(f) != family:
+        if not (f.problems or f.kind == FileKind.EMPTY) or _family(f) != family:  # a clean file: passed over at once
             continue
         if unread is None:
             unread = _unread_side_files(tree)
@@ -188,11 +187,6 @@ def _corrupt_hits(tree: Tree, family: str) -> Iterator[Hit]:
                 yield Hit(f.path, msg)
             else:
                 yield Hit(f.path, f"{msg} (no resume opens `{rel}`)", _UNREAD[0], plan)
-
-
-def _may_report(f: FileFacts) -> bool:
-    """Whether ``_problems`` may say anything of ``f`` (a clean file, the usual case, is passed over at once)."""
-    return bool(f.problems) or f.kind == FileKind.EMPTY
 
 
 def _problems(f: FileFacts) -> Iterator[str]:
@@ -301,7 +295,7 @@ def missing_shard(tree: Tree) -> Iterator[Hit]:
             wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
-            counts = Counter(wm.values())
+            counts = trainer_view.shard_counts(wm)
             for shard in sorted(counts):
                 if ck.file(shard) is None:
                     n = counts[shard]
@@ -434,7 +428,7 @@ def shard_index_mismatch(tree: Tree) -> Iterator[Hit]:
             wm = trainer_view.weight_map(idx)
             if wm is None:
                 continue
-            if any(ck.file(s) is None for s in set(wm.values())):
+            if any(ck.file(s) is None for s in trainer_view.shard_counts(wm)):
                 continue  # CKD204 reports missing shards; a rebuild would drop their tensors
             check = _index_problems(ck, idx, wm)
             if not check.problems:
@@ -640,8 +634,7 @@ def _all_weight_tensors(ck: Checkpoint) -> tuple[tuple[TensorInfo, ...], ...]:
     """The tensors of every full-weights file and shard (MindNLP's `mindspore_model.ckpt` too), file by file."""
     names = _MINDNLP_WEIGHT_FILES if trainer_view.is_mindnlp(ck) else trainer_view.FULL_WEIGHT_FILES
     out: list[tuple[TensorInfo, ...]] = []
-    for f in ck.files:
-        rel = ck.relname(f)
+    for rel, f in ck.entries():
         if rel in names or (SHARD_RE.match(rel) is not None):
             out.append(trainer_view.tensors_of(f) or ())
     return tuple(out)
@@ -777,7 +770,7 @@ def corrupt_json(tree: Tree) -> Iterator[Hit]:
     `src/transformers/trainer.py` `_load_from_checkpoint` (config check); `TrainerState.save_to_json`.
     """
     for f in tree.all_files():
-        if _may_report(f) and _family(f) == "json" and f.name not in _JSON_OWNED:
+        if (f.problems or f.kind == FileKind.EMPTY) and _family(f) == "json" and f.name not in _JSON_OWNED:
             sev = Severity.ERROR if f.name == "config.json" or f.name.endswith(".index.json") else Severity.WARNING
             for msg in _problems(f):
                 yield Hit(f.path, msg, sev)
@@ -1049,7 +1042,7 @@ def unsupported_checkpoint_format(tree: Tree) -> Iterator[Hit]:
     header after the first ends the listing without an error) and `Lib/gzip.py` (`BadGzipFile`, `EOFError`).
     """
     for f in tree.all_files():
-        lower = f.name.lower()
+        lower = f.path.rsplit("/", 1)[-1].lower()  # its name (``FileFacts.name``, inline: per file)
         if lower.endswith(_UNSUPPORTED_SUFFIXES) and f.kind is not FileKind.EMPTY:  # one look for all the suffixes
             what = next(what for suffix, what in UNSUPPORTED_FORMATS if lower.endswith(suffix))
             yield Hit(f.path, f"{what} file: ckptdoctor does not read this format, so it was not checked")

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -503,6 +504,12 @@ def _outcome(fn: Callable[[], str | None]) -> Any:
 @example(common=[{"step": 1, "loss": 10**400}], older_tail=[], newer_tail=[{"step": 1, "loss": 1}], edits=[])
 @example(common=[{"step": 2, "loss": -0.0}], older_tail=[], newer_tail=[{"step": 2, "loss": 3}], edits=[])
 @example(common=[{"step": True, "loss": 1}, {"step": 1, "loss": 2}], older_tail=[], newer_tail=[], edits=[])
+# a step logged once whose loss is unequal to itself (its merged entry is the entry itself), beside a repeated step
+@example(common=[{"step": 1, "loss": math.nan}, {"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 3.0}],
+         older_tail=[], newer_tail=[{"step": 3, "learning_rate": math.nan}], edits=[])
+# a step logged again later, not beside its first entry (and one logged twice side by side)
+@example(common=[{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "loss": 2.5}],
+         older_tail=[], newer_tail=[{"step": 1, "loss": 3.0}], edits=[])
 def test_history_divergence_is_unchanged(
     common: list[dict[str, Any]],
     older_tail: list[dict[str, Any]],
@@ -589,3 +596,68 @@ def test_each_pickle_is_judged_once_per_scan(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(pickle_judge, "_judged", counting)
     scan(str(run), jobs=1)
     assert calls and len(calls) == len(set(calls)) == 2 * 3  # optimizer.pt, scheduler.pt, rng_state.pth
+
+
+# The walks over a checkpoint's files that its kept listing (``Checkpoint.entries``, ``top_files``) replaced.
+def _old_file(ck: Checkpoint, relname: str) -> FileFacts | None:
+    prefix = "" if ck.path in ("", ".") else f"{ck.path}/"
+    for f in ck.files:
+        if f.path.startswith(prefix) and ck.relname(f) == relname:
+            return f
+    return None
+
+
+def _old_is_fsdp(ck: Checkpoint) -> bool:
+    for f in ck.files:
+        rel = ck.relname(f)
+        if ("/" in rel and "pytorch_model_fsdp" in rel.split("/", 1)[0]) or rel == "pytorch_model_fsdp.bin":
+            return True
+    return False
+
+
+def _old_is_deepspeed(ck: Checkpoint) -> bool:
+    return any("/" in (rel := ck.relname(f)) and (rel.startswith("global_step") or (
+        rel.count("/") == 1 and trainer_view.is_deepspeed_state(f.name))) for f in ck.files)
+
+
+def _old_adapter_subdirs(ck: Checkpoint) -> tuple[str, ...]:
+    return tuple(sorted({p[0] for f in ck.files if len(p := ck.relname(f).split("/")) == 2 and p[1] in (
+        trainer_view.ADAPTER_SAFE, trainer_view.ADAPTER_BIN)}))
+
+
+def _old_world_size(ck: Checkpoint) -> int | None:
+    ranks = {int(m.group(1)) for f in ck.files if (m := facts._DCP_RANK_RE.match(f.name) or facts._DS_RANK_RE.search(
+        f.name))}
+    return max(ranks) + 1 if ranks else None
+
+
+_NAMES = st.sampled_from([
+    "trainer_state.json", "optimizer.pt", "model-00001-of-00002.safetensors", "rng_state_1.pth",
+    "pytorch_model_fsdp.bin",
+    "pytorch_model_fsdp_0/__0_0.distcp", "__3_0.distcp", "global_step4/zero_pp_rank_2_mp_rank_00_optim_states.pt",
+    "tag/mp_rank_00_model_states.pt", "tag/zero_pp_rank_1_mp_rank_00_optim_states.pt\n", "a/b/__1_0.distcp",
+    "second/adapter_model.safetensors", "x/y/adapter_model.bin", "adapter_model.bin", "optim_states.pt/x", "",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(folder=st.sampled_from(["", ".", "run/checkpoint-2", "checkpoint-2"]), names=st.lists(_NAMES, max_size=8),
+       stray=st.booleans())
+def test_checkpoint_listing_answers_as_the_walks_did(folder: str, names: list[str], stray: bool) -> None:
+    """``Checkpoint.file``, ``entries`` and ``top_files`` and the views walking them give what the walks over
+    ``files`` gave (repeated paths, nested and hostile names, a file outside the folder)."""
+    trainer_view.forget()
+    inside = "" if folder in ("", ".") else f"{folder}/"
+    paths = [f"{inside}{n}" for n in names] + (["elsewhere/optimizer.pt"] if stray and inside else [])
+    files = tuple(FileFacts(p, i, 0.0, FileKind.OTHER) for i, p in enumerate(paths))
+    ck = Checkpoint(folder, FolderRole.CHECKPOINT, 2, files)
+    assert ck.entries() == tuple((ck.relname(f), f) for f in files)
+    assert ck.top_files() == tuple((ck.relname(f), f) for f in files if "/" not in ck.relname(f))
+    for rel in {*names, "optimizer.pt", "nothing", "s/optimizer.pt"}:
+        assert ck.file(rel) is _old_file(ck, rel)
+    assert trainer_view.is_fsdp(ck) == _old_is_fsdp(ck)
+    assert trainer_view.is_deepspeed(ck) == _old_is_deepspeed(ck)
+    assert trainer_view.adapter_subdirs(ck) == _old_adapter_subdirs(ck)
+    assert facts.saved_world_size(ck) == _old_world_size(ck)
+    copy = pickle.loads(pickle.dumps(ck))  # what it keeps is no field: neither pickled nor compared
+    assert copy == ck and hash(copy) == hash(ck) and repr(copy) == repr(ck) and copy.entries() == ck.entries()
