@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,16 @@ def test_gate_and_its_python_api_read_the_repository_file_above_the_run(
     assert {f.rule for f in result.findings} == rules
 
 
+def _fleet(tmp_path: Path, n: int, settings: Callable[[int], str]) -> Path:
+    """A folder of ``n`` copies of the stale-higher fixture (``r00`` ...), run ``i`` with the settings file
+    ``settings(i)``."""
+    runs = tmp_path / "runs"
+    for i in range(n):
+        shutil.copytree(REPO / "fixtures" / "stale-higher", runs / f"r{i:02}")
+        (runs / f"r{i:02}" / ".ckptdoctor.toml").write_text(settings(i))
+    return runs
+
+
 def test_a_fleet_with_a_file_in_every_run_resolves_each_file_once_and_judges_each_run_under_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,13 +267,9 @@ def test_a_fleet_with_a_file_in_every_run_resolves_each_file_once_and_judges_eac
     checked once, so a file that may not lower a security rule is said once, not once per later run."""
     import ckptdoctor.scanner as scanner
 
-    runs = tmp_path / "runs"
     n = 12
-    for i in range(n):
-        shutil.copytree(REPO / "fixtures" / "stale-higher", runs / f"r{i:02}")
-        # odd runs ignore the stale-checkpoint error, even ones try (and fail) to hide a security rule
-        text = 'ignore = ["CKD101"]\n' if i % 2 else 'ignore = ["CKD601"]\n'
-        (runs / f"r{i:02}" / ".ckptdoctor.toml").write_text(text)
+    # odd runs ignore the stale-checkpoint error, even ones try (and fail) to hide a security rule
+    runs = _fleet(tmp_path, n, lambda i: 'ignore = ["CKD101"]\n' if i % 2 else 'ignore = ["CKD601"]\n')
     (runs / ".ckptdoctor.toml").write_text('ignore = ["CKD401"]\n')  # the root's: governs no run (each has its own)
     judged: list[int] = []  # the runs each rule pass judged
     real = scanner.part_findings
@@ -293,13 +300,9 @@ def test_fix_and_deep_run_the_rules_once_per_distinct_file_not_once_per_file(
     same file (a team's template) share one rule pass, and each run is still judged under its own file."""
     import ckptdoctor.scanner as scanner
 
-    runs = tmp_path / "runs"
     n = 6
-    for i in range(n):
-        shutil.copytree(REPO / "fixtures" / "stale-higher", runs / f"r{i:02}")
-        # two files among six runs: four ignore the stale-checkpoint error, two ignore CKD401
-        text = 'ignore = ["CKD101"]\n' if i % 3 else 'ignore = ["CKD401"]\n'
-        (runs / f"r{i:02}" / ".ckptdoctor.toml").write_text(text)
+    # two files among six runs: four ignore the stale-checkpoint error, two ignore CKD401
+    runs = _fleet(tmp_path, n, lambda i: 'ignore = ["CKD101"]\n' if i % 3 else 'ignore = ["CKD401"]\n')
     whole: list[int] = []  # the rule passes over the whole root
     real = scanner.part_findings
 
