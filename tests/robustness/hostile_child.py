@@ -3,7 +3,7 @@ parent before this interpreter starts): the CLI's ``scan``, ``gate`` and ``fix -
 ``tracemalloc``-measured scan, and the hypothesis sweep of the JSON numbers the gate reads. It prints one JSON
 document on stdout; a failed assertion exits non-zero with its traceback on stderr.
 
-    python -m tests.robustness.hostile_child commands PATH...
+    python -m tests.robustness.hostile_child commands [--gate OPTION]... PATH...
     python -m tests.robustness.hostile_child peak PATH
     python -m tests.robustness.hostile_child sweep FIXTURE EXAMPLES
 """
@@ -30,13 +30,14 @@ STATE_FIELDS = ("global_step", "max_steps", "save_steps", "logging_steps", "eval
 HOSTILE = (0, -1, 2**31, 2**63, 10**18, 10**100)
 
 
-def commands(path: str) -> list[dict[str, Any]]:
-    """``{command, code, output}`` of each of ``COMMANDS`` on ``path``, through the CLI in this process."""
+def commands(path: str, gate: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``{command, code, output}`` of each of ``COMMANDS`` on ``path`` (the gate with the options ``gate`` too),
+    through the CLI in this process."""
     from tests.helpers.cli import invoke
 
     out = []
     for argv in COMMANDS:
-        code, stdout, stderr = invoke(*argv, path)
+        code, stdout, stderr = invoke(*argv, *(gate if argv[0] == "gate" else ()), path)
         out.append({"command": argv[0], "code": code, "output": stdout + stderr})
     return out
 
@@ -94,7 +95,11 @@ def sweep(fixture: str, examples: int) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     mode, args = argv[0], argv[1:]
     if mode == "commands":
-        result: Any = {p: commands(p) for p in args}
+        gate: list[str] = []
+        while args[0] == "--gate":
+            gate.append(args[1])
+            args = args[2:]
+        result: Any = {p: commands(p, tuple(gate)) for p in args}
     elif mode == "peak":
         result = peak(args[0])
     else:

@@ -54,9 +54,11 @@ def _child(*args: str) -> Any:
     return json.loads(proc.stdout)
 
 
-def _commands(*paths: Path) -> dict[str, list[dict[str, Any]]]:
-    """scan, gate and fix --dry-run of each path: each exits 0 or 1 and reports no internal error."""
-    results: dict[str, list[dict[str, Any]]] = _child("commands", *map(str, paths))
+def _commands(*paths: Path, gate: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+    """scan, gate (with the options ``gate``) and fix --dry-run of each path: each exits 0 or 1 and reports no
+    internal error."""
+    options = [a for option in gate for a in ("--gate", option)]
+    results: dict[str, list[dict[str, Any]]] = _child("commands", *options, *map(str, paths))
     for path, runs in results.items():
         for r in runs:
             assert r["code"] in (0, 1), (path, r["command"], r["output"][-2000:])
@@ -64,10 +66,10 @@ def _commands(*paths: Path) -> dict[str, list[dict[str, Any]]]:
     return results
 
 
-def _messages(runs: list[dict[str, Any]], rule: str) -> list[str]:
-    """The messages of ``rule``'s findings in the scan's JSON report."""
-    (scan,) = [r for r in runs if r["command"] == "scan"]
-    return [f["message"] for f in json.loads(scan["output"])["findings"] if f["rule"] == rule]
+def _messages(runs: list[dict[str, Any]], rule: str, command: str = "scan") -> list[str]:
+    """The messages of ``rule``'s findings in the JSON report of ``command`` (scan or gate)."""
+    (run,) = [r for r in runs if r["command"] == command]
+    return [f["message"] for f in json.loads(run["output"])["findings"] if f["rule"] == rule]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,18 +117,22 @@ def dp_world_size(tmp: Path, world: int) -> Path:
     return root
 
 
-def titan_world(tmp: Path, world: int) -> Path:
+def titan_world(tmp: Path, world: int, rank: str = "") -> Path:
     """A torchtitan-layout save (``checkpoint/step-2``, by ``torch.distributed.checkpoint.save`` in one process)
-    whose dataloader records ``world_size = world`` and holds the state of dp rank 0 only."""
+    whose dataloader records ``world_size = world`` and holds the state of dp rank 0 only (and of ``rank``, a
+    string of digits, when given)."""
     import torch.distributed.checkpoint as dcp
 
+    loader: dict[str, Any] = {"dp_rank_0": pickle.dumps({"consumed": 2}), "world_size": world}
+    if rank:
+        loader[f"dp_rank_{rank}"] = pickle.dumps({"consumed": 2})
     state = {
         "weight": torch.zeros(2, 4), "bias": torch.zeros(2),
-        "dataloader": {"dp_rank_0": pickle.dumps({"consumed": 2}), "world_size": world},
+        "dataloader": loader,
         "train_state": {"step": 2, "ntokens_seen": 0},
         "lr_scheduler": {"last_epoch": 2},
     }
-    root = tmp / f"titan-{world.bit_length()}"
+    root = tmp / f"titan-{world.bit_length()}-{len(rank)}"
     with pytest.warns(UserWarning):  # no process group: dcp saves as the only rank, and says so
         dcp.save(state, checkpoint_id=str(root / "checkpoint" / "step-2"))
     return root
@@ -169,6 +175,26 @@ def test_hostile_number_is_counted_not_materialised(case: str, tmp_path: Path) -
     runs = _commands(root)[str(root)]
     messages = _messages(runs, rule)
     assert any(said in m for m in messages), messages
+
+
+@pytest.mark.parametrize("world", [10**12, HUGE], ids=["10**12", "10**5000"])
+def test_titan_world_size_against_the_planned_degree(world: int, tmp_path: Path) -> None:
+    """The gate's CKD514 (``--world-size`` against the saved dataloader's) prints the saved degree, whatever it is."""
+    root = titan_world(tmp_path, world)
+    messages = _messages(_commands(root, gate=("--world-size=2",))[str(root)], "CKD514", "gate")
+    (msg,) = [m for m in messages if "data-parallel degree" in m]  # the other: the save holds no optimizer state
+    degree = "1,000,000,000,000" if world < HUGE else "<an integer of 16,610 bits>"
+    assert msg.startswith(f"the save's dataloader state is for data-parallel degree {degree}, the resume runs 2: ")
+
+
+def test_titan_rank_key_too_long_to_be_a_rank(tmp_path: Path) -> None:
+    """A `dataloader.dp_rank_<r>` key whose r has 5,000 digits (past int()'s 4,300): no rank loads it, the world
+    size's other ranks are still counted."""
+    root = titan_world(tmp_path, 2, rank="9" * 5000)
+    runs = _commands(root, gate=("--world-size=2",))[str(root)]
+    (msg,) = _messages(runs, "CKD513")
+    assert "(missing dp rank(s) 1)" in msg
+    assert not any("data-parallel degree" in m for m in _messages(runs, "CKD514", "gate"))
 
 
 def test_honest_missing_ranks_are_all_listed(tmp_path: Path) -> None:
