@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 _LISTED_WHOLE = 32
 _SHOWN = 8
 # Bits of a count printed in full: about 1,200 digits, well under Python's 4,300-digit int-to-str limit.
-_PRINTABLE_BITS = 4000
+PRINTABLE_BITS = 4000
 
 
 def missing_below(n: int, present: Iterable[int], first: int = _LISTED_WHOLE) -> tuple[int, list[int]]:
@@ -37,7 +37,7 @@ def missing_below(n: int, present: Iterable[int], first: int = _LISTED_WHOLE) ->
 def count_text(n: int, grouped: bool = True) -> str:
     """``n`` for a message (with thousands separators unless ``grouped`` is False); one too long for Python to
     print (a world size from a pickle) by its size."""
-    if n.bit_length() > _PRINTABLE_BITS:
+    if n.bit_length() > PRINTABLE_BITS:
         return f"<an integer of {n.bit_length():,} bits>"
     return f"{n:,}" if grouped else str(n)
 

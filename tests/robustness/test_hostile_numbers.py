@@ -242,6 +242,34 @@ def test_hostile_names_elsewhere_stay_bounded(tmp_path: Path) -> None:
     assert set(_commands(*trees)) == {str(t) for t in trees}
 
 
+def _every_int(value: Any, v: int) -> Any:
+    """``value`` with every int in it (but parameter ids) replaced by ``v``."""
+    if isinstance(value, dict):
+        return {k: x if k == "params" else _every_int(x, v) for k, x in value.items()}
+    if isinstance(value, list):
+        return [_every_int(x, v) for x in value]
+    return v if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def lightning_ints(tmp: Path, v: int) -> Path:
+    """A Lightning 2.6.6 run whose `.ckpt` files hold ``v`` as epoch, global step, every loop counter and a
+    OneCycleLR's ``last_epoch`` / ``total_steps`` (rewritten by torch)."""
+    root = _copy(DATA / "lightning-2.6.6" / "plain", tmp / f"lightning-{v.bit_length()}")
+    for ckpt in root.glob("checkpoints/*.ckpt"):
+        saved = torch.load(ckpt, weights_only=False)  # the repo's own test data, written by Lightning 2.6.6
+        for key in ("epoch", "global_step", "loops", "optimizer_states"):
+            saved[key] = _every_int(saved[key], v)
+        saved["lr_schedulers"] = [{"last_epoch": v, "total_steps": v, "_step_count": v, "base_lrs": [0.1]}]
+        torch.save(saved, ckpt)
+    return root
+
+
+@pytest.mark.parametrize("value", [-1, 10**18, HUGE], ids=["-1", "10**18", "10**5000"])
+def test_hostile_lightning_counters(value: int, tmp_path: Path) -> None:
+    """A step, epoch or scheduler count too long to print is not read (the gate says the steps are unknown)."""
+    _commands(lightning_ints(tmp_path, value), gate=("--max-steps=10",))
+
+
 def _scheduler_state(tmp: Path, values: dict[str, int]) -> Path:
     root = _copy(FIXTURES / "clean-full", tmp / "scheduler")
     for sched in root.glob("*/scheduler.pt"):
