@@ -212,7 +212,7 @@ LAYERS: list[set[str]] = [
     # values: frozen facts, no I/O but the package's data files (the version too: nothing below the API imports it)
     {"ckptdoctor.version", "ckptdoctor.errors", "ckptdoctor.limits", "ckptdoctor.findings", "ckptdoctor.model",
      "ckptdoctor.progress", "ckptdoctor.schedules", "ckptdoctor.packaged", "ckptdoctor.patterns",
-     "ckptdoctor.hashing"},
+     "ckptdoctor.hashing", "ckptdoctor.gaps"},
     {"ckptdoctor.readers"},  # bytes -> facts
     {"ckptdoctor.sources"},  # where roots live: list, stat, ranged read (local disk, fsspec)
     # the roots asked about, walking them, tensor data; which program wrote each folder, how it lays out and

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptdoctor.gaps import PRINTABLE_BITS
 from ckptdoctor.model import CheckpointCallbackState, LightningFacts, PickleFacts, SchedulerState
 
 VERSION_KEY = "pytorch-lightning_version"
@@ -79,7 +80,8 @@ def _at(value: Any, keys: tuple[str, ...]) -> Any:
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    # an integer too long to print (a pickle's 5,000-digit step) is no count a message could name: not read
+    return v if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= PRINTABLE_BITS else None
 
 
 def _str(v: Any) -> str | None:

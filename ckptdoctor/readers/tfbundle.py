@@ -357,14 +357,15 @@ def shard_problems(prefix: str, index: TfIndexFacts, sizes: Mapping[str, int]) -
     for e in index.entries:
         if not e.sliced and e.size > 0 and 0 <= e.shard_id < index.num_shards and e.offset >= 0:
             by_shard.setdefault(e.shard_id, []).append(e)
-    for shard in range(index.num_shards):
+    # only the shards some entry needs: a shard no entry places bytes in has nothing to report, and the index's
+    # num_shards (up to 2**31 - 1) must not drive the loop
+    for shard in sorted(by_shard):
         name = shard_name(prefix, shard, index.num_shards)
-        entries = by_shard.get(shard, [])
+        entries = by_shard[shard]
         size = sizes.get(name)
         if size is None:
-            if entries:
-                out.append((name, ReadProblem(ProblemKind.MALFORMED, f"`{name}` is missing: {prefix}.index places "
-                            f"{len(entries):,} tensor(s) in it (`{entries[0].key}` ...)")))
+            out.append((name, ReadProblem(ProblemKind.MALFORMED, f"`{name}` is missing: {prefix}.index places "
+                        f"{len(entries):,} tensor(s) in it (`{entries[0].key}` ...)")))
             continue
         short = [e for e in entries if e.offset + e.size > size]
         if short:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckptdoctor.findings import Finding, Severity
+from ckptdoctor.gaps import count_text
 from ckptdoctor.model import Checkpoint, Run, Stack, Tree, frozen
 from ckptdoctor.rules import Hit, Selection, all_rules, evaluate, rule
 from ckptdoctor.stacks import torchtitan as titan
@@ -154,9 +155,10 @@ def torchtitan_load_fails(ctx: object) -> Iterator[Hit]:
         if saved is None and ranks:
             saved = max(ranks) + 1
         if saved is not None and saved != planned:
-            yield Hit(ck.path, f"the save's dataloader state is for data-parallel degree {saved:,}, the resume runs "
-                               f"{planned:,}: `ParallelAwareDataloader.load_state_dict` raises `AssertionError: "
-                               "dp_degree is inconsistent before and after checkpoint`")
+            # count_text: a pickled world size may be too long for Python to print
+            yield Hit(ck.path, f"the save's dataloader state is for data-parallel degree {count_text(saved)}, the "
+                               f"resume runs {planned:,}: `ParallelAwareDataloader.load_state_dict` raises "
+                               "`AssertionError: dp_degree is inconsistent before and after checkpoint`")
 
 
 def judge(

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
+from ckptdoctor.gaps import count_text, listed, missing_below
 from ckptdoctor.model import (
     Checkpoint,
     DcpMetadataFacts,
@@ -110,12 +111,12 @@ def deepspeed_partition_missing(tree: Tree) -> Iterator[Hit]:
             world = _ds_world_size(ck, ds) or ((max(ranks) + 1) if ranks else None)
             if world is None:
                 continue
-            missing = sorted(set(range(world)) - set(ranks))
-            if missing:
+            count, missing = missing_below(world, ranks)  # counted: `world` comes from a name or a pickle
+            if count:
                 yield Hit(
                     f"{ck.path}/{tag}" if ck.path not in ("", ".") else tag,
-                    f"{len(ranks)} of {world} ZeRO optimizer partitions present; missing rank(s) "
-                    + ", ".join(map(str, missing)),
+                    f"{len(ranks)} of {count_text(world, grouped=False)} ZeRO optimizer partitions present; "
+                    "missing rank(s) " + listed(count, missing),
                 )
 
 
@@ -364,15 +365,15 @@ def dcp_dataloader_ranks_mismatch(tree: Tree) -> Iterator[Hit]:
                 continue
             world = titan.int_value(titan.item_value(ck, meta, "dataloader.world_size"))
             ranks = titan.dataloader_ranks(meta)
-            if world is None or world < 1 or ranks == list(range(world)):
+            if world is None or world < 1 or (len(ranks) == world and ranks == list(range(world))):
                 continue
-            missing = sorted(set(range(world)) - set(ranks))
-            extra = sorted(set(ranks) - set(range(world)))
-            said = [f"missing dp rank(s) {', '.join(map(str, missing))}"] if missing else []
+            count, missing = missing_below(world, ranks)  # counted: `world` comes from a pickle
+            extra = sorted({r for r in ranks if not 0 <= r < world})
+            said = [f"missing dp rank(s) {listed(count, missing)}"] if count else []
             said += [f"dp rank(s) {', '.join(map(str, extra))} beyond it"] if extra else []
             yield Hit(
                 ck.path,
-                f"`dataloader.world_size` is {world:,} but the save holds {len(ranks):,} "
+                f"`dataloader.world_size` is {count_text(world)} but the save holds {len(ranks):,} "
                 f"`dataloader.dp_rank_<r>` states ({'; '.join(said)}): `load()` restarts the "
                 "data of each missing rank from the beginning",
             )

@@ -18,6 +18,7 @@ from ckptdoctor.facts import (
     saved_world_size,
 )
 from ckptdoctor.findings import Applicability, FixOp, FixPlan, OpKind, Severity
+from ckptdoctor.gaps import listed, missing_below
 from ckptdoctor.model import (
     Checkpoint,
     FileFacts,
@@ -218,10 +219,10 @@ def rng_state_missing(tree: Tree) -> Iterator[Hit]:
         if not ranks:
             yield Hit(ck.path, "no `rng_state*.pth`: a resume continues with fresh random state")
         elif world is not None and world > 1:
-            missing = sorted(set(range(world)) - ranks)
-            if missing:
-                names = ", ".join(f"`rng_state_{r}.pth`" for r in missing)
-                yield Hit(ck.path, f"saved by {world} ranks but {names} {'is' if len(missing) == 1 else 'are'} missing")
+            count, missing = missing_below(world, ranks)  # counted: `world` comes from a file name
+            if count:
+                names = listed(count, missing, lambda r: f"`rng_state_{r}.pth`")
+                yield Hit(ck.path, f"saved by {world} ranks but {names} {'is' if count == 1 else 'are'} missing")
 
 
 def _trainable_tensors(ck: Checkpoint) -> tuple[str, tuple[TensorInfo, ...]] | None:

@@ -35,7 +35,8 @@ METADATA = ".metadata"
 HF_INDEX = "model.safetensors.index.json"
 # The Stateful keys `CheckpointManager.__init__` adds beside the model (torchtitan/components/checkpointer/base.py)
 STATES = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-_DP_RANK_RE = lazy(r"^dataloader\.dp_rank_(\d+)$")
+# at most 4,000 digits: int() refuses over 4,300, and no rank has a longer number (such a key is never loaded)
+_DP_RANK_RE = lazy(r"^dataloader\.dp_rank_(\d{1,4000})$")
 
 
 def is_dcp_folder(names: Iterable[str]) -> bool:
