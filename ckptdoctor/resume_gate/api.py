@@ -11,6 +11,7 @@ from typing import Any
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.facts import holds_checkpoint
 from ckptdoctor.findings import Finding, display_path, finding_json, within
+from ckptdoctor.gaps import PRINTABLE_BITS
 from ckptdoctor.model import FileFacts, PathProblem, ProblemKind, ReadProblem, Tree, frozen
 from ckptdoctor.resume_gate import accelerate as accelerate_resume
 from ckptdoctor.resume_gate import torchtitan as titan_gate
@@ -19,7 +20,6 @@ from ckptdoctor.resume_gate.plan import (
     DEFAULT_LR_STEPS,
     MAX_LR_STEPS,
     PLAN_FIELDS,
-    PRINTABLE_BITS,
     GateInputError,
     Plan,
     check_plan,

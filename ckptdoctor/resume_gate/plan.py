@@ -14,6 +14,7 @@ from typing import Any
 from ckptdoctor import schedules, trainer_view
 from ckptdoctor.errors import UsageError
 from ckptdoctor.facts import version_tuple as version_tuple  # re-exported: the gate has always named it here
+from ckptdoctor.gaps import count_text
 from ckptdoctor.model import frozen
 
 DEFAULT_LR_STEPS = 5
@@ -36,7 +37,6 @@ ARG_DEFAULTS: dict[str, Any] = {
 }
 
 
-PRINTABLE_BITS = 4000  # about 1,200 digits: well under Python's 4,300-digit int-to-str limit
 
 
 # Integers beyond this cannot become a float: transformers' step and warm-up arithmetic overflows on them, and a
@@ -110,7 +110,7 @@ PLAN_FIELDS = frozenset(
 
 def int_text(n: int) -> str:
     """``n`` for a message; one too long for Python to print (over 4,300 digits, from a pickle) by its size."""
-    return str(n) if n.bit_length() <= PRINTABLE_BITS else f"<an integer of {n.bit_length():,} bits>"
+    return count_text(n, grouped=False)
 
 
 def parse_kwargs(v: Any) -> dict[str, Any] | None:
