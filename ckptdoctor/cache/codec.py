@@ -518,8 +518,8 @@ def nodes_of(table: Any, decoded: Decoder) -> Table:
             it = iter(_numbers(rec[2]))
             out.extend([tag, *islice(it, n)] for n in _numbers(rec[1]))
         else:
-            width = len(rec[2]) // 4 // rec[1] if rec[1] else 0
             kids = _numbers(rec[2]).tolist()
+            width = len(kids) // rec[1] if rec[1] else 0
             out.extend([tag, *kids[j * width : (j + 1) * width]] for j in range(rec[1]))
     assert len(out) == len(decoded.values)
     return out

@@ -161,10 +161,8 @@ class FactsCache:
         if identity is None:
             return None
         seg, key = _segment_of(rel)
-        # the hot path of a warm rescan (once a file): the entry read is taken over, not copied, and the decoder's
-        # check of the index made inline
         with self._lock:
-            segment = self._segments.get(seg) or self._segment(seg)
+            segment = self._segment(seg)
             stored = segment.found.pop(key, None)
             if stored is None:
                 return None
@@ -174,19 +172,20 @@ class FactsCache:
                 if same:
                     self._again.add(rel)
                 return None
-            decoder = segment.decoder
-            index = stored.get("facts")
-            facts = (decoder.values[index] if same and decoder is not None and type(index) is int
-                     and 0 <= index < len(decoder.values) else None)  # fmt: skip
-            if facts.__class__ is not FileFacts:
-                segment.stale += 1
+            segment.stale += 1  # until it proves good below
+            if not same or segment.decoder is None:
                 segment.dirty = True
                 return None
-            assert isinstance(facts, FileFacts)
+            try:
+                facts: FileFacts = segment.decoder.value(stored.get("facts"), FileFacts)
+            except CodecError:
+                segment.dirty = True
+                return None
+            segment.stale -= 1
             if facts.path != rel:  # stored under its path in the segment's folder (a root that is the run: the same)
                 facts = dataclasses.replace(facts, path=rel)
                 assert isinstance(facts, FileFacts)
-            stored["obj"] = facts
+            stored["obj"] = facts  # the entry read is taken over, not copied (a warm rescan: once a file)
             segment.live[key] = stored
             self._handed[rel] = (facts, seg, key)
             self.hits += 1
